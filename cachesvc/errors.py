@@ -1,0 +1,71 @@
+"""One exception tree for the cache service.
+
+HTTP mapping lives in the http layer (``cachesvc.http.errors``); the CLI prints ``str(exc)``.
+Every message says what went wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class CacheError(Exception):
+    """Base of every error the cache service raises on purpose."""
+
+
+class ConfigError(CacheError, ValueError):
+    """A launch option or request field is invalid. ``field`` names it (e.g. ``--port``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.detail = message
+
+
+class CheckpointError(CacheError):
+    """A checkpoint cannot be resolved or read (bad path, wrong kind of directory, hub failure)."""
+
+
+class HubUnreachableError(CheckpointError):
+    """The Hugging Face hub could not be reached (or offline mode forbids it)."""
+
+
+class NotFoundError(CacheError, LookupError):
+    """A bundle, build, or checkpoint id does not exist."""
+
+
+class ConflictError(CacheError):
+    """The operation conflicts with the state of a bundle (leased, pinned, building)."""
+
+    def __init__(self, message: str, *, reason: str, holders: list[dict[str, object]] | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.holders = holders or []
+
+
+class LeasedError(ConflictError):
+    """The bundle is leased by a serving process and cannot be removed."""
+
+    def __init__(self, message: str, holders: list[dict[str, object]] | None = None) -> None:
+        super().__init__(message, reason="leased", holders=holders)
+
+
+class PinnedError(ConflictError):
+    """The bundle is pinned and cannot be evicted until it is unpinned."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="pinned")
+
+
+class LockTimeoutError(CacheError, TimeoutError):
+    """A lock could not be taken within its timeout."""
+
+
+class CorruptBundleError(CacheError):
+    """A bundle's files do not match its manifest; it is marked corrupt and never served."""
+
+
+class BuildError(CacheError):
+    """The builder failed; nothing was published."""
+
+
+class InsufficientStorageError(CacheError):
+    """A build cannot fit the cache's disk budget even after evicting everything idle."""

@@ -1,0 +1,210 @@
+"""Value objects the CacheManager hands out (ORM rows never leave the catalog package).
+
+Every record is a frozen dataclass; timestamps are timezone-aware UTC datetimes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+BUNDLE_STATES = ("building", "ready", "failed", "corrupt")
+EVENT_KINDS = ("hit", "miss", "build_ok", "build_failed", "evict", "verify", "pin", "unpin", "reconcile")
+EVICT_REASONS = ("lru", "manual", "clear", "stale", "corrupt")
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    """One bundle as the catalog knows it."""
+
+    id: str
+    model: str
+    checkpoint_digest: str
+    draft_digest: str | None
+    profile: dict[str, Any]
+    profile_name: str
+    backend: str
+    path: Path
+    size_bytes: int
+    file_count: int
+    state: str
+    created_at: datetime
+    built_at: datetime | None
+    build_seconds: float | None
+    last_used_at: datetime | None
+    hit_count: int
+    pinned: bool
+    last_verified_at: datetime | None
+    error: str | None
+    node: str
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    """A process that holds a shared lease on a bundle (display only; the file lock is the truth)."""
+
+    pid: int
+    host: str
+    since: str
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A resolved checkpoint."""
+
+    digest: str
+    source: str
+    path: Path
+    size_bytes: int
+    file_count: int
+    resolved_at: datetime
+    bundle_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EventInfo:
+    """One row of the append-only audit log."""
+
+    id: int
+    at: datetime
+    kind: str
+    bundle_id: str | None
+    checkpoint_digest: str | None
+    model: str | None
+    reason: str | None
+    bytes: int | None
+    seconds: float | None
+    detail: str | None
+    node: str
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """What ``CacheManager.prepare`` returns."""
+
+    bundle_id: str
+    bundle_dir: Path
+    model_dir: Path
+    draft_dir: Path | None
+    built: bool
+    build_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class SkippedBundle:
+    """A bundle an eviction plan leaves in place, and why (``pinned`` or ``leased``)."""
+
+    bundle_id: str
+    size_bytes: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class PlannedEviction:
+    """A bundle an eviction plan removes."""
+
+    bundle_id: str
+    size_bytes: int
+    last_used_at: datetime | None
+    path: Path
+
+
+@dataclass(frozen=True)
+class EvictionPlan:
+    """A dry-run plan: what goes (LRU order), what stays and why, and the bytes freed."""
+
+    max_bytes: int | None
+    total_before: int
+    evict: tuple[PlannedEviction, ...]
+    skipped: tuple[SkippedBundle, ...]
+    freed_bytes: int
+    total_after: int
+    reason: str = "lru"
+
+
+@dataclass(frozen=True)
+class EvictionResult:
+    """What executing a plan did (a bundle leased in between is skipped, not deleted)."""
+
+    plan: EvictionPlan
+    evicted: tuple[str, ...]
+    skipped: tuple[SkippedBundle, ...]
+    freed_bytes: int
+    total_after: int
+    dry_run: bool
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of re-hashing a bundle against its manifest."""
+
+    bundle_id: str
+    ok: bool
+    files_checked: int
+    bytes_checked: int
+    mismatches: tuple[dict[str, str], ...]
+    state: str
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    """What a reconcile changed."""
+
+    adopted: tuple[str, ...]
+    forgotten: tuple[str, ...]
+    staging_removed: tuple[str, ...]
+    corrupt: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BuildStatus:
+    """Progress of a background build (admin API)."""
+
+    id: str
+    bundle_id: str
+    model: str
+    profile: dict[str, Any]
+    state: str  # queued | running | done | failed
+    stage: str
+    progress: float
+    started_at: datetime | None
+    finished_at: datetime | None
+    elapsed_seconds: float
+    bytes_written: int
+    error: str | None
+    built: bool | None = None
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    """Per-model slice of the cache stats."""
+
+    model: str
+    bundles: int
+    size_bytes: int
+    hits: int
+    misses: int
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Cache statistics computed from the catalog (they survive restarts)."""
+
+    size_bytes: int
+    max_size_bytes: int
+    bundles: int
+    bundles_by_state: dict[str, int]
+    checkpoints: int
+    hits: int
+    misses: int
+    hit_rate: float | None
+    builds_ok: int
+    builds_failed: int
+    median_build_seconds: float | None
+    evictions_by_reason: dict[str, int]
+    evicted_bytes_by_reason: dict[str, int]
+    per_model: tuple[ModelStats, ...]
+    since: datetime | None
+    build_seconds: tuple[float, ...] = field(default=(), repr=False)

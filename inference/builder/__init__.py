@@ -1,0 +1,3 @@
+"""Checkpoint directory -> engine bundle directory."""
+
+from __future__ import annotations

@@ -1,0 +1,62 @@
+"""The Engine protocol: what serving code may use of an engine, and nothing more.
+
+KV lives in ``info.max_slots`` preallocated per-sequence slots. A slot holds one sequence's
+positions ``[0, slot_length(slot))`` with no padding. ``prefill`` appends a chunk of tokens to
+one slot (call it repeatedly for chunked prefill); ``decode`` appends exactly one token to each
+of several slots and runs them together. Both return float32 logits for the last appended
+token of each slot. ``reset`` empties a slot for reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Static facts about a loaded engine."""
+
+    model_type: str
+    vocab_size: int
+    max_slots: int
+    max_input_len: int
+    max_kv_capacity: int
+    eos_token_ids: tuple[int, ...] = ()
+    backend: str = "onnxruntime"
+    precision: str = "fp32"
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A loaded engine. Not thread-safe: one caller (the scheduler thread) drives it."""
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    def prefill(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
+        """Append ``token_ids`` to ``slot``'s KV; return logits ``[vocab]`` of the last one.
+
+        Raises ``ValueError`` when the slot would exceed ``info.max_kv_capacity``.
+        """
+        ...
+
+    def decode(self, slots: Sequence[int], token_ids: Sequence[int]) -> np.ndarray:
+        """Append one token to each slot; return logits ``[len(slots), vocab]``."""
+        ...
+
+    def slot_length(self, slot: int) -> int:
+        """Number of positions currently held by ``slot``."""
+        ...
+
+    def reset(self, slot: int) -> None:
+        """Empty ``slot`` so a new sequence can use it."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine's resources."""
+        ...
