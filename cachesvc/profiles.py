@@ -107,6 +107,27 @@ class BuildOptions:
         return "-".join(parts)
 
 
+@dataclass(frozen=True)
+class ProfileRequest:
+    """What a caller asks for; the manager resolves it to a :class:`BuildOptions`.
+
+    ``backend`` and ``precision`` may be ``auto``; ``draft_model`` is a model id or directory
+    whose checkpoint digest goes into the profile.
+    """
+
+    backend: str = "auto"
+    precision: str = "auto"
+    max_input_len: int = 4096
+    max_batch_size: int = 1
+    max_kv_cache_capacity: int = 8192
+    speculative_method: str | None = None
+    draft_model: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
 def bundle_id(model_digest: str, options: BuildOptions) -> str:
     """URL-safe bundle id: ``<model-digest16>-<profile-digest12>``."""
     return f"{model_digest[:16]}-{options.digest[:12]}"

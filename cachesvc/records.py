@@ -208,3 +208,25 @@ class CacheStats:
     per_model: tuple[ModelStats, ...]
     since: datetime | None
     build_seconds: tuple[float, ...] = field(default=(), repr=False)
+
+
+@dataclass(frozen=True)
+class BundlePage:
+    """One page of a bundle listing, with totals over every matching bundle."""
+
+    items: tuple[BundleInfo, ...]
+    total: int
+    total_bytes: int
+    next_cursor: str | None
+    next_offset: int | None
+
+
+@dataclass(frozen=True)
+class BundleDetail:
+    """One bundle with its manifest summary, files, current lease holders and recent events."""
+
+    bundle: BundleInfo
+    manifest: dict[str, Any] | None
+    files: tuple[dict[str, Any], ...]
+    holders: tuple[LeaseHolder, ...]
+    events: tuple[EventInfo, ...]
