@@ -1,0 +1,667 @@
+"""Launch configuration of ``cachesvc serve`` (and of the app): every flag, validated, frozen.
+
+The flags keep the names and defaults of the OpenAI-compatible server cachesvc replaces, so
+existing launch scripts keep working; a few flags of our own (``--catalog-url``,
+``--admin-api-key``, ``--backend``, ``--precision``) configure the cache and the builder.
+
+Three ways in, one set of rules:
+
+* ``ServeConfig(...)`` -- direct construction validates in ``__post_init__``;
+* ``ServeConfig.from_mapping({...})`` -- python names (``max_batch_size``) or flag names
+  (``max-batch-size``); unknown keys are rejected by name; unambiguous conversions only
+  (``str`` -> ``Path`` for ``cache_dir``, a JSON string or a dict for ``speculative_config``,
+  integral floats for integer options, ints for float options);
+* argparse -- :func:`add_serve_arguments` / :func:`add_build_arguments` add the flags and
+  :meth:`ServeConfig.from_namespace` builds the config from the parsed namespace.
+
+Every error is a :class:`cachesvc.errors.ConfigError` whose ``field`` is the CLI flag
+(``--max-batch-size``; the positional is ``model``), e.g.
+``--max-batch-size: must be a positive integer, got 0``. Argparse-level errors (a value that
+is not a number, a choice that does not exist, a value out of range) name the flag too:
+``argument --port: must be an integer between 1 and 65535, got 0``. Rules that span several
+flags (``--max-input-len`` <= ``--max-kv-cache-capacity``, the context-cache flags needing
+``--enable-context-reuse``) are checked when the config is built.
+
+Speculative decoding: ``--speculative-config`` is a JSON object with only the keys ``method``
+(required; eagle3, mtp, dflash, jetspec, dspark), ``model`` (the draft checkpoint, required
+for every method except mtp) and ``num_speculative_tokens`` (positive int). For eagle3 and
+mtp, ``num_speculative_tokens`` overrides ``--draft-step`` (see
+:attr:`ServeConfig.effective_draft_step`).
+
+The cache directory defaults to ``$CACHESVC_CACHE_DIR`` or ``~/.cache/cachesvc`` (read when a
+config is built, not at import) and the catalog to ``sqlite:///<cache-dir>/catalog.sqlite3``
+(:attr:`ServeConfig.catalog_url_resolved`). ``repr()`` masks the API keys and any password in
+the catalog URL, so a config can be logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cachesvc.errors import ConfigError
+from cachesvc.profiles import SPECULATIVE_METHODS, ProfileRequest
+
+REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1", "nemotron")
+TOOL_CALL_PARSERS = ("auto", "generic", "hermes", "qwen3_xml", "nemotron", "openai")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+BACKEND_CHOICES = ("auto", "onnxruntime", "tensorrt")
+PRECISION_CHOICES = ("auto", "fp32", "fp16", "int8")
+
+#: Speculative methods that need a separate draft checkpoint (``model`` in the JSON).
+METHODS_NEEDING_DRAFT_MODEL = tuple(m for m in SPECULATIVE_METHODS if m != "mtp")
+#: Speculative methods whose ``num_speculative_tokens`` overrides ``--draft-step``.
+METHODS_OVERRIDING_DRAFT_STEP = ("eagle3", "mtp")
+
+CACHE_DIR_ENV = "CACHESVC_CACHE_DIR"
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+_SPEC_FLAG = "--speculative-config"
+_SPEC_KEYS = ("method", "model", "num_speculative_tokens")
+_SPEC_EXAMPLE = '{"method": "eagle3", "model": "org/draft-model", "num_speculative_tokens": 3}'
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+_URL_PASSWORD_RE = re.compile(r"(://[^:/@]*:)[^@/]*@")
+_SECRET_FIELDS = frozenset({"api_key", "admin_api_key"})
+_CONTEXT_CACHE_FIELDS = (
+    "context_cache_max_records",
+    "context_cache_recurrent_snapshot_pool_bytes",
+    "context_cache_partial_kv_snapshot_pool_bytes",
+)
+
+
+def default_cache_dir() -> Path:
+    """``$CACHESVC_CACHE_DIR`` when set and non-empty, else ``~/.cache/cachesvc`` (expanded)."""
+    env = os.environ.get(CACHE_DIR_ENV, "").strip()
+    return Path(env).expanduser() if env else Path("~/.cache/cachesvc").expanduser()
+
+
+def flag_for(name: str) -> str:
+    """The CLI flag of a :class:`ServeConfig` field (``max_batch_size`` -> ``--max-batch-size``)."""
+    return "model" if name == "model" else "--" + name.replace("_", "-")
+
+
+class _Invalid(Exception):
+    """A value breaks a rule; the caller attaches the flag (ConfigError or ArgumentTypeError)."""
+
+
+# --- value rules, shared by ServeConfig.__post_init__ and the argparse type functions -------------
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass, but True as a batch size is a bug, not a request for 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_rule(minimum: int, maximum: int | None = None) -> Callable[[object], int]:
+    if maximum is not None:
+        if minimum == 1 and maximum == 65535:
+            what = f"an integer between {minimum} and {maximum}"
+        else:
+            what = f"a {'positive' if minimum == 1 else 'non-negative'} integer <= {maximum}"
+    else:
+        what = "a positive integer" if minimum == 1 else "a non-negative integer"
+
+    def check(value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Invalid(f"must be {what}, got {value!r} ({type(value).__name__})")
+        if value < minimum or (maximum is not None and value > maximum):
+            raise _Invalid(f"must be {what}, got {value}")
+        return value
+
+    return check
+
+
+def _optional(rule: Callable[[object], Any]) -> Callable[[object], Any]:
+    def check(value: object) -> Any:
+        return None if value is None else rule(value)
+
+    return check
+
+
+def _positive_float(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _Invalid(f"must be a finite number greater than 0, got {value!r} ({type(value).__name__})")
+    number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise _Invalid(f"must be a finite number greater than 0, got {value!r}")
+    return number
+
+
+def _choice_rule(choices: tuple[str, ...]) -> Callable[[object], str]:
+    def check(value: object) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise _Invalid(f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    return check
+
+
+def _text_rule(what: str, *, optional: bool) -> Callable[[object], str | None]:
+    def check(value: object) -> str | None:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise _Invalid(f"must be {what}, got {value!r}")
+        return value
+
+    return check
+
+
+def _bool_rule(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(f"must be true or false, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _path_rule(value: object) -> Path:
+    if not isinstance(value, str | os.PathLike) or not str(os.fspath(value)).strip():
+        raise _Invalid(f"must be a directory path, got {value!r}")
+    return Path(value).expanduser()
+
+
+def _catalog_url_rule(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _URL_RE.match(value):
+        raise _Invalid(
+            "must be an SQLAlchemy database URL such as sqlite:////var/lib/cachesvc/catalog.sqlite3 "
+            f"or postgresql+psycopg://user@host/db, got {value!r}"
+        )
+    return value
+
+
+def _speculative_rule(value: object) -> SpeculativeConfig | None:
+    if value is None or isinstance(value, SpeculativeConfig):
+        return value
+    raise _Invalid(
+        f"must be a SpeculativeConfig or None, got {type(value).__name__} "
+        "(use ServeConfig.from_mapping or SpeculativeConfig.parse for JSON text)"
+    )
+
+
+_positive_int = _int_rule(1)
+_non_negative_int = _int_rule(0)
+
+#: field name -> rule; a rule returns the (normalised) value or raises _Invalid.
+_RULES: dict[str, Callable[[object], Any]] = {
+    "model": _text_rule("a Hugging Face model id or a checkpoint directory (non-blank)", optional=True),
+    "host": _text_rule("a non-blank host name or IP address", optional=False),
+    "port": _int_rule(1, 65535),
+    "served_model_name": _text_rule("a non-blank model name", optional=True),
+    "api_key": _text_rule("a non-blank key", optional=True),
+    "reasoning_parser": _choice_rule(REASONING_PARSERS),
+    "tool_call_parser": _choice_rule(TOOL_CALL_PARSERS),
+    "enable_auto_tool_choice": _bool_rule,
+    "max_queued_requests": _non_negative_int,
+    "queue_timeout": _positive_float,
+    "allowed_local_media_path": _text_rule("a non-blank directory path", optional=True),
+    "log_level": _choice_rule(LOG_LEVELS),
+    "cache_dir": _path_rule,
+    "engine_cache_max_size_gb": _positive_float,
+    "clear_engine_cache": _bool_rule,
+    "max_input_len": _positive_int,
+    "max_batch_size": _positive_int,
+    "max_kv_cache_capacity": _positive_int,
+    "draft_top_k": _optional(_positive_int),
+    "draft_step": _optional(_positive_int),
+    "verify_tree_size": _optional(_positive_int),
+    "speculative_config": _speculative_rule,
+    "enable_context_reuse": _bool_rule,
+    "context_cache_max_records": _int_rule(0, INT32_MAX),
+    "context_cache_recurrent_snapshot_pool_bytes": _int_rule(0, INT64_MAX),
+    "context_cache_partial_kv_snapshot_pool_bytes": _int_rule(0, INT64_MAX),
+    "catalog_url": _catalog_url_rule,
+    "admin_api_key": _text_rule("a non-blank key", optional=True),
+    "backend": _choice_rule(BACKEND_CHOICES),
+    "precision": _choice_rule(PRECISION_CHOICES),
+}
+
+
+# --- speculative decoding ------------------------------------------------------------------------
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            # json.loads would silently keep the last one; a doubled key is a typo to report.
+            raise ConfigError(_SPEC_FLAG, f"key {key!r} appears more than once")
+        seen[key] = value
+    return seen
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """``--speculative-config``: the speculative-decoding method and its draft model."""
+
+    method: str
+    num_speculative_tokens: int | None = None
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.method, str) or self.method not in SPECULATIVE_METHODS:
+            raise ConfigError(
+                _SPEC_FLAG, f"'method' must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.method!r}"
+            )
+        tokens = self.num_speculative_tokens
+        if tokens is not None and (not _is_int(tokens) or tokens <= 0):
+            raise ConfigError(
+                _SPEC_FLAG, f"'num_speculative_tokens' must be a positive integer, got {tokens!r}"
+            )
+        if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
+            raise ConfigError(
+                _SPEC_FLAG, f"'model' must be a non-blank draft model id or directory, got {self.model!r}"
+            )
+        if self.model is None and self.method in METHODS_NEEDING_DRAFT_MODEL:
+            raise ConfigError(
+                _SPEC_FLAG,
+                f'method {self.method!r} needs a draft model: add "model": "<hf-id-or-dir>" '
+                "(only mtp runs without one)",
+            )
+
+    @classmethod
+    def parse(cls, value: str | Mapping[str, Any]) -> SpeculativeConfig:
+        """Parse the flag's JSON object text (or an already-decoded mapping); errors name the flag."""
+        data: object
+        if isinstance(value, str):
+            try:
+                data = json.loads(value, object_pairs_hook=_reject_duplicate_keys)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(
+                    _SPEC_FLAG, f"must be a JSON object such as {_SPEC_EXAMPLE}; invalid JSON: {exc}"
+                ) from None
+        else:
+            data = value
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                _SPEC_FLAG, f"must be a JSON object such as {_SPEC_EXAMPLE}, got {type(data).__name__}"
+            )
+        unknown = sorted(str(k) for k in data if k not in _SPEC_KEYS)
+        if unknown:
+            raise ConfigError(_SPEC_FLAG, f"unknown key {unknown[0]!r} (known: {', '.join(_SPEC_KEYS)})")
+        if "method" not in data:
+            raise ConfigError(_SPEC_FLAG, f"'method' is required (one of {', '.join(SPECULATIVE_METHODS)})")
+        return cls(
+            method=data["method"],
+            num_speculative_tokens=data.get("num_speculative_tokens"),
+            model=data.get("model"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The set keys only, in the flag's JSON shape."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def to_json(self) -> str:
+        """Flag text that :meth:`parse` turns back into an equal object."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _speculative_arg(text: str) -> SpeculativeConfig:
+    try:
+        return SpeculativeConfig.parse(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.detail) from None
+
+
+# --- the config ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, repr=False)
+class ServeConfig:
+    """Every launch option of ``cachesvc serve``; validated on construction, immutable."""
+
+    model: str | None = None
+    # HTTP
+    host: str = "0.0.0.0"
+    port: int = 8000
+    served_model_name: str | None = None
+    api_key: str | None = None
+    reasoning_parser: str = "auto"
+    tool_call_parser: str = "auto"
+    enable_auto_tool_choice: bool = False
+    max_queued_requests: int = 16
+    queue_timeout: float = 600.0
+    allowed_local_media_path: str | None = None
+    log_level: str = "info"
+    # build / runtime
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    engine_cache_max_size_gb: float = 50.0
+    clear_engine_cache: bool = False
+    max_input_len: int = 4096
+    max_batch_size: int = 1
+    max_kv_cache_capacity: int = 8192
+    draft_top_k: int | None = None
+    draft_step: int | None = None
+    verify_tree_size: int | None = None
+    speculative_config: SpeculativeConfig | None = None
+    enable_context_reuse: bool = False
+    context_cache_max_records: int = 1024
+    context_cache_recurrent_snapshot_pool_bytes: int = 0
+    context_cache_partial_kv_snapshot_pool_bytes: int = 0
+    # ours
+    catalog_url: str | None = None
+    admin_api_key: str | None = None
+    backend: str = "auto"
+    precision: str = "auto"
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            try:
+                normalised = _RULES[f.name](value)
+            except _Invalid as exc:
+                raise ConfigError(flag_for(f.name), str(exc)) from None
+            if normalised is not value:
+                # Frozen: normalisation (int -> float, ~ expansion) happens once, here.
+                object.__setattr__(self, f.name, normalised)
+        if self.max_input_len > self.max_kv_cache_capacity:
+            raise ConfigError(
+                "--max-input-len",
+                f"({self.max_input_len}) must not exceed --max-kv-cache-capacity "
+                f"({self.max_kv_cache_capacity}); lower --max-input-len or raise --max-kv-cache-capacity",
+            )
+        if not self.enable_context_reuse:
+            for name in _CONTEXT_CACHE_FIELDS:
+                default = _FIELD_DEFAULTS[name]
+                if getattr(self, name) != default:
+                    raise ConfigError(
+                        flag_for(name),
+                        f"applies only with --enable-context-reuse (got {getattr(self, name)}, "
+                        f"default {default}); add --enable-context-reuse or drop {flag_for(name)}",
+                    )
+
+    def __repr__(self) -> str:
+        parts = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in _SECRET_FIELDS and value is not None:
+                parts.append(f"{f.name}='***'")
+            elif f.name == "catalog_url" and value is not None:
+                masked = _URL_PASSWORD_RE.sub(r"\1***@", value)
+                parts.append(f"{f.name}={masked!r}")
+            else:
+                parts.append(f"{f.name}={value!r}")
+        return f"ServeConfig({', '.join(parts)})"
+
+    # --- constructors ---
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> ServeConfig:
+        """Build from python names or flag names; unknown keys are rejected by name."""
+        known = [f.name for f in dataclasses.fields(cls)]
+        values: dict[str, Any] = {}
+        given_as: dict[str, str] = {}
+        for key, value in mapping.items():
+            if not isinstance(key, str):
+                raise ConfigError(repr(key), f"option names must be strings, got {type(key).__name__}")
+            name = key.removeprefix("--").replace("-", "_")
+            if name not in _RULES:
+                hint = difflib.get_close_matches(name, known, n=1)
+                suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+                raise ConfigError(key, f"unknown option {key!r}{suggestion} (known: {', '.join(known)})")
+            if name in values:
+                raise ConfigError(flag_for(name), f"given twice (as {given_as[name]!r} and {key!r})")
+            given_as[name] = key
+            values[name] = _convert(name, value)
+        cache_dir = values.pop("cache_dir", None)
+        if cache_dir is not None:
+            values["cache_dir"] = cache_dir
+        return cls(**values)
+
+    @classmethod
+    def from_namespace(cls, namespace: argparse.Namespace) -> ServeConfig:
+        """Build from parsed arguments; attributes that are not options (subcommand state) are ignored.
+
+        Options the parser did not define keep their defaults, so a namespace from a parser set
+        up with :func:`add_build_arguments` alone works too.
+        """
+        given = vars(namespace)
+        values = {name: given[name] for name in _RULES if name in given}
+        if values.get("cache_dir") is None:
+            # The parser's None means "the default", which depends on the environment.
+            values.pop("cache_dir", None)
+        else:
+            values["cache_dir"] = Path(values["cache_dir"])
+        return cls(**values)
+
+    # --- derived values ---
+
+    @property
+    def catalog_url_resolved(self) -> str:
+        """``--catalog-url``, or ``sqlite:///<cache-dir>/catalog.sqlite3`` when unset."""
+        if self.catalog_url is not None:
+            return self.catalog_url
+        return f"sqlite:///{self.cache_dir / 'catalog.sqlite3'}"
+
+    @property
+    def engine_cache_max_size_bytes(self) -> int:
+        """The cache size cap in bytes (decimal GB: 1 GB = 10**9 bytes)."""
+        return int(self.engine_cache_max_size_gb * 1e9)
+
+    @property
+    def effective_draft_step(self) -> int | None:
+        """``num_speculative_tokens`` for eagle3 and mtp when set, else ``--draft-step``."""
+        spec = self.speculative_config
+        if (
+            spec is not None
+            and spec.method in METHODS_OVERRIDING_DRAFT_STEP
+            and spec.num_speculative_tokens is not None
+        ):
+            return spec.num_speculative_tokens
+        return self.draft_step
+
+    @property
+    def served_name(self) -> str:
+        """The model name clients see: ``--served-model-name``, else the model, else ``demo``."""
+        return self.served_model_name or self.model or "demo"
+
+    def profile_request(self) -> ProfileRequest:
+        """The build profile this config asks for (``auto`` values are resolved by the manager)."""
+        spec = self.speculative_config
+        return ProfileRequest(
+            backend=self.backend,
+            precision=self.precision,
+            max_input_len=self.max_input_len,
+            max_batch_size=self.max_batch_size,
+            max_kv_cache_capacity=self.max_kv_cache_capacity,
+            speculative_method=spec.method if spec else None,
+            draft_model=spec.model if spec else None,
+        )
+
+
+_FIELD_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(ServeConfig) if f.default is not dataclasses.MISSING
+}
+_INT_FIELDS = frozenset(
+    name for name in _RULES if ServeConfig.__dataclass_fields__[name].type in ("int", "int | None")
+)
+_FLOAT_FIELDS = frozenset(name for name in _RULES if ServeConfig.__dataclass_fields__[name].type == "float")
+
+
+def _convert(name: str, value: Any) -> Any:
+    """from_mapping's unambiguous conversions; everything else goes to the rules unchanged."""
+    if name == "cache_dir" and isinstance(value, str) and value.strip():
+        return Path(value)
+    if name == "speculative_config" and isinstance(value, str | Mapping):
+        return SpeculativeConfig.parse(value)
+    if name in _INT_FIELDS and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# --- argparse ------------------------------------------------------------------------------------
+
+
+def _arg_type(name: str, convert: Callable[[str], Any], what: str) -> Callable[[str], Any]:
+    """An argparse ``type=`` that parses the text and applies the field's rule."""
+    rule = _RULES[name]
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        try:
+            return rule(value)
+        except _Invalid as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name
+    return parse
+
+
+def _add(group: Any, name: str, help_text: str, *, show_default: bool = True, **kwargs: Any) -> None:
+    """Add ``--<name>`` with the field's default, typed by its rule, help showing the default."""
+    if "action" not in kwargs and "type" not in kwargs and "choices" not in kwargs:
+        if name in _INT_FIELDS:
+            kwargs["type"] = _arg_type(name, int, "an integer")
+            kwargs.setdefault("metavar", "N")
+        elif name in _FLOAT_FIELDS:
+            kwargs["type"] = _arg_type(name, float, "a number")
+            kwargs.setdefault("metavar", "NUM")
+        else:
+            kwargs["type"] = _arg_type(name, str, "text")
+    kwargs.setdefault("default", _FIELD_DEFAULTS.get(name))
+    if show_default and kwargs.get("action") != "store_true":
+        help_text += " (default: %(default)s)"
+    group.add_argument(flag_for(name), dest=name, help=help_text, **kwargs)
+
+
+def add_build_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the cache-location and build-profile flags (the set ``cachesvc prepare`` uses).
+
+    Cache: --cache-dir, --catalog-url, --engine-cache-max-size-gb. Build: --backend,
+    --precision, --max-input-len, --max-batch-size, --max-kv-cache-capacity,
+    --speculative-config, --draft-top-k, --draft-step, --verify-tree-size.
+    """
+    cache = parser.add_argument_group("engine cache")
+    cache.add_argument(
+        "--cache-dir",
+        dest="cache_dir",
+        default=None,
+        type=_arg_type("cache_dir", str, "a directory path"),
+        metavar="DIR",
+        help=f"cache root (default: ${CACHE_DIR_ENV} or ~/.cache/cachesvc)",
+    )
+    _add(
+        cache,
+        "catalog_url",
+        "SQLAlchemy URL of the bundle catalog (default: sqlite:///<cache-dir>/catalog.sqlite3)",
+        show_default=False,
+        metavar="URL",
+    )
+    _add(
+        cache,
+        "engine_cache_max_size_gb",
+        "size cap of the engine cache in GB (10**9 bytes); LRU eviction above it",
+        metavar="GB",
+    )
+
+    build = parser.add_argument_group("engine build")
+    _add(
+        build,
+        "backend",
+        "builder backend; auto picks tensorrt when it imports and a GPU exists",
+        choices=BACKEND_CHOICES,
+    )
+    _add(
+        build,
+        "precision",
+        "engine weight precision; auto picks the backend's best",
+        choices=PRECISION_CHOICES,
+    )
+    _add(build, "max_input_len", "longest prompt in tokens (<= --max-kv-cache-capacity)")
+    _add(build, "max_batch_size", "sequences decoded together")
+    _add(build, "max_kv_cache_capacity", "KV cache tokens per sequence (prompt + generated)")
+    _add(
+        build,
+        "speculative_config",
+        f"speculative decoding as JSON, e.g. '{_SPEC_EXAMPLE}'; keys: method (eagle3, mtp, dflash, "
+        "jetspec, dspark; required), model (draft; required except for mtp), num_speculative_tokens "
+        "(overrides --draft-step for eagle3 and mtp)",
+        type=_speculative_arg,
+        metavar="JSON",
+    )
+    _add(build, "draft_top_k", "draft candidates kept per step (positive integer)")
+    _add(build, "draft_step", "draft tokens proposed per step (positive integer)")
+    _add(build, "verify_tree_size", "draft-tree tokens verified per step (positive integer)")
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser, *, include_http: bool = True) -> None:
+    """Add every ``cachesvc serve`` flag: the positional model, build and runtime flags, and the
+    HTTP flags (host, port, keys, parsers, queue, log level) unless ``include_http`` is false."""
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        type=_arg_type("model", str, "a model id or directory"),
+        help="Hugging Face model id or local checkpoint directory (default: the demo checkpoint)",
+    )
+    add_build_arguments(parser)
+
+    runtime = parser.add_argument_group("runtime")
+    _add(runtime, "clear_engine_cache", "remove all idle engine bundles at startup", action="store_true")
+    _add(runtime, "enable_context_reuse", "reuse cached prompt prefixes across requests", action="store_true")
+    _add(runtime, "context_cache_max_records", "prefix records kept (needs --enable-context-reuse)")
+    _add(
+        runtime,
+        "context_cache_recurrent_snapshot_pool_bytes",
+        "bytes for recurrent-state snapshots (needs --enable-context-reuse)",
+    )
+    _add(
+        runtime,
+        "context_cache_partial_kv_snapshot_pool_bytes",
+        "bytes for partial KV-block snapshots (needs --enable-context-reuse)",
+    )
+    if not include_http:
+        return
+
+    http = parser.add_argument_group("HTTP server")
+    _add(http, "host", "address to listen on", metavar="HOST")
+    _add(http, "port", "TCP port to listen on (1..65535)")
+    _add(
+        http,
+        "served_model_name",
+        "model name reported to clients (default: the model argument, or 'demo')",
+        show_default=False,
+        metavar="NAME",
+    )
+    _add(
+        http,
+        "api_key",
+        "require this key on /v1 routes (Bearer or x-api-key) (default: none, open)",
+        show_default=False,
+        metavar="KEY",
+    )
+    _add(
+        http,
+        "admin_api_key",
+        "require this key on /admin routes (default: none, loopback clients only)",
+        show_default=False,
+        metavar="KEY",
+    )
+    _add(
+        http, "reasoning_parser", "split <think> reasoning into reasoning_content", choices=REASONING_PARSERS
+    )
+    _add(http, "tool_call_parser", "tool-call format to parse from model output", choices=TOOL_CALL_PARSERS)
+    _add(http, "enable_auto_tool_choice", "let the model decide when to call tools", action="store_true")
+    _add(http, "max_queued_requests", "requests waiting for a slot before 429 (non-negative integer)")
+    _add(http, "queue_timeout", "seconds a request may wait in the queue before 429", metavar="SECONDS")
+    _add(
+        http,
+        "allowed_local_media_path",
+        "directory requests may read local media from (default: none)",
+        show_default=False,
+        metavar="DIR",
+    )
+    _add(http, "log_level", "log level", choices=LOG_LEVELS)
