@@ -1,0 +1,42 @@
+"""The disk store: cache layout, per-bundle locks, manifests, and atomic bundle publishing.
+
+Filesystem only: the store knows nothing of the catalog or the builder.
+"""
+
+from __future__ import annotations
+
+from cachesvc.store.bundles import BundleStore, ScannedBundle, dir_size
+from cachesvc.store.layout import CACHEDIR_TAG_CONTENT, CACHEDIR_TAG_SIGNATURE, CacheLayout, check_bundle_id
+from cachesvc.store.locks import BundleLocks, Lease
+from cachesvc.store.manifest import (
+    MANIFEST_NAME,
+    MISMATCH_REASONS,
+    FileEntry,
+    Manifest,
+    Mismatch,
+    VerifyReport,
+    hash_files,
+    read_manifest,
+    verify_bundle,
+)
+
+__all__ = [
+    "CACHEDIR_TAG_CONTENT",
+    "CACHEDIR_TAG_SIGNATURE",
+    "MANIFEST_NAME",
+    "MISMATCH_REASONS",
+    "BundleLocks",
+    "BundleStore",
+    "CacheLayout",
+    "FileEntry",
+    "Lease",
+    "Manifest",
+    "Mismatch",
+    "ScannedBundle",
+    "VerifyReport",
+    "check_bundle_id",
+    "dir_size",
+    "hash_files",
+    "read_manifest",
+    "verify_bundle",
+]

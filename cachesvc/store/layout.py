@@ -1,0 +1,199 @@
+"""The cache directory tree: where things live, and how files get into it durably.
+
+Everything the store writes goes through the helpers here: unique temp names, fsync, then
+``os.replace`` (atomic on POSIX), and directories fsynced after an entry is added or removed
+so that the rename itself survives a power cut. Directories and files the store creates take
+the cache root's permission bits, so a private temp dir's 0700 never leaks into a shared cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+#: Standard cache directory tag (https://bford.info/cachedir/); backup tools skip the tree.
+CACHEDIR_TAG_NAME = "CACHEDIR.TAG"
+CACHEDIR_TAG_SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"
+CACHEDIR_TAG_CONTENT = (
+    f"{CACHEDIR_TAG_SIGNATURE}\n"
+    "# This file is a cache directory tag created by cachesvc (engine bundle cache).\n"
+    "# For information about cache directory tags see https://bford.info/cachedir/\n"
+)
+
+# No dots: staging dirs are named "<bundle_id>.<random>", and the id must parse back unambiguously.
+_BUNDLE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+
+
+def check_bundle_id(bundle_id: str) -> str:
+    """Return ``bundle_id`` if it is safe to use in file names, else raise ``ValueError``."""
+    if not isinstance(bundle_id, str) or not _BUNDLE_ID_RE.match(bundle_id):
+        raise ValueError(
+            f"invalid bundle id {bundle_id!r}: use 1-128 characters from [A-Za-z0-9_-], "
+            "starting with a letter or digit (e.g. '0123456789abcdef-0123456789ab')"
+        )
+    return bundle_id
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """The directory tree under a cache root (``--cache-dir``)."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        # Accept str too; a frozen dataclass needs object.__setattr__ to normalise a field.
+        object.__setattr__(self, "root", Path(self.root).expanduser())
+
+    @property
+    def engines(self) -> Path:
+        """Published bundles: ``engines/<model-digest16>/<profile-name>/``."""
+        return self.root / "engines"
+
+    @property
+    def checkpoints(self) -> Path:
+        """Checkpoint downloads (huggingface_hub cache)."""
+        return self.root / "checkpoints"
+
+    @property
+    def staging(self) -> Path:
+        """Unique build dirs; on the same filesystem as ``engines`` so publishing is one rename."""
+        return self.root / ".staging"
+
+    @property
+    def locks(self) -> Path:
+        """Per-bundle lock files and lease holder records."""
+        return self.root / ".locks"
+
+    @property
+    def trash(self) -> Path:
+        """Where directories are renamed before deletion, so they vanish from view atomically."""
+        return self.root / ".trash"
+
+    @property
+    def cachedir_tag(self) -> Path:
+        """The ``CACHEDIR.TAG`` file at the root."""
+        return self.root / CACHEDIR_TAG_NAME
+
+    def dir_mode(self) -> int:
+        """Permission bits for directories the store creates: the root's own bits."""
+        return stat.S_IMODE(self.root.stat().st_mode) & 0o777
+
+    def file_mode(self) -> int:
+        """Permission bits for files the store publishes: the root's bits without exec bits."""
+        return self.dir_mode() & 0o666
+
+    def ensure(self) -> None:
+        """Create the root, its subdirectories and ``CACHEDIR.TAG``.
+
+        Idempotent and safe when several processes race: ``mkdir`` tolerates existing dirs
+        and the tag is written under a unique temp name and renamed into place.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.root.is_dir():
+            raise NotADirectoryError(f"cache root {self.root} is not a directory; pick another --cache-dir")
+        mode = self.dir_mode()
+        for path in (self.engines, self.checkpoints, self.staging, self.locks, self.trash):
+            make_dir(path, mode)
+        if not _has_tag(self.cachedir_tag):
+            write_atomic(self.cachedir_tag, CACHEDIR_TAG_CONTENT.encode(), self.file_mode())
+
+    def bundle_dir(self, relpath: Path | str) -> Path:
+        """Absolute bundle directory for a path relative to the root (e.g. from the catalog).
+
+        Raises ``ValueError`` for an absolute path, a ``..`` component or an empty path, so a
+        bad catalog row can never point the store at something outside the cache.
+        """
+        rel = PurePosixPath(Path(relpath).as_posix())
+        if rel.is_absolute() or Path(relpath).is_absolute():
+            raise ValueError(f"bundle path {str(relpath)!r} must be relative to the cache root, not absolute")
+        if ".." in rel.parts:
+            raise ValueError(f"bundle path {str(relpath)!r} must not contain '..' (it would leave the cache)")
+        if not rel.parts or rel.parts == (".",):
+            raise ValueError("bundle path is empty; expected e.g. 'engines/<model-digest16>/<profile-name>'")
+        return self.root.joinpath(*rel.parts)
+
+
+def _has_tag(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return fh.readline().rstrip(b"\r\n") == CACHEDIR_TAG_SIGNATURE.encode()
+    except FileNotFoundError:
+        return False
+
+
+def make_dir(path: Path, mode: int) -> bool:
+    """Create one directory with exactly ``mode`` (umask does not apply); True if created.
+
+    An existing directory keeps its bits: an operator may have set them on purpose.
+    """
+    try:
+        path.mkdir()
+    except FileExistsError:
+        if not path.is_dir():
+            raise NotADirectoryError(f"{path} exists but is not a directory; move it away") from None
+        return False
+    os.chmod(path, mode)
+    fsync_dir(path.parent)
+    return True
+
+
+def make_dirs(path: Path, top: Path, mode: int) -> None:
+    """Create ``path`` and any missing parents below ``top`` (which must exist), each with ``mode``."""
+    missing: list[Path] = []
+    current = path
+    while current != top and not current.exists():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for directory in reversed(missing):
+        make_dir(directory, mode)
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory's entries (renames, creations) to disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a regular file's data to disk (without following a symlink)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one, never a part.
+
+    The temp name is unique per writer, so concurrent writers never share a half-written file;
+    the last ``os.replace`` wins.
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)
