@@ -1,0 +1,169 @@
+"""SQLAlchemy 2.0 models of the catalog. Schema changes only through Alembic migrations.
+
+Portable across SQLite and PostgreSQL: no dialect-only SQL, UTC timestamps, named constraints.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite has no 64-bit autoincrement type; INTEGER PRIMARY KEY is its rowid.
+BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores naive UTC, returns aware UTC, on every backend (SQLite drops the zone)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are not stored; pass an aware UTC datetime")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):  # pragma: no cover - defensive, SQLite returns datetime here
+            value = datetime.fromisoformat(value)
+        return value.replace(tzinfo=UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class CheckpointRow(Base):
+    __tablename__ = "checkpoints"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    source: Mapped[str] = mapped_column(String(1024))
+    path: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    file_count: Mapped[int] = mapped_column(Integer, default=0)
+    resolved_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    node: Mapped[str] = mapped_column(String(255))
+
+
+class BundleRow(Base):
+    __tablename__ = "bundles"
+    __table_args__ = (
+        CheckConstraint("state IN ('building', 'ready', 'failed', 'corrupt')", name="state"),
+        CheckConstraint("size_bytes >= 0", name="size_nonneg"),
+        Index("ix_bundles_state_last_used", "state", "last_used_at"),
+        Index("ix_bundles_last_used_id", "last_used_at", "id"),
+        Index("ix_bundles_size_id", "size_bytes", "id"),
+        Index("ix_bundles_created_id", "created_at", "id"),
+        Index("ix_bundles_hits_id", "hit_count", "id"),
+        Index("ix_bundles_checkpoint_digest", "checkpoint_digest"),
+        Index("ix_bundles_model", "model"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[str] = mapped_column(String(1024))
+    checkpoint_digest: Mapped[str] = mapped_column(String(64))
+    draft_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    profile: Mapped[dict[str, Any]] = mapped_column(JSON)
+    profile_name: Mapped[str] = mapped_column(String(255))
+    backend: Mapped[str] = mapped_column(String(32))
+    path: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    file_count: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    built_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    build_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_used_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    hit_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    last_verified_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    node: Mapped[str] = mapped_column(String(255))
+
+
+class LeaseRow(Base):
+    """Who serves a bundle, for display. The shared file lock is the truth; rows can go stale."""
+
+    __tablename__ = "leases"
+    __table_args__ = (UniqueConstraint("bundle_id", "node", "pid", name="uq_leases_holder"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    bundle_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("bundles.id", ondelete="CASCADE"), index=True
+    )
+    node: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    since: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class EventRow(Base):
+    """Append-only audit log; feeds stats (through ``event_totals``) and ``/admin/events``."""
+
+    __tablename__ = "events"
+    __table_args__ = (
+        Index("ix_events_kind_id", "kind", "id"),
+        Index("ix_events_kind_seconds", "kind", "seconds"),
+        Index("ix_events_bundle_id", "bundle_id", "id"),
+        Index("ix_events_at", "at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+    kind: Mapped[str] = mapped_column(String(32))
+    bundle_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    checkpoint_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    model: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    node: Mapped[str] = mapped_column(String(255))
+
+
+class EventTotalRow(Base):
+    """Running totals of events by (kind, reason, model), written in the event's transaction.
+
+    Stats read these few rows instead of scanning the events table, so they stay fast with
+    millions of events and still agree exactly with the log.
+    """
+
+    __tablename__ = "event_totals"
+
+    kind: Mapped[str] = mapped_column(String(32), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(16), primary_key=True)
+    model: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    first_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -1,0 +1,692 @@
+"""Typed catalog operations. ORM rows stay in this package; callers get ``cachesvc.records``."""
+
+from __future__ import annotations
+
+import base64
+import json
+import statistics
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Select, Table, and_, delete, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session, sessionmaker
+
+from cachesvc.catalog.models import BundleRow, CheckpointRow, EventRow, EventTotalRow, LeaseRow
+from cachesvc.catalog.session import create_catalog_engine
+from cachesvc.errors import ConfigError, NotFoundError
+from cachesvc.records import (
+    EVENT_KINDS,
+    BundleInfo,
+    BundlePage,
+    CacheStats,
+    CheckpointInfo,
+    EventInfo,
+    LeaseHolder,
+    ModelStats,
+)
+
+SORT_COLUMNS = {
+    "last_used": BundleRow.last_used_at,
+    "size": BundleRow.size_bytes,
+    "created": BundleRow.created_at,
+    "hits": BundleRow.hit_count,
+}
+_DATETIME_SORTS = {"last_used", "created"}
+
+
+def utcnow() -> datetime:
+    """Aware UTC now (the catalog stores UTC only)."""
+    return datetime.now(UTC)
+
+
+class Catalog:
+    """The SQL index of the cache. Every method is one short transaction."""
+
+    def __init__(self, url: str, *, node: str) -> None:
+        self.url = url
+        self.node = node
+        self.engine = create_catalog_engine(url)
+        self._read = sessionmaker(self.engine, expire_on_commit=False)
+        self._write_engine = self.engine.execution_options(sqlite_immediate=True)
+        self._write = sessionmaker(self._write_engine, expire_on_commit=False)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Bring the schema to ``revision`` with Alembic (the app does this on start)."""
+        from cachesvc.catalog.migrate import upgrade
+
+        upgrade(self.engine, revision)
+
+    def current_revision(self) -> str | None:
+        """The schema revision the database is at (None when never migrated)."""
+        from cachesvc.catalog.migrate import current_revision
+
+        return current_revision(self.engine)
+
+    def close(self) -> None:
+        """Dispose of pooled connections."""
+        self.engine.dispose()
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        with self._write() as session, session.begin():
+            yield session
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _add_event(
+        self,
+        session: Session,
+        kind: str,
+        *,
+        bundle_id: str | None = None,
+        checkpoint_digest: str | None = None,
+        model: str | None = None,
+        reason: str | None = None,
+        nbytes: int | None = None,
+        seconds: float | None = None,
+        detail: str | None = None,
+        at: datetime | None = None,
+    ) -> None:
+        if kind not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind {kind!r}")
+        at = at or utcnow()
+        session.add(
+            EventRow(
+                at=at,
+                kind=kind,
+                bundle_id=bundle_id,
+                checkpoint_digest=checkpoint_digest,
+                model=model,
+                reason=reason,
+                bytes=nbytes,
+                seconds=seconds,
+                detail=detail,
+                node=self.node,
+            )
+        )
+        self._bump_total(session, kind, reason or "", model or "", nbytes or 0, seconds or 0.0, at)
+
+    def _bump_total(
+        self, session: Session, kind: str, reason: str, model: str, nbytes: int, seconds: float, at: datetime
+    ) -> None:
+        values = {
+            "kind": kind,
+            "reason": reason,
+            "model": model,
+            "count": 1,
+            "bytes": nbytes,
+            "seconds": seconds,
+            "first_at": at,
+        }
+        table = EventTotalRow.__table__
+        assert isinstance(table, Table)
+        dialect = session.get_bind().dialect.name
+        if dialect in ("sqlite", "postgresql"):
+            insert = sqlite.insert if dialect == "sqlite" else postgresql.insert
+            stmt = insert(table).values(**values)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["kind", "reason", "model"],
+                set_={
+                    "count": table.c.count + 1,
+                    "bytes": table.c.bytes + nbytes,
+                    "seconds": table.c.seconds + seconds,
+                },
+            )
+            session.execute(stmt)
+            return
+        row = session.get(EventTotalRow, (kind, reason, model), with_for_update=True)
+        if row is None:
+            session.add(EventTotalRow(**values))
+        else:
+            row.count += 1
+            row.bytes += nbytes
+            row.seconds += seconds
+
+    def add_event(self, kind: str, **fields: Any) -> None:
+        """Append one event (and its running total) in its own transaction."""
+        with self._tx() as session:
+            self._add_event(session, kind, **fields)
+
+    def events(
+        self,
+        *,
+        kind: str | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+        bundle_id: str | None = None,
+        before_id: int | None = None,
+    ) -> list[EventInfo]:
+        """The audit log, newest first."""
+        stmt = select(EventRow).order_by(EventRow.id.desc()).limit(limit)
+        if kind is not None:
+            stmt = stmt.where(EventRow.kind == kind)
+        if since is not None:
+            stmt = stmt.where(EventRow.at >= since)
+        if bundle_id is not None:
+            stmt = stmt.where(EventRow.bundle_id == bundle_id)
+        if before_id is not None:
+            stmt = stmt.where(EventRow.id < before_id)
+        with self._read() as session:
+            return [_event_info(r) for r in session.scalars(stmt)]
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def upsert_checkpoint(
+        self, *, digest: str, source: str, path: Path, size_bytes: int, file_count: int
+    ) -> None:
+        """Record (or refresh) a resolved checkpoint."""
+        with self._tx() as session:
+            row = session.get(CheckpointRow, digest)
+            if row is None:
+                session.add(
+                    CheckpointRow(
+                        digest=digest,
+                        source=source,
+                        path=str(path),
+                        size_bytes=size_bytes,
+                        file_count=file_count,
+                        resolved_at=utcnow(),
+                        node=self.node,
+                    )
+                )
+            else:
+                row.source, row.path, row.size_bytes, row.file_count = (
+                    source,
+                    str(path),
+                    size_bytes,
+                    file_count,
+                )
+                row.resolved_at = utcnow()
+
+    def list_checkpoints(self) -> list[CheckpointInfo]:
+        """Every resolved checkpoint with the ids of its bundles."""
+        with self._read() as session:
+            rows = session.scalars(select(CheckpointRow).order_by(CheckpointRow.resolved_at.desc())).all()
+            by_digest: dict[str, list[str]] = {}
+            for bid, digest in session.execute(select(BundleRow.id, BundleRow.checkpoint_digest)):
+                by_digest.setdefault(digest, []).append(bid)
+            return [
+                CheckpointInfo(
+                    digest=r.digest,
+                    source=r.source,
+                    path=Path(r.path),
+                    size_bytes=r.size_bytes,
+                    file_count=r.file_count,
+                    resolved_at=r.resolved_at,
+                    bundle_ids=tuple(sorted(by_digest.get(r.digest, []))),
+                )
+                for r in rows
+            ]
+
+    def checkpoint_count(self) -> int:
+        """Number of resolved checkpoints."""
+        with self._read() as session:
+            return int(session.scalar(select(func.count()).select_from(CheckpointRow)) or 0)
+
+    # -- bundles ---------------------------------------------------------------------------
+
+    def get_bundle(self, bundle_id: str) -> BundleInfo | None:
+        """One bundle, or None."""
+        with self._read() as session:
+            row = session.get(BundleRow, bundle_id)
+            return None if row is None else _bundle_info(row)
+
+    def require_bundle(self, bundle_id: str) -> BundleInfo:
+        """One bundle, or NotFoundError."""
+        info = self.get_bundle(bundle_id)
+        if info is None:
+            raise NotFoundError(f"no bundle with id {bundle_id!r} (list them with `cachesvc bundles ls`)")
+        return info
+
+    def begin_build(
+        self,
+        *,
+        bundle_id: str,
+        model: str,
+        checkpoint_digest: str,
+        draft_digest: str | None,
+        profile: dict[str, Any],
+        profile_name: str,
+        backend: str,
+        path: Path,
+    ) -> None:
+        """Insert (or reset) the row of a bundle about to be built: state ``building``; a miss event."""
+        now = utcnow()
+        with self._tx() as session:
+            row = session.get(BundleRow, bundle_id)
+            if row is None:
+                row = BundleRow(id=bundle_id, created_at=now, hit_count=0, pinned=False)
+                session.add(row)
+            row.model, row.checkpoint_digest, row.draft_digest = model, checkpoint_digest, draft_digest
+            row.profile, row.profile_name, row.backend, row.path = profile, profile_name, backend, str(path)
+            row.size_bytes, row.file_count, row.state, row.error = 0, 0, "building", None
+            row.last_used_at, row.node = now, self.node
+            self._add_event(
+                session, "miss", bundle_id=bundle_id, checkpoint_digest=checkpoint_digest, model=model
+            )
+
+    def finish_build(self, bundle_id: str, *, size_bytes: int, file_count: int, seconds: float) -> BundleInfo:
+        """Mark a build ready (after its directory was published); a build_ok event."""
+        now = utcnow()
+        with self._tx() as session:
+            row = _require(session, bundle_id)
+            row.state, row.size_bytes, row.file_count = "ready", size_bytes, file_count
+            row.built_at, row.build_seconds, row.last_used_at, row.last_verified_at = now, seconds, now, now
+            row.error = None
+            self._add_event(
+                session,
+                "build_ok",
+                bundle_id=bundle_id,
+                checkpoint_digest=row.checkpoint_digest,
+                model=row.model,
+                nbytes=size_bytes,
+                seconds=seconds,
+            )
+            return _bundle_info(row)
+
+    def fail_build(self, bundle_id: str, *, error: str, seconds: float) -> None:
+        """Mark a build failed (nothing was published); a build_failed event."""
+        with self._tx() as session:
+            row = session.get(BundleRow, bundle_id)
+            if row is None:
+                return
+            row.state, row.error, row.build_seconds = "failed", error[:4000], seconds
+            row.size_bytes, row.file_count = 0, 0
+            self._add_event(
+                session,
+                "build_failed",
+                bundle_id=bundle_id,
+                checkpoint_digest=row.checkpoint_digest,
+                model=row.model,
+                seconds=seconds,
+                detail=error[:4000],
+            )
+
+    def record_hit(self, bundle_id: str) -> BundleInfo:
+        """A cache hit: last_used_at = now, hit_count + 1, a hit event."""
+        with self._tx() as session:
+            row = _require(session, bundle_id)
+            row.hit_count += 1
+            row.last_used_at = utcnow()
+            self._add_event(
+                session, "hit", bundle_id=bundle_id, checkpoint_digest=row.checkpoint_digest, model=row.model
+            )
+            return _bundle_info(row)
+
+    def set_pinned(self, bundle_id: str, pinned: bool) -> BundleInfo:
+        """Pin or unpin; an event when it changes."""
+        with self._tx() as session:
+            row = _require(session, bundle_id)
+            if row.pinned != pinned:
+                row.pinned = pinned
+                self._add_event(session, "pin" if pinned else "unpin", bundle_id=bundle_id, model=row.model)
+            return _bundle_info(row)
+
+    def set_verified(self, bundle_id: str, *, ok: bool, detail: str | None) -> BundleInfo:
+        """Record a verify: ok keeps the state; a mismatch marks the bundle corrupt."""
+        with self._tx() as session:
+            row = _require(session, bundle_id)
+            row.last_verified_at = utcnow()
+            if not ok:
+                row.state, row.error = "corrupt", detail
+            elif row.state == "corrupt":
+                row.state, row.error = "ready", None
+            self._add_event(
+                session,
+                "verify",
+                bundle_id=bundle_id,
+                model=row.model,
+                reason="ok" if ok else "corrupt",
+                detail=detail,
+            )
+            return _bundle_info(row)
+
+    def delete_bundle(self, bundle_id: str, *, reason: str, nbytes: int, detail: str | None = None) -> None:
+        """Forget a bundle whose directory is gone; an evict event with the reason and bytes."""
+        with self._tx() as session:
+            row = session.get(BundleRow, bundle_id)
+            if row is None:
+                return
+            self._add_event(
+                session,
+                "evict",
+                bundle_id=bundle_id,
+                checkpoint_digest=row.checkpoint_digest,
+                model=row.model,
+                reason=reason,
+                nbytes=nbytes,
+                detail=detail,
+            )
+            session.delete(row)
+
+    def adopt_bundle(
+        self,
+        *,
+        bundle_id: str,
+        model: str,
+        checkpoint_digest: str,
+        draft_digest: str | None,
+        profile: dict[str, Any],
+        profile_name: str,
+        backend: str,
+        path: Path,
+        size_bytes: int,
+        file_count: int,
+        built_at: datetime,
+    ) -> None:
+        """Insert a ready row for a published directory the catalog did not know."""
+        now = utcnow()
+        with self._tx() as session:
+            if session.get(BundleRow, bundle_id) is not None:
+                return
+            session.add(
+                BundleRow(
+                    id=bundle_id,
+                    model=model,
+                    checkpoint_digest=checkpoint_digest,
+                    draft_digest=draft_digest,
+                    profile=profile,
+                    profile_name=profile_name,
+                    backend=backend,
+                    path=str(path),
+                    size_bytes=size_bytes,
+                    file_count=file_count,
+                    state="ready",
+                    created_at=built_at,
+                    built_at=built_at,
+                    last_used_at=built_at,
+                    last_verified_at=now,
+                    hit_count=0,
+                    pinned=False,
+                    node=self.node,
+                )
+            )
+            self._add_event(
+                session, "reconcile", bundle_id=bundle_id, model=model, reason="adopted", nbytes=size_bytes
+            )
+
+    def all_bundles(self, *, states: Sequence[str] | None = None) -> list[BundleInfo]:
+        """Every bundle (optionally of some states), least recently used first."""
+        stmt = select(BundleRow).order_by(BundleRow.last_used_at.asc(), BundleRow.id.asc())
+        if states is not None:
+            stmt = stmt.where(BundleRow.state.in_(list(states)))
+        with self._read() as session:
+            return [_bundle_info(r) for r in session.scalars(stmt)]
+
+    def eviction_candidates(self) -> list[tuple[str, int, datetime, bool, str]]:
+        """(id, size, last_used_at, pinned, path) of every ready/failed/corrupt bundle, LRU first.
+
+        Reads only indexed columns, so planning over 100k rows stays cheap.
+        """
+        stmt = (
+            select(
+                BundleRow.id, BundleRow.size_bytes, BundleRow.last_used_at, BundleRow.pinned, BundleRow.path
+            )
+            .where(BundleRow.state != "building")
+            .order_by(BundleRow.last_used_at.asc(), BundleRow.id.asc())
+        )
+        with self._read() as session:
+            return [(r[0], int(r[1]), r[2], bool(r[3]), r[4]) for r in session.execute(stmt)]
+
+    def total_size(self) -> int:
+        """Sum of catalog sizes of every bundle (no directory walks)."""
+        with self._read() as session:
+            return int(session.scalar(select(func.coalesce(func.sum(BundleRow.size_bytes), 0))) or 0)
+
+    def list_bundles(
+        self,
+        *,
+        model: str | None = None,
+        state: str | None = None,
+        backend: str | None = None,
+        pinned: bool | None = None,
+        sort: str = "last_used",
+        order: str = "desc",
+        limit: int = 50,
+        offset: int | None = None,
+        cursor: str | None = None,
+    ) -> BundlePage:
+        """Filter, sort and page bundles; totals cover every match. Keyset cursor or offset."""
+        if sort not in SORT_COLUMNS:
+            raise ConfigError("sort", f"must be one of {', '.join(SORT_COLUMNS)}, got {sort!r}")
+        if order not in ("asc", "desc"):
+            raise ConfigError("order", f"must be asc or desc, got {order!r}")
+        if limit < 1:
+            raise ConfigError("limit", f"must be at least 1, got {limit}")
+        if offset is not None and offset < 0:
+            raise ConfigError("offset", f"must not be negative, got {offset}")
+        if offset is not None and cursor is not None:
+            raise ConfigError("cursor", "give either cursor or offset, not both")
+        conds = []
+        if model is not None:
+            conds.append(or_(BundleRow.model == model, BundleRow.checkpoint_digest.startswith(model)))
+        if state is not None:
+            conds.append(BundleRow.state == state)
+        if backend is not None:
+            conds.append(BundleRow.backend == backend)
+        if pinned is not None:
+            conds.append(BundleRow.pinned.is_(pinned))
+        col = SORT_COLUMNS[sort]
+        stmt: Select[BundleRow] = select(BundleRow).where(*conds)
+        if cursor is not None:
+            value, last_id = _decode_cursor(cursor, sort)
+            if order == "desc":
+                stmt = stmt.where(or_(col < value, and_(col == value, BundleRow.id < last_id)))
+            else:
+                stmt = stmt.where(or_(col > value, and_(col == value, BundleRow.id > last_id)))
+        if order == "desc":
+            stmt = stmt.order_by(col.desc(), BundleRow.id.desc())
+        else:
+            stmt = stmt.order_by(col.asc(), BundleRow.id.asc())
+        stmt = stmt.limit(limit + 1)
+        if offset:
+            stmt = stmt.offset(offset)
+        with self._read() as session:
+            rows = list(session.scalars(stmt))
+            total, total_bytes = session.execute(
+                select(func.count(), func.coalesce(func.sum(BundleRow.size_bytes), 0))
+                .select_from(BundleRow)
+                .where(*conds)
+            ).one()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        items = tuple(_bundle_info(r) for r in rows)
+        next_cursor = _encode_cursor(rows[-1], sort) if more and rows else None
+        next_offset = (offset or 0) + len(rows) if more and cursor is None else None
+        return BundlePage(
+            items=items,
+            total=int(total),
+            total_bytes=int(total_bytes),
+            next_cursor=next_cursor,
+            next_offset=next_offset,
+        )
+
+    # -- leases (display only) -------------------------------------------------------------
+
+    def add_lease(self, bundle_id: str, pid: int) -> None:
+        """Record that this node's ``pid`` serves ``bundle_id``."""
+        with self._tx() as session:
+            session.execute(
+                delete(LeaseRow).where(
+                    LeaseRow.bundle_id == bundle_id, LeaseRow.node == self.node, LeaseRow.pid == pid
+                )
+            )
+            session.add(LeaseRow(bundle_id=bundle_id, node=self.node, pid=pid, since=utcnow()))
+
+    def remove_lease(self, bundle_id: str, pid: int) -> None:
+        """Forget this node's ``pid`` as a holder of ``bundle_id``."""
+        with self._tx() as session:
+            session.execute(
+                delete(LeaseRow).where(
+                    LeaseRow.bundle_id == bundle_id, LeaseRow.node == self.node, LeaseRow.pid == pid
+                )
+            )
+
+    def leases(self, bundle_id: str) -> list[LeaseHolder]:
+        """Recorded holders of a bundle (may include stale rows of crashed processes)."""
+        with self._read() as session:
+            rows = session.scalars(
+                select(LeaseRow).where(LeaseRow.bundle_id == bundle_id).order_by(LeaseRow.since)
+            )
+            return [LeaseHolder(pid=r.pid, host=r.node, since=r.since.isoformat()) for r in rows]
+
+    def drop_stale_leases(self, bundle_id: str, live_pids: set[int]) -> None:
+        """Delete this node's lease rows whose process no longer holds the lock."""
+        with self._tx() as session:
+            stmt = delete(LeaseRow).where(LeaseRow.bundle_id == bundle_id, LeaseRow.node == self.node)
+            if live_pids:
+                stmt = stmt.where(LeaseRow.pid.not_in(sorted(live_pids)))
+            session.execute(stmt)
+
+    # -- stats -----------------------------------------------------------------------------
+
+    def stats(self, *, max_size_bytes: int) -> CacheStats:
+        """Cache statistics from the event totals and the bundles table."""
+        with self._read() as session:
+            totals = session.scalars(select(EventTotalRow)).all()
+            by_state = dict(
+                session.execute(select(BundleRow.state, func.count()).group_by(BundleRow.state))
+                .tuples()
+                .all()
+            )
+            size_bytes = int(session.scalar(select(func.coalesce(func.sum(BundleRow.size_bytes), 0))) or 0)
+            model_rows = session.execute(
+                select(
+                    BundleRow.model, func.count(), func.coalesce(func.sum(BundleRow.size_bytes), 0)
+                ).group_by(BundleRow.model)
+            ).all()
+            build_seconds = tuple(
+                float(s or 0.0)
+                for s in session.scalars(
+                    select(EventRow.seconds)
+                    .where(EventRow.kind == "build_ok", EventRow.seconds.is_not(None))
+                    .order_by(EventRow.seconds)
+                )
+            )
+            checkpoints = int(session.scalar(select(func.count()).select_from(CheckpointRow)) or 0)
+        hits = sum(t.count for t in totals if t.kind == "hit")
+        misses = sum(t.count for t in totals if t.kind == "miss")
+        evictions: dict[str, int] = {}
+        evicted_bytes: dict[str, int] = {}
+        per_model: dict[str, list[int]] = {}
+        for t in totals:
+            if t.kind == "evict":
+                evictions[t.reason] = evictions.get(t.reason, 0) + t.count
+                evicted_bytes[t.reason] = evicted_bytes.get(t.reason, 0) + t.bytes
+            if t.kind in ("hit", "miss") and t.model:
+                slot = per_model.setdefault(t.model, [0, 0, 0, 0])
+                slot[2 if t.kind == "hit" else 3] += t.count
+        for model, count, nbytes in model_rows:
+            slot = per_model.setdefault(model, [0, 0, 0, 0])
+            slot[0], slot[1] = int(count), int(nbytes)
+        since = min((t.first_at for t in totals), default=None)
+        return CacheStats(
+            size_bytes=size_bytes,
+            max_size_bytes=max_size_bytes,
+            bundles=sum(by_state.values()),
+            bundles_by_state={k: int(v) for k, v in by_state.items()},
+            checkpoints=checkpoints,
+            hits=hits,
+            misses=misses,
+            hit_rate=(hits / (hits + misses)) if hits + misses else None,
+            builds_ok=sum(t.count for t in totals if t.kind == "build_ok"),
+            builds_failed=sum(t.count for t in totals if t.kind == "build_failed"),
+            median_build_seconds=statistics.median(build_seconds) if build_seconds else None,
+            evictions_by_reason=evictions,
+            evicted_bytes_by_reason=evicted_bytes,
+            per_model=tuple(
+                ModelStats(model=m, bundles=v[0], size_bytes=v[1], hits=v[2], misses=v[3])
+                for m, v in sorted(per_model.items())
+            ),
+            since=since,
+            build_seconds=build_seconds,
+        )
+
+    def touch(self, bundle_id: str, at: datetime) -> None:
+        """Set last_used_at (tests and benchmarks arrange LRU order with it)."""
+        with self._tx() as session:
+            session.execute(update(BundleRow).where(BundleRow.id == bundle_id).values(last_used_at=at))
+
+
+def _require(session: Session, bundle_id: str) -> BundleRow:
+    row = session.get(BundleRow, bundle_id)
+    if row is None:
+        raise NotFoundError(f"no bundle with id {bundle_id!r} (list them with `cachesvc bundles ls`)")
+    return row
+
+
+def _bundle_info(r: BundleRow) -> BundleInfo:
+    return BundleInfo(
+        id=r.id,
+        model=r.model,
+        checkpoint_digest=r.checkpoint_digest,
+        draft_digest=r.draft_digest,
+        profile=dict(r.profile),
+        profile_name=r.profile_name,
+        backend=r.backend,
+        path=Path(r.path),
+        size_bytes=int(r.size_bytes),
+        file_count=int(r.file_count),
+        state=r.state,
+        created_at=r.created_at,
+        built_at=r.built_at,
+        build_seconds=r.build_seconds,
+        last_used_at=r.last_used_at,
+        hit_count=int(r.hit_count),
+        pinned=bool(r.pinned),
+        last_verified_at=r.last_verified_at,
+        error=r.error,
+        node=r.node,
+    )
+
+
+def _event_info(r: EventRow) -> EventInfo:
+    return EventInfo(
+        id=int(r.id),
+        at=r.at,
+        kind=r.kind,
+        bundle_id=r.bundle_id,
+        checkpoint_digest=r.checkpoint_digest,
+        model=r.model,
+        reason=r.reason,
+        bytes=r.bytes,
+        seconds=r.seconds,
+        detail=r.detail,
+        node=r.node,
+    )
+
+
+def _encode_cursor(row: BundleRow, sort: str) -> str:
+    value: Any = {
+        "last_used": row.last_used_at,
+        "size": row.size_bytes,
+        "created": row.created_at,
+        "hits": row.hit_count,
+    }[sort]
+    if isinstance(value, datetime):
+        value = value.isoformat()
+    raw = json.dumps([sort, value, row.id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, sort: str) -> tuple[Any, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        cur_sort, value, last_id = json.loads(raw)
+        if cur_sort != sort or not isinstance(last_id, str):
+            raise ValueError("sort mismatch")
+        if sort in _DATETIME_SORTS:
+            value = datetime.fromisoformat(value)
+        elif not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError("bad value")
+    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+        raise ConfigError(
+            "cursor", "is not a cursor returned by this listing with the same sort; start again without it"
+        ) from exc
+    return value, last_id

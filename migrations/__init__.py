@@ -1,0 +1,1 @@
+"""Alembic migrations of the cachesvc catalog (shipped as a package so installs can migrate)."""
