@@ -95,17 +95,25 @@ class Manifest:
         unknown = sorted(set(raw) - _KEYS)
         if unknown:
             raise CorruptBundleError(f"{MANIFEST_NAME}: unknown key {unknown[0]!r}; rebuild the bundle")
+        # Every key is type-checked in declaration order, so the first problem is reported.
         layout_version = _get(raw, "layout_version", int)
+        bundle_id = _get(raw, "bundle_id", str)
+        checkpoint_digest = _get(raw, "checkpoint_digest", str)
+        draft_digest = _get(raw, "draft_digest", str, nullable=True)
+        profile = _get(raw, "profile", dict)
+        backend = _get(raw, "backend", str)
+        versions = _get(raw, "versions", dict)
+        engine = _get(raw, "engine", dict)
+        files = _get(raw, "files", list)
+        created_at = _get(raw, "created_at", str)
         if layout_version != LAYOUT_VERSION:
             raise CorruptBundleError(
                 f"{MANIFEST_NAME}: key 'layout_version' is {layout_version}, this cachesvc reads "
                 f"layout {LAYOUT_VERSION}; rebuild the bundle"
             )
-        versions = _get(raw, "versions", dict)
         for name, value in versions.items():
             if not isinstance(value, str):
                 raise CorruptBundleError(f"{MANIFEST_NAME}: key 'versions.{name}' must be a string")
-        created_at = _get(raw, "created_at", str)
         try:
             stamp = datetime.fromisoformat(created_at)
         except ValueError:
@@ -116,14 +124,14 @@ class Manifest:
             )
         return cls(
             layout_version=layout_version,
-            bundle_id=_get(raw, "bundle_id", str),
-            checkpoint_digest=_get(raw, "checkpoint_digest", str),
-            draft_digest=_get(raw, "draft_digest", str, nullable=True),
-            profile=_get(raw, "profile", dict),
-            backend=_get(raw, "backend", str),
+            bundle_id=bundle_id,
+            checkpoint_digest=checkpoint_digest,
+            draft_digest=draft_digest,
+            profile=profile,
+            backend=backend,
             versions=versions,
-            engine=_get(raw, "engine", dict),
-            files=_parse_files(_get(raw, "files", list)),
+            engine=engine,
+            files=_parse_files(files),
             created_at=created_at,
         )
 
