@@ -1,0 +1,199 @@
+"""The ``/v1`` exception tree and the one function that maps any exception to the OpenAI body.
+
+Body: ``{"error": {"message", "type", "param", "code"}}``. Bad input is always a 4xx that names
+the field in ``param``; only our own bugs become a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from inference.scheduler import (
+    EngineFailure,
+    QueueFullError,
+    QueueTimeoutError,
+    SchedulerStoppedError,
+)
+from inference.tokenizer import ChatTemplateError
+
+__all__ = [
+    "AuthenticationError",
+    "ContextLengthExceededError",
+    "InternalServerError",
+    "InvalidRequestError",
+    "ModelNotFoundError",
+    "OpenAIError",
+    "ServerOverloadedError",
+    "ServerUnavailableError",
+    "error_body",
+    "openai_exception_handler",
+    "to_openai_error",
+]
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_SECONDS = 1
+
+
+class OpenAIError(Exception):
+    """An error with its HTTP status and OpenAI error fields."""
+
+    status_code = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """``message`` says what went wrong and how to fix it; ``param`` names the field."""
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = dict(headers or {})
+
+
+class InvalidRequestError(OpenAIError):
+    """400: the request is malformed or asks for something unsupported."""
+
+    status_code = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceededError(InvalidRequestError):
+    """400: the prompt (plus max_tokens) does not fit."""
+
+    code = "context_length_exceeded"
+
+
+class AuthenticationError(OpenAIError):
+    """401: missing or wrong API key."""
+
+    status_code = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class ModelNotFoundError(OpenAIError):
+    """404: the request names a model this server does not serve."""
+
+    status_code = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class ServerOverloadedError(OpenAIError):
+    """429: no slot and no room in the queue (or the queue wait timed out)."""
+
+    status_code = 429
+    type = "server_error"
+    code = "server_overloaded"
+
+    def __init__(self, message: str, *, retry_after: int = RETRY_AFTER_SECONDS) -> None:
+        """Sets ``Retry-After``."""
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
+
+
+class ServerUnavailableError(OpenAIError):
+    """503: draining, stopped or not loaded yet."""
+
+    status_code = 503
+    type = "server_error"
+    code = "server_unavailable"
+
+
+class InternalServerError(OpenAIError):
+    """500: the engine or the server failed."""
+
+    status_code = 500
+    type = "server_error"
+    code = "internal_error"
+
+
+def error_body(exc: OpenAIError) -> dict[str, Any]:
+    """The OpenAI error object for ``exc``."""
+    return {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
+
+
+_MSGSPEC_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+
+
+def _param_from_msgspec(message: str) -> tuple[str, str | None]:
+    # msgspec messages end with " - at `$.messages[0].role`"; keep the path as the param.
+    m = _MSGSPEC_PATH.search(message)
+    if m is None:
+        return message, None
+    path = m.group("path") or None
+    return message, path
+
+
+def to_openai_error(exc: BaseException) -> OpenAIError:
+    """Map any exception raised under ``/v1`` to an :class:`OpenAIError`."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
+        message, param = _param_from_msgspec(str(exc))
+        return InvalidRequestError(f"invalid request body: {message}", param=param)
+    if isinstance(exc, ValidationException):
+        return _from_litestar_validation(exc)
+    if isinstance(exc, ChatTemplateError):
+        return InvalidRequestError(str(exc), param="messages")
+    if isinstance(exc, QueueFullError):
+        return ServerOverloadedError(f"server overloaded, retry later: {exc}")
+    if isinstance(exc, QueueTimeoutError):
+        return ServerOverloadedError(f"server overloaded, retry later: {exc}")
+    if isinstance(exc, SchedulerStoppedError):
+        return ServerUnavailableError(f"server unavailable: {exc}")
+    if isinstance(exc, EngineFailure):
+        return InternalServerError(str(exc))
+    if isinstance(exc, HTTPException):
+        status = exc.status_code
+        err: OpenAIError
+        if status == 401:
+            err = AuthenticationError(exc.detail)
+        elif status == 404:
+            err = OpenAIError(exc.detail, code="not_found")
+        elif status == 503:
+            err = ServerUnavailableError(exc.detail)
+        elif 400 <= status < 500:
+            err = InvalidRequestError(exc.detail)
+        else:
+            err = InternalServerError(exc.detail)
+        err.status_code = status
+        if status < 500:
+            err.type = "invalid_request_error"
+        err.headers.update(exc.headers or {})
+        return err
+    log.exception("unhandled error under /v1", exc_info=exc)
+    return InternalServerError(f"internal server error: {type(exc).__name__}")
+
+
+def _from_litestar_validation(exc: ValidationException) -> InvalidRequestError:
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    for item in extra:
+        if isinstance(item, dict):
+            key = item.get("key")
+            text = str(item.get("message", exc.detail))
+            message, param = _param_from_msgspec(text)
+            param = param or (str(key) if key else None)
+            where = f" (field {param!r})" if param else ""
+            return InvalidRequestError(f"invalid request body{where}: {message}", param=param)
+    return InvalidRequestError(f"invalid request: {exc.detail}")
+
+
+def openai_exception_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Litestar exception handler for everything under ``/v1``."""
+    err = to_openai_error(exc)
+    return Response(content=error_body(err), status_code=err.status_code, headers=err.headers)

@@ -1,0 +1,337 @@
+"""OpenAI wire types (msgspec Structs): requests as clients send them, responses as we answer.
+
+Request structs accept unknown fields (clients send extras such as ``user`` or ``store``); the
+ranges and combinations are checked in ``serving`` so that every error names its field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "ChatCompletionChoice",
+    "ChatCompletionRequest",
+    "ChatCompletionResponse",
+    "ChatCompletionStreamChoice",
+    "ChatCompletionStreamResponse",
+    "ChatLogprobs",
+    "ChatMessage",
+    "ChatTokenLogprob",
+    "CompletionChoice",
+    "CompletionLogprobs",
+    "CompletionRequest",
+    "CompletionResponse",
+    "CompletionStreamChoice",
+    "CompletionStreamResponse",
+    "ContentPart",
+    "DeltaFunctionCall",
+    "DeltaMessage",
+    "DeltaToolCall",
+    "FunctionCall",
+    "FunctionDefinition",
+    "ModelCard",
+    "ModelList",
+    "NamedToolChoice",
+    "ResponseFormat",
+    "ResponseMessage",
+    "StreamOptions",
+    "Tool",
+    "ToolCall",
+    "TopLogprobEntry",
+    "Usage",
+]
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+class StreamOptions(msgspec.Struct, omit_defaults=True):
+    """``stream_options``: ``include_usage`` adds a last chunk with the usage counts."""
+
+    include_usage: bool = False
+
+
+class ResponseFormat(msgspec.Struct):
+    """``response_format``; only ``text`` is supported."""
+
+    type: str = "text"
+
+
+class _SamplingFields(msgspec.Struct, kw_only=True):
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    n: int = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+class CompletionRequest(_SamplingFields, kw_only=True):
+    """``POST /v1/completions``. ``prompt``: a string, a list of one string, or token ids."""
+
+    prompt: str | list[str | int | list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ContentPart(msgspec.Struct):
+    """One part of a message's content; only ``{"type": "text", "text": ...}`` is supported."""
+
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(msgspec.Struct):
+    """A function call: ``arguments`` is a JSON string."""
+
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    """A tool call made by the assistant."""
+
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    """One input message (system, developer, user, assistant or tool)."""
+
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionDefinition(msgspec.Struct, kw_only=True):
+    """A callable function offered to the model."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, kw_only=True):
+    """A tool offered to the model (only functions exist)."""
+
+    function: FunctionDefinition
+    type: Literal["function"] = "function"
+
+
+class _NamedFunction(msgspec.Struct):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, kw_only=True):
+    """``tool_choice`` naming one function."""
+
+    function: _NamedFunction
+    type: Literal["function"] = "function"
+
+
+class ChatCompletionRequest(_SamplingFields, kw_only=True):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+# -- responses --------------------------------------------------------------------------------
+
+
+class Usage(msgspec.Struct):
+    """Token counts."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ModelCard(msgspec.Struct):
+    """One entry of ``GET /v1/models``."""
+
+    id: str
+    created: int
+    owned_by: str
+    max_model_len: int
+    object: str = "model"
+    root: str | None = None
+
+
+class ModelList(msgspec.Struct):
+    """``GET /v1/models``."""
+
+    data: list[ModelCard]
+    object: str = "list"
+
+
+class CompletionLogprobs(msgspec.Struct):
+    """Legacy completions logprobs."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(msgspec.Struct):
+    """One choice of a text completion."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: CompletionLogprobs | None = None
+
+
+class CompletionResponse(msgspec.Struct):
+    """``POST /v1/completions`` (not streamed)."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    object: str = "text_completion"
+
+
+class CompletionStreamChoice(msgspec.Struct):
+    """One choice of a streamed text completion chunk."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: CompletionLogprobs | None = None
+
+
+class CompletionStreamResponse(msgspec.Struct):
+    """One SSE chunk of a streamed text completion."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionStreamChoice]
+    usage: Usage | None = None
+    object: str = "text_completion"
+
+
+class TopLogprobEntry(msgspec.Struct):
+    """One alternative token (chat logprobs)."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(msgspec.Struct):
+    """One generated token (chat logprobs)."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprobEntry]
+
+
+class ChatLogprobs(msgspec.Struct):
+    """Chat logprobs of a choice or a chunk."""
+
+    content: list[ChatTokenLogprob]
+
+
+class ResponseMessage(msgspec.Struct):
+    """The assistant message of a chat choice."""
+
+    role: str = "assistant"
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatCompletionChoice(msgspec.Struct):
+    """One choice of a chat completion."""
+
+    index: int
+    message: ResponseMessage
+    finish_reason: str | None
+    logprobs: ChatLogprobs | None = None
+
+
+class ChatCompletionResponse(msgspec.Struct):
+    """``POST /v1/chat/completions`` (not streamed)."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: Usage
+    object: str = "chat.completion"
+
+
+class DeltaFunctionCall(msgspec.Struct, omit_defaults=True):
+    """Part of a streamed function call: the name first, then pieces of the arguments."""
+
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(msgspec.Struct, omit_defaults=True):
+    """Part of a streamed tool call; ``id`` and ``type`` come with the first part only."""
+
+    index: int
+    function: DeltaFunctionCall
+    id: str | None = None
+    type: str | None = None
+
+
+class DeltaMessage(msgspec.Struct, omit_defaults=True):
+    """The delta of a streamed chat chunk."""
+
+    role: str | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+
+
+class ChatCompletionStreamChoice(msgspec.Struct):
+    """One choice of a streamed chat chunk."""
+
+    index: int
+    delta: DeltaMessage
+    finish_reason: str | None
+    logprobs: ChatLogprobs | None = None
+
+
+class ChatCompletionStreamResponse(msgspec.Struct):
+    """One SSE chunk of a streamed chat completion."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[ChatCompletionStreamChoice]
+    usage: Usage | None = None
+    object: str = "chat.completion.chunk"
