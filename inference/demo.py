@@ -290,8 +290,9 @@ def demo_tokenizer() -> Tokenizer:
 
 def _to_bf16_bits(values: np.ndarray) -> np.ndarray:
     """Round float32 to bfloat16 (round to nearest, ties to even); return the raw uint16 bits."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    # uint32 wraps only for bit patterns >= 0xFFFF8000, which are NaNs and fixed below.
+    rounded = ((bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) >> 16).astype(np.uint16)
     nan = np.isnan(values)
     if nan.any():
         # Rounding could carry a NaN's payload into the exponent (inf); keep it a quiet NaN.
