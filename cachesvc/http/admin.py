@@ -1,0 +1,332 @@
+"""Admin REST controllers (mounted at ``/admin``): thin wrappers over ``CacheManager``.
+
+Every handler runs in a worker thread (``sync_to_thread=True``): manager calls block on SQLite,
+hashing, file locks and deletes. Validation lives in the Structs and parameter constraints,
+domain rules in the manager, and the HTTP mapping of errors in ``cachesvc.http.errors``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+from litestar import Controller, Router, delete, get, post, put
+from litestar.di import NamedDependency
+from litestar.params import Body, PathParameter, QueryParameter
+
+from cachesvc.http.auth import admin_guard
+from cachesvc.http.errors import admin_exception_handlers, problem_responses
+from cachesvc.http.schemas import (
+    BackendName,
+    BuildListOut,
+    BuildOut,
+    BuildRequest,
+    BundleDetailOut,
+    BundleListOut,
+    BundleOut,
+    BundleState,
+    CheckpointListOut,
+    ClearRequest,
+    EventKind,
+    EventListOut,
+    EvictionOut,
+    PruneRequest,
+    ReconcileOut,
+    RemoveOut,
+    SortKey,
+    SortOrder,
+    StatsOut,
+    VerifyOut,
+    to_body,
+)
+from cachesvc.manager import CacheManager
+from cachesvc.profiles import ProfileRequest
+from cachesvc.records import EvictionResult
+
+Manager = NamedDependency[CacheManager]
+
+BUNDLE_ID_PATTERN = r"^[0-9a-f]{16}-[0-9a-f]{12}$"
+BundleId = Annotated[
+    str,
+    PathParameter(
+        pattern=BUNDLE_ID_PATTERN,
+        description="Bundle id: <model-digest16>-<profile-digest12> (lowercase hex)",
+    ),
+]
+BuildId = Annotated[
+    str, PathParameter(min_length=1, max_length=128, description="Build id from POST /admin/builds")
+]
+Limit = Annotated[int, QueryParameter(ge=1, le=1000, description="Page size (1-1000)")]
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    # A naive timestamp in a query is read as UTC, the catalog's only timezone.
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
+
+
+def _eviction_body(result: EvictionResult) -> EvictionOut:
+    plan = result.plan
+    return to_body(
+        {
+            "dry_run": result.dry_run,
+            "reason": plan.reason,
+            "max_bytes": plan.max_bytes,
+            "total_before": plan.total_before,
+            "planned": plan.evict,
+            "evicted": result.evicted,
+            "skipped": result.skipped,
+            "freed_bytes": result.freed_bytes,
+            "total_after": result.total_after,
+        },
+        EvictionOut,
+    )
+
+
+class BundleController(Controller):
+    """``/admin/bundles``: list, inspect, evict, pin and verify bundles."""
+
+    path = "/bundles"
+    tags = ["bundles"]
+
+    @get("/", sync_to_thread=True, operation_id="listBundles", responses=problem_responses(400))
+    def list_bundles(
+        self,
+        manager: Manager,
+        model: Annotated[
+            str | None,
+            QueryParameter(min_length=1, max_length=1024, description="Only bundles of this model"),
+        ] = None,
+        # "state" is a reserved Litestar kwarg: the Python name differs, the query name does not.
+        bundle_state: Annotated[
+            BundleState | None, QueryParameter(name="state", description="Only bundles in this state")
+        ] = None,
+        backend: Annotated[
+            BackendName | None, QueryParameter(description="Only bundles of this backend")
+        ] = None,
+        pinned: Annotated[
+            bool | None, QueryParameter(description="Only pinned (true) or unpinned (false)")
+        ] = None,
+        sort: Annotated[SortKey, QueryParameter(description="Sort key")] = "last_used",
+        order: Annotated[SortOrder, QueryParameter(description="Sort order")] = "desc",
+        limit: Limit = 50,
+        offset: Annotated[
+            int | None,
+            # schema_extra: Litestar 2.25 drops a falsy bound (ge=0) from the OpenAPI schema.
+            QueryParameter(
+                ge=0, le=2**31, schema_extra={"minimum": 0}, description="Skip this many (instead of cursor)"
+            ),
+        ] = None,
+        cursor: Annotated[
+            str | None,
+            QueryParameter(min_length=1, max_length=512, description="next_cursor of the previous page"),
+        ] = None,
+    ) -> BundleListOut:
+        """List bundles with filters, sort and pagination; totals cover every match."""
+        page = manager.list_bundles(
+            model=model,
+            state=bundle_state,
+            backend=backend,
+            pinned=pinned,
+            sort=sort,
+            order=order,
+            limit=limit,
+            offset=offset,
+            cursor=cursor,
+        )
+        return to_body(page, BundleListOut, limit=limit)
+
+    @get(
+        "/{bundle_id:str}",
+        sync_to_thread=True,
+        operation_id="getBundle",
+        responses=problem_responses(400, 404),
+    )
+    def get_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleDetailOut:
+        """One bundle with its manifest summary, files, lease holders and recent events."""
+        return to_body(manager.bundle_detail(bundle_id), BundleDetailOut)
+
+    @delete(
+        "/{bundle_id:str}",
+        status_code=200,
+        sync_to_thread=True,
+        operation_id="removeBundle",
+        responses=problem_responses(400, 404, 409),
+    )
+    def remove_bundle(self, manager: Manager, bundle_id: BundleId) -> RemoveOut:
+        """Evict one bundle now; 409 when it is leased (with holders) or pinned."""
+        return RemoveOut(bundle_id=bundle_id, freed_bytes=manager.remove(bundle_id))
+
+    @put(
+        "/{bundle_id:str}/pin",
+        sync_to_thread=True,
+        operation_id="pinBundle",
+        responses=problem_responses(400, 404),
+    )
+    def pin_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleOut:
+        """Protect a bundle from eviction."""
+        return to_body(manager.pin(bundle_id), BundleOut)
+
+    @delete(
+        "/{bundle_id:str}/pin",
+        status_code=200,
+        sync_to_thread=True,
+        operation_id="unpinBundle",
+        responses=problem_responses(400, 404),
+    )
+    def unpin_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleOut:
+        """Let a bundle be evicted again."""
+        return to_body(manager.unpin(bundle_id), BundleOut)
+
+    @post(
+        "/{bundle_id:str}/verify",
+        status_code=200,
+        sync_to_thread=True,
+        operation_id="verifyBundle",
+        responses=problem_responses(400, 404, 409),
+    )
+    def verify_bundle(self, manager: Manager, bundle_id: BundleId) -> VerifyOut:
+        """Re-hash a bundle against its manifest; a mismatch marks it corrupt (never served)."""
+        return to_body(manager.verify(bundle_id), VerifyOut)
+
+
+class BuildController(Controller):
+    """``/admin/builds``: prepare profiles ahead of time and watch their progress."""
+
+    path = "/builds"
+    tags = ["builds"]
+
+    @post(
+        "/",
+        status_code=202,
+        sync_to_thread=True,
+        operation_id="startBuild",
+        responses=problem_responses(400, 404, 409, 502, 507),
+    )
+    def start_build(self, manager: Manager, data: Annotated[BuildRequest, Body()]) -> BuildOut:
+        """Start a background build (or join the running one for the same bundle)."""
+        request = ProfileRequest(
+            backend=data.backend,
+            precision=data.precision,
+            max_input_len=data.max_input_len,
+            max_batch_size=data.max_batch_size,
+            max_kv_cache_capacity=data.max_kv_cache_capacity,
+            speculative_method=data.speculative_method,
+            draft_model=data.draft_model,
+        )
+        return to_body(manager.start_build(data.model, request), BuildOut)
+
+    @get("/", sync_to_thread=True, operation_id="listBuilds", responses=problem_responses())
+    def list_builds(self, manager: Manager) -> BuildListOut:
+        """Every build this server started, newest first."""
+        return to_body({"items": manager.list_builds()}, BuildListOut)
+
+    @get(
+        "/{build_id:str}", sync_to_thread=True, operation_id="getBuild", responses=problem_responses(400, 404)
+    )
+    def get_build(self, manager: Manager, build_id: BuildId) -> BuildOut:
+        """State, stage, elapsed time, bytes written and error of one build."""
+        return to_body(manager.get_build(build_id), BuildOut)
+
+
+class CacheController(Controller):
+    """``/admin/cache``: prune, clear and reconcile the whole cache."""
+
+    path = "/cache"
+    tags = ["cache"]
+
+    @post(
+        "/prune",
+        status_code=200,
+        sync_to_thread=True,
+        operation_id="pruneCache",
+        responses=problem_responses(400, 409),
+    )
+    def prune(self, manager: Manager, data: Annotated[PruneRequest, Body()]) -> EvictionOut:
+        """Evict LRU idle bundles down to ``max_size_bytes`` (default: the cap); ``dry_run`` plans only."""
+        return _eviction_body(manager.prune(data.max_size_bytes, dry_run=data.dry_run))
+
+    @post(
+        "/clear",
+        status_code=200,
+        sync_to_thread=True,
+        operation_id="clearCache",
+        responses=problem_responses(400, 409),
+    )
+    def clear(self, manager: Manager, data: Annotated[ClearRequest, Body()]) -> EvictionOut:
+        """Remove every idle bundle (leased and pinned ones stay; checkpoints stay)."""
+        return _eviction_body(manager.clear(dry_run=data.dry_run))
+
+    @post(
+        "/reconcile",
+        status_code=200,
+        sync_to_thread=True,
+        operation_id="reconcileCache",
+        responses=problem_responses(409),
+    )
+    def reconcile(self, manager: Manager) -> ReconcileOut:
+        """Re-sync catalog and disk: adopt, forget, remove stale staging."""
+        return to_body(manager.reconcile(), ReconcileOut)
+
+
+@get("/stats", sync_to_thread=True, operation_id="getStats", tags=["stats"], responses=problem_responses())
+def get_stats(manager: Manager) -> StatsOut:
+    """Cache statistics from the catalog's events (survive restarts, agree across processes)."""
+    return to_body(manager.stats(), StatsOut)
+
+
+@get(
+    "/events",
+    sync_to_thread=True,
+    operation_id="listEvents",
+    tags=["stats"],
+    responses=problem_responses(400),
+)
+def list_events(
+    manager: Manager,
+    kind: Annotated[EventKind | None, QueryParameter(description="Only events of this kind")] = None,
+    since: Annotated[
+        datetime | None, QueryParameter(description="Only events at or after (UTC if naive)")
+    ] = None,
+    bundle_id: Annotated[
+        str | None, QueryParameter(pattern=BUNDLE_ID_PATTERN, description="Only events of this bundle")
+    ] = None,
+    limit: Limit = 100,
+) -> EventListOut:
+    """The audit log, newest first."""
+    events = manager.events(kind=kind, since=_utc(since), limit=limit, bundle_id=bundle_id)
+    return to_body({"items": events}, EventListOut)
+
+
+@get(
+    "/checkpoints",
+    sync_to_thread=True,
+    operation_id="listCheckpoints",
+    tags=["checkpoints"],
+    responses=problem_responses(),
+)
+def list_checkpoints(manager: Manager) -> CheckpointListOut:
+    """Resolved checkpoints with digest, size and the bundles built from them."""
+    return to_body({"items": manager.list_checkpoints()}, CheckpointListOut)
+
+
+def admin_router(*, admin_api_key: str | None) -> Router:
+    """The ``/admin`` router: every admin route, its guard and its problem-JSON error mapping.
+
+    The app must provide the ``manager`` dependency (``Provide(lambda: manager, sync_to_thread=False)``).
+    """
+    return Router(
+        path="/admin",
+        route_handlers=[
+            BundleController,
+            BuildController,
+            CacheController,
+            get_stats,
+            list_events,
+            list_checkpoints,
+        ],
+        guards=[admin_guard(admin_api_key)],
+        exception_handlers=admin_exception_handlers(),
+        signature_namespace={"CacheManager": CacheManager},
+    )

@@ -1,0 +1,94 @@
+"""The admin guard: ``--admin-api-key`` or, without one, loopback clients only.
+
+The completion key (``--api-key``) is deliberately unknown here: it never opens admin routes.
+The client address comes from the ASGI scope, never from ``X-Forwarded-For``, so a proxy on
+the same machine cannot make remote callers look local; put a key on the server instead.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Callable, Mapping
+
+from litestar.connection import ASGIConnection
+from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
+from litestar.handlers import BaseRouteHandler
+
+Guard = Callable[[ASGIConnection, BaseRouteHandler], None]
+
+
+def presented_keys(headers: Mapping[str, str]) -> list[str]:
+    """Credentials a request carries: ``Authorization: Bearer <key>`` and ``x-api-key: <key>``."""
+    keys: list[str] = []
+    authorization = headers.get("authorization")
+    if authorization:
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            keys.append(token.strip())
+    api_key = headers.get("x-api-key")
+    if api_key and api_key.strip():
+        keys.append(api_key.strip())
+    return keys
+
+
+def key_matches(presented: str, expected: str) -> bool:
+    """Constant-time comparison of a presented key with the configured one."""
+    return hmac.compare_digest(presented.encode("utf-8"), expected.encode("utf-8"))
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback; False for anything else or unknown."""
+    if not host:
+        return False
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+def admin_guard(admin_api_key: str | None) -> Guard:
+    """A Litestar guard for admin routes and ``/metrics``.
+
+    With a key: the request must carry it (Bearer or ``x-api-key``), else 401. Without a key:
+    only loopback clients pass, everyone else gets 403.
+    """
+    expected = admin_api_key or None
+
+    def guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+        if expected is None:
+            client = connection.client
+            if not is_loopback(client.host if client else None):
+                raise PermissionDeniedException(
+                    detail=(
+                        "admin routes answer only loopback clients when the server has no "
+                        "--admin-api-key; call from this machine or restart with --admin-api-key"
+                    )
+                )
+            return
+        keys = presented_keys(connection.headers)
+        if not keys:
+            raise NotAuthorizedException(
+                detail=(
+                    "admin key required: send 'Authorization: Bearer <admin key>' or 'x-api-key: <admin key>'"
+                ),
+                headers={"WWW-Authenticate": 'Bearer realm="cachesvc-admin"'},
+            )
+        # Check every presented credential so a client sending its completion key in one
+        # header and the admin key in the other still gets in; no early exit leaks timing.
+        matched = False
+        for key in keys:
+            matched |= key_matches(key, expected)
+        if not matched:
+            raise NotAuthorizedException(
+                detail=(
+                    "wrong admin key: admin routes take --admin-api-key "
+                    "(the completion key does not open them)"
+                ),
+                headers={"WWW-Authenticate": 'Bearer realm="cachesvc-admin", error="invalid_token"'},
+            )
+
+    return guard

@@ -1,0 +1,234 @@
+"""The one mapper from cache errors (and Litestar's own HTTP errors) to problem-style JSON.
+
+Mounted on the admin router only (and on ``/metrics``), so ``/v1`` keeps the OpenAI error body.
+Bad input is always a 4xx that names the field; a 500 means a bug or a failed build, never a
+malformed request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, SerializationException, ValidationException
+from litestar.openapi.datastructures import ResponseSpec
+
+from cachesvc.errors import (
+    BuildError,
+    CacheError,
+    CheckpointError,
+    ConfigError,
+    ConflictError,
+    CorruptBundleError,
+    HubUnreachableError,
+    InsufficientStorageError,
+    LeasedError,
+    LockTimeoutError,
+    NotFoundError,
+    PinnedError,
+)
+from cachesvc.http.schemas import LeaseHolderOut, Problem
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProblemKind:
+    """How one exception class is presented: status, a stable ``type`` slug and a title."""
+
+    status: int
+    slug: str
+    title: str
+
+    @property
+    def type(self) -> str:
+        """The problem ``type`` URI (a URN: stable, never fetched)."""
+        return f"urn:cachesvc:problem:{self.slug}"
+
+
+# Looked up along the exception's MRO, so subclasses listed here win over their bases
+# (HubUnreachableError over CheckpointError, LeasedError over ConflictError).
+_KINDS: Mapping[type[BaseException], ProblemKind] = {
+    ConfigError: ProblemKind(400, "invalid-request", "Invalid request"),
+    HubUnreachableError: ProblemKind(502, "hub-unreachable", "Hugging Face hub unreachable"),
+    CheckpointError: ProblemKind(400, "checkpoint", "Checkpoint cannot be used"),
+    NotFoundError: ProblemKind(404, "not-found", "Not found"),
+    LeasedError: ProblemKind(409, "bundle-leased", "Bundle is in use"),
+    PinnedError: ProblemKind(409, "bundle-pinned", "Bundle is pinned"),
+    ConflictError: ProblemKind(409, "conflict", "Conflict"),
+    LockTimeoutError: ProblemKind(409, "lock-timeout", "Bundle is locked by another operation"),
+    CorruptBundleError: ProblemKind(409, "corrupt-bundle", "Bundle is corrupt"),
+    InsufficientStorageError: ProblemKind(507, "insufficient-storage", "Cache disk budget exceeded"),
+    BuildError: ProblemKind(500, "build-failed", "Build failed"),
+    CacheError: ProblemKind(500, "cache-error", "Cache error"),
+}
+
+_INTERNAL = ProblemKind(500, "internal", "Internal server error")
+
+
+def _kind_for(exc: BaseException) -> ProblemKind | None:
+    for cls in type(exc).__mro__:
+        kind = _KINDS.get(cls)
+        if kind is not None:
+            return kind
+    return None
+
+
+def _http_kind(status: int) -> ProblemKind:
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Error"
+    slug = {401: "unauthorized", 403: "forbidden", 400: "invalid-request"}.get(
+        status, phrase.lower().replace(" ", "-")
+    )
+    return ProblemKind(status, slug, phrase)
+
+
+def _holders(exc: ConflictError) -> list[LeaseHolderOut]:
+    holders = []
+    for raw in exc.holders:
+        pid = raw.get("pid")
+        holders.append(
+            LeaseHolderOut(
+                pid=pid if isinstance(pid, int) else -1,
+                host=str(raw.get("host", raw.get("node", ""))),
+                since=str(raw.get("since", "")),
+            )
+        )
+    return holders
+
+
+def _validation_problem(exc: ValidationException) -> Problem:
+    # Litestar puts one {"message", "key", "source"} dict per failing parameter into ``extra``.
+    issues = exc.extra if isinstance(exc.extra, list) else []
+    parts: list[str] = []
+    field: str | None = None
+    for issue in issues:
+        if not isinstance(issue, dict):
+            continue
+        key = issue.get("key")
+        message = str(issue.get("message", "")).strip()
+        if key == "data" and issue.get("source") == "body":
+            # Litestar names the whole body "data"; callers know it as the request body.
+            key = "body"
+            if message == "'data'":
+                message = "a JSON object is required (send {} for the defaults)"
+        if field is None and key:
+            field = str(key)
+        parts.append(f"{key}: {message}" if key else message)
+    detail = "; ".join(p for p in parts if p) or str(exc.detail)
+    if field is None:
+        field = _field_from_message(detail)
+    kind = _http_kind(400)
+    return Problem(type=kind.type, title="Invalid request", status=400, detail=detail, field=field)
+
+
+def _field_from_message(message: str) -> str | None:
+    # msgspec body errors end with "- at `$.field`" (or "$.a[0].b"); name the top-level field.
+    marker = "at `$."
+    start = message.find(marker)
+    if start < 0:
+        return None
+    rest = message[start + len(marker) :]
+    end = min((i for i in (rest.find("`"), rest.find("."), rest.find("[")) if i >= 0), default=len(rest))
+    return rest[:end] or None
+
+
+def problem_for(exc: BaseException) -> Problem:
+    """Map any exception raised in an admin route to a problem body with the right status."""
+    if isinstance(exc, ValidationException):
+        return _validation_problem(exc)
+    if isinstance(exc, HTTPException) and isinstance(exc.__cause__, SerializationException):
+        kind = _http_kind(400)
+        return Problem(
+            type=kind.type,
+            title="Invalid request",
+            status=400,
+            detail=f"request body is not valid JSON ({exc.__cause__}); send a JSON object",
+            field="body",
+        )
+    if isinstance(exc, HTTPException):
+        kind = _http_kind(exc.status_code)
+        return Problem(type=kind.type, title=kind.title, status=kind.status, detail=str(exc.detail))
+    found = _kind_for(exc)
+    if found is None:
+        return Problem(
+            type=_INTERNAL.type,
+            title=_INTERNAL.title,
+            status=_INTERNAL.status,
+            detail=f"unexpected {type(exc).__name__}: {exc}; see the server log",
+        )
+    kind = found
+    if isinstance(exc, ConfigError):
+        return Problem(type=kind.type, title=kind.title, status=kind.status, detail=str(exc), field=exc.field)
+    if isinstance(exc, ConflictError):
+        return Problem(
+            type=kind.type,
+            title=kind.title,
+            status=kind.status,
+            detail=str(exc),
+            reason=exc.reason,
+            holders=_holders(exc),
+        )
+    return Problem(type=kind.type, title=kind.title, status=kind.status, detail=str(exc))
+
+
+def problem_response(problem: Problem, headers: Mapping[str, str] | None = None) -> Response[Problem]:
+    """A ``Response`` carrying ``problem`` as ``application/problem+json``."""
+    return Response(
+        content=problem,
+        status_code=problem.status,
+        media_type=PROBLEM_MEDIA_TYPE,
+        headers=dict(headers or {}),
+    )
+
+
+def handle_admin_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[Problem]:
+    """Litestar exception handler: every admin error becomes a problem response."""
+    problem = problem_for(exc)
+    if problem.status >= 500:
+        log.error("admin %s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
+    headers = exc.headers if isinstance(exc, HTTPException) and exc.headers else None
+    return problem_response(problem, headers)
+
+
+#: What each documented error status means on the admin surface (OpenAPI descriptions).
+_STATUS_DESCRIPTIONS: Mapping[int, str] = {
+    400: "Bad input; `field` names the parameter or body field to fix",
+    401: "Admin key missing or wrong (send `Authorization: Bearer <key>` or `x-api-key`)",
+    403: "Not a loopback client and the server has no --admin-api-key",
+    404: "No such bundle, build or checkpoint",
+    409: "The bundle is leased, pinned, locked or corrupt; `reason` and `holders` say which",
+    500: "Build failed or server bug (never bad input)",
+    502: "The Hugging Face hub could not be reached",
+    507: "The build cannot fit the cache's disk budget",
+}
+
+
+def problem_responses(*statuses: int) -> dict[int, ResponseSpec]:
+    """OpenAPI response specs for the given error statuses, plus the guard's 401 and 403."""
+    return {
+        status: ResponseSpec(
+            data_container=Problem,
+            media_type=PROBLEM_MEDIA_TYPE,
+            description=_STATUS_DESCRIPTIONS[status],
+            generate_examples=False,
+        )
+        for status in sorted({401, 403, 500, *statuses})
+    }
+
+
+def admin_exception_handlers() -> dict[type[Exception] | int, Callable[..., Response[Any]]]:
+    """Exception handlers for the admin router (and ``/metrics``)."""
+    return {
+        HTTPException: handle_admin_exception,
+        CacheError: handle_admin_exception,
+        Exception: handle_admin_exception,
+    }

@@ -1,0 +1,278 @@
+"""Prometheus metrics: cache numbers read from the catalog at scrape time, plus serving metrics.
+
+Every app gets its own ``CollectorRegistry`` (never the global one), so two apps in one process
+(tests, or a restart in place) never clash over metric names. Cache counters are not counted
+in memory: a custom collector asks ``stats()`` (computed from the catalog's events) on every
+scrape, so the numbers agree across processes sharing the catalog and survive restarts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from litestar import Response, get
+from litestar.enums import ScopeType
+from litestar.handlers import HTTPRouteHandler
+from litestar.middleware import ASGIMiddleware
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from cachesvc.http.auth import admin_guard
+from cachesvc.http.errors import admin_exception_handlers, problem_responses
+from cachesvc.records import BUNDLE_STATES, EVICT_REASONS, CacheStats
+
+#: Builds take seconds (tiny models) to an hour (large TensorRT engines).
+BUILD_SECONDS_BUCKETS: tuple[float, ...] = (1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+TTFT_SECONDS_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+REQUEST_SECONDS_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
+)  # fmt: skip
+
+
+class StatsSource(Protocol):
+    """What the cache collector needs (``CacheManager`` provides it)."""
+
+    def stats(self) -> CacheStats:
+        """Cache statistics computed from the catalog."""
+        ...
+
+
+def build_duration_buckets(
+    seconds: Iterable[float], bounds: Sequence[float] = BUILD_SECONDS_BUCKETS
+) -> list[tuple[str, float]]:
+    """Cumulative ``(le, count)`` buckets for a Prometheus histogram, ending with ``+Inf``."""
+    values = sorted(seconds)
+    buckets: list[tuple[str, float]] = []
+    index = 0
+    for bound in bounds:
+        while index < len(values) and values[index] <= bound:
+            index += 1
+        buckets.append((_float_label(bound), float(index)))
+    buckets.append(("+Inf", float(len(values))))
+    return buckets
+
+
+def _float_label(value: float) -> str:
+    # Prometheus renders bucket bounds as floats ("1.0", "2.5"); match what Histogram emits.
+    return repr(float(value))
+
+
+class CacheStatsCollector(Collector):
+    """Exposes ``stats()`` as Prometheus families, computed at scrape time."""
+
+    def __init__(self, source: StatsSource) -> None:
+        self._source = source
+
+    def describe(self) -> list[Metric]:
+        """Metric names without samples, so registering never touches the catalog."""
+        return self._families(None)
+
+    def collect(self) -> list[Metric]:
+        """Read the catalog and return every cache family."""
+        return self._families(self._source.stats())
+
+    @staticmethod
+    def _families(stats: CacheStats | None) -> list[Metric]:
+        hits = CounterMetricFamily(
+            "cachesvc_cache_hits", "Bundle lookups served from the cache (catalog events)."
+        )
+        misses = CounterMetricFamily(
+            "cachesvc_cache_misses", "Bundle lookups that needed a build (catalog events)."
+        )
+        evictions = CounterMetricFamily(
+            "cachesvc_evictions", "Bundles evicted, by reason (catalog events).", labels=["reason"]
+        )
+        evicted_bytes = CounterMetricFamily(
+            "cachesvc_evicted_bytes",
+            "Bytes freed by evictions, by reason (catalog events).",
+            labels=["reason"],
+        )
+        builds = CounterMetricFamily(
+            "cachesvc_builds", "Finished builds, by result (catalog events).", labels=["result"]
+        )
+        size = GaugeMetricFamily(
+            "cachesvc_cache_size_bytes", "Bytes held by bundles in the cache (catalog sizes)."
+        )
+        max_size = GaugeMetricFamily("cachesvc_cache_max_size_bytes", "Configured cache size cap in bytes.")
+        bundles = GaugeMetricFamily("cachesvc_bundles", "Bundles in the catalog, by state.", labels=["state"])
+        checkpoints = GaugeMetricFamily("cachesvc_checkpoints", "Resolved checkpoints in the catalog.")
+        families: list[Metric] = [
+            hits,
+            misses,
+            evictions,
+            evicted_bytes,
+            builds,
+            size,
+            max_size,
+            bundles,
+            checkpoints,
+        ]
+        if stats is None:
+            families.append(
+                HistogramMetricFamily("cachesvc_build_duration_seconds", "Wall time of finished builds.")
+            )
+            return families
+        hits.add_metric([], stats.hits)
+        misses.add_metric([], stats.misses)
+        # Every known reason/state gets a sample (zero included) so dashboards see stable series.
+        for reason in sorted(set(EVICT_REASONS) | set(stats.evictions_by_reason)):
+            evictions.add_metric([reason], stats.evictions_by_reason.get(reason, 0))
+        for reason in sorted(set(EVICT_REASONS) | set(stats.evicted_bytes_by_reason)):
+            evicted_bytes.add_metric([reason], stats.evicted_bytes_by_reason.get(reason, 0))
+        builds.add_metric(["ok"], stats.builds_ok)
+        builds.add_metric(["failed"], stats.builds_failed)
+        size.add_metric([], stats.size_bytes)
+        max_size.add_metric([], stats.max_size_bytes)
+        for state in sorted(set(BUNDLE_STATES) | set(stats.bundles_by_state)):
+            bundles.add_metric([state], stats.bundles_by_state.get(state, 0))
+        checkpoints.add_metric([], stats.checkpoints)
+        families.append(
+            HistogramMetricFamily(
+                "cachesvc_build_duration_seconds",
+                "Wall time of finished builds.",
+                buckets=build_duration_buckets(stats.build_seconds),
+                sum_value=float(sum(stats.build_seconds)),
+            )
+        )
+        return families
+
+
+class ServingMetrics:
+    """The serving observer: time to first token, generated tokens, queue depth, active requests.
+
+    Implements ``first_token(seconds)``, ``tokens_generated(n)``, ``queue_changed(queued, active)``.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._ttft = Histogram(
+            "cachesvc_time_to_first_token_seconds",
+            "Time from admission to the first generated token.",
+            buckets=TTFT_SECONDS_BUCKETS,
+            registry=registry,
+        )
+        self._tokens = Counter("cachesvc_generated_tokens", "Completion tokens generated.", registry=registry)
+        self._queued = Gauge("cachesvc_queue_depth", "Requests waiting for admission.", registry=registry)
+        self._active = Gauge("cachesvc_active_requests", "Requests being generated now.", registry=registry)
+
+    def first_token(self, seconds: float) -> None:
+        """Record one request's time to first token."""
+        self._ttft.observe(max(0.0, seconds))
+
+    def tokens_generated(self, n: int) -> None:
+        """Count ``n`` newly generated tokens."""
+        if n > 0:
+            self._tokens.inc(n)
+
+    def queue_changed(self, queued: int, active: int) -> None:
+        """Set the current queue depth and number of active requests."""
+        self._queued.set(queued)
+        self._active.set(active)
+
+
+class HttpMetrics:
+    """Request count and latency by route template (bounded cardinality), method and status."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "cachesvc_http_requests",
+            "HTTP requests by route template, method and status.",
+            labelnames=("route", "method", "status"),
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "cachesvc_http_request_duration_seconds",
+            "HTTP request latency by route template (until the last body byte).",
+            labelnames=("route",),
+            buckets=REQUEST_SECONDS_BUCKETS,
+            registry=registry,
+        )
+
+    def observe(self, route: str, method: str, status: int, seconds: float) -> None:
+        """Record one finished request."""
+        self.requests.labels(route=route, method=method, status=str(status)).inc()
+        self.duration.labels(route=route).observe(seconds)
+
+
+class RequestMetricsMiddleware(ASGIMiddleware):
+    """Counts and times every routed HTTP request under its route template."""
+
+    scopes = (ScopeType.HTTP,)
+
+    def __init__(self, metrics: HttpMetrics) -> None:
+        self._metrics = metrics
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
+        """Wrap ``send`` to see the status; time until the handler returns."""
+        status = 500
+        started = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        # The route template ("/admin/bundles/{bundle_id}"), never the raw path: raw paths
+        # would create one series per bundle id.
+        route = str(scope.get("path_template") or "unmatched")
+        try:
+            await next_app(scope, receive, send_wrapper)
+        finally:
+            method = str(scope.get("method", "GET"))
+            self._metrics.observe(route, method, status, time.perf_counter() - started)
+
+
+class MetricsState:
+    """One app's metrics: its own registry, the cache collector, serving and HTTP metrics."""
+
+    def __init__(self, stats_source: StatsSource | None = None) -> None:
+        self.registry = CollectorRegistry()
+        self.serving = ServingMetrics(self.registry)
+        self.http = HttpMetrics(self.registry)
+        if stats_source is not None:
+            self.registry.register(CacheStatsCollector(stats_source))
+
+    def middleware(self) -> RequestMetricsMiddleware:
+        """The request-metrics middleware to add to the app (``middleware=[...]``)."""
+        return RequestMetricsMiddleware(self.http)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text exposition of every metric in this app's registry."""
+        return generate_latest(self.registry)
+
+
+def metrics_route(state: MetricsState, *, admin_api_key: str | None) -> HTTPRouteHandler:
+    """``GET /metrics``, guarded like the admin routes and answering errors as problem JSON."""
+
+    # sync_to_thread: a scrape reads the catalog (SQLite), which must not block the event loop.
+    @get(
+        "/metrics",
+        guards=[admin_guard(admin_api_key)],
+        exception_handlers=admin_exception_handlers(),
+        sync_to_thread=True,
+        media_type=CONTENT_TYPE_LATEST,
+        tags=["metrics"],
+        operation_id="metrics",
+        summary="Prometheus metrics (text exposition format)",
+        responses=problem_responses(),
+    )
+    def metrics() -> Response[bytes]:
+        return Response(content=state.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    return metrics

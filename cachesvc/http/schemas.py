@@ -1,0 +1,333 @@
+"""msgspec Structs for every admin request and response body.
+
+These types are the HTTP contract: the OpenAPI schema is generated from them, so every field
+carries its real type and constraints. Records from ``cachesvc.records`` are turned into these
+with :func:`to_body`, which keeps internal-only fields (such as the raw build durations behind
+the stats) out of the responses.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal, TypeVar, get_args
+
+import msgspec
+from msgspec import Meta, Struct
+
+from cachesvc.records import BUNDLE_STATES, EVENT_KINDS, EVICT_REASONS
+
+BundleState = Literal["building", "ready", "failed", "corrupt"]
+EventKind = Literal["hit", "miss", "build_ok", "build_failed", "evict", "verify", "pin", "unpin", "reconcile"]
+EvictReason = Literal["lru", "manual", "clear", "stale", "corrupt"]
+BuildState = Literal["queued", "running", "done", "failed"]
+BackendName = Literal["onnxruntime", "tensorrt"]
+SortKey = Literal["last_used", "size", "created", "hits"]
+SortOrder = Literal["asc", "desc"]
+SkipReason = Literal["pinned", "leased"]
+
+# Literals above must stay in step with the record vocabularies; a drift would make the schema lie.
+assert set(get_args(BundleState)) == set(BUNDLE_STATES)
+assert set(get_args(EventKind)) == set(EVENT_KINDS)
+assert set(get_args(EvictReason)) == set(EVICT_REASONS)
+
+#: Upper bounds keep absurd values out before they reach the builder (and keep int64 in range).
+PositiveDim = Annotated[int, Meta(ge=1, le=1_048_576)]
+Model = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=1024,
+        description="Hugging Face model id (org/name[@revision]) or a local checkpoint directory",
+    ),
+]
+
+
+class ProfileOut(Struct, frozen=True):
+    """A resolved build profile (every option that changes the artefact)."""
+
+    backend: str
+    precision: str
+    max_input_len: int
+    max_batch_size: int
+    max_kv_cache_capacity: int
+    speculative_method: str | None = None
+    draft_digest: str | None = None
+    builder_version: str = ""
+    device_arch: str | None = None
+
+
+class BundleOut(Struct, frozen=True):
+    """One bundle as the catalog knows it."""
+
+    id: str
+    model: str
+    checkpoint_digest: str
+    draft_digest: str | None
+    profile: ProfileOut
+    profile_name: str
+    backend: str
+    path: str
+    size_bytes: int
+    file_count: int
+    state: BundleState
+    created_at: datetime
+    built_at: datetime | None
+    build_seconds: float | None
+    last_used_at: datetime | None
+    hit_count: int
+    pinned: bool
+    last_verified_at: datetime | None
+    error: str | None
+    node: str
+
+
+class BundleListOut(Struct, frozen=True):
+    """One page of bundles, with totals over every bundle that matches the filters."""
+
+    items: list[BundleOut]
+    total: int
+    total_bytes: int
+    limit: int
+    next_cursor: str | None
+    next_offset: int | None
+
+
+class LeaseHolderOut(Struct, frozen=True):
+    """A process holding a shared lease (display only; the file lock is the truth)."""
+
+    pid: int
+    host: str
+    since: str
+
+
+class EventOut(Struct, frozen=True):
+    """One row of the append-only audit log."""
+
+    id: int
+    at: datetime
+    kind: EventKind
+    bundle_id: str | None
+    checkpoint_digest: str | None
+    model: str | None
+    reason: str | None
+    bytes: int | None
+    seconds: float | None
+    detail: str | None
+    node: str
+
+
+class EventListOut(Struct, frozen=True):
+    """Audit-log events, newest first."""
+
+    items: list[EventOut]
+
+
+class BundleFileOut(Struct, frozen=True):
+    """One component file of a bundle, from its manifest."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+class BundleDetailOut(Struct, frozen=True):
+    """One bundle with its manifest summary, files, lease holders and recent events."""
+
+    bundle: BundleOut
+    manifest: dict[str, Any] | None
+    files: list[BundleFileOut]
+    holders: list[LeaseHolderOut]
+    events: list[EventOut]
+
+
+class RemoveOut(Struct, frozen=True):
+    """Result of evicting one bundle."""
+
+    bundle_id: str
+    freed_bytes: int
+
+
+class VerifyOut(Struct, frozen=True):
+    """Outcome of re-hashing a bundle against its manifest."""
+
+    bundle_id: str
+    ok: bool
+    files_checked: int
+    bytes_checked: int
+    mismatches: list[dict[str, str]]
+    state: BundleState
+
+
+class BuildRequest(Struct, frozen=True, forbid_unknown_fields=True):
+    """Ask for a bundle to be built ahead of time (model + build profile)."""
+
+    model: Model
+    backend: Literal["auto", "onnxruntime", "tensorrt"] = "auto"
+    precision: Literal["auto", "fp32", "fp16", "int8"] = "auto"
+    max_input_len: PositiveDim = 4096
+    max_batch_size: Annotated[int, Meta(ge=1, le=4096)] = 1
+    max_kv_cache_capacity: PositiveDim = 8192
+    speculative_method: Literal["eagle3", "mtp", "dflash", "jetspec", "dspark"] | None = None
+    draft_model: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None
+
+
+class BuildOut(Struct, frozen=True):
+    """Progress and state of a background build."""
+
+    id: str
+    bundle_id: str
+    model: str
+    profile: dict[str, Any]
+    state: BuildState
+    stage: str
+    progress: Annotated[float, Meta(ge=0.0, le=1.0)]
+    started_at: datetime | None
+    finished_at: datetime | None
+    elapsed_seconds: float
+    bytes_written: int
+    error: str | None
+    built: bool | None = None
+
+
+class BuildListOut(Struct, frozen=True):
+    """Every build this process knows about."""
+
+    items: list[BuildOut]
+
+
+class PruneRequest(Struct, frozen=True, forbid_unknown_fields=True):
+    """Evict least-recently-used idle bundles until the cache fits ``max_size_bytes``."""
+
+    # gt=-1 rather than ge=0: Litestar 2.25 drops a falsy bound (0) from the OpenAPI schema.
+    max_size_bytes: Annotated[int, Meta(gt=-1, le=2**62)] | None = None
+    dry_run: bool = False
+
+
+class ClearRequest(Struct, frozen=True, forbid_unknown_fields=True):
+    """Remove every idle bundle (checkpoints stay)."""
+
+    dry_run: bool = False
+
+
+class PlannedEvictionOut(Struct, frozen=True):
+    """A bundle an eviction plan removes."""
+
+    bundle_id: str
+    size_bytes: int
+    last_used_at: datetime | None
+
+
+class SkippedOut(Struct, frozen=True):
+    """A bundle an eviction leaves in place, and why."""
+
+    bundle_id: str
+    size_bytes: int
+    reason: SkipReason
+
+
+class EvictionOut(Struct, frozen=True):
+    """An eviction plan (``dry_run``) or what executing it did."""
+
+    dry_run: bool
+    reason: EvictReason
+    max_bytes: int | None
+    total_before: int
+    planned: list[PlannedEvictionOut]
+    evicted: list[str]
+    skipped: list[SkippedOut]
+    freed_bytes: int
+    total_after: int
+
+
+class ReconcileOut(Struct, frozen=True):
+    """What a reconcile of catalog and disk changed."""
+
+    adopted: list[str]
+    forgotten: list[str]
+    staging_removed: list[str]
+    corrupt: list[str]
+
+
+class ModelStatsOut(Struct, frozen=True):
+    """Per-model slice of the cache stats."""
+
+    model: str
+    bundles: int
+    size_bytes: int
+    hits: int
+    misses: int
+
+
+class StatsOut(Struct, frozen=True):
+    """Cache statistics computed from the catalog's events (they survive restarts)."""
+
+    size_bytes: int
+    max_size_bytes: int
+    bundles: int
+    bundles_by_state: dict[str, int]
+    checkpoints: int
+    hits: int
+    misses: int
+    hit_rate: float | None
+    builds_ok: int
+    builds_failed: int
+    median_build_seconds: float | None
+    evictions_by_reason: dict[str, int]
+    evicted_bytes_by_reason: dict[str, int]
+    per_model: list[ModelStatsOut]
+    since: datetime | None
+
+
+class CheckpointOut(Struct, frozen=True):
+    """A resolved checkpoint and the bundles built from it."""
+
+    digest: str
+    source: str
+    path: str
+    size_bytes: int
+    file_count: int
+    resolved_at: datetime
+    bundle_ids: list[str]
+
+
+class CheckpointListOut(Struct, frozen=True):
+    """Every resolved checkpoint."""
+
+    items: list[CheckpointOut]
+
+
+class Problem(Struct, frozen=True, omit_defaults=True):
+    """Problem-style error body (RFC 9457 shape): what went wrong and what to fix.
+
+    ``field`` names the bad request field; ``reason`` and ``holders`` say why a bundle is busy.
+    """
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    field: str | None = None
+    reason: str | None = None
+    holders: list[LeaseHolderOut] | None = None
+
+
+S = TypeVar("S", bound=Struct)
+
+
+def _encode_extra(value: Any) -> Any:
+    # Paths are the only non-builtin leaves in the records; render them as strings.
+    return str(value)
+
+
+def to_body(record: Any, body_type: type[S], **extra: Any) -> S:
+    """Convert a ``cachesvc.records`` value (or a dict of them) into a response Struct.
+
+    ``extra`` adds or overrides top-level fields (e.g. the page ``limit`` a record lacks).
+    """
+    builtins = msgspec.to_builtins(record, enc_hook=_encode_extra, builtin_types=(datetime,))
+    if extra:
+        builtins = {
+            **builtins,
+            **msgspec.to_builtins(extra, enc_hook=_encode_extra, builtin_types=(datetime,)),
+        }
+    return msgspec.convert(builtins, body_type)
