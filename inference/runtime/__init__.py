@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from inference.runtime.errors import EngineLoadError
+from inference.runtime.generate import generate
+from inference.runtime.loader import load_engine, read_engine_meta
 from inference.runtime.protocol import Engine, EngineInfo
 
-__all__ = ["Engine", "EngineInfo"]
+__all__ = ["Engine", "EngineInfo", "EngineLoadError", "generate", "load_engine", "read_engine_meta"]

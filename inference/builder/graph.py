@@ -1,0 +1,333 @@
+"""Emit the portable ONNX decoder graph of a checkpoint, weights streamed to external data.
+
+Default-domain ops only, so the same file feeds ONNX Runtime and TensorRT. Two flavours of
+the same computation: ``fused_ops`` uses the opset-23 ``Attention`` / ``RotaryEmbedding`` /
+``RMSNormalization`` ops; otherwise everything is decomposed into opset-18 primitives for
+runtimes that do not know those ops yet.
+
+Graph I/O (B = batch, S = new tokens, P = past length, T = P + S):
+  input_ids [B,S] int64, attention_mask [B,T] int64 (0 = left padding), position_ids [B,S] int64,
+  logits_to_keep [1] int64 (0 = all positions, k = the last k), past_key_values.{i}.key/value
+  [B,kv_heads,P,head_dim] -> logits [B,K,vocab], present.{i}.key/value [B,kv_heads,T,head_dim].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from inference.builder.model_config import ModelConfig
+from inference.builder.safetensors_reader import SafetensorsCheckpoint
+
+FUSED_OPSET = 23
+DECOMPOSED_OPSET = 18
+# Additive mask value: large enough to zero a probability, small enough that a fully masked
+# row (a left-padding query) stays finite instead of turning into NaN.
+MASK_NEG = -1.0e9
+_ALIGN = 4096  # page-aligned external data lets ONNX Runtime memory-map the weights
+_INLINE_MAX_BYTES = 1024
+
+Progress = Callable[[str, float], None]
+
+
+@dataclass(frozen=True)
+class GraphIO:
+    """Names of the graph's inputs and outputs, in order."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    opset: int
+    fused_ops: bool
+    tied_lm_head: bool
+
+
+def past_names(layer: int) -> tuple[str, str]:
+    """Input names of one layer's past K and V."""
+    return f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"
+
+
+def present_names(layer: int) -> tuple[str, str]:
+    """Output names of one layer's present K and V."""
+    return f"present.{layer}.key", f"present.{layer}.value"
+
+
+class _ExternalWeights:
+    """Appends tensors to one external-data file and returns initializers that point into it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh = path.open("wb")
+        self._offset = 0
+
+    def add(self, name: str, array: np.ndarray) -> TensorProto:
+        array = np.ascontiguousarray(array)
+        if array.nbytes <= _INLINE_MAX_BYTES:
+            return numpy_helper.from_array(array, name)
+        pad = (-self._offset) % _ALIGN
+        if pad:
+            self._fh.write(b"\0" * pad)
+            self._offset += pad
+        self._fh.write(array.tobytes())
+        tensor = TensorProto()
+        tensor.name = name
+        tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        tensor.dims.extend(array.shape)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.path.name), ("offset", str(self._offset)),
+                           ("length", str(array.nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        self._offset += array.nbytes
+        return tensor
+
+    def close(self) -> None:
+        self._fh.flush()
+        self._fh.close()
+
+
+class _Emitter:
+    """Collects nodes and initializers with unique names."""
+
+    def __init__(self, weights: _ExternalWeights) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[TensorProto] = []
+        self._weights = weights
+        self._count = 0
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, name: str | None = None,
+           outputs: list[str] | None = None, **attrs: object) -> list[str]:
+        self._count += 1
+        base = name or f"{op_type.lower()}_{self._count}"
+        outs = outputs or [f"{base}_out{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=base, **attrs))
+        return outs
+
+    def op1(self, op_type: str, inputs: list[str], **attrs: object) -> str:
+        return self.op(op_type, inputs, **attrs)[0]
+
+    def const(self, value: np.ndarray, name: str | None = None) -> str:
+        self._count += 1
+        cname = name or f"const_{self._count}"
+        self.initializers.append(numpy_helper.from_array(np.asarray(value), cname))
+        return cname
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        self.initializers.append(self._weights.add(name, array))
+        return name
+
+
+class _DecoderBuilder:
+    def __init__(self, cfg: ModelConfig, ckpt: SafetensorsCheckpoint, em: _Emitter, *,
+                 max_positions: int, fused_ops: bool) -> None:
+        self.cfg, self.ckpt, self.em = cfg, ckpt, em
+        self.max_positions = max_positions
+        self.fused = fused_ops
+
+    # --- weights -------------------------------------------------------------------------
+    def linear_weight(self, name: str, out_dim: int, in_dim: int) -> str:
+        # Stored transposed ([in, out]) so the graph runs a plain MatMul.
+        w = self.ckpt.get_f32(name, (out_dim, in_dim))
+        return self.em.weight(name, w.T)
+
+    def vector(self, name: str, dim: int) -> str:
+        return self.em.weight(name, self.ckpt.get_f32(name, (dim,)))
+
+    def linear(self, x: str, prefix: str, out_dim: int, in_dim: int, bias: bool) -> str:
+        y = self.em.op1("MatMul", [x, self.linear_weight(f"{prefix}.weight", out_dim, in_dim)])
+        if bias:
+            y = self.em.op1("Add", [y, self.vector(f"{prefix}.bias", out_dim)])
+        return y
+
+    # --- building blocks -----------------------------------------------------------------
+    def rms_norm(self, x: str, weight: str) -> str:
+        eps = self.cfg.rms_norm_eps
+        if self.fused:
+            return self.em.op1("RMSNormalization", [x, weight], axis=-1, epsilon=eps, stash_type=1)
+        sq = self.em.op1("Mul", [x, x])
+        mean = self.em.op1("ReduceMean", [sq, self.axes_last], keepdims=1)
+        std = self.em.op1("Sqrt", [self.em.op1("Add", [mean, self.em.const(np.float32(eps))])])
+        normed = self.em.op1("Div", [x, std])
+        return self.em.op1("Mul", [normed, weight])
+
+    def rope(self, x: str) -> str:
+        """x [B,H,S,hd] -> rotated, rotate_half convention (as transformers)."""
+        if self.fused:
+            return self.em.op1("RotaryEmbedding", [x, self.cos_table, self.sin_table, "position_ids"],
+                               interleaved=0)
+        half = self.cfg.head_dim // 2
+        x1 = self.em.op1("Slice", [x, self.em.const(np.array([0])), self.em.const(np.array([half])),
+                                   self.axes_last])
+        x2 = self.em.op1("Slice", [x, self.em.const(np.array([half])),
+                                   self.em.const(np.array([self.cfg.head_dim])), self.axes_last])
+        rotated = self.em.op1("Concat", [self.em.op1("Neg", [x2]), x1], axis=-1)
+        return self.em.op1("Add", [self.em.op1("Mul", [x, self.cos_full]),
+                                   self.em.op1("Mul", [rotated, self.sin_full])])
+
+    def heads(self, x: str, n_heads: int, norm_weight: str | None) -> str:
+        """[B,S,n*hd] -> [B,n,S,hd], with the optional per-head RMSNorm (qwen3)."""
+        shape = self.em.const(np.array([0, 0, n_heads, self.cfg.head_dim], dtype=np.int64))
+        y = self.em.op1("Reshape", [x, shape])
+        if norm_weight is not None:
+            y = self.rms_norm(y, norm_weight)
+        return self.em.op1("Transpose", [y], perm=[0, 2, 1, 3])
+
+    def attention(self, q: str, k: str, v: str, layer: int) -> str:
+        """q [B,H,S,hd], k/v [B,kv,S,hd] -> [B,H,S,hd]; writes present K/V."""
+        cfg = self.cfg
+        past_k, past_v = past_names(layer)
+        pres_k, pres_v = present_names(layer)
+        if self.fused:
+            return self.em.op("Attention", [q, k, v, self.mask, past_k, past_v], n_out=3,
+                              outputs=[f"attn_{layer}_y", pres_k, pres_v])[0]
+        k_all = self.em.op("Concat", [past_k, k], axis=2, outputs=[pres_k])[0]
+        v_all = self.em.op("Concat", [past_v, v], axis=2, outputs=[pres_v])[0]
+        group = cfg.num_heads // cfg.num_kv_heads
+        # Query head h reads kv head h // group: view q as [B,kv,group,S,hd] and broadcast.
+        q5 = self.em.op1("Reshape", [q, self.em.const(
+            np.array([0, cfg.num_kv_heads, group, -1, cfg.head_dim], dtype=np.int64))])
+        q5 = self.em.op1("Mul", [q5, self.em.const(np.float32(cfg.head_dim ** -0.5))])
+        k5 = self.em.op1("Unsqueeze", [k_all, self.em.const(np.array([2]))])
+        v5 = self.em.op1("Unsqueeze", [v_all, self.em.const(np.array([2]))])
+        scores = self.em.op1("MatMul", [q5, self.em.op1("Transpose", [k5], perm=[0, 1, 2, 4, 3])])
+        scores = self.em.op1("Add", [scores, self.mask5])
+        probs = self.em.op1("Softmax", [scores], axis=-1)
+        out5 = self.em.op1("MatMul", [probs, v5])
+        return self.em.op1("Reshape", [out5, self.em.const(
+            np.array([0, cfg.num_heads, -1, cfg.head_dim], dtype=np.int64))])
+
+    def build_mask(self) -> None:
+        """Additive float mask [B,1,S,T]: causal by cache index, left padding, sliding window."""
+        em = self.em
+        one_i = em.const(np.array(1, dtype=np.int64))
+        zero_i = em.const(np.array(0, dtype=np.int64))
+        total = em.op1("Squeeze", [em.op1("Shape", ["attention_mask"], start=1, end=2)])
+        new = em.op1("Squeeze", [em.op1("Shape", ["input_ids"], start=1, end=2)])
+        past_len = em.op1("Sub", [total, new])
+        kidx = em.op1("Unsqueeze", [em.op1("Range", [zero_i, total, one_i]), em.const(np.array([0]))])
+        qidx = em.op1("Unsqueeze", [em.op1("Range", [past_len, total, one_i]), em.const(np.array([1]))])
+        allowed = em.op1("LessOrEqual", [kidx, qidx])  # [S,T]
+        if self.cfg.sliding_window is not None:
+            window = em.const(np.array(self.cfg.sliding_window, dtype=np.int64))
+            allowed = em.op1("And", [allowed, em.op1("Greater", [kidx, em.op1("Sub", [qidx, window])])])
+        allowed4 = em.op1("Unsqueeze", [allowed, em.const(np.array([0, 1]))])
+        keep = em.op1("Cast", ["attention_mask"], to=TensorProto.BOOL)
+        keep4 = em.op1("Unsqueeze", [keep, em.const(np.array([1, 2]))])
+        both = em.op1("And", [allowed4, keep4])
+        self.mask = em.op1("Where", [both, em.const(np.float32(0.0)), em.const(np.float32(MASK_NEG))])
+        if not self.fused:
+            self.mask5 = em.op1("Unsqueeze", [self.mask, em.const(np.array([2]))])
+
+    def build_rope_tables(self) -> None:
+        cos, sin = self.cfg.rope.cos_sin(self.cfg.head_dim, self.max_positions)
+        self.cos_table = self.em.weight("rope.cos", cos)
+        self.sin_table = self.em.weight("rope.sin", sin)
+        if not self.fused:
+            self.axes_last = self.em.const(np.array([-1]), "axes_last")
+            cos_g = self.em.op1("Gather", [self.cos_table, "position_ids"])  # [B,S,hd/2]
+            sin_g = self.em.op1("Gather", [self.sin_table, "position_ids"])
+            axes = self.em.const(np.array([1]))
+            self.cos_full = self.em.op1("Unsqueeze", [self.em.op1("Concat", [cos_g, cos_g], axis=-1), axes])
+            self.sin_full = self.em.op1("Unsqueeze", [self.em.op1("Concat", [sin_g, sin_g], axis=-1), axes])
+
+    def layer(self, x: str, i: int) -> str:
+        cfg = self.cfg
+        p = f"model.layers.{i}"
+        hd, h, kvh = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        normed = self.rms_norm(x, self.vector(f"{p}.input_layernorm.weight", cfg.hidden_size))
+        q = self.linear(normed, f"{p}.self_attn.q_proj", h * hd, cfg.hidden_size, cfg.attention_bias)
+        k = self.linear(normed, f"{p}.self_attn.k_proj", kvh * hd, cfg.hidden_size, cfg.attention_bias)
+        v = self.linear(normed, f"{p}.self_attn.v_proj", kvh * hd, cfg.hidden_size, cfg.attention_bias)
+        q_norm = self.vector(f"{p}.self_attn.q_norm.weight", hd) if cfg.qk_norm else None
+        k_norm = self.vector(f"{p}.self_attn.k_norm.weight", hd) if cfg.qk_norm else None
+        q4 = self.rope(self.heads(q, h, q_norm))
+        k4 = self.rope(self.heads(k, kvh, k_norm))
+        v4 = self.heads(v, kvh, None)
+        y = self.attention(q4, k4, v4, i)
+        y = self.em.op1("Transpose", [y], perm=[0, 2, 1, 3])
+        y = self.em.op1("Reshape", [y, self.em.const(np.array([0, 0, h * hd], dtype=np.int64))])
+        y = self.linear(y, f"{p}.self_attn.o_proj", cfg.hidden_size, h * hd, cfg.o_bias)
+        x = self.em.op1("Add", [x, y])
+        normed = self.rms_norm(x, self.vector(f"{p}.post_attention_layernorm.weight", cfg.hidden_size))
+        gate = self.linear(normed, f"{p}.mlp.gate_proj", cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
+        up = self.linear(normed, f"{p}.mlp.up_proj", cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
+        act = self.em.op1("Mul", [self.em.op1("Mul", [gate, self.em.op1("Sigmoid", [gate])]), up])
+        down = self.linear(act, f"{p}.mlp.down_proj", cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        return self.em.op1("Add", [x, down])
+
+    def lm_head(self, h: str, embed: str, untie: bool) -> tuple[str, bool]:
+        cfg = self.cfg
+        tied = cfg.tie_word_embeddings or "lm_head.weight" not in self.ckpt
+        if tied and not cfg.tie_word_embeddings:
+            self.ckpt.get_f32("lm_head.weight")  # raises the clear "missing weight" error
+        if not tied:
+            w = self.linear_weight("lm_head.weight", cfg.vocab_size, cfg.hidden_size)
+            return self.em.op("MatMul", [h, w], outputs=["logits"])[0], False
+        if untie:
+            w = self.em.weight("lm_head.weight", self.ckpt.get_f32("model.embed_tokens.weight").T)
+            return self.em.op("MatMul", [h, w], outputs=["logits"])[0], False
+        # Gemm with transB reads the embedding table as is: no transposed copy of the weights.
+        flat = self.em.op1("Reshape", [h, self.em.const(np.array([-1, cfg.hidden_size], dtype=np.int64))])
+        logits2 = self.em.op1("Gemm", [flat, embed], transB=1)
+        lead = self.em.op1("Shape", [h], start=0, end=2)
+        shape = self.em.op1("Concat", [lead, self.em.const(np.array([cfg.vocab_size], dtype=np.int64))], axis=0)
+        return self.em.op("Reshape", [logits2, shape], outputs=["logits"])[0], True
+
+
+def build_decoder_graph(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, model_path: Path, *,
+                        max_positions: int, fused_ops: bool, untie_lm_head: bool = False,
+                        progress: Progress | None = None) -> GraphIO:
+    """Write ``model_path`` (+ ``<name>.data``) for ``cfg``; return the graph's I/O names."""
+    weights = _ExternalWeights(model_path.with_name(model_path.name + ".data"))
+    em = _Emitter(weights)
+    b = _DecoderBuilder(cfg, ckpt, em, max_positions=max_positions, fused_ops=fused_ops)
+    try:
+        b.build_rope_tables()
+        b.build_mask()
+        embed = em.weight("model.embed_tokens.weight",
+                          ckpt.get_f32("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)))
+        x = em.op1("Gather", [embed, "input_ids"])
+        for i in range(cfg.num_layers):
+            x = b.layer(x, i)
+            if progress is not None:
+                progress("graph", (i + 1) / (cfg.num_layers + 1))
+        x = b.rms_norm(x, b.vector("model.norm.weight", cfg.hidden_size))
+        starts = em.op1("Neg", ["logits_to_keep"])
+        x = em.op1("Slice", [x, starts, em.const(np.array([np.iinfo(np.int64).max])),
+                             em.const(np.array([1]))])
+        _, tied = b.lm_head(x, embed, untie_lm_head)
+    finally:
+        weights.close()
+
+    kv_shape_in = ["batch", cfg.num_kv_heads, "past_sequence_length", cfg.head_dim]
+    kv_shape_out = ["batch", cfg.num_kv_heads, "total_sequence_length", cfg.head_dim]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total_sequence_length"]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "sequence_length"]),
+        helper.make_tensor_value_info("logits_to_keep", TensorProto.INT64, [1]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "logits_length",
+                                                                           cfg.vocab_size])]
+    for i in range(cfg.num_layers):
+        for name in past_names(i):
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_in))
+        for name in present_names(i):
+            outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_out))
+    opset = FUSED_OPSET if fused_ops else DECOMPOSED_OPSET
+    graph = helper.make_graph(em.nodes, f"{cfg.model_type}_decoder", inputs, outputs, em.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              producer_name="cachesvc-inference")
+    model.ir_version = 10 if fused_ops else 8
+    onnx.save_model(model, str(model_path))
+    return GraphIO(
+        inputs=tuple(i.name for i in inputs),
+        outputs=tuple(o.name for o in outputs),
+        opset=opset,
+        fused_ops=fused_ops,
+        tied_lm_head=tied,
+    )

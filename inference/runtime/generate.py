@@ -1,0 +1,97 @@
+"""A simple greedy / sampled generation loop over an Engine (benchmarks and tests).
+
+Serving (stop strings, streaming, scheduling) lives elsewhere; this runs a fixed set of
+prompts to completion, one slot each, decoding all unfinished slots together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from inference.runtime.protocol import Engine
+
+
+def _pick(logits: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int,
+          top_p: float) -> int:
+    if temperature <= 0.0:
+        return int(np.argmax(logits))
+    scaled = logits.astype(np.float64) / temperature
+    if 0 < top_k < scaled.size:
+        kth = np.partition(scaled, -top_k)[-top_k]
+        scaled = np.where(scaled < kth, -np.inf, scaled)
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    if top_p < 1.0:
+        order = np.argsort(-probs)
+        cumulative = np.cumsum(probs[order])
+        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+        keep = order[: int(np.searchsorted(cumulative, top_p)) + 1]
+        kept = np.zeros_like(probs)
+        kept[keep] = probs[keep]
+        probs = kept / kept.sum()
+    return int(rng.choice(probs.size, p=probs))
+
+
+def generate(
+    engine: Engine,
+    prompt_ids: Sequence[int] | Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_ids: Sequence[int] | None = None,
+) -> list[list[int]]:
+    """Generate up to ``max_new_tokens`` for each prompt; return the new tokens per prompt.
+
+    One prompt (a flat list) or several (a list of lists, run as a batch of slots 0..n-1, which
+    are reset first). Greedy when ``temperature`` is 0. A row stops after emitting a token in
+    ``eos_ids`` (default: the engine's eos ids; pass ``()`` to never stop early); the eos token
+    is included in the output.
+    """
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if temperature < 0 or not 0.0 < top_p <= 1.0 or top_k < 0:
+        raise ValueError("need temperature >= 0, 0 < top_p <= 1 and top_k >= 0")
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty; give at least one token")
+    first = prompt_ids[0]
+    prompts: list[list[int]] = (
+        [[int(t) for t in p] for p in prompt_ids]  # type: ignore[union-attr]
+        if isinstance(first, Sequence | np.ndarray) else [[int(t) for t in prompt_ids]]  # type: ignore[arg-type]
+    )
+    if len(prompts) > engine.info.max_slots:
+        raise ValueError(
+            f"{len(prompts)} prompts but the engine has {engine.info.max_slots} slots; "
+            "load it with a larger max_slots"
+        )
+    stop = set(engine.info.eos_token_ids if eos_ids is None else eos_ids)
+    rng = np.random.default_rng(seed)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    if max_new_tokens == 0:
+        return outputs
+    active: list[int] = []
+    next_ids: list[int] = []
+    for slot, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"prompt {slot} is empty; give at least one token")
+        engine.reset(slot)
+        token = _pick(engine.prefill(slot, prompt), rng, temperature, top_k, top_p)
+        outputs[slot].append(token)
+        if token not in stop and max_new_tokens > 1:
+            active.append(slot)
+            next_ids.append(token)
+    while active:
+        logits = engine.decode(active, next_ids)
+        still, still_ids = [], []
+        for row, slot in enumerate(active):
+            token = _pick(logits[row], rng, temperature, top_k, top_p)
+            outputs[slot].append(token)
+            if token not in stop and len(outputs[slot]) < max_new_tokens:
+                still.append(slot)
+                still_ids.append(token)
+        active, next_ids = still, still_ids
+    return outputs

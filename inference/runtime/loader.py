@@ -1,0 +1,82 @@
+"""Bundle directory -> loaded Engine, refusing bundles this runtime cannot run faithfully."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from inference.runtime.errors import EngineLoadError
+from inference.runtime.ort_engine import OrtEngine
+from inference.runtime.protocol import Engine
+
+ENGINE_FILE = "engine.json"
+KNOWN_FORMAT_VERSIONS = (1,)
+
+
+def _major_minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def read_engine_meta(bundle_dir: Path) -> dict[str, Any]:
+    """Read and check ``engine.json`` of a bundle (format version, backend, runtime version)."""
+    path = Path(bundle_dir) / ENGINE_FILE
+    if not path.is_file():
+        raise EngineLoadError(f"{bundle_dir} is not an engine bundle: {ENGINE_FILE} is missing")
+    try:
+        meta: dict[str, Any] = json.loads(path.read_text())
+    except ValueError as exc:
+        raise EngineLoadError(f"{path} is not valid JSON ({exc}); rebuild the bundle") from exc
+    version = meta.get("format_version")
+    if version not in KNOWN_FORMAT_VERSIONS:
+        raise EngineLoadError(
+            f"{path} has format_version {version!r}; this runtime reads {list(KNOWN_FORMAT_VERSIONS)}. "
+            "Rebuild the bundle with this version of the builder"
+        )
+    backend = meta.get("backend")
+    if backend != "onnxruntime":
+        raise EngineLoadError(f"bundle backend {backend!r} is not loadable by the onnxruntime runtime")
+    built_with = str(meta.get("onnxruntime_version", "?"))
+    if _major_minor(built_with) != _major_minor(ort.__version__):
+        raise EngineLoadError(
+            f"bundle was built with onnxruntime {built_with} but this process runs {ort.__version__}; "
+            "the optimised graph is tied to the minor version: rebuild the bundle"
+        )
+    return meta
+
+
+def load_engine(bundle_dir: Path, *, max_slots: int | None = None, threads: int | None = None) -> Engine:
+    """Load a bundle as an Engine.
+
+    ``max_slots`` defaults to the bundle's max_batch_size; ``threads`` (intra-op) defaults to
+    the number of cores this process may use.
+    """
+    bundle_dir = Path(bundle_dir)
+    meta = read_engine_meta(bundle_dir)
+    slots = int(meta.get("max_batch_size", 1)) if max_slots is None else max_slots
+    if slots < 1:
+        raise ValueError(f"max_slots must be at least 1, got {slots}")
+    n_threads = _cores() if threads is None else threads
+    if n_threads < 1:
+        raise ValueError(f"threads must be at least 1, got {n_threads}")
+    model = bundle_dir / str(meta.get("optimized_model", ""))
+    if not meta.get("optimized_model") or not model.is_file():
+        model = bundle_dir / str(meta.get("portable_model", "model.onnx"))
+    if not model.is_file():
+        raise EngineLoadError(f"bundle {bundle_dir} has no model file ({model.name}); rebuild it")
+    try:
+        return OrtEngine(model, meta, max_slots=slots, threads=n_threads)
+    except (KeyError, TypeError) as exc:
+        raise EngineLoadError(f"{bundle_dir}/{ENGINE_FILE} lacks a field: {exc}; rebuild the bundle") from exc
+    except Exception as exc:  # onnxruntime's load errors have no common public base class
+        raise EngineLoadError(f"onnxruntime cannot load {model}: {exc}; verify or rebuild the bundle") from exc

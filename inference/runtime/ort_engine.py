@@ -1,0 +1,184 @@
+"""The ONNX Runtime implementation of the Engine protocol (CPU).
+
+Each slot keeps its own per-layer K/V arrays ``[1, kv_heads, length, head_dim]`` holding
+positions ``[0, length)`` with no padding; the graph's ``present`` outputs become the next
+step's ``past`` inputs without a copy. Decoding several slots of different lengths together
+left-pads their K/V into one batch and masks the padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from inference.runtime.protocol import EngineInfo
+
+_KEEP_LAST = np.array([1], dtype=np.int64)
+
+
+class OrtEngine:
+    """An Engine over one onnxruntime session of a bundle's decoder graph."""
+
+    def __init__(self, model_path: Path, meta: dict[str, Any], *, max_slots: int, threads: int) -> None:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        # The stored model is already optimised; running the optimisers again only costs load time.
+        optimized = model_path.name != meta.get("portable_model", "model.onnx")
+        opts.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_DISABLE_ALL if optimized
+            else ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        )
+        self._session: ort.InferenceSession | None = ort.InferenceSession(
+            str(model_path), opts, providers=["CPUExecutionProvider"])
+        self._layers = int(meta["num_layers"])
+        self._kv_heads = int(meta["num_kv_heads"])
+        self._head_dim = int(meta["head_dim"])
+        self._past_names = [n for n in meta["inputs"] if n.startswith("past_key_values.")]
+        self._output_names = list(meta["outputs"])
+        self._info = EngineInfo(
+            model_type=str(meta["model_type"]),
+            vocab_size=int(meta["vocab_size"]),
+            max_slots=max_slots,
+            max_input_len=int(meta["max_input_len"]),
+            max_kv_capacity=int(meta["max_kv_cache_capacity"]),
+            eos_token_ids=tuple(int(t) for t in meta.get("eos_token_ids", [])),
+            backend="onnxruntime",
+            precision=str(meta["precision"]),
+            extra={
+                "bos_token_id": meta.get("bos_token_id"),
+                "architecture": meta.get("architecture"),
+                "threads": threads,
+                "model_file": model_path.name,
+            },
+        )
+        # Per slot: the 2*layers past arrays (K, V per layer) or None when empty.
+        self._kv: list[list[np.ndarray] | None] = [None] * max_slots
+
+    @property
+    def info(self) -> EngineInfo:
+        """Static facts about the engine."""
+        return self._info
+
+    # --- slot bookkeeping ----------------------------------------------------------------
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self._info.max_slots:
+            raise ValueError(f"slot {slot} out of range; this engine has slots 0..{self._info.max_slots - 1}")
+
+    def _check_tokens(self, token_ids: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(token_ids, dtype=np.int64)
+        if ids.ndim != 1:
+            raise ValueError("token ids must be a flat sequence of integers")
+        if ids.size and (ids.min() < 0 or ids.max() >= self._info.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {self._info.vocab_size}); got {ids.min()}..{ids.max()}")
+        return ids
+
+    def slot_length(self, slot: int) -> int:
+        """Number of positions currently held by ``slot``."""
+        self._check_slot(slot)
+        kv = self._kv[slot]
+        return 0 if kv is None else int(kv[0].shape[2])
+
+    def reset(self, slot: int) -> None:
+        """Empty ``slot`` so a new sequence can use it."""
+        self._check_slot(slot)
+        self._kv[slot] = None
+
+    def _empty_past(self, batch: int) -> list[np.ndarray]:
+        empty = np.zeros((batch, self._kv_heads, 0, self._head_dim), dtype=np.float32)
+        return [empty] * (2 * self._layers)
+
+    def _run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        if self._session is None:
+            raise RuntimeError("engine is closed")
+        return list(self._session.run(self._output_names, feed))
+
+    # --- the protocol --------------------------------------------------------------------
+    def prefill(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
+        """Append ``token_ids`` to ``slot``'s KV; return logits ``[vocab]`` of the last one."""
+        self._check_slot(slot)
+        ids = self._check_tokens(token_ids)
+        if ids.size == 0:
+            raise ValueError("prefill needs at least one token")
+        length = self.slot_length(slot)
+        cap = self._info.max_kv_capacity
+        if length + ids.size > cap:
+            raise ValueError(
+                f"slot {slot} holds {length} positions; adding {ids.size} would exceed "
+                f"max_kv_capacity {cap}; shorten the prompt or build with a larger max_kv_cache_capacity"
+            )
+        logits = np.empty(0, dtype=np.float32)
+        chunk = self._info.max_input_len
+        # Long inputs run in chunks of max_input_len, each on top of the previous chunk's KV.
+        for start in range(0, ids.size, chunk):
+            part = ids[start:start + chunk]
+            past = self._kv[slot] or self._empty_past(1)
+            pos = length + start
+            feed = {
+                "input_ids": part[None, :],
+                "attention_mask": np.ones((1, pos + part.size), dtype=np.int64),
+                "position_ids": np.arange(pos, pos + part.size, dtype=np.int64)[None, :],
+                "logits_to_keep": _KEEP_LAST,
+            }
+            feed.update(zip(self._past_names, past, strict=True))
+            outs = self._run(feed)
+            self._kv[slot] = outs[1:]
+            logits = outs[0][0, -1]
+        return logits
+
+    def decode(self, slots: Sequence[int], token_ids: Sequence[int]) -> np.ndarray:
+        """Append one token to each slot; return logits ``[len(slots), vocab]``."""
+        if len(slots) != len(token_ids) or not slots:
+            raise ValueError("decode needs one token per slot and at least one slot")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"decode got a slot twice: {list(slots)}")
+        ids = self._check_tokens(token_ids)
+        lengths = [self.slot_length(s) for s in slots]
+        for s, n in zip(slots, lengths, strict=True):
+            if n == 0:
+                raise ValueError(f"slot {s} is empty; prefill it before decoding")
+            if n + 1 > self._info.max_kv_capacity:
+                raise ValueError(
+                    f"slot {s} is full ({n} positions = max_kv_capacity); reset it or stop generating"
+                )
+        batch, longest = len(slots), max(lengths)
+        if batch == 1:
+            past = self._kv[slots[0]]
+            assert past is not None
+        else:
+            past = []
+            for j in range(2 * self._layers):
+                stacked = np.zeros((batch, self._kv_heads, longest, self._head_dim), dtype=np.float32)
+                for b, s in enumerate(slots):
+                    kv = self._kv[s]
+                    assert kv is not None
+                    stacked[b, :, longest - lengths[b]:] = kv[j][0]
+                past.append(stacked)
+        mask = np.ones((batch, longest + 1), dtype=np.int64)
+        for b, n in enumerate(lengths):
+            mask[b, : longest - n] = 0
+        feed = {
+            "input_ids": ids[:, None],
+            "attention_mask": mask,
+            "position_ids": np.asarray(lengths, dtype=np.int64)[:, None],
+            "logits_to_keep": _KEEP_LAST,
+        }
+        feed.update(zip(self._past_names, past, strict=True))
+        outs = self._run(feed)
+        if batch == 1:
+            self._kv[slots[0]] = outs[1:]
+        else:
+            for b, s in enumerate(slots):
+                pad = longest - lengths[b]
+                self._kv[s] = [np.ascontiguousarray(o[b:b + 1, :, pad:]) for o in outs[1:]]
+        return np.ascontiguousarray(outs[0][:, -1, :])
+
+    def close(self) -> None:
+        """Release the session and all KV."""
+        self._session = None
+        self._kv = [None] * self._info.max_slots

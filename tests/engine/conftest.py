@@ -1,0 +1,192 @@
+"""Fixtures for the CPU engine tests: tiny checkpoints written by transformers, built bundles,
+and a direct onnxruntime runner for graph-level checks against the transformers reference."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+import transformers as tf
+
+from inference.builder import EngineBuildSpec, build_bundle
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+VOCAB = 384
+# Small enough to run in milliseconds, large enough for grouped-query attention (4 q / 2 kv heads).
+COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    # std 0.2 instead of 0.02: random models then have peaked logits, so greedy comparisons bite.
+    "initializer_range": 0.2,
+}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+
+
+def hf_config(family: str, tied: bool) -> tf.PretrainedConfig:
+    """A tiny transformers config of ``family`` exercising its distinctive features."""
+    kwargs = dict(COMMON, tie_word_embeddings=tied)
+    if family == "llama":
+        return tf.LlamaConfig(**kwargs, rope_parameters=dict(LLAMA3_ROPE))
+    if family == "qwen2":
+        return tf.Qwen2Config(**kwargs)  # q/k/v biases
+    if family == "qwen3":
+        return tf.Qwen3Config(**kwargs, head_dim=32)  # explicit head_dim != hidden/heads; q/k norms
+    if family == "mistral":
+        return tf.MistralConfig(**kwargs, sliding_window=8)  # window shorter than the test prompts
+    raise ValueError(family)
+
+
+def make_hf_model(family: str, tied: bool, seed: int = 0) -> tf.PreTrainedModel:
+    """A seeded random model; norms and biases randomised too so that they matter."""
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_config(hf_config(family, tied))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1 + 0.2 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.copy_(0.2 * torch.randn_like(param))
+    return model.eval()
+
+
+def load_reference(checkpoint: Path) -> tf.PreTrainedModel:
+    """transformers' own implementation of a checkpoint, in fp32 whatever the storage dtype."""
+    return tf.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Factory: (family, storage 'fp32'|'bf16', tied) -> checkpoint dir written by save_pretrained."""
+    cache: dict[tuple[str, str, bool], Path] = {}
+
+    def make(family: str, storage: str = "fp32", tied: bool = False) -> Path:
+        key = (family, storage, tied)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"ckpt-{family}-{storage}-{'tied' if tied else 'untied'}")
+            model = make_hf_model(family, tied)
+            if storage == "bf16":
+                model = model.to(torch.bfloat16)
+            model.save_pretrained(out)
+            cache[key] = out
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def built_bundle(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Factory: (checkpoint dir, **spec fields) -> bundle dir, built once per session."""
+    cache: dict[tuple[Path, tuple[tuple[str, Any], ...]], Path] = {}
+
+    def build(checkpoint: Path, **spec: Any) -> Path:
+        spec.setdefault("max_kv_cache_capacity", 256)
+        spec.setdefault("max_input_len", 64)
+        key = (checkpoint, tuple(sorted(spec.items())))
+        if key not in cache:
+            out = tmp_path_factory.mktemp("bundle")
+            build_bundle(checkpoint, out, EngineBuildSpec(**spec))
+            cache[key] = out
+        return cache[key]
+
+    return build
+
+
+class GraphRunner:
+    """Runs a decoder graph file with onnxruntime directly (batch, padding, KV by hand)."""
+
+    def __init__(self, model_path: Path, num_layers: int, kv_heads: int, head_dim: int) -> None:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
+        self.layers, self.kv_heads, self.head_dim = num_layers, kv_heads, head_dim
+
+    def empty_past(self, batch: int) -> list[np.ndarray]:
+        return [np.zeros((batch, self.kv_heads, 0, self.head_dim), np.float32)] * (2 * self.layers)
+
+    def run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[np.ndarray],
+            keep: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
+        feed: dict[str, np.ndarray] = {
+            "input_ids": ids.astype(np.int64),
+            "attention_mask": mask.astype(np.int64),
+            "position_ids": positions.astype(np.int64),
+            "logits_to_keep": np.array([keep], np.int64),
+        }
+        for i in range(self.layers):
+            feed[f"past_key_values.{i}.key"] = past[2 * i]
+            feed[f"past_key_values.{i}.value"] = past[2 * i + 1]
+        outs = self.session.run(None, feed)
+        return outs[0], list(outs[1:])
+
+
+@pytest.fixture
+def graph_runner() -> Callable[[Path, dict[str, Any]], GraphRunner]:
+    """Factory: (model file, engine.json dict) -> GraphRunner."""
+
+    def make(model_path: Path, meta: dict[str, Any]) -> GraphRunner:
+        return GraphRunner(model_path, meta["num_layers"], meta["num_kv_heads"], meta["head_dim"])
+
+    return make
+
+
+def hf_greedy(model: tf.PreTrainedModel, prompt: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy tokens and per-step logits from transformers, using its own KV cache."""
+    tokens: list[int] = []
+    step_logits: list[np.ndarray] = []
+    with torch.no_grad():
+        out = model(torch.tensor([prompt]), use_cache=True)
+        for _ in range(steps):
+            logits = out.logits[0, -1].numpy()
+            step_logits.append(logits)
+            tokens.append(int(np.argmax(logits)))
+            out = model(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+    return tokens, step_logits
+
+
+@pytest.fixture
+def copy_dir(tmp_path: Path) -> Iterator[Callable[[Path], Path]]:
+    """Factory: copy a directory into tmp_path (to damage a checkpoint or bundle safely)."""
+    counter = iter(range(1000))
+
+    def copy(src: Path) -> Path:
+        dst = tmp_path / f"copy{next(counter)}"
+        shutil.copytree(src, dst)
+        return dst
+
+    yield copy
+
+
+@pytest.fixture(scope="session")
+def reference() -> Callable[[Path], tf.PreTrainedModel]:
+    """Factory: checkpoint dir -> transformers fp32 model (cached per session)."""
+    cache: dict[Path, tf.PreTrainedModel] = {}
+
+    def load(checkpoint: Path) -> tf.PreTrainedModel:
+        if checkpoint not in cache:
+            cache[checkpoint] = load_reference(checkpoint)
+        return cache[checkpoint]
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def greedy_reference() -> Callable[..., tuple[list[int], list[np.ndarray]]]:
+    """The transformers greedy loop (``hf_greedy``) as a fixture."""
+    return hf_greedy
