@@ -1,0 +1,509 @@
+"""Checkpoints: resolve a local directory or a Hugging Face model id, and compute its identity.
+
+The identity digest is what the cache keys bundles on, so it must be the same for the same
+checkpoint wherever it lives (a copy, a move, an HF cache snapshot made of symlinks into
+blobs) and whatever its mtimes, and it must be cheap: a 10 GB shard costs the same reads as a
+10 MB one. For that it hashes every checkpoint file's relative path and size, small metadata
+files in full, and for weights only the safetensors header plus three fixed 64-byte samples
+(start, middle, end). The trade-off, on purpose: an in-place edit of a weight byte outside the
+samples that keeps the file size does not change the digest. Real checkpoint changes (a new
+revision, a re-export, a different dtype or shape) change sizes, headers or metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+from cachesvc.errors import CheckpointError, HubUnreachableError
+
+#: Bumped whenever the digest recipe changes, so old and new digests can never be equal.
+DIGEST_VERSION = 1
+
+#: Weight files: hashed by size plus bounded samples.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+#: Metadata files: hashed in full. ``.txt`` (BPE merges) and ``.jinja`` (chat templates) change
+#: what a served model does just like ``tokenizer.json`` does, so they are part of the identity.
+METADATA_SUFFIXES = (".json", ".model", ".txt", ".jinja")
+CHECKPOINT_SUFFIXES = WEIGHT_SUFFIXES + METADATA_SUFFIXES
+
+#: A metadata file this big is not metadata; refusing it keeps reads bounded.
+MAX_METADATA_BYTES = 64 * 2**20
+#: Same limit the safetensors library enforces on its JSON header.
+MAX_SAFETENSORS_HEADER_BYTES = 100_000_000
+SAMPLE_BYTES = 64
+
+#: What ``resolve_checkpoint`` asks the hub for when it cannot list the repo first (offline).
+HUB_ALLOW_PATTERNS = (
+    "*.safetensors",
+    "*.bin",
+    "*.pt",
+    "*.pth",
+    "*.json",
+    "*.model",
+    "*.jinja",
+    "*.txt",
+    "tokenizer*",
+)
+
+# Same rules as huggingface_hub's validate_repo_id: optional namespace, 96 chars per part,
+# letters, digits, '-', '_', '.'; no '--' or '..'; no leading/trailing '-' or '.'.
+_HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?"
+_HUB_ID_RE = re.compile(rf"^(?:{_HUB_PART}/)?{_HUB_PART}$")
+
+ReadCounter = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class ResolvedCheckpoint:
+    """A checkpoint directory on local disk with its identity.
+
+    ``source`` is what the user passed (path or hub id), ``path`` the absolute directory that
+    holds the files, ``revision`` the hub commit hash for hub checkpoints (``None`` for local).
+    """
+
+    source: str
+    path: Path
+    digest: str
+    size_bytes: int
+    file_count: int
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class _CheckpointFile:
+    relpath: str
+    path: Path
+    size: int
+
+
+# --------------------------------------------------------------------------- identity
+
+
+def checkpoint_digest(path: Path, *, read_counter: ReadCounter | None = None) -> str:
+    """Return the SHA-256 hex identity of the checkpoint directory ``path``.
+
+    Covers every checkpoint file (``CHECKPOINT_SUFFIXES``, recursive, hidden entries such as
+    ``.git`` and ``.cache`` skipped, symlinks followed) in sorted relative-path order: its
+    relative POSIX path, its size, and its content (metadata files in full; safetensors:
+    header plus three 64-byte payload samples; other weights: three 64-byte samples).
+    ``read_counter`` is called with the byte count of every read. Raises ``CheckpointError``
+    for a directory without checkpoint files, a broken symlink, an oversized metadata file or
+    a malformed safetensors file.
+    """
+    files = _checkpoint_files(path)
+    h = hashlib.sha256()
+    _frame(h, f"cachesvc-checkpoint-digest-v{DIGEST_VERSION}".encode())
+    h.update(struct.pack("<Q", len(files)))
+    count = read_counter or (lambda _n: None)
+    for f in files:
+        _frame(h, f.relpath.encode("utf-8", "surrogateescape"))
+        h.update(struct.pack("<Q", f.size))
+        chunks = _content_chunks(f, count)
+        h.update(struct.pack("<Q", len(chunks)))
+        for chunk in chunks:
+            _frame(h, chunk)
+    return h.hexdigest()
+
+
+def checkpoint_size(path: Path) -> tuple[int, int]:
+    """Return ``(total bytes, file count)`` of the checkpoint files under ``path`` (no reads)."""
+    files = _checkpoint_files(path)
+    return sum(f.size for f in files), len(files)
+
+
+def _frame(h: hashlib._Hash, data: bytes) -> None:
+    # Length-prefixing every field makes the byte stream parseable back into fields, so two
+    # different file sets can never produce the same stream by shifting bytes between fields.
+    h.update(struct.pack("<Q", len(data)))
+    h.update(data)
+
+
+def _checkpoint_files(root: Path) -> list[_CheckpointFile]:
+    root = Path(root).expanduser()
+    if not root.exists():
+        raise CheckpointError(f"no such directory: {root}")
+    if not root.is_dir():
+        raise CheckpointError(f"{root} is not a directory; pass the checkpoint directory")
+    files: list[_CheckpointFile] = []
+    for file_path in _walk(root):
+        if not file_path.name.endswith(CHECKPOINT_SUFFIXES):
+            continue
+        try:
+            size = file_path.stat().st_size  # follows symlinks: HF snapshots link into blobs/
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"{file_path} is a broken symlink (its target is missing); the download is incomplete, "
+                "download the checkpoint again"
+            ) from None
+        rel = PurePosixPath(*file_path.relative_to(root).parts).as_posix()
+        files.append(_CheckpointFile(rel, file_path, size))
+    if not files:
+        raise CheckpointError(
+            f"no checkpoint files under {root} (expected some of: {', '.join(CHECKPOINT_SUFFIXES)})"
+        )
+    files.sort(key=lambda f: f.relpath)
+    return files
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    """Yield non-hidden regular files under ``root``, following directory symlinks without looping."""
+    seen: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        st = os.stat(dirpath)
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            dirnames[:] = []
+            continue
+        seen.add(key)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in filenames:
+            if name.startswith("."):
+                continue
+            p = Path(dirpath, name)
+            if p.is_dir():
+                continue
+            yield p
+
+
+def _content_chunks(f: _CheckpointFile, count: ReadCounter) -> list[bytes]:
+    if f.relpath.endswith(METADATA_SUFFIXES):
+        return [_read_metadata(f, count)]
+    with open(f.path, "rb") as fh:
+        if f.relpath.endswith(".safetensors"):
+            return _safetensors_chunks(f, fh, count)
+        return [
+            _tag(b"sample", off) + _read_at(fh, off, SAMPLE_BYTES, count) for off in _sample_offsets(f.size)
+        ]
+
+
+def _read_metadata(f: _CheckpointFile, count: ReadCounter) -> bytes:
+    if f.size > MAX_METADATA_BYTES:
+        raise CheckpointError(
+            f"{f.path} is {f.size} bytes; metadata files ({', '.join(METADATA_SUFFIXES)}) over "
+            f"{MAX_METADATA_BYTES // 2**20} MiB are not supported. Remove or rename it if it is not part "
+            "of the checkpoint"
+        )
+    with open(f.path, "rb") as fh:
+        data = _read_at(fh, 0, f.size, count)
+    if len(data) != f.size:
+        raise CheckpointError(f"{f.path} changed size while it was being read; retry once it is complete")
+    return data
+
+
+def _safetensors_chunks(f: _CheckpointFile, fh: BinaryIO, count: ReadCounter) -> list[bytes]:
+    prefix = _read_at(fh, 0, 8, count)
+    if len(prefix) < 8:
+        raise CheckpointError(
+            f"{f.path} is not a valid safetensors file: {f.size} bytes is too short for the 8-byte header "
+            "length; the file is truncated, download it again"
+        )
+    (header_len,) = struct.unpack("<Q", prefix)
+    if header_len > MAX_SAFETENSORS_HEADER_BYTES or 8 + header_len > f.size:
+        raise CheckpointError(
+            f"{f.path} is not a valid safetensors file: header length {header_len} does not fit the file "
+            f"size {f.size}; the file is truncated or corrupt, download it again"
+        )
+    header = _read_at(fh, 8, header_len, count)
+    payload_start = 8 + header_len
+    payload_len = f.size - payload_start
+    chunks = [prefix + header]
+    for off in _sample_offsets(payload_len):
+        chunks.append(_tag(b"sample", off) + _read_at(fh, payload_start + off, SAMPLE_BYTES, count))
+    return chunks
+
+
+def _sample_offsets(length: int) -> tuple[int, int, int]:
+    """Start, middle and end sample offsets within a region of ``length`` bytes."""
+    last = max(length - SAMPLE_BYTES, 0)
+    return 0, last // 2, last
+
+
+def _tag(name: bytes, offset: int) -> bytes:
+    return name + struct.pack("<Q", offset)
+
+
+def _read_at(fh: BinaryIO, offset: int, n: int, count: ReadCounter) -> bytes:
+    fh.seek(offset)
+    parts: list[bytes] = []
+    remaining = n
+    while remaining > 0:
+        data = fh.read(remaining)
+        if not data:
+            break
+        count(len(data))
+        parts.append(data)
+        remaining -= len(data)
+    return b"".join(parts)
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def looks_like_path(model: str) -> bool:
+    """True when ``model`` names a local path (exists, or starts with '/', './', '../', '~')."""
+    return model.startswith(("/", "./", "../", "~")) or model in (".", "..") or os.path.exists(model)
+
+
+def is_hub_id(model: str) -> bool:
+    """True when ``model`` is a syntactically valid Hugging Face model id (``org/name`` or ``name``)."""
+    return bool(_HUB_ID_RE.match(model)) and ".." not in model and "--" not in model
+
+
+def resolve_checkpoint(
+    model: str,
+    checkpoints_dir: Path,
+    *,
+    offline: bool | None = None,
+    revision: str | None = None,
+) -> ResolvedCheckpoint:
+    """Resolve ``model`` (a local checkpoint directory or a Hugging Face model id) and digest it.
+
+    Hub ids are downloaded into ``checkpoints_dir`` with ``huggingface_hub.snapshot_download``
+    (weights, JSON, tokenizer and template files only). ``offline`` defaults to huggingface_hub's
+    offline mode (``HF_HUB_OFFLINE``); offline, only the local cache is used. Raises
+    ``CheckpointError`` for a bad path, the wrong kind of directory, a bad id or a hub refusal,
+    and ``HubUnreachableError`` when the hub cannot be reached and nothing is cached.
+    """
+    if not isinstance(model, str) or not model.strip():
+        raise CheckpointError(
+            "model is empty; pass a checkpoint directory or a Hugging Face model id (org/name)"
+        )
+    if looks_like_path(model):
+        if revision is not None:
+            raise CheckpointError(
+                f"revision {revision!r} applies to Hugging Face model ids only; {model!r} is a local "
+                "directory, drop the revision or check out that revision there"
+            )
+        directory = Path(model).expanduser()
+        if not directory.exists():
+            raise CheckpointError(f"no such directory: {model}")
+        directory = directory.resolve()
+        _check_local_checkpoint(directory)
+        rev = None
+    elif is_hub_id(model):
+        directory, rev = _download(model, Path(checkpoints_dir), offline=offline, revision=revision)
+        _check_local_checkpoint(directory, source=model)
+    else:
+        raise CheckpointError(
+            f"{model!r} is neither an existing directory nor a valid Hugging Face model id; pass a "
+            "checkpoint directory (e.g. ./my-model or /models/llama) or an id like 'org/name' (letters, "
+            "digits, '-', '_', '.')"
+        )
+    files_size, file_count = checkpoint_size(directory)
+    return ResolvedCheckpoint(
+        source=model,
+        path=directory,
+        digest=checkpoint_digest(directory),
+        size_bytes=files_size,
+        file_count=file_count,
+        revision=rev,
+    )
+
+
+def _check_local_checkpoint(directory: Path, *, source: str | None = None) -> None:
+    """Reject what is not a Hugging Face checkpoint directory, saying what to pass instead."""
+    where = f"{directory}" if source is None else f"{directory} (downloaded for {source})"
+    if not directory.is_dir():
+        raise CheckpointError(
+            f"{where} is not a directory; pass the checkpoint directory that holds config.json"
+        )
+    if _is_bundle_dir(directory):
+        raise CheckpointError(
+            f"{where} is already a built engine bundle, not a checkpoint; pass the Hugging Face checkpoint "
+            "it was built from (or inspect it with `cachesvc bundles show`)"
+        )
+    names = [p.name for p in _walk(directory)]
+    has_weights = any(n.endswith(WEIGHT_SUFFIXES) for n in names)
+    if not has_weights and any(n.endswith(".onnx") for n in names):
+        raise CheckpointError(
+            f"{where} is an ONNX export (.onnx files, no .safetensors/.bin weights); pass the original "
+            "Hugging Face checkpoint directory instead, cachesvc builds its own engine from it"
+        )
+    if not (directory / "config.json").is_file():
+        raise CheckpointError(
+            f"{where} has no config.json; pass a Hugging Face checkpoint directory (config.json next to "
+            "the weights)"
+        )
+    if not has_weights:
+        raise CheckpointError(
+            f"{where} has config.json but no weight files ({', '.join(WEIGHT_SUFFIXES)}); the checkpoint is "
+            "incomplete, add its weights or download it again"
+        )
+
+
+def _is_bundle_dir(directory: Path) -> bool:
+    if (directory / "engine.json").is_file():
+        return True
+    manifest = directory / "manifest.json"
+    if not manifest.is_file() or manifest.stat().st_size > MAX_METADATA_BYTES:
+        return False
+    try:
+        data = json.loads(manifest.read_bytes())
+    except (ValueError, OSError):
+        return False
+    return isinstance(data, dict) and "layout_version" in data
+
+
+# --------------------------------------------------------------------------- hub
+
+
+def hub_offline_default() -> bool:
+    """huggingface_hub's offline mode: its constant, or ``HF_HUB_OFFLINE`` set truthy now."""
+    from huggingface_hub import constants
+
+    env = os.environ.get("HF_HUB_OFFLINE")
+    return bool(constants.HF_HUB_OFFLINE) or (
+        env is not None and env.upper() in constants.ENV_VARS_TRUE_VALUES
+    )
+
+
+def select_hub_files(repo_files: list[str]) -> list[str]:
+    """Pick the files of a hub repo listing that make up the checkpoint.
+
+    Top-level files only (repos keep alternative exports such as ``original/*.pth`` or
+    ``onnx/`` in subfolders), and one weight format: safetensors when the repo has them,
+    else PyTorch pickles; many repos ship both and downloading both doubles the bytes.
+    """
+    top = [f for f in repo_files if "/" not in f]
+    has_safetensors = any(f.endswith(".safetensors") for f in top)
+    weights: tuple[str, ...] = (".safetensors",) if has_safetensors else (".bin", ".pt", ".pth")
+    return sorted(f for f in top if f.endswith(weights + METADATA_SUFFIXES) or f.startswith("tokenizer"))
+
+
+def _download(model: str, cache_dir: Path, *, offline: bool | None, revision: str | None) -> tuple[Path, str]:
+    import huggingface_hub
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    if offline is None:
+        offline = hub_offline_default()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+
+    def from_cache(cause: BaseException | None) -> Path:
+        try:
+            return Path(
+                huggingface_hub.snapshot_download(
+                    model,
+                    cache_dir=cache_dir,
+                    revision=revision,
+                    allow_patterns=list(HUB_ALLOW_PATTERNS),
+                    local_files_only=True,
+                )
+            )
+        except IncompleteSnapshotError as exc:
+            raise CheckpointError(
+                f"the cached snapshot of {model}{_at(revision)} in {cache_dir} is incomplete and the hub "
+                f"cannot be used to complete it ({exc}); download it again with network access"
+            ) from exc
+        except LocalEntryNotFoundError as exc:
+            if cause is None or isinstance(cause, OfflineModeIsEnabled):
+                # errors.py: HubUnreachableError covers "offline mode forbids it" too; it is a
+                # CheckpointError, so callers that only know the base class still catch it.
+                raise HubUnreachableError(
+                    f"{model}{_at(revision)} is not in the local cache ({cache_dir}) and offline mode is on; "
+                    "set HF_HUB_OFFLINE=0 to download it, pre-download it into that cache, or pass a local "
+                    "checkpoint directory"
+                ) from exc
+            raise _unreachable(model, cause) from cause
+
+    if offline:
+        path = from_cache(None)
+    else:
+        try:
+            # model_info is one request without retries (list_repo_files backs off for ~20 s on a
+            # dead connection); its siblings are the repo's full file listing.
+            info = huggingface_hub.HfApi().model_info(model, revision=revision)
+            repo_files = [sibling.rfilename for sibling in info.siblings or []]
+        except Exception as exc:
+            if isinstance(exc, OfflineModeIsEnabled) or _is_connection_error(exc) or _is_server_error(exc):
+                # Same as snapshot_download does on its own: a cached snapshot still serves.
+                path = from_cache(exc)
+            else:
+                raise _hub_refused(model, revision, exc) from exc
+        else:
+            allow = select_hub_files(repo_files)
+            try:
+                path = Path(
+                    huggingface_hub.snapshot_download(
+                        model, cache_dir=cache_dir, revision=revision, allow_patterns=allow
+                    )
+                )
+            except Exception as exc:
+                if _is_connection_error(exc) or _is_connection_error(exc.__cause__):
+                    raise _unreachable(model, exc.__cause__ or exc) from exc
+                raise _hub_refused(model, revision, exc) from exc
+    # snapshots/<commit hash>/ : the folder name is the resolved revision.
+    return path.resolve(), path.name
+
+
+def _at(revision: str | None) -> str:
+    return "" if revision is None else f" (revision {revision!r})"
+
+
+def _unreachable(model: str, cause: BaseException) -> HubUnreachableError:
+    return HubUnreachableError(
+        f"cannot reach the Hugging Face hub to fetch {model} ({type(cause).__name__}: {cause}) and it is "
+        "not in the local cache; check the network (HF_ENDPOINT, proxy), pass a local checkpoint directory, "
+        "or pre-populate the cache"
+    )
+
+
+def _hub_refused(model: str, revision: str | None, exc: Exception) -> CheckpointError:
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, GatedRepoError):
+        what = "is gated; accept its terms on the hub and log in (HF_TOKEN or `hf auth login`)"
+    elif isinstance(exc, RevisionNotFoundError):
+        what = f"has no revision {revision!r}; pass an existing branch, tag or commit"
+    elif isinstance(exc, RepositoryNotFoundError):
+        what = "was not found on the hub (or is private); check the id, or log in if it is private"
+    elif isinstance(exc, HfHubHTTPError):
+        what = "could not be fetched from the hub"
+    else:
+        what = "could not be downloaded"
+    return CheckpointError(f"{model}{_at(revision)} {what} (hub said: {reason})")
+
+
+def _is_server_error(exc: BaseException) -> bool:
+    """A 5xx from the hub: it is down, which for us is the same as unreachable."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    return isinstance(status, int) and status >= 500
+
+
+def _is_connection_error(exc: BaseException | None) -> bool:
+    # huggingface_hub has changed HTTP clients across versions (requests, httpx, httpx2), so
+    # match the transport error family by class name rather than import each client.
+    if exc is None:
+        return False
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & _TRANSPORT_ERROR_NAMES)
+
+
+_TRANSPORT_ERROR_NAMES = frozenset(
+    {
+        "ConnectError",
+        "ConnectTimeout",
+        "TimeoutException",
+        "NetworkError",
+        "TransportError",
+        "ProxyError",
+        "ConnectionError",
+        "Timeout",
+    }
+)
