@@ -258,8 +258,11 @@ def _chat_templates(root: Path, config: Mapping[str, Any]) -> tuple[str | None, 
     if isinstance(raw, list):
         named: dict[str, str] = {}
         for entry in raw:
-            if not (isinstance(entry, Mapping) and isinstance(entry.get("name"), str)
-                    and isinstance(entry.get("template"), str)):
+            if not (
+                isinstance(entry, Mapping)
+                and isinstance(entry.get("name"), str)
+                and isinstance(entry.get("template"), str)
+            ):
                 raise TokenizerError(
                     "tokenizer_config.json chat_template list entries need 'name' and 'template'"
                 )

@@ -306,9 +306,7 @@ class ToolParser:
         return (content or None), calls
 
 
-TOOL_PARSERS: dict[str, ToolParser] = {
-    name: ToolParser(name) for name in ("hermes", "qwen3_xml", "generic")
-}
+TOOL_PARSERS: dict[str, ToolParser] = {name: ToolParser(name) for name in ("hermes", "qwen3_xml", "generic")}
 
 
 def get_tool_parser(name: str) -> ToolParser | None:

@@ -1,0 +1,97 @@
+"""Thin Litestar routes for ``/v1``: auth and admission guard, then hand over to ``OpenAIServing``.
+
+:func:`openai_router` takes a provider (a zero-argument callable returning the
+:class:`OpenAIServing`, or None while the engine is still loading) so the app can build the
+router before its lifespan has loaded the engine; an ``OpenAIServing`` instance works too.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from litestar import Response, Router, get, post
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+from litestar.response import ServerSentEvent
+
+from inference.openai.errors import AuthenticationError, ServerUnavailableError, openai_exception_handler
+from inference.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelList
+from inference.openai.serving import OpenAIServing
+
+__all__ = ["ServingProvider", "check_api_key", "openai_router"]
+
+ServingProvider = Callable[[], "OpenAIServing | None"]
+
+
+def check_api_key(expected: str | None, authorization: str | None, x_api_key: str | None) -> None:
+    """Raise 401 unless one of the headers carries ``expected`` (compared in constant time)."""
+    if expected is None:
+        return
+    want = expected.encode("utf-8")
+    candidates: list[str] = []
+    if authorization:
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() == "bearer":
+            candidates.append(token.strip())
+    if x_api_key:
+        candidates.append(x_api_key.strip())
+    # Compare every candidate so timing does not reveal which header matched.
+    ok = False
+    for cand in candidates:
+        ok |= hmac.compare_digest(cand.encode("utf-8"), want)
+    if not ok:
+        detail = "invalid API key" if candidates else "missing API key"
+        raise AuthenticationError(f"{detail}: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
+
+
+def openai_router(serving_provider: ServingProvider | OpenAIServing, *, path: str = "/v1") -> Router:
+    """Routes ``GET /models``, ``POST /completions``, ``POST /chat/completions`` under ``path``."""
+    if isinstance(serving_provider, OpenAIServing):
+        instance = serving_provider
+
+        def provider() -> OpenAIServing | None:
+            return instance
+    else:
+        provider = serving_provider
+
+    def current() -> OpenAIServing:
+        serving = provider()
+        if serving is None:
+            raise ServerUnavailableError("the model is still loading; retry shortly")
+        return serving
+
+    def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        serving = current()
+        check_api_key(
+            serving.options.api_key,
+            connection.headers.get("authorization"),
+            connection.headers.get("x-api-key"),
+        )
+        serving.check_admitting()
+
+    def respond(result: Any) -> Response[Any]:
+        if isinstance(result, AsyncIterator):
+            return ServerSentEvent(result)
+        return Response(content=result)
+
+    @get("/models", sync_to_thread=False)
+    def models() -> ModelList:
+        return current().list_models()
+
+    @post("/completions", status_code=200)
+    async def completions(data: CompletionRequest) -> Response[Any]:
+        return respond(await current().create_completion(data))
+
+    @post("/chat/completions", status_code=200)
+    async def chat_completions(data: ChatCompletionRequest) -> Response[Any]:
+        return respond(await current().create_chat_completion(data))
+
+    return Router(
+        path=path,
+        route_handlers=[models, completions, chat_completions],
+        guards=[guard],
+        exception_handlers={Exception: openai_exception_handler},
+        tags=["openai"],
+    )
