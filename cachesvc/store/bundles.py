@@ -19,7 +19,6 @@ import shutil
 import stat
 import tempfile
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,14 @@ from cachesvc.store.layout import (
     write_atomic,
 )
 from cachesvc.store.locks import BundleLocks
-from cachesvc.store.manifest import MANIFEST_NAME, Manifest, hash_files, read_manifest, utc_now_iso
+from cachesvc.store.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    hash_files,
+    read_manifest,
+    utc_now_iso,
+    walk_entries,
+)
 
 logger = logging.getLogger("cachesvc.store")
 
@@ -93,6 +99,11 @@ class BundleStore:
         staging dir onto the final path and fsync its parent. An existing final directory (a
         corrupt or stale one the caller decided to rebuild) is renamed into the trash first and
         deleted after. Returns the manifest written.
+
+        Crash safety: until the final rename nothing outside staging and trash has changed, so
+        readers see the old state; after it, the complete bundle. The one window in between
+        (old directory already moved aside, new one not yet renamed in) leaves no bundle at
+        all, never a partial one; leftovers are cleared by ``empty_trash`` and reconcile.
         """
         check_bundle_id(bundle_id)
         staging = self._check_staging_path(staging)
@@ -117,8 +128,8 @@ class BundleStore:
         self.layout.ensure()
         trashed = self._move_aside(final)
         for attempt in range(_PUBLISH_ATTEMPTS):
-            make_dirs(final.parent, self.layout.root, dir_mode)
             try:
+                make_dirs(final.parent, self.layout.root, dir_mode)
                 os.replace(staging, final)
                 break
             except FileNotFoundError:
@@ -290,12 +301,11 @@ def _fix_modes_and_fsync(top: Path, dir_mode: int, file_mode: int) -> None:
 
 def _rmtree_quiet(path: Path) -> None:
     """Delete a tree without following symlinks; tolerate a concurrent deleter."""
-    onerror: Callable[[Any, str, Any], None] = _ignore_missing
     try:
         if path.is_symlink() or (path.exists() and not path.is_dir()):
             path.unlink(missing_ok=True)
         else:
-            shutil.rmtree(path, onerror=onerror)
+            shutil.rmtree(path, onerror=_ignore_missing)
     except FileNotFoundError:
         pass
     except OSError as exc:
@@ -310,24 +320,8 @@ def _ignore_missing(func: Any, path: str, exc_info: Any) -> None:
 
 
 def dir_size(path: Path) -> int:
-    """Total size of the regular files under ``path`` (symlinks not followed).
+    """Total size of the regular files under ``path`` (symlinks not followed; 0 if missing).
 
     Walks the tree: for progress reporting only, never on hot paths (the catalog has sizes).
     """
-    total = 0
-    stack = [Path(path)]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as it:
-                for entry in it:
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    if stat.S_ISDIR(st.st_mode):
-                        stack.append(Path(entry.path))
-                    elif stat.S_ISREG(st.st_mode):
-                        total += st.st_size
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-    return total
+    return sum(st.st_size for _rel, st in walk_entries(path) if stat.S_ISREG(st.st_mode))

@@ -235,20 +235,28 @@ def sha256_file(path: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _walk(root: Path) -> list[tuple[str, os.stat_result]]:
-    """Every non-directory entry under ``root`` (lstat, symlinks not followed), as POSIX relpaths."""
+def walk_entries(root: Path) -> list[tuple[str, os.stat_result]]:
+    """Every non-directory entry under ``root`` as (POSIX relpath, lstat), sorted; symlinks are
+    listed, never followed. Entries that vanish during the walk are skipped; a missing ``root``
+    yields nothing."""
     found: list[tuple[str, os.stat_result]] = []
-    stack = [(root, "")]
+    stack = [(Path(root), "")]
     while stack:
         directory, prefix = stack.pop()
-        with os.scandir(directory) as it:
-            for entry in it:
-                rel = f"{prefix}{entry.name}"
-                st = entry.stat(follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append((Path(entry.path), f"{rel}/"))
-                else:
-                    found.append((rel, st))
+        try:
+            with os.scandir(directory) as it:
+                for entry in it:
+                    rel = f"{prefix}{entry.name}"
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append((Path(entry.path), f"{rel}/"))
+                    else:
+                        found.append((rel, st))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
     found.sort(key=lambda item: item[0])
     return found
 
@@ -260,7 +268,7 @@ def hash_files(root: Path) -> tuple[FileEntry, ...]:
     so nothing it lists can point outside the cache.
     """
     entries: list[FileEntry] = []
-    for rel, st in _walk(root):
+    for rel, st in walk_entries(root):
         if rel == MANIFEST_NAME:
             continue
         if not stat.S_ISREG(st.st_mode):
@@ -322,7 +330,7 @@ def verify_bundle(bundle_dir: Path, manifest: Manifest | None = None) -> VerifyR
     bundle_dir = Path(bundle_dir)
     if manifest is None:
         manifest = read_manifest(bundle_dir)
-    on_disk = {rel: st for rel, st in _walk(bundle_dir) if rel != MANIFEST_NAME}
+    on_disk = {rel: st for rel, st in walk_entries(bundle_dir) if rel != MANIFEST_NAME}
     mismatches: list[Mismatch] = []
     bytes_checked = 0
     for entry in manifest.files:
@@ -336,7 +344,8 @@ def verify_bundle(bundle_dir: Path, manifest: Manifest | None = None) -> VerifyR
             continue
         try:
             size, digest = sha256_file(bundle_dir / entry.path)
-        except FileNotFoundError:
+        except OSError:
+            # Vanished, swapped for a symlink, or unreadable since the walk: not the listed file.
             mismatches.append(Mismatch(entry.path, "missing"))
             continue
         bytes_checked += size
