@@ -419,10 +419,12 @@ class Catalog:
         with self._read() as session:
             return [_bundle_info(r) for r in session.scalars(stmt)]
 
-    def eviction_candidates(self) -> list[tuple[str, int, datetime, bool, str]]:
-        """(id, size, last_used_at, pinned, path) of every ready/failed/corrupt bundle, LRU first.
+    def eviction_candidates(
+        self, *, limit: int = 512, after: tuple[datetime, str] | None = None
+    ) -> list[tuple[str, int, datetime, bool, str]]:
+        """(id, size, last_used_at, pinned, path) of evictable bundles, LRU first, one keyset page.
 
-        Reads only indexed columns, so planning over 100k rows stays cheap.
+        Reads only indexed columns a page at a time, so planning over 100k rows stays cheap.
         """
         stmt = (
             select(
@@ -430,7 +432,13 @@ class Catalog:
             )
             .where(BundleRow.state != "building")
             .order_by(BundleRow.last_used_at.asc(), BundleRow.id.asc())
+            .limit(limit)
         )
+        if after is not None:
+            at, last_id = after
+            stmt = stmt.where(
+                or_(BundleRow.last_used_at > at, and_(BundleRow.last_used_at == at, BundleRow.id > last_id))
+            )
         with self._read() as session:
             return [(r[0], int(r[1]), r[2], bool(r[3]), r[4]) for r in session.execute(stmt)]
 
@@ -550,11 +558,8 @@ class Catalog:
         """Cache statistics from the event totals and the bundles table."""
         with self._read() as session:
             totals = session.scalars(select(EventTotalRow)).all()
-            by_state = dict(
-                session.execute(select(BundleRow.state, func.count()).group_by(BundleRow.state))
-                .tuples()
-                .all()
-            )
+            state_rows = session.execute(select(BundleRow.state, func.count()).group_by(BundleRow.state))
+            by_state: dict[str, int] = {str(state): int(count) for state, count in state_rows}
             size_bytes = int(session.scalar(select(func.coalesce(func.sum(BundleRow.size_bytes), 0))) or 0)
             model_rows = session.execute(
                 select(

@@ -1,0 +1,813 @@
+"""CacheManager: the one place that uses the catalog, the disk store and the builders together.
+
+Rules (../shared/DESIGN.md "The cache"):
+- Disk holds the bytes, the catalog the index; ``reconcile`` re-syncs them.
+- Build on miss under the bundle's exclusive lock, into a unique staging dir, then publish
+  atomically and only then mark the row ready. A crash leaves nothing or a complete bundle.
+- A serving process holds a shared lease; eviction takes the exclusive lock non-blocking and
+  skips what is leased or pinned.
+- Eviction is LRU by catalog ``last_used_at``, from catalog sizes, planned then executed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from cachesvc.builders import Builder, ProgressFn, default_builders, resolve_backend, resolve_precision
+from cachesvc.catalog import Catalog, default_catalog_url, utcnow
+from cachesvc.checkpoints import ResolvedCheckpoint, resolve_checkpoint
+from cachesvc.errors import (
+    BuildError,
+    CacheError,
+    ConfigError,
+    CorruptBundleError,
+    InsufficientStorageError,
+    LeasedError,
+    NotFoundError,
+    PinnedError,
+)
+from cachesvc.profiles import BuildOptions, ProfileRequest, bundle_id, bundle_relpath
+from cachesvc.records import (
+    BUNDLE_STATES,
+    BuildStatus,
+    BundleDetail,
+    BundleInfo,
+    BundlePage,
+    CacheStats,
+    CheckpointInfo,
+    EventInfo,
+    EvictionPlan,
+    EvictionResult,
+    LeaseHolder,
+    PlannedEviction,
+    PrepareResult,
+    ReconcileReport,
+    SkippedBundle,
+    VerifyResult,
+)
+from cachesvc.store import BundleStore, CacheLayout, Lease, dir_size, read_manifest, verify_bundle
+
+log = logging.getLogger("cachesvc.manager")
+
+#: Rows read per batch while planning an eviction (planning stops once under the cap).
+_PLAN_BATCH = 512
+
+
+def _noop_progress(stage: str, fraction: float) -> None:
+    return None
+
+
+class BundleLease:
+    """A shared lease on a bundle held by this process; release it when the engine unloads."""
+
+    def __init__(self, manager: CacheManager, info: BundleInfo, lease: Lease) -> None:
+        self._manager = manager
+        self._lease = lease
+        self.bundle = info
+        self.bundle_id = info.id
+        self.bundle_dir = manager.layout.root / info.path
+
+    @property
+    def held(self) -> bool:
+        """True until released."""
+        return self._lease.held
+
+    def release(self) -> None:
+        """Release the shared lock and drop the display row (idempotent)."""
+        if not self._lease.held:
+            return
+        self._lease.release()
+        try:
+            self._manager.catalog.remove_lease(self.bundle_id, os.getpid())
+        except Exception:  # the lock is the truth; a stale row is cleaned by reconcile
+            log.warning("could not remove the lease row of %s", self.bundle_id, exc_info=True)
+
+    def __enter__(self) -> BundleLease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass
+class _Build:
+    status: BuildStatus
+    key: tuple[str, ProfileRequest]
+    staging: Path | None = None
+    started: float | None = None
+
+
+class CacheManager:
+    """Prepare, lease, list, pin, verify, evict and reconcile engine bundles."""
+
+    def __init__(
+        self,
+        layout: CacheLayout,
+        catalog: Catalog,
+        builders: Mapping[str, Builder],
+        *,
+        max_size_bytes: int,
+        lock_timeout: float | None = None,
+        offline: bool | None = None,
+    ) -> None:
+        if max_size_bytes <= 0:
+            raise ConfigError("--engine-cache-max-size-gb", "must be greater than 0")
+        self.layout = layout
+        self.catalog = catalog
+        self.store = BundleStore(layout)
+        self.builders = dict(builders)
+        self.max_size_bytes = max_size_bytes
+        self.lock_timeout = lock_timeout
+        self.offline = offline
+        self._builds: dict[str, _Build] = {}
+        self._builds_lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def open(
+        cls,
+        cache_dir: Path,
+        *,
+        catalog_url: str | None = None,
+        max_size_bytes: int,
+        builders: Mapping[str, Builder] | None = None,
+        node: str | None = None,
+        lock_timeout: float | None = None,
+        offline: bool | None = None,
+        upgrade: bool = True,
+    ) -> CacheManager:
+        """Open (creating if needed) the cache at ``cache_dir`` and upgrade the catalog schema."""
+        layout = CacheLayout(Path(cache_dir).expanduser().absolute())
+        layout.ensure()
+        catalog = Catalog(catalog_url or default_catalog_url(layout.root), node=node or socket.gethostname())
+        if upgrade:
+            catalog.upgrade()
+        return cls(
+            layout,
+            catalog,
+            default_builders() if builders is None else builders,
+            max_size_bytes=max_size_bytes,
+            lock_timeout=lock_timeout,
+            offline=offline,
+        )
+
+    def close(self) -> None:
+        """Stop background builds from being started and dispose of the catalog engine."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+        self.catalog.close()
+
+    # -- prepare ---------------------------------------------------------------------------
+
+    def resolve(self, model: str) -> ResolvedCheckpoint:
+        """Resolve a model id or directory and record the checkpoint in the catalog."""
+        ckpt = resolve_checkpoint(model, self.layout.checkpoints, offline=self.offline)
+        self.catalog.upsert_checkpoint(
+            digest=ckpt.digest,
+            source=model,
+            path=ckpt.path,
+            size_bytes=ckpt.size_bytes,
+            file_count=ckpt.file_count,
+        )
+        return ckpt
+
+    def build_options(self, request: ProfileRequest, draft: ResolvedCheckpoint | None = None) -> BuildOptions:
+        """Resolve ``auto`` choices and versions into the concrete build profile."""
+        backend = resolve_backend(request.backend, self.builders)
+        precision = resolve_precision(request.precision, backend)
+        builder = self.builders[backend]
+        if request.speculative_method is not None and request.speculative_method != "mtp" and draft is None:
+            raise ConfigError(
+                "--speculative-config", f"method {request.speculative_method!r} needs a draft 'model'"
+            )
+        return BuildOptions(
+            backend=backend,
+            precision=precision,
+            max_input_len=request.max_input_len,
+            max_batch_size=request.max_batch_size,
+            max_kv_cache_capacity=request.max_kv_cache_capacity,
+            speculative_method=request.speculative_method,
+            draft_digest=draft.digest if draft else None,
+            builder_version=builder.version,
+            device_arch=getattr(builder, "device_arch", None) if backend == "tensorrt" else None,
+        )
+
+    def prepare(
+        self, model: str, request: ProfileRequest | None = None, *, progress: ProgressFn | None = None
+    ) -> PrepareResult:
+        """Return a ready bundle for ``model`` built with ``request``: a hit, or a build on miss."""
+        return self._prepare(model, request or ProfileRequest(), progress or _noop_progress, None)
+
+    def _prepare(
+        self,
+        model: str,
+        request: ProfileRequest,
+        progress: ProgressFn,
+        track: _Build | None,
+    ) -> PrepareResult:
+        progress("resolve", 0.0)
+        ckpt = self.resolve(model)
+        draft = self.resolve(request.draft_model) if request.draft_model else None
+        options = self.build_options(request, draft)
+        bid = bundle_id(ckpt.digest, options)
+        rel = bundle_relpath(ckpt.digest, options)
+        if track is not None:
+            track.status = replace(track.status, bundle_id=bid, profile=options.to_dict())
+        hit = self._try_hit(bid, rel)
+        if hit is not None:
+            return PrepareResult(bid, hit, ckpt.path, draft.path if draft else None, built=False)
+        with self.store.locks.exclusive(bid, timeout=self.lock_timeout):
+            # Another process may have built it while we waited for the lock.
+            hit = self._try_hit(bid, rel, adopt=True, model=model)
+            if hit is not None:
+                return PrepareResult(bid, hit, ckpt.path, draft.path if draft else None, built=False)
+            seconds = self._build_locked(model, ckpt, draft, options, bid, rel, progress, track)
+        self._prune_after_build(bid)
+        return PrepareResult(
+            bid,
+            self.layout.root / rel,
+            ckpt.path,
+            draft.path if draft else None,
+            built=True,
+            build_seconds=seconds,
+        )
+
+    def _try_hit(self, bid: str, rel: Path, *, adopt: bool = False, model: str = "") -> Path | None:
+        """A ready row whose manifest is in place is a hit (records it); else None.
+
+        With ``adopt`` (caller holds the exclusive lock), a published directory the catalog does
+        not know is verified and adopted instead of rebuilt.
+        """
+        final = self.layout.root / rel
+        info = self.catalog.get_bundle(bid)
+        if info is not None and info.state == "ready":
+            try:
+                read_manifest(final)
+            except CorruptBundleError:
+                return None
+            self.catalog.record_hit(bid)
+            return final
+        if adopt and info is None and (final / "manifest.json").exists():
+            try:
+                manifest = read_manifest(final)
+            except CorruptBundleError:
+                return None
+            if manifest.bundle_id == bid and verify_bundle(final, manifest).ok:
+                self._adopt(rel, manifest, model)
+                self.catalog.record_hit(bid)
+                return final
+        return None
+
+    def _build_locked(
+        self,
+        model: str,
+        ckpt: ResolvedCheckpoint,
+        draft: ResolvedCheckpoint | None,
+        options: BuildOptions,
+        bid: str,
+        rel: Path,
+        progress: ProgressFn,
+        track: _Build | None,
+    ) -> float:
+        builder = self.builders[options.backend]
+        old = self.catalog.get_bundle(bid)
+        final = self.layout.root / rel
+        if old is not None and old.state == "corrupt" and final.exists():
+            self.store.remove(rel)
+            self.catalog.add_event(
+                "evict",
+                bundle_id=bid,
+                model=old.model,
+                reason="corrupt",
+                nbytes=old.size_bytes,
+                detail=old.error,
+            )
+        self.catalog.begin_build(
+            bundle_id=bid,
+            model=model,
+            checkpoint_digest=ckpt.digest,
+            draft_digest=options.draft_digest,
+            profile=options.to_dict(),
+            profile_name=options.name,
+            backend=options.backend,
+            path=rel,
+        )
+        log.info("building bundle %s for %s (%s)", bid, model, options.name)
+        staging = self.store.new_staging_dir(bid)
+        if track is not None:
+            track.staging = staging
+        started = time.monotonic()
+        try:
+            progress("build", 0.0)
+            engine = builder.build(ckpt.path, draft.path if draft else None, options, staging, progress)
+            progress("publish", 0.95)
+            manifest = self.store.publish(
+                staging,
+                rel,
+                bundle_id=bid,
+                checkpoint_digest=ckpt.digest,
+                draft_digest=options.draft_digest,
+                profile=options.to_dict(),
+                backend=options.backend,
+                versions=builder.versions(),
+                engine={**engine, "source_model": model},
+            )
+        except BaseException as exc:
+            seconds = time.monotonic() - started
+            self.store.remove_staging(staging)
+            reason = str(exc) or type(exc).__name__
+            self.catalog.fail_build(bid, error=reason, seconds=seconds)
+            log.error("build of %s failed after %.1fs: %s", bid, seconds, reason)
+            if isinstance(exc, CacheError) or not isinstance(exc, Exception):
+                raise
+            raise BuildError(f"building {model} ({options.name}) failed: {reason}") from exc
+        seconds = time.monotonic() - started
+        if manifest.size_bytes > self.max_size_bytes:
+            self.store.remove(rel)
+            self.catalog.delete_bundle(
+                bid, reason="lru", nbytes=manifest.size_bytes, detail="larger than the cap"
+            )
+            raise InsufficientStorageError(
+                f"the bundle for {model} needs {manifest.size_bytes} bytes but the cache cap is "
+                f"{self.max_size_bytes} bytes; raise --engine-cache-max-size-gb"
+            )
+        self.catalog.finish_build(
+            bid, size_bytes=manifest.size_bytes, file_count=manifest.file_count, seconds=seconds
+        )
+        progress("done", 1.0)
+        log.info("built bundle %s in %.1fs (%d bytes)", bid, seconds, manifest.size_bytes)
+        return seconds
+
+    def _prune_after_build(self, keep: str) -> None:
+        result = self.prune(self.max_size_bytes, exclude=frozenset({keep}))
+        if result.total_after > self.max_size_bytes:
+            log.warning(
+                "cache is %d bytes over its cap after pruning (the rest is leased, pinned or just built)",
+                result.total_after - self.max_size_bytes,
+            )
+
+    # -- leases ----------------------------------------------------------------------------
+
+    def lease(self, bid: str, *, timeout: float | None = None) -> BundleLease:
+        """Take a shared lease on a ready bundle (blocks eviction by any process until released)."""
+        info = self.catalog.require_bundle(bid)
+        if info.state != "ready":
+            raise CorruptBundleError(f"bundle {bid} is {info.state}, not ready; prepare it again")
+        lease = self.store.locks.lease(bid, timeout=timeout if timeout is not None else self.lock_timeout)
+        # Eviction may have won the race between the catalog read and the lock.
+        bundle_dir = self.layout.root / info.path
+        if not (bundle_dir / "manifest.json").exists():
+            lease.release()
+            raise NotFoundError(f"bundle {bid} was evicted before it could be leased; prepare it again")
+        self.catalog.add_lease(bid, os.getpid())
+        return BundleLease(self, info, lease)
+
+    def prepare_and_lease(
+        self, model: str, request: ProfileRequest | None = None, *, progress: ProgressFn | None = None
+    ) -> tuple[PrepareResult, BundleLease]:
+        """Prepare then lease, retrying when an eviction slips in between."""
+        for attempt in range(3):
+            result = self.prepare(model, request, progress=progress)
+            try:
+                return result, self.lease(result.bundle_id)
+            except NotFoundError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def holders(self, bid: str) -> list[LeaseHolder]:
+        """Live lease holders of a bundle: this host's from the lock files, other nodes' from the catalog."""
+        local = [
+            LeaseHolder(pid=int(h["pid"]), host=str(h["host"]), since=str(h["since"]))
+            for h in self.store.locks.holders(bid)
+        ]
+        remote = [h for h in self.catalog.leases(bid) if h.host != self.catalog.node]
+        return local + remote
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def get_bundle(self, bid: str) -> BundleInfo:
+        """One bundle (NotFoundError when unknown)."""
+        return self.catalog.require_bundle(bid)
+
+    def bundle_dir(self, info: BundleInfo) -> Path:
+        """Absolute directory of a bundle."""
+        return self.layout.root / info.path
+
+    def bundle_detail(self, bid: str, *, events: int = 20) -> BundleDetail:
+        """A bundle with its manifest summary, files, lease holders and recent events."""
+        info = self.catalog.require_bundle(bid)
+        manifest: dict[str, Any] | None = None
+        files: tuple[dict[str, Any], ...] = ()
+        try:
+            m = read_manifest(self.bundle_dir(info))
+        except CorruptBundleError:
+            m = None
+        if m is not None:
+            manifest = {
+                "layout_version": m.layout_version,
+                "bundle_id": m.bundle_id,
+                "checkpoint_digest": m.checkpoint_digest,
+                "draft_digest": m.draft_digest,
+                "backend": m.backend,
+                "versions": dict(m.versions),
+                "engine": dict(m.engine),
+                "created_at": m.created_at,
+                "size_bytes": m.size_bytes,
+                "file_count": m.file_count,
+            }
+            files = tuple({"path": f.path, "size": f.size, "sha256": f.sha256} for f in m.files)
+        return BundleDetail(
+            bundle=info,
+            manifest=manifest,
+            files=files,
+            holders=tuple(self.holders(bid)),
+            events=tuple(self.catalog.events(bundle_id=bid, limit=events)),
+        )
+
+    def list_bundles(self, **filters: Any) -> BundlePage:
+        """Filter, sort and page bundles (see ``Catalog.list_bundles``)."""
+        state = filters.get("state")
+        if state is not None and state not in BUNDLE_STATES:
+            raise ConfigError("state", f"must be one of {', '.join(BUNDLE_STATES)}, got {state!r}")
+        return self.catalog.list_bundles(**filters)
+
+    def list_checkpoints(self) -> list[CheckpointInfo]:
+        """Resolved checkpoints with their bundle ids."""
+        return self.catalog.list_checkpoints()
+
+    def events(
+        self,
+        *,
+        kind: str | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+        bundle_id: str | None = None,
+    ) -> list[EventInfo]:
+        """The audit log, newest first."""
+        return self.catalog.events(kind=kind, since=since, limit=limit, bundle_id=bundle_id)
+
+    def stats(self) -> CacheStats:
+        """Cache statistics from the catalog (they survive restarts, agree across processes)."""
+        return self.catalog.stats(max_size_bytes=self.max_size_bytes)
+
+    # -- pin / verify / remove -------------------------------------------------------------
+
+    def pin(self, bid: str) -> BundleInfo:
+        """Protect a bundle from eviction."""
+        return self.catalog.set_pinned(bid, True)
+
+    def unpin(self, bid: str) -> BundleInfo:
+        """Let a bundle be evicted again."""
+        return self.catalog.set_pinned(bid, False)
+
+    def verify(self, bid: str) -> VerifyResult:
+        """Re-hash a bundle against its manifest; a mismatch marks it corrupt (never served)."""
+        info = self.catalog.require_bundle(bid)
+        if info.state == "building":
+            raise LeasedError(f"bundle {bid} is being built; verify it when the build finishes")
+        bundle_dir = self.bundle_dir(info)
+        mismatches: tuple[dict[str, str], ...]
+        try:
+            report = verify_bundle(bundle_dir)
+            files_checked, bytes_checked = report.files_checked, report.bytes_checked
+            mismatches = tuple({"path": m.path, "reason": m.reason} for m in report.mismatches)
+        except CorruptBundleError as exc:
+            files_checked, bytes_checked = 0, 0
+            mismatches = ({"path": "manifest.json", "reason": str(exc)},)
+        ok = not mismatches
+        detail = None if ok else "; ".join(f"{m['path']}: {m['reason']}" for m in mismatches[:10])
+        updated = self.catalog.set_verified(bid, ok=ok, detail=detail)
+        if not ok:
+            log.error("bundle %s is corrupt: %s", bid, detail)
+        return VerifyResult(bid, ok, files_checked, bytes_checked, mismatches, updated.state)
+
+    def remove(self, bid: str) -> int:
+        """Evict one bundle now (reason ``manual``); returns bytes freed."""
+        info = self.catalog.require_bundle(bid)
+        if info.pinned:
+            raise PinnedError(f"bundle {bid} is pinned; unpin it first (`cachesvc bundles unpin {bid}`)")
+        with self.store.locks.try_exclusive(bid) as got:
+            if not got:
+                holders = self.holders(bid)
+                who = ", ".join(f"pid {h.pid} on {h.host}" for h in holders) or "another process"
+                raise LeasedError(
+                    f"bundle {bid} is in use by {who}; stop that server first",
+                    holders=[{"pid": h.pid, "host": h.host, "since": h.since} for h in holders],
+                )
+            self.store.remove(info.path)
+            self.catalog.delete_bundle(bid, reason="manual", nbytes=info.size_bytes)
+        return info.size_bytes
+
+    # -- eviction --------------------------------------------------------------------------
+
+    def plan_eviction(
+        self, max_bytes: int | None = None, *, exclude: frozenset[str] = frozenset(), reason: str = "lru"
+    ) -> EvictionPlan:
+        """Plan an LRU eviction down to ``max_bytes`` (default: the cache cap). Changes nothing."""
+        cap = self.max_size_bytes if max_bytes is None else max_bytes
+        if cap < 0:
+            raise ConfigError("max_size_bytes", f"must not be negative, got {cap}")
+        total = self.catalog.total_size()
+        remaining = total
+        evict: list[PlannedEviction] = []
+        skipped: list[SkippedBundle] = []
+        for bid, size, last_used, pinned, path in self._lru_rows():
+            if remaining <= cap:
+                break
+            if bid in exclude:
+                continue
+            if pinned:
+                skipped.append(SkippedBundle(bid, size, "pinned"))
+            elif self.store.locks.is_locked(bid):
+                # Checked only for bundles that would go, so planning reads few locks.
+                skipped.append(SkippedBundle(bid, size, "leased"))
+            else:
+                evict.append(PlannedEviction(bid, size, last_used, Path(path)))
+                remaining -= size
+        return EvictionPlan(
+            max_bytes=cap,
+            total_before=total,
+            evict=tuple(evict),
+            skipped=tuple(skipped),
+            freed_bytes=total - remaining,
+            total_after=remaining,
+            reason=reason,
+        )
+
+    def _lru_rows(self) -> Iterator[tuple[str, int, datetime, bool, str]]:
+        """Evictable rows, least recently used first, read in keyset pages (stops when not needed)."""
+        after: tuple[datetime, str] | None = None
+        while True:
+            rows = self.catalog.eviction_candidates(limit=_PLAN_BATCH, after=after)
+            yield from rows
+            if len(rows) < _PLAN_BATCH:
+                return
+            after = (rows[-1][2], rows[-1][0])
+
+    def execute_plan(self, plan: EvictionPlan) -> EvictionResult:
+        """Carry out a plan; a bundle leased or pinned since planning is skipped, not deleted."""
+        evicted: list[str] = []
+        skipped = list(plan.skipped)
+        freed = 0
+        for item in plan.evict:
+            info = self.catalog.get_bundle(item.bundle_id)
+            if info is None:
+                continue
+            if info.pinned:
+                skipped.append(SkippedBundle(item.bundle_id, item.size_bytes, "pinned"))
+                continue
+            with self.store.locks.try_exclusive(item.bundle_id) as got:
+                if not got:
+                    skipped.append(SkippedBundle(item.bundle_id, item.size_bytes, "leased"))
+                    continue
+                self.store.remove(info.path)
+                self.catalog.delete_bundle(item.bundle_id, reason=plan.reason, nbytes=info.size_bytes)
+            evicted.append(item.bundle_id)
+            freed += info.size_bytes
+        return EvictionResult(
+            plan=plan,
+            evicted=tuple(evicted),
+            skipped=tuple(skipped),
+            freed_bytes=freed,
+            total_after=self.catalog.total_size(),
+            dry_run=False,
+        )
+
+    def prune(
+        self, max_bytes: int | None = None, *, dry_run: bool = False, exclude: frozenset[str] = frozenset()
+    ) -> EvictionResult:
+        """Evict least-recently-used idle bundles until the cache fits ``max_bytes``."""
+        plan = self.plan_eviction(max_bytes, exclude=exclude)
+        if dry_run:
+            return _dry(plan)
+        return self.execute_plan(plan)
+
+    def clear(self, *, dry_run: bool = False) -> EvictionResult:
+        """Remove every idle bundle (pinned and leased ones stay). Checkpoints are never touched."""
+        plan = self.plan_eviction(0, reason="clear")
+        if dry_run:
+            return _dry(plan)
+        return self.execute_plan(plan)
+
+    # -- reconcile -------------------------------------------------------------------------
+
+    def reconcile(self) -> ReconcileReport:
+        """Re-sync catalog and disk (startup and on demand)."""
+        self.store.empty_trash()
+        staging_removed: list[str] = []
+        for bid, path in self.store.staging_dirs():
+            with self.store.locks.try_exclusive(bid) as got:
+                if got:  # no build holds it: a crashed build's leftovers
+                    self.store.remove_staging(path)
+                    staging_removed.append(path.name)
+        adopted: list[str] = []
+        corrupt: list[str] = []
+        known = {b.id: b for b in self.catalog.all_bundles()}
+        on_disk: set[str] = set()
+        for scanned in self.store.scan():
+            m = scanned.manifest
+            if m is not None and m.bundle_id in known:
+                on_disk.add(m.bundle_id)
+                if known[m.bundle_id].state == "building":
+                    self._finish_orphaned_build(scanned.path, m, adopted)
+                continue
+            with self.store.locks.try_exclusive(m.bundle_id if m else scanned.path.name) as got:
+                if not got:
+                    continue
+                if m is not None and verify_bundle(scanned.path, m).ok:
+                    self._adopt(scanned.relpath, m, str(m.engine.get("source_model", "")))
+                    adopted.append(m.bundle_id)
+                    on_disk.add(m.bundle_id)
+                else:
+                    # Not a complete bundle we can vouch for: never served, so remove it.
+                    self.store.remove(scanned.relpath)
+                    corrupt.append(str(scanned.relpath))
+        forgotten: list[str] = []
+        for bid, info in known.items():
+            if bid in on_disk or info.state == "failed":
+                continue
+            with self.store.locks.try_exclusive(bid) as got:
+                if not got:  # being built or served right now
+                    continue
+                if info.state == "building":
+                    self.catalog.fail_build(
+                        bid, error="build interrupted (the building process died)", seconds=0.0
+                    )
+                    forgotten.append(bid)
+                    continue
+                if not (self.bundle_dir(info) / "manifest.json").exists():
+                    self.catalog.delete_bundle(
+                        bid, reason="stale", nbytes=info.size_bytes, detail="directory vanished"
+                    )
+                    forgotten.append(bid)
+        for info in self.catalog.all_bundles():
+            live = {h.pid for h in self.holders(info.id) if h.host == self.catalog.node}
+            self.catalog.drop_stale_leases(info.id, live)
+        report = ReconcileReport(tuple(adopted), tuple(forgotten), tuple(staging_removed), tuple(corrupt))
+        if adopted or forgotten or staging_removed or corrupt:
+            log.info("reconcile: %s", report)
+        return report
+
+    def _finish_orphaned_build(self, path: Path, manifest: Any, adopted: list[str]) -> None:
+        """A process died after publishing but before marking the row ready: finish its work."""
+        with self.store.locks.try_exclusive(manifest.bundle_id) as got:
+            if got and verify_bundle(path, manifest).ok:
+                self.catalog.finish_build(
+                    manifest.bundle_id,
+                    size_bytes=manifest.size_bytes,
+                    file_count=manifest.file_count,
+                    seconds=0.0,
+                )
+                adopted.append(manifest.bundle_id)
+
+    def _adopt(self, rel: Path, manifest: Any, model: str) -> None:
+        try:
+            options = BuildOptions.from_dict(dict(manifest.profile))
+            name = options.name
+        except ConfigError:
+            name = rel.name
+        self.catalog.adopt_bundle(
+            bundle_id=manifest.bundle_id,
+            model=model or manifest.checkpoint_digest[:16],
+            checkpoint_digest=manifest.checkpoint_digest,
+            draft_digest=manifest.draft_digest,
+            profile=dict(manifest.profile),
+            profile_name=name,
+            backend=manifest.backend,
+            path=rel,
+            size_bytes=manifest.size_bytes,
+            file_count=manifest.file_count,
+            built_at=_parse_time(manifest.created_at),
+        )
+
+    # -- background builds -----------------------------------------------------------------
+
+    def start_build(self, model: str, request: ProfileRequest | None = None) -> BuildStatus:
+        """Queue a build in the background; the same model and profile join the running build."""
+        request = request or ProfileRequest()
+        key = (model, request)
+        with self._builds_lock:
+            for build in self._builds.values():
+                if build.key == key and build.status.state in ("queued", "running"):
+                    return self._snapshot(build)
+            build_id = "build-" + uuid.uuid4().hex[:16]
+            build = _Build(
+                status=BuildStatus(
+                    id=build_id,
+                    bundle_id="",
+                    model=model,
+                    profile=request.to_dict(),
+                    state="queued",
+                    stage="queued",
+                    progress=0.0,
+                    started_at=None,
+                    finished_at=None,
+                    elapsed_seconds=0.0,
+                    bytes_written=0,
+                    error=None,
+                ),
+                key=key,
+            )
+            self._builds[build_id] = build
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cachesvc-build")
+            self._executor.submit(self._run_build, build)
+            return self._snapshot(build)
+
+    def _run_build(self, build: _Build) -> None:
+        build.started = time.monotonic()
+        build.status = replace(build.status, state="running", stage="resolve", started_at=utcnow())
+
+        def progress(stage: str, fraction: float) -> None:
+            build.status = replace(build.status, stage=stage, progress=max(0.0, min(1.0, fraction)))
+
+        try:
+            result = self._prepare(build.key[0], build.key[1], progress, build)
+        except Exception as exc:
+            build.status = replace(
+                build.status,
+                state="failed",
+                stage="failed",
+                error=str(exc) or type(exc).__name__,
+                finished_at=utcnow(),
+            )
+            log.error("background build %s failed: %s", build.status.id, exc)
+            return
+        info = self.catalog.get_bundle(result.bundle_id)
+        nbytes = info.size_bytes if info is not None else 0
+        build.status = replace(
+            build.status,
+            bundle_id=result.bundle_id,
+            state="done",
+            stage="done",
+            progress=1.0,
+            finished_at=utcnow(),
+            bytes_written=nbytes,
+            built=result.built,
+        )
+
+    def _snapshot(self, build: _Build) -> BuildStatus:
+        status = build.status
+        elapsed = 0.0
+        if status.started_at is not None:
+            end = status.finished_at or utcnow()
+            elapsed = (end - status.started_at).total_seconds()
+        written = status.bytes_written
+        if status.state == "running" and build.staging is not None and build.staging.exists():
+            written = dir_size(build.staging)
+        return replace(status, elapsed_seconds=elapsed, bytes_written=written)
+
+    def get_build(self, build_id: str) -> BuildStatus:
+        """State of one background build (NotFoundError when unknown)."""
+        with self._builds_lock:
+            build = self._builds.get(build_id)
+        if build is None:
+            raise NotFoundError(f"no build with id {build_id!r}")
+        return self._snapshot(build)
+
+    def list_builds(self) -> list[BuildStatus]:
+        """Builds started by this process, newest first."""
+        with self._builds_lock:
+            builds = list(self._builds.values())
+        return sorted((self._snapshot(b) for b in builds), key=lambda s: s.id)[::-1]
+
+    def wait_for_build(self, build_id: str, timeout: float = 600.0, poll: float = 0.05) -> BuildStatus:
+        """Block until a background build finishes (tests and the CLI use this)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.get_build(build_id)
+            if status.state in ("done", "failed") or time.monotonic() > deadline:
+                return status
+            time.sleep(poll)
+
+
+def _dry(plan: EvictionPlan) -> EvictionResult:
+    return EvictionResult(
+        plan=plan,
+        evicted=tuple(e.bundle_id for e in plan.evict),
+        skipped=plan.skipped,
+        freed_bytes=plan.freed_bytes,
+        total_after=plan.total_after,
+        dry_run=True,
+    )
+
+
+def _parse_time(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        return utcnow()
+    return value if value.tzinfo else value.replace(tzinfo=utcnow().tzinfo)
