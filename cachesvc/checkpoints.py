@@ -98,7 +98,10 @@ def checkpoint_digest(path: Path, *, read_counter: ReadCounter | None = None) ->
     for a directory without checkpoint files, a broken symlink, an oversized metadata file or
     a malformed safetensors file.
     """
-    files = _checkpoint_files(path)
+    return _digest_files(_checkpoint_files(path), read_counter)
+
+
+def _digest_files(files: list[_CheckpointFile], read_counter: ReadCounter | None) -> str:
     h = hashlib.sha256()
     _frame(h, f"cachesvc-checkpoint-digest-v{DIGEST_VERSION}".encode())
     h.update(struct.pack("<Q", len(files)))
@@ -297,13 +300,13 @@ def resolve_checkpoint(
             "checkpoint directory (e.g. ./my-model or /models/llama) or an id like 'org/name' (letters, "
             "digits, '-', '_', '.')"
         )
-    files_size, file_count = checkpoint_size(directory)
+    files = _checkpoint_files(directory)  # one walk for digest, size and count
     return ResolvedCheckpoint(
         source=model,
         path=directory,
-        digest=checkpoint_digest(directory),
-        size_bytes=files_size,
-        file_count=file_count,
+        digest=_digest_files(files, None),
+        size_bytes=sum(f.size for f in files),
+        file_count=len(files),
         revision=rev,
     )
 
@@ -393,7 +396,7 @@ def _download(model: str, cache_dir: Path, *, offline: bool | None, revision: st
                     model,
                     cache_dir=cache_dir,
                     revision=revision,
-                    allow_patterns=list(HUB_ALLOW_PATTERNS),
+                    allow_patterns=_cached_selection(model, cache_dir, revision),
                     local_files_only=True,
                 )
             )
@@ -441,6 +444,26 @@ def _download(model: str, cache_dir: Path, *, offline: bool | None, revision: st
                 raise _hub_refused(model, revision, exc) from exc
     # snapshots/<commit hash>/ : the folder name is the resolved revision.
     return path.resolve(), path.name
+
+
+def _cached_selection(model: str, cache_dir: Path, revision: str | None) -> list[str]:
+    """The files an earlier online resolve selected, from huggingface_hub's cached tree listing.
+
+    Offline, snapshot_download checks the snapshot against that listing; asking it for the
+    generic patterns would call the formats we deliberately skipped "missing".
+    """
+    import huggingface_hub
+
+    get_cached_repo_tree = getattr(huggingface_hub, "get_cached_repo_tree", None)  # newer releases only
+    if get_cached_repo_tree is None:
+        return list(HUB_ALLOW_PATTERNS)
+    try:
+        listing = [f.path for f in get_cached_repo_tree(model, revision=revision, cache_dir=cache_dir)]
+    except Exception:
+        # No listing cached (e.g. a hand-made or older cache): snapshot_download cannot check
+        # completeness either, so the generic patterns are as good as any.
+        return list(HUB_ALLOW_PATTERNS)
+    return select_hub_files(listing) or list(HUB_ALLOW_PATTERNS)
 
 
 def _at(revision: str | None) -> str:

@@ -10,10 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import struct
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -57,7 +62,9 @@ def make_checkpoint(root: Path, *, seed: int = 0) -> Path:
 
 def write_shard(path: Path, payload_len: int, *, header_len: int = 256, sparse: bool = False) -> None:
     """A safetensors file with one U8 tensor of ``payload_len`` bytes and a header padded to a fixed size."""
-    header = json.dumps({"w": {"dtype": "U8", "shape": [payload_len], "data_offsets": [0, payload_len]}}).encode()
+    header = json.dumps(
+        {"w": {"dtype": "U8", "shape": [payload_len], "data_offsets": [0, payload_len]}}
+    ).encode()
     assert len(header) <= header_len
     header = header.ljust(header_len, b" ")  # the safetensors format allows trailing spaces
     with open(path, "wb") as f:
@@ -231,7 +238,9 @@ def test_digest_changes_when_a_metadata_file_changes(ckpt: Path, name: str) -> N
     assert checkpoint_digest(ckpt) != before
 
 
-@pytest.mark.parametrize("old,new", [("model.safetensors", "model-00001.safetensors"), ("tokenizer.json", "tok.json")])
+@pytest.mark.parametrize(
+    "old,new", [("model.safetensors", "model-00001.safetensors"), ("tokenizer.json", "tok.json")]
+)
 def test_digest_changes_when_a_file_is_renamed(ckpt: Path, old: str, new: str) -> None:
     before = checkpoint_digest(ckpt)
     os.rename(ckpt / old, ckpt / new)
@@ -265,7 +274,7 @@ def test_other_weight_formats_are_sampled(tmp_path: Path) -> None:
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
     (ckpt / "pytorch_model.bin").write_bytes(os.urandom(10_000))
-    before, reads, nbytes = counted_digest(ckpt)
+    before, _reads, nbytes = counted_digest(ckpt)
     assert nbytes == 2 + 3 * SAMPLE_BYTES  # config.json + three samples
     flip_byte(ckpt / "pytorch_model.bin", 10_000 - 1)
     assert checkpoint_digest(ckpt) != before
@@ -304,7 +313,7 @@ def test_truncated_safetensors_is_rejected(ckpt: Path) -> None:
     shard = ckpt / "model.safetensors"
     with open(shard, "r+b") as f:
         f.truncate(100)  # header length now points past the end of the file
-    with pytest.raises(CheckpointError, match="not a valid safetensors file.*download it again"):
+    with pytest.raises(CheckpointError, match=r"not a valid safetensors file.*download it again"):
         checkpoint_digest(ckpt)
 
 
@@ -353,7 +362,7 @@ def test_resolve_rejects_onnx_export(tmp_path: Path) -> None:
     d.mkdir()
     (d / "config.json").write_text("{}")
     (d / "model.onnx").write_bytes(b"\x08\x07")
-    with pytest.raises(CheckpointError, match="ONNX export.*original Hugging Face checkpoint"):
+    with pytest.raises(CheckpointError, match=r"ONNX export.*original Hugging Face checkpoint"):
         resolve_checkpoint(str(d), tmp_path / "cache")
 
 
@@ -383,7 +392,7 @@ def test_resolve_rejects_dir_without_weights(tmp_path: Path) -> None:
 
 def test_resolve_rejects_dir_without_config(ckpt: Path, tmp_path: Path) -> None:
     (ckpt / "config.json").unlink()
-    with pytest.raises(CheckpointError, match="no config.json"):
+    with pytest.raises(CheckpointError, match=r"no config\.json"):
         resolve_checkpoint(str(ckpt), tmp_path / "cache")
 
 
@@ -405,10 +414,12 @@ def test_resolve_rejects_revision_for_local_dir(ckpt: Path, tmp_path: Path) -> N
         resolve_checkpoint(str(ckpt), tmp_path / "cache", revision="main")
 
 
-@pytest.mark.parametrize("bad", ["org/name/extra", "bad id", "a--b", "-lead", "trail.", "org/na..me", "", "x" * 97])
+@pytest.mark.parametrize(
+    "bad", ["org/name/extra", "bad id", "a--b", "-lead", "trail.", "org/na..me", "", "x" * 97]
+)
 def test_resolve_rejects_bad_hub_ids(bad: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(CheckpointError, match="model id|model is empty") as e:
+    with pytest.raises(CheckpointError, match=r"model id|model is empty") as e:
         resolve_checkpoint(bad, tmp_path / "cache")
     assert not isinstance(e.value, HubUnreachableError)
 
@@ -422,7 +433,9 @@ def test_hub_id_syntax_accepts_real_ids(good: str) -> None:
 
 
 def test_offline_with_empty_cache(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match=r"org/tiny is not in the local cache.*offline.*HF_HUB_OFFLINE=0"):
+    with pytest.raises(
+        CheckpointError, match=r"org/tiny is not in the local cache.*offline.*HF_HUB_OFFLINE=0"
+    ):
         resolve_checkpoint("org/tiny", tmp_path / "cache", offline=True)
 
 
@@ -507,3 +520,131 @@ def test_select_hub_files_prefers_safetensors_and_top_level() -> None:
         "pytorch_model.bin",
     ]
     assert "*.safetensors" in HUB_ALLOW_PATTERNS and "*.json" in HUB_ALLOW_PATTERNS
+
+
+# --------------------------------------------------------------------------- resolve: hub online
+# A loopback stand-in for the Hugging Face hub (an external service, not our code): just the
+# routes snapshot_download uses. It records every request so tests can see what was fetched.
+
+HUB_COMMIT = "c0ffee" + "0" * 34
+
+
+class _FakeHub(ThreadingHTTPServer):
+    repos: dict[str, dict[str, bytes]]
+    errors: dict[str, tuple[int, str]]
+    requests: list[tuple[str, str]]
+
+
+class _FakeHubHandler(BaseHTTPRequestHandler):
+    server: _FakeHub
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self._serve(body=False)
+
+    def do_GET(self) -> None:
+        self._serve(body=True)
+
+    def _send(self, status: int, data: bytes, headers: dict[str, str], body: bool) -> None:
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+    def _serve(self, body: bool) -> None:
+        path = urlsplit(self.path).path
+        self.server.requests.append((self.command, path))
+        api = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/[^/]+)?", path)
+        tree = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/[^/]+", path)
+        resolve = re.fullmatch(r"/([^/]+/[^/]+)/resolve/[^/]+/(.+)", path)
+        m = api or tree or resolve
+        repo_id = m.group(1) if m else ""
+        if repo_id in self.server.errors:
+            status, code = self.server.errors[repo_id]
+            self._send(status, b'{"error": "nope"}', {"X-Error-Code": code, "X-Error-Message": "nope"}, body)
+            return
+        files = self.server.repos.get(repo_id)
+        if files is None or m is None:
+            self._send(404, b"{}", {"X-Error-Code": "RepoNotFound"}, body)
+            return
+        if api:
+            info = {"id": repo_id, "sha": HUB_COMMIT, "siblings": [{"rfilename": f} for f in sorted(files)]}
+            self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
+        elif tree:
+            entries = [
+                {"type": "file", "path": f, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
+                for f, d in sorted(files.items())
+            ]
+            self._send(200, json.dumps(entries).encode(), {"Content-Type": "application/json"}, body)
+        else:
+            assert resolve is not None
+            data = files[resolve.group(2)]
+            headers = {"X-Repo-Commit": HUB_COMMIT, "ETag": f'"{hashlib.sha256(data).hexdigest()}"'}
+            self._send(200, data, headers, body)
+
+
+@pytest.fixture
+def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[_FakeHub]:
+    server = _FakeHub(("127.0.0.1", 0), _FakeHubHandler)
+    server.repos, server.errors, server.requests = {}, {}, []
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    # huggingface_hub derives these from HF_ENDPOINT at import time.
+    monkeypatch.setattr(hf_constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(
+        hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_TOKEN", "hf_dummy_token_for_tests")
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_online_download_fetches_one_weight_format_top_level_only(
+    fake_hub: _FakeHub, ckpt: Path, tmp_path: Path
+) -> None:
+    files = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    fake_hub.repos["org/tiny"] = {
+        **files,
+        "pytorch_model.bin": b"duplicate weights in another format",
+        "original/consolidated.00.pth": b"yet another copy",
+        "README.md": b"# tiny",
+    }
+    r = resolve_checkpoint("org/tiny", tmp_path / "cache", offline=False)
+    assert r.revision == HUB_COMMIT
+    assert r.path.parent.name == "snapshots" and r.path.name == HUB_COMMIT
+    assert sorted(p.name for p in r.path.iterdir()) == sorted(files)
+    assert r.digest == checkpoint_digest(ckpt)
+    fetched = {p for method, p in fake_hub.requests if method == "GET" and "/resolve/" in p}
+    assert not any(p.endswith((".bin", ".pth", ".md")) for p in fetched)
+    # Now cached: offline resolution finds the same snapshot through refs/main.
+    assert resolve_checkpoint("org/tiny", tmp_path / "cache", offline=True) == r
+
+
+@pytest.mark.parametrize(
+    "status,code,match",
+    [
+        (404, "RepoNotFound", "was not found on the hub"),
+        (403, "GatedRepo", "is gated.*log in"),
+        (404, "RevisionNotFound", "has no revision"),
+    ],
+)
+def test_hub_refusals_are_checkpoint_errors(
+    fake_hub: _FakeHub, tmp_path: Path, status: int, code: str, match: str
+) -> None:
+    fake_hub.errors["org/private"] = (status, code)
+    with pytest.raises(CheckpointError, match=match) as e:
+        resolve_checkpoint("org/private", tmp_path / "cache", offline=False, revision="v1")
+    assert not isinstance(e.value, HubUnreachableError)
+    assert "org/private" in str(e.value)
