@@ -8,7 +8,8 @@ checkpoint, and the ``0.5b`` size has the exact tensor shapes of Qwen2.5-0.5B fo
 memory and speed numbers.
 
 The tokenizer is a genuine byte-level BPE trained with ``tokenizers`` on the bundled
-``data/corpus.txt`` (deterministic: same corpus, same files), with ChatML special tokens,
+``data/corpus.txt`` with Qwen2's normalizer (NFC) and split regex (deterministic: same corpus,
+same files), with ChatML special tokens,
 ``<think>``/``<tool_call>`` markers and a Qwen2.5-style chat template, so chat templating,
 reasoning parsers and tool-call parsers can be tested too.
 
@@ -31,7 +32,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 
 __all__ = [
     "ADDED_TOKENS",
@@ -227,6 +238,11 @@ def _tensor_specs(arch: str, shape: _Shape, *, tied: bool, live_vocab: int) -> l
 # Tokenizer
 
 
+# Qwen2's split: contractions, letter runs, single digits, punctuation runs, newlines, spaces.
+_PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _tokenizer_lock = threading.Lock()
 _tokenizer_cache: dict[str, str] = {}
 
@@ -237,9 +253,19 @@ def _corpus_text() -> str:
 
 def _train_tokenizer_json(corpus: str) -> str:
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Exactly Qwen2's pipeline: transformers' Qwen2Tokenizer rebuilds it from vocab and merges,
+    # so any other normalizer or split would make its reference ids differ from tokenizer.json.
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    tokenizer.post_processor = processors.ByteLevel(
+        trim_offsets=False, add_prefix_space=False, use_regex=False
+    )
     trainer = trainers.BpeTrainer(
         vocab_size=TOKENIZER_VOCAB_SIZE - len(ADDED_TOKENS),
         min_frequency=2,
