@@ -376,10 +376,15 @@ def _safetensors_header(specs: Sequence[_TensorSpec], dtype: str) -> bytes:
     return len(raw).to_bytes(8, "little") + raw
 
 
+def _temp_path(path: Path) -> Path:
+    # Write beside the target and rename, so a reader never sees a half-written file.
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+
 def _write_safetensors(path: Path, specs: Sequence[_TensorSpec], dtype: str, std: float, seed: int) -> int:
     """Write one safetensors file tensor by tensor (memory stays near one chunk); return payload bytes."""
     payload = 0
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = _temp_path(path)
     try:
         with open(tmp, "wb") as f:
             f.write(_safetensors_header(specs, dtype))
@@ -469,17 +474,17 @@ def _tokenizer_config(ids: dict[str, int], max_length: int) -> dict[str, Any]:
     }
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    text = json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=True) + "\n"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    tmp = _temp_path(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    _write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=True) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------
