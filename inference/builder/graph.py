@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -100,17 +101,17 @@ class _Emitter:
         self._count = 0
 
     def op(self, op_type: str, inputs: list[str], n_out: int = 1, name: str | None = None,
-           outputs: list[str] | None = None, **attrs: object) -> list[str]:
+           outputs: list[str] | None = None, **attrs: Any) -> list[str]:
         self._count += 1
         base = name or f"{op_type.lower()}_{self._count}"
         outs = outputs or [f"{base}_out{i}" for i in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=base, **attrs))
         return outs
 
-    def op1(self, op_type: str, inputs: list[str], **attrs: object) -> str:
+    def op1(self, op_type: str, inputs: list[str], **attrs: Any) -> str:
         return self.op(op_type, inputs, **attrs)[0]
 
-    def const(self, value: np.ndarray, name: str | None = None) -> str:
+    def const(self, value: np.ndarray | np.generic, name: str | None = None) -> str:
         self._count += 1
         cname = name or f"const_{self._count}"
         self.initializers.append(numpy_helper.from_array(np.asarray(value), cname))
@@ -274,7 +275,8 @@ class _DecoderBuilder:
         flat = self.em.op1("Reshape", [h, self.em.const(np.array([-1, cfg.hidden_size], dtype=np.int64))])
         logits2 = self.em.op1("Gemm", [flat, embed], transB=1)
         lead = self.em.op1("Shape", [h], start=0, end=2)
-        shape = self.em.op1("Concat", [lead, self.em.const(np.array([cfg.vocab_size], dtype=np.int64))], axis=0)
+        vocab = self.em.const(np.array([cfg.vocab_size], dtype=np.int64))
+        shape = self.em.op1("Concat", [lead, vocab], axis=0)
         return self.em.op("Reshape", [logits2, shape], outputs=["logits"])[0], True
 
 
@@ -303,11 +305,12 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, model_pat
     finally:
         weights.close()
 
-    kv_shape_in = ["batch", cfg.num_kv_heads, "past_sequence_length", cfg.head_dim]
-    kv_shape_out = ["batch", cfg.num_kv_heads, "total_sequence_length", cfg.head_dim]
+    kv_shape_in: list[str | int | None] = ["batch", cfg.num_kv_heads, "past_sequence_length", cfg.head_dim]
+    kv_shape_out: list[str | int | None] = ["batch", cfg.num_kv_heads, "total_sequence_length", cfg.head_dim]
+    total: list[str | int | None] = ["batch", "total_sequence_length"]
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
-        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total_sequence_length"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, total),
         helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "sequence_length"]),
         helper.make_tensor_value_info("logits_to_keep", TensorProto.INT64, [1]),
     ]

@@ -152,12 +152,16 @@ def load_model_config(checkpoint_dir: Path) -> ModelConfig:
     model_type = SUPPORTED_ARCHITECTURES[arch]
 
     if raw.get("quantization_config"):
-        raise BuildInputError("quantized checkpoints (quantization_config) are not supported; use fp32/fp16/bf16")
+        raise BuildInputError(
+            "quantized checkpoints (quantization_config) are not supported; use fp32/fp16/bf16 weights"
+        )
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise BuildInputError(f"unsupported hidden_act {act!r}; supported: 'silu'")
     if float(raw.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise BuildInputError("unsupported partial_rotary_factor != 1.0; only full rotary embeddings are supported")
+        raise BuildInputError(
+            "unsupported partial_rotary_factor != 1.0; only full rotary embeddings are supported"
+        )
 
     hidden = _require_int(raw, "hidden_size")
     heads = _require_int(raw, "num_attention_heads")

@@ -61,7 +61,8 @@ def _read_header(path: Path) -> dict[str, TensorEntry]:
             continue
         dtype = meta["dtype"]
         begin, end = meta["data_offsets"]
-        entries[name] = TensorEntry(path, dtype, tuple(int(d) for d in meta["shape"]), base + begin, base + end)
+        shape = tuple(int(d) for d in meta["shape"])
+        entries[name] = TensorEntry(path, dtype, shape, base + begin, base + end)
         if base + end > size:
             raise BuildInputError(
                 f"safetensors file {path.name} is truncated: tensor {name!r} ends at byte {base + end} "
@@ -137,7 +138,8 @@ class SafetensorsCheckpoint:
         if entry.end - entry.start != count * np_dtype.itemsize:
             raise BuildInputError(
                 f"weight {name!r} in {entry.file.name} has {entry.end - entry.start} bytes, expected "
-                f"{count * np_dtype.itemsize} for shape {list(entry.shape)} {entry.dtype}; the file is corrupt"
+                f"{count * np_dtype.itemsize} for shape {list(entry.shape)} {entry.dtype}; "
+                "the file is corrupt"
             )
         raw = np.memmap(entry.file, dtype=np_dtype, mode="r", offset=entry.start, shape=(count,))
         if entry.dtype == "BF16":

@@ -79,4 +79,6 @@ def load_engine(bundle_dir: Path, *, max_slots: int | None = None, threads: int 
     except (KeyError, TypeError) as exc:
         raise EngineLoadError(f"{bundle_dir}/{ENGINE_FILE} lacks a field: {exc}; rebuild the bundle") from exc
     except Exception as exc:  # onnxruntime's load errors have no common public base class
-        raise EngineLoadError(f"onnxruntime cannot load {model}: {exc}; verify or rebuild the bundle") from exc
+        raise EngineLoadError(
+            f"onnxruntime cannot load {model}: {exc}; verify or rebuild the bundle"
+        ) from exc

@@ -75,7 +75,9 @@ class OrtEngine:
         if ids.ndim != 1:
             raise ValueError("token ids must be a flat sequence of integers")
         if ids.size and (ids.min() < 0 or ids.max() >= self._info.vocab_size):
-            raise ValueError(f"token ids must lie in [0, {self._info.vocab_size}); got {ids.min()}..{ids.max()}")
+            raise ValueError(
+                f"token ids must lie in [0, {self._info.vocab_size}); got {ids.min()}..{ids.max()}"
+            )
         return ids
 
     def slot_length(self, slot: int) -> int:

@@ -3,6 +3,7 @@ and a direct onnxruntime runner for graph-level checks against the transformers 
 
 from __future__ import annotations
 
+import inspect
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -83,7 +84,7 @@ def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pat
             out = tmp_path_factory.mktemp(f"ckpt-{family}-{storage}-{'tied' if tied else 'untied'}")
             model = make_hf_model(family, tied)
             if storage == "bf16":
-                model = model.to(torch.bfloat16)
+                torch.nn.Module.to(model, torch.bfloat16)  # in place; the typed wrapper confuses mypy
             model.save_pretrained(out)
             cache[key] = out
         return cache[key]
@@ -146,17 +147,25 @@ def graph_runner() -> Callable[[Path, dict[str, Any]], GraphRunner]:
     return make
 
 
+def hf_step(model: tf.PreTrainedModel, ids: list[list[int]], cache: Any = None) -> tuple[np.ndarray, Any]:
+    """One transformers forward with its KV cache: (logits [B,S,V], new cache)."""
+    # transformers 5.2x renamed the cache argument and output from past_key_values to cache.
+    new_api = "cache" in inspect.signature(model.forward).parameters
+    kwargs = {("cache" if new_api else "past_key_values"): cache} if cache is not None else {}
+    with torch.no_grad():
+        out = model(torch.tensor(ids), use_cache=True, **kwargs)
+    return out.logits.numpy(), (out.cache if new_api else out.past_key_values)
+
+
 def hf_greedy(model: tf.PreTrainedModel, prompt: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
     """Greedy tokens and per-step logits from transformers, using its own KV cache."""
     tokens: list[int] = []
     step_logits: list[np.ndarray] = []
-    with torch.no_grad():
-        out = model(torch.tensor([prompt]), use_cache=True)
-        for _ in range(steps):
-            logits = out.logits[0, -1].numpy()
-            step_logits.append(logits)
-            tokens.append(int(np.argmax(logits)))
-            out = model(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+    logits, cache = hf_step(model, [prompt])
+    for _ in range(steps):
+        step_logits.append(logits[0, -1])
+        tokens.append(int(np.argmax(logits[0, -1])))
+        logits, cache = hf_step(model, [[tokens[-1]]], cache)
     return tokens, step_logits
 
 
@@ -190,3 +199,9 @@ def reference() -> Callable[[Path], tf.PreTrainedModel]:
 def greedy_reference() -> Callable[..., tuple[list[int], list[np.ndarray]]]:
     """The transformers greedy loop (``hf_greedy``) as a fixture."""
     return hf_greedy
+
+
+@pytest.fixture(scope="session")
+def reference_step() -> Callable[..., tuple[np.ndarray, Any]]:
+    """One transformers forward with KV cache (``hf_step``) as a fixture."""
+    return hf_step

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from inference.builder.graph import build_decoder_graph
 from inference.builder.model_config import load_model_config
@@ -37,22 +36,18 @@ def _meta(bundle: Path) -> dict[str, Any]:
     return meta
 
 
-def _check_single(runner: Any, ref: Any, prompt: list[int]) -> None:
+def _check_single(runner: Any, ref: Any, step: Callable[..., Any], prompt: list[int]) -> None:
     """Prefill of the prompt (all positions) + KV-cache decode steps vs transformers."""
-    with torch.no_grad():
-        ref_out = ref(torch.tensor([prompt]), use_cache=True)
+    want, cache = step(ref, [prompt])
     n = len(prompt)
     logits, past = runner.run(np.array([prompt]), np.ones((1, n)), np.arange(n)[None], runner.empty_past(1))
-    np.testing.assert_allclose(logits[0], ref_out.logits[0].numpy(), atol=TOL, rtol=0)
-    token, pkv = int(np.argmax(logits[0, -1])), ref_out.past_key_values
-    for step in range(DECODE_STEPS):
-        pos = n + step
+    np.testing.assert_allclose(logits[0], want[0], atol=TOL, rtol=0)
+    token = int(np.argmax(logits[0, -1]))
+    for i in range(DECODE_STEPS):
+        pos = n + i
         logits, past = runner.run(np.array([[token]]), np.ones((1, pos + 1)), np.array([[pos]]), past, keep=1)
-        with torch.no_grad():
-            ref_out = ref(torch.tensor([[token]]), past_key_values=pkv, use_cache=True)
-        pkv = ref_out.past_key_values
-        np.testing.assert_allclose(logits[0, -1], ref_out.logits[0, -1].numpy(), atol=TOL, rtol=0,
-                                   err_msg=f"decode step {step}")
+        want, cache = step(ref, [[token]], cache)
+        np.testing.assert_allclose(logits[0, -1], want[0, -1], atol=TOL, rtol=0, err_msg=f"decode step {i}")
         token = int(np.argmax(logits[0, -1]))
 
 
@@ -60,13 +55,15 @@ def _check_single(runner: Any, ref: Any, prompt: list[int]) -> None:
 def test_graph_prefill_and_decode_logits_match_transformers(
     family: str, storage: str, tied: bool, hf_checkpoint: Callable[..., Path],
     built_bundle: Callable[..., Path], reference: Callable[[Path], Any], graph_runner: Any,
+    reference_step: Callable[..., Any],
 ) -> None:
     ckpt = hf_checkpoint(family, storage, tied)
     bundle = built_bundle(ckpt)
     meta = _meta(bundle)
     assert meta["tied_lm_head"] is tied
     for model_file in ("model.onnx", "model.ort.onnx"):  # portable and optimised graphs alike
-        _check_single(graph_runner(bundle / model_file, meta), reference(ckpt), _prompt(PROMPT_LEN, 1))
+        runner = graph_runner(bundle / model_file, meta)
+        _check_single(runner, reference(ckpt), reference_step, _prompt(PROMPT_LEN, 1))
 
 
 @pytest.mark.parametrize(("family", "storage", "tied"), CASES, ids=IDS)
@@ -89,7 +86,7 @@ def test_engine_greedy_tokens_match_transformers(
 def test_left_padded_batch_matches_transformers(
     family: str, storage: str, tied: bool, hf_checkpoint: Callable[..., Path],
     built_bundle: Callable[..., Path], reference: Callable[[Path], Any], graph_runner: Any,
-    greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
+    greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]], reference_step: Callable[..., Any],
 ) -> None:
     ckpt = hf_checkpoint(family, storage, tied)
     bundle = built_bundle(ckpt)
@@ -105,8 +102,7 @@ def test_left_padded_batch_matches_transformers(
     positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     logits, past = runner.run(ids, mask, positions, runner.empty_past(2))
     for b, p in enumerate(prompts):
-        with torch.no_grad():
-            want = ref(torch.tensor([p])).logits[0].numpy()
+        want = reference_step(ref, [p])[0][0]
         np.testing.assert_allclose(logits[b, width - len(p):], want, atol=TOL, rtol=0)
     expected = [greedy_reference(ref, p, GREEDY) for p in prompts]
     tokens = np.argmax(logits[:, -1], axis=-1)
@@ -128,7 +124,7 @@ def test_left_padded_batch_matches_transformers(
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_decomposed_opset18_graph_matches_transformers(
     family: str, tmp_path: Path, hf_checkpoint: Callable[..., Path], reference: Callable[[Path], Any],
-    graph_runner: Any,
+    graph_runner: Any, reference_step: Callable[..., Any],
 ) -> None:
     """The fallback graph for runtimes without the opset-23 ops computes the same thing."""
     ckpt = hf_checkpoint(family, "fp32", False)
@@ -137,4 +133,5 @@ def test_decomposed_opset18_graph_matches_transformers(
                              fused_ops=False)
     assert io.opset == 18
     meta = {"num_layers": cfg.num_layers, "num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim}
-    _check_single(graph_runner(tmp_path / "model.onnx", meta), reference(ckpt), _prompt(PROMPT_LEN, 6))
+    runner = graph_runner(tmp_path / "model.onnx", meta)
+    _check_single(runner, reference(ckpt), reference_step, _prompt(PROMPT_LEN, 6))

@@ -1,0 +1,112 @@
+"""Checkpoints the builder cannot build get a clear error, and no complete-looking bundle."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from inference.builder import BuildInputError, EngineBuildSpec, build_bundle
+
+
+def _build_fails(ckpt: Path, tmp_path: Path, match: str, spec: EngineBuildSpec | None = None) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(BuildInputError, match=match):
+        build_bundle(ckpt, out, spec or EngineBuildSpec(max_kv_cache_capacity=64, max_input_len=32))
+    assert not (out / "engine.json").exists()
+
+
+def _edit_config(ckpt: Path, **changes: object) -> None:
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.update(changes)
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+
+
+def test_unsupported_architecture_is_named_with_the_supported_list(
+        hf_checkpoint: Callable[..., Path], copy_dir: Callable[[Path], Path], tmp_path: Path) -> None:
+    ckpt = copy_dir(hf_checkpoint("llama", "fp32", False))
+    _edit_config(ckpt, architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    _build_fails(ckpt, tmp_path, r"unsupported architecture 'GPT2LMHeadModel'; supported: LlamaForCausalLM, "
+                                 r"Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM")
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}},
+      "unsupported rope scaling type 'yarn'; supported: default, linear, llama3"),
+     ({"hidden_act": "gelu"}, "unsupported hidden_act 'gelu'"),
+     ({"use_sliding_window": True}, "sliding-window attention is not supported for qwen2"),
+     ({"num_key_value_heads": 3}, "multiple of num_key_value_heads")],
+)
+def test_unsupported_config_fields(changes: dict[str, object], match: str, hf_checkpoint: Callable[..., Path],
+                                   copy_dir: Callable[[Path], Path], tmp_path: Path) -> None:
+    ckpt = copy_dir(hf_checkpoint("qwen2", "fp32", True))
+    _edit_config(ckpt, **changes)
+    _build_fails(ckpt, tmp_path, match)
+
+
+def test_missing_weight_is_named(hf_checkpoint: Callable[..., Path], copy_dir: Callable[[Path], Path],
+                                 tmp_path: Path) -> None:
+    ckpt = copy_dir(hf_checkpoint("qwen2", "fp32", False))
+    tensors = load_file(ckpt / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, ckpt / "model.safetensors")
+    _build_fails(ckpt, tmp_path, r"missing weight 'model.layers.1.mlp.up_proj.weight'")
+
+
+def test_missing_untied_lm_head_is_named(hf_checkpoint: Callable[..., Path], copy_dir: Callable[[Path], Path],
+                                         tmp_path: Path) -> None:
+    ckpt = copy_dir(hf_checkpoint("mistral", "fp32", False))
+    tensors = load_file(ckpt / "model.safetensors")
+    del tensors["lm_head.weight"]
+    save_file(tensors, ckpt / "model.safetensors")
+    _build_fails(ckpt, tmp_path, r"missing weight 'lm_head.weight'")
+
+
+def test_shape_mismatch_names_tensor_expected_and_got(
+        hf_checkpoint: Callable[..., Path], copy_dir: Callable[[Path], Path], tmp_path: Path) -> None:
+    ckpt = copy_dir(hf_checkpoint("qwen3", "fp32", False))
+    tensors = load_file(ckpt / "model.safetensors")
+    tensors["model.layers.0.self_attn.k_proj.weight"] = np.zeros((32, 64), np.float32)
+    save_file(tensors, ckpt / "model.safetensors")
+    _build_fails(ckpt, tmp_path, r"'model.layers.0.self_attn.k_proj.weight' has shape \[32, 64\], "
+                                 r"expected \[64, 64\]")
+
+
+@pytest.mark.parametrize("keep", [4, 0.5])
+def test_truncated_safetensors_names_the_file(keep: float, hf_checkpoint: Callable[..., Path],
+                                              copy_dir: Callable[[Path], Path], tmp_path: Path) -> None:
+    ckpt = copy_dir(hf_checkpoint("llama", "bf16", True))
+    shard = ckpt / "model.safetensors"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: int(keep if keep >= 1 else len(data) * keep)])
+    _build_fails(ckpt, tmp_path, r"model.safetensors is truncated")
+
+
+def test_spec_rejects_fp16_and_bad_limits() -> None:
+    with pytest.raises(BuildInputError, match="fp16' is for the tensorrt backend"):
+        EngineBuildSpec(precision="fp16")
+    with pytest.raises(BuildInputError, match="unknown precision 'int4'"):
+        EngineBuildSpec(precision="int4")
+    with pytest.raises(BuildInputError, match="max_batch_size must be a positive integer"):
+        EngineBuildSpec(max_batch_size=0)
+    with pytest.raises(BuildInputError, match="cannot exceed max_kv_cache_capacity"):
+        EngineBuildSpec(max_input_len=4096, max_kv_cache_capacity=1024)
+
+
+def test_output_dir_must_be_empty(hf_checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+    (tmp_path / "leftover").write_text("x")
+    with pytest.raises(BuildInputError, match="must exist and be empty"):
+        build_bundle(hf_checkpoint("llama", "fp32", False), tmp_path, EngineBuildSpec())
+
+
+def test_directory_without_weights(tmp_path: Path, hf_checkpoint: Callable[..., Path]) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text((hf_checkpoint("llama", "fp32", False) / "config.json").read_text())
+    _build_fails(ckpt, tmp_path, "no safetensors weights")

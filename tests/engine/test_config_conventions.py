@@ -1,0 +1,49 @@
+"""Both config conventions seen in the wild give the same model; sharded checkpoints load."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inference.builder.model_config import load_model_config
+from inference.runtime import load_engine
+
+
+def test_top_level_rope_theta_and_scaling_match_rope_parameters(
+        hf_checkpoint: Callable[..., Path], copy_dir: Callable[[Path], Path],
+        built_bundle: Callable[..., Path], reference: Callable[[Path], Any],
+        reference_step: Callable[..., Any]) -> None:
+    original = hf_checkpoint("llama", "fp32", True)
+    ckpt = copy_dir(original)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    params = cfg.pop("rope_parameters")
+    assert params["rope_type"] == "llama3"
+    # The hub convention: rope_theta at the top level, scaling in rope_scaling with "rope_type".
+    cfg["rope_theta"] = params.pop("rope_theta")
+    cfg["rope_scaling"] = params
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    assert load_model_config(ckpt).rope == load_model_config(original).rope
+
+    prompt = [int(t) for t in np.random.default_rng(11).integers(0, 384, size=40)]  # past the 32 of llama3
+    engine = load_engine(built_bundle(ckpt), threads=1)
+    want = reference_step(reference(original), [prompt])[0][0, -1]
+    np.testing.assert_allclose(engine.prefill(0, prompt), want, atol=1e-4, rtol=0)
+
+
+def test_sharded_checkpoint_with_index(tmp_path: Path, reference: Callable[[Path], Any],
+                                       reference_step: Callable[..., Any], built_bundle: Callable[..., Path],
+                                       hf_checkpoint: Callable[..., Path]) -> None:
+    source = hf_checkpoint("qwen2", "bf16", False)
+    model = reference(source)
+    sharded = tmp_path / "sharded"
+    model.save_pretrained(sharded, max_shard_size="100KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    assert len(list(sharded.glob("*.safetensors"))) > 1
+    engine = load_engine(built_bundle(sharded), threads=1)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    np.testing.assert_allclose(engine.prefill(0, prompt), reference_step(model, [prompt])[0][0, -1],
+                               atol=1e-4, rtol=0)
