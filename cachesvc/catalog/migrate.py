@@ -32,8 +32,10 @@ def alembic_config(engine: Engine | None = None) -> Config:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Upgrade the schema to ``revision`` inside one connection."""
+    """Upgrade the schema to ``revision`` inside one connection (a no-op when already there)."""
     cfg = alembic_config(engine)
+    if revision == "head" and current_revision(engine) == ScriptDirectory.from_config(cfg).get_current_head():
+        return
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)

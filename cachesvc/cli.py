@@ -1,0 +1,617 @@
+"""The ``cachesvc`` command line: serve, prepare, bundles, checkpoints, db, demo-checkpoint.
+
+Cache options (``--cache-dir``, ``--catalog-url``, ``--engine-cache-max-size-gb``) go before
+the command and apply to every command; ``prepare`` and ``serve`` also accept them after.
+Bad input exits 2 with one line on stderr; an operation that fails exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from cachesvc import __version__
+from cachesvc.config import ServeConfig, add_build_arguments, add_serve_arguments, default_cache_dir
+from cachesvc.errors import CacheError, CheckpointError, ConfigError, NotFoundError
+from cachesvc.records import BUNDLE_STATES, BundleInfo, EvictionResult
+
+log = logging.getLogger("cachesvc.cli")
+
+_BAD_INPUT = (ConfigError, NotFoundError, CheckpointError)
+
+
+class CliError(Exception):
+    """A one-line error for the user; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- formatting ------------------------------------------------------------------------------
+
+
+def human_size(n: int | float) -> str:
+    """1536 -> '1.5 KiB'."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_time(value: datetime | None) -> str:
+    """A UTC timestamp to the second, or '-'."""
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
+    """Aligned plain-text table; columns listed in ``right`` are right-aligned."""
+    cells = [[str(c) for c in headers], *[[str(c) for c in r] for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        parts = [
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses, paths and datetimes to JSON-ready values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def emit_json(value: Any) -> None:
+    print(json.dumps(to_jsonable(value), indent=2, sort_keys=True))
+
+
+def bundle_json(info: BundleInfo, root: Path) -> dict[str, Any]:
+    data = to_jsonable(info)
+    data["path"] = str(root / info.path)
+    return data
+
+
+# -- commands --------------------------------------------------------------------------------
+
+
+def _manager(args: argparse.Namespace) -> Any:
+    from cachesvc.manager import CacheManager
+
+    cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
+    gb = getattr(args, "engine_cache_max_size_gb", 50.0)
+    if not isinstance(gb, float | int) or not gb > 0 or gb != gb or gb == float("inf"):
+        raise ConfigError("--engine-cache-max-size-gb", f"must be a finite number > 0, got {gb!r}")
+    return CacheManager.open(cache_dir, catalog_url=args.catalog_url, max_size_bytes=int(gb * 1e9))
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    config = _serve_config(args)
+    m = _manager(args)
+    try:
+        result = m.prepare(
+            config.model or str(ensure_demo_checkpoint(config.cache_dir)),
+            config.profile_request(),
+            progress=_log_progress,
+        )
+    finally:
+        m.close()
+    if args.json:
+        emit_json(
+            {
+                "bundle_id": result.bundle_id,
+                "bundle_dir": str(result.bundle_dir),
+                "model_dir": str(result.model_dir),
+                "draft_dir": str(result.draft_dir) if result.draft_dir else None,
+                "built": result.built,
+                "build_seconds": result.build_seconds,
+            }
+        )
+    else:
+        verb = f"built in {result.build_seconds:.1f}s" if result.built else "cache hit"
+        print(f"{result.bundle_id}  {verb}\n{result.bundle_dir}")
+    return 0
+
+
+def _log_progress(stage: str, fraction: float) -> None:
+    log.info("%s %3.0f%%", stage, fraction * 100)
+
+
+def cmd_bundles_ls(args: argparse.Namespace) -> int:
+    m = _manager(args)
+    page = m.list_bundles(
+        model=args.model,
+        state=args.state,
+        backend=args.backend,
+        sort=args.sort,
+        order=args.order,
+        limit=args.limit,
+    )
+    if args.json:
+        emit_json([bundle_json(b, m.layout.root) for b in page.items])
+        return 0
+    rows = [
+        [
+            b.id,
+            _short_model(b.model),
+            b.profile_name.rsplit("-", 1)[0],
+            b.state,
+            human_size(b.size_bytes),
+            b.hit_count,
+            human_time(b.last_used_at),
+            "yes" if b.pinned else "",
+        ]
+        for b in page.items
+    ]
+    print(
+        table(
+            ["ID", "MODEL", "PROFILE", "STATE", "SIZE", "HITS", "LAST USED (UTC)", "PINNED"],
+            rows,
+            right=(4, 5),
+        )
+    )
+    shown = f"{len(page.items)} of {page.total}" if page.total > len(page.items) else str(page.total)
+    print(f"\n{shown} bundles, {human_size(page.total_bytes)} (cap {human_size(m.max_size_bytes)})")
+    return 0
+
+
+def _short_model(model: str) -> str:
+    return model if len(model) <= 40 else "…" + model[-39:]
+
+
+def cmd_bundles_show(args: argparse.Namespace) -> int:
+    m = _manager(args)
+    d = m.bundle_detail(args.id)
+    if args.json:
+        data = to_jsonable(d)
+        data["bundle"]["path"] = str(m.layout.root / d.bundle.path)
+        emit_json(data)
+        return 0
+    b = d.bundle
+    fields = [
+        ("id", b.id),
+        ("model", b.model),
+        ("checkpoint", b.checkpoint_digest),
+        ("profile", b.profile_name),
+        ("backend", b.backend),
+        ("state", b.state + (f" ({b.error})" if b.error else "")),
+        ("path", m.layout.root / b.path),
+        ("size", f"{human_size(b.size_bytes)} in {b.file_count} files"),
+        ("created", human_time(b.created_at)),
+        ("built", f"{human_time(b.built_at)}" + (f" in {b.build_seconds:.1f}s" if b.build_seconds else "")),
+        ("last used", human_time(b.last_used_at)),
+        ("hits", b.hit_count),
+        ("pinned", "yes" if b.pinned else "no"),
+        ("verified", human_time(b.last_verified_at)),
+        ("leased by", ", ".join(f"pid {h.pid} on {h.host} since {h.since}" for h in d.holders) or "-"),
+    ]
+    print(table(["FIELD", "VALUE"], fields))
+    if d.files:
+        print()
+        print(
+            table(
+                ["FILE", "SIZE", "SHA-256"],
+                [[f["path"], human_size(f["size"]), f["sha256"][:16]] for f in d.files],
+            )
+        )
+    if d.events:
+        print()
+        rows = [
+            [human_time(e.at), e.kind, e.reason or "", human_size(e.bytes) if e.bytes else ""]
+            for e in d.events
+        ]
+        print(table(["AT (UTC)", "EVENT", "REASON", "BYTES"], rows))
+    return 0
+
+
+def cmd_bundles_rm(args: argparse.Namespace) -> int:
+    freed = _manager(args).remove(args.id)
+    print(f"removed {args.id}, freed {human_size(freed)}")
+    return 0
+
+
+def cmd_bundles_pin(args: argparse.Namespace) -> int:
+    info = _manager(args).pin(args.id)
+    print(f"pinned {info.id}")
+    return 0
+
+
+def cmd_bundles_unpin(args: argparse.Namespace) -> int:
+    info = _manager(args).unpin(args.id)
+    print(f"unpinned {info.id}")
+    return 0
+
+
+def cmd_bundles_verify(args: argparse.Namespace) -> int:
+    result = _manager(args).verify(args.id)
+    if args.json:
+        emit_json(result)
+    elif result.ok:
+        print(f"{result.bundle_id}: ok ({result.files_checked} files, {human_size(result.bytes_checked)})")
+    else:
+        print(f"{result.bundle_id}: CORRUPT, marked and never served again; `cachesvc prepare` rebuilds it")
+        print(table(["FILE", "PROBLEM"], [[x["path"], x["reason"]] for x in result.mismatches]))
+    return 0 if result.ok else 1
+
+
+def _print_eviction(result: EvictionResult, as_json: bool, root: Path) -> None:
+    if as_json:
+        emit_json(
+            {
+                "dry_run": result.dry_run,
+                "evict": [
+                    {"id": e.bundle_id, "size_bytes": e.size_bytes, "path": str(root / e.path)}
+                    for e in result.plan.evict
+                    if e.bundle_id in result.evicted
+                ],
+                "skipped": [
+                    {"id": s.bundle_id, "size_bytes": s.size_bytes, "reason": s.reason}
+                    for s in result.skipped
+                ],
+                "freed_bytes": result.freed_bytes,
+                "total_before": result.plan.total_before,
+                "total_after": result.total_after,
+                "max_size_bytes": result.plan.max_bytes,
+            }
+        )
+        return
+    verb = "would evict" if result.dry_run else "evicted"
+    rows = [
+        [e.bundle_id, human_size(e.size_bytes), verb]
+        for e in result.plan.evict
+        if e.bundle_id in result.evicted
+    ]
+    rows += [[s.bundle_id, human_size(s.size_bytes), f"kept ({s.reason})"] for s in result.skipped]
+    if rows:
+        print(table(["ID", "SIZE", "ACTION"], rows, right=(1,)))
+        print()
+    print(
+        f"{verb} {len(result.evicted)} bundles, {human_size(result.freed_bytes)}; "
+        f"cache {human_size(result.plan.total_before)} -> {human_size(result.total_after)}"
+    )
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    if args.max_size_bytes is not None and args.max_size_bytes < 0:
+        raise ConfigError("--max-size-bytes", f"must not be negative, got {args.max_size_bytes}")
+    m = _manager(args)
+    _print_eviction(m.prune(args.max_size_bytes, dry_run=args.dry_run), args.json, m.layout.root)
+    return 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    m = _manager(args)
+    _print_eviction(m.clear(dry_run=args.dry_run), args.json, m.layout.root)
+    return 0
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    report = _manager(args).reconcile()
+    if args.json:
+        emit_json(report)
+    else:
+        print(
+            f"adopted {len(report.adopted)}, forgotten {len(report.forgotten)}, "
+            f"staging removed {len(report.staging_removed)}, unverifiable removed {len(report.corrupt)}"
+        )
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    s = _manager(args).stats()
+    if args.json:
+        data = to_jsonable(s)
+        data.pop("build_seconds", None)
+        emit_json(data)
+        return 0
+    rate = f"{s.hit_rate:.1%}" if s.hit_rate is not None else "-"
+    median = f"{s.median_build_seconds:.1f}s" if s.median_build_seconds is not None else "-"
+    rows = [
+        ("size", f"{human_size(s.size_bytes)} of {human_size(s.max_size_bytes)}"),
+        ("bundles", f"{s.bundles} " + " ".join(f"{k}={v}" for k, v in sorted(s.bundles_by_state.items()))),
+        ("checkpoints", s.checkpoints),
+        ("hits / misses", f"{s.hits} / {s.misses} (hit rate {rate})"),
+        ("builds ok / failed", f"{s.builds_ok} / {s.builds_failed} (median {median})"),
+        (
+            "evictions",
+            ", ".join(
+                f"{r}={s.evictions_by_reason[r]} ({human_size(s.evicted_bytes_by_reason.get(r, 0))})"
+                for r in sorted(s.evictions_by_reason)
+            )
+            or "-",
+        ),
+        ("since", human_time(s.since)),
+    ]
+    print(table(["STAT", "VALUE"], rows))
+    if s.per_model:
+        print()
+        print(
+            table(
+                ["MODEL", "BUNDLES", "SIZE", "HITS", "MISSES"],
+                [
+                    [_short_model(p.model), p.bundles, human_size(p.size_bytes), p.hits, p.misses]
+                    for p in s.per_model
+                ],
+                right=(1, 2, 3, 4),
+            )
+        )
+    return 0
+
+
+def cmd_checkpoints_ls(args: argparse.Namespace) -> int:
+    items = _manager(args).list_checkpoints()
+    if args.json:
+        emit_json(items)
+        return 0
+    rows = [
+        [
+            c.digest[:16],
+            _short_model(c.source),
+            human_size(c.size_bytes),
+            c.file_count,
+            len(c.bundle_ids),
+            str(c.path),
+        ]
+        for c in items
+    ]
+    print(table(["DIGEST", "SOURCE", "SIZE", "FILES", "BUNDLES", "PATH"], rows, right=(2, 3, 4)))
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from cachesvc.catalog import Catalog, default_catalog_url
+    from cachesvc.catalog.migrate import head_revision
+
+    cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
+    catalog = Catalog(args.catalog_url or default_catalog_url(cache_dir), node="cli")
+    try:
+        if args.db_command == "upgrade":
+            catalog.upgrade(args.revision)
+            print(f"catalog at revision {catalog.current_revision()}")
+        else:
+            current = catalog.current_revision()
+            head = head_revision()
+            state = "up to date" if current == head else f"behind (head is {head}; run `cachesvc db upgrade`)"
+            print(f"{current or 'empty (never migrated)'}  {state}")
+    finally:
+        catalog.close()
+    return 0
+
+
+def cmd_demo_checkpoint(args: argparse.Namespace) -> int:
+    from inference.demo import write_demo_checkpoint
+
+    out = write_demo_checkpoint(
+        Path(args.dir), arch=args.arch, size=args.size, dtype=args.dtype, seed=args.seed
+    )
+    print(f"wrote a {args.size} {args.arch} {args.dtype} demo checkpoint with RANDOM weights to {out}")
+    return 0
+
+
+def ensure_demo_checkpoint(cache_dir: Path) -> Path:
+    """The checkpoint served when no model is given: a tiny random-weight qwen2 in the cache dir."""
+    from inference.demo import write_demo_checkpoint
+
+    target = Path(cache_dir).expanduser() / "demo" / "qwen2-tiny"
+    if (target / "config.json").exists():
+        return target
+    staging = target.with_name(f".{target.name}.{os.getpid()}")
+    write_demo_checkpoint(staging, arch="qwen2", size="tiny", dtype="fp32", seed=0)
+    try:
+        os.replace(staging, target)
+    except OSError:  # another process won the race; its checkpoint is identical
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+    log.warning(
+        "no model given: serving the demo checkpoint %s (random weights; output is gibberish)", target
+    )
+    return target
+
+
+def _serve_config(args: argparse.Namespace) -> ServeConfig:
+    return ServeConfig.from_namespace(args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    config = _serve_config(args)
+    if config.model is None:
+        demo = ensure_demo_checkpoint(config.cache_dir)
+        config = dataclasses.replace(
+            config, model=str(demo), served_model_name=config.served_model_name or "demo"
+        )
+    from cachesvc.app import serve
+
+    return serve(config)
+
+
+# -- parser ----------------------------------------------------------------------------------
+
+
+def _add_cache_commands(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(
+            name, help=help_text, description=help_text, parents=parents
+        )
+        p.set_defaults(func=fn)
+        return p
+
+    p = add("prune", cmd_prune, "evict least-recently-used idle bundles down to a size")
+    p.add_argument(
+        "--max-size-bytes", type=int, default=None, metavar="N", help="target size (default: the cap)"
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = add("clear", cmd_clear, "remove every idle bundle (pinned and leased ones stay; checkpoints stay)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = add("reconcile", cmd_reconcile, "re-sync the catalog with the disk")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = add("stats", cmd_stats, "cache statistics")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+_CACHE_OPTIONS = ("cache_dir", "catalog_url", "engine_cache_max_size_gb")
+
+
+def _cache_options(prefix: str = "") -> argparse.ArgumentParser:
+    """The cache options; the top level stores them under ``top_*`` so that a subcommand's own
+    defaults (argparse lets a subparser's defaults overwrite the parent's values) cannot hide them."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("cache")
+    g.add_argument(
+        "--cache-dir",
+        dest=prefix + "cache_dir",
+        default=argparse.SUPPRESS,
+        metavar="DIR",
+        help="cache root (default: $CACHESVC_CACHE_DIR or ~/.cache/cachesvc)",
+    )
+    g.add_argument(
+        "--catalog-url",
+        dest=prefix + "catalog_url",
+        default=argparse.SUPPRESS,
+        metavar="URL",
+        help="catalog SQLAlchemy URL (default: sqlite:///<cache-dir>/catalog.sqlite3)",
+    )
+    g.add_argument(
+        "--engine-cache-max-size-gb",
+        dest=prefix + "engine_cache_max_size_gb",
+        type=float,
+        default=argparse.SUPPRESS,
+        metavar="GB",
+        help="cache size cap in GB (default 50)",
+    )
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``cachesvc`` argument parser."""
+    cache_opts = _cache_options()
+    parser = argparse.ArgumentParser(
+        prog="cachesvc",
+        description="Engine-bundle cache for Hugging Face LLM checkpoints, with OpenAI-style serving.",
+        parents=[_cache_options("top_")],
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"cachesvc {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug output")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser(
+        "serve", help="prepare a bundle and serve OpenAI-style completions", allow_abbrev=False
+    )
+    add_serve_arguments(p)
+    p.set_defaults(func=cmd_serve, engine_cache_max_size_gb=None)
+
+    p = sub.add_parser(
+        "prepare", help="build (or find) the bundle for a model and profile", allow_abbrev=False
+    )
+    p.add_argument("model", nargs="?", default=None, help="HF model id or checkpoint dir (default: the demo)")
+    add_build_arguments(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_prepare, engine_cache_max_size_gb=None)
+
+    bundles = sub.add_parser("bundles", help="list and manage bundles")
+    bsub = bundles.add_subparsers(dest="bundles_command", metavar="COMMAND")
+    bsub.required = True
+    p = bsub.add_parser("ls", help="list bundles", parents=[cache_opts])
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--sort", choices=["last_used", "size", "created", "hits"], default="last_used")
+    p.add_argument("--order", choices=["asc", "desc"], default="desc")
+    p.add_argument("--model", default=None, help="model id/dir as given, or a checkpoint digest prefix")
+    p.add_argument("--state", choices=BUNDLE_STATES, default=None)
+    p.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default=None)
+    p.add_argument("--limit", type=int, default=1000, help="at most this many rows (default 1000)")
+    p.set_defaults(func=cmd_bundles_ls)
+    for name, fn, text in (
+        ("show", cmd_bundles_show, "one bundle: manifest, files, leases, events"),
+        ("rm", cmd_bundles_rm, "evict one bundle now (refused while leased or pinned)"),
+        ("pin", cmd_bundles_pin, "protect a bundle from eviction"),
+        ("unpin", cmd_bundles_unpin, "allow a bundle to be evicted again"),
+        ("verify", cmd_bundles_verify, "re-hash a bundle against its manifest"),
+    ):
+        p = bsub.add_parser(name, help=text, description=text, parents=[cache_opts])
+        p.add_argument("id", help="bundle id (see `cachesvc bundles ls`)")
+        if name in ("show", "verify"):
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=fn)
+    _add_cache_commands(bsub, [cache_opts])
+    _add_cache_commands(sub, [cache_opts])
+
+    ckpts = sub.add_parser("checkpoints", help="resolved checkpoints")
+    csub = ckpts.add_subparsers(dest="checkpoints_command", metavar="COMMAND")
+    csub.required = True
+    p = csub.add_parser("ls", help="list resolved checkpoints", parents=[cache_opts])
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_checkpoints_ls)
+
+    db = sub.add_parser("db", help="catalog schema")
+    dsub = db.add_subparsers(dest="db_command", metavar="COMMAND")
+    dsub.required = True
+    p = dsub.add_parser("upgrade", help="migrate the catalog to the newest schema", parents=[cache_opts])
+    p.add_argument("revision", nargs="?", default="head")
+    p.set_defaults(func=cmd_db)
+    p = dsub.add_parser("current", help="print the catalog's schema revision", parents=[cache_opts])
+    p.set_defaults(func=cmd_db)
+
+    p = sub.add_parser("demo-checkpoint", help="write a random-weight demo checkpoint", allow_abbrev=False)
+    p.add_argument("dir", help="output directory")
+    p.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "mistral"], default="qwen2")
+    p.add_argument("--size", choices=["tiny", "0.5b"], default="tiny")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_demo_checkpoint)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``cachesvc`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name in _CACHE_OPTIONS:
+        # A value given after the command wins over one given before it.
+        if getattr(args, name, None) is None:
+            setattr(args, name, getattr(args, "top_" + name, None))
+    if args.engine_cache_max_size_gb is None:
+        del args.engine_cache_max_size_gb  # ServeConfig's default applies
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    try:
+        return int(args.func(args))
+    except _BAD_INPUT as exc:
+        print(f"cachesvc: error: {exc}", file=sys.stderr)
+        return 2
+    except CacheError as exc:
+        print(f"cachesvc: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
