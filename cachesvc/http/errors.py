@@ -105,8 +105,9 @@ def _holders(exc: ConflictError) -> list[LeaseHolderOut]:
     return holders
 
 
-def _validation_problem(exc: ValidationException) -> Problem:
-    # Litestar puts one {"message", "key", "source"} dict per failing parameter into ``extra``.
+def _validation_problem(exc: ValidationException, wire_names: Mapping[str, str]) -> Problem:
+    # Litestar puts one {"message", "key", "source"} dict per failing parameter into ``extra``;
+    # ``key`` is the Python name, ``wire_names`` maps it to the name the client sent.
     issues = exc.extra if isinstance(exc.extra, list) else []
     parts: list[str] = []
     field: str | None = None
@@ -114,10 +115,12 @@ def _validation_problem(exc: ValidationException) -> Problem:
         if not isinstance(issue, dict):
             continue
         key = issue.get("key")
+        key = wire_names.get(key, key) if isinstance(key, str) else key
         message = str(issue.get("message", "")).strip()
         if key == "data" and issue.get("source") == "body":
-            # Litestar names the whole body "data"; callers know it as the request body.
-            key = "body"
+            # Litestar names the whole body "data"; callers know it as the request body, and
+            # an unknown or missing field is the field to fix.
+            key = _named_body_field(message) or "body"
             if message == "'data'":
                 message = "a JSON object is required (send {} for the defaults)"
         if field is None and key:
@@ -128,6 +131,17 @@ def _validation_problem(exc: ValidationException) -> Problem:
         field = _field_from_message(detail)
     kind = _http_kind(400)
     return Problem(type=kind.type, title="Invalid request", status=400, detail=detail, field=field)
+
+
+def _named_body_field(message: str) -> str | None:
+    # msgspec names the field in "Object contains unknown field `x`" and
+    # "Object missing required field `x`".
+    for marker in ("unknown field `", "required field `"):
+        start = message.find(marker)
+        if start >= 0:
+            name = message[start + len(marker) :].split("`", 1)[0]
+            return name or None
+    return None
 
 
 def _field_from_message(message: str) -> str | None:
@@ -141,10 +155,13 @@ def _field_from_message(message: str) -> str | None:
     return rest[:end] or None
 
 
-def problem_for(exc: BaseException) -> Problem:
-    """Map any exception raised in an admin route to a problem body with the right status."""
+def problem_for(exc: BaseException, wire_names: Mapping[str, str] | None = None) -> Problem:
+    """Map any exception raised in an admin route to a problem body with the right status.
+
+    ``wire_names`` maps handler parameter names to their query names where they differ.
+    """
     if isinstance(exc, ValidationException):
-        return _validation_problem(exc)
+        return _validation_problem(exc, wire_names or {})
     if isinstance(exc, HTTPException) and isinstance(exc.__cause__, SerializationException):
         kind = _http_kind(400)
         return Problem(
@@ -192,7 +209,7 @@ def problem_response(problem: Problem, headers: Mapping[str, str] | None = None)
 
 def handle_admin_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[Problem]:
     """Litestar exception handler: every admin error becomes a problem response."""
-    problem = problem_for(exc)
+    problem = problem_for(exc, _wire_names(request))
     if problem.status >= 500:
         log.error("admin %s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
     headers = exc.headers if isinstance(exc, HTTPException) and exc.headers else None
@@ -223,6 +240,20 @@ def problem_responses(*statuses: int) -> dict[int, ResponseSpec]:
         )
         for status in sorted({401, 403, 500, *statuses})
     }
+
+
+def _wire_names(request: Request[Any, Any, Any]) -> dict[str, str]:
+    """Handler parameters declared under another name (``bundle_state`` is ``?state=``)."""
+    try:
+        parameters = request.route_handler.parsed_fn_signature.parameters
+    except (KeyError, AttributeError):  # no handler resolved (routing failed)
+        return {}
+    names: dict[str, str] = {}
+    for name, field in parameters.items():
+        wire = getattr(field.kwarg_definition, "name", None)
+        if isinstance(wire, str) and wire and wire != name:
+            names[name] = wire
+    return names
 
 
 def admin_exception_handlers() -> dict[type[Exception] | int, Callable[..., Response[Any]]]:

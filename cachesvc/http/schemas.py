@@ -130,11 +130,30 @@ class BundleFileOut(Struct, frozen=True):
     sha256: str
 
 
+class ManifestSummaryOut(Struct, frozen=True):
+    """What a bundle's ``manifest.json`` says, without the file list."""
+
+    layout_version: int
+    bundle_id: str
+    checkpoint_digest: str
+    draft_digest: str | None
+    backend: str
+    versions: dict[str, str]
+    engine: dict[str, Any]
+    created_at: str
+    size_bytes: int
+    file_count: int
+
+
 class BundleDetailOut(Struct, frozen=True):
-    """One bundle with its manifest summary, files, lease holders and recent events."""
+    """One bundle with its manifest summary, files, lease holders and recent events.
+
+    ``manifest`` is null when the bundle directory has no readable manifest (e.g. it is still
+    being built, or it is corrupt).
+    """
 
     bundle: BundleOut
-    manifest: dict[str, Any] | None
+    manifest: ManifestSummaryOut | None
     files: list[BundleFileOut]
     holders: list[LeaseHolderOut]
     events: list[EventOut]
@@ -147,6 +166,13 @@ class RemoveOut(Struct, frozen=True):
     freed_bytes: int
 
 
+class MismatchOut(Struct, frozen=True):
+    """A file whose bytes do not match the manifest, and how."""
+
+    path: str
+    reason: str
+
+
 class VerifyOut(Struct, frozen=True):
     """Outcome of re-hashing a bundle against its manifest."""
 
@@ -154,7 +180,7 @@ class VerifyOut(Struct, frozen=True):
     ok: bool
     files_checked: int
     bytes_checked: int
-    mismatches: list[dict[str, str]]
+    mismatches: list[MismatchOut]
     state: BundleState
 
 

@@ -1,0 +1,413 @@
+"""Admin API benchmark: latency and throughput of the hot read routes on a large catalog.
+
+Fills a fresh catalog with 10,000 bundle rows and 100,000 events (bulk insert through the
+catalog's SQLAlchemy models, then the running totals that ``stats()`` reads are rebuilt from
+the events exactly as the catalog keeps them), serves the admin router and ``/metrics`` with
+uvicorn on a loopback port in a child process, and drives it with a loopback load generator
+(``wrk`` when it is on PATH, else an httpx async client), printing a table:
+
+    PYTHONPATH=. .venv/bin/python bench/admin_api.py [--bundles 10000] [--events 100000]
+        [--seconds 5] [--concurrency 8] [--client auto|wrk|httpx]
+
+Two runs per route: one connection (latency without queueing) and ``--concurrency``
+connections (throughput). Targets (issue 5): list p50 <= 5 ms, stats p50 <= 10 ms, list
+>= 1,000 req/s. Not a test: numbers depend on the machine and its neighbours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+ADMIN_KEY = "bench-admin-key"
+MAX_SIZE_BYTES = 10**15
+ROUTES: tuple[tuple[str, str, float | None, float | None], ...] = (
+    # name, path, p50 target (ms), req/s target
+    ("list", "/admin/bundles?limit=100", 5.0, 1000.0),
+    ("stats", "/admin/stats", 10.0, None),
+    ("metrics", "/metrics", None, None),
+)
+
+
+# -- catalog fill ------------------------------------------------------------------------------
+
+
+def populate(cache_dir: Path, n_bundles: int, n_events: int, seed: int = 5) -> None:
+    """Bulk-load ``n_bundles`` bundle rows and ``n_events`` events (plus their running totals)."""
+    from sqlalchemy import func, insert, select
+
+    from cachesvc.catalog import Catalog, default_catalog_url
+    from cachesvc.catalog.models import BundleRow, CheckpointRow, EventRow, EventTotalRow
+    from cachesvc.profiles import BuildOptions, bundle_id, bundle_relpath
+
+    rng = random.Random(seed)
+    catalog = Catalog(default_catalog_url(cache_dir), node="bench")
+    try:
+        catalog.upgrade()
+        now = datetime.now(UTC)
+        models = [f"bench-org/model-{i:03d}" for i in range(100)]
+        digests = {m: f"{i:064x}" for i, m in enumerate(models, start=1)}
+        profiles = [
+            BuildOptions(max_input_len=2**k, max_kv_cache_capacity=2 ** (k + 1), builder_version="bench")
+            for k in range(7, 12)
+        ] + [
+            BuildOptions(precision="int8", max_input_len=2**k, max_kv_cache_capacity=2 ** (k + 1))
+            for k in range(7, 12)
+        ]
+        bundles: list[dict[str, object]] = []
+        for i in range(n_bundles):
+            model = models[i % len(models)]
+            opts = profiles[(i // len(models)) % len(profiles)]
+            # Past 100 x 10 combinations, vary the digest so every id stays unique.
+            digest = f"{(i // (len(models) * len(profiles))) + 1:08x}" + digests[model][8:]
+            created = now - timedelta(days=30, seconds=rng.randrange(0, 86400 * 30))
+            bundles.append(
+                {
+                    "id": bundle_id(digest, opts),
+                    "model": model,
+                    "checkpoint_digest": digest,
+                    "draft_digest": None,
+                    "profile": opts.to_dict(),
+                    "profile_name": opts.name,
+                    "backend": opts.backend,
+                    "path": str(cache_dir / bundle_relpath(digest, opts)),
+                    "size_bytes": rng.randrange(10**6, 10**9),
+                    "file_count": rng.randrange(2, 12),
+                    "state": rng.choices(("ready", "failed", "corrupt"), (95, 4, 1))[0],
+                    "created_at": created,
+                    "built_at": created + timedelta(seconds=30),
+                    "build_seconds": rng.uniform(2, 600),
+                    "last_used_at": created + timedelta(seconds=rng.randrange(0, 86400 * 30)),
+                    "hit_count": rng.randrange(0, 10_000),
+                    "pinned": rng.random() < 0.02,
+                    "last_verified_at": None,
+                    "error": None,
+                    "node": "bench",
+                }
+            )
+        kinds = ("hit", "miss", "build_ok", "build_failed", "evict")
+        reasons = ("lru", "manual", "clear", "stale", "corrupt")
+        events: list[dict[str, object]] = []
+        start = now - timedelta(days=30)
+        for j in range(n_events):
+            b = bundles[rng.randrange(len(bundles))]
+            kind = rng.choices(kinds, (70, 10, 8, 2, 10))[0]
+            events.append(
+                {
+                    "at": start + timedelta(seconds=j * 25),
+                    "kind": kind,
+                    "bundle_id": b["id"],
+                    "checkpoint_digest": b["checkpoint_digest"],
+                    "model": b["model"],
+                    "reason": rng.choice(reasons) if kind == "evict" else None,
+                    "bytes": b["size_bytes"] if kind == "evict" else None,
+                    "seconds": rng.uniform(2, 600) if kind in ("build_ok", "build_failed") else None,
+                    "detail": None,
+                    "node": "bench",
+                }
+            )
+        with catalog.engine.begin() as conn:
+            conn.execute(
+                insert(CheckpointRow),
+                [
+                    {
+                        "digest": d,
+                        "source": m,
+                        "path": str(cache_dir / "checkpoints" / d[:16]),
+                        "size_bytes": 10**9,
+                        "file_count": 8,
+                        "resolved_at": now,
+                        "node": "bench",
+                    }
+                    for m, d in digests.items()
+                ],
+            )
+            conn.execute(insert(BundleRow), bundles)
+            conn.execute(insert(EventRow), events)
+            # The running totals the catalog maintains per event, rebuilt in one statement.
+            reason_col = func.coalesce(EventRow.reason, "")
+            model_col = func.coalesce(EventRow.model, "")
+            conn.execute(
+                insert(EventTotalRow).from_select(
+                    ["kind", "reason", "model", "count", "bytes", "seconds", "first_at"],
+                    select(
+                        EventRow.kind,
+                        reason_col,
+                        model_col,
+                        func.count(),
+                        func.coalesce(func.sum(EventRow.bytes), 0),
+                        func.coalesce(func.sum(EventRow.seconds), 0.0),
+                        func.min(EventRow.at),
+                    ).group_by(EventRow.kind, reason_col, model_col),
+                )
+            )
+    finally:
+        catalog.close()
+
+
+# -- server (child process) --------------------------------------------------------------------
+
+
+def serve(cache_dir: Path, port: int) -> None:
+    """Run the admin router and /metrics on uvicorn (loopback) over the given cache."""
+    import uvicorn
+    from litestar import Litestar
+    from litestar.di import Provide
+
+    from cachesvc.http.admin import admin_router
+    from cachesvc.http.metrics import MetricsState, metrics_route
+    from cachesvc.manager import CacheManager
+
+    manager = CacheManager.open(cache_dir, max_size_bytes=MAX_SIZE_BYTES, builders={})
+    metrics = MetricsState(manager)
+    app = Litestar(
+        route_handlers=[
+            admin_router(admin_api_key=ADMIN_KEY),
+            metrics_route(metrics, admin_api_key=ADMIN_KEY),
+        ],
+        dependencies={"manager": Provide(lambda: manager, sync_to_thread=False)},
+        middleware=[metrics.middleware()],
+        openapi_config=None,
+        logging_config=None,
+    )
+    try:
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    finally:
+        manager.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_ready(base: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode} before answering")
+        try:
+            r = httpx.get(f"{base}/admin/stats", headers={"x-api-key": ADMIN_KEY}, timeout=2)
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"server did not answer within {timeout:.0f} s")
+
+
+# -- load generators ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Result:
+    """One route under one load."""
+
+    route: str
+    connections: int
+    requests: int
+    non_2xx: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+
+    @property
+    def rps(self) -> float:
+        """Requests per second."""
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+_WRK_SCRIPT = """
+wrk.headers["x-api-key"] = "%s"
+done = function(summary, latency, requests)
+  local non2xx = summary.errors.status + summary.errors.connect + summary.errors.read
+    + summary.errors.write + summary.errors.timeout
+  io.write(string.format(
+    "BENCHJSON {\\"requests\\": %%d, \\"us\\": %%d, \\"p50\\": %%f, \\"p99\\": %%f, \\"bad\\": %%d}\\n",
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99), non2xx))
+end
+"""
+
+
+def run_wrk(name: str, url: str, connections: int, seconds: float, script: Path) -> Result:
+    """Drive ``url`` with wrk (one thread: the server needs the other core)."""
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", str(script), url],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    line = next(ln for ln in out.splitlines() if ln.startswith("BENCHJSON "))
+    data = json.loads(line.removeprefix("BENCHJSON "))
+    return Result(
+        route=name,
+        connections=connections,
+        requests=int(data["requests"]),
+        non_2xx=int(data["bad"]),
+        seconds=data["us"] / 1e6,
+        p50_ms=data["p50"] / 1000,
+        p99_ms=data["p99"] / 1000,
+    )
+
+
+async def _httpx_load(url: str, connections: int, seconds: float) -> tuple[list[float], int, float]:
+    latencies: list[float] = []
+    bad = 0
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    async with httpx.AsyncClient(headers={"x-api-key": ADMIN_KEY}, limits=limits, timeout=30) as client:
+        deadline = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal bad
+            while time.perf_counter() < deadline:
+                t0 = time.perf_counter()
+                r = await client.get(url)
+                latencies.append(time.perf_counter() - t0)
+                bad += not 200 <= r.status_code < 300
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(connections)))
+        elapsed = time.perf_counter() - started
+    return latencies, bad, elapsed
+
+
+def run_httpx(name: str, url: str, connections: int, seconds: float) -> Result:
+    """Drive ``url`` with an httpx async client (slower than wrk: the client costs CPU too)."""
+    latencies, bad, elapsed = asyncio.run(_httpx_load(url, connections, seconds))
+    latencies.sort()
+    q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else latencies * 99
+    return Result(
+        route=name,
+        connections=connections,
+        requests=len(latencies),
+        non_2xx=bad,
+        seconds=elapsed,
+        p50_ms=q[49] * 1000,
+        p99_ms=q[98] * 1000,
+    )
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def _verdict(value: float, target: float | None, *, higher_is_better: bool) -> str:
+    if target is None:
+        return ""
+    ok = value >= target if higher_is_better else value <= target
+    return "ok" if ok else "MISS"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Fill a catalog, start the server, load each route, print the table."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--bundles", type=int, default=10_000)
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=5.0, help="load time per route and concurrency")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--client", choices=("auto", "wrk", "httpx"), default="auto")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve is not None:
+        serve(args.serve, args.port)
+        return 0
+    for name in ("bundles", "events", "concurrency"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    if args.seconds <= 0:
+        parser.error("--seconds must be positive")
+    client = args.client
+    if client == "auto":
+        client = "wrk" if shutil.which("wrk") else "httpx"
+    elif client == "wrk" and not shutil.which("wrk"):
+        parser.error("--client wrk: wrk is not on PATH (apt-get install wrk), or use --client httpx")
+
+    with tempfile.TemporaryDirectory(prefix="cachesvc-bench-") as tmp:
+        cache_dir = Path(tmp) / "cache"
+        cache_dir.mkdir()
+        t0 = time.perf_counter()
+        populate(cache_dir, args.bundles, args.events)
+        fill_s = time.perf_counter() - t0
+        port = _free_port()
+        base = f"http://127.0.0.1:{port}"
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(cache_dir), "--port", str(port)], env=env
+        )
+        results: list[Result] = []
+        try:
+            _wait_ready(base, proc)
+            script = Path(tmp) / "bench.lua"
+            script.write_text(_WRK_SCRIPT % ADMIN_KEY)
+            for name, path, _, _ in ROUTES:
+                url = base + path
+                # Warm caches (SQLite pages, msgspec encoders) before measuring.
+                for _ in range(20):
+                    httpx.get(url, headers={"x-api-key": ADMIN_KEY}, timeout=30).raise_for_status()
+                for connections in (1, args.concurrency):
+                    if client == "wrk":
+                        results.append(run_wrk(name, url, connections, args.seconds, script))
+                    else:
+                        results.append(run_httpx(name, url, connections, args.seconds))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    print(
+        f"\nadmin API on uvicorn (1 worker, loopback), client {client}; catalog {args.bundles:,} bundles, "
+        f"{args.events:,} events (filled in {fill_s:.1f} s); {os.cpu_count()} CPUs\n"
+    )
+    header = (
+        f"{'route':<34} {'conns':>5} {'requests':>9} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'non-2xx':>7}  targets"
+    )
+    print(header)
+    print("-" * len(header))
+    targets = {name: (p50, rps) for name, _, p50, rps in ROUTES}
+    paths = {name: path for name, path, _, _ in ROUTES}
+    for r in results:
+        p50_target, rps_target = targets[r.route]
+        notes = []
+        if p50_target is not None:
+            notes.append(f"p50<={p50_target:g} ms {_verdict(r.p50_ms, p50_target, higher_is_better=False)}")
+        if rps_target is not None and r.connections > 1:
+            notes.append(f">={rps_target:,.0f} req/s {_verdict(r.rps, rps_target, higher_is_better=True)}")
+        print(
+            f"GET {paths[r.route]:<30} {r.connections:>5} {r.requests:>9,} {r.rps:>9,.0f} "
+            f"{r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.non_2xx:>7}  {'; '.join(notes)}"
+        )
+    return 0 if all(r.non_2xx == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

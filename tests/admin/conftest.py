@@ -1,0 +1,168 @@
+"""Fixtures for the admin API tests: a real CacheManager on tmp_path behind a Litestar app.
+
+The app is assembled here the way ``cachesvc.app`` mounts the pieces (admin router, guarded
+``/metrics``, request-metrics middleware, the ``manager`` dependency). Litestar's TestClient
+always reports the client as ``testclient``; ``PeerMiddleware`` sets the peer address the
+guard sees, standing in for the socket address a real server would put into the scope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from litestar import Litestar
+from litestar.di import Provide
+from litestar.enums import ScopeType
+from litestar.middleware import ASGIMiddleware
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.testing import TestClient
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+from cachesvc.http.admin import admin_router
+from cachesvc.http.metrics import MetricsState, metrics_route
+from cachesvc.manager import CacheManager
+from cachesvc.profiles import BuildOptions, bundle_id, bundle_relpath
+from tests.support.cache import FileBuilder, make_checkpoint
+
+ADMIN_KEY = "admin-secret-key"
+COMPLETION_KEY = "completion-secret-key"
+LOOPBACK = "127.0.0.1"
+REMOTE = "203.0.113.7"
+MAX_SIZE = 10**12
+
+
+class PeerMiddleware(ASGIMiddleware):
+    """Sets ``scope["client"]`` to a fixed peer address (what uvicorn fills from the socket)."""
+
+    scopes = (ScopeType.HTTP,)
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
+        scope["client"] = (self.host, 50000)
+        await next_app(scope, receive, send)
+
+
+def build_app(
+    manager: CacheManager, *, admin_api_key: str | None = None, peer: str = LOOPBACK
+) -> tuple[Litestar, MetricsState]:
+    """The admin surface as the service mounts it, over ``manager``."""
+    metrics = MetricsState(manager)
+    app = Litestar(
+        route_handlers=[
+            admin_router(admin_api_key=admin_api_key),
+            metrics_route(metrics, admin_api_key=admin_api_key),
+        ],
+        dependencies={"manager": Provide(lambda: manager, sync_to_thread=False)},
+        middleware=[PeerMiddleware(peer), metrics.middleware()],
+        openapi_config=OpenAPIConfig(
+            title="cachesvc", version="test", path="/schema", render_plugins=[SwaggerRenderPlugin()]
+        ),
+        debug=False,
+    )
+    return app, metrics
+
+
+def open_manager(cache_dir: Path, builder: FileBuilder | None = None) -> CacheManager:
+    """A real manager (SQLite catalog, locks, store) with the small file-writing test builder."""
+    return CacheManager.open(
+        cache_dir,
+        max_size_bytes=MAX_SIZE,
+        builders={"onnxruntime": builder or FileBuilder(files=3, file_size=256)},
+        node="test-node",
+    )
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def builder() -> FileBuilder:
+    return FileBuilder(files=3, file_size=256)
+
+
+@pytest.fixture
+def manager(cache_dir: Path, builder: FileBuilder) -> Iterator[CacheManager]:
+    m = open_manager(cache_dir, builder)
+    try:
+        yield m
+    finally:
+        m.close()
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    return make_checkpoint(tmp_path / "models" / "tiny", seed=1)
+
+
+@pytest.fixture
+def make_client(manager: CacheManager) -> Iterator[Callable[..., TestClient[Litestar]]]:
+    """``make_client(admin_api_key=..., peer=...)`` -> an entered TestClient (closed at teardown)."""
+    clients: list[TestClient[Litestar]] = []
+
+    def make(*, admin_api_key: str | None = None, peer: str = LOOPBACK) -> TestClient[Litestar]:
+        app, _ = build_app(manager, admin_api_key=admin_api_key, peer=peer)
+        client = TestClient(app, raise_server_exceptions=False)
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(make_client: Callable[..., TestClient[Litestar]]) -> TestClient[Litestar]:
+    """Loopback client, no admin key configured."""
+    return make_client()
+
+
+def seed_rows(manager: CacheManager, count: int, *, start: datetime | None = None) -> list[str]:
+    """Insert ``count`` ready bundle rows through the catalog API (no files: list tests only).
+
+    Sizes, creation and last-use times and hit counts differ per row so every sort key orders
+    them differently; every 7th is pinned, models alternate between three names.
+    """
+    base = start or datetime(2025, 1, 1, tzinfo=UTC)
+    ids: list[str] = []
+    for i in range(count):
+        digest = f"{i + 1:016x}" + "ab" * 24
+        opts = BuildOptions(max_input_len=128 + (i % 5), builder_version="seed")
+        bid = bundle_id(digest, opts)
+        manager.catalog.adopt_bundle(
+            bundle_id=bid,
+            model=f"org/model-{i % 3}",
+            checkpoint_digest=digest,
+            draft_digest=None,
+            profile=opts.to_dict(),
+            profile_name=opts.name,
+            backend="onnxruntime",
+            path=bundle_relpath(digest, opts),
+            size_bytes=1000 + (i * 7919) % 5003,
+            file_count=3,
+            built_at=base + timedelta(minutes=(i * 37) % count),
+        )
+        manager.catalog.touch(bid, base + timedelta(hours=1, seconds=(i * 53) % (count * 2) + i * 1e-3))
+        if i % 7 == 0:
+            manager.pin(bid)
+        ids.append(bid)
+    return ids
+
+
+def problem(response: Any) -> dict[str, Any]:
+    """The problem body of an error response (asserts the media type)."""
+    assert response.headers["content-type"].startswith("application/problem+json"), response.text
+    body: dict[str, Any] = response.json()
+    assert body["status"] == response.status_code
+    assert body["type"].startswith("urn:cachesvc:problem:")
+    assert body["title"] and body["detail"]
+    return body
