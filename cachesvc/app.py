@@ -137,7 +137,7 @@ def engine_factory_from_env() -> EngineFactory | None:
     factory = getattr(importlib.import_module(module_name), attr)
     if not callable(factory):
         raise CacheError(f"CACHESVC_ENGINE_FACTORY {spec!r} is not callable")
-    return factory  # type: ignore[no-any-return]
+    return factory
 
 
 def create_app(
