@@ -1,0 +1,150 @@
+"""Catalog schema and queries on a real SQLite file."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect
+
+from cachesvc.catalog import Catalog, utcnow
+from cachesvc.catalog.migrate import downgrade, head_revision
+from cachesvc.catalog.models import Base
+from cachesvc.errors import ConfigError, NotFoundError
+
+
+def catalog(tmp_path: Path) -> Catalog:
+    c = Catalog(f"sqlite:///{tmp_path / 'catalog.sqlite3'}", node="test-node")
+    c.upgrade()
+    return c
+
+
+def add(c: Catalog, i: int, *, model: str = "m", size: int = 100, backend: str = "onnxruntime") -> str:
+    bid = f"{i:016x}-{i:012x}"
+    c.adopt_bundle(
+        bundle_id=bid,
+        model=model,
+        checkpoint_digest=f"{i:064x}",
+        draft_digest=None,
+        profile={"i": i},
+        profile_name=f"p{i}",
+        backend=backend,
+        path=Path(f"engines/{i:016x}/p{i}"),
+        size_bytes=size,
+        file_count=3,
+        built_at=utcnow() - timedelta(days=1),
+    )
+    return bid
+
+
+def test_upgrade_downgrade_upgrade_on_fresh_file(tmp_path: Path) -> None:
+    c = catalog(tmp_path)
+    assert c.current_revision() == head_revision()
+    tables = set(inspect(c.engine).get_table_names())
+    assert {"bundles", "checkpoints", "leases", "events", "event_totals", "alembic_version"} <= tables
+    downgrade(c.engine, "base")
+    assert c.current_revision() is None
+    assert set(inspect(c.engine).get_table_names()) <= {"alembic_version"}
+    c.upgrade()
+    assert c.current_revision() == head_revision()
+    c.upgrade()  # idempotent
+
+
+def test_migrated_schema_matches_models(tmp_path: Path) -> None:
+    c = catalog(tmp_path)
+    with c.engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
+        assert compare_metadata(ctx, Base.metadata) == []
+
+
+def test_sqlite_pragmas(tmp_path: Path) -> None:
+    c = catalog(tmp_path)
+    with c.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 1000
+    # Foreign keys are enforced: a lease for an unknown bundle is refused.
+    with pytest.raises(Exception, match="FOREIGN KEY"):
+        c.add_lease("nope", 1)
+    # The file really is a SQLite database another client can read.
+    with sqlite3.connect(tmp_path / "catalog.sqlite3") as raw:
+        assert raw.execute("select count(*) from bundles").fetchone() == (0,)
+
+
+def test_timestamps_are_utc_aware(tmp_path: Path) -> None:
+    c = catalog(tmp_path)
+    bid = add(c, 1)
+    info = c.require_bundle(bid)
+    assert info.created_at.tzinfo is not None and info.created_at.utcoffset() == timedelta(0)
+
+
+def test_pagination_cursor_and_offset_cover_each_row_once(tmp_path: Path) -> None:
+    c = catalog(tmp_path)
+    ids = [add(c, i, size=(i * 37) % 11) for i in range(57)]
+    base = utcnow() - timedelta(hours=1)
+    for i, bid in enumerate(ids):
+        c.touch(bid, base + timedelta(seconds=i % 7))  # many ties: the id breaks them
+    for sort in ("last_used", "size", "created", "hits"):
+        for order in ("asc", "desc"):
+            seen: list[str] = []
+            cursor = None
+            while True:
+                page = c.list_bundles(sort=sort, order=order, limit=10, cursor=cursor)
+                assert page.total == 57
+                seen += [b.id for b in page.items]
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+            assert sorted(seen) == sorted(ids) and len(seen) == 57, (sort, order)
+            by_offset: list[str] = []
+            offset = 0
+            while True:
+                page = c.list_bundles(sort=sort, order=order, limit=10, offset=offset)
+                by_offset += [b.id for b in page.items]
+                if page.next_offset is None:
+                    break
+                offset = page.next_offset
+            assert by_offset == seen
+    sizes = [b.size_bytes for b in c.list_bundles(sort="size", order="asc", limit=100).items]
+    assert sizes == sorted(sizes)
+
+
+def test_filters_and_totals(tmp_path: Path) -> None:
+    c = catalog(tmp_path)
+    a = [add(c, i, model="a", size=10) for i in range(3)]
+    add(c, 10, model="b", size=5, backend="tensorrt")
+    c.set_pinned(a[0], True)
+    assert c.list_bundles(model="a").total == 3
+    assert c.list_bundles(model="a").total_bytes == 30
+    assert c.list_bundles(backend="tensorrt").total == 1
+    assert [b.id for b in c.list_bundles(pinned=True).items] == [a[0]]
+    assert c.list_bundles(pinned=False).total == 3
+    assert c.list_bundles(state="failed").total == 0
+    with pytest.raises(ConfigError, match="sort"):
+        c.list_bundles(sort="nope")
+    with pytest.raises(ConfigError, match="cursor"):
+        c.list_bundles(cursor="garbage!")
+    cursor = c.list_bundles(sort="size", limit=1).next_cursor
+    assert cursor is not None
+    with pytest.raises(ConfigError, match="cursor"):
+        c.list_bundles(sort="hits", cursor=cursor)  # a cursor from another sort
+
+
+def test_event_totals_agree_with_the_log(tmp_path: Path) -> None:
+    c = catalog(tmp_path)
+    bid = add(c, 1, model="m1")
+    for _ in range(3):
+        c.record_hit(bid)
+    c.delete_bundle(bid, reason="manual", nbytes=100)
+    stats = c.stats(max_size_bytes=1000)
+    log = c.events(limit=1000)
+    assert stats.hits == sum(e.kind == "hit" for e in log) == 3
+    assert stats.evictions_by_reason == {"manual": 1}
+    assert stats.evicted_bytes_by_reason == {"manual": 100}
+    assert stats.per_model[0].model == "m1" and stats.per_model[0].hits == 3
+    with pytest.raises(NotFoundError):
+        c.record_hit(bid)
