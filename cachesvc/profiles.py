@@ -55,7 +55,8 @@ class BuildOptions:
         if self.max_input_len > self.max_kv_cache_capacity:
             raise ConfigError(
                 "max_input_len",
-                f"({self.max_input_len}) must not exceed max_kv_cache_capacity ({self.max_kv_cache_capacity})",
+                f"({self.max_input_len}) must not exceed max_kv_cache_capacity "
+                f"({self.max_kv_cache_capacity})",
             )
         if self.speculative_method is not None and self.speculative_method not in SPECULATIVE_METHODS:
             raise ConfigError(
