@@ -128,14 +128,17 @@ def error_body(exc: OpenAIError) -> dict[str, Any]:
 
 
 _MSGSPEC_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_MSGSPEC_MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
 
 
 def _param_from_msgspec(message: str) -> tuple[str, str | None]:
-    # msgspec messages end with " - at `$.messages[0].role`"; keep the path as the param.
+    # msgspec messages end with " - at `$.messages[0].role`"; a missing field is named in the
+    # text instead ("Object missing required field `prompt` - at `$.messages[0]`").
     m = _MSGSPEC_PATH.search(message)
-    if m is None:
-        return message, None
-    path = m.group("path") or None
+    path = (m.group("path") or None) if m else None
+    missing = _MSGSPEC_MISSING.search(message)
+    if missing is not None:
+        path = f"{path}.{missing.group('field')}" if path else missing.group("field")
     return message, path
 
 
@@ -187,7 +190,9 @@ def _from_litestar_validation(exc: ValidationException) -> InvalidRequestError:
             key = item.get("key")
             text = str(item.get("message", exc.detail))
             message, param = _param_from_msgspec(text)
-            param = param or (str(key) if key else None)
+            # Litestar names the whole body "data"; that tells a client nothing.
+            if param is None and key and key != "data":
+                param = str(key)
             where = f" (field {param!r})" if param else ""
             return InvalidRequestError(f"invalid request body{where}: {message}", param=param)
     return InvalidRequestError(f"invalid request: {exc.detail}")

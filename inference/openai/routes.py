@@ -14,6 +14,7 @@ from typing import Any
 from litestar import Response, Router, get, post
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
+from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
 from inference.openai.errors import AuthenticationError, ServerUnavailableError, openai_exception_handler
@@ -81,11 +82,11 @@ def openai_router(serving_provider: ServingProvider | OpenAIServing, *, path: st
         return current().list_models()
 
     @post("/completions", status_code=200)
-    async def completions(data: CompletionRequest) -> Response[Any]:
+    async def completions(data: JSONBody[CompletionRequest]) -> Response[Any]:
         return respond(await current().create_completion(data))
 
     @post("/chat/completions", status_code=200)
-    async def chat_completions(data: ChatCompletionRequest) -> Response[Any]:
+    async def chat_completions(data: JSONBody[ChatCompletionRequest]) -> Response[Any]:
         return respond(await current().create_chat_completion(data))
 
     return Router(
