@@ -57,6 +57,9 @@ BuildId = Annotated[
     str, PathParameter(min_length=1, max_length=128, description="Build id from POST /admin/builds")
 ]
 Limit = Annotated[int, QueryParameter(ge=1, le=1000, description="Page size (1-1000)")]
+#: The request Structs forbid unknown fields (a typo such as ``dryrun`` must not turn a dry run
+#: into a real clear); say so in the schema, which Litestar does not derive from the Struct.
+StrictBody = Body(schema_extra={"additionalProperties": False})
 
 
 def _utc(moment: datetime | None) -> datetime | None:
@@ -120,7 +123,11 @@ class BundleController(Controller):
         ] = None,
         cursor: Annotated[
             str | None,
-            QueryParameter(min_length=1, max_length=512, description="next_cursor of the previous page"),
+            QueryParameter(
+                min_length=1,
+                max_length=512,
+                description="next_cursor of the previous page (same sort; not together with offset)",
+            ),
         ] = None,
     ) -> BundleListOut:
         """List bundles with filters, sort and pagination; totals cover every match."""
@@ -204,7 +211,7 @@ class BuildController(Controller):
         operation_id="startBuild",
         responses=problem_responses(400, 404, 409, 502, 507),
     )
-    def start_build(self, manager: Manager, data: Annotated[BuildRequest, Body()]) -> BuildOut:
+    def start_build(self, manager: Manager, data: Annotated[BuildRequest, StrictBody]) -> BuildOut:
         """Start a background build (or join the running one for the same bundle)."""
         request = ProfileRequest(
             backend=data.backend,
@@ -243,7 +250,7 @@ class CacheController(Controller):
         operation_id="pruneCache",
         responses=problem_responses(400, 409),
     )
-    def prune(self, manager: Manager, data: Annotated[PruneRequest, Body()]) -> EvictionOut:
+    def prune(self, manager: Manager, data: Annotated[PruneRequest, StrictBody]) -> EvictionOut:
         """Evict LRU idle bundles down to ``max_size_bytes`` (default: the cap); ``dry_run`` plans only."""
         return _eviction_body(manager.prune(data.max_size_bytes, dry_run=data.dry_run))
 
@@ -254,7 +261,7 @@ class CacheController(Controller):
         operation_id="clearCache",
         responses=problem_responses(400, 409),
     )
-    def clear(self, manager: Manager, data: Annotated[ClearRequest, Body()]) -> EvictionOut:
+    def clear(self, manager: Manager, data: Annotated[ClearRequest, StrictBody]) -> EvictionOut:
         """Remove every idle bundle (leased and pinned ones stay; checkpoints stay)."""
         return _eviction_body(manager.clear(dry_run=data.dry_run))
 
@@ -316,7 +323,7 @@ def admin_router(*, admin_api_key: str | None) -> Router:
 
     The app must provide the ``manager`` dependency (``Provide(lambda: manager, sync_to_thread=False)``).
     """
-    return Router(
+    router = Router(
         path="/admin",
         route_handlers=[
             BundleController,
@@ -330,3 +337,24 @@ def admin_router(*, admin_api_key: str | None) -> Router:
         exception_handlers=admin_exception_handlers(),
         signature_namespace={"CacheManager": CacheManager},
     )
+    _drop_stale_options_handlers(router)
+    return router
+
+
+def _drop_stale_options_handlers(router: Router) -> None:
+    """Remove the OPTIONS handlers Litestar generated while registering handlers one by one.
+
+    Litestar 2.25 creates a path's OPTIONS handler with the first handler registered there and
+    keeps it when later handlers join the path, so ``Allow`` lists only the first method
+    (``GET, OPTIONS`` for a path that also has DELETE). Without them, mounting this router
+    builds each path from its complete method map and generates a correct OPTIONS handler.
+    """
+    for route in router.routes:
+        handlers = getattr(route, "route_handlers", None)
+        if not isinstance(handlers, list):
+            continue
+        handlers[:] = [
+            h
+            for h in handlers
+            if not (set(h.http_methods) == {"OPTIONS"} and getattr(h.fn, "__name__", "") == "options_handler")
+        ]

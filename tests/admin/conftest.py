@@ -70,12 +70,15 @@ def build_app(
 
 
 def open_manager(cache_dir: Path, builder: FileBuilder | None = None) -> CacheManager:
-    """A real manager (SQLite catalog, locks, store) with the small file-writing test builder."""
+    """A real manager (SQLite catalog, locks, store) with the small file-writing test builder.
+
+    Offline: a generated model name such as ``org/x`` fails fast instead of reaching the hub.
+    """
     return CacheManager.open(
         cache_dir,
         max_size_bytes=MAX_SIZE,
         builders={"onnxruntime": builder or FileBuilder(files=3, file_size=256)},
-        node="test-node",
+        offline=True,
     )
 
 

@@ -40,7 +40,12 @@ def _pages(client: Client, params: dict[str, Any], *, by: str) -> tuple[list[dic
     raise AssertionError("pagination did not end")
 
 
-_SORT_FIELD = {"last_used": "last_used_at", "size": "size_bytes", "created": "created_at", "hits": "hit_count"}
+_SORT_FIELD = {
+    "last_used": "last_used_at",
+    "size": "size_bytes",
+    "created": "created_at",
+    "hits": "hit_count",
+}
 
 
 @pytest.mark.parametrize(
@@ -152,7 +157,13 @@ def test_bundle_detail_has_manifest_files_holders_events(
 
 
 def test_unknown_bundle_is_404_and_malformed_id_is_400(client: Client) -> None:
-    for method, suffix in [("GET", ""), ("DELETE", ""), ("PUT", "/pin"), ("DELETE", "/pin"), ("POST", "/verify")]:
+    for method, suffix in [
+        ("GET", ""),
+        ("DELETE", ""),
+        ("PUT", "/pin"),
+        ("DELETE", "/pin"),
+        ("POST", "/verify"),
+    ]:
         body = problem(client.request(method, f"/admin/bundles/{UNKNOWN_ID}{suffix}"))
         assert body["status"] == 404, (method, suffix, body)
         assert UNKNOWN_ID in body["detail"]
@@ -160,7 +171,9 @@ def test_unknown_bundle_is_404_and_malformed_id_is_400(client: Client) -> None:
         assert body["status"] == 400 and body["field"] == "bundle_id"
 
 
-def test_delete_frees_bytes_and_removes_files(client: Client, manager: CacheManager, checkpoint: Path) -> None:
+def test_delete_frees_bytes_and_removes_files(
+    client: Client, manager: CacheManager, checkpoint: Path
+) -> None:
     result = manager.prepare(str(checkpoint))
     size = manager.get_bundle(result.bundle_id).size_bytes
     r = client.delete(f"/admin/bundles/{result.bundle_id}")
@@ -248,9 +261,7 @@ def test_prune_dry_run_plans_then_prune_evicts_lru_skipping_pinned(
         ("/admin/builds", {"model": "m", "colour": "red"}, "colour"),
     ],
 )
-def test_bad_bodies_are_400_naming_the_field(
-    client: Client, route: str, payload: Any, field: str
-) -> None:
+def test_bad_bodies_are_400_naming_the_field(client: Client, route: str, payload: Any, field: str) -> None:
     body = problem(client.post(route, json=payload))
     assert body["status"] == 400 and body["field"] == field, body
 
@@ -307,7 +318,9 @@ def test_events_filters_and_newest_first(client: Client, manager: CacheManager, 
     assert [e["id"] for e in items] == sorted((e["id"] for e in items), reverse=True)
     assert [e["kind"] for e in client.get("/admin/events", params={"kind": "hit"}).json()["items"]] == ["hit"]
     assert len(client.get("/admin/events", params={"limit": 2}).json()["items"]) == 2
-    assert {e["bundle_id"] for e in client.get("/admin/events", params={"bundle_id": bid}).json()["items"]} == {bid}
+    assert {
+        e["bundle_id"] for e in client.get("/admin/events", params={"bundle_id": bid}).json()["items"]
+    } == {bid}
     future = (datetime.fromisoformat(items[0]["at"]) + timedelta(seconds=1)).isoformat()
     assert client.get("/admin/events", params={"since": future}).json()["items"] == []
     naive_past = (datetime.fromisoformat(items[-1]["at"]) - timedelta(minutes=1)).replace(tzinfo=None)
@@ -333,7 +346,9 @@ def test_checkpoints_list_digest_size_and_bundles(
     client: Client, manager: CacheManager, checkpoint: Path
 ) -> None:
     a = manager.prepare(str(checkpoint)).bundle_id
-    b = manager.prepare(str(checkpoint), ProfileRequest(max_input_len=64, max_kv_cache_capacity=128)).bundle_id
+    b = manager.prepare(
+        str(checkpoint), ProfileRequest(max_input_len=64, max_kv_cache_capacity=128)
+    ).bundle_id
     (item,) = client.get("/admin/checkpoints").json()["items"]
     resolved = manager.resolve(str(checkpoint))
     assert item["digest"] == resolved.digest and item["size_bytes"] == resolved.size_bytes
@@ -372,7 +387,11 @@ def test_openapi_describes_every_route_and_docs_ui_is_served(client: Client) -> 
     assert "application/problem+json" in delete["409"]["content"]
     assert spec["paths"]["/admin/builds"]["post"]["responses"]["202"]
     limit = next(p for p in spec["paths"]["/admin/bundles"]["get"]["parameters"] if p["name"] == "limit")
-    assert (limit["schema"]["minimum"], limit["schema"]["maximum"], limit["schema"]["default"]) == (1, 1000, 50)
+    assert (limit["schema"]["minimum"], limit["schema"]["maximum"], limit["schema"]["default"]) == (
+        1,
+        1000,
+        50,
+    )
     offset = next(p for p in spec["paths"]["/admin/bundles"]["get"]["parameters"] if p["name"] == "offset")
     assert offset["schema"]["minimum"] == 0
     docs = client.get("/schema/swagger")
@@ -388,3 +407,15 @@ def test_unexpected_error_is_a_500_problem_not_a_crash(
     monkeypatch.setattr(manager, "stats", broken)
     body = problem(make_client().get("/admin/stats"))
     assert body["status"] == 500 and "disk on fire" in body["detail"]
+
+
+def test_options_lists_every_method_of_a_path(client: Client) -> None:
+    allow = {
+        path: client.options(path).headers["allow"]
+        for path in (f"/admin/bundles/{UNKNOWN_ID}", f"/admin/bundles/{UNKNOWN_ID}/pin", "/admin/builds")
+    }
+    assert allow == {
+        f"/admin/bundles/{UNKNOWN_ID}": "DELETE, GET, OPTIONS",
+        f"/admin/bundles/{UNKNOWN_ID}/pin": "DELETE, OPTIONS, PUT",
+        "/admin/builds": "GET, OPTIONS, POST",
+    }

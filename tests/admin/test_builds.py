@@ -1,0 +1,104 @@
+"""Background builds over the API: 202 with an id, joining, progress while running, failure."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from litestar import Litestar
+from litestar.testing import TestClient
+
+from cachesvc.manager import CacheManager
+from tests.support.cache import FileBuilder
+
+Client = TestClient[Litestar]
+
+
+@pytest.fixture
+def builder() -> FileBuilder:
+    # 20 files, 40 ms apart: a build that runs long enough (~0.8 s) to be watched and joined.
+    return FileBuilder(files=20, file_size=512, delay=0.04)
+
+
+def _wait(client: Client, build_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status: dict[str, Any] = client.get(f"/admin/builds/{build_id}").json()
+        if status["state"] in ("done", "failed"):
+            return status
+        time.sleep(0.02)
+    raise AssertionError(f"build {build_id} did not finish in {timeout} s")
+
+
+def test_concurrent_posts_for_one_profile_make_one_build_with_visible_progress(
+    client: Client, manager: CacheManager, builder: FileBuilder, checkpoint: Path
+) -> None:
+    request = {"model": str(checkpoint), "max_input_len": 256, "max_kv_cache_capacity": 512}
+    barrier = threading.Barrier(2)
+    answers: list[Any] = []
+
+    def post() -> None:
+        barrier.wait()
+        answers.append(client.post("/admin/builds", json=request))
+
+    threads = [threading.Thread(target=post) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.status_code for r in answers] == [202, 202], [r.text for r in answers]
+    ids = {r.json()["id"] for r in answers}
+    assert len(ids) == 1
+    (build_id,) = ids
+
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status = client.get(f"/admin/builds/{build_id}").json()
+        seen.append(status)
+        if status["state"] in ("done", "failed"):
+            break
+        if status["state"] == "running" and len(seen) == 3:
+            # A later request for the same profile joins the running build too.
+            late = client.post("/admin/builds", json=request)
+            assert late.status_code == 202 and late.json()["id"] == build_id
+        time.sleep(0.02)
+    running = [s for s in seen if s["state"] == "running" and s["stage"] == "write"]
+    assert running, seen
+    assert any(0 < s["progress"] < 1 for s in running)
+    assert any(s["bytes_written"] > 0 for s in running)
+    elapsed = [s["elapsed_seconds"] for s in running]
+    assert elapsed == sorted(elapsed) and elapsed[-1] > 0
+
+    final = _wait(client, build_id)
+    assert final["state"] == "done", final
+    assert final["progress"] == 1.0 and final["error"] is None and final["built"] is True
+    assert final["bytes_written"] == manager.get_bundle(final["bundle_id"]).size_bytes
+    assert builder.calls == 1
+    assert [b["id"] for b in client.get("/admin/builds").json()["items"]] == [build_id]
+    bundle = client.get(f"/admin/bundles/{final['bundle_id']}").json()["bundle"]
+    assert bundle["state"] == "ready" and bundle["profile"]["max_input_len"] == 256
+
+
+def test_build_of_existing_bundle_is_a_hit_not_a_rebuild(
+    client: Client, manager: CacheManager, builder: FileBuilder, checkpoint: Path
+) -> None:
+    manager.prepare(str(checkpoint))
+    r = client.post("/admin/builds", json={"model": str(checkpoint)})
+    assert r.status_code == 202
+    final = _wait(client, r.json()["id"])
+    assert final["state"] == "done" and final["built"] is False
+    assert builder.calls == 1
+
+
+def test_failed_build_reports_the_error(client: Client, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    r = client.post("/admin/builds", json={"model": str(missing)})
+    assert r.status_code == 202
+    final = _wait(client, r.json()["id"])
+    assert final["state"] == "failed"
+    assert str(missing) in final["error"]
+    assert final["finished_at"] is not None

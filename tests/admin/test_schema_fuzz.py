@@ -1,0 +1,65 @@
+"""Property-based run of schemathesis over the app's own OpenAPI schema.
+
+Bounded: a few examples per operation (positive and negative data), no 5xx, every response
+(status, content type, body) must match what the schema documents. The app is built at import
+time because schemathesis' pytest integration loads the schema when the module is collected;
+its cache lives in a temporary directory removed at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
+
+from cachesvc.profiles import ProfileRequest
+from tests.admin.conftest import build_app, open_manager
+from tests.support.cache import make_checkpoint
+
+_root = Path(tempfile.mkdtemp(prefix="cachesvc-fuzz-"))
+atexit.register(shutil.rmtree, _root, ignore_errors=True)
+_manager = open_manager(_root / "cache")
+atexit.register(_manager.close)
+_checkpoint = make_checkpoint(_root / "models" / "tiny", seed=7)
+# A little real state so generated requests also meet existing bundles, events and checkpoints.
+_manager.prepare(str(_checkpoint))
+_manager.prepare(str(_checkpoint), ProfileRequest(max_input_len=64, max_kv_cache_capacity=128))
+_app, _ = build_app(_manager)
+
+schema = schemathesis.openapi.from_asgi("/schema/openapi.json", _app)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _finish_background_builds() -> Iterator[None]:
+    """Generated POST /admin/builds start real background builds: let them end inside the run."""
+    yield
+    for build in _manager.list_builds():
+        _manager.wait_for_build(build.id, timeout=60)
+
+
+@schema.parametrize()
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.function_scoped_fixture,
+    ],
+    derandomize=True,
+)
+def test_api_conforms_to_its_schema(case: schemathesis.Case) -> None:
+    # Every other check runs: no 5xx, documented status, content type, headers and body schema.
+    # Two heuristics are left out, for reasons the schema cannot express:
+    # - positive_data_acceptance: ``cursor`` and ``offset`` are each valid but not together
+    #   (a 400 naming ``cursor``); OpenAPI parameters have no "one of these" rule.
+    # - negative_data_rejection: Litestar converts parameters and bodies in lax mode, so
+    #   ``"dry_run": 0`` is read as false and ``since=0.5`` as an epoch timestamp.
+    case.call_and_validate(excluded_checks=[positive_data_acceptance, negative_data_rejection])

@@ -1,0 +1,242 @@
+"""Stats and Prometheus metrics agree with the catalog's events, across processes and restarts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from litestar.testing import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from cachesvc.builders import ProgressFn
+from cachesvc.errors import BuildError
+from cachesvc.http.metrics import build_duration_buckets
+from cachesvc.manager import CacheManager
+from cachesvc.profiles import BuildOptions
+from tests.admin.conftest import build_app, open_manager
+from tests.support.cache import REPO_ROOT, FileBuilder, child_env, make_checkpoint
+
+
+class FailingBuilder(FileBuilder):
+    """Writes one file, then fails like a builder that hits an unsupported architecture."""
+
+    version = "failing-1"
+
+    def build(
+        self,
+        checkpoint_dir: Path,
+        draft_dir: Path | None,
+        options: BuildOptions,
+        out_dir: Path,
+        progress: ProgressFn,
+    ) -> dict[str, Any]:
+        (out_dir / "partial.bin").write_bytes(b"x" * 10)
+        raise BuildError("unsupported architecture for this test builder")
+
+
+def _scripted_sequence(manager: CacheManager, tmp_path: Path) -> None:
+    """hits, misses, builds ok and failed, evictions by manual / clear / lru."""
+    ck = [str(make_checkpoint(tmp_path / f"ck{i}", seed=100 + i)) for i in range(3)]
+    first = manager.prepare(ck[0]).bundle_id  # miss + build_ok
+    manager.prepare(ck[0])  # hit
+    manager.prepare(ck[0])  # hit
+    second = manager.prepare(ck[1]).bundle_id  # miss + build_ok
+    manager.remove(second)  # evict manual
+    manager.prepare(ck[2])  # miss + build_ok
+    manager.pin(first)
+    manager.clear()  # evict clear (ck[2]); ck[0] is pinned
+    manager.unpin(first)
+    manager.prune(0)  # evict lru (ck[0])
+    failing = CacheManager.open(
+        manager.layout.root, max_size_bytes=manager.max_size_bytes, builders={"onnxruntime": FailingBuilder()}
+    )
+    try:
+        with pytest.raises(BuildError):
+            failing.prepare(ck[0])  # miss + build_failed (another builder version: another bundle)
+    finally:
+        failing.close()
+
+
+def _metrics(client: TestClient[Any]) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    r = client.get("/metrics")
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            samples.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return samples
+
+
+def _expected_from_events(events: list[dict[str, Any]]) -> dict[str, Any]:
+    kinds = Counter(e["kind"] for e in events)
+    evict = [e for e in events if e["kind"] == "evict"]
+    build_seconds = sorted(e["seconds"] for e in events if e["kind"] == "build_ok")
+    return {
+        "hits": kinds["hit"],
+        "misses": kinds["miss"],
+        "builds_ok": kinds["build_ok"],
+        "builds_failed": kinds["build_failed"],
+        "evictions_by_reason": dict(Counter(e["reason"] for e in evict)),
+        "evicted_bytes_by_reason": {
+            r: sum(e["bytes"] for e in evict if e["reason"] == r) for r in {e["reason"] for e in evict}
+        },
+        "build_seconds": build_seconds,
+    }
+
+
+def _stats_in_child(cache_dir: Path) -> dict[str, Any]:
+    """Stats as another process sharing the catalog computes them."""
+    code = (
+        "import sys, msgspec\n"
+        "from pathlib import Path\n"
+        "from cachesvc.manager import CacheManager\n"
+        "from cachesvc.http.schemas import StatsOut, to_body\n"
+        "m = CacheManager.open(Path(sys.argv[1]), max_size_bytes=10**12, builders={})\n"
+        "sys.stdout.write(msgspec.json.encode(to_body(m.stats(), StatsOut)).decode())\n"
+        "m.close()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(cache_dir)],
+        cwd=REPO_ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def test_stats_and_metrics_agree_with_events_and_survive_restart(
+    manager: CacheManager, cache_dir: Path, tmp_path: Path
+) -> None:
+    _scripted_sequence(manager, tmp_path)
+    app, _ = build_app(manager)
+    with TestClient(app) as client:
+        events = client.get("/admin/events", params={"limit": 1000}).json()["items"]
+        expected = _expected_from_events(events)
+        # The script's own arithmetic, so a mapper that agrees with a wrong log still fails.
+        assert (expected["hits"], expected["misses"], expected["builds_ok"], expected["builds_failed"]) == (
+            2,
+            4,
+            3,
+            1,
+        )
+        assert expected["evictions_by_reason"] == {"manual": 1, "clear": 1, "lru": 1}
+
+        stats = client.get("/admin/stats").json()
+        for key in (
+            "hits",
+            "misses",
+            "builds_ok",
+            "builds_failed",
+            "evictions_by_reason",
+            "evicted_bytes_by_reason",
+        ):
+            assert stats[key] == expected[key], key
+        assert stats["hit_rate"] == pytest.approx(2 / 6)
+        assert stats["median_build_seconds"] == pytest.approx(expected["build_seconds"][1])
+        assert stats["bundles"] == 1 and stats["bundles_by_state"] == {"failed": 1}
+        assert stats["checkpoints"] == 3 and stats["size_bytes"] == 0
+        assert stats["max_size_bytes"] == manager.max_size_bytes
+        assert stats["since"] == min(
+            e["at"] for e in events if e["kind"] in ("hit", "miss", "build_ok", "evict")
+        )
+        per_model = {m["model"]: m for m in stats["per_model"]}
+        assert sum(m["hits"] for m in per_model.values()) == 2
+        assert sum(m["misses"] for m in per_model.values()) == 4
+
+        metrics = _metrics(client)
+        assert metrics["cachesvc_cache_hits_total"][()] == expected["hits"]
+        assert metrics["cachesvc_cache_misses_total"][()] == expected["misses"]
+        for reason in ("lru", "manual", "clear", "stale", "corrupt"):
+            labels = (("reason", reason),)
+            assert metrics["cachesvc_evictions_total"][labels] == expected["evictions_by_reason"].get(
+                reason, 0
+            )
+            assert metrics["cachesvc_evicted_bytes_total"][labels] == expected["evicted_bytes_by_reason"].get(
+                reason, 0
+            )
+        assert metrics["cachesvc_builds_total"] == {(("result", "ok"),): 3, (("result", "failed"),): 1}
+        assert metrics["cachesvc_cache_size_bytes"][()] == 0
+        assert metrics["cachesvc_cache_max_size_bytes"][()] == manager.max_size_bytes
+        assert metrics["cachesvc_bundles"][(("state", "failed"),)] == 1
+        assert metrics["cachesvc_bundles"][(("state", "ready"),)] == 0
+        assert metrics["cachesvc_build_duration_seconds_count"][()] == 3
+        assert metrics["cachesvc_build_duration_seconds_sum"][()] == pytest.approx(
+            sum(expected["build_seconds"])
+        )
+        inf = metrics["cachesvc_build_duration_seconds_bucket"][(("le", "+Inf"),)]
+        assert inf == 3
+
+    # Another process sharing the catalog computes the same numbers.
+    assert _stats_in_child(cache_dir) == stats
+
+    # Restart: a new manager and a new app (new registry) over the same cache.
+    manager.close()
+    reopened = open_manager(cache_dir)
+    try:
+        app2, _ = build_app(reopened)
+        with TestClient(app2) as client2:
+            assert client2.get("/admin/stats").json() == stats
+            again = _metrics(client2)
+            for name in (
+                "cachesvc_cache_hits_total",
+                "cachesvc_cache_misses_total",
+                "cachesvc_evictions_total",
+                "cachesvc_evicted_bytes_total",
+                "cachesvc_builds_total",
+                "cachesvc_build_duration_seconds_bucket",
+            ):
+                assert again[name] == metrics[name], name
+    finally:
+        reopened.close()
+
+
+def test_build_duration_buckets_are_cumulative() -> None:
+    buckets = build_duration_buckets([0.5, 3.0, 3.0, 45.0, 5000.0], bounds=(1, 5, 60))
+    assert buckets == [("1.0", 1.0), ("5.0", 3.0), ("60.0", 4.0), ("+Inf", 5.0)]
+    assert build_duration_buckets([], bounds=(1,)) == [("1.0", 0.0), ("+Inf", 0.0)]
+
+
+def test_serving_and_http_metrics(manager: CacheManager) -> None:
+    app, metrics = build_app(manager)
+    metrics.serving.first_token(0.2)
+    metrics.serving.first_token(3.0)
+    metrics.serving.tokens_generated(5)
+    metrics.serving.tokens_generated(7)
+    metrics.serving.queue_changed(3, 2)
+    with TestClient(app) as client:
+        client.get("/admin/bundles/0123456789abcdef-0123456789ab")
+        client.get("/admin/bundles/fedcba9876543210-fedcba987654")
+        client.get("/admin/stats")
+        m = _metrics(client)
+    assert m["cachesvc_time_to_first_token_seconds_count"][()] == 2
+    assert m["cachesvc_time_to_first_token_seconds_sum"][()] == pytest.approx(3.2)
+    assert m["cachesvc_time_to_first_token_seconds_bucket"][(("le", "0.25"),)] == 1
+    assert m["cachesvc_generated_tokens_total"][()] == 12
+    assert m["cachesvc_queue_depth"][()] == 3
+    assert m["cachesvc_active_requests"][()] == 2
+    requests = m["cachesvc_http_requests_total"]
+    # Route templates, not raw paths: two different ids count under one series.
+    detail = (("method", "GET"), ("route", "/admin/bundles/{bundle_id}"), ("status", "404"))
+    assert requests[detail] == 2
+    assert requests[(("method", "GET"), ("route", "/admin/stats"), ("status", "200"))] == 1
+    assert not any("0123456789abcdef" in dict(k)["route"] for k in requests)
+    durations = m["cachesvc_http_request_duration_seconds_count"]
+    assert durations[(("route", "/admin/bundles/{bundle_id}"),)] == 2
+
+
+def test_each_app_has_its_own_registry(manager: CacheManager) -> None:
+    _, a = build_app(manager)
+    _, b = build_app(manager)
+    a.serving.tokens_generated(4)
+    assert b"cachesvc_generated_tokens_total 0.0" in b.exposition()
+    assert b"cachesvc_generated_tokens_total 4.0" in a.exposition()
