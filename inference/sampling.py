@@ -21,6 +21,8 @@ __all__ = [
     "apply_logit_bias",
     "apply_penalties",
     "log_softmax",
+    "nucleus_indices",
+    "top_k_indices",
     "top_k_mask",
     "top_p_mask",
 ]
@@ -63,7 +65,8 @@ def apply_penalties(
     """OpenAI penalties: ``logit - count * frequency - (count > 0) * presence`` (new array)."""
     if frequency_penalty == 0.0 and presence_penalty == 0.0:
         return logits
-    return logits - counts * frequency_penalty - (counts > 0) * presence_penalty
+    out: np.ndarray = logits - counts * frequency_penalty - (counts > 0) * presence_penalty
+    return out.astype(logits.dtype, copy=False)
 
 
 def apply_logit_bias(logits: np.ndarray, bias: Mapping[int, float]) -> np.ndarray:
@@ -72,71 +75,118 @@ def apply_logit_bias(logits: np.ndarray, bias: Mapping[int, float]) -> np.ndarra
         return logits
     out = logits.copy()
     ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
-    out[ids] += np.fromiter(bias.values(), dtype=np.float64, count=len(bias))
+    out[ids] += np.fromiter(bias.values(), dtype=out.dtype, count=len(bias))
+    return out
+
+
+def top_k_indices(logits: np.ndarray, k: int) -> np.ndarray | None:
+    """Indices of the ``k`` largest logits (unordered); None when top-k is off or keeps all."""
+    n = logits.shape[-1]
+    if k <= 0 or k >= n:
+        return None
+    return np.argpartition(logits, n - k)[n - k :]
+
+
+def nucleus_indices(logits: np.ndarray, p: float) -> np.ndarray | None:
+    """Indices of the smallest set of most likely tokens whose probability sum reaches ``p``
+    (None when ``p >= 1``: all tokens)."""
+    if p >= 1.0:
+        return None
+    n = logits.shape[-1]
+    probs_all = np.exp(logits - np.max(logits))
+    probs_all /= probs_all.sum(dtype=np.float64)
+    # Sorting a 150k vocabulary costs ~10 ms a step; the nucleus almost always lies within the
+    # top few hundred tokens, so sort those first and fall back to a full sort only if needed.
+    order: np.ndarray | None = None
+    for k in (256, 4096, 32768):
+        if k >= n:
+            break
+        cand = np.argpartition(probs_all, n - k)[n - k :]
+        if probs_all[cand].sum(dtype=np.float64) >= p:
+            order = cand[np.argsort(-probs_all[cand], kind="stable")]
+            break
+    if order is None:
+        order = np.argsort(-probs_all, kind="stable")
+    probs = probs_all[order].astype(np.float64)
+    cum = np.cumsum(probs)
+    # A token is kept when the mass before it is still below p; the top token always is.
+    keep = (cum - probs) < p
+    keep[0] = True
+    return order[keep]
+
+
+def _mask_except(logits: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
+    if idx is None:
+        return logits
+    out = np.full_like(logits, -np.inf)
+    out[idx] = logits[idx]
     return out
 
 
 def top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
-    """Logits with everything below the k-th largest set to -inf (ties at the edge are kept)."""
-    if k <= 0 or k >= logits.shape[-1]:
-        return logits
-    kth = np.partition(logits, -k)[-k]
-    return np.where(logits < kth, -np.inf, logits)
+    """Logits with all but the ``k`` largest set to -inf."""
+    return _mask_except(logits, top_k_indices(logits, k))
 
 
 def top_p_mask(logits: np.ndarray, p: float) -> np.ndarray:
-    """Keep the smallest set of most likely tokens whose probability sum reaches ``p``."""
-    if p >= 1.0:
-        return logits
-    order = np.argsort(-logits, kind="stable")
-    probs = np.exp(log_softmax(logits[order]))
-    cum = np.cumsum(probs)
-    # A token is kept when the mass before it is still below p; the top token always is.
-    keep_sorted = (cum - probs) < p
-    keep_sorted[0] = True
-    keep = np.zeros(logits.shape[-1], dtype=bool)
-    keep[order[keep_sorted]] = True
-    return np.where(keep, logits, -np.inf)
+    """Logits with everything outside the top-``p`` nucleus set to -inf."""
+    return _mask_except(logits, nucleus_indices(logits, p))
 
 
 class Sampler:
     """Per-request sampling state: RNG and the counts of generated tokens (for penalties)."""
 
     def __init__(self, params: SamplingParams, vocab_size: int) -> None:
-        """Create the sampler; ``vocab_size`` is the width of the engine's logits."""
+        """Create the sampler for tokens ``[0, vocab_size)``.
+
+        Wider logits are cut to ``vocab_size``: engines pad their embedding beyond what the
+        tokenizer can decode, and those ids must never be sampled.
+        """
         self.params = params
+        self.vocab_size = vocab_size
         self._rng = np.random.default_rng(params.seed)
-        self._counts = np.zeros(vocab_size, dtype=np.float64)
+        self._counts = np.zeros(vocab_size, dtype=np.float32)
         self._penalised = params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
 
-    def sample(self, logits: np.ndarray) -> SampleResult:
-        """Choose the next token from one row of logits ``[vocab]``."""
+    def _draw(self, x: np.ndarray) -> int:
         p = self.params
-        raw = np.asarray(logits, dtype=np.float64).reshape(-1)
+        x = x / np.float32(p.temperature)
+        idx = top_k_indices(x, p.top_k)
+        if idx is not None:
+            x = x[idx]
+        keep = nucleus_indices(x, p.top_p)
+        if keep is not None:
+            idx = keep if idx is None else idx[keep]
+            x = x[keep]
+        # Work on the surviving candidates only: exp over masked -inf entries is slow, and
+        # float32 exp is several times faster than float64 on a 150k vocabulary.
+        weights = np.exp(x - np.max(x))
+        cum = np.cumsum(weights, dtype=np.float64)
+        # Inverse-CDF draw with one uniform per step: reproducible for a given seed. With
+        # u < cum[-1], the first index whose cum exceeds u has weight > 0.
+        u = self._rng.random() * cum[-1]
+        j = int(min(np.searchsorted(cum, u, side="right"), len(cum) - 1))
+        return int(idx[j]) if idx is not None else j
+
+    def sample(self, logits: np.ndarray) -> SampleResult:
+        """Choose the next token from one row of logits ``[>= vocab_size]``."""
+        p = self.params
+        raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self.vocab_size]
         x = raw
         if self._penalised:
             x = apply_penalties(x, self._counts, p.frequency_penalty, p.presence_penalty)
         x = apply_logit_bias(x, p.logit_bias)
-        if p.temperature <= 0.0:
-            token = int(np.argmax(x))
-        else:
-            x = x / p.temperature
-            x = top_k_mask(x, p.top_k)
-            x = top_p_mask(x, p.top_p)
-            probs = np.exp(log_softmax(x))
-            cum = np.cumsum(probs)
-            # Inverse-CDF draw with one uniform per step: reproducible for a given seed. With
-            # u < cum[-1], the first index whose cum exceeds u has probability > 0 (unmasked).
-            u = self._rng.random() * cum[-1]
-            token = int(min(np.searchsorted(cum, u, side="right"), len(cum) - 1))
+        token = int(np.argmax(x)) if p.temperature <= 0.0 else self._draw(x)
         self._counts[token] += 1
         if p.top_logprobs is None:
             return SampleResult(token)
-        lp = log_softmax(raw)
+        m = float(np.max(raw))
+        lse = m + float(np.log(np.sum(np.exp(raw - m), dtype=np.float64)))
         top: tuple[tuple[int, float], ...] = ()
         if p.top_logprobs > 0:
-            k = min(p.top_logprobs, lp.shape[0])
-            idx = np.argpartition(-lp, k - 1)[:k]
-            idx = idx[np.argsort(-lp[idx], kind="stable")]
-            top = tuple((int(i), float(lp[i])) for i in idx)
-        return SampleResult(token, float(lp[token]), top)
+            idx = top_k_indices(raw, p.top_logprobs)
+            if idx is None:
+                idx = np.arange(raw.shape[0])
+            idx = idx[np.argsort(-raw[idx], kind="stable")]
+            top = tuple((int(i), float(raw[i]) - lse) for i in idx)
+        return SampleResult(token, float(raw[token]) - lse, top)

@@ -208,7 +208,8 @@ class OpenAIServing:
         self.tool_call_parser_name = tool_name
         self._reasoning: ReasoningParser | None = get_reasoning_parser(reasoning_name)
         self._tools: ToolParser | None = get_tool_parser(tool_name)
-        self._vocab_size = engine.info.vocab_size
+        # Ids the engine can emit but the tokenizer cannot decode (embedding padding) are out.
+        self._vocab_size = min(engine.info.vocab_size, tokenizer.vocab_size)
         self._eos_ids = tuple(dict.fromkeys((*tokenizer.eos_token_ids, *engine.info.eos_token_ids)))
         self._scheduler = Scheduler(
             engine,
@@ -430,7 +431,8 @@ class OpenAIServing:
             want_logprobs=plan.want_logprobs,
         )
         sink = AsyncOutputStream(asyncio.get_running_loop())
-        greq = GenerationRequest(plan.prompt_ids, Sampler(plan.params, self._vocab_size), state, sink)
+        sampler = Sampler(plan.params, self._vocab_size)
+        greq = GenerationRequest(plan.prompt_ids, sampler, state, sink)
         try:
             self._scheduler.submit(greq)
         except Exception as exc:

@@ -91,3 +91,22 @@ def test_logprobs_are_the_model_distribution() -> None:
     assert r.logprob == pytest.approx(float(lp[r.token_id]))
     assert [t for t, _ in r.top] == np.argsort(-lp)[:3].tolist()
     assert np.exp(lp).sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("p", [0.05, 0.5, 0.9, 0.999])
+def test_top_p_fast_path_matches_full_sort(p: float) -> None:
+    x = np.random.default_rng(4).standard_normal(20000) * 2.0
+    probs = np.exp(log_softmax(x))
+    order = np.argsort(-probs, kind="stable")
+    cum = np.cumsum(probs[order])
+    expected = set(order[(cum - probs[order]) < p].tolist()) | {int(order[0])}
+    assert set(np.flatnonzero(np.isfinite(top_p_mask(x, p))).tolist()) == expected
+
+
+def test_padding_ids_beyond_the_tokenizer_are_never_sampled() -> None:
+    x = np.zeros(2000)
+    x[1500] = 50.0  # an undecodable padding row that would win
+    s = Sampler(SamplingParams(temperature=1.0, seed=0, top_logprobs=3), 1000)
+    assert all(s.sample(x).token_id < 1000 for _ in range(50))
+    g = Sampler(SamplingParams(temperature=0.0), 1000)
+    assert g.sample(x).token_id < 1000
