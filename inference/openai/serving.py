@@ -12,6 +12,7 @@ import asyncio
 import json
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -512,7 +513,7 @@ class OpenAIServing:
         run = self._submit(plan)
         if plan.stream:
             first = await self._first(run)
-            return self._completion_stream(run, first, plan, rid, created, req.model)
+            return _closing(run, self._completion_stream(run, first, plan, rid, created, req.model))
         text_out, lps, last = await self._collect(run)
         choice = CompletionChoice(
             index=0,
@@ -697,7 +698,8 @@ class OpenAIServing:
         run = self._submit(plan)
         if plan.stream:
             first = await self._first(run)
-            return self._chat_stream(run, first, plan, rid, created, req.model, tool_parser, tools or [])
+            stream = self._chat_stream(run, first, plan, rid, created, req.model, tool_parser, tools or [])
+            return _closing(run, stream)
         text, lps, last = await self._collect(run)
         reasoning: str | None = None
         content: str | None = text
@@ -790,6 +792,14 @@ class OpenAIServing:
         finally:
             run.close()
         yield _DONE
+
+
+def _closing(run: _Run, stream: AsyncIterator[str]) -> AsyncIterator[str]:
+    # A stream that is dropped before its first iteration never runs its ``finally``; tie the
+    # request's release to the generator's lifetime as well, so the slot and the in-flight
+    # count are freed either way (close() is idempotent).
+    weakref.finalize(stream, run.close)
+    return stream
 
 
 # -- response helpers -------------------------------------------------------------------------------

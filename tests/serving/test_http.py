@@ -5,6 +5,7 @@ Litestar's test client runs one request at a time; concurrency cases are in ``te
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -357,3 +358,57 @@ async def test_reasoning_only_and_eos(tokenizer: Tokenizer) -> None:
         parts = [ch["choices"][0]["delta"] for ch in events[:-1]]
         assert "".join(p.get("reasoning_content") or "" for p in parts) == "hmm"
         assert "".join(p.get("content") or "" for p in parts) == "Bonjour!"
+
+
+async def test_stream_dropped_before_iteration_is_released(tokenizer: Tokenizer) -> None:
+    import gc
+
+    from inference.openai.protocol import CompletionRequest
+
+    engine = TableEngine(delay=0.01)
+    serving = _serving(tokenizer, engine)
+    await serving.start()
+    try:
+        stream = await serving.create_completion(
+            CompletionRequest(model=MODEL, prompt="x", max_tokens=200, stream=True)
+        )
+        assert serving.health()["active_requests"] == 1
+        del stream
+        gc.collect()
+        assert await serving.drain(2.0)  # in-flight count back to zero at once
+        for _ in range(200):
+            if serving.health()["active_requests"] == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert serving.health()["active_requests"] == 0
+        assert len(engine.decode_batches) < 150
+    finally:
+        await serving.stop()
+
+
+async def test_model_without_chat_template_gives_400(
+    tokenizer: Tokenizer, demo_dir: Any, tmp_path: Any
+) -> None:
+    import json as _json
+    import shutil
+
+    from inference.tokenizer import load_tokenizer
+
+    d = tmp_path / "tok"
+    d.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo_dir / name, d / name)
+    cfg = _json.loads((d / "tokenizer_config.json").read_text())
+    del cfg["chat_template"]
+    (d / "tokenizer_config.json").write_text(_json.dumps(cfg))
+    serving = OpenAIServing(TableEngine(), load_tokenizer(d), make_options())
+    assert serving.health()["capabilities"]["chat"] is False
+    async for c in _client(serving):
+        r = await c.post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+        )
+        err = _error(r, 400, param="messages")
+        assert "no chat template" in err["message"]
+        assert (
+            await c.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
+        ).status_code == 200
