@@ -66,7 +66,6 @@ def populate(cache_dir: Path, n_bundles: int, n_events: int, seed: int = 5) -> N
         catalog.upgrade()
         now = datetime.now(UTC)
         models = [f"bench-org/model-{i:03d}" for i in range(100)]
-        digests = {m: f"{i:064x}" for i, m in enumerate(models, start=1)}
         profiles = [
             BuildOptions(max_input_len=2**k, max_kv_cache_capacity=2 ** (k + 1), builder_version="bench")
             for k in range(7, 12)
@@ -74,12 +73,15 @@ def populate(cache_dir: Path, n_bundles: int, n_events: int, seed: int = 5) -> N
             BuildOptions(precision="int8", max_input_len=2**k, max_kv_cache_capacity=2 ** (k + 1))
             for k in range(7, 12)
         ]
+        # Ten profiles per checkpoint; a model has several checkpoints (revisions).
+        checkpoints: dict[str, str] = {}
         bundles: list[dict[str, object]] = []
         for i in range(n_bundles):
-            model = models[i % len(models)]
-            opts = profiles[(i // len(models)) % len(profiles)]
-            # Past 100 x 10 combinations, vary the digest so every id stays unique.
-            digest = f"{(i // (len(models) * len(profiles))) + 1:08x}" + digests[model][8:]
+            ck = i // len(profiles)
+            model = models[ck % len(models)]
+            opts = profiles[i % len(profiles)]
+            digest = f"{ck + 1:016x}{ck % len(models):048x}"
+            checkpoints[digest] = model
             created = now - timedelta(days=30, seconds=rng.randrange(0, 86400 * 30))
             bundles.append(
                 {
@@ -90,7 +92,7 @@ def populate(cache_dir: Path, n_bundles: int, n_events: int, seed: int = 5) -> N
                     "profile": opts.to_dict(),
                     "profile_name": opts.name,
                     "backend": opts.backend,
-                    "path": str(cache_dir / bundle_relpath(digest, opts)),
+                    "path": str(bundle_relpath(digest, opts)),
                     "size_bytes": rng.randrange(10**6, 10**9),
                     "file_count": rng.randrange(2, 12),
                     "state": rng.choices(("ready", "failed", "corrupt"), (95, 4, 1))[0],
@@ -139,7 +141,7 @@ def populate(cache_dir: Path, n_bundles: int, n_events: int, seed: int = 5) -> N
                         "resolved_at": now,
                         "node": "bench",
                     }
-                    for m, d in digests.items()
+                    for d, m in checkpoints.items()
                 ],
             )
             conn.execute(insert(BundleRow), bundles)
