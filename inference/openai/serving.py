@@ -545,11 +545,10 @@ class OpenAIServing:
                     break
                 out = await run.next()
             if plan.include_usage:
-                yield _json(
-                    CompletionStreamResponse(
-                        id=rid, created=created, model=model, choices=[], usage=_usage(out)
-                    )
+                usage = CompletionStreamResponse(
+                    id=rid, created=created, model=model, choices=[], usage=_usage(out)
                 )
+                yield _json(usage)
         except OpenAIError as exc:
             yield _json(error_body(exc))
         finally:
@@ -788,6 +787,7 @@ class OpenAIServing:
                     )
                 )
         except OpenAIError as exc:
+            # Headers are sent: a failure mid-stream can only be reported in the stream.
             yield _json(error_body(exc))
         finally:
             run.close()
