@@ -26,10 +26,11 @@ from typing import Any
 
 from cachesvc.builders import Builder, ProgressFn, default_builders, resolve_backend, resolve_precision
 from cachesvc.catalog import Catalog, default_catalog_url, utcnow
-from cachesvc.checkpoints import ResolvedCheckpoint, resolve_checkpoint
+from cachesvc.checkpoints import ResolvedCheckpoint, looks_like_path, resolve_checkpoint
 from cachesvc.errors import (
     BuildError,
     CacheError,
+    CheckpointError,
     ConfigError,
     CorruptBundleError,
     InsufficientStorageError,
@@ -393,7 +394,8 @@ class CacheManager:
             LeaseHolder(pid=int(h["pid"]), host=str(h["host"]), since=str(h["since"]))
             for h in self.store.locks.holders(bid)
         ]
-        remote = [h for h in self.catalog.leases(bid) if h.host != self.catalog.node]
+        here = {self.catalog.node, socket.gethostname()}
+        remote = [h for h in self.catalog.leases(bid) if h.host not in here]
         return local + remote
 
     # -- queries ---------------------------------------------------------------------------
@@ -698,6 +700,11 @@ class CacheManager:
     def start_build(self, model: str, request: ProfileRequest | None = None) -> BuildStatus:
         """Queue a build in the background; the same model and profile join the running build."""
         request = request or ProfileRequest()
+        # Fail fast (400 at the API) on what can be checked without resolving or building.
+        backend = resolve_backend(request.backend, self.builders)
+        resolve_precision(request.precision, backend)
+        if looks_like_path(model) and not Path(model).expanduser().is_dir():
+            raise CheckpointError(f"no such directory: {model}")
         key = (model, request)
         with self._builds_lock:
             for build in self._builds.values():
@@ -782,7 +789,8 @@ class CacheManager:
         """Builds started by this process, newest first."""
         with self._builds_lock:
             builds = list(self._builds.values())
-        return sorted((self._snapshot(b) for b in builds), key=lambda s: s.id)[::-1]
+        # Insertion order is start order (dicts keep it): newest first.
+        return [self._snapshot(b) for b in reversed(builds)]
 
     def wait_for_build(self, build_id: str, timeout: float = 600.0, poll: float = 0.05) -> BuildStatus:
         """Block until a background build finishes (tests and the CLI use this)."""

@@ -14,6 +14,10 @@ BUNDLE_STATES = ("building", "ready", "failed", "corrupt")
 EVENT_KINDS = ("hit", "miss", "build_ok", "build_failed", "evict", "verify", "pin", "unpin", "reconcile")
 EVICT_REASONS = ("lru", "manual", "clear", "stale", "corrupt")
 
+#: Upper bounds (seconds) of the build-duration histogram the catalog keeps as running totals.
+#: Changing them starts new series; counts under the old bounds stay in the catalog unread.
+BUILD_SECONDS_BUCKETS: tuple[float, ...] = (1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+
 
 @dataclass(frozen=True)
 class BundleInfo:
@@ -207,7 +211,9 @@ class CacheStats:
     evicted_bytes_by_reason: dict[str, int]
     per_model: tuple[ModelStats, ...]
     since: datetime | None
-    build_seconds: tuple[float, ...] = field(default=(), repr=False)
+    #: Cumulative ``(upper_bound, count)`` pairs over BUILD_SECONDS_BUCKETS, then ``(inf, total)``.
+    build_buckets: tuple[tuple[float, int], ...] = field(default=(), repr=False)
+    build_seconds_sum: float = 0.0
 
 
 @dataclass(frozen=True)

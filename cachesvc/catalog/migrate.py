@@ -36,7 +36,10 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     cfg = alembic_config(engine)
     if revision == "head" and current_revision(engine) == ScriptDirectory.from_config(cfg).get_current_head():
         return
-    with engine.begin() as conn:
+    # BEGIN IMMEDIATE on SQLite: several processes starting on a fresh catalog serialise here
+    # (the busy timeout applies) instead of failing with "database is locked" when one upgrades
+    # its read lock; the loser then reads the winner's revision and has nothing to do.
+    with engine.execution_options(sqlite_immediate=True).begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 

@@ -87,7 +87,7 @@ class BundleRow(Base):
         Index("ix_bundles_created_id", "created_at", "id"),
         Index("ix_bundles_hits_id", "hit_count", "id"),
         Index("ix_bundles_checkpoint_digest", "checkpoint_digest"),
-        Index("ix_bundles_model", "model"),
+        Index("ix_bundles_model_size", "model", "size_bytes"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-import statistics
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -19,6 +19,7 @@ from cachesvc.catalog.models import BundleRow, CheckpointRow, EventRow, EventTot
 from cachesvc.catalog.session import create_catalog_engine
 from cachesvc.errors import ConfigError, NotFoundError
 from cachesvc.records import (
+    BUILD_SECONDS_BUCKETS,
     EVENT_KINDS,
     BundleInfo,
     BundlePage,
@@ -28,6 +29,9 @@ from cachesvc.records import (
     LeaseHolder,
     ModelStats,
 )
+
+#: event_totals kind of the build-duration histogram rows (not an event kind of its own).
+_BUCKET_KIND = "build_bucket"
 
 SORT_COLUMNS = {
     "last_used": BundleRow.last_used_at,
@@ -288,6 +292,10 @@ class Catalog:
                 nbytes=size_bytes,
                 seconds=seconds,
             )
+            # Histogram of build durations as running totals (one row per bucket), so stats
+            # and /metrics never read the build events themselves.
+            bound = next((b for b in BUILD_SECONDS_BUCKETS if seconds <= b), math.inf)
+            self._bump_total(session, _BUCKET_KIND, repr(float(bound)), "", 0, seconds, utcnow())
             return _bundle_info(row)
 
     def fail_build(self, bundle_id: str, *, error: str, seconds: float) -> None:
@@ -481,7 +489,8 @@ class Catalog:
         if pinned is not None:
             conds.append(BundleRow.pinned.is_(pinned))
         col = SORT_COLUMNS[sort]
-        stmt: Select[BundleRow] = select(BundleRow).where(*conds)
+        # Plain rows, not ORM objects: building entities cost more than the query itself.
+        stmt: Select[Any] = select(*BundleRow.__table__.columns).where(*conds)
         if cursor is not None:
             value, last_id = _decode_cursor(cursor, sort)
             if order == "desc":
@@ -496,7 +505,7 @@ class Catalog:
         if offset:
             stmt = stmt.offset(offset)
         with self._read() as session:
-            rows = list(session.scalars(stmt))
+            rows = list(session.execute(stmt))
             total, total_bytes = session.execute(
                 select(func.count(), func.coalesce(func.sum(BundleRow.size_bytes), 0))
                 .select_from(BundleRow)
@@ -555,54 +564,83 @@ class Catalog:
     # -- stats -----------------------------------------------------------------------------
 
     def stats(self, *, max_size_bytes: int) -> CacheStats:
-        """Cache statistics from the event totals and the bundles table."""
+        """Cache statistics from the event totals and indexed bundle columns (no log scans)."""
+        t = EventTotalRow
         with self._read() as session:
-            totals = session.scalars(select(EventTotalRow)).all()
-            state_rows = session.execute(select(BundleRow.state, func.count()).group_by(BundleRow.state))
-            by_state: dict[str, int] = {str(state): int(count) for state, count in state_rows}
-            size_bytes = int(session.scalar(select(func.coalesce(func.sum(BundleRow.size_bytes), 0))) or 0)
+            totals = session.execute(
+                select(t.kind, t.reason, t.model, t.count, t.bytes, t.seconds, t.first_at)
+            ).all()
+            by_state: dict[str, int] = {
+                str(state): int(count)
+                for state, count in session.execute(
+                    select(BundleRow.state, func.count()).group_by(BundleRow.state)
+                )
+            }
             model_rows = session.execute(
                 select(
                     BundleRow.model, func.count(), func.coalesce(func.sum(BundleRow.size_bytes), 0)
                 ).group_by(BundleRow.model)
             ).all()
-            build_seconds = tuple(
-                float(s or 0.0)
-                for s in session.scalars(
+            builds_ok = sum(int(r[3]) for r in totals if r[0] == "build_ok")
+            median = None
+            if builds_ok:
+                # The middle one or two durations through the (kind, seconds) index.
+                ordered = (
                     select(EventRow.seconds)
                     .where(EventRow.kind == "build_ok", EventRow.seconds.is_not(None))
                     .order_by(EventRow.seconds)
                 )
-            )
+                middle = [
+                    float(v or 0.0)
+                    for v in session.scalars(ordered.offset((builds_ok - 1) // 2).limit(2 - builds_ok % 2))
+                ]
+                median = sum(middle) / len(middle) if middle else None
             checkpoints = int(session.scalar(select(func.count()).select_from(CheckpointRow)) or 0)
-        hits = sum(t.count for t in totals if t.kind == "hit")
-        misses = sum(t.count for t in totals if t.kind == "miss")
+        hits = misses = builds_failed = 0
         evictions: dict[str, int] = {}
         evicted_bytes: dict[str, int] = {}
         per_model: dict[str, list[int]] = {}
-        for t in totals:
-            if t.kind == "evict":
-                evictions[t.reason] = evictions.get(t.reason, 0) + t.count
-                evicted_bytes[t.reason] = evicted_bytes.get(t.reason, 0) + t.bytes
-            if t.kind in ("hit", "miss") and t.model:
-                slot = per_model.setdefault(t.model, [0, 0, 0, 0])
-                slot[2 if t.kind == "hit" else 3] += t.count
+        buckets: dict[float, int] = {}
+        build_sum = 0.0
+        for kind, reason, model, count, nbytes, seconds, _ in totals:
+            if kind == "hit":
+                hits += count
+            elif kind == "miss":
+                misses += count
+            elif kind == "build_failed":
+                builds_failed += count
+            elif kind == "evict":
+                evictions[reason] = evictions.get(reason, 0) + count
+                evicted_bytes[reason] = evicted_bytes.get(reason, 0) + nbytes
+            elif kind == _BUCKET_KIND:
+                buckets[float(reason)] = buckets.get(float(reason), 0) + count
+                build_sum += seconds
+            if kind in ("hit", "miss") and model:
+                slot = per_model.setdefault(model, [0, 0, 0, 0])
+                slot[2 if kind == "hit" else 3] += count
+        size_bytes = 0
         for model, count, nbytes in model_rows:
             slot = per_model.setdefault(model, [0, 0, 0, 0])
             slot[0], slot[1] = int(count), int(nbytes)
-        since = min((t.first_at for t in totals), default=None)
+            size_bytes += int(nbytes)
+        cumulative: list[tuple[float, int]] = []
+        running = 0
+        for bound in (*BUILD_SECONDS_BUCKETS, math.inf):
+            running += buckets.get(float(bound), 0)
+            cumulative.append((float(bound), running))
+        since = min((r[6] for r in totals if r[0] != _BUCKET_KIND), default=None)
         return CacheStats(
             size_bytes=size_bytes,
             max_size_bytes=max_size_bytes,
             bundles=sum(by_state.values()),
-            bundles_by_state={k: int(v) for k, v in by_state.items()},
+            bundles_by_state=by_state,
             checkpoints=checkpoints,
             hits=hits,
             misses=misses,
             hit_rate=(hits / (hits + misses)) if hits + misses else None,
-            builds_ok=sum(t.count for t in totals if t.kind == "build_ok"),
-            builds_failed=sum(t.count for t in totals if t.kind == "build_failed"),
-            median_build_seconds=statistics.median(build_seconds) if build_seconds else None,
+            builds_ok=builds_ok,
+            builds_failed=builds_failed,
+            median_build_seconds=median,
             evictions_by_reason=evictions,
             evicted_bytes_by_reason=evicted_bytes,
             per_model=tuple(
@@ -610,7 +648,8 @@ class Catalog:
                 for m, v in sorted(per_model.items())
             ),
             since=since,
-            build_seconds=build_seconds,
+            build_buckets=tuple(cumulative),
+            build_seconds_sum=build_sum,
         )
 
     def touch(self, bundle_id: str, at: datetime) -> None:
@@ -626,7 +665,8 @@ def _require(session: Session, bundle_id: str) -> BundleRow:
     return row
 
 
-def _bundle_info(r: BundleRow) -> BundleInfo:
+def _bundle_info(r: Any) -> BundleInfo:
+    """From an ORM row or a plain result row with the same column names."""
     return BundleInfo(
         id=r.id,
         model=r.model,
@@ -667,7 +707,7 @@ def _event_info(r: EventRow) -> EventInfo:
     )
 
 
-def _encode_cursor(row: BundleRow, sort: str) -> str:
+def _encode_cursor(row: Any, sort: str) -> str:
     value: Any = {
         "last_used": row.last_used_at,
         "size": row.size_bytes,

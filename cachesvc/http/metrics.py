@@ -35,10 +35,8 @@ from prometheus_client.registry import Collector
 
 from cachesvc.http.auth import admin_guard
 from cachesvc.http.errors import admin_exception_handlers, problem_responses
-from cachesvc.records import BUNDLE_STATES, EVICT_REASONS, CacheStats
+from cachesvc.records import BUILD_SECONDS_BUCKETS, BUNDLE_STATES, EVICT_REASONS, CacheStats
 
-#: Builds take seconds (tiny models) to an hour (large TensorRT engines).
-BUILD_SECONDS_BUCKETS: tuple[float, ...] = (1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 TTFT_SECONDS_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 REQUEST_SECONDS_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
@@ -146,8 +144,12 @@ class CacheStatsCollector(Collector):
             HistogramMetricFamily(
                 "cachesvc_build_duration_seconds",
                 "Wall time of finished builds.",
-                buckets=build_duration_buckets(stats.build_seconds),
-                sum_value=float(sum(stats.build_seconds)),
+                buckets=[
+                    ("+Inf" if bound == float("inf") else _float_label(bound), float(count))
+                    for bound, count in stats.build_buckets
+                ]
+                or [("+Inf", 0.0)],
+                sum_value=stats.build_seconds_sum,
             )
         )
         return families

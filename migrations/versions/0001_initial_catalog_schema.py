@@ -53,7 +53,7 @@ def upgrade() -> None:
         batch_op.create_index("ix_bundles_created_id", ["created_at", "id"], unique=False)
         batch_op.create_index("ix_bundles_hits_id", ["hit_count", "id"], unique=False)
         batch_op.create_index("ix_bundles_last_used_id", ["last_used_at", "id"], unique=False)
-        batch_op.create_index("ix_bundles_model", ["model"], unique=False)
+        batch_op.create_index("ix_bundles_model_size", ["model", "size_bytes"], unique=False)
         batch_op.create_index("ix_bundles_size_id", ["size_bytes", "id"], unique=False)
         batch_op.create_index("ix_bundles_state_last_used", ["state", "last_used_at"], unique=False)
 
@@ -139,7 +139,7 @@ def downgrade() -> None:
     with op.batch_alter_table("bundles", schema=None) as batch_op:
         batch_op.drop_index("ix_bundles_state_last_used")
         batch_op.drop_index("ix_bundles_size_id")
-        batch_op.drop_index("ix_bundles_model")
+        batch_op.drop_index("ix_bundles_model_size")
         batch_op.drop_index("ix_bundles_last_used_id")
         batch_op.drop_index("ix_bundles_hits_id")
         batch_op.drop_index("ix_bundles_created_id")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cachesvc.catalog import utcnow
-from cachesvc.errors import BuildError, LeasedError, NotFoundError, PinnedError
+from cachesvc.errors import BuildError, CheckpointError, LeasedError, NotFoundError, PinnedError
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 from tests.support.cache import FileBuilder, child_env, make_checkpoint
@@ -286,9 +286,13 @@ def test_background_build_joins_and_reports_progress(cache: Path, tmp_path: Path
     done = m.wait_for_build(a.id, timeout=60)
     assert done.state == "done" and done.built and done.bytes_written == 10 * 1024
     assert done.elapsed_seconds > 0.3
-    failed = m.start_build(str(tmp_path / "missing"))
+    with pytest.raises(CheckpointError, match="no such directory"):
+        m.start_build(str(tmp_path / "missing"))  # refused up front, no build started
+    (tmp_path / "empty").mkdir()
+    failed = m.start_build(str(tmp_path / "empty"))
     assert m.wait_for_build(failed.id).state == "failed"
-    assert "missing" in (m.get_build(failed.id).error or "")
+    assert "config.json" in (m.get_build(failed.id).error or "")
+    assert [b.id for b in m.list_builds()] == [failed.id, a.id]  # newest first
     with pytest.raises(NotFoundError):
         m.get_build("build-nope")
 
