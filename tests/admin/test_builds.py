@@ -97,8 +97,14 @@ def test_build_of_existing_bundle_is_a_hit_not_a_rebuild(
 def test_failed_build_reports_the_error(client: Client, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
     r = client.post("/admin/builds", json={"model": str(missing)})
+    assert r.status_code == 400  # checked before anything is queued
+    assert str(missing) in r.json()["detail"]
+    assert client.get("/admin/builds").json()["items"] == []
+    not_a_checkpoint = tmp_path / "empty"
+    not_a_checkpoint.mkdir()
+    r = client.post("/admin/builds", json={"model": str(not_a_checkpoint)})
     assert r.status_code == 202
     final = _wait(client, r.json()["id"])
     assert final["state"] == "failed"
-    assert str(missing) in final["error"]
+    assert "config.json" in final["error"]
     assert final["finished_at"] is not None
