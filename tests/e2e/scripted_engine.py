@@ -43,7 +43,7 @@ SCRIPT_LOGIT = 30.0
 
 @dataclass(frozen=True)
 class Reply:
-    """One scripted reply: ``text`` repeated ``repeat`` times, for prompts containing ``when``."""
+    """One scripted reply for prompts containing ``when``: the token ids of ``text``, ``repeat`` times."""
 
     text: str
     when: str = ""

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from openai.types.chat import ChatCompletionMessageParam
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from tests.e2e.conftest import API_KEY, MODEL, REAL_MAX_INPUT_LEN, REAL_MAX_KV, ServerProcess
 
@@ -361,3 +361,15 @@ def test_server_still_healthy(real_server: ServerProcess) -> None:
     assert health["model"] == MODEL
     with httpx.Client() as h:
         assert h.get(f"{real_server.base_url}/health/ready").status_code == 200
+
+
+def test_auto_tool_choice_without_the_flag_is_400(client: openai.OpenAI) -> None:
+    tools: list[ChatCompletionToolParam] = [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    ]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, tools=tools, tool_choice="auto", max_tokens=2
+        )
+    err = _error(info.value)
+    assert err["param"] == "tool_choice" and "--enable-auto-tool-choice" in err["message"]
