@@ -7,7 +7,6 @@ the same machine cannot make remote callers look local; put a key on the server 
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 from collections.abc import Callable, Mapping
 
@@ -15,26 +14,15 @@ from litestar.connection import ASGIConnection
 from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
 
+from inference.openai.routes import any_key_matches
+from inference.openai.routes import presented_keys as _presented_keys
+
 Guard = Callable[[ASGIConnection, BaseRouteHandler], None]
 
 
 def presented_keys(headers: Mapping[str, str]) -> list[str]:
     """Credentials a request carries: ``Authorization: Bearer <key>`` and ``x-api-key: <key>``."""
-    keys: list[str] = []
-    authorization = headers.get("authorization")
-    if authorization:
-        scheme, _, token = authorization.strip().partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            keys.append(token.strip())
-    api_key = headers.get("x-api-key")
-    if api_key and api_key.strip():
-        keys.append(api_key.strip())
-    return keys
-
-
-def key_matches(presented: str, expected: str) -> bool:
-    """Constant-time comparison of a presented key with the configured one."""
-    return hmac.compare_digest(presented.encode("utf-8"), expected.encode("utf-8"))
+    return _presented_keys(headers.get("authorization"), headers.get("x-api-key"))
 
 
 def is_loopback(host: str | None) -> bool:
@@ -79,10 +67,7 @@ def admin_guard(admin_api_key: str | None) -> Guard:
             )
         # Check every presented credential so a client sending its completion key in one
         # header and the admin key in the other still gets in; no early exit leaks timing.
-        matched = False
-        for key in keys:
-            matched |= key_matches(key, expected)
-        if not matched:
+        if not any_key_matches(keys, expected):
             raise NotAuthorizedException(
                 detail=(
                     "wrong admin key: admin routes take --admin-api-key "

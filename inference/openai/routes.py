@@ -21,28 +21,38 @@ from inference.openai.errors import AuthenticationError, ServerUnavailableError,
 from inference.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelList
 from inference.openai.serving import OpenAIServing
 
-__all__ = ["ServingProvider", "check_api_key", "openai_router"]
+__all__ = ["ServingProvider", "any_key_matches", "check_api_key", "openai_router", "presented_keys"]
 
 ServingProvider = Callable[[], "OpenAIServing | None"]
+
+
+def presented_keys(authorization: str | None, x_api_key: str | None) -> list[str]:
+    """Credentials a request carries: ``Authorization: Bearer <key>`` and ``x-api-key: <key>``."""
+    keys: list[str] = []
+    if authorization:
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            keys.append(token.strip())
+    if x_api_key and x_api_key.strip():
+        keys.append(x_api_key.strip())
+    return keys
+
+
+def any_key_matches(candidates: list[str], expected: str) -> bool:
+    """Constant-time check of every candidate (no early exit, so timing does not reveal which)."""
+    want = expected.encode("utf-8")
+    ok = False
+    for cand in candidates:
+        ok |= hmac.compare_digest(cand.encode("utf-8"), want)
+    return ok
 
 
 def check_api_key(expected: str | None, authorization: str | None, x_api_key: str | None) -> None:
     """Raise 401 unless one of the headers carries ``expected`` (compared in constant time)."""
     if expected is None:
         return
-    want = expected.encode("utf-8")
-    candidates: list[str] = []
-    if authorization:
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() == "bearer":
-            candidates.append(token.strip())
-    if x_api_key:
-        candidates.append(x_api_key.strip())
-    # Compare every candidate so timing does not reveal which header matched.
-    ok = False
-    for cand in candidates:
-        ok |= hmac.compare_digest(cand.encode("utf-8"), want)
-    if not ok:
+    candidates = presented_keys(authorization, x_api_key)
+    if not any_key_matches(candidates, expected):
         detail = "invalid API key" if candidates else "missing API key"
         raise AuthenticationError(f"{detail}: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
 
