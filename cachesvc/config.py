@@ -370,6 +370,11 @@ class ServeConfig:
                 f"({self.max_input_len}) must not exceed --max-kv-cache-capacity "
                 f"({self.max_kv_cache_capacity}); lower --max-input-len or raise --max-kv-cache-capacity",
             )
+        if self.api_key is not None and self.api_key == self.admin_api_key:
+            raise ConfigError(
+                "--admin-api-key",
+                "must differ from --api-key: every completion client would hold the admin key",
+            )
         if not self.enable_context_reuse:
             for name in _CONTEXT_CACHE_FIELDS:
                 default = _FIELD_DEFAULTS[name]

@@ -838,3 +838,10 @@ def test_repr_masks_secrets() -> None:
     assert "very-secret" not in text
     assert "api_key='***'" in text and "postgresql://user:***@db/cache" in text
     assert "api_key=None" in repr(ServeConfig())
+
+
+def test_admin_key_must_differ_from_api_key() -> None:
+    with pytest.raises(ConfigError, match="--admin-api-key.*differ"):
+        ServeConfig.from_mapping({"api_key": "same", "admin_api_key": "same"})
+    cfg = ServeConfig.from_mapping({"api_key": "a", "admin_api_key": "b"})
+    assert (cfg.api_key, cfg.admin_api_key) == ("a", "b")
