@@ -184,7 +184,16 @@ class Catalog:
     def upsert_checkpoint(
         self, *, digest: str, source: str, path: Path, size_bytes: int, file_count: int
     ) -> None:
-        """Record (or refresh) a resolved checkpoint."""
+        """Record (or refresh) a resolved checkpoint; an unchanged one costs a read, not a write."""
+        with self._read() as session:
+            known = session.get(CheckpointRow, digest)
+            if known is not None and (known.source, known.path, known.size_bytes, known.file_count) == (
+                source,
+                str(path),
+                size_bytes,
+                file_count,
+            ):
+                return
         with self._tx() as session:
             row = session.get(CheckpointRow, digest)
             if row is None:
