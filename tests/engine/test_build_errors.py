@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,22 +51,18 @@ def test_unsupported_config_fields(changes: dict[str, object], match: str, hf_ch
     _build_fails(ckpt, tmp_path, match)
 
 
-def test_missing_weight_is_named(hf_checkpoint: Callable[..., Path], copy_dir: Callable[[Path], Path],
-                                 tmp_path: Path) -> None:
-    ckpt = copy_dir(hf_checkpoint("qwen2", "fp32", False))
+@pytest.mark.parametrize(
+    ("family", "tensor"),
+    [("qwen2", "model.layers.1.mlp.up_proj.weight"), ("qwen2", "model.layers.0.self_attn.q_proj.bias"),
+     ("qwen3", "model.layers.1.self_attn.k_norm.weight"), ("mistral", "lm_head.weight")],
+)
+def test_missing_weight_is_named(family: str, tensor: str, hf_checkpoint: Callable[..., Path],
+                                 copy_dir: Callable[[Path], Path], tmp_path: Path) -> None:
+    ckpt = copy_dir(hf_checkpoint(family, "fp32", False))
     tensors = load_file(ckpt / "model.safetensors")
-    del tensors["model.layers.1.mlp.up_proj.weight"]
+    del tensors[tensor]
     save_file(tensors, ckpt / "model.safetensors")
-    _build_fails(ckpt, tmp_path, r"missing weight 'model.layers.1.mlp.up_proj.weight'")
-
-
-def test_missing_untied_lm_head_is_named(hf_checkpoint: Callable[..., Path], copy_dir: Callable[[Path], Path],
-                                         tmp_path: Path) -> None:
-    ckpt = copy_dir(hf_checkpoint("mistral", "fp32", False))
-    tensors = load_file(ckpt / "model.safetensors")
-    del tensors["lm_head.weight"]
-    save_file(tensors, ckpt / "model.safetensors")
-    _build_fails(ckpt, tmp_path, r"missing weight 'lm_head.weight'")
+    _build_fails(ckpt, tmp_path, f"missing weight '{re.escape(tensor)}'")
 
 
 def test_shape_mismatch_names_tensor_expected_and_got(
