@@ -54,10 +54,10 @@ ROUTES: tuple[tuple[str, str, float | None, float | None], ...] = (
 
 def populate(cache_dir: Path, n_bundles: int, n_events: int, seed: int = 5) -> None:
     """Bulk-load ``n_bundles`` bundle rows and ``n_events`` events (plus their running totals)."""
-    from sqlalchemy import func, insert, select
+    from sqlalchemy import insert
 
     from cachesvc.catalog import Catalog, default_catalog_url
-    from cachesvc.catalog.models import BundleRow, CheckpointRow, EventRow, EventTotalRow
+    from cachesvc.catalog.models import BundleRow, CheckpointRow, EventRow
     from cachesvc.profiles import BuildOptions, bundle_id, bundle_relpath
 
     rng = random.Random(seed)
@@ -146,23 +146,8 @@ def populate(cache_dir: Path, n_bundles: int, n_events: int, seed: int = 5) -> N
             )
             conn.execute(insert(BundleRow), bundles)
             conn.execute(insert(EventRow), events)
-            # The running totals the catalog maintains per event, rebuilt in one statement.
-            reason_col = func.coalesce(EventRow.reason, "")
-            model_col = func.coalesce(EventRow.model, "")
-            conn.execute(
-                insert(EventTotalRow).from_select(
-                    ["kind", "reason", "model", "count", "bytes", "seconds", "first_at"],
-                    select(
-                        EventRow.kind,
-                        reason_col,
-                        model_col,
-                        func.count(),
-                        func.coalesce(func.sum(EventRow.bytes), 0),
-                        func.coalesce(func.sum(EventRow.seconds), 0.0),
-                        func.min(EventRow.at),
-                    ).group_by(EventRow.kind, reason_col, model_col),
-                )
-            )
+        # The running totals the catalog maintains per event, rebuilt from the log.
+        catalog.rebuild_totals()
     finally:
         catalog.close()
 
