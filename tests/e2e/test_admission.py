@@ -88,3 +88,40 @@ def test_client_disconnect_frees_the_slot(server: ServerProcess, demo_dir: Path)
     assert time.monotonic() - closed < remaining / 2, (remaining, server.log_tail())
     ok = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2)
     assert ok.usage is not None and ok.usage.completion_tokens == 2
+
+
+def test_back_to_back_requests_are_admitted(server: ServerProcess) -> None:
+    # With no queue, a request sent right after the previous response must find the slot free:
+    # the slot has to be released before the last output reaches the client, not after.
+    client = server.client()
+    quick: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Count."}]
+    refused = 0
+    for _ in range(30):
+        try:
+            client.chat.completions.create(model=MODEL, messages=quick, max_tokens=1)
+        except openai.RateLimitError:
+            refused += 1
+    assert refused == 0, f"{refused} of 30 back-to-back requests got 429\n{server.log_tail()}"
+
+
+def test_queue_timeout_is_429(demo_dir: Path, cache_dir: Path, log_dir: Path) -> None:
+    args = serve_args(
+        max_input_len=512,
+        max_kv_cache_capacity=1024,
+        max_batch_size=1,
+        max_queued_requests=1,
+        queue_timeout=0.5,
+    )
+    with running_server(demo_dir, cache_dir, log_dir, *args, env=SCRIPT.to_env()) as server:
+        first, second = server.client(), server.client()
+        stream = first.chat.completions.create(model=MODEL, messages=ASK, max_tokens=200, stream=True)
+        chunks = iter(stream)
+        next(chunks)  # the slot is taken for the next couple of seconds
+        started = time.monotonic()
+        with pytest.raises(openai.RateLimitError) as info:
+            second.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2)
+        waited = time.monotonic() - started
+        assert info.value.response.headers.get("retry-after")
+        assert info.value.response.json()["error"]["code"] == "server_overloaded"
+        assert 0.4 <= waited < 2.0, f"answered after {waited:.2f} s; --queue-timeout is 0.5 s"
+        stream.close()

@@ -237,14 +237,16 @@ def test_same_seed_same_text(client: openai.OpenAI) -> None:
 
 
 def _split_stop(token_bytes: Sequence[bytes], text: str) -> tuple[str, str]:
-    """A two-character stop string spanning a token boundary, and the text before it."""
+    """A two-character stop string whose first occurrence spans a token boundary, and the text
+    before it: the last character of token k and the first of token k+1."""
     for k in range(2, len(token_bytes) - 1):
         a, b = token_bytes[k], token_bytes[k + 1]
-        if a.isascii() and b.isascii() and a.strip() and b.strip():
-            stop = a.decode()[-1] + b.decode()[0]
-            cut = text.find(stop)
-            if cut > 0:
-                return stop, text[:cut]
+        if not (a.isascii() and b.isascii() and a.strip() and b.strip()):
+            continue
+        before = b"".join(token_bytes[: k + 1]).decode("utf-8", errors="replace")[:-1]
+        stop = a.decode()[-1] + b.decode()[0]
+        if text.startswith(before) and text.find(stop) == len(before):
+            return stop, before
     pytest.fail(f"no ASCII token boundary to split a stop string across in {text!r}")
 
 
@@ -373,3 +375,19 @@ def test_auto_tool_choice_without_the_flag_is_400(client: openai.OpenAI) -> None
         )
     err = _error(info.value)
     assert err["param"] == "tool_choice" and "--enable-auto-tool-choice" in err["message"]
+
+
+def test_validation_errors_name_the_field(client: openai.OpenAI, real_server: ServerProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, temperature=3)
+    assert _error(info.value)["param"] == "temperature"
+    # A body the schema rejects: the error body is still OpenAI's and names the field.
+    with real_server.http() as h:
+        r = h.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": "not a list"},
+            headers={"Authorization": f"Bearer {API_KEY}"},
+        )
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert "messages" in (err.get("param") or "") + err["message"], err

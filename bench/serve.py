@@ -1,0 +1,428 @@
+"""Serving benchmark: time to first token and decode tokens/s over HTTP vs the engine itself.
+
+Against the 0.5B-shaped demo checkpoint (random weights, Qwen2.5-0.5B tensor shapes; built
+once into ``--work``, ~2 GB, reused by later runs), this measures in one run:
+
+* the **ceiling**: the same bundle loaded in this process with ``inference.runtime.load_engine``
+  (the server's default threads), prefill of the prompt and greedy decode steps timed directly,
+  at batch 1 and at batch ``--clients``;
+* **over HTTP**: a real ``cachesvc serve`` child on a loopback port (``--max-batch-size`` = the
+  largest client count, so every client gets its own slot: no queueing), driven by 1 and by
+  ``--clients`` concurrent streaming ``/v1/completions`` clients (httpx, raw SSE lines, so the
+  client's own CPU use on this shared machine stays small).
+
+Decode rate over HTTP cancels prefill, connection and first-token costs by differencing two
+runs of the same clients: ``clients * (N2 - N1) / (wall(N2) - wall(N1))``, where wall(N) is the
+time until the last of the concurrent clients has received N tokens (EOS is suppressed with
+``logit_bias`` so every request yields exactly N). The ceiling times the same ``N2 - N1``
+decode steps after ``N1`` warm-up steps. The HTTP overhead is ``1 - http / ceiling``; the
+target is under 5%. Every number is the best of ``--repeats`` runs. Not a test: numbers depend
+on the machine and its neighbours.
+
+    PYTHONPATH=. .venv/bin/python bench/serve.py [--work DIR] [--clients 4] [--repeats 3]
+        [--prompt-len 64] [--n1 24] [--n2 88]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from cachesvc.config import ServeConfig  # noqa: E402
+from cachesvc.manager import CacheManager  # noqa: E402
+from inference.runtime import load_engine  # noqa: E402
+
+MODEL_NAME = "bench-0.5b"
+#: Prompt ids are drawn from the demo tokenizer's ordinary tokens (after the 3 special ones,
+#: before the 4 added markup tokens at the top of its 1024).
+PROMPT_ID_RANGE = (3, 1020)
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """The engine's own numbers at one batch size."""
+
+    batch: int
+    prefill_s: float  # one prompt, through the first greedy token
+    decode_tok_s: float  # aggregate over the batch
+
+
+@dataclass(frozen=True)
+class HttpRun:
+    """One round of concurrent streaming requests."""
+
+    wall_s: float  # start to the last client's end
+    ttft_s: tuple[float, ...]  # per client, start to its first SSE data line
+    end_s: tuple[float, ...]  # per client, start to its last line
+    tokens: tuple[int, ...]  # completion_tokens per client (from usage)
+
+
+@dataclass(frozen=True)
+class HttpResult:
+    """Best-of numbers for one client count."""
+
+    clients: int
+    ttft_p50_s: float
+    ttft_max_s: float
+    decode_tok_s: float
+    e2e_tok_s: float  # clients * n2 / wall(n2): prefill and first token included
+
+
+def _best(fn: Callable[[], float], repeats: int) -> float:
+    return min(fn() for _ in range(repeats))
+
+
+# -- setup ------------------------------------------------------------------------------------------
+
+
+def serve_config(checkpoint: Path, cache_dir: Path, args: argparse.Namespace) -> ServeConfig:
+    """The server's launch options; also the build profile the ceiling loads."""
+    return ServeConfig(
+        model=str(checkpoint),
+        cache_dir=cache_dir,
+        host="127.0.0.1",
+        served_model_name=MODEL_NAME,
+        max_input_len=args.prompt_len,
+        max_kv_cache_capacity=args.prompt_len + args.n2 + 16,
+        max_batch_size=max(args.clients, 1),
+        max_queued_requests=2 * args.clients,
+        log_level="warning",
+    )
+
+
+def ensure_checkpoint(work: Path) -> Path:
+    """The 0.5b qwen2 demo checkpoint in ``work`` (written once; same arguments, same bytes)."""
+    from inference.demo import write_demo_checkpoint
+
+    ckpt = work / "demo-0.5b"
+    if not (ckpt / "config.json").is_file() or not (ckpt / "model.safetensors.index.json").is_file():
+        print(f"writing the 0.5b demo checkpoint to {ckpt} ...", file=sys.stderr)
+        write_demo_checkpoint(ckpt, arch="qwen2", size="0.5b", dtype="fp32", seed=0)
+    return ckpt
+
+
+def prepare_bundle(config: ServeConfig) -> tuple[str, Path]:
+    """Prepare (hit, or build with progress) the bundle the server will serve."""
+    manager = CacheManager.open(config.cache_dir, max_size_bytes=config.engine_cache_max_size_bytes)
+    try:
+        start = time.perf_counter()
+        assert config.model is not None
+        result = manager.prepare(
+            config.model,
+            config.profile_request(),
+            progress=lambda stage, f: print(f"  prepare: {stage} {f:4.0%}", file=sys.stderr),
+        )
+        verb = "built" if result.built else "cache hit for"
+        print(f"{verb} bundle {result.bundle_id} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        return result.bundle_id, result.bundle_dir
+    finally:
+        manager.close()
+
+
+# -- the ceiling --------------------------------------------------------------------------------------
+
+
+class EngineProbe:
+    """The bundle's engine loaded in this process: one timed prefill or decode run per call."""
+
+    def __init__(self, bundle_dir: Path, prompts: Sequence[list[int]], max_slots: int) -> None:
+        """Load the engine with the server's defaults (threads) and ``max_slots`` slots."""
+        self.engine = load_engine(bundle_dir, max_slots=max_slots)
+        self.prompts = prompts
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The engine's EOS ids (suppressed in the HTTP requests)."""
+        return self.engine.info.eos_token_ids
+
+    def _greedy(self, logits: np.ndarray) -> list[int]:
+        return [int(t) for t in np.argmax(np.asarray(logits).reshape(-1, logits.shape[-1]), axis=-1)]
+
+    def prefill_s(self) -> float:
+        """Seconds for one prompt's prefill and its first greedy token."""
+        self.engine.reset(0)
+        start = time.perf_counter()
+        self._greedy(self.engine.prefill(0, self.prompts[0]))
+        return time.perf_counter() - start
+
+    def decode_s(self, batch: int, n1: int, n2: int) -> float:
+        """Seconds for decode steps ``n1..n2`` of ``batch`` slots together (after untimed warm-up)."""
+        slots = list(range(batch))
+        tokens: list[int] = []
+        for slot in slots:
+            self.engine.reset(slot)
+            tokens += self._greedy(self.engine.prefill(slot, self.prompts[slot]))
+        for _ in range(n1 - 1):  # the same positions as the HTTP window
+            tokens = self._greedy(self.engine.decode(slots, tokens))
+        start = time.perf_counter()
+        for _ in range(n2 - n1):
+            tokens = self._greedy(self.engine.decode(slots, tokens))
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        """Release the engine."""
+        self.engine.close()
+
+
+# -- over HTTP ----------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(config: ServeConfig, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """``cachesvc serve`` with ``config``'s flags on ``port``; waits for ``/health/ready``."""
+    script = Path(sys.executable).with_name("cachesvc")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "cachesvc.cli"]
+    argv = [
+        *cmd,
+        "serve",
+        str(config.model),
+        "--cache-dir",
+        str(config.cache_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        MODEL_NAME,
+        "--max-input-len",
+        str(config.max_input_len),
+        "--max-kv-cache-capacity",
+        str(config.max_kv_cache_capacity),
+        "--max-batch-size",
+        str(config.max_batch_size),
+        "--max-queued-requests",
+        str(config.max_queued_requests),
+        "--log-level",
+        config.log_level,
+    ]
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    )
+    env.pop("CACHESVC_ENGINE_FACTORY", None)
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    deadline = time.monotonic() + 600
+    with httpx.Client(timeout=2) as h:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(
+                    f"cachesvc serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+                )
+            try:
+                if h.get(f"http://127.0.0.1:{port}/health/ready").status_code == 200:
+                    return proc
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"cachesvc serve not ready after 600 s:\n{log_path.read_text()[-3000:]}")
+
+
+async def _one_stream(
+    client: httpx.AsyncClient, url: str, prompt: list[int], n: int, bias: dict[str, float], t0: float
+) -> tuple[float, float, int]:
+    body = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": n,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logit_bias": bias,
+    }
+    first: float | None = None
+    usage_tokens = -1
+    async with client.stream("POST", url, json=body) as resp:
+        if resp.status_code != 200:
+            raise SystemExit(f"HTTP {resp.status_code}: {(await resp.aread()).decode()[:500]}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if first is None:
+                first = time.perf_counter() - t0
+            # Only the usage chunk is parsed: the client must cost the shared CPUs little.
+            if '"usage"' in line and line != "data: [DONE]":
+                usage = json.loads(line[6:]).get("usage")
+                if usage:
+                    usage_tokens = int(usage["completion_tokens"])
+    end = time.perf_counter() - t0
+    return first if first is not None else end, end, usage_tokens
+
+
+async def http_round(base_url: str, prompts: Sequence[list[int]], n: int, bias: dict[str, float]) -> HttpRun:
+    """``len(prompts)`` concurrent streaming completions of ``n`` tokens each."""
+    limits = httpx.Limits(max_connections=len(prompts) + 1)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        url = f"{base_url}/v1/completions"
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(_one_stream(client, url, p, n, bias, t0) for p in prompts))
+    return HttpRun(
+        wall_s=max(end for _, end, _ in results),
+        ttft_s=tuple(first for first, _, _ in results),
+        end_s=tuple(end for _, end, _ in results),
+        tokens=tuple(tok for _, _, tok in results),
+    )
+
+
+def http_pair(
+    base_url: str, prompts: Sequence[list[int]], n1: int, n2: int, bias: dict[str, float]
+) -> tuple[HttpRun, HttpRun]:
+    """One short (``n1``) and one long (``n2``) round of the same concurrent clients, checked."""
+    short = asyncio.run(http_round(base_url, prompts, n1, bias))
+    long = asyncio.run(http_round(base_url, prompts, n2, bias))
+    for run, n in ((short, n1), (long, n2)):
+        if any(t != n for t in run.tokens):
+            raise SystemExit(f"expected {n} tokens per request, got {run.tokens} (EOS not suppressed?)")
+    # Differencing needs every client decoding before the first one of the short round ends;
+    # otherwise the two rounds are scheduled differently and the difference means nothing.
+    if max(short.ttft_s) >= min(short.end_s):
+        raise SystemExit(
+            f"with {len(prompts)} clients a request of {n1} tokens finished before the last one "
+            f"started (first tokens at {short.ttft_s}, ends at {short.end_s}); raise --n1 and --n2"
+        )
+    return short, long
+
+
+def summarize(
+    clients: int, shorts: Sequence[HttpRun], longs: Sequence[HttpRun], n1: int, n2: int
+) -> HttpResult:
+    """Best-of TTFT (the round with the lowest median) and the differenced decode rate."""
+    w1 = min(r.wall_s for r in shorts)
+    w2 = min(r.wall_s for r in longs)
+    best_ttft = min((*shorts, *longs), key=lambda r: statistics.median(r.ttft_s))
+    return HttpResult(
+        clients=clients,
+        ttft_p50_s=statistics.median(best_ttft.ttft_s),
+        ttft_max_s=max(best_ttft.ttft_s),
+        decode_tok_s=clients * (n2 - n1) / (w2 - w1),
+        e2e_tok_s=clients * n2 / w2,
+    )
+
+
+# -- report -------------------------------------------------------------------------------------------
+
+
+def print_table(
+    http: Sequence[HttpResult], ceilings: Sequence[Ceiling], server_batch: int, args: argparse.Namespace
+) -> None:
+    """One row per client count; the overhead column is the issue's target (< 5%)."""
+    by_batch = {c.batch: c for c in ceilings}
+    header = (
+        f"{'clients':>7} {'slots':>5} {'TTFT p50 ms':>11} {'TTFT max ms':>11} {'engine TTFT ms':>14} "
+        f"{'HTTP tok/s':>10} {'engine tok/s':>12} {'overhead':>8} {'e2e tok/s':>9}  target <5%"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in http:
+        c = by_batch[r.clients]
+        overhead = 1 - r.decode_tok_s / c.decode_tok_s
+        print(
+            f"{r.clients:>7} {server_batch:>5} {r.ttft_p50_s * 1e3:>11.1f} {r.ttft_max_s * 1e3:>11.1f} "
+            f"{c.prefill_s * 1e3:>14.1f} {r.decode_tok_s:>10.1f} {c.decode_tok_s:>12.1f} "
+            f"{overhead:>8.1%} {r.e2e_tok_s:>9.1f}  {'met' if overhead < 0.05 else 'MISSED'}"
+        )
+    print(
+        f"\nprompt {args.prompt_len} tokens; decode rates over tokens {args.n1}..{args.n2} of every client; "
+        f"best of {args.repeats}, engine and HTTP runs interleaved;\nserver --max-batch-size {server_batch} "
+        "(one slot per client, no queueing); engine TTFT = one prompt's prefill + first greedy token\n"
+        "on the engine alone (several clients' prefills run one after another: TTFT max ~ clients x that)."
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and print the table."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--checkpoint", type=Path, help="HF checkpoint dir (default: the 0.5b qwen2 demo in --work)"
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path("/tmp/cachesvc-bench-serve"),
+        help="checkpoint and cache live here and are reused (default: %(default)s)",
+    )
+    parser.add_argument("--clients", type=int, default=4, help="the concurrent case (default: 4)")
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many runs (default: 3)")
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--n1", type=int, default=32, help="tokens per request of the short round")
+    parser.add_argument("--n2", type=int, default=96, help="tokens per request of the long round")
+    args = parser.parse_args(argv)
+    if min(args.clients, args.repeats, args.prompt_len, args.n1) < 1 or args.n2 <= args.n1:
+        parser.error("--clients, --repeats, --prompt-len, --n1 must be positive and --n2 > --n1")
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    checkpoint = args.checkpoint or ensure_checkpoint(args.work)
+    config = serve_config(checkpoint, args.work / "cache", args)
+    _, bundle_dir = prepare_bundle(config)
+    rng = np.random.default_rng(0)
+    prompts = [
+        [int(t) for t in rng.integers(*PROMPT_ID_RANGE, size=args.prompt_len)] for _ in range(args.clients)
+    ]
+    counts = sorted({1, args.clients})
+
+    probe = EngineProbe(bundle_dir, prompts, max(counts))
+    bias = {str(t): -100.0 for t in probe.eos_token_ids}
+    port = free_port()
+    log_path = args.work / "serve.log"
+    print(f"starting cachesvc serve on 127.0.0.1:{port} (log: {log_path}) ...", file=sys.stderr)
+    proc = start_server(config, port, log_path)
+    base_url = f"http://127.0.0.1:{port}"
+    prefill: list[float] = []
+    decode: dict[int, list[float]] = {b: [] for b in counts}
+    rounds: dict[int, tuple[list[HttpRun], list[HttpRun]]] = {b: ([], []) for b in counts}
+    try:
+        for b in counts:  # warm-up: sessions, connections, first-request code paths
+            asyncio.run(http_round(base_url, prompts[:b], 2, bias))
+            probe.decode_s(b, 1, 3)
+        # Engine and HTTP runs alternate, so neighbours' load on a shared machine hits both alike.
+        for r in range(args.repeats):
+            print(f"round {r + 1}/{args.repeats} ...", file=sys.stderr)
+            prefill.append(probe.prefill_s())
+            for b in counts:
+                decode[b].append(probe.decode_s(b, args.n1, args.n2))
+                short, long = http_pair(base_url, prompts[:b], args.n1, args.n2, bias)
+                rounds[b][0].append(short)
+                rounds[b][1].append(long)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        probe.close()
+    ceilings = [Ceiling(b, min(prefill), b * (args.n2 - args.n1) / min(decode[b])) for b in counts]
+    http = [summarize(b, *rounds[b], args.n1, args.n2) for b in counts]
+    print()
+    print_table(http, ceilings, config.max_batch_size, args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
