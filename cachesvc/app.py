@@ -259,11 +259,21 @@ def serve(config: ServeConfig) -> int:
         ),
         on_exit=runtime.serving.begin_drain,
     )
+    # uvicorn restores the previous handlers after its graceful shutdown and re-raises the signal
+    # it caught; with the defaults that kills the process (exit -15) or raises KeyboardInterrupt.
+    # The shutdown already happened in full by then (a second signal during it makes uvicorn cut
+    # the grace period short), so signals from here on are only absorbed while we close and exit.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _absorb_signal)
     try:
         server.run()
     finally:
         runtime.close()  # idempotent; covers a server that failed to start
     return 0 if server.started else 1
+
+
+def _absorb_signal(sig: int, frame: FrameType | None) -> None:
+    log.info("received %s after shutdown; exiting", signal.Signals(sig).name)
 
 
 def _server_base() -> type:
