@@ -294,8 +294,13 @@ class Scheduler:
 
     def _emit(self, run: _Running, out: StepOutput) -> bool:
         """Deliver; return True when the sequence goes on."""
-        delivered = run.req.sink.put(out)
-        if out.finished or not delivered:
+        if out.finished:
+            # Free the slot before the client sees the end, so a follow-up request sent the
+            # moment this one completes finds the slot free instead of a full queue (429).
+            self._release(run)
+            run.req.sink.put(out)
+            return False
+        if not run.req.sink.put(out):
             self._release(run)
             return False
         return True
