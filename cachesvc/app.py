@@ -268,6 +268,11 @@ def serve(config: ServeConfig) -> int:
     try:
         server.run()
     finally:
+        # Ignored, not handled, from here: Python resets signals with Python-level handlers to
+        # their defaults while the interpreter shuts down, so a second SIGTERM (orchestrators
+        # repeat them) would otherwise kill a process that has already shut down cleanly.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
         runtime.close()  # idempotent; covers a server that failed to start
     return 0 if server.started else 1
 
