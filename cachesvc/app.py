@@ -223,6 +223,14 @@ def serve(config: ServeConfig) -> int:
     )
     logging.getLogger("alembic").setLevel(logging.WARNING)
     log.info("cachesvc %s: %s", __version__, config)
+    for flag, given in (
+        ("--enable-context-reuse", config.enable_context_reuse),
+        ("--draft-top-k", config.draft_top_k is not None),
+        ("--verify-tree-size", config.verify_tree_size is not None),
+        ("--allowed-local-media-path", config.allowed_local_media_path is not None),
+    ):
+        if given:
+            log.warning("%s is accepted for compatibility but has no effect in this version", flag)
     try:
         manager = open_manager(config)
     except CacheError as exc:
