@@ -446,6 +446,10 @@ class CacheManager:
             raise ConfigError("state", f"must be one of {', '.join(BUNDLE_STATES)}, got {state!r}")
         return self.catalog.list_bundles(**filters)
 
+    def catalog_version(self) -> int:
+        """Grows with every catalog change a bundle listing can show (cache key for readers)."""
+        return self.catalog.version()
+
     def list_checkpoints(self) -> list[CheckpointInfo]:
         """Resolved checkpoints with their bundle ids."""
         return self.catalog.list_checkpoints()

@@ -57,6 +57,8 @@ class Catalog:
         self._read = sessionmaker(self.engine, expire_on_commit=False)
         self._write_engine = self.engine.execution_options(sqlite_immediate=True)
         self._write = sessionmaker(self._write_engine, expire_on_commit=False)
+        # Changes this process made without an event (``touch``), folded into ``version()``.
+        self._untracked_changes = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -178,6 +180,16 @@ class Catalog:
             stmt = stmt.where(EventRow.id < before_id)
         with self._read() as session:
             return [_event_info(r) for r in session.scalars(stmt)]
+
+    def version(self) -> int:
+        """A number that grows with every change a listing can show (every such change is an event).
+
+        The total of ``event_totals`` rather than ``max(events.id)``: ids can commit out of
+        order on PostgreSQL, the total cannot go backwards once a transaction is visible.
+        """
+        with self.engine.connect() as conn:
+            total = int(conn.scalar(select(func.coalesce(func.sum(EventTotalRow.count), 0))) or 0)
+        return total + self._untracked_changes
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -701,7 +713,8 @@ class Catalog:
                 self._bump_total(session, _BUCKET_KIND, repr(float(bound)), "", 0, duration, utcnow())
 
     def touch(self, bundle_id: str, at: datetime) -> None:
-        """Set last_used_at (tests and benchmarks arrange LRU order with it)."""
+        """Set last_used_at (tests and benchmarks arrange LRU order with it; no event)."""
+        self._untracked_changes += 1
         with self._tx() as session:
             session.execute(update(BundleRow).where(BundleRow.id == bundle_id).values(last_used_at=at))
 

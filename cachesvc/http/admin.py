@@ -7,6 +7,9 @@ domain rules in the manager, and the HTTP mapping of errors in ``cachesvc.http.e
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -87,6 +90,32 @@ def _eviction_body(result: EvictionResult) -> EvictionOut:
     )
 
 
+class _PageCache:
+    """A small thread-safe LRU of listing pages keyed by (manager, catalog version, query)."""
+
+    def __init__(self, size: int = 128) -> None:
+        self._size = size
+        self._items: OrderedDict[Hashable, BundleListOut] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> BundleListOut | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: Hashable, value: BundleListOut) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+
+_LIST_CACHE = _PageCache()
+
+
 class BundleController(Controller):
     """``/admin/bundles``: list, inspect, evict, pin and verify bundles."""
 
@@ -131,6 +160,12 @@ class BundleController(Controller):
         ] = None,
     ) -> BundleListOut:
         """List bundles with filters, sort and pagination; totals cover every match."""
+        params = (model, bundle_state, backend, pinned, sort, order, limit, offset, cursor)
+        # Dashboards poll the same pages: answer from memory until the catalog changes.
+        key = (id(manager), manager.catalog_version(), params)
+        cached = _LIST_CACHE.get(key)
+        if cached is not None:
+            return cached
         page = manager.list_bundles(
             model=model,
             state=bundle_state,
@@ -142,7 +177,9 @@ class BundleController(Controller):
             offset=offset,
             cursor=cursor,
         )
-        return to_body(page, BundleListOut, limit=limit)
+        body = to_body(page, BundleListOut, limit=limit)
+        _LIST_CACHE.put(key, body)
+        return body
 
     @get(
         "/{bundle_id:str}",
