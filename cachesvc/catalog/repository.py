@@ -264,10 +264,8 @@ class Catalog:
 
     def require_bundle(self, bundle_id: str) -> BundleInfo:
         """One bundle, or NotFoundError."""
-        info = self.get_bundle(bundle_id)
-        if info is None:
-            raise NotFoundError(f"no bundle with id {bundle_id!r} (list them with `cachesvc bundles ls`)")
-        return info
+        with self._read() as session:
+            return _bundle_info(_require(session, bundle_id))
 
     def begin_build(
         self,
