@@ -20,11 +20,11 @@ from sqlalchemy import insert
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cachesvc.catalog import utcnow  # noqa: E402
-from cachesvc.catalog.models import BundleRow  # noqa: E402
-from cachesvc.manager import CacheManager  # noqa: E402
-from cachesvc.profiles import ProfileRequest  # noqa: E402
-from tests.support.cache import FileBuilder, make_checkpoint  # noqa: E402
+from cachesvc.catalog import utcnow
+from cachesvc.catalog.models import BundleRow
+from cachesvc.manager import CacheManager
+from cachesvc.profiles import ProfileRequest
+from tests.support.cache import FileBuilder, make_checkpoint
 
 
 def hit_latency(root: Path, bundles: int, repeat: int) -> tuple[float, float, float]:

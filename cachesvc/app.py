@@ -22,7 +22,7 @@ from typing import Any
 
 from litestar import Litestar, Response, get
 from litestar.di import Provide
-from litestar.openapi import OpenAPIConfig
+from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
 
 from cachesvc import __version__
@@ -164,7 +164,15 @@ def create_app(
             }
         return serving.health()
 
-    @get("/health/ready", sync_to_thread=False, tags=["health"], summary="200 once the engine is loaded")
+    @get(
+        "/health/ready",
+        sync_to_thread=False,
+        tags=["health"],
+        summary="200 once the engine is loaded",
+        responses={
+            503: ResponseSpec(data_container=dict[str, bool], description="Not ready: loading or draining")
+        },
+    )
     def ready() -> Response[dict[str, Any]]:
         ok = serving is not None and serving.ready
         return Response({"ready": ok}, status_code=200 if ok else 503)

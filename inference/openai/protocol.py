@@ -335,3 +335,18 @@ class ChatCompletionStreamResponse(msgspec.Struct):
     choices: list[ChatCompletionStreamChoice]
     usage: Usage | None = None
     object: str = "chat.completion.chunk"
+
+
+class ErrorInfo(msgspec.Struct, kw_only=True):
+    """The ``error`` object of an OpenAI error response."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(msgspec.Struct, kw_only=True):
+    """Every ``/v1`` error: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorInfo

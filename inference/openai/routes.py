@@ -14,16 +14,26 @@ from typing import Any
 from litestar import Response, Router, get, post
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
 from inference.openai.errors import AuthenticationError, ServerUnavailableError, openai_exception_handler
-from inference.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelList
+from inference.openai.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelList
 from inference.openai.serving import OpenAIServing
 
 __all__ = ["ServingProvider", "any_key_matches", "check_api_key", "openai_router", "presented_keys"]
 
 ServingProvider = Callable[[], "OpenAIServing | None"]
+
+# OpenAPI descriptions of the error statuses /v1 answers (all with the OpenAI error body).
+_ERRORS = {
+    400: "Invalid request; `param` names the field (code `context_length_exceeded` for long prompts)",
+    401: "Missing or wrong API key",
+    404: "Unknown model (`model_not_found`)",
+    429: "Queue full or waited past --queue-timeout (`server_overloaded`, with Retry-After)",
+    503: "Model loading or server shutting down (`server_unavailable`)",
+}
 
 
 def presented_keys(authorization: str | None, x_api_key: str | None) -> list[str]:
@@ -87,15 +97,20 @@ def openai_router(serving_provider: ServingProvider | OpenAIServing, *, path: st
             return ServerSentEvent(result)
         return Response(content=result)
 
-    @get("/models", sync_to_thread=False)
+    def documented(*statuses: int) -> dict[int, ResponseSpec]:
+        return {
+            code: ResponseSpec(data_container=ErrorResponse, description=_ERRORS[code]) for code in statuses
+        }
+
+    @get("/models", sync_to_thread=False, responses=documented(401, 503))
     def models() -> ModelList:
         return current().list_models()
 
-    @post("/completions", status_code=200)
+    @post("/completions", status_code=200, responses=documented(400, 401, 404, 429, 503))
     async def completions(data: JSONBody[CompletionRequest]) -> Response[Any]:
         return respond(await current().create_completion(data))
 
-    @post("/chat/completions", status_code=200)
+    @post("/chat/completions", status_code=200, responses=documented(400, 401, 404, 429, 503))
     async def chat_completions(data: JSONBody[ChatCompletionRequest]) -> Response[Any]:
         return respond(await current().create_chat_completion(data))
 

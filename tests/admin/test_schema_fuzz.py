@@ -1,9 +1,10 @@
 """Property-based run of schemathesis over the app's own OpenAPI schema.
 
 Bounded: a few examples per operation (positive and negative data), no 5xx, every response
-(status, content type, body) must match what the schema documents. The app is built at import
-time because schemathesis' pytest integration loads the schema when the module is collected;
-its cache lives in a temporary directory removed at interpreter exit.
+(status, content type, body) must match what the schema documents. The whole app (admin,
+metrics, health, /v1 over a table engine) runs on a real loopback uvicorn server started at
+import time, because schemathesis' pytest integration loads the schema when the module is
+collected; server and cache directory go at interpreter exit.
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
+from cachesvc.app import Runtime, create_app
+from cachesvc.config import ServeConfig
 from cachesvc.profiles import ProfileRequest
-from tests.admin.conftest import build_app, open_manager
+from inference.demo import write_demo_checkpoint
+from inference.openai import OpenAIServing, ServingOptions, load_tokenizer
+from tests.admin.conftest import open_manager
+from tests.serving.conftest import LiveServer, TableEngine
 from tests.support.cache import make_checkpoint
 
 _root = Path(tempfile.mkdtemp(prefix="cachesvc-fuzz-"))
@@ -31,9 +37,25 @@ _checkpoint = make_checkpoint(_root / "models" / "tiny", seed=7)
 # A little real state so generated requests also meet existing bundles, events and checkpoints.
 _manager.prepare(str(_checkpoint))
 _manager.prepare(str(_checkpoint), ProfileRequest(max_input_len=64, max_kv_cache_capacity=128))
-_app, _ = build_app(_manager)
+# The whole app as `cachesvc serve` wires it (admin, metrics, health and /v1), over a table
+# engine (the hardware seam) and the demo tokenizer.
+_tokenizer = load_tokenizer(write_demo_checkpoint(_root / "demo", size="tiny"))
+_prepared = _manager.prepare(str(_checkpoint), ProfileRequest(max_input_len=256, max_kv_cache_capacity=256))
+_engine = TableEngine(vocab_size=_tokenizer.vocab_size, capacity=256)
+_serving = OpenAIServing(
+    _engine,
+    _tokenizer,
+    ServingOptions(served_model_name="tiny", max_model_len=256, max_input_len=256, max_batch_size=4),
+)
+_runtime = Runtime(_prepared, _manager.lease(_prepared.bundle_id), _engine, _serving)
+atexit.register(_runtime.close)
+_config = ServeConfig.from_mapping(
+    {"cache_dir": _root / "cache", "max_input_len": 256, "max_kv_cache_capacity": 256}
+)
+# A real uvicorn server (one lifespan for the whole run, as in `cachesvc serve`) on loopback.
+_server = LiveServer(create_app(_config, _manager, runtime=_runtime)).__enter__()
 
-schema = schemathesis.openapi.from_asgi("/schema/openapi.json", _app)
+schema = schemathesis.openapi.from_url(f"{_server.url}/schema/openapi.json")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,6 +64,7 @@ def _finish_background_builds() -> Iterator[None]:
     yield
     for build in _manager.list_builds():
         _manager.wait_for_build(build.id, timeout=60)
+    _server.__exit__(None, None, None)  # the app's shutdown drains and releases the lease
 
 
 @schema.parametrize()

@@ -841,7 +841,7 @@ def test_repr_masks_secrets() -> None:
 
 
 def test_admin_key_must_differ_from_api_key() -> None:
-    with pytest.raises(ConfigError, match="--admin-api-key.*differ"):
+    with pytest.raises(ConfigError, match=r"--admin-api-key.*differ"):
         ServeConfig.from_mapping({"api_key": "same", "admin_api_key": "same"})
     cfg = ServeConfig.from_mapping({"api_key": "a", "admin_api_key": "b"})
     assert (cfg.api_key, cfg.admin_api_key) == ("a", "b")
