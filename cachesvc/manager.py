@@ -134,6 +134,8 @@ class CacheManager:
         self._builds: dict[str, _Build] = {}
         self._builds_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
+        self._stats_lock = threading.Lock()
+        self._stats_cache: tuple[tuple[int, int, int], CacheStats] | None = None
 
     @classmethod
     def open(
@@ -466,8 +468,19 @@ class CacheManager:
         return self.catalog.events(kind=kind, since=since, limit=limit, bundle_id=bundle_id)
 
     def stats(self) -> CacheStats:
-        """Cache statistics from the catalog (they survive restarts, agree across processes)."""
-        return self.catalog.stats(max_size_bytes=self.max_size_bytes)
+        """Cache statistics from the catalog (they survive restarts, agree across processes).
+
+        Every change stats can show is an event or a new checkpoint, so the result is reused
+        until the catalog version or the checkpoint count moves (dashboards and /metrics poll).
+        """
+        key = (self.catalog.version(), self.catalog.checkpoint_count(), self.max_size_bytes)
+        with self._stats_lock:
+            if self._stats_cache is not None and self._stats_cache[0] == key:
+                return self._stats_cache[1]
+        stats = self.catalog.stats(max_size_bytes=self.max_size_bytes)
+        with self._stats_lock:
+            self._stats_cache = (key, stats)
+        return stats
 
     # -- pin / verify / remove -------------------------------------------------------------
 
