@@ -24,6 +24,7 @@ from inference.tokenizer import ChatTemplateError
 
 __all__ = [
     "AuthenticationError",
+    "ClientDisconnectedError",
     "ContextLengthExceededError",
     "InternalServerError",
     "InvalidRequestError",
@@ -112,6 +113,14 @@ class ServerUnavailableError(OpenAIError):
     status_code = 503
     type = "server_error"
     code = "server_unavailable"
+
+
+class ClientDisconnectedError(OpenAIError):
+    """The client hung up before a non-streamed answer was ready; its generation was cancelled."""
+
+    status_code = 499
+    type = "client_closed_request"
+    code = "client_closed_request"
 
 
 class InternalServerError(OpenAIError):

@@ -7,18 +7,25 @@ router before its lifespan has loaded the engine; an ``OpenAIServing`` instance 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from litestar import Response, Router, get, post
+from litestar import Request, Response, Router, get, post
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
-from inference.openai.errors import AuthenticationError, ServerUnavailableError, openai_exception_handler
+from inference.openai.errors import (
+    AuthenticationError,
+    ClientDisconnectedError,
+    ServerUnavailableError,
+    openai_exception_handler,
+)
 from inference.openai.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelList
 from inference.openai.serving import OpenAIServing
 
@@ -106,13 +113,41 @@ def openai_router(serving_provider: ServingProvider | OpenAIServing, *, path: st
     def models() -> ModelList:
         return current().list_models()
 
+    async def until_disconnect(request: Request[Any, Any, Any]) -> None:
+        # After the body is read, the only message left is the client's disconnect.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    async def answer(request: Request[Any, Any, Any], work: Awaitable[Any]) -> Response[Any]:
+        """Run ``work``; if the client hangs up first, cancel it so its slot frees at once.
+
+        Streams watch for disconnects themselves; this covers the wait for a non-streamed
+        answer (and a stream's first token), which would otherwise run to max_tokens.
+        """
+        task = asyncio.ensure_future(work)
+        watcher = asyncio.ensure_future(until_disconnect(request))
+        try:
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise ClientDisconnectedError("the client closed the connection; generation was cancelled")
+        return respond(task.result())
+
     @post("/completions", status_code=200, responses=documented(400, 401, 404, 429, 503))
-    async def completions(data: JSONBody[CompletionRequest]) -> Response[Any]:
-        return respond(await current().create_completion(data))
+    async def completions(
+        request: Request[Any, Any, Any], data: JSONBody[CompletionRequest]
+    ) -> Response[Any]:
+        return await answer(request, current().create_completion(data))
 
     @post("/chat/completions", status_code=200, responses=documented(400, 401, 404, 429, 503))
-    async def chat_completions(data: JSONBody[ChatCompletionRequest]) -> Response[Any]:
-        return respond(await current().create_chat_completion(data))
+    async def chat_completions(
+        request: Request[Any, Any, Any], data: JSONBody[ChatCompletionRequest]
+    ) -> Response[Any]:
+        return await answer(request, current().create_chat_completion(data))
 
     return Router(
         path=path,

@@ -125,3 +125,17 @@ def test_queue_timeout_is_429(demo_dir: Path, cache_dir: Path, log_dir: Path) ->
         assert info.value.response.json()["error"]["code"] == "server_overloaded"
         assert 0.4 <= waited < 2.0, f"answered after {waited:.2f} s; --queue-timeout is 0.5 s"
         stream.close()
+
+
+def test_non_streamed_client_disconnect_frees_the_slot(server: ServerProcess, demo_dir: Path) -> None:
+    reply_tokens = len(load_tokenizer(demo_dir).encode(WORD)) * REPEAT
+    # The client gives up after 0.5 s, long before the reply (one engine call per token) is done.
+    impatient = server.client(timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(openai.APITimeoutError):
+        impatient.chat.completions.create(model=MODEL, messages=ASK, max_tokens=200)
+    _wait_idle(server)
+    remaining = reply_tokens * STEP_DELAY
+    assert time.monotonic() - started < remaining / 2, (remaining, server.log_tail())
+    ok = server.client().chat.completions.create(model=MODEL, messages=ASK, max_tokens=2)
+    assert ok.usage is not None and ok.usage.completion_tokens == 2
