@@ -60,15 +60,6 @@ class Runtime:
             self.lease.release()
 
 
-def open_manager(config: ServeConfig) -> CacheManager:
-    """Open the cache named by ``config`` (creates it and upgrades the catalog schema)."""
-    return CacheManager.open(
-        config.cache_dir,
-        catalog_url=config.catalog_url_resolved,
-        max_size_bytes=config.engine_cache_max_size_bytes,
-    )
-
-
 def load_runtime(
     config: ServeConfig,
     manager: CacheManager,
@@ -240,7 +231,7 @@ def serve(config: ServeConfig) -> int:
         if given:
             log.warning("%s is accepted for compatibility but has no effect in this version", flag)
     try:
-        manager = open_manager(config)
+        manager = CacheManager.from_config(config)
     except CacheError as exc:
         log.error("cannot open the cache: %s", exc)
         return 1
@@ -316,4 +307,4 @@ class _Server(_server_base()):  # type: ignore[misc]
         super().handle_exit(sig, frame)
 
 
-__all__ = ["Runtime", "create_app", "load_runtime", "open_manager", "serve"]
+__all__ = ["Runtime", "create_app", "load_runtime", "serve"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cachesvc import __version__
-from cachesvc.config import ServeConfig, add_build_arguments, add_serve_arguments, default_cache_dir
+from cachesvc.config import ServeConfig, add_build_arguments, add_serve_arguments
 from cachesvc.errors import CacheError, CheckpointError, ConfigError, NotFoundError
 from cachesvc.records import BUNDLE_STATES, BundleInfo, EvictionResult
 
@@ -95,14 +95,16 @@ def bundle_json(info: BundleInfo, root: Path) -> dict[str, Any]:
 # -- commands --------------------------------------------------------------------------------
 
 
+def _cache_config(args: argparse.Namespace) -> ServeConfig:
+    """The cache options given on the command line, validated and defaulted like ``serve``'s."""
+    given = {name: getattr(args, name, None) for name in _CACHE_OPTIONS}
+    return ServeConfig.from_mapping({k: v for k, v in given.items() if v is not None})
+
+
 def _manager(args: argparse.Namespace) -> Any:
     from cachesvc.manager import CacheManager
 
-    cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
-    gb = getattr(args, "engine_cache_max_size_gb", 50.0)
-    if not isinstance(gb, float | int) or not gb > 0 or gb != gb or gb == float("inf"):
-        raise ConfigError("--engine-cache-max-size-gb", f"must be a finite number > 0, got {gb!r}")
-    return CacheManager.open(cache_dir, catalog_url=args.catalog_url, max_size_bytes=int(gb * 1e9))
+    return CacheManager.from_config(_cache_config(args))
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -379,11 +381,10 @@ def cmd_checkpoints_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from cachesvc.catalog import Catalog, default_catalog_url
+    from cachesvc.catalog import Catalog
     from cachesvc.catalog.migrate import head_revision
 
-    cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
-    catalog = Catalog(args.catalog_url or default_catalog_url(cache_dir), node="cli")
+    catalog = Catalog(_cache_config(args).catalog_url_resolved, node="cli")
     try:
         if args.db_command == "upgrade":
             catalog.upgrade(args.revision)
