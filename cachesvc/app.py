@@ -26,8 +26,8 @@ from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
 
 from cachesvc import __version__
-from cachesvc.config import ServeConfig
-from cachesvc.errors import CacheError
+from cachesvc.config import ServeConfig, cli_message
+from cachesvc.errors import CacheError, ConfigError
 from cachesvc.http.admin import admin_router
 from cachesvc.http.metrics import MetricsState, metrics_route
 from cachesvc.manager import BundleLease, CacheManager
@@ -233,7 +233,7 @@ def serve(config: ServeConfig) -> int:
     try:
         manager = CacheManager.from_config(config)
     except CacheError as exc:
-        log.error("cannot open the cache: %s", exc)
+        log.error("cannot open the cache: %s", _describe(exc))
         return 1
     metrics = MetricsState(manager)
     try:
@@ -251,7 +251,7 @@ def serve(config: ServeConfig) -> int:
             config, manager, engine_factory=engine_factory_from_env(), observer=metrics.serving
         )
     except (CacheError, ValueError, OSError, ImportError, AttributeError) as exc:
-        log.error("cannot serve %s: %s", config.model, exc)
+        log.error("cannot serve %s: %s", config.model, _describe(exc))
         manager.close()
         return 1
     app = create_app(config, manager, runtime=runtime, metrics=metrics, close_manager=True)
@@ -282,6 +282,10 @@ def serve(config: ServeConfig) -> int:
             signal.signal(sig, signal.SIG_IGN)
         runtime.close()  # idempotent; covers a server that failed to start
     return 0 if server.started else 1
+
+
+def _describe(exc: BaseException) -> str:
+    return cli_message(exc) if isinstance(exc, ConfigError) else str(exc)
 
 
 def _absorb_signal(sig: int, frame: FrameType | None) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from cachesvc.errors import BuildError, ConfigError
 from cachesvc.profiles import BuildOptions
+from inference.build_profile import AUTO_PRECISION, ProfileError, check_backend_precision
 
 #: ``progress(stage, fraction)``; fraction in [0, 1].
 ProgressFn = Callable[[str, float], None]
@@ -78,7 +79,7 @@ class OnnxRuntimeBuilder:
 
         if options.speculative_method is not None:
             raise ConfigError(
-                "--speculative-config",
+                "speculative_method",
                 f"speculative method {options.speculative_method!r} is not supported by the onnxruntime "
                 "backend yet; drop --speculative-config",
             )
@@ -130,16 +131,18 @@ def resolve_backend(requested: str, builders: Mapping[str, Builder]) -> str:
             else ""
         )
         raise ConfigError(
-            "--backend",
+            "backend",
             f"backend {requested!r} is not available here{hint}; available: {', '.join(sorted(builders))}",
         )
     return requested
 
 
 def resolve_precision(requested: str, backend: str) -> str:
-    """``auto`` -> fp32 on the CPU, fp16 on TensorRT; reject fp16 on the CPU backend."""
-    if requested == "auto":
-        return "fp16" if backend == "tensorrt" else "fp32"
-    if requested == "fp16" and backend == "onnxruntime":
-        raise ConfigError("--precision", "fp16 needs the tensorrt backend; use fp32 or int8 on the CPU")
-    return requested
+    """``auto`` -> the backend's default (fp32 on the CPU, fp16 on TensorRT); reject a precision
+    the backend does not build (fp16 on the CPU)."""
+    precision = AUTO_PRECISION[backend] if requested == "auto" else requested
+    try:
+        check_backend_precision(backend, precision)
+    except ProfileError as exc:
+        raise ConfigError(exc.field, exc.detail) from None
+    return precision

@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from cachesvc import __version__
-from cachesvc.config import ServeConfig, add_build_arguments, add_serve_arguments
+from cachesvc.config import ServeConfig, add_build_arguments, add_serve_arguments, cli_message
 from cachesvc.errors import CacheError, CheckpointError, ConfigError, NotFoundError
-from cachesvc.records import BUNDLE_STATES, BundleInfo, EvictionResult
+from cachesvc.records import BUNDLE_STATES, SORT_KEYS, SORT_ORDERS, BundleInfo, EvictionResult
+from inference.build_profile import BACKENDS
+from inference.demo import ARCHS as DEMO_ARCHS
+from inference.demo import SIZES as DEMO_SIZES
 
 log = logging.getLogger("cachesvc.cli")
 
@@ -538,11 +541,11 @@ def build_parser() -> argparse.ArgumentParser:
     bsub.required = True
     p = bsub.add_parser("ls", help="list bundles", parents=[cache_opts])
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--sort", choices=["last_used", "size", "created", "hits"], default="last_used")
-    p.add_argument("--order", choices=["asc", "desc"], default="desc")
+    p.add_argument("--sort", choices=SORT_KEYS, default="last_used")
+    p.add_argument("--order", choices=SORT_ORDERS, default="desc")
     p.add_argument("--model", default=None, help="model id/dir as given, or a checkpoint digest prefix")
     p.add_argument("--state", choices=BUNDLE_STATES, default=None)
-    p.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default=None)
+    p.add_argument("--backend", choices=BACKENDS, default=None)
     p.add_argument("--limit", type=int, default=1000, help="at most this many rows (default 1000)")
     p.set_defaults(func=cmd_bundles_ls)
     for name, fn, text in (
@@ -578,8 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo-checkpoint", help="write a random-weight demo checkpoint", allow_abbrev=False)
     p.add_argument("dir", help="output directory")
-    p.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "mistral"], default="qwen2")
-    p.add_argument("--size", choices=["tiny", "0.5b"], default="tiny")
+    p.add_argument("--arch", choices=DEMO_ARCHS, default="qwen2")
+    p.add_argument("--size", choices=DEMO_SIZES, default="tiny")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo_checkpoint)
@@ -605,7 +608,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except _BAD_INPUT as exc:
-        print(f"cachesvc: error: {exc}", file=sys.stderr)
+        text = cli_message(exc) if isinstance(exc, ConfigError) else str(exc)
+        print(f"cachesvc: error: {text}", file=sys.stderr)
         return 2
     except CacheError as exc:
         print(f"cachesvc: error: {exc}", file=sys.stderr)

@@ -49,16 +49,25 @@ from pathlib import Path
 from typing import Any
 
 from cachesvc.errors import ConfigError
-from cachesvc.profiles import SPECULATIVE_METHODS, ProfileRequest
+from cachesvc.profiles import ProfileRequest
+from inference.build_profile import (
+    BACKEND_CHOICES,
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_INPUT_LEN,
+    DEFAULT_MAX_KV_CACHE_CAPACITY,
+    METHODS_NEEDING_DRAFT_MODEL,
+    PRECISION_CHOICES,
+    SHAPE_LIMITS,
+    SPECULATIVE_METHODS,
+    ProfileError,
+    check_shape,
+    check_shapes,
+)
+from inference.openai.reasoning import REASONING_PARSER_CHOICES as REASONING_PARSERS
+from inference.openai.tool_parsers import TOOL_PARSER_CHOICES as TOOL_CALL_PARSERS
 
-REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1", "nemotron")
-TOOL_CALL_PARSERS = ("auto", "generic", "hermes", "qwen3_xml", "nemotron", "openai")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-BACKEND_CHOICES = ("auto", "onnxruntime", "tensorrt")
-PRECISION_CHOICES = ("auto", "fp32", "fp16", "int8")
 
-#: Speculative methods that need a separate draft checkpoint (``model`` in the JSON).
-METHODS_NEEDING_DRAFT_MODEL = tuple(m for m in SPECULATIVE_METHODS if m != "mtp")
 #: Speculative methods whose ``num_speculative_tokens`` overrides ``--draft-step``.
 METHODS_OVERRIDING_DRAFT_STEP = ("eagle3", "mtp")
 
@@ -88,6 +97,26 @@ def default_cache_dir() -> Path:
 def flag_for(name: str) -> str:
     """The CLI flag of a :class:`ServeConfig` field (``max_batch_size`` -> ``--max-batch-size``)."""
     return "model" if name == "model" else "--" + name.replace("_", "-")
+
+
+#: Neutral field names (used by the domain and the HTTP API) whose flag is not ``flag_for(name)``.
+_FIELD_FLAGS = {
+    "max_size_bytes": "--engine-cache-max-size-gb",
+    "speculative_method": "--speculative-config",
+    "draft_model": "--speculative-config",
+    "draft_digest": "--speculative-config",
+}
+
+
+def cli_message(exc: ConfigError) -> str:
+    """``exc`` in the words of the command line: a neutral field (``backend``) becomes its flag."""
+    field = exc.field
+    if field.startswith("--") or field == "model":
+        return str(exc)
+    flag = _FIELD_FLAGS.get(field)
+    if flag is None and field in _RULES:
+        flag = flag_for(field)
+    return f"{flag}: {exc.detail}" if flag else str(exc)
 
 
 class _Invalid(Exception):
@@ -189,6 +218,24 @@ def _speculative_rule(value: object) -> SpeculativeConfig | None:
     )
 
 
+def _shape_rule(name: str) -> Callable[[object], int]:
+    def check(value: object) -> int:
+        try:
+            return check_shape(name, value)
+        except ProfileError as exc:
+            raise _Invalid(exc.detail) from None
+
+    return check
+
+
+def _flagged(exc: ProfileError) -> ConfigError:
+    """A profile rule's error in the words of the command line (field names become flags)."""
+    detail = exc.detail
+    for name in SHAPE_LIMITS:
+        detail = re.sub(rf"\b{name}\b", flag_for(name), detail)
+    return ConfigError(flag_for(exc.field), detail)
+
+
 _positive_int = _int_rule(1)
 _non_negative_int = _int_rule(0)
 
@@ -209,9 +256,9 @@ _RULES: dict[str, Callable[[object], Any]] = {
     "cache_dir": _path_rule,
     "engine_cache_max_size_gb": _positive_float,
     "clear_engine_cache": _bool_rule,
-    "max_input_len": _positive_int,
-    "max_batch_size": _positive_int,
-    "max_kv_cache_capacity": _positive_int,
+    "max_input_len": _shape_rule("max_input_len"),
+    "max_batch_size": _shape_rule("max_batch_size"),
+    "max_kv_cache_capacity": _shape_rule("max_kv_cache_capacity"),
     "draft_top_k": _optional(_positive_int),
     "draft_step": _optional(_positive_int),
     "verify_tree_size": _optional(_positive_int),
@@ -337,9 +384,9 @@ class ServeConfig:
     cache_dir: Path = field(default_factory=default_cache_dir)
     engine_cache_max_size_gb: float = 50.0
     clear_engine_cache: bool = False
-    max_input_len: int = 4096
-    max_batch_size: int = 1
-    max_kv_cache_capacity: int = 8192
+    max_input_len: int = DEFAULT_MAX_INPUT_LEN
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_kv_cache_capacity: int = DEFAULT_MAX_KV_CACHE_CAPACITY
     draft_top_k: int | None = None
     draft_step: int | None = None
     verify_tree_size: int | None = None
@@ -364,12 +411,10 @@ class ServeConfig:
             if normalised is not value:
                 # Frozen: normalisation (int -> float, ~ expansion) happens once, here.
                 object.__setattr__(self, f.name, normalised)
-        if self.max_input_len > self.max_kv_cache_capacity:
-            raise ConfigError(
-                "--max-input-len",
-                f"({self.max_input_len}) must not exceed --max-kv-cache-capacity "
-                f"({self.max_kv_cache_capacity}); lower --max-input-len or raise --max-kv-cache-capacity",
-            )
+        try:
+            check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
+        except ProfileError as exc:
+            raise _flagged(exc) from None
         if self.api_key is not None and self.api_key == self.admin_api_key:
             raise ConfigError(
                 "--admin-api-key",
@@ -591,9 +636,10 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     _add(
         build,
         "speculative_config",
-        f"speculative decoding as JSON, e.g. '{_SPEC_EXAMPLE}'; keys: method (eagle3, mtp, dflash, "
-        "jetspec, dspark; required), model (draft; required except for mtp), num_speculative_tokens "
-        "(overrides --draft-step for eagle3 and mtp)",
+        f"speculative decoding as JSON, e.g. '{_SPEC_EXAMPLE}'; keys: method "
+        f"({', '.join(SPECULATIVE_METHODS)}; required), model (draft; required except for "
+        f"{', '.join(m for m in SPECULATIVE_METHODS if m not in METHODS_NEEDING_DRAFT_MODEL)}), "
+        f"num_speculative_tokens (overrides --draft-step for {' and '.join(METHODS_OVERRIDING_DRAFT_STEP)})",
         type=_speculative_arg,
         metavar="JSON",
     )

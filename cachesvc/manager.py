@@ -124,7 +124,7 @@ class CacheManager:
         offline: bool | None = None,
     ) -> None:
         if max_size_bytes <= 0:
-            raise ConfigError("--engine-cache-max-size-gb", "must be greater than 0")
+            raise ConfigError("max_size_bytes", "must be greater than 0")
         self.layout = layout
         self.catalog = catalog
         self.store = BundleStore(layout)
@@ -202,9 +202,7 @@ class CacheManager:
         precision = resolve_precision(request.precision, backend)
         builder = self.builders[backend]
         if request.speculative_method is not None and request.speculative_method != "mtp" and draft is None:
-            raise ConfigError(
-                "--speculative-config", f"method {request.speculative_method!r} needs a draft 'model'"
-            )
+            raise ConfigError("draft_model", f"method {request.speculative_method!r} needs a draft model")
         return BuildOptions(
             backend=backend,
             precision=precision,

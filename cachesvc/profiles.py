@@ -12,18 +12,41 @@ import dataclasses
 import hashlib
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cachesvc.errors import ConfigError
+from inference.build_profile import (
+    BACKEND_CHOICES,
+    BACKENDS,
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_INPUT_LEN,
+    DEFAULT_MAX_KV_CACHE_CAPACITY,
+    PRECISION_CHOICES,
+    PRECISIONS,
+    SPECULATIVE_METHODS,
+    ProfileError,
+    check_choice,
+    check_shapes,
+)
 
 #: Version of the on-disk bundle layout (manifest format, directory shape).
 LAYOUT_VERSION = 1
 
-BACKENDS = ("onnxruntime", "tensorrt")
-PRECISIONS = ("fp32", "fp16", "int8")
-SPECULATIVE_METHODS = ("eagle3", "mtp", "dflash", "jetspec", "dspark")
+__all__ = [
+    "BACKENDS",
+    "LAYOUT_VERSION",
+    "PRECISIONS",
+    "SPECULATIVE_METHODS",
+    "BuildOptions",
+    "ProfileRequest",
+    "bundle_id",
+    "bundle_relpath",
+    "is_bundle_id",
+]
 
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 _BUNDLE_ID_RE = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{12}$")
@@ -35,34 +58,20 @@ class BuildOptions:
 
     backend: str = "onnxruntime"
     precision: str = "fp32"
-    max_input_len: int = 4096
-    max_batch_size: int = 1
-    max_kv_cache_capacity: int = 8192
+    max_input_len: int = DEFAULT_MAX_INPUT_LEN
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_kv_cache_capacity: int = DEFAULT_MAX_KV_CACHE_CAPACITY
     speculative_method: str | None = None
     draft_digest: str | None = None
     builder_version: str = ""
     device_arch: str | None = None
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        for name in ("max_input_len", "max_batch_size", "max_kv_cache_capacity"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(name, f"must be a positive integer, got {value!r}")
-        if self.max_input_len > self.max_kv_cache_capacity:
-            raise ConfigError(
-                "max_input_len",
-                f"({self.max_input_len}) must not exceed max_kv_cache_capacity "
-                f"({self.max_kv_cache_capacity})",
-            )
-        if self.speculative_method is not None and self.speculative_method not in SPECULATIVE_METHODS:
-            raise ConfigError(
-                "speculative_method",
-                f"must be one of {', '.join(SPECULATIVE_METHODS)} or null, got {self.speculative_method!r}",
-            )
+        with _as_config_error():
+            check_choice("backend", self.backend, BACKENDS)
+            check_choice("precision", self.precision, PRECISIONS)
+            check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
+            check_choice("speculative_method", self.speculative_method, SPECULATIVE_METHODS, optional=True)
         if self.draft_digest is not None and not _DIGEST_RE.match(self.draft_digest):
             raise ConfigError("draft_digest", "must be a 64-character lowercase hex SHA-256")
         if self.backend == "tensorrt" and not self.device_arch:
@@ -118,15 +127,34 @@ class ProfileRequest:
 
     backend: str = "auto"
     precision: str = "auto"
-    max_input_len: int = 4096
-    max_batch_size: int = 1
-    max_kv_cache_capacity: int = 8192
+    max_input_len: int = DEFAULT_MAX_INPUT_LEN
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_kv_cache_capacity: int = DEFAULT_MAX_KV_CACHE_CAPACITY
     speculative_method: str | None = None
     draft_model: str | None = None
+
+    def __post_init__(self) -> None:
+        with _as_config_error():
+            check_choice("backend", self.backend, BACKEND_CHOICES)
+            check_choice("precision", self.precision, PRECISION_CHOICES)
+            check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
+            check_choice("speculative_method", self.speculative_method, SPECULATIVE_METHODS, optional=True)
+        draft = self.draft_model
+        if draft is not None and (not isinstance(draft, str) or not draft.strip()):
+            raise ConfigError("draft_model", f"must be a non-blank model id or directory, got {draft!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return dataclasses.asdict(self)
+
+
+@contextmanager
+def _as_config_error() -> Iterator[None]:
+    """Report the registry's :class:`ProfileError` as the cache's :class:`ConfigError`."""
+    try:
+        yield
+    except ProfileError as exc:
+        raise ConfigError(exc.field, exc.detail) from None
 
 
 def bundle_id(model_digest: str, options: BuildOptions) -> str:

@@ -13,6 +13,12 @@ from typing import Any
 BUNDLE_STATES = ("building", "ready", "failed", "corrupt")
 EVENT_KINDS = ("hit", "miss", "build_ok", "build_failed", "evict", "verify", "pin", "unpin", "reconcile")
 EVICT_REASONS = ("lru", "manual", "clear", "stale", "corrupt")
+BUILD_STATES = ("queued", "running", "done", "failed")
+#: Why a planned eviction left a bundle alone.
+SKIP_REASONS = ("pinned", "leased")
+#: Bundle listing sort keys (the catalog maps each to a column) and orders.
+SORT_KEYS = ("last_used", "size", "created", "hits")
+SORT_ORDERS = ("asc", "desc")
 
 #: Upper bounds (seconds) of the build-duration histogram the catalog keeps as running totals.
 #: Changing them starts new series; counts under the old bounds stay in the catalog unread.

@@ -21,6 +21,8 @@ from cachesvc.errors import ConfigError, NotFoundError
 from cachesvc.records import (
     BUILD_SECONDS_BUCKETS,
     EVENT_KINDS,
+    SORT_KEYS,
+    SORT_ORDERS,
     BundleInfo,
     BundlePage,
     CacheStats,
@@ -39,6 +41,7 @@ SORT_COLUMNS = {
     "created": BundleRow.created_at,
     "hits": BundleRow.hit_count,
 }
+assert tuple(SORT_COLUMNS) == SORT_KEYS, "every listing sort key needs a column"
 _DATETIME_SORTS = {"last_used", "created"}
 
 
@@ -491,7 +494,7 @@ class Catalog:
         if sort not in SORT_COLUMNS:
             raise ConfigError("sort", f"must be one of {', '.join(SORT_COLUMNS)}, got {sort!r}")
         if order not in ("asc", "desc"):
-            raise ConfigError("order", f"must be asc or desc, got {order!r}")
+            raise ConfigError("order", f"must be {' or '.join(SORT_ORDERS)}, got {order!r}")
         if limit < 1:
             raise ConfigError("limit", f"must be at least 1, got {limit}")
         if offset is not None and offset < 0:

@@ -14,7 +14,22 @@ from typing import Annotated, Any, Literal, TypeVar, get_args
 import msgspec
 from msgspec import Meta, Struct
 
-from cachesvc.records import BUNDLE_STATES, EVENT_KINDS, EVICT_REASONS
+from cachesvc.records import (
+    BUILD_STATES,
+    BUNDLE_STATES,
+    EVENT_KINDS,
+    EVICT_REASONS,
+    SKIP_REASONS,
+    SORT_KEYS,
+    SORT_ORDERS,
+)
+from inference.build_profile import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_INPUT_LEN,
+    DEFAULT_MAX_KV_CACHE_CAPACITY,
+    MAX_BATCH_SIZE_LIMIT,
+    MAX_TOKENS_LIMIT,
+)
 
 BundleState = Literal["building", "ready", "failed", "corrupt"]
 EventKind = Literal["hit", "miss", "build_ok", "build_failed", "evict", "verify", "pin", "unpin", "reconcile"]
@@ -26,12 +41,21 @@ SortOrder = Literal["asc", "desc"]
 SkipReason = Literal["pinned", "leased"]
 
 # Literals above must stay in step with the record vocabularies; a drift would make the schema lie.
-assert set(get_args(BundleState)) == set(BUNDLE_STATES)
-assert set(get_args(EventKind)) == set(EVENT_KINDS)
-assert set(get_args(EvictReason)) == set(EVICT_REASONS)
+assert get_args(BundleState) == BUNDLE_STATES
+assert get_args(EventKind) == EVENT_KINDS
+assert get_args(EvictReason) == EVICT_REASONS
+assert get_args(BuildState) == BUILD_STATES
+assert get_args(SortKey) == SORT_KEYS
+assert get_args(SortOrder) == SORT_ORDERS
+assert get_args(SkipReason) == SKIP_REASONS
 
-#: Upper bounds keep absurd values out before they reach the builder (and keep int64 in range).
-PositiveDim = Annotated[int, Meta(ge=1, le=1_048_576)]
+# The Literals below are written out because type checkers need literal text; a unit test
+# (tests/unit/test_registries.py) asserts they equal the registries in inference.build_profile.
+BackendChoice = Literal["auto", "onnxruntime", "tensorrt"]
+PrecisionChoice = Literal["auto", "fp32", "fp16", "int8"]
+SpeculativeMethod = Literal["eagle3", "mtp", "dflash", "jetspec", "dspark"]
+
+PositiveDim = Annotated[int, Meta(ge=1, le=MAX_TOKENS_LIMIT)]
 Model = Annotated[
     str,
     Meta(
@@ -188,12 +212,12 @@ class BuildRequest(Struct, frozen=True, forbid_unknown_fields=True):
     """Ask for a bundle to be built ahead of time (model + build profile)."""
 
     model: Model
-    backend: Literal["auto", "onnxruntime", "tensorrt"] = "auto"
-    precision: Literal["auto", "fp32", "fp16", "int8"] = "auto"
-    max_input_len: PositiveDim = 4096
-    max_batch_size: Annotated[int, Meta(ge=1, le=4096)] = 1
-    max_kv_cache_capacity: PositiveDim = 8192
-    speculative_method: Literal["eagle3", "mtp", "dflash", "jetspec", "dspark"] | None = None
+    backend: BackendChoice = "auto"
+    precision: PrecisionChoice = "auto"
+    max_input_len: PositiveDim = DEFAULT_MAX_INPUT_LEN
+    max_batch_size: Annotated[int, Meta(ge=1, le=MAX_BATCH_SIZE_LIMIT)] = DEFAULT_MAX_BATCH_SIZE
+    max_kv_cache_capacity: PositiveDim = DEFAULT_MAX_KV_CACHE_CAPACITY
+    speculative_method: SpeculativeMethod | None = None
     draft_model: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None
 
 

@@ -1,12 +1,25 @@
-"""The build spec: every option of the onnxruntime backend that changes the bundle."""
+"""The build spec: every option of the onnxruntime backend that changes the bundle.
+
+Defaults, limits and the precisions this backend builds come from
+:mod:`inference.build_profile`, the one home of the profile vocabulary.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inference.build_profile import (
+    BACKEND_PRECISIONS,
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_INPUT_LEN,
+    DEFAULT_MAX_KV_CACHE_CAPACITY,
+    ProfileError,
+    check_backend_precision,
+    check_shapes,
+)
 from inference.builder.errors import BuildInputError
 
-SUPPORTED_PRECISIONS = ("fp32", "int8")
+SUPPORTED_PRECISIONS = BACKEND_PRECISIONS["onnxruntime"]
 
 
 @dataclass(frozen=True)
@@ -14,26 +27,13 @@ class EngineBuildSpec:
     """What to build: weight precision and the shape limits the engine is built for."""
 
     precision: str = "fp32"
-    max_input_len: int = 4096
-    max_batch_size: int = 1
-    max_kv_cache_capacity: int = 8192
+    max_input_len: int = DEFAULT_MAX_INPUT_LEN
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_kv_cache_capacity: int = DEFAULT_MAX_KV_CACHE_CAPACITY
 
     def __post_init__(self) -> None:
-        if self.precision == "fp16":
-            raise BuildInputError(
-                "precision 'fp16' is for the tensorrt backend; the onnxruntime (CPU) backend "
-                f"supports {', '.join(SUPPORTED_PRECISIONS)}"
-            )
-        if self.precision not in SUPPORTED_PRECISIONS:
-            raise BuildInputError(
-                f"unknown precision {self.precision!r}; use one of {', '.join(SUPPORTED_PRECISIONS)}"
-            )
-        for name in ("max_input_len", "max_batch_size", "max_kv_cache_capacity"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise BuildInputError(f"{name} must be a positive integer, got {value!r}")
-        if self.max_input_len > self.max_kv_cache_capacity:
-            raise BuildInputError(
-                f"max_input_len ({self.max_input_len}) cannot exceed max_kv_cache_capacity "
-                f"({self.max_kv_cache_capacity}); raise the capacity or lower the input length"
-            )
+        try:
+            check_backend_precision("onnxruntime", self.precision)
+            check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
+        except ProfileError as exc:
+            raise BuildInputError(str(exc)) from None

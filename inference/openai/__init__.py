@@ -14,16 +14,45 @@ Use from the app::
 
 from __future__ import annotations
 
-from inference.openai.errors import OpenAIError
-from inference.openai.routes import ServingProvider, check_api_key, openai_router
-from inference.openai.serving import (
-    AUTO_PARSERS,
-    OpenAIServing,
-    ServingObserver,
-    ServingOptions,
-    resolve_parsers,
-)
-from inference.tokenizer import Tokenizer, load_tokenizer
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inference.openai.errors import OpenAIError
+    from inference.openai.routes import ServingProvider, check_api_key, openai_router
+    from inference.openai.serving import (
+        AUTO_PARSERS,
+        OpenAIServing,
+        ServingObserver,
+        ServingOptions,
+        resolve_parsers,
+    )
+    from inference.tokenizer import Tokenizer, load_tokenizer
+
+# Imported on first use (PEP 562), so that importing a light submodule such as
+# ``inference.openai.reasoning`` (the launch flags read its parser names) does not pull in
+# Litestar, the scheduler and the tokenizer.
+_LAZY = {
+    "OpenAIError": "inference.openai.errors",
+    "ServingProvider": "inference.openai.routes",
+    "check_api_key": "inference.openai.routes",
+    "openai_router": "inference.openai.routes",
+    "AUTO_PARSERS": "inference.openai.serving",
+    "OpenAIServing": "inference.openai.serving",
+    "ServingObserver": "inference.openai.serving",
+    "ServingOptions": "inference.openai.serving",
+    "resolve_parsers": "inference.openai.serving",
+    "Tokenizer": "inference.tokenizer",
+    "load_tokenizer": "inference.tokenizer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'inference.openai' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "AUTO_PARSERS",

@@ -17,6 +17,7 @@ from inference.generation import held_suffix_length
 
 __all__ = [
     "REASONING_PARSERS",
+    "REASONING_PARSER_CHOICES",
     "ReasoningParser",
     "ReasoningStream",
     "get_reasoning_parser",
@@ -112,6 +113,10 @@ REASONING_PARSERS: dict[str, ReasoningParser] = {
     "nemotron": ReasoningParser("nemotron", implicit_start=False),
     "deepseek_r1": ReasoningParser("deepseek_r1", implicit_start=True),
 }
+
+
+#: Every value ``--reasoning-parser`` accepts: ``auto`` picks by model type, ``none`` parses nothing.
+REASONING_PARSER_CHOICES: tuple[str, ...] = ("auto", "none", *REASONING_PARSERS)
 
 
 def get_reasoning_parser(name: str) -> ReasoningParser | None:

@@ -25,6 +25,7 @@ from inference.generation import held_suffix_length
 
 __all__ = [
     "TOOL_PARSERS",
+    "TOOL_PARSER_CHOICES",
     "ParsedToolCall",
     "ToolCallEvent",
     "ToolParser",
@@ -307,6 +308,10 @@ class ToolParser:
 
 
 TOOL_PARSERS: dict[str, ToolParser] = {name: ToolParser(name) for name in ("hermes", "qwen3_xml", "generic")}
+
+
+#: Every value ``--tool-call-parser`` accepts: ``auto`` picks by model type, ``none`` parses nothing.
+TOOL_PARSER_CHOICES: tuple[str, ...] = ("auto", "none", *TOOL_PARSERS)
 
 
 def get_tool_parser(name: str) -> ToolParser | None:

@@ -1,0 +1,108 @@
+"""The build-profile vocabulary: one home for every option that changes an engine artefact.
+
+Each profile field's default, allowed values and limits live here, and so does the one
+function that checks them. Everything else derives from this module: the cache's
+``BuildOptions``/``ProfileRequest`` (``cachesvc.profiles``), the launch flags and their
+``--help`` (``cachesvc.config``), the admin API's request schema (``cachesvc.http.schemas``,
+whose ``Literal`` types a test compares with these tuples) and the builder's
+``EngineBuildSpec``. The bundle key hashes every profile field, so two copies of a default
+that drift apart would make two entry points build different bundles for the same request.
+
+Errors are :class:`ProfileError` naming the neutral field (``max_input_len``); the CLI turns
+field names into flags, the HTTP layer reports them as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+#: Builder backends a profile can name (resolved values; never ``auto``).
+BACKENDS: tuple[str, ...] = ("onnxruntime", "tensorrt")
+#: What a caller may ask for: ``auto`` picks tensorrt only where it imports and a GPU answers.
+BACKEND_CHOICES: tuple[str, ...] = ("auto", *BACKENDS)
+#: Weight precisions a profile can name.
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
+#: What a caller may ask for: ``auto`` is fp32 on the CPU, fp16 on TensorRT.
+PRECISION_CHOICES: tuple[str, ...] = ("auto", *PRECISIONS)
+#: Precisions each backend builds.
+BACKEND_PRECISIONS: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("fp32", "int8"),
+    "tensorrt": ("fp16", "fp32", "int8"),
+}
+#: ``auto`` precision per backend.
+AUTO_PRECISION: dict[str, str] = {"onnxruntime": "fp32", "tensorrt": "fp16"}
+#: Speculative-decoding methods a profile can name.
+SPECULATIVE_METHODS: tuple[str, ...] = ("eagle3", "mtp", "dflash", "jetspec", "dspark")
+#: Methods that need a separate draft checkpoint (``model`` in ``--speculative-config``).
+METHODS_NEEDING_DRAFT_MODEL: tuple[str, ...] = tuple(m for m in SPECULATIVE_METHODS if m != "mtp")
+
+DEFAULT_MAX_INPUT_LEN = 4096
+DEFAULT_MAX_BATCH_SIZE = 1
+DEFAULT_MAX_KV_CACHE_CAPACITY = 8192
+#: Upper bounds keep absurd values out before they reach a builder (and keep int64 in range).
+MAX_TOKENS_LIMIT = 1_048_576
+MAX_BATCH_SIZE_LIMIT = 4096
+
+#: The shape limits of a profile: field -> (default, largest allowed value).
+SHAPE_LIMITS: dict[str, tuple[int, int]] = {
+    "max_input_len": (DEFAULT_MAX_INPUT_LEN, MAX_TOKENS_LIMIT),
+    "max_batch_size": (DEFAULT_MAX_BATCH_SIZE, MAX_BATCH_SIZE_LIMIT),
+    "max_kv_cache_capacity": (DEFAULT_MAX_KV_CACHE_CAPACITY, MAX_TOKENS_LIMIT),
+}
+
+
+class ProfileError(ValueError):
+    """A profile value breaks a rule. ``field`` is the neutral field name (``max_input_len``)."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
+        self.field = field
+        self.detail = detail
+
+
+def check_choice(field: str, value: object, choices: Sequence[str], *, optional: bool = False) -> None:
+    """Raise :class:`ProfileError` unless ``value`` is one of ``choices`` (or None when optional)."""
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or value not in choices:
+        extra = " or null" if optional else ""
+        raise ProfileError(field, f"must be one of {', '.join(choices)}{extra}, got {value!r}")
+
+
+def check_shape(field: str, value: object) -> int:
+    """Check one shape limit (a positive integer up to its bound); return it."""
+    _, upper = SHAPE_LIMITS[field]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProfileError(field, f"must be a positive integer, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ProfileError(field, f"must be a positive integer, got {value}")
+    if value > upper:
+        raise ProfileError(field, f"must be at most {upper}, got {value}")
+    return value
+
+
+def check_shapes(max_input_len: object, max_batch_size: object, max_kv_cache_capacity: object) -> None:
+    """Check the three shape limits and the rule that spans two of them."""
+    inputs = check_shape("max_input_len", max_input_len)
+    check_shape("max_batch_size", max_batch_size)
+    capacity = check_shape("max_kv_cache_capacity", max_kv_cache_capacity)
+    if inputs > capacity:
+        raise ProfileError(
+            "max_input_len",
+            f"({inputs}) must not exceed max_kv_cache_capacity ({capacity}); "
+            "lower max_input_len or raise max_kv_cache_capacity",
+        )
+
+
+def check_backend_precision(backend: str, precision: str) -> None:
+    """Raise when ``backend`` does not build ``precision`` (both resolved, not ``auto``)."""
+    check_choice("backend", backend, BACKENDS)
+    check_choice("precision", precision, PRECISIONS)
+    allowed = BACKEND_PRECISIONS[backend]
+    if precision not in allowed:
+        others = [b for b, precisions in BACKEND_PRECISIONS.items() if precision in precisions]
+        where = f"is for the {' or '.join(others)} backend" if others else "is built by no backend"
+        raise ProfileError(
+            "precision",
+            f"precision {precision!r} {where}; the {backend} backend builds {', '.join(allowed)}",
+        )
