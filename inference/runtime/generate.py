@@ -1,7 +1,9 @@
 """A simple greedy / sampled generation loop over an Engine (benchmarks and tests).
 
 Serving (stop strings, streaming, scheduling) lives elsewhere; this runs a fixed set of
-prompts to completion, one slot each, decoding all unfinished slots together.
+prompts to completion, one slot each, decoding all unfinished slots together. Tokens are drawn
+by the server's own :class:`~inference.sampling.Sampler` (one per prompt, seeded with
+``seed``), so ``generate(seed=s)`` gives what a server request with ``seed=s`` gives.
 """
 
 from __future__ import annotations
@@ -11,27 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from inference.runtime.protocol import Engine
-
-
-def _pick(logits: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int,
-          top_p: float) -> int:
-    if temperature <= 0.0:
-        return int(np.argmax(logits))
-    scaled = logits.astype(np.float64) / temperature
-    if 0 < top_k < scaled.size:
-        kth = np.partition(scaled, -top_k)[-top_k]
-        scaled = np.where(scaled < kth, -np.inf, scaled)
-    probs = np.exp(scaled - scaled.max())
-    probs /= probs.sum()
-    if top_p < 1.0:
-        order = np.argsort(-probs)
-        cumulative = np.cumsum(probs[order])
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        keep = order[: int(np.searchsorted(cumulative, top_p)) + 1]
-        kept = np.zeros_like(probs)
-        kept[keep] = probs[keep]
-        probs = kept / kept.sum()
-    return int(rng.choice(probs.size, p=probs))
+from inference.sampling import Sampler, SamplingParams
 
 
 def generate(
@@ -69,7 +51,8 @@ def generate(
             "load it with a larger max_slots"
         )
     stop = set(engine.info.eos_token_ids if eos_ids is None else eos_ids)
-    rng = np.random.default_rng(seed)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    samplers = [Sampler(params, engine.info.vocab_size) for _ in prompts]
     outputs: list[list[int]] = [[] for _ in prompts]
     if max_new_tokens == 0:
         return outputs
@@ -79,7 +62,7 @@ def generate(
         if not prompt:
             raise ValueError(f"prompt {slot} is empty; give at least one token")
         engine.reset(slot)
-        token = _pick(engine.prefill(slot, prompt), rng, temperature, top_k, top_p)
+        token = samplers[slot].sample(engine.prefill(slot, prompt)).token_id
         outputs[slot].append(token)
         if token not in stop and max_new_tokens > 1:
             active.append(slot)
@@ -88,7 +71,7 @@ def generate(
         logits = engine.decode(active, next_ids)
         still, still_ids = [], []
         for row, slot in enumerate(active):
-            token = _pick(logits[row], rng, temperature, top_k, top_p)
+            token = samplers[slot].sample(logits[row]).token_id
             outputs[slot].append(token)
             if token not in stop and len(outputs[slot]) < max_new_tokens:
                 still.append(slot)

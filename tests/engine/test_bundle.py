@@ -147,3 +147,21 @@ def test_load_refuses_foreign_bundles(
 def test_load_refuses_a_directory_without_engine_json(tmp_path: Path) -> None:
     with pytest.raises(EngineLoadError, match=r"engine\.json is missing"):
         load_engine(tmp_path)
+
+
+def test_generate_draws_like_the_server(
+    hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]
+) -> None:
+    """``generate(seed=…)`` and a server request with the same seed draw the same tokens: the
+    server's scheduler feeds each step's logits to one ``Sampler`` per request."""
+    from inference.sampling import Sampler, SamplingParams
+
+    engine = load_engine(built_bundle(hf_checkpoint("qwen2", "fp32", True)), threads=1)
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=11)
+    sampler = Sampler(params, engine.info.vocab_size)
+    engine.reset(0)
+    served = [sampler.sample(engine.prefill(0, [1, 2, 3])).token_id]
+    while len(served) < 16:
+        served.append(sampler.sample(engine.decode([0], [served[-1]])[0]).token_id)
+    got = generate(engine, [1, 2, 3], 16, temperature=1.0, top_k=50, top_p=0.9, seed=11, eos_ids=())
+    assert got == [served]
