@@ -22,7 +22,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from tests.support.net import NotReadyError, free_port, wait_http_ok  # noqa: E402
 
 ADMIN_KEY = "bench-admin-key"
 MAX_SIZE_BYTES = 10**15
@@ -158,50 +159,27 @@ def populate(cache_dir: Path, n_bundles: int, n_events: int, seed: int = 5) -> N
 def serve(cache_dir: Path, port: int) -> None:
     """Run the admin router and /metrics on uvicorn (loopback) over the given cache."""
     import uvicorn
-    from litestar import Litestar
-    from litestar.di import Provide
 
-    from cachesvc.http.admin import admin_router
-    from cachesvc.http.metrics import MetricsState, metrics_route
+    from cachesvc.app import create_app
+    from cachesvc.config import ServeConfig
     from cachesvc.manager import CacheManager
 
     manager = CacheManager.open(cache_dir, max_size_bytes=MAX_SIZE_BYTES, builders={})
-    metrics = MetricsState(manager)
-    app = Litestar(
-        route_handlers=[
-            admin_router(admin_api_key=ADMIN_KEY),
-            metrics_route(metrics, admin_api_key=ADMIN_KEY),
-        ],
-        dependencies={"manager": Provide(lambda: manager, sync_to_thread=False)},
-        middleware=[metrics.middleware()],
-        openapi_config=None,
-        logging_config=None,
-    )
+    # The service's own app (admin API, /metrics, health), as `cachesvc serve` builds it.
+    app = create_app(ServeConfig(cache_dir=cache_dir, admin_api_key=ADMIN_KEY), manager)
     try:
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
     finally:
         manager.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_ready(base: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode} before answering")
-        try:
-            r = httpx.get(f"{base}/admin/stats", headers={"x-api-key": ADMIN_KEY}, timeout=2)
-            if r.status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"server did not answer within {timeout:.0f} s")
+    try:
+        wait_http_ok(
+            f"{base}/admin/stats", timeout=timeout, proc=proc, headers={"x-api-key": ADMIN_KEY}, interval=0.2
+        )
+    except NotReadyError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 # -- load generators ---------------------------------------------------------------------------
@@ -338,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         populate(cache_dir, args.bundles, args.events)
         fill_s = time.perf_counter() - t0
-        port = _free_port()
+        port = free_port()
         base = f"http://127.0.0.1:{port}"
         env = {
             **os.environ,

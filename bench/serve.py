@@ -30,7 +30,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ if str(ROOT) not in sys.path:
 from cachesvc.config import ServeConfig  # noqa: E402
 from cachesvc.manager import CacheManager  # noqa: E402
 from inference.runtime import load_engine  # noqa: E402
+from tests.support.net import NotReadyError, free_port, wait_http_ok  # noqa: E402
 
 MODEL_NAME = "bench-0.5b"
 #: Prompt ids are drawn from the demo tokenizer's ordinary tokens (after the 3 special ones,
@@ -185,13 +185,6 @@ class EngineProbe:
 # -- over HTTP ----------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_server(config: ServeConfig, port: int, log_path: Path) -> subprocess.Popen[bytes]:
     """``cachesvc serve`` with ``config``'s flags on ``port``; waits for ``/health/ready``."""
     script = Path(sys.executable).with_name("cachesvc")
@@ -225,21 +218,12 @@ def start_server(config: ServeConfig, port: int, log_path: Path) -> subprocess.P
     env.pop("CACHESVC_ENGINE_FACTORY", None)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    deadline = time.monotonic() + 600
-    with httpx.Client(timeout=2) as h:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise SystemExit(
-                    f"cachesvc serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}"
-                )
-            try:
-                if h.get(f"http://127.0.0.1:{port}/health/ready").status_code == 200:
-                    return proc
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"cachesvc serve not ready after 600 s:\n{log_path.read_text()[-3000:]}")
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/health/ready", timeout=600, proc=proc, interval=0.2)
+    except NotReadyError as exc:
+        proc.kill()
+        raise SystemExit(f"cachesvc serve: {exc}:\n{log_path.read_text()[-3000:]}") from None
+    return proc
 
 
 async def _one_stream(

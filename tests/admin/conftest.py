@@ -1,9 +1,7 @@
-"""Fixtures for the admin API tests: a real CacheManager on tmp_path behind a Litestar app.
+"""Fixtures for the admin API tests: a real CacheManager on tmp_path behind the real app.
 
-The app is assembled here the way ``cachesvc.app`` mounts the pieces (admin router, guarded
-``/metrics``, request-metrics middleware, the ``manager`` dependency). Litestar's TestClient
-always reports the client as ``testclient``; ``PeerMiddleware`` sets the peer address the
-guard sees, standing in for the socket address a real server would put into the scope.
+The app is ``cachesvc.app.create_app`` itself (see :mod:`tests.support.apps`), so the tests
+exercise the wiring ``cachesvc serve`` uses; only the peer address is set by the test.
 """
 
 from __future__ import annotations
@@ -15,58 +13,25 @@ from typing import Any
 
 import pytest
 from litestar import Litestar
-from litestar.di import Provide
-from litestar.enums import ScopeType
-from litestar.middleware import ASGIMiddleware
-from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.testing import TestClient
-from litestar.types import ASGIApp, Receive, Scope, Send
 
-from cachesvc.http.admin import admin_router
-from cachesvc.http.metrics import MetricsState, metrics_route
+from cachesvc.http.metrics import MetricsState
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import BuildOptions, bundle_id, bundle_relpath
+from tests.support.apps import LOOPBACK, service_app
 from tests.support.cache import FileBuilder, make_checkpoint
 
 ADMIN_KEY = "admin-secret-key"
 COMPLETION_KEY = "completion-secret-key"
-LOOPBACK = "127.0.0.1"
 REMOTE = "203.0.113.7"
 MAX_SIZE = 10**12
-
-
-class PeerMiddleware(ASGIMiddleware):
-    """Sets ``scope["client"]`` to a fixed peer address (what uvicorn fills from the socket)."""
-
-    scopes = (ScopeType.HTTP,)
-
-    def __init__(self, host: str) -> None:
-        self.host = host
-
-    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
-        scope["client"] = (self.host, 50000)
-        await next_app(scope, receive, send)
 
 
 def build_app(
     manager: CacheManager, *, admin_api_key: str | None = None, peer: str = LOOPBACK
 ) -> tuple[Litestar, MetricsState]:
-    """The admin surface as the service mounts it, over ``manager``."""
-    metrics = MetricsState(manager)
-    app = Litestar(
-        route_handlers=[
-            admin_router(admin_api_key=admin_api_key),
-            metrics_route(metrics, admin_api_key=admin_api_key),
-        ],
-        dependencies={"manager": Provide(lambda: manager, sync_to_thread=False)},
-        middleware=[PeerMiddleware(peer), metrics.middleware()],
-        openapi_config=OpenAPIConfig(
-            title="cachesvc", version="test", path="/schema", render_plugins=[SwaggerRenderPlugin()]
-        ),
-        debug=False,
-    )
-    return app, metrics
+    """The service's own app (``create_app``) over ``manager``, requests arriving from ``peer``."""
+    return service_app(manager, peer=peer, admin_api_key=admin_api_key)
 
 
 def open_manager(cache_dir: Path, builder: FileBuilder | None = None) -> CacheManager:

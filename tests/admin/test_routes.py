@@ -381,6 +381,11 @@ def test_openapi_describes_every_route_and_docs_ui_is_served(client: Client) -> 
         ("GET", "/admin/events"),
         ("GET", "/admin/checkpoints"),
         ("GET", "/metrics"),
+        ("GET", "/health"),
+        ("GET", "/health/ready"),
+        ("GET", "/v1/models"),
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/chat/completions"),
     }
     delete = spec["paths"]["/admin/bundles/{bundle_id}"]["delete"]["responses"]
     assert {"200", "400", "401", "403", "404", "409"} <= set(delete)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import openai
 import pytest
 
 from inference.demo import write_demo_checkpoint
+from tests.support.net import NotReadyError, free_port, wait_http_ok
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Served model name of every e2e server.
@@ -54,13 +54,6 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (bind port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -130,16 +123,14 @@ class ServerProcess:
 
 def _wait_ready(server: ServerProcess, deadline: float) -> bool:
     """Poll ``/health/ready``; False when the process exited first, fail on timeout."""
-    with httpx.Client(timeout=2.0) as h:
-        while time.monotonic() < deadline:
-            if server.proc.poll() is not None:
-                return False
-            try:
-                if h.get(f"{server.base_url}/health/ready").status_code == 200:
-                    return True
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+    try:
+        wait_http_ok(
+            f"{server.base_url}/health/ready", timeout=max(0.0, deadline - time.monotonic()), proc=server.proc
+        )
+        return True
+    except NotReadyError as exc:
+        if exc.exited:
+            return False
     server.proc.kill()
     server.proc.wait()
     pytest.fail(f"cachesvc serve not ready after {READY_TIMEOUT:.0f} s\n{server.log_tail()}")

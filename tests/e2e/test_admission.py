@@ -18,7 +18,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from inference.tokenizer import load_tokenizer
 from tests.e2e.conftest import MODEL, ServerProcess, running_server, serve_args
-from tests.e2e.scripted_engine import EngineScript, Reply
+from tests.support.engines import EngineScript, Reply
 
 WORD = "tick "
 REPEAT = 40

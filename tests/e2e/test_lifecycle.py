@@ -28,7 +28,7 @@ from tests.e2e.conftest import (
     running_server,
     serve_args,
 )
-from tests.e2e.scripted_engine import EngineScript, Reply
+from tests.support.engines import EngineScript, Reply
 
 WORD = "step "
 REPEAT = 30

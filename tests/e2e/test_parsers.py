@@ -1,7 +1,7 @@
 """Reasoning and tool-call parsing through a real server, with a scripted engine.
 
 The server runs ``--reasoning-parser qwen3 --tool-call-parser hermes --enable-auto-tool-choice``
-with :mod:`tests.e2e.scripted_engine`, which makes greedy decoding emit a fixed text through
+with :mod:`tests.support.engines`, which makes greedy decoding emit a fixed text through
 the bundle's real tokenizer: a ``<think>`` block for plain questions, a hermes ``<tool_call>``
 when the prompt asks about the weather, and a plain answer once a tool result is in the prompt.
 """
@@ -19,7 +19,7 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolPara
 
 from inference.tokenizer import load_tokenizer
 from tests.e2e.conftest import MODEL, ServerProcess, running_server, serve_args
-from tests.e2e.scripted_engine import EngineScript, Reply
+from tests.support.engines import EngineScript, Reply
 
 REASONING = "plan"
 ANSWER = "The answer is 4."

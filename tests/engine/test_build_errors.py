@@ -88,7 +88,7 @@ def test_truncated_safetensors_names_the_file(keep: float, hf_checkpoint: Callab
 def test_spec_rejects_fp16_and_bad_limits() -> None:
     with pytest.raises(BuildInputError, match="fp16' is for the tensorrt backend"):
         EngineBuildSpec(precision="fp16")
-    with pytest.raises(BuildInputError, match="precision: must be one of .*got 'int3'"):
+    with pytest.raises(BuildInputError, match=r"precision: must be one of .*got 'int3'"):
         EngineBuildSpec(precision="int3")
     with pytest.raises(BuildInputError, match="max_batch_size: must be a positive integer"):
         EngineBuildSpec(max_batch_size=0)

@@ -16,7 +16,7 @@ from litestar.testing import AsyncTestClient
 
 from inference.openai import OpenAIServing
 from inference.tokenizer import Tokenizer
-from tests.serving.conftest import MODEL, ScriptedEngine, TableEngine, make_app, make_options
+from tests.serving.conftest import MODEL, TableEngine, TokenScriptEngine, make_app, make_options
 
 pytestmark = pytest.mark.anyio
 
@@ -311,7 +311,7 @@ TOOLS = [
 
 
 async def test_reasoning_and_tool_calls(tokenizer: Tokenizer) -> None:
-    engine = ScriptedEngine(tokenizer.encode(THINK_TOOL))
+    engine = TokenScriptEngine(tokenizer.encode(THINK_TOOL))
     serving = _serving(
         tokenizer,
         engine,
@@ -346,7 +346,7 @@ async def test_reasoning_and_tool_calls(tokenizer: Tokenizer) -> None:
 
 
 async def test_reasoning_only_and_eos(tokenizer: Tokenizer) -> None:
-    engine = ScriptedEngine(tokenizer.encode("<think>hmm</think>Bonjour!"))
+    engine = TokenScriptEngine(tokenizer.encode("<think>hmm</think>Bonjour!"))
     serving = _serving(tokenizer, engine, reasoning_parser="deepseek_r1")
     req = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}]}
     async for c in _client(serving):

@@ -14,7 +14,7 @@ import pytest
 
 from inference.openai import OpenAIServing
 from inference.tokenizer import Tokenizer
-from tests.serving.conftest import MODEL, LiveServer, ScriptedEngine, TableEngine, make_app, make_options
+from tests.serving.conftest import MODEL, LiveServer, TableEngine, TokenScriptEngine, make_app, make_options
 
 pytestmark = pytest.mark.anyio
 
@@ -103,7 +103,7 @@ def test_official_openai_client(tokenizer: Tokenizer) -> None:
         "<think>tool time</think><tool_call>\n"
         '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     )
-    engine = ScriptedEngine(script, model_type="qwen3")
+    engine = TokenScriptEngine(script, model_type="qwen3")
     serving = _serving(
         tokenizer, engine, api_key="k", enable_auto_tool_choice=True, max_model_len=512, max_input_len=400
     )
