@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
@@ -18,7 +16,7 @@ from cachesvc.http.auth import is_loopback, presented_keys
 from cachesvc.manager import CacheManager
 from tests.admin.conftest import ADMIN_KEY, COMPLETION_KEY, LOOPBACK, REMOTE, build_app, problem
 from tests.support.cache import REPO_ROOT, child_env
-from tests.support.net import free_port
+from tests.support.net import free_port, wait_http_ok
 
 Client = TestClient[Litestar]
 BUNDLE_ID = "0123456789abcdef-0123456789ab"
@@ -129,27 +127,18 @@ def test_real_server_admits_loopback_without_a_key(cache_dir: Path, manager: Cac
     script = (
         "import sys, uvicorn\n"
         "from pathlib import Path\n"
-        "from litestar import Litestar\n"
-        "from litestar.di import Provide\n"
-        "from cachesvc.http.admin import admin_router\n"
+        "from cachesvc.app import create_app\n"
+        "from cachesvc.config import ServeConfig\n"
         "from tests.admin.conftest import open_manager\n"
         "m = open_manager(Path(sys.argv[1]))\n"
-        "app = Litestar([admin_router(admin_api_key=None)],\n"
-        "               dependencies={'manager': Provide(lambda: m, sync_to_thread=False)})\n"
+        "app = create_app(ServeConfig(cache_dir=Path(sys.argv[1])), m)\n"
         "uvicorn.run(app, host='127.0.0.1', port=int(sys.argv[2]), log_level='warning')\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", script, str(cache_dir), str(port)], cwd=REPO_ROOT, env=child_env()
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                r = httpx.get(f"http://127.0.0.1:{port}/admin/stats", timeout=2)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
-                time.sleep(0.1)
+        r = wait_http_ok(f"http://127.0.0.1:{port}/admin/stats", timeout=30, proc=proc)
         assert r.status_code == 200, r.text
         assert r.json()["max_size_bytes"] == manager.max_size_bytes
     finally:
