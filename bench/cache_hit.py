@@ -53,7 +53,7 @@ def planning(root: Path, rows: int, repeat: int = 5) -> tuple[float, float, int]
     """Plan an eviction over ``rows`` catalog rows (cap exceeded by 10 bundles). Returns ms."""
     m = CacheManager.open(root / "plan", max_size_bytes=10**12, builders={"onnxruntime": FileBuilder()})
     base = utcnow() - timedelta(days=30)
-    batch = []
+    batch: list[dict[str, object]] = []
     for i in range(rows):
         at = base + timedelta(seconds=i)
         batch.append(

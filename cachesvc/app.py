@@ -27,6 +27,7 @@ from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
 
 from cachesvc import __version__
 from cachesvc.config import ServeConfig, cli_message
+from cachesvc.entry import open_cache
 from cachesvc.errors import CacheError, ConfigError
 from cachesvc.http.admin import admin_router
 from cachesvc.http.metrics import MetricsState, metrics_route
@@ -231,7 +232,7 @@ def serve(config: ServeConfig) -> int:
         if given:
             log.warning("%s is accepted for compatibility but has no effect in this version", flag)
     try:
-        manager = CacheManager.from_config(config)
+        manager = open_cache(config)
     except CacheError as exc:
         log.error("cannot open the cache: %s", _describe(exc))
         return 1

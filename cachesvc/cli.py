@@ -105,9 +105,9 @@ def _cache_config(args: argparse.Namespace) -> ServeConfig:
 
 
 def _manager(args: argparse.Namespace) -> Any:
-    from cachesvc.manager import CacheManager
+    from cachesvc.entry import open_cache
 
-    return CacheManager.from_config(_cache_config(args))
+    return open_cache(_cache_config(args))
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:

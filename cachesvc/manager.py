@@ -27,7 +27,6 @@ from typing import Any
 from cachesvc.builders import Builder, ProgressFn, default_builders, resolve_backend, resolve_precision
 from cachesvc.catalog import Catalog, default_catalog_url, utcnow
 from cachesvc.checkpoints import ResolvedCheckpoint, looks_like_path, resolve_checkpoint
-from cachesvc.config import ServeConfig
 from cachesvc.errors import (
     BuildError,
     CacheError,
@@ -164,15 +163,6 @@ class CacheManager:
             max_size_bytes=max_size_bytes,
             lock_timeout=lock_timeout,
             offline=offline,
-        )
-
-    @classmethod
-    def from_config(cls, config: ServeConfig) -> CacheManager:
-        """Open the cache a launch configuration names (dir, catalog URL, size cap)."""
-        return cls.open(
-            config.cache_dir,
-            catalog_url=config.catalog_url_resolved,
-            max_size_bytes=config.engine_cache_max_size_bytes,
         )
 
     def close(self) -> None:

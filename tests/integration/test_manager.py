@@ -67,7 +67,7 @@ def test_different_profiles_are_different_bundles(cache: Path, tmp_path: Path) -
 
 def test_build_failure_publishes_nothing(cache: Path, tmp_path: Path) -> None:
     class Broken(FileBuilder):
-        def build(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        def build(self, *args, **kwargs):
             super().build(*args, **kwargs)
             raise ValueError("weights are missing tensor 'lm_head.weight'")
 

@@ -33,13 +33,13 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             real_replace(src, dst)  # type: ignore[arg-type]
 
-        bundles.os.replace = dying_replace  # type: ignore[attr-defined]
+        bundles.os.replace = dying_replace  # type: ignore[assignment]
     if mode == "crash-ready":
 
         def dying_finish(*args: object, **kwargs: object) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
-        manager.catalog.finish_build = dying_finish  # type: ignore[method-assign]
+        manager.catalog.finish_build = dying_finish  # type: ignore[method-assign,assignment]
     result = manager.prepare(checkpoint)
     print(
         json.dumps(

@@ -1,0 +1,21 @@
+"""What the entry points (``cachesvc`` commands and ``serve``) share: opening the cache that a
+launch configuration names.
+
+The domain (``CacheManager`` and below) takes plain values and never imports the
+argparse-facing :mod:`cachesvc.config`; this module is the one place that turns a
+:class:`~cachesvc.config.ServeConfig` into those values.
+"""
+
+from __future__ import annotations
+
+from cachesvc.config import ServeConfig
+from cachesvc.manager import CacheManager
+
+
+def open_cache(config: ServeConfig) -> CacheManager:
+    """Open (creating if needed) the cache ``config`` names: dir, catalog URL and size cap."""
+    return CacheManager.open(
+        config.cache_dir,
+        catalog_url=config.catalog_url_resolved,
+        max_size_bytes=config.engine_cache_max_size_bytes,
+    )
