@@ -38,7 +38,7 @@ from cachesvc.errors import (
     NotFoundError,
     PinnedError,
 )
-from cachesvc.profiles import BuildOptions, ProfileRequest, bundle_id, bundle_relpath
+from cachesvc.profiles import BuildOptions, BundleKey, ProfileRequest
 from cachesvc.records import (
     BUNDLE_STATES,
     BuildStatus,
@@ -222,8 +222,8 @@ class CacheManager:
         ckpt = self.resolve(model)
         draft = self.resolve(request.draft_model) if request.draft_model else None
         options = self.build_options(request, draft)
-        bid = bundle_id(ckpt.digest, options)
-        rel = bundle_relpath(ckpt.digest, options)
+        key = BundleKey.of(ckpt.digest, options)
+        bid, rel = key.id, key.relpath
         if track is not None:
             track.status = replace(track.status, bundle_id=bid, profile=options.to_dict())
         hit = self._try_hit(bid, rel)
@@ -234,7 +234,7 @@ class CacheManager:
             hit = self._try_hit(bid, rel, adopt=True, model=model)
             if hit is not None:
                 return PrepareResult(bid, hit, ckpt.path, draft.path if draft else None, built=False)
-            seconds = self._build_locked(model, ckpt, draft, options, bid, rel, progress, track)
+            seconds = self._build_locked(model, ckpt, draft, options, key, progress, track)
         self._prune_after_build(bid)
         return PrepareResult(
             bid,
@@ -277,11 +277,11 @@ class CacheManager:
         ckpt: ResolvedCheckpoint,
         draft: ResolvedCheckpoint | None,
         options: BuildOptions,
-        bid: str,
-        rel: Path,
+        key: BundleKey,
         progress: ProgressFn,
         track: _Build | None,
     ) -> float:
+        bid, rel = key.id, key.relpath
         builder = self.builders[options.backend]
         old = self.catalog.get_bundle(bid)
         final = self.layout.root / rel
@@ -295,16 +295,7 @@ class CacheManager:
                 nbytes=old.size_bytes,
                 detail=old.error,
             )
-        self.catalog.begin_build(
-            bundle_id=bid,
-            model=model,
-            checkpoint_digest=ckpt.digest,
-            draft_digest=options.draft_digest,
-            profile=options.to_dict(),
-            profile_name=options.name,
-            backend=options.backend,
-            path=rel,
-        )
+        self.catalog.begin_build(key, model=model)
         log.info("building bundle %s for %s (%s)", bid, model, options.name)
         staging = self.store.new_staging_dir(bid)
         if track is not None:
@@ -315,15 +306,7 @@ class CacheManager:
             engine = builder.build(ckpt.path, draft.path if draft else None, options, staging, progress)
             progress("publish", 0.95)
             manifest = self.store.publish(
-                staging,
-                rel,
-                bundle_id=bid,
-                checkpoint_digest=ckpt.digest,
-                draft_digest=options.draft_digest,
-                profile=options.to_dict(),
-                backend=options.backend,
-                versions=builder.versions(),
-                engine={**engine, "source_model": model},
+                staging, key, versions=builder.versions(), engine={**engine, "source_model": model}
             )
         except BaseException as exc:
             seconds = time.monotonic() - started
@@ -691,20 +674,9 @@ class CacheManager:
                 adopted.append(manifest.bundle_id)
 
     def _adopt(self, rel: Path, manifest: Any, model: str) -> None:
-        try:
-            options = BuildOptions.from_dict(dict(manifest.profile))
-            name = options.name
-        except ConfigError:
-            name = rel.name
         self.catalog.adopt_bundle(
-            bundle_id=manifest.bundle_id,
+            BundleKey.from_manifest(manifest, rel),
             model=model or manifest.checkpoint_digest[:16],
-            checkpoint_digest=manifest.checkpoint_digest,
-            draft_digest=manifest.draft_digest,
-            profile=dict(manifest.profile),
-            profile_name=name,
-            backend=manifest.backend,
-            path=rel,
             size_bytes=manifest.size_bytes,
             file_count=manifest.file_count,
             built_at=_parse_time(manifest.created_at),

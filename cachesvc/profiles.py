@@ -42,6 +42,7 @@ __all__ = [
     "PRECISIONS",
     "SPECULATIVE_METHODS",
     "BuildOptions",
+    "BundleKey",
     "ProfileRequest",
     "bundle_id",
     "bundle_relpath",
@@ -160,6 +161,56 @@ def _as_config_error() -> Iterator[None]:
 def bundle_id(model_digest: str, options: BuildOptions) -> str:
     """URL-safe bundle id: ``<model-digest16>-<profile-digest12>``."""
     return f"{model_digest[:16]}-{options.digest[:12]}"
+
+
+@dataclass(frozen=True)
+class BundleKey:
+    """Who a bundle is: the identity every layer passes around as one value.
+
+    The catalog row, the manifest and the directory of a bundle all carry these fields.
+    :meth:`of` derives them from a checkpoint digest and a resolved profile; a bundle found on
+    disk is keyed by its manifest (:meth:`from_manifest`), whose profile may come from another
+    builder version and so is kept as the raw mapping it was written with.
+    """
+
+    id: str
+    checkpoint_digest: str
+    draft_digest: str | None
+    profile: dict[str, Any]
+    name: str
+    backend: str
+    relpath: Path
+
+    @classmethod
+    def of(cls, checkpoint_digest: str, options: BuildOptions) -> BundleKey:
+        """The key of ``checkpoint_digest`` built with ``options``."""
+        return cls(
+            id=bundle_id(checkpoint_digest, options),
+            checkpoint_digest=checkpoint_digest,
+            draft_digest=options.draft_digest,
+            profile=options.to_dict(),
+            name=options.name,
+            backend=options.backend,
+            relpath=bundle_relpath(checkpoint_digest, options),
+        )
+
+    @classmethod
+    def from_manifest(cls, manifest: Any, relpath: Path) -> BundleKey:
+        """The key a published manifest records (``relpath`` is where it was found)."""
+        profile = dict(manifest.profile)
+        try:
+            name = BuildOptions.from_dict(profile).name
+        except (ConfigError, TypeError):
+            name = Path(relpath).name  # a profile this version cannot parse keeps its directory name
+        return cls(
+            id=manifest.bundle_id,
+            checkpoint_digest=manifest.checkpoint_digest,
+            draft_digest=manifest.draft_digest,
+            profile=profile,
+            name=name,
+            backend=manifest.backend,
+            relpath=Path(relpath),
+        )
 
 
 def is_bundle_id(value: str) -> bool:

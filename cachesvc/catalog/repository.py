@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from cachesvc.catalog.models import BundleRow, CheckpointRow, EventRow, EventTotalRow, LeaseRow
 from cachesvc.catalog.session import create_catalog_engine
 from cachesvc.errors import ConfigError, NotFoundError
+from cachesvc.profiles import BundleKey
 from cachesvc.records import (
     BUILD_SECONDS_BUCKETS,
     EVENT_KINDS,
@@ -270,31 +271,22 @@ class Catalog:
         with self._read() as session:
             return _bundle_info(_require(session, bundle_id))
 
-    def begin_build(
-        self,
-        *,
-        bundle_id: str,
-        model: str,
-        checkpoint_digest: str,
-        draft_digest: str | None,
-        profile: dict[str, Any],
-        profile_name: str,
-        backend: str,
-        path: Path,
-    ) -> None:
+    def begin_build(self, key: BundleKey, *, model: str) -> None:
         """Insert (or reset) the row of a bundle about to be built: state ``building``; a miss event."""
         now = utcnow()
+        bundle_id = key.id
         with self._tx() as session:
             row = session.get(BundleRow, bundle_id)
             if row is None:
                 row = BundleRow(id=bundle_id, created_at=now, hit_count=0, pinned=False)
                 session.add(row)
-            row.model, row.checkpoint_digest, row.draft_digest = model, checkpoint_digest, draft_digest
-            row.profile, row.profile_name, row.backend, row.path = profile, profile_name, backend, str(path)
+            row.model, row.checkpoint_digest = model, key.checkpoint_digest
+            row.draft_digest, row.profile, row.profile_name = key.draft_digest, dict(key.profile), key.name
+            row.backend, row.path = key.backend, str(key.relpath)
             row.size_bytes, row.file_count, row.state, row.error = 0, 0, "building", None
             row.last_used_at, row.node = now, self.node
             self._add_event(
-                session, "miss", bundle_id=bundle_id, checkpoint_digest=checkpoint_digest, model=model
+                session, "miss", bundle_id=bundle_id, checkpoint_digest=key.checkpoint_digest, model=model
             )
 
     def finish_build(self, bundle_id: str, *, size_bytes: int, file_count: int, seconds: float) -> BundleInfo:
@@ -396,22 +388,12 @@ class Catalog:
             session.delete(row)
 
     def adopt_bundle(
-        self,
-        *,
-        bundle_id: str,
-        model: str,
-        checkpoint_digest: str,
-        draft_digest: str | None,
-        profile: dict[str, Any],
-        profile_name: str,
-        backend: str,
-        path: Path,
-        size_bytes: int,
-        file_count: int,
-        built_at: datetime,
+        self, key: BundleKey, *, model: str, size_bytes: int, file_count: int, built_at: datetime
     ) -> None:
         """Insert a ready row for a published directory the catalog did not know."""
         now = utcnow()
+        bundle_id, checkpoint_digest, draft_digest = key.id, key.checkpoint_digest, key.draft_digest
+        profile, profile_name, backend, path = dict(key.profile), key.name, key.backend, key.relpath
         with self._tx() as session:
             if session.get(BundleRow, bundle_id) is not None:
                 return

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cachesvc.errors import CacheError, CorruptBundleError
-from cachesvc.profiles import LAYOUT_VERSION
+from cachesvc.profiles import LAYOUT_VERSION, BundleKey
 from cachesvc.store.layout import (
     CacheLayout,
     check_bundle_id,
@@ -80,17 +80,7 @@ class BundleStore:
         return Path(tempfile.mkdtemp(prefix=f"{bundle_id}.", dir=self.layout.staging))
 
     def publish(
-        self,
-        staging: Path,
-        relpath: Path,
-        *,
-        bundle_id: str,
-        checkpoint_digest: str,
-        draft_digest: str | None,
-        profile: dict[str, Any],
-        backend: str,
-        versions: dict[str, str],
-        engine: dict[str, Any],
+        self, staging: Path, key: BundleKey, *, versions: dict[str, str], engine: dict[str, Any]
     ) -> Manifest:
         """Write the manifest into ``staging`` and move it to ``relpath`` atomically.
 
@@ -105,17 +95,17 @@ class BundleStore:
         (old directory already moved aside, new one not yet renamed in) leaves no bundle at
         all, never a partial one; leftovers are cleared by ``empty_trash`` and reconcile.
         """
-        check_bundle_id(bundle_id)
+        check_bundle_id(key.id)
         staging = self._check_staging_path(staging)
-        final = self._bundle_path(relpath)
+        final = self._bundle_path(key.relpath)
         files = hash_files(staging)
         manifest = Manifest(
             layout_version=LAYOUT_VERSION,
-            bundle_id=bundle_id,
-            checkpoint_digest=checkpoint_digest,
-            draft_digest=draft_digest,
-            profile=dict(profile),
-            backend=backend,
+            bundle_id=key.id,
+            checkpoint_digest=key.checkpoint_digest,
+            draft_digest=key.draft_digest,
+            profile=dict(key.profile),
+            backend=key.backend,
             versions=dict(versions),
             engine=dict(engine),
             files=files,
@@ -146,7 +136,7 @@ class BundleStore:
                     # caller's exclusive lock should make this impossible.
                     raise CacheError(
                         f"cannot publish {final}: it reappeared during publish; is another process "
-                        f"building bundle {bundle_id} without holding its lock?"
+                        f"building bundle {key.id} without holding its lock?"
                     ) from exc
                 raise
         fsync_dir(final.parent)

@@ -17,7 +17,7 @@ from litestar.testing import TestClient
 
 from cachesvc.http.metrics import MetricsState
 from cachesvc.manager import CacheManager
-from cachesvc.profiles import BuildOptions, bundle_id, bundle_relpath
+from cachesvc.profiles import BuildOptions, BundleKey
 from tests.support.apps import LOOPBACK, service_app
 from tests.support.cache import FileBuilder, make_checkpoint
 
@@ -105,16 +105,11 @@ def seed_rows(manager: CacheManager, count: int, *, start: datetime | None = Non
     for i in range(count):
         digest = f"{i + 1:016x}" + "ab" * 24
         opts = BuildOptions(max_input_len=128 + (i % 5), builder_version="seed")
-        bid = bundle_id(digest, opts)
+        key = BundleKey.of(digest, opts)
+        bid = key.id
         manager.catalog.adopt_bundle(
-            bundle_id=bid,
+            key,
             model=f"org/model-{i % 3}",
-            checkpoint_digest=digest,
-            draft_digest=None,
-            profile=opts.to_dict(),
-            profile_name=opts.name,
-            backend="onnxruntime",
-            path=bundle_relpath(digest, opts),
             size_bytes=1000 + (i * 7919) % 5003,
             file_count=3,
             built_at=base + timedelta(minutes=(i * 37) % count),

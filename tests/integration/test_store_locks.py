@@ -260,6 +260,7 @@ def test_ensure_is_safe_when_processes_race(tmp_path: Path, spawn: list[Child]) 
 PUBLISHER = r"""
 import os, sys
 from pathlib import Path
+from cachesvc.profiles import BundleKey
 from cachesvc.store import BundleStore, CacheLayout
 
 store = BundleStore(CacheLayout(Path(sys.argv[1])))
@@ -270,8 +271,9 @@ with store.locks.exclusive(bundle_id):
         (staging / f"part-{i:03d}.bin").write_bytes(os.urandom(4096))
     (staging / "tag.txt").write_text(tag)
     print("ready", flush=True)
-    store.publish(staging, relpath, bundle_id=bundle_id, checkpoint_digest="c" * 64, draft_digest=None,
-                  profile={}, backend="onnxruntime", versions={}, engine={})
+    key = BundleKey(id=bundle_id, checkpoint_digest="c" * 64, draft_digest=None, profile={},
+                    name=relpath.name, backend="onnxruntime", relpath=relpath)
+    store.publish(staging, key, versions={}, engine={})
 print("done", flush=True)
 """
 

@@ -15,6 +15,7 @@ from cachesvc.catalog import Catalog, utcnow
 from cachesvc.catalog.migrate import downgrade, head_revision
 from cachesvc.catalog.models import Base
 from cachesvc.errors import ConfigError, NotFoundError
+from cachesvc.profiles import BundleKey
 
 
 def catalog(tmp_path: Path) -> Catalog:
@@ -25,15 +26,18 @@ def catalog(tmp_path: Path) -> Catalog:
 
 def add(c: Catalog, i: int, *, model: str = "m", size: int = 100, backend: str = "onnxruntime") -> str:
     bid = f"{i:016x}-{i:012x}"
-    c.adopt_bundle(
-        bundle_id=bid,
-        model=model,
+    key = BundleKey(
+        id=bid,
         checkpoint_digest=f"{i:064x}",
         draft_digest=None,
         profile={"i": i},
-        profile_name=f"p{i}",
+        name=f"p{i}",
         backend=backend,
-        path=Path(f"engines/{i:016x}/p{i}"),
+        relpath=Path(f"engines/{i:016x}/p{i}"),
+    )
+    c.adopt_bundle(
+        key,
+        model=model,
         size_bytes=size,
         file_count=3,
         built_at=utcnow() - timedelta(days=1),

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cachesvc.errors import CorruptBundleError, LockTimeoutError
-from cachesvc.profiles import LAYOUT_VERSION
+from cachesvc.profiles import LAYOUT_VERSION, BundleKey
 from cachesvc.store import (
     CACHEDIR_TAG_SIGNATURE,
     MANIFEST_NAME,
@@ -63,14 +63,18 @@ def _stage(store: BundleStore, files: dict[str, bytes], bundle_id: str = BUNDLE_
 def _publish(
     store: BundleStore, staging: Path, relpath: Path = RELPATH, bundle_id: str = BUNDLE_ID
 ) -> Manifest:
-    return store.publish(
-        staging,
-        relpath,
-        bundle_id=bundle_id,
+    key = BundleKey(
+        id=bundle_id,
         checkpoint_digest="c" * 64,
         draft_digest=None,
         profile={"backend": "onnxruntime", "max_input_len": 4096},
+        name=Path(relpath).name,
         backend="onnxruntime",
+        relpath=Path(relpath),
+    )
+    return store.publish(
+        staging,
+        key,
         versions={"builder": "1.0", "onnxruntime": "1.20"},
         engine={"graph": "model.onnx", "layers": 2},
     )
