@@ -1,6 +1,10 @@
 """CacheManager: the one place that uses the catalog, the disk store and the builders together.
 
-Rules (../shared/DESIGN.md "The cache"):
+A facade over its sections: prepare (hit or build under the bundle's lock), leases, queries,
+pin/verify/remove here; eviction in :mod:`cachesvc.eviction`, reconcile in
+:mod:`cachesvc.reconcile`, background builds in :mod:`cachesvc.build_jobs`.
+
+Rules (docs/architecture.md, "The cache"):
 - Disk holds the bytes, the catalog the index; ``reconcile`` re-syncs them.
 - Build on miss under the bundle's exclusive lock, into a unique staging dir, then publish
   atomically and only then mark the row ready. A crash leaves nothing or a complete bundle.
@@ -16,16 +20,15 @@ import os
 import socket
 import threading
 import time
-import uuid
-from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from cachesvc.build_jobs import Build, BuildJobs
 from cachesvc.builders import Builder, ProgressFn, default_builders, resolve_backend, resolve_precision
-from cachesvc.catalog import Catalog, default_catalog_url, utcnow
+from cachesvc.catalog import Catalog, default_catalog_url
 from cachesvc.checkpoints import ResolvedCheckpoint, looks_like_path, resolve_checkpoint
 from cachesvc.errors import (
     BuildError,
@@ -36,9 +39,10 @@ from cachesvc.errors import (
     InsufficientStorageError,
     LeasedError,
     NotFoundError,
-    PinnedError,
 )
+from cachesvc.eviction import Evictor
 from cachesvc.profiles import BuildOptions, BundleKey, ProfileRequest
+from cachesvc.reconcile import Reconciler
 from cachesvc.records import (
     BUNDLE_STATES,
     BuildStatus,
@@ -51,18 +55,13 @@ from cachesvc.records import (
     EvictionPlan,
     EvictionResult,
     LeaseHolder,
-    PlannedEviction,
     PrepareResult,
     ReconcileReport,
-    SkippedBundle,
     VerifyResult,
 )
-from cachesvc.store import BundleStore, CacheLayout, Lease, dir_size, read_manifest, verify_bundle
+from cachesvc.store import BundleStore, CacheLayout, Lease, read_manifest, verify_bundle
 
 log = logging.getLogger("cachesvc.manager")
-
-#: Rows read per batch while planning an eviction (planning stops once under the cap).
-_PLAN_BATCH = 512
 
 
 def _noop_progress(stage: str, fraction: float) -> None:
@@ -101,14 +100,6 @@ class BundleLease:
         self.release()
 
 
-@dataclass
-class _Build:
-    status: BuildStatus
-    key: tuple[str, ProfileRequest]
-    staging: Path | None = None
-    started: float | None = None
-
-
 class CacheManager:
     """Prepare, lease, list, pin, verify, evict and reconcile engine bundles."""
 
@@ -131,9 +122,9 @@ class CacheManager:
         self.max_size_bytes = max_size_bytes
         self.lock_timeout = lock_timeout
         self.offline = offline
-        self._builds: dict[str, _Build] = {}
-        self._builds_lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
+        self.evictor = Evictor(catalog, self.store, max_size_bytes=max_size_bytes, holders=self.holders)
+        self.reconciler = Reconciler(catalog, self.store, holders=self.holders)
+        self.builds = BuildJobs(self._prepare, catalog)
         self._stats_lock = threading.Lock()
         self._stats_cache: tuple[tuple[int, int, int], CacheStats] | None = None
 
@@ -167,9 +158,7 @@ class CacheManager:
 
     def close(self) -> None:
         """Stop background builds from being started and dispose of the catalog engine."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+        self.builds.close()
         self.catalog.close()
 
     # -- prepare ---------------------------------------------------------------------------
@@ -216,7 +205,7 @@ class CacheManager:
         model: str,
         request: ProfileRequest,
         progress: ProgressFn,
-        track: _Build | None,
+        track: Build | None,
     ) -> PrepareResult:
         progress("resolve", 0.0)
         ckpt = self.resolve(model)
@@ -266,7 +255,7 @@ class CacheManager:
             except CorruptBundleError:
                 return None
             if manifest.bundle_id == bid and verify_bundle(final, manifest).ok:
-                self._adopt(rel, manifest, model)
+                self.reconciler.adopt(rel, manifest, model)
                 self.catalog.record_hit(bid)
                 return final
         return None
@@ -279,7 +268,7 @@ class CacheManager:
         options: BuildOptions,
         key: BundleKey,
         progress: ProgressFn,
-        track: _Build | None,
+        track: Build | None,
     ) -> float:
         bid, rel = key.id, key.relpath
         builder = self.builders[options.backend]
@@ -495,21 +484,8 @@ class CacheManager:
         return VerifyResult(bid, ok, files_checked, bytes_checked, mismatches, updated.state)
 
     def remove(self, bid: str) -> int:
-        """Evict one bundle now (reason ``manual``); returns bytes freed."""
-        info = self.catalog.require_bundle(bid)
-        if info.pinned:
-            raise PinnedError(f"bundle {bid} is pinned; unpin it first (`cachesvc bundles unpin {bid}`)")
-        with self.store.locks.try_exclusive(bid) as got:
-            if not got:
-                holders = self.holders(bid)
-                who = ", ".join(f"pid {h.pid} on {h.host}" for h in holders) or "another process"
-                raise LeasedError(
-                    f"bundle {bid} is in use by {who}; stop that server first",
-                    holders=[{"pid": h.pid, "host": h.host, "since": h.since} for h in holders],
-                )
-            self.store.remove(info.path)
-            self.catalog.delete_bundle(bid, reason="manual", nbytes=info.size_bytes)
-        return info.size_bytes
+        """Evict one bundle now (reason ``manual``); returns bytes freed (see :mod:`cachesvc.eviction`)."""
+        return self.evictor.remove(bid)
 
     # -- eviction --------------------------------------------------------------------------
 
@@ -517,170 +493,27 @@ class CacheManager:
         self, max_bytes: int | None = None, *, exclude: frozenset[str] = frozenset(), reason: str = "lru"
     ) -> EvictionPlan:
         """Plan an LRU eviction down to ``max_bytes`` (default: the cache cap). Changes nothing."""
-        cap = self.max_size_bytes if max_bytes is None else max_bytes
-        if cap < 0:
-            raise ConfigError("max_size_bytes", f"must not be negative, got {cap}")
-        total = self.catalog.total_size()
-        remaining = total
-        evict: list[PlannedEviction] = []
-        skipped: list[SkippedBundle] = []
-        for bid, size, last_used, pinned, path in self._lru_rows():
-            if remaining <= cap:
-                break
-            if bid in exclude:
-                continue
-            if pinned:
-                skipped.append(SkippedBundle(bid, size, "pinned"))
-            elif self.store.locks.is_locked(bid):
-                # Checked only for bundles that would go, so planning reads few locks.
-                skipped.append(SkippedBundle(bid, size, "leased"))
-            else:
-                evict.append(PlannedEviction(bid, size, last_used, Path(path)))
-                remaining -= size
-        return EvictionPlan(
-            max_bytes=cap,
-            total_before=total,
-            evict=tuple(evict),
-            skipped=tuple(skipped),
-            freed_bytes=total - remaining,
-            total_after=remaining,
-            reason=reason,
-        )
-
-    def _lru_rows(self) -> Iterator[tuple[str, int, datetime, bool, str]]:
-        """Evictable rows, least recently used first, read in keyset pages (stops when not needed)."""
-        after: tuple[datetime, str] | None = None
-        while True:
-            rows = self.catalog.eviction_candidates(limit=_PLAN_BATCH, after=after)
-            yield from rows
-            if len(rows) < _PLAN_BATCH:
-                return
-            after = (rows[-1][2], rows[-1][0])
+        return self.evictor.plan(max_bytes, exclude=exclude, reason=reason)
 
     def execute_plan(self, plan: EvictionPlan) -> EvictionResult:
         """Carry out a plan; a bundle leased or pinned since planning is skipped, not deleted."""
-        evicted: list[str] = []
-        skipped = list(plan.skipped)
-        freed = 0
-        for item in plan.evict:
-            info = self.catalog.get_bundle(item.bundle_id)
-            if info is None:
-                continue
-            if info.pinned:
-                skipped.append(SkippedBundle(item.bundle_id, item.size_bytes, "pinned"))
-                continue
-            with self.store.locks.try_exclusive(item.bundle_id) as got:
-                if not got:
-                    skipped.append(SkippedBundle(item.bundle_id, item.size_bytes, "leased"))
-                    continue
-                self.store.remove(info.path)
-                self.catalog.delete_bundle(item.bundle_id, reason=plan.reason, nbytes=info.size_bytes)
-            evicted.append(item.bundle_id)
-            freed += info.size_bytes
-        return EvictionResult(
-            plan=plan,
-            evicted=tuple(evicted),
-            skipped=tuple(skipped),
-            freed_bytes=freed,
-            total_after=self.catalog.total_size(),
-            dry_run=False,
-        )
+        return self.evictor.execute(plan)
 
     def prune(
         self, max_bytes: int | None = None, *, dry_run: bool = False, exclude: frozenset[str] = frozenset()
     ) -> EvictionResult:
         """Evict least-recently-used idle bundles until the cache fits ``max_bytes``."""
-        plan = self.plan_eviction(max_bytes, exclude=exclude)
-        if dry_run:
-            return _dry(plan)
-        return self.execute_plan(plan)
+        return self.evictor.prune(max_bytes, dry_run=dry_run, exclude=exclude)
 
     def clear(self, *, dry_run: bool = False) -> EvictionResult:
         """Remove every idle bundle (pinned and leased ones stay). Checkpoints are never touched."""
-        plan = self.plan_eviction(0, reason="clear")
-        if dry_run:
-            return _dry(plan)
-        return self.execute_plan(plan)
+        return self.evictor.clear(dry_run=dry_run)
 
     # -- reconcile -------------------------------------------------------------------------
 
     def reconcile(self) -> ReconcileReport:
-        """Re-sync catalog and disk (startup and on demand)."""
-        self.store.empty_trash()
-        staging_removed: list[str] = []
-        for bid, path in self.store.staging_dirs():
-            with self.store.locks.try_exclusive(bid) as got:
-                if got:  # no build holds it: a crashed build's leftovers
-                    self.store.remove_staging(path)
-                    staging_removed.append(path.name)
-        adopted: list[str] = []
-        corrupt: list[str] = []
-        known = {b.id: b for b in self.catalog.all_bundles()}
-        on_disk: set[str] = set()
-        for scanned in self.store.scan():
-            m = scanned.manifest
-            if m is not None and m.bundle_id in known:
-                on_disk.add(m.bundle_id)
-                if known[m.bundle_id].state == "building":
-                    self._finish_orphaned_build(scanned.path, m, adopted)
-                continue
-            with self.store.locks.try_exclusive(m.bundle_id if m else scanned.path.name) as got:
-                if not got:
-                    continue
-                if m is not None and verify_bundle(scanned.path, m).ok:
-                    self._adopt(scanned.relpath, m, str(m.engine.get("source_model", "")))
-                    adopted.append(m.bundle_id)
-                    on_disk.add(m.bundle_id)
-                else:
-                    # Not a complete bundle we can vouch for: never served, so remove it.
-                    self.store.remove(scanned.relpath)
-                    corrupt.append(str(scanned.relpath))
-        forgotten: list[str] = []
-        for bid, info in known.items():
-            if bid in on_disk or info.state == "failed":
-                continue
-            with self.store.locks.try_exclusive(bid) as got:
-                if not got:  # being built or served right now
-                    continue
-                if info.state == "building":
-                    self.catalog.fail_build(
-                        bid, error="build interrupted (the building process died)", seconds=0.0
-                    )
-                    forgotten.append(bid)
-                    continue
-                if not (self.bundle_dir(info) / "manifest.json").exists():
-                    self.catalog.delete_bundle(
-                        bid, reason="stale", nbytes=info.size_bytes, detail="directory vanished"
-                    )
-                    forgotten.append(bid)
-        for info in self.catalog.all_bundles():
-            live = {h.pid for h in self.holders(info.id) if h.host == self.catalog.node}
-            self.catalog.drop_stale_leases(info.id, live)
-        report = ReconcileReport(tuple(adopted), tuple(forgotten), tuple(staging_removed), tuple(corrupt))
-        if adopted or forgotten or staging_removed or corrupt:
-            log.info("reconcile: %s", report)
-        return report
-
-    def _finish_orphaned_build(self, path: Path, manifest: Any, adopted: list[str]) -> None:
-        """A process died after publishing but before marking the row ready: finish its work."""
-        with self.store.locks.try_exclusive(manifest.bundle_id) as got:
-            if got and verify_bundle(path, manifest).ok:
-                self.catalog.finish_build(
-                    manifest.bundle_id,
-                    size_bytes=manifest.size_bytes,
-                    file_count=manifest.file_count,
-                    seconds=0.0,
-                )
-                adopted.append(manifest.bundle_id)
-
-    def _adopt(self, rel: Path, manifest: Any, model: str) -> None:
-        self.catalog.adopt_bundle(
-            BundleKey.from_manifest(manifest, rel),
-            model=model or manifest.checkpoint_digest[:16],
-            size_bytes=manifest.size_bytes,
-            file_count=manifest.file_count,
-            built_at=_parse_time(manifest.created_at),
-        )
+        """Re-sync catalog and disk (startup and on demand; see :mod:`cachesvc.reconcile`)."""
+        return self.reconciler.reconcile()
 
     # -- background builds -----------------------------------------------------------------
 
@@ -692,117 +525,16 @@ class CacheManager:
         resolve_precision(request.precision, backend)
         if looks_like_path(model) and not Path(model).expanduser().is_dir():
             raise CheckpointError(f"no such directory: {model}")
-        key = (model, request)
-        with self._builds_lock:
-            for build in self._builds.values():
-                if build.key == key and build.status.state in ("queued", "running"):
-                    return self._snapshot(build)
-            build_id = "build-" + uuid.uuid4().hex[:16]
-            build = _Build(
-                status=BuildStatus(
-                    id=build_id,
-                    bundle_id="",
-                    model=model,
-                    profile=request.to_dict(),
-                    state="queued",
-                    stage="queued",
-                    progress=0.0,
-                    started_at=None,
-                    finished_at=None,
-                    elapsed_seconds=0.0,
-                    bytes_written=0,
-                    error=None,
-                ),
-                key=key,
-            )
-            self._builds[build_id] = build
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cachesvc-build")
-            self._executor.submit(self._run_build, build)
-            return self._snapshot(build)
-
-    def _run_build(self, build: _Build) -> None:
-        build.started = time.monotonic()
-        build.status = replace(build.status, state="running", stage="resolve", started_at=utcnow())
-
-        def progress(stage: str, fraction: float) -> None:
-            build.status = replace(build.status, stage=stage, progress=max(0.0, min(1.0, fraction)))
-
-        try:
-            result = self._prepare(build.key[0], build.key[1], progress, build)
-        except Exception as exc:
-            build.status = replace(
-                build.status,
-                state="failed",
-                stage="failed",
-                error=str(exc) or type(exc).__name__,
-                finished_at=utcnow(),
-            )
-            log.error("background build %s failed: %s", build.status.id, exc)
-            return
-        info = self.catalog.get_bundle(result.bundle_id)
-        nbytes = info.size_bytes if info is not None else 0
-        build.status = replace(
-            build.status,
-            bundle_id=result.bundle_id,
-            state="done",
-            stage="done",
-            progress=1.0,
-            finished_at=utcnow(),
-            bytes_written=nbytes,
-            built=result.built,
-        )
-
-    def _snapshot(self, build: _Build) -> BuildStatus:
-        status = build.status
-        elapsed = 0.0
-        if status.started_at is not None:
-            end = status.finished_at or utcnow()
-            elapsed = (end - status.started_at).total_seconds()
-        written = status.bytes_written
-        if status.state == "running" and build.staging is not None and build.staging.exists():
-            written = dir_size(build.staging)
-        return replace(status, elapsed_seconds=elapsed, bytes_written=written)
+        return self.builds.start(model, request)
 
     def get_build(self, build_id: str) -> BuildStatus:
         """State of one background build (NotFoundError when unknown)."""
-        with self._builds_lock:
-            build = self._builds.get(build_id)
-        if build is None:
-            raise NotFoundError(f"no build with id {build_id!r}")
-        return self._snapshot(build)
+        return self.builds.get(build_id)
 
     def list_builds(self) -> list[BuildStatus]:
         """Builds started by this process, newest first."""
-        with self._builds_lock:
-            builds = list(self._builds.values())
-        # Insertion order is start order (dicts keep it): newest first.
-        return [self._snapshot(b) for b in reversed(builds)]
+        return self.builds.all_builds()
 
     def wait_for_build(self, build_id: str, timeout: float = 600.0, poll: float = 0.05) -> BuildStatus:
         """Block until a background build finishes (tests and the CLI use this)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            status = self.get_build(build_id)
-            if status.state in ("done", "failed") or time.monotonic() > deadline:
-                return status
-            time.sleep(poll)
-
-
-def _dry(plan: EvictionPlan) -> EvictionResult:
-    return EvictionResult(
-        plan=plan,
-        evicted=tuple(e.bundle_id for e in plan.evict),
-        skipped=plan.skipped,
-        freed_bytes=plan.freed_bytes,
-        total_after=plan.total_after,
-        dry_run=True,
-    )
-
-
-def _parse_time(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        return utcnow()
-    return value if value.tzinfo else value.replace(tzinfo=utcnow().tzinfo)
+        return self.builds.wait(build_id, timeout, poll)

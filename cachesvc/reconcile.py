@@ -1,0 +1,120 @@
+"""Reconcile: make the catalog and the disk agree again (at every start and on demand).
+
+Disk holds the bytes, the catalog the index. Reconcile empties the trash, removes staging
+directories whose build died (their lock is free), adopts published bundles whose manifest
+verifies, finishes builds that died between publishing and marking the row ready, forgets rows
+whose directory vanished and marks interrupted builds failed. A directory that is being built
+or served (its lock is held) is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+from cachesvc.catalog import Catalog, utcnow
+from cachesvc.profiles import BundleKey
+from cachesvc.records import LeaseHolder, ReconcileReport
+from cachesvc.store import BundleStore, Manifest, verify_bundle
+
+log = logging.getLogger("cachesvc.reconcile")
+
+
+class Reconciler:
+    """Re-syncs one catalog with one store."""
+
+    def __init__(
+        self, catalog: Catalog, store: BundleStore, *, holders: Callable[[str], list[LeaseHolder]]
+    ) -> None:
+        self.catalog = catalog
+        self.store = store
+        self._holders = holders
+
+    def reconcile(self) -> ReconcileReport:
+        """Re-sync catalog and disk (startup and on demand)."""
+        self.store.empty_trash()
+        staging_removed: list[str] = []
+        for bid, path in self.store.staging_dirs():
+            with self.store.locks.try_exclusive(bid) as got:
+                if got:  # no build holds it: a crashed build's leftovers
+                    self.store.remove_staging(path)
+                    staging_removed.append(path.name)
+        adopted: list[str] = []
+        corrupt: list[str] = []
+        known = {b.id: b for b in self.catalog.all_bundles()}
+        on_disk: set[str] = set()
+        for scanned in self.store.scan():
+            m = scanned.manifest
+            if m is not None and m.bundle_id in known:
+                on_disk.add(m.bundle_id)
+                if known[m.bundle_id].state == "building":
+                    self._finish_orphaned_build(scanned.path, m, adopted)
+                continue
+            with self.store.locks.try_exclusive(m.bundle_id if m else scanned.path.name) as got:
+                if not got:
+                    continue
+                if m is not None and verify_bundle(scanned.path, m).ok:
+                    self.adopt(scanned.relpath, m, str(m.engine.get("source_model", "")))
+                    adopted.append(m.bundle_id)
+                    on_disk.add(m.bundle_id)
+                else:
+                    # Not a complete bundle we can vouch for: never served, so remove it.
+                    self.store.remove(scanned.relpath)
+                    corrupt.append(str(scanned.relpath))
+        forgotten: list[str] = []
+        for bid, info in known.items():
+            if bid in on_disk or info.state == "failed":
+                continue
+            with self.store.locks.try_exclusive(bid) as got:
+                if not got:  # being built or served right now
+                    continue
+                if info.state == "building":
+                    self.catalog.fail_build(
+                        bid, error="build interrupted (the building process died)", seconds=0.0
+                    )
+                    forgotten.append(bid)
+                    continue
+                if not ((self.store.layout.root / info.path) / "manifest.json").exists():
+                    self.catalog.delete_bundle(
+                        bid, reason="stale", nbytes=info.size_bytes, detail="directory vanished"
+                    )
+                    forgotten.append(bid)
+        for info in self.catalog.all_bundles():
+            live = {h.pid for h in self._holders(info.id) if h.host == self.catalog.node}
+            self.catalog.drop_stale_leases(info.id, live)
+        report = ReconcileReport(tuple(adopted), tuple(forgotten), tuple(staging_removed), tuple(corrupt))
+        if adopted or forgotten or staging_removed or corrupt:
+            log.info("reconcile: %s", report)
+        return report
+
+    def _finish_orphaned_build(self, path: Path, manifest: Manifest, adopted: list[str]) -> None:
+        """A process died after publishing but before marking the row ready: finish its work."""
+        with self.store.locks.try_exclusive(manifest.bundle_id) as got:
+            if got and verify_bundle(path, manifest).ok:
+                self.catalog.finish_build(
+                    manifest.bundle_id,
+                    size_bytes=manifest.size_bytes,
+                    file_count=manifest.file_count,
+                    seconds=0.0,
+                )
+                adopted.append(manifest.bundle_id)
+
+    def adopt(self, rel: Path, manifest: Manifest, model: str) -> None:
+        """Insert a ready row for a published, verified directory the catalog did not know."""
+        self.catalog.adopt_bundle(
+            BundleKey.from_manifest(manifest, rel),
+            model=model or manifest.checkpoint_digest[:16],
+            size_bytes=manifest.size_bytes,
+            file_count=manifest.file_count,
+            built_at=_parse_time(manifest.created_at),
+        )
+
+
+def _parse_time(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        return utcnow()
+    return value if value.tzinfo else value.replace(tzinfo=utcnow().tzinfo)
