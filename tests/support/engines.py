@@ -104,11 +104,15 @@ class SlotEngine:
     def _logits(self, slot: int) -> np.ndarray:
         raise NotImplementedError
 
+    def _prefilled(self, slot: int) -> None:
+        """Called after each prefill chunk is appended (before its logits are computed)."""
+
     def prefill(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
         if self.delay:
             time.sleep(self.delay)
         self._append(slot, token_ids)
         self.prefill_chunks.append(len(token_ids))
+        self._prefilled(slot)
         return self._logits(slot)
 
     def decode(self, slots: Sequence[int], token_ids: Sequence[int]) -> np.ndarray:
@@ -179,15 +183,10 @@ class _ScriptedSlots(SlotEngine):
     def _choose(self, slot: int) -> list[int]:
         raise NotImplementedError
 
-    def prefill(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
-        """Append prompt tokens; the reply is chosen from everything prefilled so far."""
-        if self.delay:
-            time.sleep(self.delay)
-        self._append(slot, token_ids)
-        self.prefill_chunks.append(len(token_ids))
+    def _prefilled(self, slot: int) -> None:
+        # The reply is chosen from everything prefilled so far (chunked prefill included).
         self.prompt_len[slot] = self.lengths[slot]
         self._reply[slot] = self._choose(slot)
-        return self._logits(slot)
 
     def _logits(self, slot: int) -> np.ndarray:
         step = self.lengths[slot] - self.prompt_len[slot]
