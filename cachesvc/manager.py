@@ -30,6 +30,7 @@ from cachesvc.build_jobs import Build, BuildJobs
 from cachesvc.builders import Builder, ProgressFn, default_builders, resolve_backend, resolve_precision
 from cachesvc.catalog import Catalog, default_catalog_url
 from cachesvc.checkpoints import ResolvedCheckpoint, looks_like_path, resolve_checkpoint
+from cachesvc.crashpoints import crash_point
 from cachesvc.errors import (
     BuildError,
     CacheError,
@@ -307,6 +308,7 @@ class CacheManager:
                 raise
             raise BuildError(f"building {model} ({options.name}) failed: {reason}") from exc
         seconds = time.monotonic() - started
+        crash_point("build:published")
         if manifest.size_bytes > self.max_size_bytes:
             self.store.remove(rel)
             self.catalog.delete_bundle(

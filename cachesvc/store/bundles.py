@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cachesvc.crashpoints import crash_point
 from cachesvc.errors import CacheError, CorruptBundleError
 from cachesvc.profiles import LAYOUT_VERSION, BundleKey
 from cachesvc.store.layout import (
@@ -114,9 +115,12 @@ class BundleStore:
         dir_mode, file_mode = self.layout.dir_mode(), self.layout.file_mode()
         write_atomic(staging / MANIFEST_NAME, manifest.to_json(), file_mode)
         _fix_modes_and_fsync(staging, dir_mode, file_mode)
+        crash_point("publish:staged")
 
         self.layout.ensure()
         trashed = self._move_aside(final)
+        if trashed is not None:
+            crash_point("publish:moved-aside")
         for attempt in range(_PUBLISH_ATTEMPTS):
             try:
                 make_dirs(final.parent, self.layout.root, dir_mode)
@@ -139,6 +143,7 @@ class BundleStore:
                         f"building bundle {key.id} without holding its lock?"
                     ) from exc
                 raise
+        crash_point("publish:renamed")
         fsync_dir(final.parent)
         if trashed is not None:
             _rmtree_quiet(trashed)

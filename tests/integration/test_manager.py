@@ -16,6 +16,7 @@ from cachesvc.catalog import utcnow
 from cachesvc.errors import BuildError, CheckpointError, LeasedError, NotFoundError, PinnedError
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
+from cachesvc.store import verify_bundle
 from tests.support.cache import FileBuilder, child_env, make_checkpoint
 
 CHILD = [sys.executable, "-m", "tests.support.prepare_child"]
@@ -107,32 +108,40 @@ def test_eight_processes_prepare_once(cache: Path, tmp_path: Path) -> None:
     assert m.stats().misses == 1 and m.stats().hits == 7
 
 
-@pytest.mark.parametrize("point", ["builder:0", "builder:10", "builder:19", "crash-publish", "crash-ready"])
+@pytest.mark.parametrize(
+    "point", ["builder:0", "builder:10", "builder:19", "publish:staged", "first-move", "build:published"]
+)
 def test_sigkill_mid_build_leaves_nothing_half_written(cache: Path, tmp_path: Path, point: str) -> None:
+    """Killed at each named step of a build, a cache holds no bundle or a whole one, and the next
+    prepare (after reconcile) is clean."""
     ckpt = make_checkpoint(tmp_path / "ckpt")
+    mode = "prepare"
     if point.startswith("builder:"):
         env = child_env(CACHESVC_TEST_KILL_AT=point.split(":")[1])
-        mode = "prepare"
+    elif point == "first-move":
+        env, mode = child_env(), "first-move"
     else:
-        env, mode = child_env(), point
+        env = child_env(CACHESVC_CRASH_AT=point)
     proc = subprocess.run([*CHILD, str(cache), str(ckpt), mode], env=env, capture_output=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
     published = [p for p in (cache / "engines").glob("*/*") if p.is_dir()]
-    if point == "crash-ready":
-        # Published completely, but the catalog never heard: the dir is whole and verifies.
-        assert len(published) == 1 and (published[0] / "manifest.json").exists()
+    whole = point in ("first-move", "build:published")
+    if whole:
+        # The one rename that publishes moves the whole verified bundle, never a part of it.
+        assert len(published) == 1
+        assert verify_bundle(published[0]).ok
     else:
         assert published == []
         assert len(list((cache / ".staging").iterdir())) == 1
     m = open_manager(cache)
     report = m.reconcile()
     assert list((cache / ".staging").iterdir()) == []
-    if point == "crash-ready":
+    if whole:
         assert len(report.adopted) == 1
     else:
         assert len(report.staging_removed) == 1
     result = m.prepare(str(ckpt))
-    assert result.built == (point != "crash-ready")
+    assert result.built == (not whole)
     assert m.verify(result.bundle_id).ok
     assert m.get_bundle(result.bundle_id).state == "ready"
 
@@ -309,3 +318,35 @@ def test_lease_blocks_eviction_in_process_and_releases(cache: Path, tmp_path: Pa
     assert m.holders(res.bundle_id) == []
     assert m.remove(res.bundle_id) == size > 0
     assert not res.bundle_dir.exists()
+
+
+def test_a_bundle_leased_after_planning_is_skipped_at_execution(cache: Path, tmp_path: Path) -> None:
+    """The plan was made while the bundle was idle; another process leases it before the plan
+    runs. Execution re-checks the lock at delete time, so the bundle stays."""
+    m = open_manager(cache)
+    ckpt = make_checkpoint(tmp_path / "late-lease", seed=5)
+    bid = m.prepare(str(ckpt)).bundle_id
+    plan = m.plan_eviction(0)
+    assert [e.bundle_id for e in plan.evict] == [bid]
+    proc, leased = _spawn_leaser(cache, ckpt)
+    try:
+        assert leased == bid
+        result = m.execute_plan(plan)
+        assert result.evicted == ()
+        assert [(s.bundle_id, s.reason) for s in result.skipped] == [(bid, "leased")]
+        assert (m.bundle_dir(m.get_bundle(bid)) / "manifest.json").exists()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_bundle_pinned_after_planning_is_skipped_at_execution(cache: Path, tmp_path: Path) -> None:
+    m = open_manager(cache)
+    bid = m.prepare(str(make_checkpoint(tmp_path / "late-pin", seed=6))).bundle_id
+    plan = m.plan_eviction(0)
+    assert [e.bundle_id for e in plan.evict] == [bid]
+    m.pin(bid)
+    result = m.execute_plan(plan)
+    assert result.evicted == ()
+    assert [(s.bundle_id, s.reason) for s in result.skipped] == [(bid, "pinned")]
+    assert (m.bundle_dir(m.get_bundle(bid)) / "manifest.json").exists()

@@ -1,7 +1,13 @@
 """Child process for lock and crash tests: prepare (or lease) a bundle with the test builder.
 
-usage: python -m tests.support.prepare_child CACHE_DIR CHECKPOINT {prepare|lease|crash-publish|crash-ready}
-Prints one JSON line with the result; for ``lease`` prints it and then sleeps until killed.
+usage: python -m tests.support.prepare_child CACHE_DIR CHECKPOINT {prepare|lease|first-move}
+
+Prints one JSON line with the result; ``lease`` prints it, takes the lease, prints a second
+line and then sleeps until killed. Crash tests kill the child at a named point with
+``CACHESVC_CRASH_AT`` (see :mod:`cachesvc.crashpoints`) or, with the test builder, after its
+n-th file (``CACHESVC_TEST_KILL_AT``). ``first-move`` kills the child right after the first
+rename whose target lies under the cache's ``engines/``: with an atomic publish that rename is
+the whole bundle; a publish that moved files one by one would leave half a bundle behind.
 """
 
 from __future__ import annotations
@@ -12,34 +18,36 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from cachesvc.manager import CacheManager
 from tests.support.cache import FileBuilder
 
 
+def _kill_after_first_move_into(engines: Path) -> None:
+    real = {"replace": os.replace, "rename": os.rename}
+
+    def wrap(name: str) -> Any:
+        def move(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            real[name](src, dst, *args, **kwargs)
+            if Path(os.fsdecode(dst)).absolute().is_relative_to(engines):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        return move
+
+    # Patched on the os module itself, so shutil.move and any other caller are covered too.
+    os.replace = wrap("replace")
+    os.rename = wrap("rename")
+
+
 def main() -> None:
-    cache_dir, checkpoint, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    cache_dir, checkpoint, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     delay = float(os.environ.get("CACHESVC_TEST_DELAY", "0"))
     manager = CacheManager.open(
-        Path(cache_dir), max_size_bytes=10**12, builders={"onnxruntime": FileBuilder(delay=delay)}
+        cache_dir, max_size_bytes=10**12, builders={"onnxruntime": FileBuilder(delay=delay)}
     )
-    if mode == "crash-publish":
-        import cachesvc.store.bundles as bundles
-
-        real_replace = os.replace
-
-        def dying_replace(src: object, dst: object) -> None:
-            if str(src).find(".staging") >= 0 and "manifest" not in str(src):
-                os.kill(os.getpid(), signal.SIGKILL)
-            real_replace(src, dst)  # type: ignore[arg-type]
-
-        bundles.os.replace = dying_replace  # type: ignore[assignment]
-    if mode == "crash-ready":
-
-        def dying_finish(*args: object, **kwargs: object) -> None:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        manager.catalog.finish_build = dying_finish  # type: ignore[method-assign,assignment]
+    if mode == "first-move":
+        _kill_after_first_move_into((cache_dir / "engines").absolute())
     result = manager.prepare(checkpoint)
     print(
         json.dumps(
