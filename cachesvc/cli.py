@@ -16,10 +16,10 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from cachesvc import __version__
-from cachesvc.config import ServeConfig, add_build_arguments, add_serve_arguments, cli_message
+from cachesvc.config import ServeConfig, add_build_arguments, add_serve_arguments, cli_message, field_default
 from cachesvc.errors import CacheError, CheckpointError, ConfigError, NotFoundError
 from cachesvc.records import BUNDLE_STATES, SORT_KEYS, SORT_ORDERS, BundleInfo, EvictionResult
 from inference.build_profile import BACKENDS
@@ -139,6 +139,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _log_progress(stage: str, fraction: float) -> None:
+    if stage == "resolve":
+        return  # resolving is quick; a bad model argument must stay a one-line error
     log.info("%s %3.0f%%", stage, fraction * 100)
 
 
@@ -503,15 +505,22 @@ def _cache_options(prefix: str = "") -> argparse.ArgumentParser:
         type=float,
         default=argparse.SUPPRESS,
         metavar="GB",
-        help="cache size cap in GB (default 50)",
+        help=f"cache size cap in GB (default: {field_default('engine_cache_max_size_gb')})",
     )
     return p
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Bad input is one line on stderr (no usage dump), exit 2; ``--help`` shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full ``cachesvc`` argument parser."""
     cache_opts = _cache_options()
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="cachesvc",
         description="Engine-bundle cache for Hugging Face LLM checkpoints, with OpenAI-style serving.",
         parents=[_cache_options("top_")],

@@ -94,6 +94,11 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path("~/.cache/cachesvc").expanduser()
 
 
+def field_default(name: str) -> Any:
+    """The default of a :class:`ServeConfig` field (what ``--help`` shows)."""
+    return _FIELD_DEFAULTS[name]
+
+
 def flag_for(name: str) -> str:
     """The CLI flag of a :class:`ServeConfig` field (``max_batch_size`` -> ``--max-batch-size``)."""
     return "model" if name == "model" else "--" + name.replace("_", "-")
@@ -582,8 +587,11 @@ def _add(group: Any, name: str, help_text: str, *, show_default: bool = True, **
         else:
             kwargs["type"] = _arg_type(name, str, "text")
     kwargs.setdefault("default", _FIELD_DEFAULTS.get(name))
-    if show_default and kwargs.get("action") != "store_true":
-        help_text += " (default: %(default)s)"
+    # The field's own default, not the parser's: some commands parse "not given" as None so
+    # that a value given before the command can win, and --help must still show the real one.
+    default = _FIELD_DEFAULTS.get(name)
+    if show_default and kwargs.get("action") != "store_true" and default is not None:
+        help_text += f" (default: {default})"
     group.add_argument(flag_for(name), dest=name, help=help_text, **kwargs)
 
 

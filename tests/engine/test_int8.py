@@ -40,5 +40,9 @@ def test_int8_bundle_stays_close_to_fp32(family: str, hf_checkpoint: Callable[..
         total += len(continuation)
         int8.reset(0)
     print(f"{family} int8 vs fp32: cosine min {min(cosines):.4f}, greedy agreement {agree}/{total}")
-    assert min(cosines) > 0.95
-    assert agree / total > 0.6
+    # Measured here (onnxruntime 1.32, seeded prompts, deterministic quantization): cosine min
+    # 0.9935 (qwen2) / 0.9958 (llama), agreement 58/64 / 60/64. The bounds leave room for other
+    # CPU kernels (a few 1e-3 of cosine, three more flipped tokens of 64), not for a broken
+    # quantizer: an int8 graph with one layer's scales off drops cosine far below 0.99.
+    assert min(cosines) > 0.99
+    assert agree / total >= 0.85

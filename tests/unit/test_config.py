@@ -849,3 +849,11 @@ def test_admin_key_must_differ_from_api_key() -> None:
         ServeConfig.from_mapping({"api_key": "same", "admin_api_key": "same"})
     cfg = ServeConfig.from_mapping({"api_key": "a", "admin_api_key": "b"})
     assert (cfg.api_key, cfg.admin_api_key) == ("a", "b")
+
+
+def test_help_shows_real_defaults_never_none() -> None:
+    """A flag whose parser default is None (so a value given before the command wins) still shows
+    the real default; optional flags without one show no default at all."""
+    text = serve_parser().format_help()
+    assert "(default: None)" not in text
+    assert f"(default: {ServeConfig().engine_cache_max_size_gb})" in " ".join(text.split())
