@@ -467,7 +467,8 @@ def test_port_range_property(port: int) -> None:
 @given(records=st.integers(min_value=-(2**40), max_value=2**40))
 def test_context_records_range_property(records: int) -> None:
     if 0 <= records <= 2**31 - 1:
-        assert ServeConfig(enable_context_reuse=True, context_cache_max_records=records)
+        config = ServeConfig(enable_context_reuse=True, context_cache_max_records=records)
+        assert config.context_cache_max_records == records
     else:
         with pytest.raises(ConfigError, match="--context-cache-max-records"):
             ServeConfig(enable_context_reuse=True, context_cache_max_records=records)
