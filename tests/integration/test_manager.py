@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -350,3 +351,31 @@ def test_a_bundle_pinned_after_planning_is_skipped_at_execution(cache: Path, tmp
     assert result.evicted == ()
     assert [(s.bundle_id, s.reason) for s in result.skipped] == [(bid, "pinned")]
     assert (m.bundle_dir(m.get_bundle(bid)) / "manifest.json").exists()
+
+
+def test_reconcile_leaves_a_running_build_alone(cache: Path, tmp_path: Path) -> None:
+    """A build in progress in another process holds its lock: reconcile must not take its staging
+    directory away, and the build still publishes a bundle that verifies."""
+    ckpt = make_checkpoint(tmp_path / "slow", seed=7)
+    proc = subprocess.Popen(
+        [*CHILD, str(cache), str(ckpt), "prepare"],
+        stdout=subprocess.PIPE,
+        env=child_env(CACHESVC_TEST_DELAY="0.05"),
+        text=True,
+    )
+    try:
+        staging = cache / ".staging"
+        deadline = time.monotonic() + 60
+        while not (staging.is_dir() and any(staging.iterdir())):
+            assert proc.poll() is None and time.monotonic() < deadline, "the child never started building"
+            time.sleep(0.02)
+        report = open_manager(cache).reconcile()
+        assert report.staging_removed == ()
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["built"] and verify_bundle(Path(result["bundle_dir"])).ok
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,213 @@
+"""The mutations: each breaks one safety-critical behaviour the way a plausible bug would.
+
+Every entry names the tests that must catch it. Keep the test lists short (the check runs in
+CI): the point is that *these* tests notice, not that the whole suite does.
+"""
+
+from __future__ import annotations
+
+from tests.mutation.engine import Mutation
+
+MANAGER = "tests/integration/test_manager.py"
+LIVE = "tests/serving/test_live.py"
+
+MUTATIONS: tuple[Mutation, ...] = (
+    # -- atomic publish and crash safety --------------------------------------------------
+    Mutation(
+        name="publish-file-by-file",
+        why="publish moves files one by one instead of one os.replace of the directory",
+        path="cachesvc/store/bundles.py",
+        function="BundleStore.publish",
+        find=r"os\.replace\(staging, final\)",
+        replace=(
+            "final.mkdir(); [os.replace(p, final / p.name) for p in sorted(staging.iterdir())]; "
+            "staging.rmdir()"
+        ),
+        tests=(f"{MANAGER}::test_sigkill_mid_build_leaves_nothing_half_written[first-move]",),
+    ),
+    Mutation(
+        name="failed-build-keeps-staging",
+        why="a failed build leaves its staging directory behind",
+        path="cachesvc/manager.py",
+        function="CacheManager._build_locked",
+        find=r"self\.store\.remove_staging\(staging\)",
+        replace="pass",
+        tests=(f"{MANAGER}::test_build_failure_publishes_nothing",),
+    ),
+    Mutation(
+        name="reconcile-takes-running-staging",
+        why="reconcile removes the staging dir of a build another process is running",
+        path="cachesvc/reconcile.py",
+        function="Reconciler.reconcile",
+        find=r"if got:  # no build holds it",
+        replace="if True:  # no build holds it",
+        tests=(f"{MANAGER}::test_reconcile_leaves_a_running_build_alone",),
+    ),
+    # -- leases, pins and eviction --------------------------------------------------------
+    Mutation(
+        name="plan-ignores-leases",
+        why="eviction planning does not look at lease locks",
+        path="cachesvc/eviction.py",
+        function="Evictor.plan",
+        find=r"elif self\.store\.locks\.is_locked\(bid\):",
+        replace="elif False:",
+        tests=(f"{MANAGER}::test_leased_and_pinned_bundles_survive_prune",),
+    ),
+    Mutation(
+        name="execute-ignores-leases",
+        why="executing a plan does not re-check the lock at delete time",
+        path="cachesvc/eviction.py",
+        function="Evictor.execute",
+        find=r"if not got:",
+        replace="if False:",
+        tests=(f"{MANAGER}::test_a_bundle_leased_after_planning_is_skipped_at_execution",),
+    ),
+    Mutation(
+        name="execute-ignores-pins",
+        why="executing a plan does not re-check pins",
+        path="cachesvc/eviction.py",
+        function="Evictor.execute",
+        find=r"if info\.pinned:",
+        replace="if False:",
+        tests=(f"{MANAGER}::test_a_bundle_pinned_after_planning_is_skipped_at_execution",),
+    ),
+    Mutation(
+        name="remove-ignores-leases",
+        why="evicting one bundle by hand ignores the lease of a serving process",
+        path="cachesvc/eviction.py",
+        function="Evictor.remove",
+        find=r"if not got:",
+        replace="if False:",
+        tests=("tests/admin/test_leases.py",),
+    ),
+    # -- corrupt bundles ------------------------------------------------------------------
+    Mutation(
+        name="lease-corrupt-bundle",
+        why="a bundle marked corrupt can still be leased (and so served)",
+        path="cachesvc/manager.py",
+        function="CacheManager.lease",
+        find=r'if info\.state != "ready":',
+        replace="if False:",
+        tests=(f"{MANAGER}::test_bit_flip_caught_by_verify_and_never_served",),
+    ),
+    Mutation(
+        name="verify-ignores-content",
+        why="verify compares sizes only, so a flipped byte passes",
+        path="cachesvc/store/manifest.py",
+        function="verify_bundle",
+        find=r"elif digest != entry\.sha256:",
+        replace="elif False:",
+        tests=(f"{MANAGER}::test_bit_flip_caught_by_verify_and_never_served",),
+    ),
+    Mutation(
+        name="digest-skips-weight-samples",
+        why="the checkpoint digest stops sampling weight bytes, so changed weights hit the old bundle",
+        path="cachesvc/checkpoints.py",
+        function="_sample_offsets",
+        find=r'"""\n',
+        replace='"""\n    return (0, 0, 0)\n',
+        tests=("tests/unit/test_checkpoints.py::test_digest_changes_when_a_sampled_weight_byte_changes",),
+    ),
+    # -- keys on the real app -------------------------------------------------------------
+    Mutation(
+        name="app-drops-admin-key",
+        why="create_app mounts the admin routes without --admin-api-key",
+        path="cachesvc/app.py",
+        function="create_app",
+        find=r"admin_router\(admin_api_key=config\.admin_api_key\)",
+        replace="admin_router(admin_api_key=None)",
+        tests=("tests/admin/test_auth.py",),
+    ),
+    Mutation(
+        name="app-drops-metrics-key",
+        why="create_app mounts /metrics without --admin-api-key",
+        path="cachesvc/app.py",
+        function="create_app",
+        find=r"metrics_route\(metrics, admin_api_key=config\.admin_api_key\)",
+        replace="metrics_route(metrics, admin_api_key=None)",
+        tests=("tests/admin/test_auth.py",),
+    ),
+    Mutation(
+        name="admin-guard-open-to-all",
+        why="without an admin key, remote clients get in too",
+        path="cachesvc/http/auth.py",
+        function="admin_guard.guard",
+        find=r"if not is_loopback\(client\.host if client else None\):",
+        replace="if False:",
+        tests=("tests/admin/test_auth.py::test_without_admin_key_only_loopback_clients_get_in",),
+    ),
+    Mutation(
+        name="serve-drops-completion-key",
+        why="cachesvc serve builds the OpenAI server without --api-key",
+        path="cachesvc/app.py",
+        function="load_runtime",
+        find=r"api_key=config\.api_key",
+        replace="api_key=None",
+        tests=("tests/e2e/test_openai.py::test_missing_or_wrong_api_key_is_401",),
+    ),
+    Mutation(
+        name="serving-metrics-unwired",
+        why="serve does not hand the metrics observer to the scheduler (no TTFT, tokens, queue depth)",
+        path="cachesvc/app.py",
+        function="serve",
+        find=r"observer=metrics\.serving",
+        replace="observer=None",
+        tests=("tests/e2e/test_wiring.py::test_serving_metrics_move_with_a_real_request",),
+    ),
+    # -- admission ------------------------------------------------------------------------
+    Mutation(
+        name="no-queue-cap",
+        why="the scheduler admits every request (no 429 when the queue is full)",
+        path="inference/scheduler.py",
+        function="Scheduler.submit",
+        find=r">= self\.max_batch_size \+ self\.max_queued_requests",
+        replace=">= 10**9",
+        tests=(f"{LIVE}::test_queue_full_gives_429_with_retry_after",),
+    ),
+    Mutation(
+        name="no-retry-after",
+        why="a 429 goes out without Retry-After",
+        path="inference/openai/errors.py",
+        function="ServerOverloadedError.__init__",
+        find=r'headers=\{"Retry-After": str\(retry_after\)\}',
+        replace="headers={}",
+        tests=(f"{LIVE}::test_queue_full_gives_429_with_retry_after",),
+    ),
+    Mutation(
+        name="queue-timeout-ignored",
+        why="a request waits in the queue forever instead of 429 after --queue-timeout",
+        path="inference/scheduler.py",
+        function="Scheduler._admit_locked",
+        find=r"now - req\.arrival > self\.queue_timeout",
+        replace="False",
+        tests=(f"{LIVE}::test_queue_timeout_gives_429",),
+    ),
+    # -- request checks and sampling ------------------------------------------------------
+    Mutation(
+        name="max-tokens-past-context",
+        why="max_tokens beyond the context left is accepted (and cut short or overflows the KV)",
+        path="inference/openai/serving.py",
+        function="OpenAIServing._plan",
+        find=r"if max_tokens is not None and max_tokens > room:",
+        replace="if False:",
+        tests=("tests/serving/test_http.py::test_errors",),
+    ),
+    Mutation(
+        name="prompt-past-input-limit",
+        why="a prompt longer than max_input_len is accepted",
+        path="inference/openai/serving.py",
+        function="OpenAIServing._plan",
+        find=r"if n > opts\.max_input_len:",
+        replace="if False:",
+        tests=("tests/serving/test_http.py::test_errors",),
+    ),
+    Mutation(
+        name="greedy-ignores-logit-bias",
+        why="greedy decoding takes the argmax of the raw logits, ignoring logit_bias and penalties",
+        path="inference/sampling.py",
+        function="Sampler.sample",
+        find=r"token = int\(np\.argmax\(x\)\)",
+        replace="token = int(np.argmax(raw))",
+        tests=("tests/serving/test_sampling.py::test_logit_bias_forces_and_bans_tokens",),
+    ),
+)
