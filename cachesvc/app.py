@@ -226,6 +226,7 @@ def serve(config: ServeConfig) -> int:
     for flag, given in (
         ("--enable-context-reuse", config.enable_context_reuse),
         ("--draft-top-k", config.draft_top_k is not None),
+        ("--draft-step", config.draft_step is not None),
         ("--verify-tree-size", config.verify_tree_size is not None),
         ("--allowed-local-media-path", config.allowed_local_media_path is not None),
     ):
