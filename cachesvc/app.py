@@ -21,6 +21,8 @@ from types import FrameType
 from typing import Any
 
 from litestar import Litestar, Response, get
+from litestar.config.allowed_hosts import AllowedHostsConfig
+from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
@@ -195,8 +197,14 @@ def create_app(
         metrics_route(metrics, admin_api_key=config.admin_api_key),
         openai_router(lambda: serving),
     ]
+    origins = config.cors_origins()
     return Litestar(
         route_handlers=handlers,
+        # DNS rebinding: a page whose name resolves to 127.0.0.1 still sends its own Host.
+        allowed_hosts=AllowedHostsConfig(allowed_hosts=list(config.allowed_host_headers())),
+        # Browsers may call /v1 from these origins; admin routes refuse any foreign Origin in
+        # their guard, so the app-wide CORS headers open nothing there.
+        cors_config=CORSConfig(allow_origins=list(origins)) if origins else None,
         dependencies={"manager": Provide(lambda: manager, sync_to_thread=False)},
         middleware=[metrics.middleware()],
         lifespan=[lifespan],

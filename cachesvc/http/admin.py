@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import anyio
-from litestar import Controller, Router, delete, get, post, put
+from litestar import Controller, Request, Router, delete, get, post, put
 from litestar.di import NamedDependency
+from litestar.exceptions import ClientException
 from litestar.params import Body, PathParameter, QueryParameter
 
 from cachesvc.http.auth import admin_guard
@@ -46,6 +47,7 @@ from cachesvc.http.schemas import (
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 from cachesvc.records import EvictionResult
+from inference.openai.body_checks import has_body, json_nesting_error
 
 Manager = NamedDependency[CacheManager]
 
@@ -253,7 +255,7 @@ class BuildController(Controller):
         status_code=202,
         sync_to_thread=True,
         operation_id="startBuild",
-        responses=problem_responses(400, 404, 409, 502, 507),
+        responses=problem_responses(400, 404, 409, 415, 502, 507),
     )
     def start_build(self, manager: Manager, data: Annotated[BuildRequest, StrictBody]) -> BuildOut:
         """Start a background build (or join the running one for the same bundle)."""
@@ -292,7 +294,7 @@ class CacheController(Controller):
         status_code=200,
         sync_to_thread=True,
         operation_id="pruneCache",
-        responses=problem_responses(400, 409),
+        responses=problem_responses(400, 409, 415),
     )
     def prune(self, manager: Manager, data: Annotated[PruneRequest, StrictBody]) -> EvictionOut:
         """Evict LRU idle bundles down to ``max_size_bytes`` (default: the cap); ``dry_run`` plans only."""
@@ -303,7 +305,7 @@ class CacheController(Controller):
         status_code=200,
         sync_to_thread=True,
         operation_id="clearCache",
-        responses=problem_responses(400, 409),
+        responses=problem_responses(400, 409, 415),
     )
     def clear(self, manager: Manager, data: Annotated[ClearRequest, StrictBody]) -> EvictionOut:
         """Remove every idle bundle (leased and pinned ones stay; checkpoints stay)."""
@@ -362,6 +364,15 @@ def list_checkpoints(manager: Manager) -> CheckpointListOut:
     return to_body({"items": manager.list_checkpoints()}, CheckpointListOut)
 
 
+async def _reject_deep_json(request: Request) -> None:  # type: ignore[type-arg]
+    """``before_request``: 400 for a body nested too deep (msgspec would raise RecursionError)."""
+    if not has_body(request.headers):
+        return
+    problem = json_nesting_error(await request.body())
+    if problem is not None:
+        raise ClientException(detail=f"{problem}; send a flat JSON object")
+
+
 def admin_router(*, admin_api_key: str | None) -> Router:
     """The ``/admin`` router: every admin route, its guard and its problem-JSON error mapping.
 
@@ -378,6 +389,7 @@ def admin_router(*, admin_api_key: str | None) -> Router:
             list_checkpoints,
         ],
         guards=[admin_guard(admin_api_key)],
+        before_request=_reject_deep_json,
         exception_handlers=admin_exception_handlers(),
         signature_namespace={"CacheManager": CacheManager},
     )

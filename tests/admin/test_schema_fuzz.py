@@ -26,7 +26,7 @@ from cachesvc.profiles import ProfileRequest
 from inference.demo import write_demo_checkpoint
 from inference.openai import OpenAIServing, ServingOptions, load_tokenizer
 from tests.admin.conftest import open_manager
-from tests.serving.conftest import LiveServer, TableEngine
+from tests.serving.conftest import LiveServer, TableEngine, _free_port
 from tests.support.cache import make_checkpoint
 
 _root = Path(tempfile.mkdtemp(prefix="cachesvc-fuzz-"))
@@ -49,11 +49,18 @@ _serving = OpenAIServing(
 )
 _runtime = Runtime(_prepared, _manager.lease(_prepared.bundle_id), _engine, _serving)
 atexit.register(_runtime.close)
+_port = _free_port()
 _config = ServeConfig.from_mapping(
-    {"cache_dir": _root / "cache", "max_input_len": 256, "max_kv_cache_capacity": 256}
+    {
+        "cache_dir": _root / "cache",
+        "max_input_len": 256,
+        "max_kv_cache_capacity": 256,
+        "host": "127.0.0.1",
+        "port": _port,
+    }
 )
 # A real uvicorn server (one lifespan for the whole run, as in `cachesvc serve`) on loopback.
-_server = LiveServer(create_app(_config, _manager, runtime=_runtime)).__enter__()
+_server = LiveServer(create_app(_config, _manager, runtime=_runtime), port=_port).__enter__()
 
 schema = schemathesis.openapi.from_url(f"{_server.url}/schema/openapi.json")
 

@@ -197,8 +197,8 @@ def _free_port() -> int:
 class LiveServer:
     """uvicorn serving the app on a loopback port from a background thread."""
 
-    def __init__(self, app: Litestar) -> None:
-        self.port = _free_port()
+    def __init__(self, app: Litestar, *, port: int | None = None) -> None:
+        self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
