@@ -9,6 +9,8 @@ closes the engine and releases the bundle lease.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -54,8 +56,13 @@ class Runtime:
     engine: Engine
     serving: OpenAIServing
 
+    closed: bool = False
+
     def close(self) -> None:
         """Close the engine and release the lease (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
         try:
             self.engine.close()
         finally:
@@ -72,10 +79,13 @@ def load_runtime(
     """Prepare (hit or build), lease, load the engine and build the OpenAI server for ``config``."""
     if config.model is None:
         raise CacheError("no model to serve: pass a model id or checkpoint directory")
+    # The full re-hash against the manifest happens here, once per start (every other load
+    # checks sizes and sampled hashes): a corrupt bundle is rebuilt, never loaded.
     prepared, lease = manager.prepare_and_lease(
         config.model,
         config.profile_request(),
         progress=lambda s, f: log.info("prepare: %s %3.0f%%", s, f * 100),
+        full_verify=True,
     )
     try:
         if engine_factory is None:
@@ -170,6 +180,8 @@ def create_app(
         ok = serving is not None and serving.ready
         return Response({"ready": ok}, status_code=200 if ok else 503)
 
+    watch = _BundleWatch(manager, runtime) if runtime is not None else None
+
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         if serving is not None:
@@ -177,10 +189,14 @@ def create_app(
             log.info(
                 "serving %s on bundle %s", config.served_name, runtime.prepared.bundle_id if runtime else ""
             )
+        if watch is not None:
+            watch.start()
         try:
             yield
         finally:
-            if serving is not None and runtime is not None:
+            if watch is not None:
+                await watch.stop()
+            if serving is not None and runtime is not None and not runtime.closed:
                 finished = await serving.drain(SHUTDOWN_GRACE_SECONDS)
                 if not finished:
                     log.warning("shutdown grace period over; cutting in-flight requests")
@@ -216,6 +232,79 @@ def create_app(
             render_plugins=[SwaggerRenderPlugin(), ScalarRenderPlugin()],
         ),
     )
+
+
+class _BundleWatch:
+    """Takes the model out of service when its bundle is found corrupt while it is loaded.
+
+    This process learns it at once (a verify through the admin API calls the manager's
+    listener); another process (``cachesvc bundles verify``) only through the catalog, which
+    is polled every ``interval`` seconds. Either way ``/v1`` answers 503 with the reason,
+    ``/health/ready`` 503, and once running requests are done the engine is unloaded and the
+    lease released, so the bundle can be rebuilt.
+    """
+
+    def __init__(self, manager: CacheManager, runtime: Runtime, interval: float = 5.0) -> None:
+        self.manager = manager
+        self.runtime = runtime
+        self.interval = interval
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._unload: asyncio.Task[None] | None = None
+        manager.add_corrupt_listener(self._on_corrupt)
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._poller = asyncio.ensure_future(self._poll())
+
+    async def stop(self) -> None:
+        for task in (self._poller, self._unload):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._loop = None
+
+    def _on_corrupt(self, bundle_id: str, detail: str) -> None:
+        # Called from whichever thread verified the bundle.
+        loop = self._loop
+        if bundle_id == self.runtime.prepared.bundle_id and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._take_down, detail)
+
+    async def _poll(self) -> None:
+        bid = self.runtime.prepared.bundle_id
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                info = await asyncio.to_thread(self.manager.catalog.get_bundle, bid)
+            except Exception:  # a busy or broken catalog must not take the model down
+                log.warning("could not read the state of bundle %s", bid, exc_info=True)
+                continue
+            if info is None or info.state != "ready":
+                detail = (info.error if info is not None else None) or "no longer in the catalog"
+                self._take_down(detail)
+                return
+
+    def _take_down(self, detail: str) -> None:
+        if self._unload is not None:
+            return
+        bid = self.runtime.prepared.bundle_id
+        reason = (
+            f"the model's bundle {bid} failed verification ({detail}); it is no longer served. "
+            "Restart the server to rebuild it"
+        )
+        log.error("%s", reason)
+        self.runtime.serving.mark_unavailable(reason)
+        self._unload = asyncio.ensure_future(self._unload_when_idle())
+
+    async def _unload_when_idle(self) -> None:
+        serving = self.runtime.serving
+        await serving.drain(SHUTDOWN_GRACE_SECONDS)
+        await serving.stop()
+        await asyncio.to_thread(self.runtime.close)
+        log.info(
+            "unloaded the engine of corrupt bundle %s and released its lease", self.runtime.prepared.bundle_id
+        )
 
 
 def serve(config: ServeConfig) -> int:

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -58,7 +58,15 @@ from cachesvc.records import (
     SkippedBundle,
     VerifyResult,
 )
-from cachesvc.store import BundleStore, CacheLayout, Lease, dir_size, read_manifest, verify_bundle
+from cachesvc.store import (
+    BundleStore,
+    CacheLayout,
+    Lease,
+    dir_size,
+    quick_verify_bundle,
+    read_manifest,
+    verify_bundle,
+)
 
 log = logging.getLogger("cachesvc.manager")
 
@@ -137,6 +145,7 @@ class CacheManager:
         self._executor: ThreadPoolExecutor | None = None
         self._stats_lock = threading.Lock()
         self._stats_cache: tuple[tuple[int, int, int], CacheStats] | None = None
+        self._corrupt_listeners: list[Callable[[str, str], None]] = []
 
     @classmethod
     def open(
@@ -258,7 +267,10 @@ class CacheManager:
         )
 
     def _try_hit(self, bid: str, rel: Path, *, adopt: bool = False, model: str = "") -> Path | None:
-        """A ready row whose manifest is in place is a hit (records it); else None.
+        """A ready row whose files pass the quick check is a hit (records it); else None.
+
+        The quick check (every file's size and a sampled hash) runs on every hit: a bundle
+        whose bytes changed on disk is marked corrupt here and rebuilt, never served.
 
         With ``adopt`` (caller holds the exclusive lock), a published directory the catalog does
         not know is verified and adopted instead of rebuilt.
@@ -267,8 +279,13 @@ class CacheManager:
         info = self.catalog.get_bundle(bid)
         if info is not None and info.state == "ready":
             try:
-                read_manifest(final)
-            except CorruptBundleError:
+                report = quick_verify_bundle(final, read_manifest(final))
+                detail = "; ".join(f"{m.path}: {m.reason}" for m in report.mismatches[:10]) or None
+            except CorruptBundleError as exc:
+                detail = str(exc)
+            if detail is not None:
+                log.error("bundle %s failed the load check and will be rebuilt: %s", bid, detail)
+                self._mark_corrupt(bid, detail)
                 return None
             self.catalog.record_hit(bid)
             return final
@@ -388,17 +405,53 @@ class CacheManager:
         return BundleLease(self, info, lease)
 
     def prepare_and_lease(
-        self, model: str, request: ProfileRequest | None = None, *, progress: ProgressFn | None = None
+        self,
+        model: str,
+        request: ProfileRequest | None = None,
+        *,
+        progress: ProgressFn | None = None,
+        full_verify: bool = False,
     ) -> tuple[PrepareResult, BundleLease]:
-        """Prepare then lease, retrying when an eviction slips in between."""
+        """Prepare then lease, retrying when an eviction slips in between.
+
+        With ``full_verify`` (``serve`` start), the leased bundle is re-hashed against its whole
+        manifest; a mismatch marks it corrupt and it is rebuilt once before giving up.
+        """
         for attempt in range(3):
             result = self.prepare(model, request, progress=progress)
             try:
-                return result, self.lease(result.bundle_id)
+                lease = self.lease(result.bundle_id)
             except NotFoundError:
                 if attempt == 2:
                     raise
+                continue
+            if not full_verify:
+                return result, lease
+            verified = self.verify(result.bundle_id)
+            if verified.ok:
+                return result, lease
+            lease.release()
+            if result.built or attempt == 2:
+                raise CorruptBundleError(
+                    f"bundle {result.bundle_id} does not match its manifest even after a rebuild: "
+                    f"{verified.mismatches[:3]}; check the disk"
+                )
         raise AssertionError("unreachable")
+
+    def add_corrupt_listener(self, listener: Callable[[str, str], None]) -> None:
+        """Call ``listener(bundle_id, detail)`` whenever this process marks a bundle corrupt."""
+        self._corrupt_listeners.append(listener)
+
+    def _mark_corrupt(self, bid: str, detail: str) -> None:
+        try:
+            self.catalog.set_verified(bid, ok=False, detail=detail)
+        except NotFoundError:
+            return
+        for listener in list(self._corrupt_listeners):
+            try:
+                listener(bid, detail)
+            except Exception:
+                log.exception("corrupt-bundle listener failed")
 
     def holders(self, bid: str) -> list[LeaseHolder]:
         """Live lease holders of a bundle: this host's from the lock files, other nodes' from the catalog."""
@@ -518,9 +571,12 @@ class CacheManager:
             mismatches = ({"path": "manifest.json", "reason": str(exc)},)
         ok = not mismatches
         detail = None if ok else "; ".join(f"{m['path']}: {m['reason']}" for m in mismatches[:10])
-        updated = self.catalog.set_verified(bid, ok=ok, detail=detail)
-        if not ok:
+        if ok:
+            updated = self.catalog.set_verified(bid, ok=True, detail=None)
+        else:
             log.error("bundle %s is corrupt: %s", bid, detail)
+            self._mark_corrupt(bid, detail or "corrupt")
+            updated = self.catalog.require_bundle(bid)
         return VerifyResult(bid, ok, files_checked, bytes_checked, mismatches, updated.state)
 
     def remove(self, bid: str) -> int:

@@ -364,7 +364,7 @@ def list_checkpoints(manager: Manager) -> CheckpointListOut:
     return to_body({"items": manager.list_checkpoints()}, CheckpointListOut)
 
 
-async def _reject_deep_json(request: Request) -> None:  # type: ignore[type-arg]
+async def _reject_deep_json(request: Request) -> None:
     """``before_request``: 400 for a body nested too deep (msgspec would raise RecursionError)."""
     if not has_body(request.headers):
         return

@@ -227,6 +227,7 @@ class OpenAIServing:
         self._started = False
         self._draining = False
         self._stopped = False
+        self._unavailable: str | None = None
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -241,7 +242,12 @@ class OpenAIServing:
     @property
     def ready(self) -> bool:
         """True while requests are admitted."""
-        return self._started and not self._draining and not self._stopped
+        return self._started and not self._draining and not self._stopped and self._unavailable is None
+
+    def mark_unavailable(self, reason: str) -> None:
+        """Refuse every new request with 503 ``server_unavailable`` and ``reason`` (e.g. the
+        model's bundle failed verification); ``/health`` reports it. Running requests go on."""
+        self._unavailable = reason
 
     def begin_drain(self) -> None:
         """Stop admitting; new ``/v1`` requests get 503 ``server_unavailable``."""
@@ -264,7 +270,9 @@ class OpenAIServing:
 
     def health(self) -> dict[str, Any]:
         """Status for ``/health``: ok | draining | stopped (stopped also before start)."""
-        if self._stopped or not self._started:
+        if self._unavailable is not None:
+            status = "unavailable"
+        elif self._stopped or not self._started:
             status = "stopped"
         elif self._draining:
             status = "draining"
@@ -281,7 +289,9 @@ class OpenAIServing:
             "max_batch_size": self._scheduler.max_batch_size,
         }
         caps.update(self.options.capabilities)
+        extra = {"reason": self._unavailable} if self._unavailable is not None else {}
         return {
+            **extra,
             "status": status,
             "model": self.options.served_model_name,
             "active_requests": self._scheduler.active,
@@ -291,6 +301,8 @@ class OpenAIServing:
 
     def check_admitting(self) -> None:
         """Raise 503 unless requests are admitted now."""
+        if self._unavailable is not None:
+            raise ServerUnavailableError(self._unavailable)
         if not self._started or self._stopped:
             raise ServerUnavailableError("the model is not loaded; retry shortly")
         if self._draining:
