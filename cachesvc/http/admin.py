@@ -47,7 +47,7 @@ from cachesvc.http.schemas import (
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 from cachesvc.records import EvictionResult
-from inference.openai.body_checks import has_body, json_nesting_error
+from inference.openai.body_checks import LARGE_BODY_BYTES, has_body, json_nesting_error
 
 Manager = NamedDependency[CacheManager]
 
@@ -368,7 +368,11 @@ async def _reject_deep_json(request: Request) -> None:
     """``before_request``: 400 for a body nested too deep (msgspec would raise RecursionError)."""
     if not has_body(request.headers):
         return
-    problem = json_nesting_error(await request.body())
+    body = await request.body()
+    if len(body) > LARGE_BODY_BYTES:
+        problem = await anyio.to_thread.run_sync(json_nesting_error, body)
+    else:
+        problem = json_nesting_error(body)
     if problem is not None:
         raise ClientException(detail=f"{problem}; send a flat JSON object")
 

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 __all__ = [
+    "LARGE_BODY_BYTES",
     "MAX_JSON_DEPTH",
     "foreign_origin",
     "has_body",
@@ -67,6 +68,10 @@ def foreign_origin(headers: Mapping[str, str], scheme: str) -> str | None:
     if parts.scheme == scheme and parts.netloc and parts.netloc.lower() == host.strip().lower():
         return None
     return origin
+
+
+#: Bodies larger than this are checked in a worker thread, off the event loop.
+LARGE_BODY_BYTES = 64 * 1024
 
 
 def json_nesting_error(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> str | None:

@@ -21,7 +21,12 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
-from inference.openai.body_checks import has_body, is_json_media_type, json_nesting_error
+from inference.openai.body_checks import (
+    LARGE_BODY_BYTES,
+    has_body,
+    is_json_media_type,
+    json_nesting_error,
+)
 from inference.openai.errors import (
     AuthenticationError,
     ClientDisconnectedError,
@@ -120,13 +125,20 @@ def openai_router(serving_provider: ServingProvider | OpenAIServing, *, path: st
         if body_type is None:
             return
         body = await request.body()
-        problem = json_nesting_error(body)
-        if problem is not None:
-            raise InvalidRequestError(problem)
-        try:
-            msgspec.json.decode(body, type=body_type)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise to_openai_error(exc) from None
+
+        def check() -> None:
+            problem = json_nesting_error(body)
+            if problem is not None:
+                raise InvalidRequestError(problem)
+            try:
+                msgspec.json.decode(body, type=body_type)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise to_openai_error(exc) from None
+
+        if len(body) > LARGE_BODY_BYTES:
+            await asyncio.to_thread(check)
+        else:
+            check()
 
     def respond(result: Any) -> Response[Any]:
         if isinstance(result, AsyncIterator):

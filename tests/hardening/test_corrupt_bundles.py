@@ -40,7 +40,9 @@ def big_manager(tmp_path: Path) -> Iterator[CacheManager]:
         m.close()
 
 
-def test_a_hit_with_flipped_sampled_bytes_is_rebuilt_not_served(big_manager: CacheManager, tmp_path: Path) -> None:
+def test_a_hit_with_flipped_sampled_bytes_is_rebuilt_not_served(
+    big_manager: CacheManager, tmp_path: Path
+) -> None:
     ckpt = str(make_checkpoint(tmp_path / "ckpt", seed=5))
     first = big_manager.prepare(ckpt)
     _flip(first.bundle_dir / "part-000.bin", 10)  # inside the first sample

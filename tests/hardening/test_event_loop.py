@@ -1,4 +1,8 @@
-"""Item 2: one huge request must not freeze the server (length checks first, work off the loop)."""
+"""Item 2: one huge request must not freeze the server (length checks first, work off the loop).
+
+Before the fix a 10 MB prompt held the event loop 12-28 s and 100k messages 5-6 s; the bound
+on /health latency leaves room for two shared CPU cores.
+"""
 
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ def test_a_10mb_prompt_is_refused_at_once_and_health_keeps_answering(app: App) -
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "context_length_exceeded"
     assert elapsed < 3.0, elapsed
-    assert worst < 1.0, worst
+    assert worst < 2.0, worst
 
 
 def test_100k_chat_messages_are_refused_before_template_work(app: App) -> None:
@@ -52,12 +56,14 @@ def test_100k_chat_messages_are_refused_before_template_work(app: App) -> None:
     with app.http() as h:
         r, elapsed, worst = _while_polling_health(
             app,
-            lambda: h.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 1}),
+            lambda: h.post(
+                "/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 1}
+            ),
         )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "messages"
     assert elapsed < 3.0, elapsed
-    assert worst < 1.0, worst
+    assert worst < 2.0, worst
 
 
 def test_long_text_under_the_bound_is_tokenized_off_the_loop(app: App) -> None:
@@ -70,4 +76,4 @@ def test_long_text_under_the_bound_is_tokenized_off_the_loop(app: App) -> None:
         )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "context_length_exceeded"
-    assert worst < 1.0, worst
+    assert worst < 2.0, worst

@@ -77,8 +77,10 @@ def test_build_failure_publishes_nothing(cache: Path, tmp_path: Path) -> None:
         m.prepare(str(ckpt))
     assert list((cache / "engines").glob("*/*")) == []
     assert list((cache / ".staging").iterdir()) == []
-    page = m.list_bundles()
-    assert page.items[0].state == "failed" and "lm_head" in (page.items[0].error or "")
+    # No row for a bundle that does not exist; the failure stays in the event log.
+    assert m.list_bundles().total == 0
+    failed = m.events(kind="build_failed")
+    assert len(failed) == 1 and "lm_head" in (failed[0].detail or "")
     assert m.stats().builds_failed == 1
     # A working builder then builds the same profile cleanly.
     m.builders["onnxruntime"] = FileBuilder(files=3)
