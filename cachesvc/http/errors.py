@@ -20,6 +20,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from cachesvc.errors import (
     BuildError,
     CacheError,
+    CatalogError,
     CheckpointError,
     ConfigError,
     ConflictError,
@@ -66,6 +67,7 @@ _KINDS: Mapping[type[BaseException], ProblemKind] = {
     CorruptBundleError: ProblemKind(409, "corrupt-bundle", "Bundle is corrupt"),
     InsufficientStorageError: ProblemKind(507, "insufficient-storage", "Cache disk budget exceeded"),
     BuildError: ProblemKind(500, "build-failed", "Build failed"),
+    CatalogError: ProblemKind(503, "catalog-unavailable", "Catalog cannot be read"),
     CacheError: ProblemKind(500, "cache-error", "Cache error"),
 }
 
