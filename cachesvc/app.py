@@ -209,7 +209,7 @@ def create_app(
     handlers: list[Any] = [
         health,
         ready,
-        admin_router(admin_api_key=config.admin_api_key),
+        admin_router(admin_api_key=config.admin_api_key, model_roots=config.model_roots()),
         metrics_route(metrics, admin_api_key=config.admin_api_key),
         openai_router(lambda: serving),
     ]

@@ -26,7 +26,7 @@ from typing import Any
 
 from cachesvc.builders import Builder, ProgressFn, default_builders, resolve_backend, resolve_precision
 from cachesvc.catalog import Catalog, default_catalog_url, utcnow
-from cachesvc.checkpoints import ResolvedCheckpoint, looks_like_path, resolve_checkpoint
+from cachesvc.checkpoints import ResolvedCheckpoint, is_hub_id, looks_like_path, resolve_checkpoint
 from cachesvc.config import ServeConfig
 from cachesvc.errors import (
     BuildError,
@@ -796,14 +796,32 @@ class CacheManager:
 
     # -- background builds -----------------------------------------------------------------
 
-    def start_build(self, model: str, request: ProfileRequest | None = None) -> BuildStatus:
-        """Queue a build in the background; the same model and profile join the running build."""
+    def start_build(
+        self,
+        model: str,
+        request: ProfileRequest | None = None,
+        *,
+        allowed_roots: tuple[Path, ...] | None = None,
+    ) -> BuildStatus:
+        """Queue a build in the background; the same model and profile join the running build.
+
+        What can be checked without resolving or building is checked first (a 400 at the API
+        instead of a 202 that fails later): backend, precision, profile limits, the model's
+        form, and for a local directory that it holds ``config.json`` and, with
+        ``allowed_roots`` (the HTTP surface passes ``--allowed-model-roots``), where it lies.
+        """
         request = request or ProfileRequest()
-        # Fail fast (400 at the API) on what can be checked without resolving or building.
         backend = resolve_backend(request.backend, self.builders)
         resolve_precision(request.precision, backend)
-        if looks_like_path(model) and not Path(model).expanduser().is_dir():
-            raise CheckpointError(f"no such directory: {model}")
+        if request.max_input_len > request.max_kv_cache_capacity:
+            raise ConfigError(
+                "max_input_len",
+                f"({request.max_input_len}) must not exceed max_kv_cache_capacity "
+                f"({request.max_kv_cache_capacity})",
+            )
+        for name, value in (("model", model), ("draft_model", request.draft_model)):
+            if value is not None:
+                _check_model_name(name, value, allowed_roots)
         key = (model, request)
         with self._builds_lock:
             for build in self._builds.values():
@@ -899,6 +917,35 @@ class CacheManager:
             if status.state in ("done", "failed") or time.monotonic() > deadline:
                 return status
             time.sleep(poll)
+
+
+def _check_model_name(field: str, model: str, allowed_roots: tuple[Path, ...] | None) -> None:
+    """A hub id, or a local checkpoint directory (with ``config.json``) under an allowed root."""
+    if not looks_like_path(model):
+        if not is_hub_id(model):
+            raise ConfigError(
+                field,
+                f"{model!r} is not a Hugging Face model id ('org/name': letters, digits, '-', '_', '.') "
+                "nor an existing directory",
+            )
+        return
+    directory = Path(model).expanduser().resolve()
+    if allowed_roots is not None and not any(
+        directory.is_relative_to(root.resolve()) for root in allowed_roots
+    ):
+        roots = ", ".join(str(r) for r in allowed_roots)
+        raise ConfigError(
+            field,
+            f"{model!r} is outside the directories builds may read ({roots}); move the checkpoint "
+            "there or start the server with --allowed-model-roots",
+        )
+    if not directory.is_dir():
+        raise CheckpointError(f"no such directory: {model}")
+    if not (directory / "config.json").is_file():
+        raise CheckpointError(
+            f"{model} has no config.json; pass a Hugging Face checkpoint directory (config.json next to "
+            "the weights)"
+        )
 
 
 def _dry(plan: EvictionPlan) -> EvictionResult:

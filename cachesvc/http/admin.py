@@ -11,11 +11,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated
 
 import anyio
 from litestar import Controller, Request, Router, delete, get, post, put
-from litestar.di import NamedDependency
+from litestar.di import NamedDependency, Provide
 from litestar.exceptions import ClientException
 from litestar.params import Body, PathParameter, QueryParameter
 
@@ -50,6 +51,8 @@ from cachesvc.records import EvictionResult
 from inference.openai.body_checks import LARGE_BODY_BYTES, has_body, json_nesting_error
 
 Manager = NamedDependency[CacheManager]
+#: Where local checkpoints named over HTTP may lie (``--allowed-model-roots``); None: anywhere.
+ModelRoots = NamedDependency[tuple[Path, ...] | None]
 
 BUNDLE_ID_PATTERN = r"^[0-9a-f]{16}-[0-9a-f]{12}$"
 BundleId = Annotated[
@@ -257,7 +260,9 @@ class BuildController(Controller):
         operation_id="startBuild",
         responses=problem_responses(400, 404, 409, 415, 502, 507),
     )
-    def start_build(self, manager: Manager, data: Annotated[BuildRequest, StrictBody]) -> BuildOut:
+    def start_build(
+        self, manager: Manager, model_roots: ModelRoots, data: Annotated[BuildRequest, StrictBody]
+    ) -> BuildOut:
         """Start a background build (or join the running one for the same bundle)."""
         request = ProfileRequest(
             backend=data.backend,
@@ -268,7 +273,7 @@ class BuildController(Controller):
             speculative_method=data.speculative_method,
             draft_model=data.draft_model,
         )
-        return to_body(manager.start_build(data.model, request), BuildOut)
+        return to_body(manager.start_build(data.model, request, allowed_roots=model_roots), BuildOut)
 
     @get("/", sync_to_thread=True, operation_id="listBuilds", responses=problem_responses())
     def list_builds(self, manager: Manager) -> BuildListOut:
@@ -377,7 +382,7 @@ async def _reject_deep_json(request: Request) -> None:
         raise ClientException(detail=f"{problem}; send a flat JSON object")
 
 
-def admin_router(*, admin_api_key: str | None) -> Router:
+def admin_router(*, admin_api_key: str | None, model_roots: tuple[Path, ...] | None = None) -> Router:
     """The ``/admin`` router: every admin route, its guard and its problem-JSON error mapping.
 
     The app must provide the ``manager`` dependency (``Provide(lambda: manager, sync_to_thread=False)``).
@@ -394,8 +399,9 @@ def admin_router(*, admin_api_key: str | None) -> Router:
         ],
         guards=[admin_guard(admin_api_key)],
         before_request=_reject_deep_json,
+        dependencies={"model_roots": Provide(lambda: model_roots, sync_to_thread=False)},
         exception_handlers=admin_exception_handlers(),
-        signature_namespace={"CacheManager": CacheManager},
+        signature_namespace={"CacheManager": CacheManager, "Path": Path},
     )
     _drop_stale_options_handlers(router)
     return router

@@ -291,9 +291,12 @@ def test_background_build_joins_and_reports_progress(cache: Path, tmp_path: Path
     with pytest.raises(CheckpointError, match="no such directory"):
         m.start_build(str(tmp_path / "missing"))  # refused up front, no build started
     (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="config.json"):
+        m.start_build(str(tmp_path / "empty"))  # no config.json: refused up front too
+    (tmp_path / "empty" / "config.json").write_text("{}")
     failed = m.start_build(str(tmp_path / "empty"))
     assert m.wait_for_build(failed.id).state == "failed"
-    assert "config.json" in (m.get_build(failed.id).error or "")
+    assert "weight" in (m.get_build(failed.id).error or "")
     assert [b.id for b in m.list_builds()] == [failed.id, a.id]  # newest first
     with pytest.raises(NotFoundError):
         m.get_build("build-nope")
