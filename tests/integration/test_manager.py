@@ -291,7 +291,7 @@ def test_background_build_joins_and_reports_progress(cache: Path, tmp_path: Path
     with pytest.raises(CheckpointError, match="no such directory"):
         m.start_build(str(tmp_path / "missing"))  # refused up front, no build started
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointError, match="config.json"):
+    with pytest.raises(CheckpointError, match=r"config\.json"):
         m.start_build(str(tmp_path / "empty"))  # no config.json: refused up front too
     (tmp_path / "empty" / "config.json").write_text("{}")
     failed = m.start_build(str(tmp_path / "empty"))
