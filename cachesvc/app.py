@@ -41,8 +41,14 @@ from inference.runtime import Engine
 
 log = logging.getLogger("cachesvc.app")
 
-#: Seconds in-flight requests get to finish after SIGTERM/SIGINT before they are cut.
-SHUTDOWN_GRACE_SECONDS = 30.0
+#: Seconds in-flight requests get to finish after SIGTERM/SIGINT; then what is left is failed
+#: with a proper answer (503 ``server_unavailable``, or an error chunk and ``[DONE]`` in a
+#: stream). ``CACHESVC_SHUTDOWN_GRACE_SECONDS`` overrides it (tests, orchestrators with a
+#: shorter kill timeout).
+SHUTDOWN_GRACE_SECONDS = float(os.environ.get("CACHESVC_SHUTDOWN_GRACE_SECONDS", "30"))
+#: Extra seconds uvicorn waits for connections after the app's drain, so the answers that end
+#: the drain (503 bodies, final stream chunks) are written before any connection is cut.
+_FLUSH_SECONDS = 10.0
 
 EngineFactory = Callable[..., Engine]
 
@@ -358,10 +364,11 @@ def serve(config: ServeConfig) -> int:
             host=config.host,
             port=config.port,
             log_level=config.log_level,
-            timeout_graceful_shutdown=int(SHUTDOWN_GRACE_SECONDS),
+            # Longer than the app's drain: uvicorn only waits for the last answers to be written.
+            timeout_graceful_shutdown=int(SHUTDOWN_GRACE_SECONDS + _FLUSH_SECONDS),
             lifespan="on",
         ),
-        on_exit=runtime.serving.begin_drain,
+        serving=runtime.serving,
     )
     # uvicorn restores the previous handlers after its graceful shutdown and re-raises the signal
     # it caught; with the defaults that kills the process (exit -15) or raises KeyboardInterrupt.
@@ -392,16 +399,57 @@ def _server_base() -> type:
 
 
 class _Server(_server_base()):  # type: ignore[misc]
-    """uvicorn's server, telling the OpenAI server to stop admitting as soon as a signal lands."""
+    """uvicorn's server, draining the OpenAI server *before* uvicorn starts its own shutdown.
 
-    def __init__(self, config: Any, *, on_exit: Callable[[], None]) -> None:
+    uvicorn closes its listening socket as soon as it begins to shut down, so a drain run in
+    the lifespan's shutdown would refuse new connections instead of answering 503, and would
+    start only after uvicorn had already cut requests at its own timeout. So on the first
+    SIGTERM/SIGINT: stop admitting (new ``/v1`` requests get 503 ``server_unavailable`` while
+    the socket stays open), wait up to the grace period, fail what is left with proper answers,
+    and only then let uvicorn shut down. A second signal skips the wait (uvicorn's behaviour).
+    """
+
+    def __init__(self, config: Any, *, serving: OpenAIServing) -> None:
         super().__init__(config)
-        self._on_exit = on_exit
+        self._serving = serving
+        self._drain: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig in (signal.SIGTERM, signal.SIGINT):
-            self._on_exit()
+        loop = self._loop
+        if (
+            sig in (signal.SIGTERM, signal.SIGINT)
+            and self._drain is None
+            and not self.should_exit
+            and loop is not None
+            and self.started
+        ):
+            self._serving.begin_drain()  # a plain flag: safe inside a signal handler
+            self._captured_signals.append(sig)  # uvicorn re-raises captured signals at the end
+            loop.call_soon_threadsafe(self._start_drain)
+            return
         super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            if not await self._serving.drain(SHUTDOWN_GRACE_SECONDS):
+                log.warning(
+                    "shutdown grace period (%.0f s) over; failing the requests still in flight with 503",
+                    SHUTDOWN_GRACE_SECONDS,
+                )
+                # Queued requests get a 503 body, running streams an error chunk and [DONE].
+                await self._serving.stop()
+                await self._serving.drain(_FLUSH_SECONDS)
+        finally:
+            self.should_exit = True
 
 
 __all__ = ["Runtime", "create_app", "load_runtime", "serve"]

@@ -263,7 +263,11 @@ class OpenAIServing:
         return True
 
     async def stop(self) -> None:
-        """Fail what is left and stop the scheduler thread (the engine itself is not closed)."""
+        """Fail what is left and stop the scheduler thread (the engine itself is not closed).
+
+        Idempotent: the shutdown path and the lifespan may both call it."""
+        if self._stopped:
+            return
         self._draining = True
         self._stopped = True
         await asyncio.to_thread(self._scheduler.stop)
