@@ -11,6 +11,7 @@ Rules (../shared/DESIGN.md "The cache"):
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -362,6 +363,12 @@ class CacheManager:
             log.error("build of %s failed after %.1fs: %s", bid, seconds, reason)
             if isinstance(exc, CacheError) or not isinstance(exc, Exception):
                 raise
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                raise InsufficientStorageError(
+                    f"building {model} ({options.name}) ran out of disk space in {self.layout.root}; "
+                    "nothing was kept. Free space (e.g. `cachesvc prune`) or use a --cache-dir on a "
+                    "larger disk"
+                ) from exc
             raise BuildError(f"building {model} ({options.name}) failed: {reason}") from exc
         seconds = time.monotonic() - started
         if manifest.size_bytes > self.max_size_bytes:

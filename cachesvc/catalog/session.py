@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,13 @@ def _sqlite_error(where: str) -> Any:
 
     def handle(context: ExceptionContext) -> None:
         message = str(context.original_exception)
+        if "disk I/O error" in message and _nearly_full(where):
+            message = "database or disk is full"  # SQLite says I/O error when WAL files cannot grow
+        if "disk I/O error" in message:
+            raise CatalogError(
+                f"the catalog {where} cannot be read or written (disk I/O error); check the disk and "
+                "its free space, then retry"
+            ) from context.original_exception
         if "database or disk is full" in message:
             raise InsufficientStorageError(
                 f"the disk holding the catalog {where} is full; free space (e.g. `cachesvc prune`) and retry"
@@ -66,6 +74,13 @@ def _sqlite_error(where: str) -> Any:
             ) from context.original_exception
 
     return handle
+
+
+def _nearly_full(database: str) -> bool:
+    try:
+        return shutil.disk_usage(Path(database).parent).free < 1024 * 1024
+    except OSError:
+        return False
 
 
 def move_sqlite_aside(url: str) -> Path | None:

@@ -18,7 +18,11 @@ from tests.support.cache import FileBuilder
 
 
 def main() -> None:
-    cache_dir, checkpoint, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    run(sys.argv[1], sys.argv[2], sys.argv[3])
+
+
+def run(cache_dir: str, checkpoint: str, mode: str) -> None:
+    """What the command line does; also the target of forked children (reliability tests)."""
     delay = float(os.environ.get("CACHESVC_TEST_DELAY", "0"))
     manager = CacheManager.open(
         Path(cache_dir), max_size_bytes=10**12, builders={"onnxruntime": FileBuilder(delay=delay)}
