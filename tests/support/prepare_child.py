@@ -41,8 +41,19 @@ def _kill_after_first_move_into(engines: Path) -> None:
     os.rename = wrap("rename")
 
 
+#: Older mode names for two named crash points (see :mod:`cachesvc.crashpoints`).
+CRASH_MODES = {"crash-publish": "publish:staged", "crash-ready": "build:published"}
+
+
 def main() -> None:
-    cache_dir, checkpoint, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    run(sys.argv[1], sys.argv[2], sys.argv[3])
+
+
+def run(cache_dir_arg: str | Path, checkpoint: str, mode: str) -> None:
+    """What the command line does; also the target of forked children (reliability tests)."""
+    cache_dir = Path(cache_dir_arg)
+    if mode in CRASH_MODES:
+        os.environ["CACHESVC_CRASH_AT"] = CRASH_MODES[mode]
     delay = float(os.environ.get("CACHESVC_TEST_DELAY", "0"))
     # CACHESVC_TEST_REAL_BUILDER=1: the real ONNX Runtime builder instead of the file writer.
     real = os.environ.get("CACHESVC_TEST_REAL_BUILDER") == "1"

@@ -53,6 +53,9 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "context_cache_partial_kv_snapshot_pool_bytes": 0,
     "catalog_url": None,
     "admin_api_key": None,
+    "allowed_hosts": None,
+    "allowed_model_roots": None,
+    "cors_allowed_origins": None,
     "backend": "auto",
     "precision": "auto",
 }
