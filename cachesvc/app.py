@@ -105,7 +105,12 @@ def load_runtime(
                 },
             )
             serving = OpenAIServing(
-                engine, tokenizer, options, observer=observer, context_cache=_context_cache(config, prepared)
+                engine,
+                tokenizer,
+                options,
+                observer=observer,
+                context_cache=_context_cache(config, prepared),
+                prefill_chunk=_prefill_chunk(),
             )
         except BaseException:
             engine.close()
@@ -114,6 +119,21 @@ def load_runtime(
         lease.release()
         raise
     return Runtime(prepared, lease, engine, serving)
+
+
+def _prefill_chunk() -> int:
+    """``CACHESVC_PREFILL_CHUNK``: prompt tokens prefilled per scheduler step (default 256).
+
+    Smaller chunks let running streams decode more often while a long prompt is prefilled;
+    larger ones prefill that prompt a little faster."""
+    raw = os.environ.get("CACHESVC_PREFILL_CHUNK", "256")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"CACHESVC_PREFILL_CHUNK must be a positive integer, got {raw!r}")
+    return value
 
 
 def _context_cache(config: ServeConfig, prepared: PrepareResult) -> PrefixStore | None:
