@@ -1,9 +1,11 @@
 """Our server against llama.cpp's ``llama-server``: same checkpoint, same prompts, one run.
 
-Each server runs in turn on a loopback port, with 8 slots and the same threads, and is driven
+All servers run at once on loopback ports (idle ones sleep), each with 8 slots and the same
+threads; the measurement rounds alternate between them (best of ``--repeats`` rounds), so a busy
+spell of a shared machine hits all of them rather than one. Each is driven
 through the OpenAI protocol (``/v1/completions``, streamed, prompts as token ids so that both
 see exactly the same tokens; EOS suppressed with ``logit_bias`` and ``ignore_eos`` so every
-request yields ``max_tokens``). Figures, each the best of ``--repeats``:
+request yields ``max_tokens``). Figures:
 
 * ``decode@N``: batch-1 decode tok/s after an N-token prompt (tokens after the first, over the
   time from the first to the last token);
@@ -128,7 +130,7 @@ def start_llama(binary: str, gguf: Path, quant: str, args: argparse.Namespace, w
     log = work / f"llama-{quant}.log"
     argv = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", "8",
             "-t", str(args.threads), "-tb", str(args.threads), "-c", str(8 * args.ctx), "--alias", MODEL,
-            "--no-webui"]
+            "--no-webui", *args.llama_args.split()]
     with log.open("wb") as fh:
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT)
     server = Server(f"llama.cpp {quant}", proc, port, log)
@@ -151,7 +153,8 @@ async def stream(client: httpx.AsyncClient, url: str, prompt: list[int], max_tok
                  cache_prompt: bool = True) -> tuple[float, float, int, float]:
     """(ttft, time of last token, tokens, start) of one streamed completion."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "logit_bias": EOS_BIAS, "ignore_eos": True, "cache_prompt": cache_prompt}
+            "logit_bias": EOS_BIAS, "ignore_eos": True, "cache_prompt": cache_prompt,
+            "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     first = last = 0.0
     tokens = 0
@@ -161,51 +164,57 @@ async def stream(client: httpx.AsyncClient, url: str, prompt: list[int], max_tok
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if not chunk.get("choices") or not chunk["choices"][0].get("text"):
+            usage = chunk.get("usage") or {}
+            if usage.get("completion_tokens"):
+                tokens = int(usage["completion_tokens"])
+            if not chunk.get("choices"):
                 continue
             now = time.perf_counter()
             if not first:
                 first = now
             last = now
-            tokens += 1  # one chunk per token on both servers (text may be empty for a partial char)
+    if not tokens:
+        raise RuntimeError("the server reported no usage; cannot count tokens")
     return first - start, last - start, tokens, start
 
 
-async def measure(server: Server, args: argparse.Namespace) -> Figures:
-    fig = Figures(server.label)
-    prompts = Prompts(args.seed)
-    best: dict[str, float] = {}
+def _keep(best: dict[str, float], name: str, value: float, higher: bool) -> None:
+    if name not in best or (value > best[name] if higher else value < best[name]):
+        best[name] = value
 
-    def keep(name: str, value: float, higher: bool) -> None:
-        if name not in best or (value > best[name] if higher else value < best[name]):
-            best[name] = value
 
-    async with httpx.AsyncClient(timeout=600) as client:
+async def one_round(server: Server, best: dict[str, float], prompts: Prompts,
+                    args: argparse.Namespace) -> None:
+    """One pass over every figure on ``server``, keeping the best values in ``best``."""
+    # No keep-alive: a server may drop an idle connection while the others are measured.
+    async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_keepalive_connections=0)) as client:
         await stream(client, server.url, prompts.make(16), 4)  # warm-up
-        for _ in range(args.repeats):
-            for n in args.contexts:
-                ttft, end, tokens, _ = await stream(client, server.url, prompts.make(n), args.decode_tokens)
-                keep(f"ttft@{n}", ttft, False)
-                keep(f"decode@{n}", (tokens - 1) / (end - ttft), True)
-            n = max(args.contexts)
-            base = prompts.make(n - 8)
-            await stream(client, server.url, base, 1)
-            ttft, *_ = await stream(client, server.url, prompts.make(n, base), 1)
-            keep("ttft_seen", ttft, False)
-            for clients in (1, 8):
-                batch = [prompts.make(args.concurrent_prompt) for _ in range(clients)]
-                t0 = time.perf_counter()
-                results = await asyncio.gather(*(stream(client, server.url, p, args.concurrent_tokens)
-                                                 for p in batch))
-                wall = max(start + end for _, end, _, start in results) - t0
-                keep(f"agg{clients}", sum(r[2] for r in results) / wall, True)
-                if clients == 8:
-                    ttfts = sorted(r[0] + r[3] - t0 for r in results)
-                    keep("ttft_p95@8", ttfts[int(np.ceil(0.95 * len(ttfts))) - 1], False)
-    fig.values = best
-    fig.values["cold/seen"] = best[f"ttft@{max(args.contexts)}"] / best["ttft_seen"]
-    fig.values["agg8/agg1"] = best["agg8"] / best["agg1"]
-    return fig
+        for n in args.contexts:
+            ttft, end, tokens, _ = await stream(client, server.url, prompts.make(n), args.decode_tokens)
+            _keep(best, f"ttft@{n}", ttft, False)
+            _keep(best, f"decode@{n}", (tokens - 1) / (end - ttft), True)
+        n = max(args.contexts)
+        base = prompts.make(n - 8)
+        await stream(client, server.url, base, 1)
+        ttft, *_ = await stream(client, server.url, prompts.make(n, base), 1)
+        _keep(best, "ttft_seen", ttft, False)
+        for clients in (1, 8):
+            batch = [prompts.make(args.concurrent_prompt) for _ in range(clients)]
+            t0 = time.perf_counter()
+            results = await asyncio.gather(*(stream(client, server.url, p, args.concurrent_tokens)
+                                             for p in batch))
+            wall = max(start + end for _, end, _, start in results) - t0
+            _keep(best, f"agg{clients}", sum(r[2] for r in results) / wall, True)
+            if clients == 8:
+                ttfts = sorted(r[0] + r[3] - t0 for r in results)
+                _keep(best, "ttft_p95@8", ttfts[int(np.ceil(0.95 * len(ttfts))) - 1], False)
+
+
+def finish(label: str, best: dict[str, float], args: argparse.Namespace) -> Figures:
+    values = dict(best)
+    values["cold/seen"] = best[f"ttft@{max(args.contexts)}"] / best["ttft_seen"]
+    values["agg8/agg1"] = best["agg8"] / best["agg1"]
+    return Figures(label, values)
 
 
 def table(figs: list[Figures], args: argparse.Namespace) -> str:
@@ -255,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--precision", default="fp32", help="comma-separated precisions of ours")
     p.add_argument("--gguf", default="", help="comma-separated LABEL=path.gguf for llama-server")
     p.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"), help="path of llama-server")
+    p.add_argument("--llama-args", default="", help="extra llama-server arguments, e.g. '--poll 0'")
     p.add_argument("--pairs", default="fp32=F32,int8=Q8_0", help="ours=theirs precision pairs for ratios")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--contexts", default="400,1500")
@@ -271,7 +281,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.contexts = [int(x) for x in args.contexts.split(",")]
     work = args.work or Path(tempfile.mkdtemp(prefix="peers-"))
     work.mkdir(parents=True, exist_ok=True)
-    figs: list[Figures] = []
     runs: list[tuple[str, str]] = []
     if args.checkpoint:
         runs += [("ours", prec) for prec in args.precision.split(",") if prec]
@@ -279,18 +288,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.llama_server:
             p.error("--gguf needs --llama-server (or LLAMA_SERVER)")
         runs += [("llama", item) for item in args.gguf.split(",") if item]
-    for kind, what in runs:
-        if kind == "ours":
-            server = start_ours(args.checkpoint, what, args, work)
-        else:
-            quant, _, path = what.partition("=")
-            server = start_llama(args.llama_server, Path(path), quant, args, work)
-        try:
-            print(f"measuring {server.label} ...", file=sys.stderr, flush=True)
-            figs.append(asyncio.run(measure(server, args)))
-        finally:
+    # All servers run at once (idle ones sleep) and the rounds alternate between them, so a
+    # busy spell of the machine hits every server instead of one.
+    servers: list[Server] = []
+    try:
+        for kind, what in runs:
+            if kind == "ours":
+                servers.append(start_ours(args.checkpoint, what, args, work))
+            else:
+                quant, _, path = what.partition("=")
+                servers.append(start_llama(args.llama_server, Path(path), quant, args, work))
+        bests: list[dict[str, float]] = [{} for _ in servers]
+        for r in range(args.repeats):
+            for server, best in zip(servers, bests, strict=True):
+                print(f"round {r + 1}: {server.label} ...", file=sys.stderr, flush=True)
+                asyncio.run(one_round(server, best, Prompts(args.seed + 1000 * r), args))
+                print(json.dumps({server.label: best}), file=sys.stderr, flush=True)
+        figs = [finish(server.label, best, args) for server, best in zip(servers, bests, strict=True)]
+    finally:
+        for server in servers:
             server.stop()
-        print(json.dumps({server.label: figs[-1].values}), file=sys.stderr, flush=True)
     print(f"threads {args.threads}, best of {args.repeats}, decode {args.decode_tokens} tokens, "
           f"8 clients x {args.concurrent_tokens} tokens after {args.concurrent_prompt}-token prompts\n")
     print(table(figs, args))

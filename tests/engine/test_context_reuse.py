@@ -204,3 +204,23 @@ def test_pool_bytes_bound_a_200_request_run(bundle: Callable[[str], Path]) -> No
     sample = list(range(0, 200, 23))
     assert cold.one_by_one([prompts[i] for i in sample], 2) == [outs[i] for i in sample]
     cold.stop()
+
+
+def test_store_evicts_least_recently_used_by_records_and_by_bytes() -> None:
+    kv = np.zeros((4, 2, 64, 16), np.float32)
+    tokens = _rand(64 * 6, 14)
+    store = PrefixStore("test", max_records=3)
+    keys = store.block_keys(tokens)
+    assert len(keys) == 6 and len(set(keys)) == 6
+    for i in range(3):
+        assert store.insert(keys[i], tokens[i * 64:(i + 1) * 64], kv)
+    assert store.touch(keys[0])
+    store.insert(keys[3], tokens[192:256], kv)
+    assert [k in store for k in keys[:4]] == [True, False, True, True]
+    small = PrefixStore("test", max_records=100, max_bytes=int(2.5 * kv.nbytes))
+    for i in range(4):
+        small.insert(keys[i], tokens[i * 64:(i + 1) * 64], kv)
+    assert small.stats().records == 2 and small.stats().bytes == 2 * kv.nbytes
+    assert small.stats().evictions == 2
+    assert not PrefixStore("test", max_records=0).insert(keys[0], tokens[:64], kv)
+    assert not PrefixStore("test", max_records=9, max_bytes=kv.nbytes - 1).insert(keys[0], tokens[:64], kv)
