@@ -109,6 +109,11 @@ def _wait_ready(server: Server, paths: Sequence[str], timeout: float) -> None:
     raise RuntimeError(f"{server.label} not ready after {timeout:.0f} s; see {server.log}")
 
 
+def _pin(args: argparse.Namespace) -> list[str]:
+    """``taskset -c CPUS`` when ``--cpus`` is given (our engine takes its threads from it)."""
+    return ["taskset", "-c", args.cpus] if args.cpus else []
+
+
 def start_ours(checkpoint: Path, precision: str, args: argparse.Namespace, work: Path) -> Server:
     port = _free_port()
     log = work / f"ours-{precision}.log"
@@ -119,7 +124,7 @@ def start_ours(checkpoint: Path, precision: str, args: argparse.Namespace, work:
             "--max-kv-cache-capacity", str(args.ctx), "--enable-context-reuse", "--log-level", "warning"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     with log.open("wb") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        proc = subprocess.Popen([*_pin(args), *argv], stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     server = Server(f"ours {precision}", proc, port, log)
     _wait_ready(server, ["/health/ready"], args.start_timeout)
     return server
@@ -132,7 +137,7 @@ def start_llama(binary: str, gguf: Path, quant: str, args: argparse.Namespace, w
             "-t", str(args.threads), "-tb", str(args.threads), "-c", str(8 * args.ctx), "--alias", MODEL,
             "--no-webui", *args.llama_args.split()]
     with log.open("wb") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([*_pin(args), *argv], stdout=fh, stderr=subprocess.STDOUT)
     server = Server(f"llama.cpp {quant}", proc, port, log)
     _wait_ready(server, ["/health"], args.start_timeout)
     return server
@@ -258,6 +263,14 @@ def ratios(figs: list[Figures], pairs: Sequence[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def _cpu_list(spec: str) -> list[int]:
+    cpus: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        cpus += list(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, help="our side: a safetensors checkpoint directory")
@@ -266,7 +279,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"), help="path of llama-server")
     p.add_argument("--llama-args", default="", help="extra llama-server arguments, e.g. '--poll 0'")
     p.add_argument("--pairs", default="fp32=F32,int8=Q8_0", help="ours=theirs precision pairs for ratios")
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--threads", type=int, default=None,
+                   help="llama-server threads (default: the CPUs of --cpus, else all of this process)")
+    p.add_argument("--cpus", default="", help="pin every server to these CPUs (taskset -c), e.g. 0")
     p.add_argument("--contexts", default="400,1500")
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--concurrent-prompt", type=int, default=64)
@@ -279,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=None, help="cache and logs (default: a temp dir)")
     args = p.parse_args(argv)
     args.contexts = [int(x) for x in args.contexts.split(",")]
+    if args.threads is None:
+        args.threads = len(_cpu_list(args.cpus)) if args.cpus else len(os.sched_getaffinity(0))
     work = args.work or Path(tempfile.mkdtemp(prefix="peers-"))
     work.mkdir(parents=True, exist_ok=True)
     runs: list[tuple[str, str]] = []
@@ -308,7 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for server in servers:
             server.stop()
-    print(f"threads {args.threads}, best of {args.repeats}, decode {args.decode_tokens} tokens, "
+    pinned = f", pinned to CPUs {args.cpus}" if args.cpus else ""
+    print(f"threads {args.threads}{pinned}, best of {args.repeats}, decode {args.decode_tokens} tokens, "
           f"8 clients x {args.concurrent_tokens} tokens after {args.concurrent_prompt}-token prompts\n")
     print(table(figs, args))
     pairs = [(f"ours {a}", f"llama.cpp {b}") for a, _, b in (x.partition("=") for x in args.pairs.split(","))]
