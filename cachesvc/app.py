@@ -37,6 +37,7 @@ from cachesvc.http.admin import admin_router
 from cachesvc.http.metrics import MetricsState, metrics_route
 from cachesvc.manager import BundleLease, CacheManager
 from cachesvc.records import PrepareResult
+from inference.context_cache import PrefixStore
 from inference.openai import OpenAIServing, ServingOptions, load_tokenizer, openai_router
 from inference.runtime import Engine
 
@@ -122,7 +123,14 @@ def load_runtime(
                     "precision": info.precision,
                 },
             )
-            serving = OpenAIServing(engine, tokenizer, options, observer=observer)
+            serving = OpenAIServing(
+                engine,
+                tokenizer,
+                options,
+                observer=observer,
+                context_cache=_context_cache(config, prepared),
+                prefill_chunk=_prefill_chunk(),
+            )
         except BaseException:
             engine.close()
             raise
@@ -130,6 +138,33 @@ def load_runtime(
         lease.release()
         raise
     return Runtime(prepared, lease, engine, serving)
+
+
+def _prefill_chunk() -> int:
+    """``CACHESVC_PREFILL_CHUNK``: prompt tokens prefilled per scheduler step (default 256).
+
+    Smaller chunks let running streams decode more often while a long prompt is prefilled;
+    larger ones prefill that prompt a little faster."""
+    raw = os.environ.get("CACHESVC_PREFILL_CHUNK", "256")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"CACHESVC_PREFILL_CHUNK must be a positive integer, got {raw!r}")
+    return value
+
+
+def _context_cache(config: ServeConfig, prepared: PrepareResult) -> PrefixStore | None:
+    """The prefix store of ``--enable-context-reuse``, namespaced by the bundle (so records never
+    serve another model or build); None when reuse is off."""
+    if not config.enable_context_reuse:
+        return None
+    return PrefixStore(
+        f"bundle:{prepared.bundle_id}",
+        max_records=config.context_cache_max_records,
+        max_bytes=config.context_cache_partial_kv_snapshot_pool_bytes,
+    )
 
 
 def engine_factory_from_env() -> EngineFactory | None:
@@ -327,7 +362,10 @@ def serve(config: ServeConfig) -> int:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     log.info("cachesvc %s: %s", __version__, config)
     for flag, given in (
-        ("--enable-context-reuse", config.enable_context_reuse),
+        (
+            "--context-cache-recurrent-snapshot-pool-bytes (these models keep no recurrent state)",
+            config.context_cache_recurrent_snapshot_pool_bytes != 0,
+        ),
         ("--draft-top-k", config.draft_top_k is not None),
         ("--draft-step", config.draft_step is not None),
         ("--verify-tree-size", config.verify_tree_size is not None),

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from inference.context_cache import PrefixStore
 from inference.generation import GenerationState, StepOutput, TokenLogprob
 from inference.openai.errors import (
     ContextLengthExceededError,
@@ -160,6 +161,7 @@ class _Plan:
     want_logprobs: bool
     stream: bool
     include_usage: bool
+    cache_prompt: bool = True
 
 
 class _Run:
@@ -201,8 +203,13 @@ class OpenAIServing:
         options: ServingOptions,
         *,
         observer: ServingObserver | None = None,
+        context_cache: PrefixStore | None = None,
+        prefill_chunk: int = 256,
     ) -> None:
-        """Build the scheduler; raise ValueError for an unknown or unsupported parser name."""
+        """Build the scheduler; raise ValueError for an unknown or unsupported parser name.
+
+        ``context_cache`` enables context reuse (engines with the KV operations only).
+        """
         self.engine = engine
         self.tokenizer = tokenizer
         self.options = options
@@ -222,6 +229,8 @@ class OpenAIServing:
             max_queued_requests=options.max_queued_requests,
             queue_timeout=options.queue_timeout,
             observer=observer,
+            context_cache=context_cache,
+            prefill_chunk=prefill_chunk,
         )
         self._created = int(time.time())
         self._started = False
@@ -291,10 +300,11 @@ class OpenAIServing:
             "auto_tool_choice": self.options.enable_auto_tool_choice,
             "max_model_len": self.options.max_model_len,
             "max_batch_size": self._scheduler.max_batch_size,
+            "context_reuse": self._scheduler.context_reuse,
         }
         caps.update(self.options.capabilities)
         extra = {"reason": self._unavailable} if self._unavailable is not None else {}
-        return {
+        health: dict[str, Any] = {
             **extra,
             "status": status,
             "model": self.options.served_model_name,
@@ -302,6 +312,10 @@ class OpenAIServing:
             "queued_requests": self._scheduler.queued,
             "capabilities": caps,
         }
+        cache = self._scheduler.context_cache_stats()
+        if cache is not None:
+            health["context_cache"] = cache.as_dict()
+        return health
 
     def check_admitting(self) -> None:
         """Raise 503 unless requests are admitted now."""
@@ -438,6 +452,7 @@ class OpenAIServing:
             want_logprobs=top_logprobs is not None,
             stream=req.stream,
             include_usage=include_usage,
+            cache_prompt=req.cache_prompt,
         )
 
     def _submit(self, plan: _Plan) -> _Run:
@@ -453,7 +468,7 @@ class OpenAIServing:
         )
         sink = AsyncOutputStream(asyncio.get_running_loop())
         sampler = Sampler(plan.params, self._vocab_size)
-        greq = GenerationRequest(plan.prompt_ids, sampler, state, sink)
+        greq = GenerationRequest(plan.prompt_ids, sampler, state, sink, cache_prompt=plan.cache_prompt)
         try:
             self._scheduler.submit(greq)
         except Exception as exc:
