@@ -91,7 +91,7 @@ def unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
     transformers keeps them as halves (``rotate_half``). Rows are the output features.
     """
     head_rows = rows.shape[0] // n_head
-    out = rows.reshape(n_head, 2, head_rows // 2, *rows.shape[1:]).swapaxes(1, 2)
+    out = rows.reshape(n_head, head_rows // 2, 2, *rows.shape[1:]).swapaxes(1, 2)
     return np.ascontiguousarray(out.reshape(rows.shape))
 
 
