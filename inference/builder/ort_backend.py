@@ -14,6 +14,7 @@ import onnxruntime as ort
 
 from inference.builder.errors import BuildInputError
 from inference.builder.graph import GraphIO, Progress, build_decoder_graph
+from inference.builder.int4 import quantize_int4
 from inference.builder.model_config import ModelConfig, load_model_config
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.builder.spec import EngineBuildSpec
@@ -135,14 +136,18 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     ckpt = SafetensorsCheckpoint(checkpoint_dir)
     fused = fused_ops_supported()
     model_path = out_dir / PORTABLE_MODEL
-    if spec.precision == "int8":
+    if spec.precision in ("int8", "int4"):
         # The fp32 graph is only an intermediate here; keep it out of the bundle's files.
         with tempfile.TemporaryDirectory(dir=out_dir, prefix=".fp32-") as tmp:
             fp32_path = Path(tmp) / PORTABLE_MODEL
             io = build_decoder_graph(cfg, ckpt, fp32_path, max_positions=spec.max_kv_cache_capacity,
-                                     fused_ops=fused, untie_lm_head=True, progress=report)
+                                     fused_ops=fused, untie_lm_head=spec.precision == "int8",
+                                     progress=report)
             report("quantize", 0.0)
-            _quantize_int8(fp32_path, model_path)
+            if spec.precision == "int8":
+                _quantize_int8(fp32_path, model_path)
+            else:
+                quantize_int4(fp32_path, model_path, checkpoint_dir)
     else:
         io = build_decoder_graph(cfg, ckpt, model_path, max_positions=spec.max_kv_cache_capacity,
                                  fused_ops=fused, progress=report)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from inference.builder.errors import BuildInputError
 
-SUPPORTED_PRECISIONS = ("fp32", "int8")
+SUPPORTED_PRECISIONS = ("fp32", "int8", "int4")
 
 
 @dataclass(frozen=True)
