@@ -137,9 +137,12 @@ def resolve_backend(requested: str, builders: Mapping[str, Builder]) -> str:
 
 
 def resolve_precision(requested: str, backend: str) -> str:
-    """``auto`` -> fp32 on the CPU, fp16 on TensorRT; reject fp16 on the CPU backend."""
+    """``auto`` -> fp32 on the CPU, fp16 on TensorRT; reject fp16 on the CPU and int4 on TensorRT."""
     if requested == "auto":
         return "fp16" if backend == "tensorrt" else "fp32"
     if requested == "fp16" and backend == "onnxruntime":
         raise ConfigError("--precision", "fp16 needs the tensorrt backend; use fp32 or int8 on the CPU")
+    if requested == "int4" and backend == "tensorrt":
+        # MatMulNBits is an onnxruntime (com.microsoft) CPU op.
+        raise ConfigError("--precision", "int4 is built for the onnxruntime (CPU) backend only")
     return requested

@@ -55,7 +55,7 @@ REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1", "nemotron")
 TOOL_CALL_PARSERS = ("auto", "generic", "hermes", "qwen3_xml", "nemotron", "openai")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 BACKEND_CHOICES = ("auto", "onnxruntime", "tensorrt")
-PRECISION_CHOICES = ("auto", "fp32", "fp16", "int8")
+PRECISION_CHOICES = ("auto", "fp32", "fp16", "int8", "int4")
 
 #: Speculative methods that need a separate draft checkpoint (``model`` in the JSON).
 METHODS_NEEDING_DRAFT_MODEL = tuple(m for m in SPECULATIVE_METHODS if m != "mtp")

@@ -22,7 +22,7 @@ from cachesvc.errors import ConfigError
 LAYOUT_VERSION = 1
 
 BACKENDS = ("onnxruntime", "tensorrt")
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
 SPECULATIVE_METHODS = ("eagle3", "mtp", "dflash", "jetspec", "dspark")
 
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")

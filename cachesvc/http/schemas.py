@@ -189,7 +189,7 @@ class BuildRequest(Struct, frozen=True, forbid_unknown_fields=True):
 
     model: Model
     backend: Literal["auto", "onnxruntime", "tensorrt"] = "auto"
-    precision: Literal["auto", "fp32", "fp16", "int8"] = "auto"
+    precision: Literal["auto", "fp32", "fp16", "int8", "int4"] = "auto"
     max_input_len: PositiveDim = 4096
     max_batch_size: Annotated[int, Meta(ge=1, le=4096)] = 1
     max_kv_cache_capacity: PositiveDim = 8192
