@@ -192,7 +192,9 @@ def converted_dir(checkpoints_dir: Path, digest: str) -> Path:
     return Path(checkpoints_dir) / GGUF_SUBDIR / f"{digest[:16]}-{CONVERTER_VERSION}"
 
 
-def convert_once(gguf_path: Path, checkpoints_dir: Path, *, lock_timeout: float = CONVERT_LOCK_TIMEOUT) -> Path:
+def convert_once(
+    gguf_path: Path, checkpoints_dir: Path, *, lock_timeout: float = CONVERT_LOCK_TIMEOUT
+) -> Path:
     """The converted checkpoint directory of ``gguf_path``: found, or converted and published.
 
     Raises ``CheckpointError`` when the file cannot be converted; nothing is left behind then.

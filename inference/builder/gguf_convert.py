@@ -119,9 +119,10 @@ def open_gguf(path: Path) -> Any:
         ) from exc
     size = path.stat().st_size
     for t in reader.tensors:
-        if int(t.data_offset) + int(t.n_bytes) > size:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size:
             raise BuildInputError(
-                f"{path.name} is truncated: tensor {t.name!r} ends at byte {int(t.data_offset) + int(t.n_bytes)} "
+                f"{path.name} is truncated: tensor {t.name!r} ends at byte {end} "
                 f"but the file has {size} bytes; download it again"
             )
     return reader
@@ -268,8 +269,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
     write_tokenizer_files(reader, out_dir)
 
     q4 = [t for t in plan if t.type_name in Q4_TYPES and t.name.endswith(".weight") and len(t.shape) == 2]
-    with SafetensorsWriter(out_dir / WEIGHTS_FILE, [PlannedTensor(t.name, t.out_dtype, t.shape) for t in plan],
-                           metadata={"format": "pt", "converted_from": "gguf", "converter": CONVERTER_VERSION}) as w:
+    weights_plan = [PlannedTensor(t.name, t.out_dtype, t.shape) for t in plan]
+    meta = {"format": "pt", "converted_from": "gguf", "converter": CONVERTER_VERSION}
+    with SafetensorsWriter(out_dir / WEIGHTS_FILE, weights_plan, metadata=meta) as w:
         for i, t in enumerate(plan):
             w.write(t.name, _values(t))
             report("convert", (i + 1) / len(plan))

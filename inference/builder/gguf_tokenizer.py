@@ -139,7 +139,9 @@ def _sentencepiece(tokens: Sequence[str], merges: Sequence[str] | None, scores: 
     return tok
 
 
-def _add_special_tokens(tok: Tokenizer, tokens: Sequence[str], types: Sequence[int], byte_level: bool) -> None:
+def _add_special_tokens(
+    tok: Tokenizer, tokens: Sequence[str], types: Sequence[int], byte_level: bool
+) -> None:
     # Control tokens (<|im_end|>, <s>) must match whole, and as specials they are skipped when
     # decoding. In a byte-level vocabulary a "control" token spelled outside the byte alphabet
     # is a llama.cpp mislabel; adding it would grow the vocabulary past the model's.
@@ -180,8 +182,9 @@ def build_tokenizer(reader: Any) -> tuple[Tokenizer, dict[str, Any]]:
         # templates of these models write their own start tokens.
         add_bos = add_eos = False
     elif kind == "llama":
-        tok = _sentencepiece(tokens, merges, _field(reader, "tokenizer.ggml.scores"), token("unknown_token_id"),
-                             bool(_field(reader, "tokenizer.ggml.add_space_prefix", True)))
+        scores = _field(reader, "tokenizer.ggml.scores")
+        prefix = bool(_field(reader, "tokenizer.ggml.add_space_prefix", True))
+        tok = _sentencepiece(tokens, merges, scores, token("unknown_token_id"), prefix)
     else:
         raise BuildInputError(
             f"unsupported GGUF tokenizer model {kind!r}; supported: 'gpt2' (byte-level BPE), "

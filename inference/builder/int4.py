@@ -171,7 +171,8 @@ def quantize_int4(fp32_model: Path, out_model: Path, checkpoint_dir: Path) -> di
             # w = d*q + m: the m part is (sum of x over each block) @ m^T.
             if x not in block_sums:
                 shape = f"{base}.block_shape"
-                new_inits.append(numpy_helper.from_array(np.array([0, 0, k // BLOCK, BLOCK], np.int64), shape))
+                dims = np.array([0, 0, k // BLOCK, BLOCK], np.int64)
+                new_inits.append(numpy_helper.from_array(dims, shape))
                 axes = f"{base}.block_axes"
                 new_inits.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
                 blocked = f"{base}.x_blocks"
@@ -182,7 +183,9 @@ def quantize_int4(fp32_model: Path, out_model: Path, checkpoint_dir: Path) -> di
             mins = f"{base}.q4_block_min"
             new_inits.append(numpy_helper.from_array(np.ascontiguousarray(q.block_min.T), mins))
             min_term = f"{base}.q4_min_term"
-            new_nodes.append(helper.make_node("MatMul", [block_sums[x], mins], [min_term], name=f"{base}.min_mm"))
+            new_nodes.append(
+                helper.make_node("MatMul", [block_sums[x], mins], [min_term], name=f"{base}.min_mm")
+            )
             new_nodes.append(helper.make_node("Add", [nbits_out, min_term], [y], name=f"{base}.min_add"))
     kept = [t for t in graph.initializer if t.name not in replaced]
     del graph.node[:]

@@ -165,5 +165,7 @@ class SafetensorsCheckpoint:
             raise BuildInputError(f"tensor {name!r} is {entry.dtype}, not raw bytes (U8)")
         count = int(np.prod(entry.shape, dtype=np.int64))
         if entry.end - entry.start != count:
-            raise BuildInputError(f"tensor {name!r} in {entry.file.name} has the wrong byte count; the file is corrupt")
+            raise BuildInputError(
+                f"tensor {name!r} in {entry.file.name} has the wrong byte count; the file is corrupt"
+            )
         return np.memmap(entry.file, dtype=np.uint8, mode="r", offset=entry.start, shape=entry.shape)

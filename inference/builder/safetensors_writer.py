@@ -48,13 +48,14 @@ class SafetensorsWriter:
             header["__metadata__"] = dict(metadata)
         offset = 0
         for t in plan:
-            header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+            span = [offset, offset + t.nbytes]
+            header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": span}
             offset += t.nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * ((-len(raw)) % 8)  # the payload starts 8-byte aligned
         self._plan = list(plan)
         self._next = 0
-        self._fh: BinaryIO = Path(path).open("wb")
+        self._fh: BinaryIO = Path(path).open("wb")  # noqa: SIM115 (closed by close())
         self._fh.write(struct.pack("<Q", len(raw)))
         self._fh.write(raw)
 
