@@ -175,8 +175,12 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_raw_gguf(path: Path, arch: str, tensors: dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType | None]],
-                   *, metadata: dict[str, Any] | None = None) -> Path:
+RawTensors = dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType | None]]
+
+
+def write_raw_gguf(
+    path: Path, arch: str, tensors: RawTensors, *, metadata: dict[str, Any] | None = None
+) -> Path:
     """A GGUF with chosen architecture, tensors (raw bytes + type) and extra metadata."""
     writer = gguf.GGUFWriter(path, arch)
     for key, value in (metadata or {}).items():

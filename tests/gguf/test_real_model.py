@@ -19,7 +19,7 @@ from inference.tokenizer import load_tokenizer
 TEXTS = [
     "Hello world",
     "  leading spaces, trailing tabs\t\t\n\nand blank lines\r\n",
-    "Ünïcödé: 你好，世界！ こんにちは Привет 🤗🚀 café naïve",
+    "Ünïcödé: 你好，世界！ こんにちは Привет 🤗🚀 café naïve",  # noqa: RUF001 (full-width punctuation on purpose)
     "def fib(n: int) -> int:\n    return n if n < 2 else fib(n - 1) + fib(n - 2)  # O(2^n)\n",
     '{"key": [1, 2.5e-3, null], "emoji": "\\ud83d"}',
     "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
@@ -42,7 +42,8 @@ def test_config_matches_transformers(smollm2_gguf: Path, smollm2_dir: Path) -> N
                 "bos_token_id", "eos_token_id"):
         assert ours[key] == getattr(theirs, key), key
     assert ours["rms_norm_eps"] == pytest.approx(theirs.rms_norm_eps)
-    theta = (getattr(theirs, "rope_parameters", None) or {}).get("rope_theta", getattr(theirs, "rope_theta", None))
+    params = getattr(theirs, "rope_parameters", None) or {}
+    theta = params.get("rope_theta", getattr(theirs, "rope_theta", None))
     assert ours["rope_theta"] == pytest.approx(theta) == 100000.0
     assert (ours["num_hidden_layers"], ours["hidden_size"], ours["num_attention_heads"]) == (30, 576, 9)
 
@@ -56,7 +57,9 @@ def test_tokenizer_ids_match_transformers(smollm2_dir: Path, hf_smollm2: tuple[A
         assert ours.decode(expected) == theirs.decode(expected, skip_special_tokens=True), text
 
 
-def test_chat_template_and_specials_come_from_the_gguf(smollm2_dir: Path, hf_smollm2: tuple[Any, Any]) -> None:
+def test_chat_template_and_specials_come_from_the_gguf(
+    smollm2_dir: Path, hf_smollm2: tuple[Any, Any]
+) -> None:
     ours = load_tokenizer(smollm2_dir)
     theirs, _ = hf_smollm2
     prompt = ours.apply_chat_template(QUESTION, add_generation_prompt=True)
