@@ -88,8 +88,8 @@ def test_truncated_safetensors_names_the_file(keep: float, hf_checkpoint: Callab
 def test_spec_rejects_fp16_and_bad_limits() -> None:
     with pytest.raises(BuildInputError, match="fp16' is for the tensorrt backend"):
         EngineBuildSpec(precision="fp16")
-    with pytest.raises(BuildInputError, match="unknown precision 'int4'"):
-        EngineBuildSpec(precision="int4")
+    with pytest.raises(BuildInputError, match="unknown precision 'int2'"):
+        EngineBuildSpec(precision="int2")
     with pytest.raises(BuildInputError, match="max_batch_size must be a positive integer"):
         EngineBuildSpec(max_batch_size=0)
     with pytest.raises(BuildInputError, match="cannot exceed max_kv_cache_capacity"):
