@@ -24,6 +24,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from inference.builder.errors import BuildInputError
+from inference.tokenizer import _byte_decoder
 
 CONTROL = 3
 USER_DEFINED = 4
@@ -57,17 +58,7 @@ PRE_TOKENIZER_SPLITS = {
 @lru_cache(maxsize=1)
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table used by byte-level BPE vocabularies."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1)
-    )
-    chars = list(printable)
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return dict(zip(printable, (chr(c) for c in chars), strict=True))
+    return {b: c for c, b in _byte_decoder().items()}
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:

@@ -17,13 +17,10 @@ from typing import BinaryIO
 
 import numpy as np
 
-#: safetensors dtype code -> numpy dtype of the payload.
-DTYPES: dict[str, np.dtype] = {
-    "F32": np.dtype("<f4"),
-    "F16": np.dtype("<f2"),
-    "BF16": np.dtype("<u2"),  # raw bf16 bit patterns
-    "U8": np.dtype("u1"),
-}
+from inference.builder.safetensors_reader import _DTYPES as _READER_DTYPES
+
+#: safetensors dtype code -> numpy dtype of the payload (bf16 as raw 16-bit patterns).
+DTYPES: dict[str, np.dtype] = {**_READER_DTYPES, "U8": np.dtype("u1")}
 
 
 @dataclass(frozen=True)
