@@ -37,7 +37,10 @@ Model = Annotated[
     Meta(
         min_length=1,
         max_length=1024,
-        description="Hugging Face model id (org/name[@revision]) or a local checkpoint directory",
+        description=(
+            "Hugging Face model id (org/name[@revision]), a local checkpoint directory, a .gguf file, "
+            "or a hub GGUF file as org/name/FILE.gguf"
+        ),
     ),
 ]
 

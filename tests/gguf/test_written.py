@@ -298,3 +298,32 @@ def test_bad_files_give_one_clear_error_and_leave_nothing(
     assert cli_main(["prepare", str(path), "--cache-dir", str(cache)]) == 2
     assert "rwkv7" in capsys.readouterr().err
     assert _cache_leftovers(cache / "checkpoints") == []
+
+
+def test_concurrent_resolves_convert_once(small_gguf: SmallGguf, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two resolves at once: one converts under the lock, the other waits and finds the result."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    path, _ = small_gguf("qwen2", "Q4_1")
+    calls: list[int] = []
+    real = gguf_convert.convert_gguf
+    started = threading.Event()
+
+    def slow_convert(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        started.set()
+        threading.Event().wait(0.5)  # hold the lock long enough for the other resolve to queue up
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gguf_convert, "convert_gguf", slow_convert)
+    checkpoints = tmp_path / "checkpoints"
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(resolve_checkpoint, str(path), checkpoints)
+        started.wait(10)
+        second = pool.submit(resolve_checkpoint, str(path), checkpoints)
+        results = [first.result(), second.result()]
+    assert len(calls) == 1
+    assert results[0].path == results[1].path
+    assert _cache_leftovers(checkpoints) == [results[0].path.name]
