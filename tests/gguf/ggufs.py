@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 CORPUS = Path(__file__).resolve().parents[2] / "inference" / "data" / "corpus.txt"
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
-TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1")
 VOCAB = 384
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
