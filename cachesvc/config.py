@@ -721,7 +721,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, *, include_http: bool =
         nargs="?",
         default=None,
         type=_arg_type("model", str, "a model id or directory"),
-        help="Hugging Face model id or local checkpoint directory (default: the demo checkpoint)",
+        help="Hugging Face model id, checkpoint directory or .gguf file (default: SmolLM2 if installed)",
     )
     add_build_arguments(parser)
 

