@@ -24,6 +24,7 @@ from typing import BinaryIO
 
 from cachesvc.errors import CheckpointError, HubUnreachableError
 from cachesvc.gguf_checkpoints import convert_once, download_gguf, local_gguf, split_hub_gguf
+from cachesvc.hub_errors import at_revision, hub_refused, is_connection_error, is_server_error, unreachable
 
 #: Bumped whenever the digest recipe changes, so old and new digests can never be equal.
 DIGEST_VERSION = 1
@@ -439,19 +440,19 @@ def _download(model: str, cache_dir: Path, *, offline: bool | None, revision: st
             )
         except IncompleteSnapshotError as exc:
             raise CheckpointError(
-                f"the cached snapshot of {model}{_at(revision)} in {cache_dir} is incomplete and the hub "
-                f"cannot be used to complete it ({exc}); download it again with network access"
+                f"the cached snapshot of {model}{at_revision(revision)} in {cache_dir} is incomplete and "
+                f"the hub cannot be used to complete it ({exc}); download it again with network access"
             ) from exc
         except LocalEntryNotFoundError as exc:
             if cause is None or isinstance(cause, OfflineModeIsEnabled):
                 # errors.py: HubUnreachableError covers "offline mode forbids it" too; it is a
                 # CheckpointError, so callers that only know the base class still catch it.
                 raise HubUnreachableError(
-                    f"{model}{_at(revision)} is not in the local cache ({cache_dir}) and offline mode is on; "
-                    "set HF_HUB_OFFLINE=0 to download it, pre-download it into that cache, or pass a local "
-                    "checkpoint directory"
+                    f"{model}{at_revision(revision)} is not in the local cache ({cache_dir}) and offline "
+                    "mode is on; set HF_HUB_OFFLINE=0 to download it, pre-download it into that cache, "
+                    "or pass a local checkpoint directory"
                 ) from exc
-            raise _unreachable(model, cause) from cause
+            raise unreachable(model, cause) from cause
 
     if offline:
         path = from_cache(None)
@@ -462,11 +463,11 @@ def _download(model: str, cache_dir: Path, *, offline: bool | None, revision: st
             info = huggingface_hub.HfApi().model_info(model, revision=revision)
             repo_files = [sibling.rfilename for sibling in info.siblings or []]
         except Exception as exc:
-            if isinstance(exc, OfflineModeIsEnabled) or _is_connection_error(exc) or _is_server_error(exc):
+            if isinstance(exc, OfflineModeIsEnabled) or is_connection_error(exc) or is_server_error(exc):
                 # Same as snapshot_download does on its own: a cached snapshot still serves.
                 path = from_cache(exc)
             else:
-                raise _hub_refused(model, revision, exc) from exc
+                raise hub_refused(model, revision, exc) from exc
         else:
             allow = select_hub_files(repo_files)
             try:
@@ -476,9 +477,9 @@ def _download(model: str, cache_dir: Path, *, offline: bool | None, revision: st
                     )
                 )
             except Exception as exc:
-                if _is_connection_error(exc) or _is_connection_error(exc.__cause__):
-                    raise _unreachable(model, exc.__cause__ or exc) from exc
-                raise _hub_refused(model, revision, exc) from exc
+                if is_connection_error(exc) or is_connection_error(exc.__cause__):
+                    raise unreachable(model, exc.__cause__ or exc) from exc
+                raise hub_refused(model, revision, exc) from exc
     # snapshots/<commit hash>/ : the folder name is the resolved revision.
     return path.resolve(), path.name
 
@@ -501,69 +502,3 @@ def _cached_selection(model: str, cache_dir: Path, revision: str | None) -> list
         # completeness either, so the generic patterns are as good as any.
         return list(HUB_ALLOW_PATTERNS)
     return select_hub_files(listing) or list(HUB_ALLOW_PATTERNS)
-
-
-def _at(revision: str | None) -> str:
-    return "" if revision is None else f" (revision {revision!r})"
-
-
-def _unreachable(model: str, cause: BaseException) -> HubUnreachableError:
-    return HubUnreachableError(
-        f"cannot reach the Hugging Face hub to fetch {model} ({type(cause).__name__}: {cause}) and it is "
-        "not in the local cache; check the network (HF_ENDPOINT, proxy), pass a local checkpoint directory, "
-        "or pre-populate the cache"
-    )
-
-
-def _hub_refused(model: str, revision: str | None, exc: Exception) -> CheckpointError:
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if isinstance(exc, GatedRepoError):
-        what = "is gated; accept its terms on the hub and log in (HF_TOKEN or `hf auth login`)"
-    elif isinstance(exc, RevisionNotFoundError):
-        what = f"has no revision {revision!r}; pass an existing branch, tag or commit"
-    elif isinstance(exc, RepositoryNotFoundError):
-        what = "was not found on the hub (or is private); check the id, or log in if it is private"
-    elif isinstance(exc, HfHubHTTPError):
-        what = "could not be fetched from the hub"
-    else:
-        what = "could not be downloaded"
-    return CheckpointError(f"{model}{_at(revision)} {what} (hub said: {reason})")
-
-
-def _is_server_error(exc: BaseException) -> bool:
-    """A 5xx from the hub: it is down, which for us is the same as unreachable."""
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    return isinstance(status, int) and status >= 500
-
-
-def _is_connection_error(exc: BaseException | None) -> bool:
-    # huggingface_hub has changed HTTP clients across versions (requests, httpx, httpx2), so
-    # match the transport error family by class name rather than import each client.
-    if exc is None:
-        return False
-    if isinstance(exc, (ConnectionError, TimeoutError)):
-        return True
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    return bool(names & _TRANSPORT_ERROR_NAMES)
-
-
-_TRANSPORT_ERROR_NAMES = frozenset(
-    {
-        "ConnectError",
-        "ConnectTimeout",
-        "TimeoutException",
-        "NetworkError",
-        "TransportError",
-        "ProxyError",
-        "ConnectionError",
-        "Timeout",
-    }
-)

@@ -262,8 +262,8 @@ def download_gguf(
     import huggingface_hub
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
-    from cachesvc.checkpoints import _hub_refused, _is_connection_error, _is_server_error, _unreachable
     from cachesvc.errors import HubUnreachableError
+    from cachesvc.hub_errors import hub_refused, is_connection_error, is_server_error, unreachable
 
     cache_dir.mkdir(parents=True, exist_ok=True)
     spec = f"{repo}/{filename}"
@@ -278,15 +278,15 @@ def download_gguf(
     except LocalEntryNotFoundError as exc:
         cause = exc.__cause__ if not offline else None
         if cause is not None and not isinstance(cause, EntryNotFoundError):
-            raise _unreachable(spec, cause) from exc
+            raise unreachable(spec, cause) from exc
         raise HubUnreachableError(
             f"{spec} is not in the local cache ({cache_dir}) and offline mode is on or the hub is out "
             "of reach; set HF_HUB_OFFLINE=0 to download it, or pass a local .gguf file"
         ) from exc
     except Exception as exc:
-        if _is_connection_error(exc) or _is_server_error(exc):
-            raise _unreachable(spec, exc) from exc
-        raise _hub_refused(spec, revision, exc) from exc
+        if is_connection_error(exc) or is_server_error(exc):
+            raise unreachable(spec, exc) from exc
+        raise hub_refused(spec, revision, exc) from exc
     # .../snapshots/<commit>/<filename>: the snapshot folder names the resolved revision.
     snapshot = path
     for _ in filename.split("/"):
