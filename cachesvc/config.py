@@ -769,7 +769,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, *, include_http: bool =
     _add(
         http,
         "allowed_hosts",
-        "Host header values to answer, comma-separated; '*' for any "
+        "names the Host header may carry, comma-separated; '*' for any "
         "(default: localhost, 127.0.0.1, ::1 and --host)",
         show_default=False,
         metavar="HOSTS",

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from cachesvc.errors import CheckpointError
-from cachesvc.store.bundles import _fix_modes_and_fsync
+from cachesvc.store.bundles import fix_modes_and_fsync
 from cachesvc.store.layout import fsync_dir, make_dirs
 from cachesvc.store.locks import BundleLocks
 
@@ -216,7 +216,7 @@ def convert_once(
             log.info("converting %s into %s", gguf_path, final)
             _convert(gguf_path, staging)
             mode = _cache_mode(Path(checkpoints_dir))
-            _fix_modes_and_fsync(staging, mode, mode & 0o666)
+            fix_modes_and_fsync(staging, mode, mode & 0o666)
             if final.exists():  # a directory without config.json: a broken leftover
                 shutil.rmtree(final)
             make_dirs(final.parent, Path(checkpoints_dir), mode)

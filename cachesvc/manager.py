@@ -43,6 +43,7 @@ from cachesvc.errors import (
     NotFoundError,
 )
 from cachesvc.eviction import Evictor
+from cachesvc.gguf_checkpoints import GGUF_SUFFIX, local_gguf, split_hub_gguf
 from cachesvc.profiles import BuildOptions, BundleKey, ProfileRequest
 from cachesvc.reconcile import Reconciler
 from cachesvc.records import (
@@ -610,29 +611,31 @@ class CacheManager:
 
 
 def _check_model_name(field: str, model: str, allowed_roots: tuple[Path, ...] | None) -> None:
-    """A hub id, or a local checkpoint directory (with ``config.json``) under an allowed root."""
+    """A hub id (or ``org/name/FILE.gguf``), or a local checkpoint under an allowed root: a
+    directory with ``config.json``, a ``.gguf`` file, or a directory holding one."""
     if not looks_like_path(model):
-        if not is_hub_id(model):
+        hub_gguf = split_hub_gguf(model)
+        if not is_hub_id(hub_gguf[0] if hub_gguf else model):
             raise ConfigError(
                 field,
-                f"{model!r} is not a Hugging Face model id ('org/name': letters, digits, '-', '_', '.') "
-                "nor an existing directory",
+                f"{model!r} is not a Hugging Face model id ('org/name': letters, digits, '-', '_', '.'; "
+                "or 'org/name/FILE.gguf') nor an existing directory",
             )
         return
-    directory = Path(model).expanduser().resolve()
-    if allowed_roots is not None and not any(
-        directory.is_relative_to(root.resolve()) for root in allowed_roots
-    ):
+    path = Path(model).expanduser().resolve()
+    if allowed_roots is not None and not any(path.is_relative_to(root.resolve()) for root in allowed_roots):
         roots = ", ".join(str(r) for r in allowed_roots)
         raise ConfigError(
             field,
             f"{model!r} is outside the directories builds may read ({roots}); move the checkpoint "
             "there or start the server with --allowed-model-roots",
         )
-    if not directory.is_dir():
+    if path.is_file() and path.name.endswith(GGUF_SUFFIX):
+        return
+    if not path.is_dir():
         raise CheckpointError(f"no such directory: {model}")
-    if not (directory / "config.json").is_file():
+    if not (path / "config.json").is_file() and local_gguf(path) is None:
         raise CheckpointError(
-            f"{model} has no config.json; pass a Hugging Face checkpoint directory (config.json next to "
-            "the weights)"
+            f"{model} has no config.json and no .gguf file; pass a Hugging Face checkpoint directory "
+            "(config.json next to the weights) or a GGUF file"
         )

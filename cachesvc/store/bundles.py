@@ -114,7 +114,7 @@ class BundleStore:
         )
         dir_mode, file_mode = self.layout.dir_mode(), self.layout.file_mode()
         write_atomic(staging / MANIFEST_NAME, manifest.to_json(), file_mode)
-        _fix_modes_and_fsync(staging, dir_mode, file_mode)
+        fix_modes_and_fsync(staging, dir_mode, file_mode)
         crash_point("publish:staged")
 
         self.layout.ensure()
@@ -296,7 +296,7 @@ class BundleStore:
         return target
 
 
-def _fix_modes_and_fsync(top: Path, dir_mode: int, file_mode: int) -> None:
+def fix_modes_and_fsync(top: Path, dir_mode: int, file_mode: int) -> None:
     """Give every entry under ``top`` the cache's modes and flush it, bottom-up.
 
     Directories are flushed after their contents so each entry's name is durable before the

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -361,39 +362,55 @@ def quick_verify_bundle(bundle_dir: Path, manifest: Manifest) -> VerifyReport:
 
     Reads a few hundred KiB per file instead of every byte (``verify_bundle`` does that, on
     ``serve`` start and on demand). A file whose manifest entry has no sample digest (an older
-    bundle) is hashed in full.
+    bundle) is hashed in full. Files the manifest does not list are not looked for.
     """
     bundle_dir = Path(bundle_dir)
     mismatches: list[Mismatch] = []
     bytes_checked = 0
     for entry in manifest.files:
-        path = bundle_dir / entry.path
         try:
-            st = os.lstat(path)
+            st: os.stat_result | None = os.lstat(bundle_dir / entry.path)
         except OSError:
-            mismatches.append(Mismatch(entry.path, "missing"))
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            mismatches.append(Mismatch(entry.path, "missing"))
-            continue
-        if st.st_size != entry.size:
-            mismatches.append(Mismatch(entry.path, "size"))
-            continue
-        try:
-            if entry.sample_sha256 is not None:
-                bad = sample_sha256(path) != entry.sample_sha256
-                bytes_checked += min(entry.size, 3 * SAMPLE_BYTES)
-            else:
-                bad = sha256_file(path)[1] != entry.sha256
-                bytes_checked += entry.size
-        except OSError:
-            mismatches.append(Mismatch(entry.path, "missing"))
-            continue
-        if bad:
-            mismatches.append(Mismatch(entry.path, "sha256"))
+            st = None
+        read, reason = _check_entry(bundle_dir, entry, st, _sampled_digest)
+        bytes_checked += read
+        if reason is not None:
+            mismatches.append(Mismatch(entry.path, reason))
     return VerifyReport(
         files_checked=len(manifest.files), bytes_checked=bytes_checked, mismatches=tuple(mismatches)
     )
+
+
+def _full_digest(path: Path, entry: FileEntry) -> tuple[int, str | None]:
+    size, digest = sha256_file(path)
+    if size != entry.size:
+        return size, "size"
+    return size, None if digest == entry.sha256 else "sha256"
+
+
+def _sampled_digest(path: Path, entry: FileEntry) -> tuple[int, str | None]:
+    if entry.sample_sha256 is None:
+        return _full_digest(path, entry)
+    ok = sample_sha256(path) == entry.sample_sha256
+    return min(entry.size, 3 * SAMPLE_BYTES), None if ok else "sha256"
+
+
+def _check_entry(
+    bundle_dir: Path,
+    entry: FileEntry,
+    st: os.stat_result | None,
+    digest: Callable[[Path, FileEntry], tuple[int, str | None]],
+) -> tuple[int, str | None]:
+    """(bytes read, mismatch reason or None) for one listed file, given its ``lstat``."""
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return 0, "missing"
+    if st.st_size != entry.size:
+        return 0, "size"  # no need to hash: a size change already proves the file differs
+    try:
+        return digest(bundle_dir / entry.path, entry)
+    except OSError:
+        # Vanished, swapped for a symlink, or unreadable since the walk: not the listed file.
+        return 0, "missing"
 
 
 def verify_bundle(bundle_dir: Path, manifest: Manifest | None = None) -> VerifyReport:
@@ -410,25 +427,10 @@ def verify_bundle(bundle_dir: Path, manifest: Manifest | None = None) -> VerifyR
     mismatches: list[Mismatch] = []
     bytes_checked = 0
     for entry in manifest.files:
-        st = on_disk.pop(entry.path, None)
-        if st is None or not stat.S_ISREG(st.st_mode):
-            mismatches.append(Mismatch(entry.path, "missing"))
-            continue
-        if st.st_size != entry.size:
-            # No need to hash: a size change already proves the file differs.
-            mismatches.append(Mismatch(entry.path, "size"))
-            continue
-        try:
-            size, digest = sha256_file(bundle_dir / entry.path)
-        except OSError:
-            # Vanished, swapped for a symlink, or unreadable since the walk: not the listed file.
-            mismatches.append(Mismatch(entry.path, "missing"))
-            continue
-        bytes_checked += size
-        if size != entry.size:
-            mismatches.append(Mismatch(entry.path, "size"))
-        elif digest != entry.sha256:
-            mismatches.append(Mismatch(entry.path, "sha256"))
+        read, reason = _check_entry(bundle_dir, entry, on_disk.pop(entry.path, None), _full_digest)
+        bytes_checked += read
+        if reason is not None:
+            mismatches.append(Mismatch(entry.path, reason))
     mismatches.extend(Mismatch(rel, "unexpected") for rel in on_disk)
     mismatches.sort(key=lambda m: (m.path, m.reason))
     return VerifyReport(

@@ -8,6 +8,7 @@ tokenizer; uvicorn serves it on 127.0.0.1 and the tests talk HTTP to it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,13 +74,20 @@ def start_app(root: Path, **config: Any) -> tuple[App, LiveServer]:
     return App(server.url, port, manager, serving, runtime, checkpoint), server
 
 
-@pytest.fixture(scope="module")
-def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
-    """The whole app with default flags."""
-    running, server = start_app(tmp_path_factory.mktemp("hardening"))
+@contextmanager
+def running_app(root: Path, **config: Any) -> Iterator[App]:
+    """:func:`start_app` for a ``with`` block; the server, runtime and cache close after it."""
+    running, server = start_app(root, **config)
     try:
         yield running
     finally:
         server.__exit__(None, None, None)
         running.runtime.close()
         running.manager.close()
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
+    """The whole app with default flags."""
+    with running_app(tmp_path_factory.mktemp("hardening")) as running:
+        yield running

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 
 from cachesvc.config import ServeConfig
-from tests.hardening.conftest import MODEL, App, start_app
+from tests.hardening.conftest import MODEL, App, running_app
 
 
 def test_admin_refuses_a_text_plain_body(app: App) -> None:
@@ -70,14 +71,9 @@ def test_default_allowed_hosts_are_loopback_and_the_bind_address() -> None:
 
 
 @pytest.fixture(scope="module")
-def cors_app(tmp_path_factory: pytest.TempPathFactory):
-    running, server = start_app(tmp_path_factory.mktemp("cors"), cors_allowed_origins="https://app.example")
-    try:
+def cors_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
+    with running_app(tmp_path_factory.mktemp("cors"), cors_allowed_origins="https://app.example") as running:
         yield running
-    finally:
-        server.__exit__(None, None, None)
-        running.runtime.close()
-        running.manager.close()
 
 
 def test_cors_opens_v1_only(cors_app: App) -> None:

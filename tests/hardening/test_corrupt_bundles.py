@@ -17,7 +17,7 @@ from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 from cachesvc.store.manifest import SAMPLE_BYTES
 from tests.admin.conftest import open_manager
-from tests.hardening.conftest import App, start_app
+from tests.hardening.conftest import App, running_app
 from tests.support.cache import FileBuilder, make_checkpoint
 
 BIG = 4 * SAMPLE_BYTES  # larger than the three samples: its middle quarter is not sampled
@@ -78,13 +78,8 @@ def test_serve_start_rehashes_everything(big_manager: CacheManager, tmp_path: Pa
 
 @pytest.fixture
 def doomed_app(tmp_path: Path) -> Iterator[App]:
-    running, server = start_app(tmp_path)
-    try:
+    with running_app(tmp_path) as running:
         yield running
-    finally:
-        server.__exit__(None, None, None)
-        running.runtime.close()
-        running.manager.close()
 
 
 def _wait_for(predicate, timeout: float = 15.0) -> bool:
