@@ -14,7 +14,7 @@ from inference.builder import EngineBuildSpec
 def test_int4_is_a_cpu_precision() -> None:
     assert ServeConfig(precision="int4").profile_request().precision == "int4"
     assert resolve_precision("int4", "onnxruntime") == "int4"
-    with pytest.raises(ConfigError, match="int4 is built for the onnxruntime"):
+    with pytest.raises(ConfigError, match="'int4' is for the onnxruntime backend"):
         resolve_precision("int4", "tensorrt")
     assert EngineBuildSpec(precision="int4").precision == "int4"
     fp32 = BuildOptions(backend="onnxruntime", precision="fp32")
