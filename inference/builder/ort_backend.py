@@ -113,7 +113,7 @@ def _metadata(cfg: ModelConfig, io: GraphIO, spec: EngineBuildSpec, source_dtype
         "precision": spec.precision,
         "dtype": "float32",
         "source_dtypes": sorted(source_dtypes),
-        "portable_model": PORTABLE_MODEL,
+        "portable_model": PORTABLE_MODEL if spec.precision != "int4" else None,
         "optimized_model": OPTIMIZED_MODEL,
         "inputs": list(io.inputs),
         "outputs": list(io.outputs),
@@ -179,14 +179,14 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                                          fused_ops=fused, untie_lm_head=untie, kv_layout="gqa")
             _quantize_int8(gqa_fp32, cpu_src)
         elif spec.precision == "int4":
-            # MatMulNBits is an onnxruntime (com.microsoft) op: only the CPU graph is int4 (from
-            # the GGUF's own Q4 blocks where the checkpoint has them); the portable graph, which
-            # must stay standard-op, keeps fp32 weights.
-            io = build_decoder_graph(cfg, ckpt, model_path, max_positions=spec.max_kv_cache_capacity,
-                                     fused_ops=fused, progress=report)
+            # MatMulNBits is an onnxruntime (com.microsoft) CPU op, allowed in the CPU graph only,
+            # and standard ops cannot hold 4-bit weights: an int4 bundle has no portable graph
+            # (TensorRT builds its own bundles from the checkpoint). Weights come from the GGUF's
+            # own Q4 blocks where the checkpoint has them.
             gqa_fp32 = work / "cpu-fp32.onnx"
             cpu_io = build_decoder_graph(cfg, ckpt, gqa_fp32, max_positions=spec.max_kv_cache_capacity,
-                                         fused_ops=fused, kv_layout="gqa")
+                                         fused_ops=fused, kv_layout="gqa", progress=report)
+            io = cpu_io
             report("quantize", 0.0)
             quantize_int4(gqa_fp32, cpu_src, checkpoint_dir)
         else:
@@ -196,8 +196,9 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                                          fused_ops=fused, kv_layout="gqa")
         report("optimize", 0.0)
         _optimize(cpu_src, optimized_path)
-    report("share", 0.0)
-    share_external_data(model_path, optimized_path)
+    if model_path.exists():
+        report("share", 0.0)
+        share_external_data(model_path, optimized_path)
 
     copied: list[str] = []
     for name in TOKENIZER_FILES:

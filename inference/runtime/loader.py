@@ -98,5 +98,9 @@ def load_portable_engine(bundle_dir: Path, *, max_slots: int = 1, threads: int |
     """
     bundle_dir = Path(bundle_dir)
     meta = read_engine_meta(bundle_dir)
-    model = bundle_dir / str(meta.get("portable_model", "model.onnx"))
+    portable = meta.get("portable_model", "model.onnx")
+    if not portable:
+        raise EngineLoadError(f"bundle {bundle_dir} has no portable graph ({meta.get('precision')} bundles "
+                              "keep only the CPU graph)")
+    model = bundle_dir / str(portable)
     return OrtEngine(model, meta, max_slots=max_slots, threads=_cores() if threads is None else threads)

@@ -10,6 +10,7 @@ import pytest
 
 from cachesvc.checkpoints import resolve_checkpoint
 from cachesvc.default_model import installed_default_gguf
+from cachesvc.store import CacheLayout
 from inference.builder import EngineBuildSpec, build_bundle
 from tests.gguf.ggufs import write_pair
 
@@ -60,8 +61,9 @@ def smollm2_gguf() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2 converted through the cache's checkpoint resolution (once per session)."""
-    cache = tmp_path_factory.mktemp("smollm2-cache")
-    return resolve_checkpoint(str(smollm2_gguf), cache / "checkpoints").path
+    layout = CacheLayout(tmp_path_factory.mktemp("smollm2-cache"))
+    layout.ensure()  # a real cache (CACHEDIR.TAG), so a server may use it later
+    return resolve_checkpoint(str(smollm2_gguf), layout.checkpoints).path
 
 
 @pytest.fixture(scope="session")

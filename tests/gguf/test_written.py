@@ -85,7 +85,7 @@ def test_int4_from_gguf_blocks_matches_the_dequantized_weights(
     converted = tmp_path_factory.mktemp("converted")
     convert_gguf(path, converted)
     int4, fp32 = bundle_of(converted, precision="int4"), bundle_of(converted)
-    ops = [n.op_type for n in onnx.load(str(int4 / "model.onnx"), load_external_data=False).graph.node]
+    ops = [n.op_type for n in onnx.load(str(int4 / "model.ort.onnx"), load_external_data=False).graph.node]
     assert ops.count("MatMulNBits") == 2 * 7
     x, y = _prefill(fp32), _prefill(int4)
     # The codes are the file's; only the kernel's int8 activations (accuracy level 4) differ.
