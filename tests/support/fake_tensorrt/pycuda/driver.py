@@ -232,3 +232,14 @@ def memcpy_dtod_async(dest: Any, src: Any, size: int, stream: Stream | None = No
         gpu.view(d, size)[:] = gpu.view(s, size).copy()
 
     gpu.enqueue(_handle(stream), work)
+
+
+def memset_d8_async(dest: Any, data: int, count: int, stream: Stream | None = None) -> None:
+    gpu.require_context("memset_d8_async")
+    d = _ptr(dest)
+    gpu.view(d, count)
+
+    def work() -> None:
+        gpu.view(d, count)[:] = data
+
+    gpu.enqueue(_handle(stream), work)

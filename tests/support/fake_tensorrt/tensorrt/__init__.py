@@ -448,8 +448,6 @@ class OnnxParser:
                     node.name, node.op_type))
         if self._errors:
             return False
-        import onnx
-
         init_names = {t.name for t in proto.graph.initializer}
         tensors: dict[str, ITensor] = {}
 
@@ -478,7 +476,7 @@ class OnnxParser:
             t = io_tensor(vi)
             t.is_network_output = True
             net._outputs.append(t)
-        net._onnx = onnx._serialize(proto) if hasattr(onnx, "_serialize") else proto.SerializeToString()
+        net._onnx = proto.SerializeToString()
         return True
 
 
