@@ -42,6 +42,13 @@ def _require_init() -> None:
         raise LogicError("cuInit context has not been called; call pycuda.driver.init() first")
 
 
+def _require_context(what: str) -> None:
+    try:
+        gpu.require_context(what)
+    except gpu.FakeGpuError as exc:
+        raise LogicError(f"explicit_context_dependent failed: {exc}") from None
+
+
 class Context:
     """A CUDA context; current per thread."""
 
@@ -69,13 +76,13 @@ class Context:
 
     @staticmethod
     def synchronize() -> None:
-        gpu.require_context("Context.synchronize")
+        _require_context("Context.synchronize")
         for handle in list(gpu.STATE.streams):
             gpu.synchronize(handle)
 
     @staticmethod
     def get_device() -> Device:
-        gpu.require_context("Context.get_device")
+        _require_context("Context.get_device")
         ctx = gpu.context_stack()[-1]
         assert isinstance(ctx, Context)
         return ctx._device
@@ -129,23 +136,23 @@ class DeviceAllocation:
 
     def free(self) -> None:
         if self._ptr is not None:
-            gpu.require_context("DeviceAllocation.free")
+            _require_context("DeviceAllocation.free")
             gpu.free(self._ptr)
             self._ptr = None
 
 
 def mem_alloc(nbytes: int) -> DeviceAllocation:
-    gpu.require_context("mem_alloc")
+    _require_context("mem_alloc")
     return DeviceAllocation(nbytes)
 
 
 def mem_get_info() -> tuple[int, int]:
-    gpu.require_context("mem_get_info")
+    _require_context("mem_get_info")
     return gpu.TOTAL_MEMORY - gpu.live_bytes(), gpu.TOTAL_MEMORY
 
 
 def pagelocked_empty(shape: Any, dtype: Any, order: str = "C", mem_flags: int = 0) -> np.ndarray:
-    gpu.require_context("pagelocked_empty")
+    _require_context("pagelocked_empty")
     array = np.empty(shape, dtype=dtype, order=order)  # type: ignore[call-overload]
     gpu.register_pinned(array)
     return array
@@ -155,11 +162,11 @@ class Stream:
     """A CUDA stream; ``handle`` is what TensorRT's ``execute_async_v3`` takes."""
 
     def __init__(self, flags: int = 0) -> None:
-        gpu.require_context("Stream")
+        _require_context("Stream")
         self.handle = gpu.new_stream()
 
     def synchronize(self) -> None:
-        gpu.require_context("Stream.synchronize")
+        _require_context("Stream.synchronize")
         gpu.synchronize(self.handle)
 
     def is_done(self) -> bool:
@@ -187,19 +194,19 @@ def _handle(stream: Stream | None) -> int:
 
 
 def memcpy_htod(dest: Any, src: np.ndarray) -> None:
-    gpu.require_context("memcpy_htod")
+    _require_context("memcpy_htod")
     host = _host(src, "memcpy_htod", pinned=False)
     gpu.view(_ptr(dest), host.nbytes)[:] = host.reshape(-1).view(np.uint8)
 
 
 def memcpy_dtoh(dest: np.ndarray, src: Any) -> None:
-    gpu.require_context("memcpy_dtoh")
+    _require_context("memcpy_dtoh")
     host = _host(dest, "memcpy_dtoh", pinned=False)
     host.reshape(-1).view(np.uint8)[:] = gpu.view(_ptr(src), host.nbytes)
 
 
 def memcpy_htod_async(dest: Any, src: np.ndarray, stream: Stream | None = None) -> None:
-    gpu.require_context("memcpy_htod_async")
+    _require_context("memcpy_htod_async")
     host = _host(src, "memcpy_htod_async", pinned=True)
     ptr = _ptr(dest)
     gpu.view(ptr, host.nbytes)  # bounds are checked at enqueue time, like the driver does
@@ -211,7 +218,7 @@ def memcpy_htod_async(dest: Any, src: np.ndarray, stream: Stream | None = None) 
 
 
 def memcpy_dtoh_async(dest: np.ndarray, src: Any, stream: Stream | None = None) -> None:
-    gpu.require_context("memcpy_dtoh_async")
+    _require_context("memcpy_dtoh_async")
     host = _host(dest, "memcpy_dtoh_async", pinned=True)
     ptr = _ptr(src)
     gpu.view(ptr, host.nbytes)
@@ -223,7 +230,7 @@ def memcpy_dtoh_async(dest: np.ndarray, src: Any, stream: Stream | None = None) 
 
 
 def memcpy_dtod_async(dest: Any, src: Any, size: int, stream: Stream | None = None) -> None:
-    gpu.require_context("memcpy_dtod_async")
+    _require_context("memcpy_dtod_async")
     d, s = _ptr(dest), _ptr(src)
     gpu.view(d, size)
     gpu.view(s, size)
@@ -235,7 +242,7 @@ def memcpy_dtod_async(dest: Any, src: Any, size: int, stream: Stream | None = No
 
 
 def memset_d8_async(dest: Any, data: int, count: int, stream: Stream | None = None) -> None:
-    gpu.require_context("memset_d8_async")
+    _require_context("memset_d8_async")
     d = _ptr(dest)
     gpu.view(d, count)
 
