@@ -86,8 +86,7 @@ class TrtBuildSpec:
             raise BuildInputError(f"precision: the tensorrt builder builds {', '.join(TRT_PRECISIONS)}, "
                                   f"got {self.precision!r}")
         try:
-            if self.precision != "bf16":
-                check_backend_precision("tensorrt", self.precision)
+            check_backend_precision("tensorrt", self.precision)
             check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
         except ProfileError as exc:
             raise BuildInputError(str(exc)) from None
@@ -296,6 +295,9 @@ def _build_plan(trt: Any, onnx_path: Path, shapes: dict[str, tuple[tuple[int, ..
     if spec.workspace_bytes is not None:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, spec.workspace_bytes)
     fp32_layers: list[str] = []
+    if spec.precision == "fp32":
+        # TF32 is on by default and rounds matmul inputs to 10 mantissa bits; fp32 means fp32.
+        config.clear_flag(trt.BuilderFlag.TF32)
     if spec.precision in ("fp16", "bf16", "int8"):
         config.set_flag(trt.BuilderFlag.BF16 if spec.precision == "bf16" else trt.BuilderFlag.FP16)
         if spec.precision == "int8":

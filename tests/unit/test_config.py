@@ -317,7 +317,7 @@ INVALID_ARGV: list[tuple[str, str]] = [
     ("catalog_url", ""),
     ("admin_api_key", ""),
     ("backend", "cuda"),
-    ("precision", "bf16"),
+    ("precision", "fp8"),
 ]
 
 
