@@ -32,8 +32,9 @@ def _best(fn: Callable[[], float], repeats: int) -> float:
     return min(fn() for _ in range(repeats))
 
 
-def measure(engine: Engine, prompt: list[int], new_tokens: int, batch: int,
-            repeats: int) -> tuple[float, float, list[int]]:
+def measure(
+    engine: Engine, prompt: list[int], new_tokens: int, batch: int, repeats: int
+) -> tuple[float, float, list[int]]:
     """(best prefill seconds, best decode tok/s over all rows, greedy tokens of row 0)."""
     tokens: list[int] = []
 
@@ -60,9 +61,18 @@ def measure(engine: Engine, prompt: list[int], new_tokens: int, batch: int,
     return _best(prefill, repeats), batch * new_tokens / _best(decode, repeats), tokens
 
 
+def _agree(tokens: list[int], reference: list[int]) -> str:
+    """How many leading greedy tokens match the reference, as ``k/n``."""
+    pairs = enumerate(zip(tokens, reference, strict=False))
+    first_diff = next((i for i, (a, b) in pairs if a != b), len(tokens))
+    return f"{first_diff}/{len(tokens)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build the bundles, run them, print the table."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--checkpoint", type=Path, help="HF checkpoint dir (default: a 0.5b qwen2 demo)")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -83,8 +93,11 @@ def main(argv: list[str] | None = None) -> int:
 
             checkpoint = write_demo_checkpoint(work / "ckpt", arch="qwen2", size="0.5b", dtype="fp32", seed=0)
         cfg = load_model_config(checkpoint)
-        shapes = {"max_input_len": args.prompt_len, "max_batch_size": args.batch,
-                  "max_kv_cache_capacity": args.prompt_len + args.new_tokens + 16}
+        shapes = {
+            "max_input_len": args.prompt_len,
+            "max_batch_size": args.batch,
+            "max_kv_cache_capacity": args.prompt_len + args.new_tokens + 16,
+        }
         prompt = [int(t) for t in np.random.default_rng(0).integers(0, cfg.vocab_size, size=args.prompt_len)]
         bundles: list[tuple[str, Path]] = []
         if not args.skip_cpu:
@@ -95,13 +108,17 @@ def main(argv: list[str] | None = None) -> int:
             out = work / f"trt-{precision}"
             out.mkdir()
             start = time.perf_counter()
-            build_trt_bundle(checkpoint, out, TrtBuildSpec(precision=precision, timing_cache_dir=work / "timing",
-                                                           **shapes))
+            build_trt_bundle(
+                checkpoint, out, TrtBuildSpec(precision=precision, timing_cache_dir=work / "timing", **shapes)
+            )
             print(f"built TensorRT {precision} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
             bundles.append((f"tensorrt {precision}", out))
-        print(f"{cfg.architecture}: {cfg.num_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}; "
-              f"prompt {args.prompt_len}, {args.new_tokens} new tokens, best of {args.repeats}")
-        header = f"{'engine':<20} {'prefill (s)':>12} {'tok/s b1':>10} {f'tok/s b{args.batch}':>10} {'greedy = cpu':>13}"
+        print(
+            f"{cfg.architecture}: {cfg.num_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}; "
+            f"prompt {args.prompt_len}, {args.new_tokens} new tokens, best of {args.repeats}"
+        )
+        batch_col = f"tok/s b{args.batch}"
+        header = f"{'engine':<20} {'prefill (s)':>12} {'tok/s b1':>10} {batch_col:>10} {'greedy = cpu':>13}"
         print(header + "\n" + "-" * len(header))
         reference: list[int] | None = None
         for name, bundle in bundles:
@@ -111,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             engine.close()
             if reference is None and name.startswith("onnxruntime"):
                 reference = tokens
-            same = "n/a" if reference is None or name.startswith("onnxruntime") else (
-                f"{next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=False)) if a != b), len(tokens))}"
-                f"/{len(tokens)}")
+            same = "n/a" if reference is None or name.startswith("onnxruntime") else _agree(tokens, reference)
             print(f"{name:<20} {prefill_s:>12.3f} {rate1:>10.1f} {rate_b:>10.1f} {same:>13}")
     return 0
 

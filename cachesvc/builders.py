@@ -216,7 +216,8 @@ def resolve_backend(requested: str, builders: Mapping[str, Builder]) -> str:
         return next(iter(builders))
     missing = None
     # A builder injected under the name (tests) is taken as it is; the real one needs the GPU.
-    if requested == "tensorrt" and ("tensorrt" not in builders or isinstance(builders["tensorrt"], TensorRTBuilder)):
+    injected = "tensorrt" in builders and not isinstance(builders["tensorrt"], TensorRTBuilder)
+    if requested == "tensorrt" and not injected:
         missing = tensorrt_missing()
     if requested not in builders or missing is not None:
         hint = (

@@ -83,8 +83,9 @@ class TrtBuildSpec:
 
     def __post_init__(self) -> None:
         if self.precision not in TRT_PRECISIONS:
-            raise BuildInputError(f"precision: the tensorrt builder builds {', '.join(TRT_PRECISIONS)}, "
-                                  f"got {self.precision!r}")
+            raise BuildInputError(
+                f"precision: the tensorrt builder builds {', '.join(TRT_PRECISIONS)}, got {self.precision!r}"
+            )
         try:
             check_backend_precision("tensorrt", self.precision)
             check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
@@ -102,7 +103,8 @@ def _fix_logits_to_keep(model: onnx.ModelProto) -> None:
 
 
 def _quantize_weights_int8(model: onnx.ModelProto) -> int:
-    """Weight-only int8: each constant MatMul weight [in, out] -> int8 + per-column scale + DequantizeLinear."""
+    """Weight-only int8: each constant MatMul weight [in, out] -> int8, a per-column scale and a
+    DequantizeLinear in front of the MatMul. Returns how many weights it quantized."""
     inits = {t.name: t for t in model.graph.initializer}
     new_nodes: list[onnx.NodeProto] = []
     count = 0
@@ -114,10 +116,12 @@ def _quantize_weights_int8(model: onnx.ModelProto) -> int:
             q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
             model.graph.initializer.remove(weight)
             qname, sname, dq = f"{weight.name}_int8", f"{weight.name}_scale", f"{weight.name}_dq"
-            model.graph.initializer.extend([numpy_helper.from_array(q, qname),
-                                            numpy_helper.from_array(scale.astype(np.float32), sname)])
-            new_nodes.append(helper.make_node("DequantizeLinear", [qname, sname], [dq], name=f"{dq}_node",
-                                              axis=1))
+            model.graph.initializer.extend(
+                [numpy_helper.from_array(q, qname), numpy_helper.from_array(scale.astype(np.float32), sname)]
+            )
+            new_nodes.append(
+                helper.make_node("DequantizeLinear", [qname, sname], [dq], name=f"{dq}_node", axis=1)
+            )
             node.input[1] = dq
             count += 1
         new_nodes.append(node)
@@ -126,19 +130,40 @@ def _quantize_weights_int8(model: onnx.ModelProto) -> int:
     return count
 
 
-def write_trt_graph(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, work_dir: Path, *, fused_ops: bool,
-                    precision: str, max_positions: int, progress: Progress) -> Path:
+def write_trt_graph(
+    cfg: ModelConfig,
+    ckpt: SafetensorsCheckpoint,
+    work_dir: Path,
+    *,
+    fused_ops: bool,
+    precision: str,
+    max_positions: int,
+    progress: Progress,
+) -> Path:
     """Write the ONNX graph TensorRT will parse into ``work_dir``; return its path."""
     portable = work_dir / "model.onnx"
-    build_decoder_graph(cfg, ckpt, portable, max_positions=max_positions, fused_ops=fused_ops,
-                        untie_lm_head=precision == "int8", progress=progress)
+    build_decoder_graph(
+        cfg,
+        ckpt,
+        portable,
+        max_positions=max_positions,
+        fused_ops=fused_ops,
+        untie_lm_head=precision == "int8",
+        progress=progress,
+    )
     out = work_dir / "trt.onnx"
     if precision == "int8":
         model = onnx.load(str(portable), load_external_data=True)
         _fix_logits_to_keep(model)
         _quantize_weights_int8(model)
-        onnx.save_model(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location="trt.onnx.data", size_threshold=1024)
+        onnx.save_model(
+            model,
+            str(out),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location="trt.onnx.data",
+            size_threshold=1024,
+        )
     else:
         # The weights stay in model.onnx.data; the edited graph beside it still points there.
         model = onnx.load(str(portable), load_external_data=False)
@@ -241,14 +266,18 @@ def _norm_layers(network: Any, trt: Any) -> list[Any]:
                 picked[square.name] = square
             frontier = [layer]
             for _ in range(3):  # reduce -> +eps -> sqrt -> divide
-                frontier = [c for f in frontier for c in consumers.get(f.get_output(0).name, [])
-                            if c.type in (trt.LayerType.ELEMENTWISE, trt.LayerType.UNARY)]
+                frontier = [
+                    c
+                    for f in frontier
+                    for c in consumers.get(f.get_output(0).name, [])
+                    if c.type in (trt.LayerType.ELEMENTWISE, trt.LayerType.UNARY)
+                ]
                 picked.update((c.name, c) for c in frontier)
     return list(picked.values())
 
 
 def _collecting_logger(trt: Any) -> Any:
-    class CollectingLogger(trt.ILogger):  # type: ignore[misc,name-defined]
+    class CollectingLogger(trt.ILogger):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
             self.errors: list[str] = []
@@ -276,12 +305,21 @@ def _profile_shapes(cfg: ModelConfig, spec: TrtBuildSpec) -> dict[str, tuple[tup
     }
     for i in range(cfg.num_layers):
         for kind in ("key", "value"):
-            shapes[f"past_key_values.{i}.{kind}"] = ((1, kv, 0, hd), (b, kv, past_opt, hd), (b, kv, cap - 1, hd))
+            shapes[f"past_key_values.{i}.{kind}"] = (
+                (1, kv, 0, hd),
+                (b, kv, past_opt, hd),
+                (b, kv, cap - 1, hd),
+            )
     return shapes
 
 
-def _build_plan(trt: Any, onnx_path: Path, shapes: dict[str, tuple[tuple[int, ...], ...]], spec: TrtBuildSpec,
-                cache_path: Path | None) -> tuple[bytes, list[str]]:
+def _build_plan(
+    trt: Any,
+    onnx_path: Path,
+    shapes: dict[str, tuple[tuple[int, ...], ...]],
+    spec: TrtBuildSpec,
+    cache_path: Path | None,
+) -> tuple[bytes, list[str]]:
     logger = _collecting_logger(trt)
     builder = trt.Builder(logger)
     # TensorRT 10: explicit batch is implicit (EXPLICIT_BATCH is deprecated); not strongly typed,
@@ -323,8 +361,9 @@ def _build_plan(trt: Any, onnx_path: Path, shapes: dict[str, tuple[tuple[int, ..
     return bytes(plan), fp32_layers
 
 
-def build_trt_bundle(checkpoint_dir: Path, out_dir: Path, spec: TrtBuildSpec,
-                     progress: Progress | None = None) -> dict[str, Any]:
+def build_trt_bundle(
+    checkpoint_dir: Path, out_dir: Path, spec: TrtBuildSpec, progress: Progress | None = None
+) -> dict[str, Any]:
     """Build a TensorRT bundle of ``checkpoint_dir`` into the existing, empty ``out_dir``.
 
     Writes ``engine.plan``, the tokenizer files and, last, ``engine.json`` (also returned), which
@@ -356,8 +395,15 @@ def build_trt_bundle(checkpoint_dir: Path, out_dir: Path, spec: TrtBuildSpec,
         cache_path = timing_cache_path(Path(spec.timing_cache_dir), device, version)
     # The ONNX graph is an intermediate: the plan holds the weights, so it stays out of the bundle.
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".onnx-") as tmp:
-        onnx_path = write_trt_graph(cfg, ckpt, Path(tmp), fused_ops=fused, precision=spec.precision,
-                                    max_positions=spec.max_kv_cache_capacity, progress=report)
+        onnx_path = write_trt_graph(
+            cfg,
+            ckpt,
+            Path(tmp),
+            fused_ops=fused,
+            precision=spec.precision,
+            max_positions=spec.max_kv_cache_capacity,
+            progress=report,
+        )
         report("tensorrt", 0.0)
         plan, fp32_layers = _build_plan(trt, onnx_path, shapes, spec, cache_path)
     (out_dir / ENGINE_PLAN).write_bytes(plan)

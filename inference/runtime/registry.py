@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
 
 from inference.runtime.protocol import Engine
 
@@ -26,5 +25,5 @@ def loader_for(backend: str) -> Callable[..., Engine] | None:
     if target is None:
         return None
     module, _, attr = target.partition(":")
-    loader: Any = getattr(importlib.import_module(module), attr)
-    return loader  # type: ignore[no-any-return]
+    loader: Callable[..., Engine] = getattr(importlib.import_module(module), attr)
+    return loader

@@ -84,7 +84,9 @@ class TrtEngine:
             runtime = trt.Runtime(self._logger)
             engine = runtime.deserialize_cuda_engine(plan)
             if engine is None:
-                raise EngineLoadError(f"TensorRT cannot deserialize {bundle_dir}: {'; '.join(self._logger.errors)}")
+                raise EngineLoadError(
+                    f"TensorRT cannot deserialize {bundle_dir}: {'; '.join(self._logger.errors)}"
+                )
             self._runtime, self._engine = runtime, engine
             self._check_io(engine, meta)
             self._context = engine.create_execution_context()
@@ -155,18 +157,24 @@ class TrtEngine:
 
     def _check_io(self, engine: Any, meta: dict[str, Any]) -> None:
         trt = self._trt
-        names = {engine.get_tensor_name(i): engine.get_tensor_mode(engine.get_tensor_name(i))
-                 for i in range(engine.num_io_tensors)}
+        names = {
+            engine.get_tensor_name(i): engine.get_tensor_mode(engine.get_tensor_name(i))
+            for i in range(engine.num_io_tensors)
+        }
         want = {n: trt.TensorIOMode.INPUT for n in meta["inputs"]}
         want.update({n: trt.TensorIOMode.OUTPUT for n in meta["outputs"]})
         if names != want:
-            raise EngineLoadError(f"the plan's tensors {sorted(names)} differ from engine.json's {sorted(want)}; "
-                                  "rebuild the bundle")
+            raise EngineLoadError(
+                f"the plan's tensors {sorted(names)} differ from engine.json's {sorted(want)}; "
+                "rebuild the bundle"
+            )
         for name in ("input_ids", "attention_mask", "position_ids"):
             if engine.get_tensor_dtype(name) != trt.DataType.INT64:
                 raise EngineLoadError(f"plan input {name} is {engine.get_tensor_dtype(name)}, expected INT64")
         if engine.get_tensor_dtype("logits") != trt.DataType.FLOAT:
-            raise EngineLoadError(f"plan output logits is {engine.get_tensor_dtype('logits')}, expected FLOAT")
+            raise EngineLoadError(
+                f"plan output logits is {engine.get_tensor_dtype('logits')}, expected FLOAT"
+            )
 
     @property
     def info(self) -> EngineInfo:
@@ -183,7 +191,9 @@ class TrtEngine:
         if ids.ndim != 1:
             raise ValueError("token ids must be a flat sequence of integers")
         if ids.size and (ids.min() < 0 or ids.max() >= self._info.vocab_size):
-            raise ValueError(f"token ids must lie in [0, {self._info.vocab_size}); got {ids.min()}..{ids.max()}")
+            raise ValueError(
+                f"token ids must lie in [0, {self._info.vocab_size}); got {ids.min()}..{ids.max()}"
+            )
         return ids
 
     def _check_open(self) -> None:
@@ -206,13 +216,22 @@ class TrtEngine:
         ctx, errors = self._context, self._logger.errors
         kv, hd = self._kv_heads, self._head_dim
         # Shapes first: TensorRT derives output shapes (and checks the profile) from them.
-        for name, shape in (("input_ids", (batch, new)), ("position_ids", (batch, new)),
-                            ("attention_mask", (batch, past + new))):
+        for name, shape in (
+            ("input_ids", (batch, new)),
+            ("position_ids", (batch, new)),
+            ("attention_mask", (batch, past + new)),
+        ):
             _expect(ctx.set_input_shape(name, shape), f"shape {shape} for {name}", errors)
         for name in self._past_names:
-            _expect(ctx.set_input_shape(name, (batch, kv, past, hd)), f"past length {past} for {name}", errors)
-        bind = [("input_ids", int(self._d_ids)), ("position_ids", int(self._d_pos)),
-                ("attention_mask", int(self._d_mask)), ("logits", int(self._d_logits))]
+            _expect(
+                ctx.set_input_shape(name, (batch, kv, past, hd)), f"past length {past} for {name}", errors
+            )
+        bind = [
+            ("input_ids", int(self._d_ids)),
+            ("position_ids", int(self._d_pos)),
+            ("attention_mask", int(self._d_mask)),
+            ("logits", int(self._d_logits)),
+        ]
         # With a batch buffer each layer's region is batch-sized; a slot buffer holds one row.
         stride = self._region * (batch if batch > 1 else 1)
         bind += [(n, past_base + j * stride) for j, n in enumerate(self._past_names)]
@@ -228,7 +247,7 @@ class TrtEngine:
         self._h_pos[:n] = pos
         cuda.memcpy_htod_async(self._d_ids, self._h_ids[:n], stream)
         cuda.memcpy_htod_async(self._d_pos, self._h_pos[:n], stream)
-        cuda.memcpy_htod_async(self._d_mask, self._h_mask[:mask_rows * mask_cols], stream)
+        cuda.memcpy_htod_async(self._d_mask, self._h_mask[: mask_rows * mask_cols], stream)
 
     def _swap(self, slot: int) -> None:
         self._slots[slot], self._spare = self._spare, self._slots[slot]
@@ -251,7 +270,7 @@ class TrtEngine:
         vocab = self._info.vocab_size
         with self._active():
             for start in range(0, ids.size, chunk):
-                part = ids[start:start + chunk]
+                part = ids[start : start + chunk]
                 pos = length + start
                 total = pos + part.size
                 self._h_mask[:total] = 1
@@ -281,14 +300,16 @@ class TrtEngine:
             if n == 0:
                 raise ValueError(f"slot {s} is empty; prefill it before decoding")
             if n + 1 > self._info.max_kv_capacity:
-                raise ValueError(f"slot {s} is full ({n} positions = max_kv_capacity); reset it or stop generating")
+                raise ValueError(
+                    f"slot {s} is full ({n} positions = max_kv_capacity); reset it or stop generating"
+                )
         batch, longest = len(slots), max(lengths)
         with self._active():
             width = longest + 1
-            mask = self._h_mask[:batch * width].reshape(batch, width)
+            mask = self._h_mask[: batch * width].reshape(batch, width)
             mask[:] = 1
             for b, n in enumerate(lengths):
-                mask[b, :longest - n] = 0
+                mask[b, : longest - n] = 0
             self._upload(ids, np.asarray(lengths, dtype=np.int64), batch, width)
             if batch == 1:
                 self._run(1, 1, longest, int(self._slots[slots[0]]), int(self._spare))
@@ -316,8 +337,9 @@ class TrtEngine:
                 dst = base + j * self._region * batch
                 pad = longest - n
                 for h in range(kv):
-                    self._cuda.memcpy_dtod_async(dst + ((b * kv + h) * longest + pad) * row,
-                                                 src + h * n * row, n * row, self._stream)
+                    self._cuda.memcpy_dtod_async(
+                        dst + ((b * kv + h) * longest + pad) * row, src + h * n * row, n * row, self._stream
+                    )
 
     def _scatter(self, slots: Sequence[int], lengths: list[int], longest: int) -> None:
         """Copy row b of the batch present buffer (without its padding) back into each slot."""
@@ -330,9 +352,12 @@ class TrtEngine:
                 dst = int(self._slots[s]) + j * self._region
                 pad = longest - n
                 for h in range(kv):
-                    self._cuda.memcpy_dtod_async(dst + h * (n + 1) * row,
-                                                 src + ((b * kv + h) * total + pad) * row, (n + 1) * row,
-                                                 self._stream)
+                    self._cuda.memcpy_dtod_async(
+                        dst + h * (n + 1) * row,
+                        src + ((b * kv + h) * total + pad) * row,
+                        (n + 1) * row,
+                        self._stream,
+                    )
 
     def close(self) -> None:
         """Free device memory and release the context."""
@@ -349,7 +374,9 @@ class TrtEngine:
         self._ctx.detach()
 
 
-def load_trt_engine(bundle_dir: Path, meta: dict[str, Any], *, max_slots: int, threads: int | None = None) -> TrtEngine:
+def load_trt_engine(
+    bundle_dir: Path, meta: dict[str, Any], *, max_slots: int, threads: int | None = None
+) -> TrtEngine:
     """Registry entry: a TensorRT bundle -> :class:`TrtEngine` (``threads`` does not apply)."""
     from inference.cuda_device import tensorrt_missing
 

@@ -18,7 +18,8 @@ def _tiny_onnx(path: Path, op: str = "Relu", domain: str = "") -> Path:
     """x [B,N] -> y = op(x): one dynamic input, one output."""
     node = helper.make_node(op, ["x"], ["y"], name="the_node", domain=domain)
     graph = helper.make_graph(
-        [node], "g",
+        [node],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
     )
@@ -39,8 +40,9 @@ class Parts:
         self.parsed = self.parser.parse_from_file(str(path))
         self.config = self.builder.create_builder_config()
 
-    def profile(self, lo: tuple[int, ...] = (1, 4), opt: tuple[int, ...] = (2, 4),
-                hi: tuple[int, ...] = (4, 4)) -> int:
+    def profile(
+        self, lo: tuple[int, ...] = (1, 4), opt: tuple[int, ...] = (2, 4), hi: tuple[int, ...] = (4, 4)
+    ) -> int:
         prof = self.builder.create_optimization_profile()
         prof.set_shape("x", lo, opt, hi)
         return int(self.config.add_optimization_profile(prof))
@@ -157,7 +159,9 @@ def test_strongly_typed_networks_refuse_precision_flags(fake_trt: ModuleType, tm
         network.get_layer(0).precision = trt.float32
 
 
-def test_the_parser_knows_ops_by_version(parts: Callable[..., Parts], trt_version: Callable[[str], None]) -> None:
+def test_the_parser_knows_ops_by_version(
+    parts: Callable[..., Parts], trt_version: Callable[[str], None]
+) -> None:
     trt_version("10.13.0.1")
     p = parts("RMSNormalization")
     assert not p.parsed and "needs TensorRT 10.15" in p.parser.get_error(0).desc()

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,22 +21,30 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def real_trt() -> None:
+    if getattr(sys.modules.get("tensorrt"), "FAKE", False):
+        pytest.skip(
+            "real TensorRT is not in use: this session put the CPU fake on sys.path "
+            "(run `pytest -m gpu tests/trt/test_gpu.py` alone, as scripts/gpu-check.sh does)"
+        )
     missing = tensorrt_missing()
     if missing is not None:
         pytest.skip(f"real TensorRT is not usable here: {missing}")
-    import tensorrt
-
-    if getattr(tensorrt, "FAKE", False):
-        pytest.skip("the fake tensorrt is on sys.path in this session; run `pytest -m gpu tests/trt` alone")
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_gpu_fp32_greedy_parity(real_trt: None, family: str, hf_checkpoint: Callable[..., Path],
-                                built_bundle: Callable[..., Path], tmp_path: Path) -> None:
+def test_gpu_fp32_greedy_parity(
+    real_trt: None,
+    family: str,
+    hf_checkpoint: Callable[..., Path],
+    built_bundle: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
     ckpt = hf_checkpoint(family)
     out = tmp_path / "trt"
     out.mkdir()
-    build_trt_bundle(ckpt, out, TrtBuildSpec(precision="fp32", timing_cache_dir=tmp_path / "timing", **SHAPES))
+    build_trt_bundle(
+        ckpt, out, TrtBuildSpec(precision="fp32", timing_cache_dir=tmp_path / "timing", **SHAPES)
+    )
     cpu, gpu = load_engine(built_bundle(ckpt, **SHAPES), threads=1), load_engine(out)
     try:
         want_tokens, want_logits = _greedy(cpu, PROMPTS, STEPS)
@@ -48,12 +58,19 @@ def test_gpu_fp32_greedy_parity(real_trt: None, family: str, hf_checkpoint: Call
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "int8"])
-def test_gpu_reduced_precision_stays_close(real_trt: None, precision: str, hf_checkpoint: Callable[..., Path],
-                                           built_bundle: Callable[..., Path], tmp_path: Path) -> None:
+def test_gpu_reduced_precision_stays_close(
+    real_trt: None,
+    precision: str,
+    hf_checkpoint: Callable[..., Path],
+    built_bundle: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
     ckpt = hf_checkpoint("llama")
     out = tmp_path / "trt"
     out.mkdir()
-    build_trt_bundle(ckpt, out, TrtBuildSpec(precision=precision, timing_cache_dir=tmp_path / "timing", **SHAPES))
+    build_trt_bundle(
+        ckpt, out, TrtBuildSpec(precision=precision, timing_cache_dir=tmp_path / "timing", **SHAPES)
+    )
     cpu, gpu = load_engine(built_bundle(ckpt, **SHAPES), threads=1), load_engine(out)
     try:
         want, got = cpu.prefill(0, PROMPTS[0]), gpu.prefill(0, PROMPTS[0])

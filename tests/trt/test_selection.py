@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ from inference.runtime import load_engine
 from tests.trt.conftest import FAKE_DIR
 
 REPO = Path(__file__).resolve().parents[2]
-SHAPES = {"max_input_len": 8, "max_kv_cache_capacity": 64, "max_batch_size": 1}
+SHAPES: dict[str, Any] = {"max_input_len": 8, "max_kv_cache_capacity": 64, "max_batch_size": 1}
 
 _NOT_IMPORTED = """
 import sys
@@ -43,7 +44,9 @@ def _python(args: list[str], *, fake: bool) -> subprocess.CompletedProcess[str]:
     path = [str(REPO)] + ([str(FAKE_DIR)] if fake else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     env.pop("CACHESVC_DISABLE_GPU", None)
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, timeout=120, cwd=REPO
+    )
 
 
 def test_nothing_imports_tensorrt_unless_that_backend_is_used(tmp_path: Path) -> None:
@@ -55,8 +58,19 @@ def test_nothing_imports_tensorrt_unless_that_backend_is_used(tmp_path: Path) ->
 def test_backend_tensorrt_without_it_exits_2_saying_what_is_missing(
     hf_checkpoint: Callable[..., Path], tmp_path: Path
 ) -> None:
-    done = _python(["-m", "cachesvc.cli", "prepare", str(hf_checkpoint("llama")), "--backend", "tensorrt",
-                    "--cache-dir", str(tmp_path / "cache")], fake=False)
+    done = _python(
+        [
+            "-m",
+            "cachesvc.cli",
+            "prepare",
+            str(hf_checkpoint("llama")),
+            "--backend",
+            "tensorrt",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+        fake=False,
+    )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +20,9 @@ PROMPTS = ([5, 17, 99, 3, 42, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 2
 STEPS = 6
 
 
-def _greedy(engine: Engine, prompts: tuple[list[int], ...], steps: int) -> tuple[list[list[int]], list[np.ndarray]]:
+def _greedy(
+    engine: Engine, prompts: tuple[list[int], ...], steps: int
+) -> tuple[list[list[int]], list[np.ndarray]]:
     """Prefill each prompt into its own slot (chunked: prompt 0 is longer than max_input_len), then
     decode all slots together greedily; returns tokens per slot and every step's logits."""
     logits = [engine.prefill(slot, p) for slot, p in enumerate(prompts)]
@@ -35,8 +38,9 @@ def _greedy(engine: Engine, prompts: tuple[list[int], ...], steps: int) -> tuple
 
 
 @pytest.fixture
-def pair(hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path],
-         trt_bundle: Callable[..., Path]) -> Callable[..., tuple[Engine, Engine, Path]]:
+def pair(
+    hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path], trt_bundle: Callable[..., Path]
+) -> Iterator[Callable[..., tuple[Engine, Engine, Path]]]:
     """Factory: (family, **trt spec) -> (CPU engine, TensorRT engine, TensorRT bundle dir)."""
     opened: list[Engine] = []
 
@@ -54,7 +58,9 @@ def pair(hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path],
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_greedy_parity_with_the_cpu_engine(pair: Callable[..., tuple[Engine, Engine, Path]], family: str) -> None:
+def test_greedy_parity_with_the_cpu_engine(
+    pair: Callable[..., tuple[Engine, Engine, Path]], family: str
+) -> None:
     cpu, gpu, trt_dir = pair(family)
     meta = json.loads((trt_dir / "engine.json").read_text())
     assert meta["backend"] == "tensorrt" and meta["graph_ops"] == "decomposed"  # fake reports 10.13
@@ -72,8 +78,9 @@ def test_greedy_parity_with_the_cpu_engine(pair: Callable[..., tuple[Engine, Eng
     np.testing.assert_allclose(gpu.decode([1, 0], [3, 4]), cpu.decode([1, 0], [3, 4]), atol=2e-4, rtol=1e-4)
 
 
-def test_fp16_build_keeps_norms_in_fp32_and_runs(pair: Callable[..., tuple[Engine, Engine, Path]],
-                                                  fake_trt: ModuleType) -> None:
+def test_fp16_build_keeps_norms_in_fp32_and_runs(
+    pair: Callable[..., tuple[Engine, Engine, Path]], fake_trt: ModuleType
+) -> None:
     cpu, gpu, trt_dir = pair("llama", precision="fp16")
     meta = json.loads((trt_dir / "engine.json").read_text())
     # 2 layers x 2 norms + the final norm, 5 layers each in the decomposed graph.
@@ -86,8 +93,12 @@ def test_fp16_build_keeps_norms_in_fp32_and_runs(pair: Callable[..., tuple[Engin
     assert _greedy(gpu, PROMPTS, 3)[0] == _greedy(cpu, PROMPTS, 3)[0]
 
 
-def test_fused_graph_from_tensorrt_10_15(hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path],
-                                         trt_bundle: Callable[..., Path], trt_version: Callable[[str], None]) -> None:
+def test_fused_graph_from_tensorrt_10_15(
+    hf_checkpoint: Callable[..., Path],
+    built_bundle: Callable[..., Path],
+    trt_bundle: Callable[..., Path],
+    trt_version: Callable[[str], None],
+) -> None:
     trt_version("10.15.1.29")
     ckpt = hf_checkpoint("qwen2")
     trt_dir = trt_bundle(ckpt, **SHAPES, precision="fp32")
@@ -110,19 +121,23 @@ def test_int8_weight_only(pair: Callable[..., tuple[Engine, Engine, Path]]) -> N
 
 
 def test_bundles_for_another_tensorrt_or_gpu_are_refused(
-    hf_checkpoint: Callable[..., Path], trt_bundle: Callable[..., Path],
-    trt_version: Callable[[str], None], monkeypatch: pytest.MonkeyPatch, fake_trt: ModuleType,
+    hf_checkpoint: Callable[..., Path],
+    trt_bundle: Callable[..., Path],
+    trt_version: Callable[[str], None],
+    monkeypatch: pytest.MonkeyPatch,
+    fake_trt: ModuleType,
 ) -> None:
     trt_dir = trt_bundle(hf_checkpoint("llama"), **SHAPES, precision="fp32")
     monkeypatch.setenv("FAKE_CUDA_CC", "8.9")
-    with pytest.raises(EngineLoadError, match="compute capability 9.0"):
+    with pytest.raises(EngineLoadError, match=r"compute capability 9\.0"):
         load_engine(trt_dir)
     monkeypatch.delenv("FAKE_CUDA_CC")
     trt_version("10.14.1.0")
-    with pytest.raises(EngineLoadError, match="built with TensorRT 10.13"):
+    with pytest.raises(EngineLoadError, match=r"built with TensorRT 10\.13"):
         load_engine(trt_dir)
-    monkeypatch.setattr(fake_trt, "__version__", json.loads((trt_dir / "engine.json").read_text())[
-        "tensorrt_version"])
+    monkeypatch.setattr(
+        fake_trt, "__version__", json.loads((trt_dir / "engine.json").read_text())["tensorrt_version"]
+    )
     with pytest.raises(EngineLoadError, match="max_batch_size"):
         load_engine(trt_dir, max_slots=3)
 
@@ -154,7 +169,9 @@ def test_runs_from_another_thread_and_frees_its_memory(
         engine.prefill(0, [1])
 
 
-def test_a_refused_tensorrt_call_raises(hf_checkpoint: Callable[..., Path], trt_bundle: Callable[..., Path]) -> None:
+def test_a_refused_tensorrt_call_raises(
+    hf_checkpoint: Callable[..., Path], trt_bundle: Callable[..., Path]
+) -> None:
     from inference.runtime.trt_engine import EngineRunError
 
     engine = load_engine(trt_bundle(hf_checkpoint("llama"), **SHAPES, precision="fp32"))
@@ -174,8 +191,9 @@ def test_timing_cache_is_shared_per_arch_and_version(
     for i, precision in enumerate(("fp32", "fp16")):
         out = tmp_path / f"b{i}"
         out.mkdir()
-        build_trt_bundle(hf_checkpoint("llama"), out, TrtBuildSpec(precision=precision, timing_cache_dir=timing,
-                                                                   **SHAPES))
+        build_trt_bundle(
+            hf_checkpoint("llama"), out, TrtBuildSpec(precision=precision, timing_cache_dir=timing, **SHAPES)
+        )
     cache = timing / f"sm90-trt{fake_trt.__version__}.cache"
     entries = json.loads(cache.read_bytes().split(b"\x00", 1)[1])["entries"]
     # Both builds' tactics are in the one file: the second merged into the first.
@@ -183,11 +201,11 @@ def test_timing_cache_is_shared_per_arch_and_version(
     assert sorted(p.name for p in timing.iterdir()) == [cache.name, cache.name + ".lock"]
 
 
-def _plan_header(path: Path) -> dict[str, object]:
+def _plan_header(path: Path) -> dict[str, Any]:
     import struct
 
     data = path.read_bytes()
     start = data.index(b"\x00") + 1
-    (size,) = struct.unpack("<Q", data[start:start + 8])
-    header: dict[str, object] = json.loads(data[start + 8:start + 8 + size])
+    (size,) = struct.unpack("<Q", data[start : start + 8])
+    header: dict[str, Any] = json.loads(data[start + 8 : start + 8 + size])
     return header

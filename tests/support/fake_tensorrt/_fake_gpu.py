@@ -101,7 +101,7 @@ def view(ptr: int, nbytes: int) -> np.ndarray:
                         f"access of {nbytes} bytes at {ptr:#x} runs {off + nbytes - buf.size} bytes past "
                         f"the end of its {buf.size}-byte allocation"
                     )
-                return buf[off:off + nbytes]
+                return buf[off : off + nbytes]
     raise FakeGpuError(f"device pointer {ptr:#x} is not inside any live allocation")
 
 

@@ -25,7 +25,7 @@ class LogicError(Error):
     """A call made in the wrong state (pycuda._driver.LogicError)."""
 
 
-class RuntimeError(Error, builtins.RuntimeError):  # noqa: A001 - pycuda's own name
+class RuntimeError(Error, builtins.RuntimeError):
     """A driver call that failed (pycuda._driver.RuntimeError)."""
 
 

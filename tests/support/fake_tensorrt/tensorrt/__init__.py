@@ -72,15 +72,27 @@ class DataType(enum.IntEnum):
 
 
 float32, float16, bfloat16 = DataType.FLOAT, DataType.HALF, DataType.BF16
-int8, int32, int64, bool_ = DataType.INT8, DataType.INT32, DataType.INT64, DataType.BOOL  # noqa: A001
+int8, int32, int64, bool_ = DataType.INT8, DataType.INT32, DataType.INT64, DataType.BOOL
 
 _NP = {
-    DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT8: np.int8,
-    DataType.INT32: np.int32, DataType.BOOL: np.bool_, DataType.UINT8: np.uint8,
+    DataType.FLOAT: np.float32,
+    DataType.HALF: np.float16,
+    DataType.INT8: np.int8,
+    DataType.INT32: np.int32,
+    DataType.BOOL: np.bool_,
+    DataType.UINT8: np.uint8,
     DataType.INT64: np.int64,
 }
-_FROM_ONNX = {1: DataType.FLOAT, 10: DataType.HALF, 16: DataType.BF16, 3: DataType.INT8, 6: DataType.INT32,
-              7: DataType.INT64, 9: DataType.BOOL, 2: DataType.UINT8}
+_FROM_ONNX = {
+    1: DataType.FLOAT,
+    10: DataType.HALF,
+    16: DataType.BF16,
+    3: DataType.INT8,
+    6: DataType.INT32,
+    7: DataType.INT64,
+    9: DataType.BOOL,
+    2: DataType.UINT8,
+}
 
 
 def nptype(trt_type: DataType) -> type:
@@ -166,37 +178,69 @@ class LayerType(enum.IntEnum):
 
 
 _LAYER_OF_OP = {
-    "MatMul": LayerType.MATRIX_MULTIPLY, "Gemm": LayerType.MATRIX_MULTIPLY,
-    "Add": LayerType.ELEMENTWISE, "Sub": LayerType.ELEMENTWISE, "Mul": LayerType.ELEMENTWISE,
-    "Div": LayerType.ELEMENTWISE, "Pow": LayerType.ELEMENTWISE, "Max": LayerType.ELEMENTWISE,
-    "Min": LayerType.ELEMENTWISE, "Equal": LayerType.ELEMENTWISE, "Less": LayerType.ELEMENTWISE,
-    "Sqrt": LayerType.UNARY, "Neg": LayerType.UNARY, "Exp": LayerType.UNARY, "Reciprocal": LayerType.UNARY,
-    "Cos": LayerType.UNARY, "Sin": LayerType.UNARY, "Not": LayerType.UNARY,
-    "Sigmoid": LayerType.ACTIVATION, "Relu": LayerType.ACTIVATION, "Tanh": LayerType.ACTIVATION,
-    "ReduceMean": LayerType.REDUCE, "ReduceSum": LayerType.REDUCE, "ReduceMax": LayerType.REDUCE,
-    "Softmax": LayerType.SOFTMAX, "Gather": LayerType.GATHER, "GatherElements": LayerType.GATHER,
-    "Reshape": LayerType.SHUFFLE, "Transpose": LayerType.SHUFFLE, "Unsqueeze": LayerType.SHUFFLE,
-    "Squeeze": LayerType.SHUFFLE, "Flatten": LayerType.SHUFFLE, "Slice": LayerType.SLICE,
-    "Concat": LayerType.CONCATENATION, "Shape": LayerType.SHAPE, "Where": LayerType.SELECT,
-    "Cast": LayerType.CAST, "Constant": LayerType.CONSTANT, "Expand": LayerType.SLICE,
-    "Range": LayerType.FILL, "ConstantOfShape": LayerType.FILL, "Trilu": LayerType.ELEMENTWISE,
-    "QuantizeLinear": LayerType.QUANTIZE, "DequantizeLinear": LayerType.DEQUANTIZE,
-    "RMSNormalization": LayerType.NORMALIZATION, "LayerNormalization": LayerType.NORMALIZATION,
-    "Attention": LayerType.ATTENTION, "RotaryEmbedding": LayerType.ROTARY_EMBEDDING,
-    "ScatterND": LayerType.SCATTER, "CumSum": LayerType.REDUCE,
+    "MatMul": LayerType.MATRIX_MULTIPLY,
+    "Gemm": LayerType.MATRIX_MULTIPLY,
+    "Add": LayerType.ELEMENTWISE,
+    "Sub": LayerType.ELEMENTWISE,
+    "Mul": LayerType.ELEMENTWISE,
+    "Div": LayerType.ELEMENTWISE,
+    "Pow": LayerType.ELEMENTWISE,
+    "Max": LayerType.ELEMENTWISE,
+    "Min": LayerType.ELEMENTWISE,
+    "Equal": LayerType.ELEMENTWISE,
+    "Less": LayerType.ELEMENTWISE,
+    "Sqrt": LayerType.UNARY,
+    "Neg": LayerType.UNARY,
+    "Exp": LayerType.UNARY,
+    "Reciprocal": LayerType.UNARY,
+    "Cos": LayerType.UNARY,
+    "Sin": LayerType.UNARY,
+    "Not": LayerType.UNARY,
+    "Sigmoid": LayerType.ACTIVATION,
+    "Relu": LayerType.ACTIVATION,
+    "Tanh": LayerType.ACTIVATION,
+    "ReduceMean": LayerType.REDUCE,
+    "ReduceSum": LayerType.REDUCE,
+    "ReduceMax": LayerType.REDUCE,
+    "Softmax": LayerType.SOFTMAX,
+    "Gather": LayerType.GATHER,
+    "GatherElements": LayerType.GATHER,
+    "Reshape": LayerType.SHUFFLE,
+    "Transpose": LayerType.SHUFFLE,
+    "Unsqueeze": LayerType.SHUFFLE,
+    "Squeeze": LayerType.SHUFFLE,
+    "Flatten": LayerType.SHUFFLE,
+    "Slice": LayerType.SLICE,
+    "Concat": LayerType.CONCATENATION,
+    "Shape": LayerType.SHAPE,
+    "Where": LayerType.SELECT,
+    "Cast": LayerType.CAST,
+    "Constant": LayerType.CONSTANT,
+    "Expand": LayerType.SLICE,
+    "Range": LayerType.FILL,
+    "ConstantOfShape": LayerType.FILL,
+    "Trilu": LayerType.ELEMENTWISE,
+    "QuantizeLinear": LayerType.QUANTIZE,
+    "DequantizeLinear": LayerType.DEQUANTIZE,
+    "RMSNormalization": LayerType.NORMALIZATION,
+    "LayerNormalization": LayerType.NORMALIZATION,
+    "Attention": LayerType.ATTENTION,
+    "RotaryEmbedding": LayerType.ROTARY_EMBEDDING,
+    "ScatterND": LayerType.SCATTER,
+    "CumSum": LayerType.REDUCE,
 }
 #: Ops this fake's parser knows only from a given TensorRT version on (engine-facts.md).
 _OP_SINCE = {"Attention": (10, 14), "RotaryEmbedding": (10, 15), "RMSNormalization": (10, 15)}
 
 
-def _check_type(value: Any, types: type | tuple[type, ...], what: str) -> None:
+def _check_type(value: Any, types: Any, what: str) -> None:
     if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
         raise TypeError(f"{what}: incompatible function arguments, got {value!r}")
     if not isinstance(value, types):
         raise TypeError(f"{what}: incompatible function arguments, got {type(value).__name__}")
 
 
-class Dims(tuple):  # type: ignore[type-arg]
+class Dims(tuple[int, ...]):
     """TensorRT's Dims: a tuple of ints, -1 for a dynamic dimension."""
 
     def __new__(cls, dims: Sequence[int] = ()) -> Dims:
@@ -207,8 +251,9 @@ def _dims(value: Any, what: str) -> Dims:
     if not isinstance(value, tuple | list | Dims) or not all(
         isinstance(d, int | np.integer) and not isinstance(d, bool) for d in value
     ):
-        raise TypeError(f"{what}: incompatible function arguments: expected Dims (a sequence of ints), "
-                        f"got {value!r}")
+        raise TypeError(
+            f"{what}: incompatible function arguments: expected Dims (a sequence of ints), got {value!r}"
+        )
     return Dims(value)
 
 
@@ -438,14 +483,24 @@ class OnnxParser:
                 self._errors.append(ParserError(f"unsupported opset domain {opset.domain!r}"))
         for i, node in enumerate(proto.graph.node):
             if node.domain not in ("", "ai.onnx"):
-                self._errors.append(ParserError(
-                    f"No importer registered for op: {node.op_type} (domain {node.domain})", i, node.name,
-                    node.op_type))
+                self._errors.append(
+                    ParserError(
+                        f"No importer registered for op: {node.op_type} (domain {node.domain})",
+                        i,
+                        node.name,
+                        node.op_type,
+                    )
+                )
             elif node.op_type in _OP_SINCE and version < _OP_SINCE[node.op_type]:
                 need = ".".join(map(str, _OP_SINCE[node.op_type]))
-                self._errors.append(ParserError(
-                    f"No importer registered for op: {node.op_type} (needs TensorRT {need}+)", i,
-                    node.name, node.op_type))
+                self._errors.append(
+                    ParserError(
+                        f"No importer registered for op: {node.op_type} (needs TensorRT {need}+)",
+                        i,
+                        node.name,
+                        node.op_type,
+                    )
+                )
         if self._errors:
             return False
         init_names = {t.name for t in proto.graph.initializer}
@@ -453,7 +508,7 @@ class OnnxParser:
 
         def io_tensor(value_info: Any) -> ITensor:
             ttype = value_info.type.tensor_type
-            shape = Dims(d.dim_value if d.HasField("dim_value") else -1 for d in ttype.shape.dim)
+            shape = Dims([d.dim_value if d.HasField("dim_value") else -1 for d in ttype.shape.dim])
             dtype = _FROM_ONNX.get(ttype.elem_type)
             if dtype is None:
                 raise ValueError(f"unsupported ONNX type {ttype.elem_type}")
@@ -487,7 +542,7 @@ class IOptimizationProfile:
         self.shapes: dict[str, tuple[Dims, Dims, Dims]] = {}
         self.valid = True
 
-    def set_shape(self, input: str, min: Any, opt: Any, max: Any) -> None:  # noqa: A002 - TensorRT's names
+    def set_shape(self, input: str, min: Any, opt: Any, max: Any) -> None:
         _check_type(input, str, "IOptimizationProfile.set_shape")
         lo, mid, hi = (_dims(d, "IOptimizationProfile.set_shape") for d in (min, opt, max))
         if not len(lo) == len(mid) == len(hi):
@@ -495,13 +550,16 @@ class IOptimizationProfile:
             self.valid = False
             return
         if any(d < 0 for d in lo) or any(not a <= b <= c for a, b, c in zip(lo, mid, hi, strict=True)):
-            _error(self._builder.logger, f"{input}: optimization profile needs 0 <= min <= opt <= max "
-                                         f"elementwise, got min={lo} opt={mid} max={hi}")
+            _error(
+                self._builder.logger,
+                f"{input}: optimization profile needs 0 <= min <= opt <= max "
+                f"elementwise, got min={lo} opt={mid} max={hi}",
+            )
             self.valid = False
             return
         self.shapes[input] = (lo, mid, hi)
 
-    def get_shape(self, input: str) -> list[Dims]:  # noqa: A002
+    def get_shape(self, input: str) -> list[Dims]:
         return list(self.shapes.get(input, ()))
 
 
@@ -564,22 +622,27 @@ class IBuilderConfig:
         return len(self.profiles)
 
     def create_timing_cache(self, serialized_timing_cache: bytes) -> ITimingCache:
-        _check_type(serialized_timing_cache, bytes | bytearray | memoryview, "IBuilderConfig.create_timing_cache")
+        _check_type(
+            serialized_timing_cache, bytes | bytearray | memoryview, "IBuilderConfig.create_timing_cache"
+        )
         data = bytes(serialized_timing_cache)
         if not data:
             return ITimingCache(__version__, _cc(), set())
         if not data.startswith(_CACHE_MAGIC):
             _warn(self._builder.logger, "timing cache blob is not a timing cache; starting an empty one")
             return ITimingCache(__version__, _cc(), set())
-        meta = json.loads(data[len(_CACHE_MAGIC):])
+        meta = json.loads(data[len(_CACHE_MAGIC) :])
         return ITimingCache(meta["version"], meta["cc"], set(meta["entries"]))
 
     def set_timing_cache(self, cache: ITimingCache, ignore_mismatch: bool) -> bool:
         _check_type(cache, ITimingCache, "IBuilderConfig.set_timing_cache")
         _check_type(ignore_mismatch, bool, "IBuilderConfig.set_timing_cache")
         if (cache.version, cache.cc) != (__version__, _cc()) and not ignore_mismatch:
-            _error(self._builder.logger, f"timing cache was made by TensorRT {cache.version} on compute "
-                                         f"capability {cache.cc}; this is {__version__} on {_cc()}")
+            _error(
+                self._builder.logger,
+                f"timing cache was made by TensorRT {cache.version} on compute "
+                f"capability {cache.cc}; this is {__version__} on {_cc()}",
+            )
             return False
         self._timing_cache = cache
         return True
@@ -601,8 +664,11 @@ class Builder:
         if flags & ~known:
             raise ValueError(f"unknown NetworkDefinitionCreationFlag bits in {flags:#x}")
         if flags & (1 << NetworkDefinitionCreationFlag.EXPLICIT_BATCH):
-            _warn(self.logger, "NetworkDefinitionCreationFlag::kEXPLICIT_BATCH is deprecated and has no "
-                               "effect: explicit batch is always on in TensorRT 10")
+            _warn(
+                self.logger,
+                "NetworkDefinitionCreationFlag::kEXPLICIT_BATCH is deprecated and has no "
+                "effect: explicit batch is always on in TensorRT 10",
+            )
         return INetworkDefinition(self, flags)
 
     def create_builder_config(self) -> IBuilderConfig:
@@ -615,7 +681,9 @@ class Builder:
     def platform_has_fast_fp16(self) -> bool:
         return True
 
-    def build_serialized_network(self, network: INetworkDefinition, config: IBuilderConfig) -> IHostMemory | None:
+    def build_serialized_network(
+        self, network: INetworkDefinition, config: IBuilderConfig
+    ) -> IHostMemory | None:
         _check_type(network, INetworkDefinition, "Builder.build_serialized_network")
         _check_type(config, IBuilderConfig, "Builder.build_serialized_network")
         log = self.logger
@@ -652,11 +720,14 @@ class Builder:
                 return None
         constrained = {}
         obey = config.get_flag(BuilderFlag.OBEY_PRECISION_CONSTRAINTS) or config.get_flag(
-            BuilderFlag.PREFER_PRECISION_CONSTRAINTS)
+            BuilderFlag.PREFER_PRECISION_CONSTRAINTS
+        )
         for layer in network._layers:
             if layer.precision_is_set:
                 if not obey:
-                    _warn(log, f"layer {layer.name}: precision set but no precision-constraints flag; ignored")
+                    _warn(
+                        log, f"layer {layer.name}: precision set but no precision-constraints flag; ignored"
+                    )
                 else:
                     constrained[layer.name] = layer.precision.name
         precision = [f.name for f in typed if config.get_flag(f)] or ["FLOAT"]
@@ -690,23 +761,32 @@ class Runtime:
         _check_type(serialized_engine, bytes | bytearray | memoryview, "Runtime.deserialize_cuda_engine")
         data = bytes(serialized_engine)
         if not data.startswith(_MAGIC):
-            _error(self.logger, "Error Code 1: Serialization (Serialization assertion magicTagRead == kMAGIC_TAG "
-                                "failed.Magic tag does not match)")
+            _error(
+                self.logger,
+                "Error Code 1: Serialization (Serialization assertion magicTagRead == kMAGIC_TAG "
+                "failed.Magic tag does not match)",
+            )
             return None
-        (size,) = struct.unpack("<Q", data[len(_MAGIC):len(_MAGIC) + 8])
+        (size,) = struct.unpack("<Q", data[len(_MAGIC) : len(_MAGIC) + 8])
         start = len(_MAGIC) + 8
-        header = json.loads(data[start:start + size])
+        header = json.loads(data[start : start + size])
         if header["version"] != __version__:
-            _error(self.logger, "Error Code 6: API Usage Error (The engine plan file is not compatible with this "
-                                f"version of TensorRT, expecting library version {__version__} got "
-                                f"{header['version']}, please rebuild.)")
+            _error(
+                self.logger,
+                "Error Code 6: API Usage Error (The engine plan file is not compatible with this "
+                f"version of TensorRT, expecting library version {__version__} got "
+                f"{header['version']}, please rebuild.)",
+            )
             return None
         if header["cc"] != _cc():
-            _error(self.logger, "Error Code 6: API Usage Error (The engine plan file is generated on an "
-                                f"incompatible device, expecting compute {_cc()} got compute {header['cc']}, "
-                                "please rebuild.)")
+            _error(
+                self.logger,
+                "Error Code 6: API Usage Error (The engine plan file is generated on an "
+                f"incompatible device, expecting compute {_cc()} got compute {header['cc']}, "
+                "please rebuild.)",
+            )
             return None
-        return ICudaEngine(self, header, data[start + size:])
+        return ICudaEngine(self, header, data[start + size :])
 
 
 class ICudaEngine:
@@ -787,8 +867,11 @@ class IExecutionContext:
             return False
         prof = self.engine.get_tensor_profile_shape(name, 0)
         if prof and any(not lo <= d <= hi for lo, d, hi in zip(prof[0], dims, prof[2], strict=True)):
-            _error(self._log, f"setInputShape: {name} dims {dims} are outside the optimization profile "
-                              f"[{prof[0]}, {prof[2]}]")
+            _error(
+                self._log,
+                f"setInputShape: {name} dims {dims} are outside the optimization profile "
+                f"[{prof[0]}, {prof[2]}]",
+            )
             return False
         self._shapes[name] = dims
         return True
@@ -821,8 +904,10 @@ class IExecutionContext:
             _error(self._log, f"setTensorAddress: {name} is not an I/O tensor of the engine")
             return False
         if mode == TensorIOMode.INPUT and name not in self._shapes:
-            _error(self._log, f"setTensorAddress: set the shape of input {name} (set_input_shape) before its "
-                              "address")
+            _error(
+                self._log,
+                f"setTensorAddress: set the shape of input {name} (set_input_shape) before its address",
+            )
             return False
         if memory == 0:
             _error(self._log, f"setTensorAddress: null address for {name}")
@@ -851,8 +936,11 @@ class IExecutionContext:
             _error(self._log, f"enqueueV3: tensors without an address: {unbound}")
             return False
         if stream_handle == 0:
-            _warn(self._log, "Using default stream in enqueueV3() may lead to performance issues due to "
-                             "additional calls to cudaStreamSynchronize()")
+            _warn(
+                self._log,
+                "Using default stream in enqueueV3() may lead to performance issues due to "
+                "additional calls to cudaStreamSynchronize()",
+            )
         # Bindings and shapes are captured now; memory is read when the stream reaches the work.
         shapes = dict(self._shapes)
         addresses = dict(self._addresses)
@@ -870,7 +958,7 @@ class IExecutionContext:
                 feed[name] = raw.view(np_type).reshape(tuple(dims)).copy()
             results = engine.session().run([n for n, _ in outputs], feed)
             for (name, dtype), value in zip(outputs, results, strict=True):
-                arr = np.ascontiguousarray(value, dtype=nptype(dtype))
+                arr: np.ndarray = np.ascontiguousarray(value, dtype=nptype(dtype))
                 gpu.view(addresses[name], arr.nbytes)[:] = arr.reshape(-1).view(np.uint8)
 
         gpu.enqueue(stream_handle, work)
