@@ -283,10 +283,11 @@ def _collecting_logger(trt: Any) -> Any:
             self.errors: list[str] = []
 
         def log(self, severity: Any, msg: str) -> None:
-            if severity <= trt.ILogger.Severity.ERROR:
+            # Membership, not <=: the severity is a pybind11 enum, not guaranteed to be ordered.
+            if severity in (trt.ILogger.Severity.INTERNAL_ERROR, trt.ILogger.Severity.ERROR):
                 self.errors.append(msg)
                 log.error("tensorrt: %s", msg)
-            elif severity <= trt.ILogger.Severity.WARNING:
+            elif severity == trt.ILogger.Severity.WARNING:
                 log.warning("tensorrt: %s", msg)
 
     return CollectingLogger()

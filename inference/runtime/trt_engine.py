@@ -80,42 +80,46 @@ class TrtEngine:
         self._allocated = 0
         self._closed = False
         plan = (Path(bundle_dir) / str(meta.get("engine_file", "engine.plan"))).read_bytes()
-        with self._active():
-            runtime = trt.Runtime(self._logger)
-            engine = runtime.deserialize_cuda_engine(plan)
-            if engine is None:
-                raise EngineLoadError(
-                    f"TensorRT cannot deserialize {bundle_dir}: {'; '.join(self._logger.errors)}"
-                )
-            self._runtime, self._engine = runtime, engine
-            self._check_io(engine, meta)
-            self._context = engine.create_execution_context()
-            if self._context is None:
-                raise EngineLoadError(f"TensorRT cannot create an execution context: {self._logger.errors}")
-            self._stream = cuda.Stream()
-            kv_type = np.dtype(trt.nptype(engine.get_tensor_dtype(self._past_names[0])))
-            self._kv_item = kv_type.itemsize
-            # One layer's K (or V) region holds a full-capacity sequence.
-            self._region = self._kv_heads * cap * self._head_dim * self._kv_item
-            slot_bytes = self._region * len(self._past_names)
-            self._slots = [self._alloc(slot_bytes) for _ in range(max_slots)]
-            self._spare = self._alloc(slot_bytes)
-            self._batch_past = self._batch_present = None
-            if max_slots > 1:
-                self._batch_past = self._alloc(slot_bytes * max_slots)
-                self._batch_present = self._alloc(slot_bytes * max_slots)
-                # Left padding is masked out, but it must hold finite numbers (0 * NaN is NaN).
-                cuda.memset_d8_async(self._batch_past, 0, slot_bytes * max_slots, self._stream)
-            tokens = max(chunk, max_slots)
-            self._d_ids = self._alloc(tokens * 8)
-            self._d_pos = self._alloc(tokens * 8)
-            self._d_mask = self._alloc(max_slots * cap * 8)
-            self._d_logits = self._alloc(max_slots * vocab * 4)
-            self._h_ids = cuda.pagelocked_empty(tokens, np.int64)
-            self._h_pos = cuda.pagelocked_empty(tokens, np.int64)
-            self._h_mask = cuda.pagelocked_empty(max_slots * cap, np.int64)
-            self._h_logits = cuda.pagelocked_empty((max_slots, vocab), np.float32)
-            self._stream.synchronize()
+        try:
+            with self._active():
+                runtime = trt.Runtime(self._logger)
+                engine = runtime.deserialize_cuda_engine(plan)
+                if engine is None:
+                    raise EngineLoadError(
+                        f"TensorRT cannot deserialize {bundle_dir}: {'; '.join(self._logger.errors)}"
+                    )
+                self._runtime, self._engine = runtime, engine
+                self._check_io(engine, meta)
+                self._context = engine.create_execution_context()
+                if self._context is None:
+                    raise EngineLoadError(f"TensorRT cannot create an execution context: {self._logger.errors}")
+                self._stream = cuda.Stream()
+                kv_type = np.dtype(trt.nptype(engine.get_tensor_dtype(self._past_names[0])))
+                self._kv_item = kv_type.itemsize
+                # One layer's K (or V) region holds a full-capacity sequence.
+                self._region = self._kv_heads * cap * self._head_dim * self._kv_item
+                slot_bytes = self._region * len(self._past_names)
+                self._slots = [self._alloc(slot_bytes) for _ in range(max_slots)]
+                self._spare = self._alloc(slot_bytes)
+                self._batch_past = self._batch_present = None
+                if max_slots > 1:
+                    self._batch_past = self._alloc(slot_bytes * max_slots)
+                    self._batch_present = self._alloc(slot_bytes * max_slots)
+                    # Left padding is masked out, but it must hold finite numbers (0 * NaN is NaN).
+                    cuda.memset_d8_async(self._batch_past, 0, slot_bytes * max_slots, self._stream)
+                tokens = max(chunk, max_slots)
+                self._d_ids = self._alloc(tokens * 8)
+                self._d_pos = self._alloc(tokens * 8)
+                self._d_mask = self._alloc(max_slots * cap * 8)
+                self._d_logits = self._alloc(max_slots * vocab * 4)
+                self._h_ids = cuda.pagelocked_empty(tokens, np.int64)
+                self._h_pos = cuda.pagelocked_empty(tokens, np.int64)
+                self._h_mask = cuda.pagelocked_empty(max_slots * cap, np.int64)
+                self._h_logits = cuda.pagelocked_empty((max_slots, vocab), np.float32)
+                self._stream.synchronize()
+        except BaseException:
+            self._release()  # a failed load leaves no device memory and no context behind
+            raise
         self._lengths = [0] * max_slots
         allocated = self._allocated
         workspace = int(getattr(engine, "device_memory_size_v2", 0) or 0)
@@ -364,8 +368,13 @@ class TrtEngine:
         if self._closed:
             return
         self._closed = True
+        self._release()
+
+    def _release(self) -> None:
         with self._active():
-            self._stream.synchronize()
+            stream = getattr(self, "_stream", None)
+            if stream is not None:
+                stream.synchronize()
             for buf in self._allocs:
                 buf.free()
             self._allocs.clear()

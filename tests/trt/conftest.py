@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine.conftest import built_bundle, hf_checkpoint  # noqa: F401 - fixtures re-exported
+from tests.engine.conftest import built_bundle, copy_dir, hf_checkpoint  # noqa: F401 - fixtures re-exported
 
 FAKE_DIR = Path(__file__).resolve().parents[1] / "support" / "fake_tensorrt"
 _FAKE_MODULES = ("tensorrt", "pycuda", "_fake_gpu")

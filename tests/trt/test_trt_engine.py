@@ -209,3 +209,16 @@ def _plan_header(path: Path) -> dict[str, Any]:
     (size,) = struct.unpack("<Q", data[start : start + 8])
     header: dict[str, Any] = json.loads(data[start + 8 : start + 8 + size])
     return header
+
+
+def test_a_damaged_plan_is_refused_and_leaves_nothing_behind(
+    hf_checkpoint: Callable[..., Path], trt_bundle: Callable[..., Path], copy_dir: Callable[[Path], Path]
+) -> None:
+    import _fake_gpu
+
+    bundle = copy_dir(trt_bundle(hf_checkpoint("llama"), **SHAPES, precision="fp32"))
+    (bundle / "engine.plan").write_bytes(b"not a plan")
+    before = _fake_gpu.live_bytes()
+    with pytest.raises(EngineLoadError, match="cannot deserialize"):
+        load_engine(bundle)
+    assert _fake_gpu.live_bytes() == before
