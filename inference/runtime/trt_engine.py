@@ -92,7 +92,9 @@ class TrtEngine:
                 self._check_io(engine, meta)
                 self._context = engine.create_execution_context()
                 if self._context is None:
-                    raise EngineLoadError(f"TensorRT cannot create an execution context: {self._logger.errors}")
+                    raise EngineLoadError(
+                        f"TensorRT cannot create an execution context: {self._logger.errors}"
+                    )
                 self._stream = cuda.Stream()
                 kv_type = np.dtype(trt.nptype(engine.get_tensor_dtype(self._past_names[0])))
                 self._kv_item = kv_type.itemsize
