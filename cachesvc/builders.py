@@ -50,6 +50,15 @@ class Builder(Protocol):
         ...
 
 
+def _refuse_speculative(backend: str, options: BuildOptions) -> None:
+    if options.speculative_method is not None:
+        raise ConfigError(
+            "speculative_method",
+            f"speculative method {options.speculative_method!r} is not supported by the {backend} "
+            "backend yet; drop --speculative-config",
+        )
+
+
 class OnnxRuntimeBuilder:
     """The CPU backend: ``inference.builder.build_bundle`` (ONNX graph + ONNX Runtime)."""
 
@@ -77,12 +86,7 @@ class OnnxRuntimeBuilder:
     ) -> dict[str, Any]:
         from inference.builder import EngineBuildSpec, build_bundle
 
-        if options.speculative_method is not None:
-            raise ConfigError(
-                "speculative_method",
-                f"speculative method {options.speculative_method!r} is not supported by the onnxruntime "
-                "backend yet; drop --speculative-config",
-            )
+        _refuse_speculative(self.backend, options)
         spec = EngineBuildSpec(
             precision=options.precision,
             max_input_len=options.max_input_len,
@@ -153,12 +157,7 @@ class TensorRTBuilder:
         from inference.builder.errors import BuildInputError
         from inference.builder.trt_backend import TrtBuildSpec, build_trt_bundle
 
-        if options.speculative_method is not None:
-            raise ConfigError(
-                "speculative_method",
-                f"speculative method {options.speculative_method!r} is not supported by the tensorrt "
-                "backend yet; drop --speculative-config",
-            )
+        _refuse_speculative(self.backend, options)
         if options.device_arch != self.device_arch:
             raise BuildError(f"profile is for {options.device_arch} but this GPU is {self.device_arch}")
         try:

@@ -25,6 +25,13 @@ import numpy as np
 
 from inference.runtime.errors import EngineLoadError
 from inference.runtime.protocol import EngineInfo
+from inference.runtime.slot_checks import (
+    check_decode,
+    check_decode_lengths,
+    check_prefill,
+    check_slot,
+    check_tokens,
+)
 
 log = logging.getLogger("inference.runtime.trt")
 
@@ -189,18 +196,7 @@ class TrtEngine:
 
     # --- slot bookkeeping --------------------------------------------------------------------
     def _check_slot(self, slot: int) -> None:
-        if not 0 <= slot < self._info.max_slots:
-            raise ValueError(f"slot {slot} out of range; this engine has slots 0..{self._info.max_slots - 1}")
-
-    def _check_tokens(self, token_ids: Sequence[int]) -> np.ndarray:
-        ids = np.asarray(token_ids, dtype=np.int64)
-        if ids.ndim != 1:
-            raise ValueError("token ids must be a flat sequence of integers")
-        if ids.size and (ids.min() < 0 or ids.max() >= self._info.vocab_size):
-            raise ValueError(
-                f"token ids must lie in [0, {self._info.vocab_size}); got {ids.min()}..{ids.max()}"
-            )
-        return ids
+        check_slot(slot, self._info.max_slots)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -263,15 +259,9 @@ class TrtEngine:
         """Append ``token_ids`` to ``slot``'s KV; return logits ``[vocab]`` of the last one."""
         self._check_open()
         self._check_slot(slot)
-        ids = self._check_tokens(token_ids)
-        if ids.size == 0:
-            raise ValueError("prefill needs at least one token")
-        length, cap = self._lengths[slot], self._info.max_kv_capacity
-        if length + ids.size > cap:
-            raise ValueError(
-                f"slot {slot} holds {length} positions; adding {ids.size} would exceed "
-                f"max_kv_capacity {cap}; shorten the prompt or build with a larger max_kv_cache_capacity"
-            )
+        ids = check_tokens(token_ids, self._info.vocab_size)
+        length = self._lengths[slot]
+        check_prefill(slot, length, ids.size, self._info.max_kv_capacity)
         chunk = self._info.max_input_len
         vocab = self._info.vocab_size
         with self._active():
@@ -294,21 +284,10 @@ class TrtEngine:
     def decode(self, slots: Sequence[int], token_ids: Sequence[int]) -> np.ndarray:
         """Append one token to each slot; return logits ``[len(slots), vocab]``."""
         self._check_open()
-        if len(slots) != len(token_ids) or not slots:
-            raise ValueError("decode needs one token per slot and at least one slot")
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"decode got a slot twice: {list(slots)}")
-        for s in slots:
-            self._check_slot(s)
-        ids = self._check_tokens(token_ids)
+        check_decode(slots, len(token_ids), self._info.max_slots)
+        ids = check_tokens(token_ids, self._info.vocab_size)
         lengths = [self._lengths[s] for s in slots]
-        for s, n in zip(slots, lengths, strict=True):
-            if n == 0:
-                raise ValueError(f"slot {s} is empty; prefill it before decoding")
-            if n + 1 > self._info.max_kv_capacity:
-                raise ValueError(
-                    f"slot {s} is full ({n} positions = max_kv_capacity); reset it or stop generating"
-                )
+        check_decode_lengths(slots, lengths, self._info.max_kv_capacity)
         batch, longest = len(slots), max(lengths)
         with self._active():
             width = longest + 1
