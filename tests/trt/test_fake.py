@@ -218,3 +218,23 @@ def test_pycuda_needs_init_a_context_per_thread_and_pinned_memory(fake_trt: Modu
         assert errors and "no currently active context" in str(errors[0])
     finally:
         driver.Context.pop()
+
+
+def test_pycuda_autoinit_makes_a_context_current() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.trt.conftest import FAKE_DIR
+
+    code = "import pycuda.autoinit, pycuda.driver as d; d.mem_alloc(4); print(d.Context.get_device().name())"
+    # A separate process: autoinit leaves its context current for the life of the process.
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(FAKE_DIR)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Fake NVIDIA" in done.stdout

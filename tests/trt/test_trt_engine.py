@@ -78,17 +78,18 @@ def test_greedy_parity_with_the_cpu_engine(
     np.testing.assert_allclose(gpu.decode([1, 0], [3, 4]), cpu.decode([1, 0], [3, 4]), atol=2e-4, rtol=1e-4)
 
 
-def test_fp16_build_keeps_norms_in_fp32_and_runs(
-    pair: Callable[..., tuple[Engine, Engine, Path]], fake_trt: ModuleType
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_half_precision_builds_keep_norms_in_fp32_and_run(
+    pair: Callable[..., tuple[Engine, Engine, Path]], precision: str
 ) -> None:
-    cpu, gpu, trt_dir = pair("llama", precision="fp16")
+    cpu, gpu, trt_dir = pair("llama", precision=precision)
     meta = json.loads((trt_dir / "engine.json").read_text())
     # 2 layers x 2 norms + the final norm, 5 layers each in the decomposed graph.
-    assert meta["precision"] == "fp16" and meta["fp32_layers"] == 25
+    assert meta["precision"] == precision and meta["fp32_layers"] == 25
     header = _plan_header(trt_dir / "engine.plan")
-    assert header["precision"] == ["FP16"]
+    assert header["precision"] == [precision.upper()]
     assert set(header["constrained_layers"].values()) == {"FLOAT"} and len(header["constrained_layers"]) == 25
-    assert gpu.info.precision == "fp16"
+    assert gpu.info.precision == precision
     # The fake computes in fp32, so the tokens must agree exactly here (not so on a GPU).
     assert _greedy(gpu, PROMPTS, 3)[0] == _greedy(cpu, PROMPTS, 3)[0]
 
