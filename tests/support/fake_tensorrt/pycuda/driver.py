@@ -3,7 +3,8 @@
 Rules enforced (each one a real failure on a GPU): ``init()`` before ``Device``; a current
 context in the calling thread for every memory call (contexts are per thread); copies stay
 inside their allocations; ``*_async`` copies use page-locked host memory (``pagelocked_empty``)
-and complete only when their stream is synchronized.
+and complete only when their stream is synchronized. The pinned-memory rule is stricter than
+CUDA, which accepts pageable memory but then silently copies synchronously.
 """
 
 from __future__ import annotations

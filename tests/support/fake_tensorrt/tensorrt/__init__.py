@@ -25,6 +25,11 @@ types raise ``TypeError`` as pybind11 does) and enforces its rules:
 
 The engine runs the parsed ONNX graph with onnxruntime (fp32, on the CPU) in stream order, so a
 consumer's greedy tokens are real. Precision flags and layer precisions are recorded, not applied.
+
+Stricter than TensorRT, on purpose: "an input's shape before its address" (TensorRT accepts
+either order; setting shapes first is the documented pattern and lets output shapes be known
+when outputs are bound). Not modelled: shape tensors (host-memory inputs), tactics and timing,
+numerics of reduced precisions, plugin layers, multiple profiles per context.
 """
 
 from __future__ import annotations
