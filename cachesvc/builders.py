@@ -50,6 +50,15 @@ class Builder(Protocol):
         ...
 
 
+def _refuse_speculative(backend: str, options: BuildOptions) -> None:
+    if options.speculative_method is not None:
+        raise ConfigError(
+            "speculative_method",
+            f"speculative method {options.speculative_method!r} is not supported by the {backend} "
+            "backend yet; drop --speculative-config",
+        )
+
+
 class OnnxRuntimeBuilder:
     """The CPU backend: ``inference.builder.build_bundle`` (ONNX graph + ONNX Runtime)."""
 
@@ -77,12 +86,7 @@ class OnnxRuntimeBuilder:
     ) -> dict[str, Any]:
         from inference.builder import EngineBuildSpec, build_bundle
 
-        if options.speculative_method is not None:
-            raise ConfigError(
-                "speculative_method",
-                f"speculative method {options.speculative_method!r} is not supported by the onnxruntime "
-                "backend yet; drop --speculative-config",
-            )
+        _refuse_speculative(self.backend, options)
         spec = EngineBuildSpec(
             precision=options.precision,
             max_input_len=options.max_input_len,
@@ -95,25 +99,110 @@ class OnnxRuntimeBuilder:
             raise BuildError(f"cannot build {checkpoint_dir}: {exc}") from exc
 
 
-def gpu_available() -> bool:
-    """True when TensorRT imports and a CUDA device is present (``--backend auto`` uses it)."""
+class TensorRTBuilder:
+    """The GPU backend: ``inference.builder.trt_backend`` (the same ONNX graph -> a TensorRT plan).
+
+    Nothing here imports ``tensorrt`` or ``pycuda`` until a property or ``build`` is used, which
+    happens only once the tensorrt backend has been chosen. ``timing_cache_dir`` (the cache
+    root's ``trt-timing/``) holds the timing caches shared by builds.
+    """
+
+    backend = "tensorrt"
+
+    def __init__(self, timing_cache_dir: Path | None = None) -> None:
+        self.timing_cache_dir = timing_cache_dir
+
+    @property
+    def version(self) -> str:
+        """Builder version plus the TensorRT version: a plan runs only on the TensorRT that built it,
+        so another TensorRT version keys (and builds) other bundles."""
+        import tensorrt
+
+        from inference.builder.trt_backend import TRT_BUILDER_VERSION
+
+        return f"{TRT_BUILDER_VERSION}+trt{tensorrt.__version__}"
+
+    @property
+    def device_arch(self) -> str:
+        """The GPU's arch tag (``sm90``); part of the profile key."""
+        from inference.cuda_device import cuda_device
+
+        return cuda_device(0).arch
+
+    def versions(self) -> dict[str, str]:
+        import onnx
+        import pycuda
+        import tensorrt
+
+        from inference.cuda_device import cuda_device
+
+        device = cuda_device(0)
+        return {
+            "tensorrt": str(tensorrt.__version__),
+            "pycuda": str(getattr(pycuda, "VERSION_TEXT", "?")),
+            "onnx": onnx.__version__,
+            "gpu_name": device.name,
+            "compute_capability": device.compute_capability,
+            "builder": self.version,
+        }
+
+    def build(
+        self,
+        checkpoint_dir: Path,
+        draft_dir: Path | None,
+        options: BuildOptions,
+        out_dir: Path,
+        progress: ProgressFn,
+    ) -> dict[str, Any]:
+        from inference.builder.errors import BuildInputError
+        from inference.builder.trt_backend import TrtBuildSpec, build_trt_bundle
+
+        _refuse_speculative(self.backend, options)
+        if options.device_arch != self.device_arch:
+            raise BuildError(f"profile is for {options.device_arch} but this GPU is {self.device_arch}")
+        try:
+            spec = TrtBuildSpec(
+                precision=options.precision,
+                max_input_len=options.max_input_len,
+                max_batch_size=options.max_batch_size,
+                max_kv_cache_capacity=options.max_kv_cache_capacity,
+                timing_cache_dir=self.timing_cache_dir,
+            )
+            return dict(build_trt_bundle(checkpoint_dir, out_dir, spec, progress))
+        except (BuildInputError, ValueError) as exc:
+            raise BuildError(f"cannot build {checkpoint_dir}: {exc}") from exc
+
+
+def tensorrt_missing() -> str | None:
+    """None when the tensorrt backend can run here; else what is missing, in one phrase.
+
+    Imports tensorrt and pycuda only when both are installed (``--backend tensorrt``/``auto``).
+    """
     if os.environ.get("CACHESVC_DISABLE_GPU"):
-        return False
-    try:
-        import tensorrt  # noqa: F401
-        from cuda.bindings import runtime as cudart
-    except Exception:
-        return False
-    try:
-        err, count = cudart.cudaGetDeviceCount()
-    except Exception:
-        return False
-    return int(err) == 0 and int(count) > 0
+        return "the GPU is disabled by CACHESVC_DISABLE_GPU"
+    from inference.cuda_device import tensorrt_missing as probe
+
+    return probe()
 
 
-def default_builders() -> dict[str, Builder]:
-    """The builders available on this machine, by backend name."""
-    return {"onnxruntime": OnnxRuntimeBuilder()}
+def gpu_available() -> bool:
+    """True when tensorrt and pycuda import and a CUDA device answers (``--backend auto`` uses it)."""
+    return tensorrt_missing() is None
+
+
+def default_builders(cache_root: Path | None = None) -> dict[str, Builder]:
+    """The builders installed on this machine, by backend name.
+
+    The tensorrt builder is listed when its packages are installed (found, not imported);
+    whether a GPU answers is asked only when that backend is chosen (:func:`resolve_backend`).
+    """
+    from inference.cuda_device import tensorrt_installed
+
+    builders: dict[str, Builder] = {"onnxruntime": OnnxRuntimeBuilder()}
+    if tensorrt_installed() and not os.environ.get("CACHESVC_DISABLE_GPU"):
+        timing = None if cache_root is None else Path(cache_root) / "trt-timing"
+        builders["tensorrt"] = TensorRTBuilder(timing)
+    return builders
 
 
 def resolve_backend(requested: str, builders: Mapping[str, Builder]) -> str:
@@ -124,9 +213,15 @@ def resolve_backend(requested: str, builders: Mapping[str, Builder]) -> str:
         if "onnxruntime" in builders:
             return "onnxruntime"
         return next(iter(builders))
-    if requested not in builders:
+    missing = None
+    # A builder injected under the name (tests) is taken as it is; the real one needs the GPU.
+    injected = "tensorrt" in builders and not isinstance(builders["tensorrt"], TensorRTBuilder)
+    if requested == "tensorrt" and not injected:
+        missing = tensorrt_missing()
+    if requested not in builders or missing is not None:
         hint = (
-            " (install the [tensorrt] extra on a machine with an NVIDIA GPU)"
+            f": {missing or 'no tensorrt builder was configured'} (install the [tensorrt] extra on a "
+            "machine with an NVIDIA GPU)"
             if requested == "tensorrt"
             else ""
         )

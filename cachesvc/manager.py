@@ -154,7 +154,7 @@ class CacheManager:
         return cls(
             layout,
             catalog,
-            default_builders() if builders is None else builders,
+            default_builders(layout.root) if builders is None else builders,
             max_size_bytes=max_size_bytes,
             lock_timeout=lock_timeout,
             offline=offline,

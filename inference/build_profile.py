@@ -21,14 +21,14 @@ BACKENDS: tuple[str, ...] = ("onnxruntime", "tensorrt")
 #: What a caller may ask for: ``auto`` picks tensorrt only where it imports and a GPU answers.
 BACKEND_CHOICES: tuple[str, ...] = ("auto", *BACKENDS)
 #: Weight precisions a profile can name.
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8", "int4")
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "int4")
 #: What a caller may ask for: ``auto`` is fp32 on the CPU, fp16 on TensorRT.
 PRECISION_CHOICES: tuple[str, ...] = ("auto", *PRECISIONS)
 #: Precisions each backend builds.
 BACKEND_PRECISIONS: dict[str, tuple[str, ...]] = {
     # int4 is onnxruntime's MatMulNBits (com.microsoft), a CPU op.
     "onnxruntime": ("fp32", "int8", "int4"),
-    "tensorrt": ("fp16", "fp32", "int8"),
+    "tensorrt": ("fp16", "bf16", "fp32", "int8"),
 }
 #: ``auto`` precision per backend.
 AUTO_PRECISION: dict[str, str] = {"onnxruntime": "fp32", "tensorrt": "fp16"}

@@ -13,6 +13,7 @@ from inference.runtime.errors import EngineLoadError
 from inference.runtime.kv_engine import KV_LAYOUT, GqaEngine
 from inference.runtime.ort_engine import OrtEngine
 from inference.runtime.protocol import Engine
+from inference.runtime.registry import ENGINE_LOADERS, loader_for
 
 ENGINE_FILE = "engine.json"
 # Format 1 (two weight copies, no in-place KV graph) is refused: rebuilding is cheap and the
@@ -47,6 +48,8 @@ def read_engine_meta(bundle_dir: Path) -> dict[str, Any]:
             "Rebuild the bundle with this version of the builder"
         )
     backend = meta.get("backend")
+    if backend in ENGINE_LOADERS:
+        return meta  # its own runtime checks its versions when it loads the bundle
     if backend != "onnxruntime":
         raise EngineLoadError(f"bundle backend {backend!r} is not loadable by the onnxruntime runtime")
     built_with = str(meta.get("onnxruntime_version", "?"))
@@ -78,6 +81,9 @@ def load_engine(bundle_dir: Path, *, max_slots: int | None = None, threads: int 
     n_threads = _cores() if threads is None else threads
     if n_threads < 1:
         raise ValueError(f"threads must be at least 1, got {n_threads}")
+    other = loader_for(str(meta.get("backend")))
+    if other is not None:
+        return other(bundle_dir, meta, max_slots=slots, threads=n_threads)
     model = bundle_dir / str(meta["kv_cache"].get("model", ""))
     if not model.is_file():
         raise EngineLoadError(f"bundle {bundle_dir} has no model file ({model.name}); rebuild it")

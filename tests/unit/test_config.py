@@ -320,7 +320,7 @@ INVALID_ARGV: list[tuple[str, str]] = [
     ("catalog_url", ""),
     ("admin_api_key", ""),
     ("backend", "cuda"),
-    ("precision", "bf16"),
+    ("precision", "fp8"),
 ]
 
 

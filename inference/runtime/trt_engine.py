@@ -1,0 +1,376 @@
+"""The TensorRT implementation of the Engine protocol (GPU, via pycuda).
+
+Each slot owns one device buffer holding its K/V for every layer, each ``[1, kv_heads, length,
+head_dim]`` packed at the start of a capacity-sized region. The graph reads ``past`` and writes
+``present`` (TensorRT forbids aliasing an input with an output), so a batch-1 step writes into
+one spare slot-sized buffer and then swaps it with the slot's: no copy, one extra buffer. A
+decode step over several slots gathers their K/V (left-padded, device to device) into a batch
+buffer and scatters the presents back. Host <-> device traffic per step is the token ids,
+positions and mask in, and the logits of the rows that are sampled out (one row per slot;
+intermediate prefill chunks copy nothing back).
+
+All CUDA work runs in the device's primary context, pushed around every call: the scheduler
+thread that drives the engine is not the thread that loaded it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inference.runtime.errors import EngineLoadError
+from inference.runtime.protocol import EngineInfo
+from inference.runtime.slot_checks import (
+    check_decode,
+    check_decode_lengths,
+    check_prefill,
+    check_slot,
+    check_tokens,
+)
+
+log = logging.getLogger("inference.runtime.trt")
+
+
+class EngineRunError(RuntimeError):
+    """TensorRT refused a call while running (shape outside the profile, unbound tensor)."""
+
+
+def _expect(ok: object, what: str, errors: list[str]) -> None:
+    if not ok:
+        raise EngineRunError(f"TensorRT refused {what}: {'; '.join(errors[-3:]) or 'no message'}")
+
+
+class TrtEngine:
+    """An Engine over one TensorRT execution context of a bundle's plan."""
+
+    def __init__(self, bundle_dir: Path, meta: dict[str, Any], *, max_slots: int) -> None:
+        import pycuda.driver as cuda
+        import tensorrt as trt
+
+        from inference.builder.trt_backend import _collecting_logger
+        from inference.cuda_device import cuda_device
+
+        self._cuda, self._trt = cuda, trt
+        built_with = str(meta.get("tensorrt_version"))
+        if built_with != trt.__version__:
+            raise EngineLoadError(
+                f"bundle was built with TensorRT {built_with} but this process runs {trt.__version__}; "
+                "a plan runs only on the TensorRT version that built it: rebuild the bundle"
+            )
+        device = cuda_device(0)
+        if str(meta.get("compute_capability")) != device.compute_capability:
+            raise EngineLoadError(
+                f"bundle was built for compute capability {meta.get('compute_capability')} "
+                f"({meta.get('gpu_name')}); this GPU is {device.name} ({device.compute_capability}): "
+                "rebuild the bundle on this GPU"
+            )
+        self._layers = int(meta["num_layers"])
+        self._kv_heads = int(meta["num_kv_heads"])
+        self._head_dim = int(meta["head_dim"])
+        vocab = int(meta["vocab_size"])
+        cap = int(meta["max_kv_cache_capacity"])
+        chunk = int(meta["max_input_len"])
+        batch_limit = int(meta.get("max_batch_size", 1))
+        if max_slots > batch_limit:
+            # Decode runs all slots in one batch; the plan's profile stops at max_batch_size.
+            raise EngineLoadError(f"max_slots {max_slots} exceeds the plan's max_batch_size {batch_limit}")
+        self._past_names = [n for n in meta["inputs"] if n.startswith("past_key_values.")]
+        self._present_names = [n for n in meta["outputs"] if n.startswith("present.")]
+        self._ctx = cuda.Device(device.ordinal).retain_primary_context()
+        self._logger = _collecting_logger(trt)
+        self._allocs: list[Any] = []
+        self._allocated = 0
+        self._closed = False
+        plan = (Path(bundle_dir) / str(meta.get("engine_file", "engine.plan"))).read_bytes()
+        try:
+            with self._active():
+                runtime = trt.Runtime(self._logger)
+                engine = runtime.deserialize_cuda_engine(plan)
+                if engine is None:
+                    raise EngineLoadError(
+                        f"TensorRT cannot deserialize {bundle_dir}: {'; '.join(self._logger.errors)}"
+                    )
+                self._runtime, self._engine = runtime, engine
+                self._check_io(engine, meta)
+                self._context = engine.create_execution_context()
+                if self._context is None:
+                    raise EngineLoadError(
+                        f"TensorRT cannot create an execution context: {self._logger.errors}"
+                    )
+                self._stream = cuda.Stream()
+                kv_type = np.dtype(trt.nptype(engine.get_tensor_dtype(self._past_names[0])))
+                self._kv_item = kv_type.itemsize
+                # One layer's K (or V) region holds a full-capacity sequence.
+                self._region = self._kv_heads * cap * self._head_dim * self._kv_item
+                slot_bytes = self._region * len(self._past_names)
+                self._slots = [self._alloc(slot_bytes) for _ in range(max_slots)]
+                self._spare = self._alloc(slot_bytes)
+                self._batch_past = self._batch_present = None
+                if max_slots > 1:
+                    self._batch_past = self._alloc(slot_bytes * max_slots)
+                    self._batch_present = self._alloc(slot_bytes * max_slots)
+                    # Left padding is masked out, but it must hold finite numbers (0 * NaN is NaN).
+                    cuda.memset_d8_async(self._batch_past, 0, slot_bytes * max_slots, self._stream)
+                tokens = max(chunk, max_slots)
+                self._d_ids = self._alloc(tokens * 8)
+                self._d_pos = self._alloc(tokens * 8)
+                self._d_mask = self._alloc(max_slots * cap * 8)
+                self._d_logits = self._alloc(max_slots * vocab * 4)
+                self._h_ids = cuda.pagelocked_empty(tokens, np.int64)
+                self._h_pos = cuda.pagelocked_empty(tokens, np.int64)
+                self._h_mask = cuda.pagelocked_empty(max_slots * cap, np.int64)
+                self._h_logits = cuda.pagelocked_empty((max_slots, vocab), np.float32)
+                self._stream.synchronize()
+        except BaseException:
+            self._release()  # a failed load leaves no device memory and no context behind
+            raise
+        self._lengths = [0] * max_slots
+        allocated = self._allocated
+        workspace = int(getattr(engine, "device_memory_size_v2", 0) or 0)
+        self._info = EngineInfo(
+            model_type=str(meta["model_type"]),
+            vocab_size=vocab,
+            max_slots=max_slots,
+            max_input_len=chunk,
+            max_kv_capacity=cap,
+            eos_token_ids=tuple(int(t) for t in meta.get("eos_token_ids", [])),
+            backend="tensorrt",
+            precision=str(meta["precision"]),
+            extra={
+                "bos_token_id": meta.get("bos_token_id"),
+                "architecture": meta.get("architecture"),
+                "tensorrt_version": trt.__version__,
+                "gpu_name": device.name,
+                "compute_capability": device.compute_capability,
+                # Weights live in the plan; KV, I/O buffers and TensorRT's activation memory on top.
+                "memory_bytes": len(plan) + allocated + workspace,
+                "kv_bytes_per_slot": slot_bytes,
+            },
+        )
+
+    # --- setup helpers ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _active(self) -> Iterator[None]:
+        self._ctx.push()
+        try:
+            yield
+        finally:
+            self._cuda.Context.pop()
+
+    def _alloc(self, nbytes: int) -> Any:
+        buf = self._cuda.mem_alloc(nbytes)
+        self._allocs.append(buf)
+        self._allocated += nbytes
+        return buf
+
+    def _check_io(self, engine: Any, meta: dict[str, Any]) -> None:
+        trt = self._trt
+        names = {
+            engine.get_tensor_name(i): engine.get_tensor_mode(engine.get_tensor_name(i))
+            for i in range(engine.num_io_tensors)
+        }
+        want = {n: trt.TensorIOMode.INPUT for n in meta["inputs"]}
+        want.update({n: trt.TensorIOMode.OUTPUT for n in meta["outputs"]})
+        if names != want:
+            raise EngineLoadError(
+                f"the plan's tensors {sorted(names)} differ from engine.json's {sorted(want)}; "
+                "rebuild the bundle"
+            )
+        for name in ("input_ids", "attention_mask", "position_ids"):
+            if engine.get_tensor_dtype(name) != trt.DataType.INT64:
+                raise EngineLoadError(f"plan input {name} is {engine.get_tensor_dtype(name)}, expected INT64")
+        if engine.get_tensor_dtype("logits") != trt.DataType.FLOAT:
+            raise EngineLoadError(
+                f"plan output logits is {engine.get_tensor_dtype('logits')}, expected FLOAT"
+            )
+
+    @property
+    def info(self) -> EngineInfo:
+        """Static facts about the engine."""
+        return self._info
+
+    # --- slot bookkeeping --------------------------------------------------------------------
+    def _check_slot(self, slot: int) -> None:
+        check_slot(slot, self._info.max_slots)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("engine is closed")
+
+    def slot_length(self, slot: int) -> int:
+        """Number of positions currently held by ``slot``."""
+        self._check_slot(slot)
+        return self._lengths[slot]
+
+    def reset(self, slot: int) -> None:
+        """Empty ``slot`` so a new sequence can use it (its buffer is simply overwritten later)."""
+        self._check_slot(slot)
+        self._lengths[slot] = 0
+
+    # --- one execution -------------------------------------------------------------------------
+    def _run(self, batch: int, new: int, past: int, past_base: int, present_base: int) -> None:
+        """Bind shapes, then addresses, then enqueue one step (inputs already copied in)."""
+        ctx, errors = self._context, self._logger.errors
+        kv, hd = self._kv_heads, self._head_dim
+        # Shapes first: TensorRT derives output shapes (and checks the profile) from them.
+        for name, shape in (
+            ("input_ids", (batch, new)),
+            ("position_ids", (batch, new)),
+            ("attention_mask", (batch, past + new)),
+        ):
+            _expect(ctx.set_input_shape(name, shape), f"shape {shape} for {name}", errors)
+        for name in self._past_names:
+            _expect(
+                ctx.set_input_shape(name, (batch, kv, past, hd)), f"past length {past} for {name}", errors
+            )
+        bind = [
+            ("input_ids", int(self._d_ids)),
+            ("position_ids", int(self._d_pos)),
+            ("attention_mask", int(self._d_mask)),
+            ("logits", int(self._d_logits)),
+        ]
+        # With a batch buffer each layer's region is batch-sized; a slot buffer holds one row.
+        stride = self._region * (batch if batch > 1 else 1)
+        bind += [(n, past_base + j * stride) for j, n in enumerate(self._past_names)]
+        bind += [(n, present_base + j * stride) for j, n in enumerate(self._present_names)]
+        for name, address in bind:
+            _expect(ctx.set_tensor_address(name, address), f"the address of {name}", errors)
+        _expect(ctx.execute_async_v3(self._stream.handle), "execute_async_v3", errors)
+
+    def _upload(self, ids: np.ndarray, pos: np.ndarray, mask_rows: int, mask_cols: int) -> None:
+        cuda, stream = self._cuda, self._stream
+        n = ids.size
+        self._h_ids[:n] = ids
+        self._h_pos[:n] = pos
+        cuda.memcpy_htod_async(self._d_ids, self._h_ids[:n], stream)
+        cuda.memcpy_htod_async(self._d_pos, self._h_pos[:n], stream)
+        cuda.memcpy_htod_async(self._d_mask, self._h_mask[: mask_rows * mask_cols], stream)
+
+    def _swap(self, slot: int) -> None:
+        self._slots[slot], self._spare = self._spare, self._slots[slot]
+
+    # --- the protocol ---------------------------------------------------------------------------
+    def prefill(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
+        """Append ``token_ids`` to ``slot``'s KV; return logits ``[vocab]`` of the last one."""
+        self._check_open()
+        self._check_slot(slot)
+        ids = check_tokens(token_ids, self._info.vocab_size)
+        length = self._lengths[slot]
+        check_prefill(slot, length, ids.size, self._info.max_kv_capacity)
+        chunk = self._info.max_input_len
+        vocab = self._info.vocab_size
+        with self._active():
+            for start in range(0, ids.size, chunk):
+                part = ids[start : start + chunk]
+                pos = length + start
+                total = pos + part.size
+                self._h_mask[:total] = 1
+                self._upload(part, np.arange(pos, total, dtype=np.int64), 1, total)
+                self._run(1, part.size, pos, int(self._slots[slot]), int(self._spare))
+                last = start + chunk >= ids.size
+                if last:  # only the final chunk's last position is sampled
+                    self._cuda.memcpy_dtoh_async(self._h_logits[0], self._d_logits, self._stream)
+                # The pinned inputs are rewritten next chunk: wait until the step has read them.
+                self._stream.synchronize()
+                self._swap(slot)
+                self._lengths[slot] = total
+            return np.array(self._h_logits[0, :vocab])
+
+    def decode(self, slots: Sequence[int], token_ids: Sequence[int]) -> np.ndarray:
+        """Append one token to each slot; return logits ``[len(slots), vocab]``."""
+        self._check_open()
+        check_decode(slots, len(token_ids), self._info.max_slots)
+        ids = check_tokens(token_ids, self._info.vocab_size)
+        lengths = [self._lengths[s] for s in slots]
+        check_decode_lengths(slots, lengths, self._info.max_kv_capacity)
+        batch, longest = len(slots), max(lengths)
+        with self._active():
+            width = longest + 1
+            mask = self._h_mask[: batch * width].reshape(batch, width)
+            mask[:] = 1
+            for b, n in enumerate(lengths):
+                mask[b, : longest - n] = 0
+            self._upload(ids, np.asarray(lengths, dtype=np.int64), batch, width)
+            if batch == 1:
+                self._run(1, 1, longest, int(self._slots[slots[0]]), int(self._spare))
+            else:
+                self._gather(slots, lengths, longest)
+                assert self._batch_past is not None and self._batch_present is not None
+                self._run(batch, 1, longest, int(self._batch_past), int(self._batch_present))
+                self._scatter(slots, lengths, longest)
+            self._cuda.memcpy_dtoh_async(self._h_logits[:batch], self._d_logits, self._stream)
+            self._stream.synchronize()
+            if batch == 1:
+                self._swap(slots[0])
+            for s in slots:
+                self._lengths[s] += 1
+            return np.array(self._h_logits[:batch])
+
+    def _gather(self, slots: Sequence[int], lengths: list[int], longest: int) -> None:
+        """Copy each slot's K/V into row b of the batch past buffer, left-padded to ``longest``."""
+        batch, kv, row = len(slots), self._kv_heads, self._head_dim * self._kv_item
+        assert self._batch_past is not None
+        base = int(self._batch_past)
+        for j in range(len(self._past_names)):
+            for b, (s, n) in enumerate(zip(slots, lengths, strict=True)):
+                src = int(self._slots[s]) + j * self._region
+                dst = base + j * self._region * batch
+                pad = longest - n
+                for h in range(kv):
+                    self._cuda.memcpy_dtod_async(
+                        dst + ((b * kv + h) * longest + pad) * row, src + h * n * row, n * row, self._stream
+                    )
+
+    def _scatter(self, slots: Sequence[int], lengths: list[int], longest: int) -> None:
+        """Copy row b of the batch present buffer (without its padding) back into each slot."""
+        batch, kv, row = len(slots), self._kv_heads, self._head_dim * self._kv_item
+        assert self._batch_present is not None
+        base, total = int(self._batch_present), longest + 1
+        for j in range(len(self._present_names)):
+            for b, (s, n) in enumerate(zip(slots, lengths, strict=True)):
+                src = base + j * self._region * batch
+                dst = int(self._slots[s]) + j * self._region
+                pad = longest - n
+                for h in range(kv):
+                    self._cuda.memcpy_dtod_async(
+                        dst + h * (n + 1) * row,
+                        src + ((b * kv + h) * total + pad) * row,
+                        (n + 1) * row,
+                        self._stream,
+                    )
+
+    def close(self) -> None:
+        """Free device memory and release the context."""
+        if self._closed:
+            return
+        self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        with self._active():
+            stream = getattr(self, "_stream", None)
+            if stream is not None:
+                stream.synchronize()
+            for buf in self._allocs:
+                buf.free()
+            self._allocs.clear()
+            self._context = None
+            self._engine = None
+        self._ctx.detach()
+
+
+def load_trt_engine(
+    bundle_dir: Path, meta: dict[str, Any], *, max_slots: int, threads: int | None = None
+) -> TrtEngine:
+    """Registry entry: a TensorRT bundle -> :class:`TrtEngine` (``threads`` does not apply)."""
+    from inference.cuda_device import tensorrt_missing
+
+    missing = tensorrt_missing()
+    if missing is not None:
+        raise EngineLoadError(f"cannot load the TensorRT bundle {bundle_dir} here: {missing}")
+    return TrtEngine(Path(bundle_dir), meta, max_slots=max_slots)
