@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -13,6 +11,13 @@ from typing import Any
 import onnxruntime as ort
 from onnx import TensorProto
 
+from inference.builder.bundle_files import (
+    ENGINE_FILE,
+    ENGINE_FORMAT_VERSION,
+    check_build_dirs,
+    copy_tokenizer_files,
+    file_sha256,
+)
 from inference.builder.errors import BuildInputError
 from inference.builder.external_data import share_external_data
 from inference.builder.graph import GraphIO, Progress, build_decoder_graph
@@ -25,32 +30,15 @@ from inference.builder.spec import EngineBuildSpec
 # ort-2 / format 2: the CPU graph uses GroupQueryAttention with in-place KV buffers and shares
 # model.onnx.data with the portable graph (one weights file per bundle).
 BUILDER_VERSION = "ort-2"
-ENGINE_FORMAT_VERSION = 2
-ENGINE_FILE = "engine.json"
 PORTABLE_MODEL = "model.onnx"
 OPTIMIZED_MODEL = "model.ort.onnx"
 KV_LAYOUT = "gqa-inplace"
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "generation_config.json",
-    "chat_template.jinja",
-    "special_tokens_map.json",
-)
 
 
 def fused_ops_supported(version: str = ort.__version__) -> bool:
     """Whether this onnxruntime runs the opset-23 Attention/RotaryEmbedding/RMSNormalization on CPU."""
     major, minor = (int(p) for p in version.split(".")[:2])
     return (major, minor) >= (1, 23)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _optimize(model_path: Path, out_path: Path) -> None:
@@ -148,11 +136,7 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     """
     started = time.monotonic()
     report = progress or (lambda stage, fraction: None)
-    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
-    if not checkpoint_dir.is_dir():
-        raise BuildInputError(f"checkpoint directory {checkpoint_dir} does not exist")
-    if not out_dir.is_dir() or any(out_dir.iterdir()):
-        raise BuildInputError(f"output directory {out_dir} must exist and be empty")
+    checkpoint_dir, out_dir = check_build_dirs(checkpoint_dir, out_dir)
     if not isinstance(spec, EngineBuildSpec):
         raise BuildInputError(f"spec must be an EngineBuildSpec, got {type(spec).__name__}")
 
@@ -200,15 +184,10 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         report("share", 0.0)
         share_external_data(model_path, optimized_path)
 
-    copied: list[str] = []
-    for name in TOKENIZER_FILES:
-        src = checkpoint_dir / name
-        if src.is_file():
-            shutil.copyfile(src, out_dir / name)
-            copied.append(name)
+    copied = copy_tokenizer_files(checkpoint_dir, out_dir)
     report("hash", 0.0)
     files = {
-        path.name: {"size": path.stat().st_size, "sha256": _sha256(path)}
+        path.name: {"size": path.stat().st_size, "sha256": file_sha256(path)}
         for path in sorted(out_dir.iterdir())
         if path.is_file() and path.name.startswith("model.")
     }

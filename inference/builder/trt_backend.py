@@ -24,7 +24,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -45,10 +44,16 @@ from inference.build_profile import (
     check_backend_precision,
     check_shapes,
 )
+from inference.builder.bundle_files import (
+    ENGINE_FILE,
+    ENGINE_FORMAT_VERSION,
+    check_build_dirs,
+    copy_tokenizer_files,
+    file_sha256,
+)
 from inference.builder.errors import BuildInputError
 from inference.builder.graph import Progress, build_decoder_graph
 from inference.builder.model_config import ModelConfig, load_model_config
-from inference.builder.ort_backend import ENGINE_FILE, ENGINE_FORMAT_VERSION, TOKENIZER_FILES, _sha256
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.cuda_device import CudaDevice, cuda_device
 
@@ -59,7 +64,6 @@ TRT_BUILDER_VERSION = "trt-1"
 ENGINE_PLAN = "engine.plan"
 TIMING_CACHE_DIR = "trt-timing"
 #: Precisions the TensorRT builder takes: fp16/bf16 compute (norms kept in fp32), fp32, int8 weight-only.
-TRT_PRECISIONS = ("fp16", "bf16", "fp32", "int8")
 TIMING_LOCK_TIMEOUT = 600.0
 _LOCK_LOG_INTERVAL = 5.0
 
@@ -82,10 +86,6 @@ class TrtBuildSpec:
     workspace_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        if self.precision not in TRT_PRECISIONS:
-            raise BuildInputError(
-                f"precision: the tensorrt builder builds {', '.join(TRT_PRECISIONS)}, got {self.precision!r}"
-            )
         try:
             check_backend_precision("tensorrt", self.precision)
             check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
@@ -376,11 +376,7 @@ def build_trt_bundle(
 
     started = time.monotonic()
     report = progress or (lambda stage, fraction: None)
-    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
-    if not checkpoint_dir.is_dir():
-        raise BuildInputError(f"checkpoint directory {checkpoint_dir} does not exist")
-    if not out_dir.is_dir() or any(out_dir.iterdir()):
-        raise BuildInputError(f"output directory {out_dir} must exist and be empty")
+    checkpoint_dir, out_dir = check_build_dirs(checkpoint_dir, out_dir)
     if not isinstance(spec, TrtBuildSpec):
         raise BuildInputError(f"spec must be a TrtBuildSpec, got {type(spec).__name__}")
     device = cuda_device(0)
@@ -408,12 +404,7 @@ def build_trt_bundle(
         report("tensorrt", 0.0)
         plan, fp32_layers = _build_plan(trt, onnx_path, shapes, spec, cache_path)
     (out_dir / ENGINE_PLAN).write_bytes(plan)
-    copied: list[str] = []
-    for name in TOKENIZER_FILES:
-        src = checkpoint_dir / name
-        if src.is_file():
-            shutil.copyfile(src, out_dir / name)
-            copied.append(name)
+    copied = copy_tokenizer_files(checkpoint_dir, out_dir)
     report("hash", 0.0)
     plan_path = out_dir / ENGINE_PLAN
     meta = {
@@ -446,7 +437,7 @@ def build_trt_bundle(
         "max_kv_cache_capacity": spec.max_kv_cache_capacity,
         "source_dtypes": sorted(ckpt.source_dtypes()),
         "tokenizer_files": copied,
-        "files": {ENGINE_PLAN: {"size": plan_path.stat().st_size, "sha256": _sha256(plan_path)}},
+        "files": {ENGINE_PLAN: {"size": plan_path.stat().st_size, "sha256": file_sha256(plan_path)}},
         "build_seconds": round(time.monotonic() - started, 3),
     }
     # engine.json last: its presence marks the bundle's files as complete.
