@@ -30,6 +30,13 @@ import numpy as np
 import onnxruntime as ort
 
 from inference.runtime.protocol import EngineInfo
+from inference.runtime.slot_checks import (
+    check_decode,
+    check_decode_lengths,
+    check_prefill,
+    check_slot,
+    check_tokens,
+)
 
 KV_LAYOUT = "gqa-inplace"
 _KEEP_LAST = np.array([1], dtype=np.int64)
@@ -115,16 +122,10 @@ class GqaEngine:
 
     # --- slot bookkeeping ----------------------------------------------------------------
     def _check_slot(self, slot: int) -> None:
-        if not 0 <= slot < self._slots:
-            raise ValueError(f"slot {slot} out of range; this engine has slots 0..{self._slots - 1}")
+        check_slot(slot, self._slots)
 
     def _check_tokens(self, token_ids: Sequence[int]) -> np.ndarray:
-        ids = np.asarray(token_ids, dtype=np.int64)
-        if ids.ndim != 1:
-            raise ValueError("token ids must be a flat sequence of integers")
-        if ids.size and (ids.min() < 0 or ids.max() >= self._vocab):
-            raise ValueError(f"token ids must lie in [0, {self._vocab}); got {ids.min()}..{ids.max()}")
-        return ids
+        return check_tokens(token_ids, self._vocab)
 
     def slot_length(self, slot: int) -> int:
         """Number of positions currently held by ``slot``."""
@@ -214,15 +215,7 @@ class GqaEngine:
         """Append ``token_ids`` to ``slot``'s KV; return logits ``[vocab]`` of the last one."""
         self._check_slot(slot)
         ids = self._check_tokens(token_ids)
-        if ids.size == 0:
-            raise ValueError("prefill needs at least one token")
-        length = self._lengths[slot]
-        if length + ids.size > self._cap:
-            raise ValueError(
-                f"slot {slot} holds {length} positions; adding {ids.size} would exceed "
-                f"max_kv_capacity {self._cap}; shorten the prompt or build with a larger "
-                "max_kv_cache_capacity"
-            )
+        check_prefill(slot, self._lengths[slot], int(ids.size), self._cap)
         logits = np.empty(0, dtype=np.float32)
         for start in range(0, ids.size, self._chunk):
             part = ids[start:start + self._chunk]
@@ -232,19 +225,9 @@ class GqaEngine:
 
     def decode(self, slots: Sequence[int], token_ids: Sequence[int]) -> np.ndarray:
         """Append one token to each slot; return logits ``[len(slots), vocab]``."""
-        if len(slots) != len(token_ids) or not slots:
-            raise ValueError("decode needs one token per slot and at least one slot")
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"decode got a slot twice: {list(slots)}")
+        check_decode(slots, len(token_ids), self._slots)
         ids = self._check_tokens(token_ids)
-        for s in slots:
-            self._check_slot(s)
-            n = self._lengths[s]
-            if n == 0:
-                raise ValueError(f"slot {s} is empty; prefill it before decoding")
-            if n + 1 > self._cap:
-                raise ValueError(
-                    f"slot {s} is full ({n} positions = max_kv_capacity); reset it or stop generating")
+        check_decode_lengths(slots, [self._lengths[s] for s in slots], self._cap)
         lo, hi = min(slots), max(slots)
         batch = hi - lo + 1
         row_ids = np.zeros((batch, 1), dtype=np.int64)

@@ -1,8 +1,7 @@
 """The argument rules of the Engine protocol's slot calls, for every engine to share.
 
-One home for the checks and their messages, so two engines refuse the same calls in the same
-words. (The TensorRT engine uses it; the onnxruntime engine still carries its own copy of these
-checks and can switch to this module.)
+One home for the checks and their messages, so every engine (the in-place onnxruntime engine,
+the TensorRT engine) refuses the same calls in the same words.
 """
 
 from __future__ import annotations
