@@ -15,22 +15,11 @@ import pytest
 import torch
 import transformers as tf
 
-from inference.builder import EngineBuildSpec, build_bundle
+from tests.support.tiny_models import TINY_CONFIG, TINY_VOCAB, bundle_factory
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
-VOCAB = 384
-# Small enough to run in milliseconds, large enough for grouped-query attention (4 q / 2 kv heads).
-COMMON: dict[str, Any] = {
-    "vocab_size": VOCAB,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-    # std 0.2 instead of 0.02: random models then have peaked logits, so greedy comparisons bite.
-    "initializer_range": 0.2,
-}
+VOCAB = TINY_VOCAB
+COMMON: dict[str, Any] = TINY_CONFIG
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 10000.0,
@@ -95,19 +84,7 @@ def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pat
 @pytest.fixture(scope="session")
 def built_bundle(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Factory: (checkpoint dir, **spec fields) -> bundle dir, built once per session."""
-    cache: dict[tuple[Path, tuple[tuple[str, Any], ...]], Path] = {}
-
-    def build(checkpoint: Path, **spec: Any) -> Path:
-        spec.setdefault("max_kv_cache_capacity", 256)
-        spec.setdefault("max_input_len", 64)
-        key = (checkpoint, tuple(sorted(spec.items())))
-        if key not in cache:
-            out = tmp_path_factory.mktemp("bundle")
-            build_bundle(checkpoint, out, EngineBuildSpec(**spec))
-            cache[key] = out
-        return cache[key]
-
-    return build
+    return bundle_factory(tmp_path_factory)
 
 
 class GraphRunner:

@@ -11,8 +11,8 @@ import pytest
 from cachesvc.checkpoints import resolve_checkpoint
 from cachesvc.default_model import installed_default_gguf
 from cachesvc.store import CacheLayout
-from inference.builder import EngineBuildSpec, build_bundle
 from tests.gguf.ggufs import write_pair
+from tests.support.tiny_models import bundle_factory
 
 #: Shape limits of the SmolLM2 bundles: enough for the tests' prompts, small to build.
 REAL_SPEC: dict[str, Any] = {"max_kv_cache_capacity": 1024, "max_input_len": 512}
@@ -34,19 +34,7 @@ def small_gguf(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str],
 @pytest.fixture(scope="session")
 def bundle_of(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Factory: (checkpoint dir, **spec) -> bundle dir, built once per session."""
-    cache: dict[tuple[Path, tuple[tuple[str, Any], ...]], Path] = {}
-
-    def build(checkpoint: Path, **spec: Any) -> Path:
-        spec.setdefault("max_kv_cache_capacity", 256)
-        spec.setdefault("max_input_len", 64)
-        key = (checkpoint, tuple(sorted(spec.items())))
-        if key not in cache:
-            out = tmp_path_factory.mktemp("bundle")
-            build_bundle(checkpoint, out, EngineBuildSpec(**spec))
-            cache[key] = out
-        return cache[key]
-
-    return build
+    return bundle_factory(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

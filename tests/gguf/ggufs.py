@@ -18,10 +18,12 @@ import torch
 import transformers as tf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tests.support.tiny_models import TINY_CONFIG, TINY_VOCAB
+
 CORPUS = Path(__file__).resolve().parents[2] / "inference" / "data" / "corpus.txt"
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1")
-VOCAB = 384
+VOCAB = TINY_VOCAB
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
@@ -29,14 +31,7 @@ CHATML = (
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 COMMON: dict[str, Any] = {
-    "vocab_size": VOCAB,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-    "initializer_range": 0.2,  # peaked logits, so comparisons bite
+    **TINY_CONFIG,
     "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0,
 }
