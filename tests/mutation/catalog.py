@@ -263,7 +263,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         function="OpenAIServing._plan",
         find=r"if n > opts\.max_input_len:",
         replace="if False:",
-        tests=("tests/serving/test_http.py::test_errors",),
+        tests=("tests/serving/test_http.py::test_prompt_over_the_input_limit_after_tokenizing",),
     ),
     Mutation(
         name="greedy-ignores-logit-bias",

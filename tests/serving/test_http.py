@@ -412,3 +412,20 @@ async def test_model_without_chat_template_gives_400(
         assert (
             await c.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
         ).status_code == 200
+
+
+async def test_prompt_over_the_input_limit_after_tokenizing(tokenizer: Tokenizer) -> None:
+    """A prompt short enough in characters to pass the cheap pre-check but longer than
+    max_input_len in tokens is refused by the token count (context_length_exceeded, 400)."""
+    serving = _serving(tokenizer)
+    limit = serving.options.max_input_len
+    prompt = " ".join(["a"] * (limit + 20))
+    assert len(tokenizer.encode(prompt, add_special_tokens=False)) > limit
+    async for c in _client(serving):
+        err = _error(
+            await c.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1}),
+            400,
+            "context_length_exceeded",
+            "prompt",
+        )
+        assert "tokens" in err["message"]
