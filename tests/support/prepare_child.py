@@ -22,6 +22,7 @@ from typing import Any
 
 from cachesvc.manager import CacheManager
 from tests.support.cache import FileBuilder
+from tests.support.databases import catalog_url_for
 
 
 def _kill_after_first_move_into(engines: Path) -> None:
@@ -44,7 +45,7 @@ def main() -> None:
     cache_dir, checkpoint, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     delay = float(os.environ.get("CACHESVC_TEST_DELAY", "0"))
     manager = CacheManager.open(
-        cache_dir, max_size_bytes=10**12, builders={"onnxruntime": FileBuilder(delay=delay)}
+        cache_dir, catalog_url=catalog_url_for(cache_dir), max_size_bytes=10**12, builders={"onnxruntime": FileBuilder(delay=delay)}
     )
     if mode == "first-move":
         _kill_after_first_move_into((cache_dir / "engines").absolute())
