@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+import anyio
 from litestar import Litestar, Response, get
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig, ResponseSpec
@@ -29,6 +30,7 @@ from cachesvc import __version__
 from cachesvc.config import ServeConfig, cli_message
 from cachesvc.entry import open_cache
 from cachesvc.errors import CacheError, ConfigError
+from cachesvc.fleet import NodeAgent
 from cachesvc.http.admin import admin_router
 from cachesvc.http.metrics import MetricsState, metrics_route
 from cachesvc.manager import BundleLease, CacheManager
@@ -169,8 +171,16 @@ def create_app(
         ok = serving is not None and serving.ready
         return Response({"ready": ok}, status_code=200 if ok else 503)
 
+    # Fleet: this node's heartbeat row and its desired-state reconciler, for the app's lifetime.
+    agent = NodeAgent(
+        manager,
+        interval=config.heartbeat_seconds,
+        loaded_models=lambda: [config.served_name] if serving is not None and serving.ready else [],
+    )
+
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        await anyio.to_thread.run_sync(agent.start)
         if serving is not None:
             await serving.start()
             log.info(
@@ -186,6 +196,7 @@ def create_app(
                 await serving.stop()
                 runtime.close()
                 log.info("released the lease on %s", runtime.prepared.bundle_id)
+            await anyio.to_thread.run_sync(agent.stop)
             if close_manager:
                 manager.close()
 

@@ -188,6 +188,8 @@ class NodeRow(Base):
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime())
     pid: Mapped[int] = mapped_column(Integer)
     max_size_bytes: Mapped[int] = mapped_column(BigInteger)
+    #: The node's heartbeat interval: it is down after STALE_INTERVALS of them without one.
+    heartbeat_seconds: Mapped[float] = mapped_column(Float)
     loaded_models: Mapped[list[Any]] = mapped_column(JSON)
     #: The reconciler's last report: {"generation", "state", "items": [...]} (or null).
     desired_status: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

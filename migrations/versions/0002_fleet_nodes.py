@@ -46,7 +46,7 @@ def _leases(bundle_fk: list[str]) -> None:
 
 
 def _event_totals(with_node: bool) -> sa.Table:
-    cols = [
+    cols: list[sa.schema.SchemaItem] = [
         sa.Column("kind", sa.String(length=32), nullable=False),
         sa.Column("reason", sa.String(length=16), nullable=False),
         sa.Column("model", sa.String(length=1024), nullable=False),
@@ -93,6 +93,7 @@ def upgrade() -> None:
         sa.Column("heartbeat_at", sa.DateTime(), nullable=False),
         sa.Column("pid", sa.Integer(), nullable=False),
         sa.Column("max_size_bytes", sa.BigInteger(), nullable=False),
+        sa.Column("heartbeat_seconds", sa.Float(), nullable=False),
         sa.Column("loaded_models", sa.JSON(), nullable=False),
         sa.Column("desired_status", sa.JSON(), nullable=True),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_nodes")),

@@ -45,7 +45,10 @@ def main() -> None:
     cache_dir, checkpoint, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     delay = float(os.environ.get("CACHESVC_TEST_DELAY", "0"))
     manager = CacheManager.open(
-        cache_dir, catalog_url=catalog_url_for(cache_dir), max_size_bytes=10**12, builders={"onnxruntime": FileBuilder(delay=delay)}
+        cache_dir,
+        catalog_url=catalog_url_for(cache_dir),
+        max_size_bytes=10**12,
+        builders={"onnxruntime": FileBuilder(delay=delay)},
     )
     if mode == "first-move":
         _kill_after_first_move_into((cache_dir / "engines").absolute())
