@@ -99,7 +99,8 @@ class FleetCatalog:
         for name in sorted(set(rows) | set(by_state)):
             row = rows.get(name)
             heartbeat = row.heartbeat_at if row is not None else None
-            age = (now - heartbeat).total_seconds() if heartbeat is not None else None
+            # max(0, ...): another node's clock may run a little ahead of ours.
+            age = max(0.0, (now - heartbeat).total_seconds()) if heartbeat is not None else None
             status: dict[str, Any] = (row.desired_status if row is not None else None) or {}
             wanted = generations.get(name, generations.get(FLEET_DEFAULT))
             convergence = str(status.get("state", "none")) if wanted is not None else "none"

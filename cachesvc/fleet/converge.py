@@ -35,6 +35,7 @@ class Converger:
         self.manager = manager
         self._on_status = on_status
         self._failed: dict[str, tuple[int, str]] = {}  # item -> (generation, error)
+        self._last: tuple[int, dict[str, ItemStatus]] = (0, {})  # the last pass's result
         self._lock = threading.Lock()
 
     def run_once(self) -> dict[str, Any] | None:
@@ -48,8 +49,11 @@ class Converger:
 
     def _converge(self, desired: DesiredState) -> dict[str, Any]:
         spec, generation = desired.spec, desired.generation
-        items: list[ItemStatus] = [ItemStatus(item_name(b), "pending") for b in spec.bundles]
-        items += [ItemStatus(f"pin:{bid}", "pending", bundle_id=bid) for bid in spec.pin]
+        # A periodic pass over a converged node must not flap to "converging": items keep the
+        # state of the last pass of the same generation until this pass changes them.
+        last = self._last[1] if self._last[0] == generation else {}
+        names = [item_name(b) for b in spec.bundles] + [f"pin:{bid}" for bid in spec.pin]
+        items: list[ItemStatus] = [last.get(n) or ItemStatus(n, "pending") for n in names]
 
         def report() -> dict[str, Any]:
             status = _status(generation, items)
@@ -63,8 +67,9 @@ class Converger:
             if failed is not None and failed[0] == generation:
                 items[index] = ItemStatus(name, "failed", error=failed[1])
                 continue
-            items[index] = ItemStatus(name, "building")
-            report()
+            if items[index].state not in ("ready", "pinned"):
+                items[index] = ItemStatus(name, "building")
+                report()
             try:
                 result = self.manager.prepare(bundle.model, ProfileRequest(**bundle.profile))
                 if bundle.pin:
@@ -102,6 +107,7 @@ class Converger:
                 )
             else:
                 items.append(ItemStatus("max_size_bytes", "ready"))
+        self._last = (generation, {i.item: i for i in items})
         return report()
 
 
