@@ -32,6 +32,7 @@ from cachesvc.entry import open_cache
 from cachesvc.errors import CacheError, ConfigError
 from cachesvc.fleet import NodeAgent
 from cachesvc.http.admin import admin_router
+from cachesvc.http.dashboard import dashboard_router
 from cachesvc.http.metrics import MetricsState, metrics_route
 from cachesvc.manager import BundleLease, CacheManager
 from cachesvc.records import PrepareResult
@@ -204,6 +205,7 @@ def create_app(
         health,
         ready,
         admin_router(admin_api_key=config.admin_api_key),
+        dashboard_router(),
         metrics_route(metrics, admin_api_key=config.admin_api_key),
         openai_router(lambda: serving),
     ]
