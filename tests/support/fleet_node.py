@@ -1,6 +1,6 @@
 """A fleet node process for e2e tests: the real app (``create_app``) under uvicorn.
 
-usage: python -m tests.support.fleet_node CACHE_DIR CATALOG_URL NODE_NAME PORT
+usage: python -m tests.support.fleet_node CACHE_DIR CATALOG_URL NODE_NAME PORT [CAP_BYTES]
 
 Uses the small file-writing test builder so convergence takes seconds, heartbeats every 0.3 s.
 """
@@ -26,7 +26,7 @@ def main() -> None:
         cache_dir,
         catalog_url=url,
         node=node,
-        max_size_bytes=10**9,
+        max_size_bytes=int(sys.argv[5]) if len(sys.argv) > 5 else 10**9,
         builders={"onnxruntime": FileBuilder(files=3, file_size=2000)},
         offline=True,
     )
