@@ -42,12 +42,12 @@
   function bars(id, rows, format) {
     if (!rows.length) { empty(id, "nothing yet"); return; }
     const c = clear(id);
-    const rowH = 22, labelW = 150, width = 520, max = Math.max(1, ...rows.map((r) => r.value));
+    const rowH = 22, labelW = 180, width = 560, max = Math.max(1, ...rows.map((r) => r.value));
     const svg = el("svg", { viewBox: `0 0 ${width} ${rows.length * rowH + 4}`, role: "img" }, c);
     rows.forEach((r, i) => {
       const y = i * rowH + 2;
       const g = el("g", { "data-label": r.label, "data-value": r.value }, svg);
-      el("text", { x: 0, y: y + 14 }, g).textContent = r.label.length > 24 ? r.label.slice(0, 23) + "…" : r.label;
+      el("text", { x: 0, y: y + 14 }, g).textContent = r.label.length > 22 ? r.label.slice(0, 21) + "…" : r.label;
       const w = Math.max(1, ((width - labelW - 90) * r.value) / max);
       const rect = el("rect", { x: labelW, y: y + 3, width: w, height: rowH - 8, class: r.cls || "bundle" }, g);
       el("title", {}, rect).textContent = r.title || r.label;
@@ -60,12 +60,12 @@
     const rows = perModel.filter((m) => m.hits + m.misses > 0);
     if (!rows.length) { empty(id, "no hits or misses yet"); return; }
     const c = clear(id);
-    const rowH = 22, labelW = 150, width = 520, max = Math.max(1, ...rows.map((m) => m.hits + m.misses));
+    const rowH = 22, labelW = 180, width = 560, max = Math.max(1, ...rows.map((m) => m.hits + m.misses));
     const svg = el("svg", { viewBox: `0 0 ${width} ${rows.length * rowH + 4}`, role: "img" }, c);
     rows.forEach((m, i) => {
       const y = i * rowH + 2, scale = (width - labelW - 90) / max;
       const g = el("g", { "data-label": m.model, "data-hits": m.hits, "data-misses": m.misses }, svg);
-      el("text", { x: 0, y: y + 14 }, g).textContent = m.model.length > 24 ? "…" + m.model.slice(-23) : m.model;
+      el("text", { x: 0, y: y + 14 }, g).textContent = m.model.length > 22 ? "…" + m.model.slice(-21) : m.model;
       el("rect", { x: labelW, y: y + 3, width: m.hits * scale, height: rowH - 8, class: "hit" }, g);
       el("rect", { x: labelW + m.hits * scale, y: y + 3, width: m.misses * scale, height: rowH - 8, class: "miss" }, g);
       el("text", { x: labelW + (m.hits + m.misses) * scale + 6, y: y + 14 }, g).textContent = `${m.hits} / ${m.misses}`;
