@@ -589,11 +589,13 @@ class Catalog:
                 )
             )
 
-    def leases(self, bundle_id: str) -> list[LeaseHolder]:
-        """Recorded holders of a bundle (may include stale rows of crashed processes)."""
+    def leases(self, bundle_id: str, *, node: str | None = None) -> list[LeaseHolder]:
+        """Recorded holders of this node's (or ``node``'s) copy of a bundle (rows may be stale)."""
         with self._read() as session:
             rows = session.scalars(
-                select(LeaseRow).where(LeaseRow.bundle_id == bundle_id).order_by(LeaseRow.since)
+                select(LeaseRow)
+                .where(LeaseRow.bundle_id == bundle_id, LeaseRow.node == (node or self.node))
+                .order_by(LeaseRow.since)
             )
             return [LeaseHolder(pid=r.pid, host=r.node, since=r.since.isoformat()) for r in rows]
 
