@@ -164,7 +164,7 @@ class NodeController(Controller):
         "/{node:str}/desired",
         sync_to_thread=True,
         operation_id="getNodeDesired",
-        responses=problem_responses(404),
+        responses=problem_responses(400, 404),
     )
     def get_desired(self, manager: Manager, node: NodeName) -> DesiredOut:
         """The desired state that applies to ``node`` (its own, else the fleet default)."""
@@ -189,7 +189,7 @@ class NodeController(Controller):
         "/{node:str}/desired",
         sync_to_thread=True,
         operation_id="deleteNodeDesired",
-        responses=problem_responses(404),
+        responses=problem_responses(400, 404),
     )
     def delete_desired(self, manager: Manager, node: NodeName) -> None:
         """Forget a node's own desired state (it follows the fleet default again)."""

@@ -89,7 +89,7 @@ def test_converger_builds_pins_and_evicts_to_the_cap(open_node: NodeOpener, tmp_
     seen: list[dict[str, object] | None] = []
     status = Converger(a, on_status=seen.append).run_once()
     assert status is not None and status["state"] == "failed"
-    states = {i["item"]: i["state"] for i in status["items"]}  # type: ignore[index]
+    states = {i["item"]: i["state"] for i in status["items"]}
     assert states[f"{ckpts[0]}[max_input_len=64]"] == "pinned"
     assert states[ckpts[1]] == "ready" and states[str(tmp_path / "missing")] == "failed"
     assert states["max_size_bytes"] == "ready"
@@ -124,3 +124,17 @@ def test_admin_routes_for_nodes_and_desired(open_node: NodeOpener) -> None:
         assert client.get("/admin/nodes/node-a/desired").json()["node"] == FLEET_DEFAULT
         assert client.get("/admin/bundles", params={"node": "node-z"}).json()["total"] == 0
         assert client.get("/admin/stats", params={"node": "node-z"}).json()["bundles"] == 0
+
+
+def test_dashboard_page_is_open_but_its_data_is_guarded(open_node: NodeOpener) -> None:
+    a = open_node("node-a")
+    app, _ = service_app(a, peer="203.0.113.7", heartbeat_seconds=0.2)
+    with TestClient(app) as client:
+        page = client.get("/admin/dashboard")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert "default-src 'none'" in page.headers["content-security-policy"]
+        assert "node-a" not in page.text  # no data in the page itself
+        assert client.get("/admin/dashboard/assets/dashboard.js").status_code == 200
+        assert client.get("/admin/dashboard/assets/other.js").status_code == 404
+        assert client.get("/admin/stats").status_code == 403  # remote, no admin key
+        assert client.get("/admin/nodes").status_code == 403

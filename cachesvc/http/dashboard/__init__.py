@@ -34,7 +34,7 @@ def _read(name: str) -> bytes:
     return resources.files(__package__).joinpath(name).read_bytes()
 
 
-@get("/", include_in_schema=True, summary="Cache dashboard (HTML page)", tags=["dashboard"])
+@get("/", media_type="text/html", summary="Cache dashboard (HTML page)", tags=["dashboard"])
 async def dashboard_page() -> Response[bytes]:
     """The dashboard page; it loads its script and style from ``/admin/dashboard/assets``."""
     return Response(_read("index.html"), media_type="text/html", headers=_HEADERS)
