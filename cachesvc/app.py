@@ -9,6 +9,8 @@ closes the engine and releases the bundle lease.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -22,6 +24,8 @@ from typing import Any
 
 import anyio
 from litestar import Litestar, Response, get
+from litestar.config.allowed_hosts import AllowedHostsConfig
+from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
@@ -36,13 +40,20 @@ from cachesvc.http.dashboard import dashboard_router
 from cachesvc.http.metrics import MetricsState, metrics_route
 from cachesvc.manager import BundleLease, CacheManager
 from cachesvc.records import PrepareResult
+from inference.context_cache import PrefixStore
 from inference.openai import OpenAIServing, ServingOptions, load_tokenizer, openai_router
 from inference.runtime import Engine
 
 log = logging.getLogger("cachesvc.app")
 
-#: Seconds in-flight requests get to finish after SIGTERM/SIGINT before they are cut.
-SHUTDOWN_GRACE_SECONDS = 30.0
+#: Seconds in-flight requests get to finish after SIGTERM/SIGINT; then what is left is failed
+#: with a proper answer (503 ``server_unavailable``, or an error chunk and ``[DONE]`` in a
+#: stream). ``CACHESVC_SHUTDOWN_GRACE_SECONDS`` overrides it (tests, orchestrators with a
+#: shorter kill timeout).
+SHUTDOWN_GRACE_SECONDS = float(os.environ.get("CACHESVC_SHUTDOWN_GRACE_SECONDS", "30"))
+#: Extra seconds uvicorn waits for connections after the app's drain, so the answers that end
+#: the drain (503 bodies, final stream chunks) are written before any connection is cut.
+_FLUSH_SECONDS = 10.0
 
 EngineFactory = Callable[..., Engine]
 
@@ -56,8 +67,13 @@ class Runtime:
     engine: Engine
     serving: OpenAIServing
 
+    closed: bool = False
+
     def close(self) -> None:
         """Close the engine and release the lease (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
         try:
             self.engine.close()
         finally:
@@ -74,10 +90,13 @@ def load_runtime(
     """Prepare (hit or build), lease, load the engine and build the OpenAI server for ``config``."""
     if config.model is None:
         raise CacheError("no model to serve: pass a model id or checkpoint directory")
+    # The full re-hash against the manifest happens here, once per start (every other load
+    # checks sizes and sampled hashes): a corrupt bundle is rebuilt, never loaded.
     prepared, lease = manager.prepare_and_lease(
         config.model,
         config.profile_request(),
         progress=lambda s, f: log.info("prepare: %s %3.0f%%", s, f * 100),
+        full_verify=True,
     )
     try:
         if engine_factory is None:
@@ -107,7 +126,14 @@ def load_runtime(
                     "precision": info.precision,
                 },
             )
-            serving = OpenAIServing(engine, tokenizer, options, observer=observer)
+            serving = OpenAIServing(
+                engine,
+                tokenizer,
+                options,
+                observer=observer,
+                context_cache=_context_cache(config, prepared),
+                prefill_chunk=_prefill_chunk(),
+            )
         except BaseException:
             engine.close()
             raise
@@ -115,6 +141,33 @@ def load_runtime(
         lease.release()
         raise
     return Runtime(prepared, lease, engine, serving)
+
+
+def _prefill_chunk() -> int:
+    """``CACHESVC_PREFILL_CHUNK``: prompt tokens prefilled per scheduler step (default 256).
+
+    Smaller chunks let running streams decode more often while a long prompt is prefilled;
+    larger ones prefill that prompt a little faster."""
+    raw = os.environ.get("CACHESVC_PREFILL_CHUNK", "256")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"CACHESVC_PREFILL_CHUNK must be a positive integer, got {raw!r}")
+    return value
+
+
+def _context_cache(config: ServeConfig, prepared: PrepareResult) -> PrefixStore | None:
+    """The prefix store of ``--enable-context-reuse``, namespaced by the bundle (so records never
+    serve another model or build); None when reuse is off."""
+    if not config.enable_context_reuse:
+        return None
+    return PrefixStore(
+        f"bundle:{prepared.bundle_id}",
+        max_records=config.context_cache_max_records,
+        max_bytes=config.context_cache_partial_kv_snapshot_pool_bytes,
+    )
 
 
 def engine_factory_from_env() -> EngineFactory | None:
@@ -172,11 +225,13 @@ def create_app(
         ok = serving is not None and serving.ready
         return Response({"ready": ok}, status_code=200 if ok else 503)
 
+    watch = _BundleWatch(manager, runtime) if runtime is not None else None
     # Fleet: this node's heartbeat row and its desired-state reconciler, for the app's lifetime.
     agent = NodeAgent(
         manager,
         interval=config.heartbeat_seconds,
         loaded_models=lambda: [config.served_name] if serving is not None and serving.ready else [],
+        allowed_roots=config.model_roots(),
     )
 
     @asynccontextmanager
@@ -187,10 +242,14 @@ def create_app(
             log.info(
                 "serving %s on bundle %s", config.served_name, runtime.prepared.bundle_id if runtime else ""
             )
+        if watch is not None:
+            watch.start()
         try:
             yield
         finally:
-            if serving is not None and runtime is not None:
+            if watch is not None:
+                await watch.stop()
+            if serving is not None and runtime is not None and not runtime.closed:
                 finished = await serving.drain(SHUTDOWN_GRACE_SECONDS)
                 if not finished:
                     log.warning("shutdown grace period over; cutting in-flight requests")
@@ -204,13 +263,19 @@ def create_app(
     handlers: list[Any] = [
         health,
         ready,
-        admin_router(admin_api_key=config.admin_api_key),
+        admin_router(admin_api_key=config.admin_api_key, model_roots=config.model_roots()),
         dashboard_router(),
         metrics_route(metrics, admin_api_key=config.admin_api_key),
         openai_router(lambda: serving),
     ]
+    origins = config.cors_origins()
     return Litestar(
         route_handlers=handlers,
+        # DNS rebinding: a page whose name resolves to 127.0.0.1 still sends its own Host.
+        allowed_hosts=AllowedHostsConfig(allowed_hosts=list(config.allowed_host_headers())),
+        # Browsers may call /v1 from these origins; admin routes refuse any foreign Origin in
+        # their guard, so the app-wide CORS headers open nothing there.
+        cors_config=CORSConfig(allow_origins=list(origins)) if origins else None,
         dependencies={"manager": Provide(lambda: manager, sync_to_thread=False)},
         middleware=[metrics.middleware()],
         lifespan=[lifespan],
@@ -222,6 +287,79 @@ def create_app(
             render_plugins=[SwaggerRenderPlugin(), ScalarRenderPlugin()],
         ),
     )
+
+
+class _BundleWatch:
+    """Takes the model out of service when its bundle is found corrupt while it is loaded.
+
+    This process learns it at once (a verify through the admin API calls the manager's
+    listener); another process (``cachesvc bundles verify``) only through the catalog, which
+    is polled every ``interval`` seconds. Either way ``/v1`` answers 503 with the reason,
+    ``/health/ready`` 503, and once running requests are done the engine is unloaded and the
+    lease released, so the bundle can be rebuilt.
+    """
+
+    def __init__(self, manager: CacheManager, runtime: Runtime, interval: float = 5.0) -> None:
+        self.manager = manager
+        self.runtime = runtime
+        self.interval = interval
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._unload: asyncio.Task[None] | None = None
+        manager.add_corrupt_listener(self._on_corrupt)
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._poller = asyncio.ensure_future(self._poll())
+
+    async def stop(self) -> None:
+        for task in (self._poller, self._unload):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._loop = None
+
+    def _on_corrupt(self, bundle_id: str, detail: str) -> None:
+        # Called from whichever thread verified the bundle.
+        loop = self._loop
+        if bundle_id == self.runtime.prepared.bundle_id and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._take_down, detail)
+
+    async def _poll(self) -> None:
+        bid = self.runtime.prepared.bundle_id
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                info = await asyncio.to_thread(self.manager.catalog.get_bundle, bid)
+            except Exception:  # a busy or broken catalog must not take the model down
+                log.warning("could not read the state of bundle %s", bid, exc_info=True)
+                continue
+            if info is None or info.state != "ready":
+                detail = (info.error if info is not None else None) or "no longer in the catalog"
+                self._take_down(detail)
+                return
+
+    def _take_down(self, detail: str) -> None:
+        if self._unload is not None:
+            return
+        bid = self.runtime.prepared.bundle_id
+        reason = (
+            f"the model's bundle {bid} failed verification ({detail}); it is no longer served. "
+            "Restart the server to rebuild it"
+        )
+        log.error("%s", reason)
+        self.runtime.serving.mark_unavailable(reason)
+        self._unload = asyncio.ensure_future(self._unload_when_idle())
+
+    async def _unload_when_idle(self) -> None:
+        serving = self.runtime.serving
+        await serving.drain(SHUTDOWN_GRACE_SECONDS)
+        await serving.stop()
+        await asyncio.to_thread(self.runtime.close)
+        log.info(
+            "unloaded the engine of corrupt bundle %s and released its lease", self.runtime.prepared.bundle_id
+        )
 
 
 def serve(config: ServeConfig) -> int:
@@ -237,7 +375,10 @@ def serve(config: ServeConfig) -> int:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     log.info("cachesvc %s: %s", __version__, config)
     for flag, given in (
-        ("--enable-context-reuse", config.enable_context_reuse),
+        (
+            "--context-cache-recurrent-snapshot-pool-bytes (these models keep no recurrent state)",
+            config.context_cache_recurrent_snapshot_pool_bytes != 0,
+        ),
         ("--draft-top-k", config.draft_top_k is not None),
         ("--draft-step", config.draft_step is not None),
         ("--verify-tree-size", config.verify_tree_size is not None),
@@ -276,10 +417,11 @@ def serve(config: ServeConfig) -> int:
             host=config.host,
             port=config.port,
             log_level=config.log_level,
-            timeout_graceful_shutdown=int(SHUTDOWN_GRACE_SECONDS),
+            # Longer than the app's drain: uvicorn only waits for the last answers to be written.
+            timeout_graceful_shutdown=int(SHUTDOWN_GRACE_SECONDS + _FLUSH_SECONDS),
             lifespan="on",
         ),
-        on_exit=runtime.serving.begin_drain,
+        serving=runtime.serving,
     )
     # uvicorn restores the previous handlers after its graceful shutdown and re-raises the signal
     # it caught; with the defaults that kills the process (exit -15) or raises KeyboardInterrupt.
@@ -314,16 +456,57 @@ def _server_base() -> type:
 
 
 class _Server(_server_base()):  # type: ignore[misc]
-    """uvicorn's server, telling the OpenAI server to stop admitting as soon as a signal lands."""
+    """uvicorn's server, draining the OpenAI server *before* uvicorn starts its own shutdown.
 
-    def __init__(self, config: Any, *, on_exit: Callable[[], None]) -> None:
+    uvicorn closes its listening socket as soon as it begins to shut down, so a drain run in
+    the lifespan's shutdown would refuse new connections instead of answering 503, and would
+    start only after uvicorn had already cut requests at its own timeout. So on the first
+    SIGTERM/SIGINT: stop admitting (new ``/v1`` requests get 503 ``server_unavailable`` while
+    the socket stays open), wait up to the grace period, fail what is left with proper answers,
+    and only then let uvicorn shut down. A second signal skips the wait (uvicorn's behaviour).
+    """
+
+    def __init__(self, config: Any, *, serving: OpenAIServing) -> None:
         super().__init__(config)
-        self._on_exit = on_exit
+        self._serving = serving
+        self._drain: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig in (signal.SIGTERM, signal.SIGINT):
-            self._on_exit()
+        loop = self._loop
+        if (
+            sig in (signal.SIGTERM, signal.SIGINT)
+            and self._drain is None
+            and not self.should_exit
+            and loop is not None
+            and self.started
+        ):
+            self._serving.begin_drain()  # a plain flag: safe inside a signal handler
+            self._captured_signals.append(sig)  # uvicorn re-raises captured signals at the end
+            loop.call_soon_threadsafe(self._start_drain)
+            return
         super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            if not await self._serving.drain(SHUTDOWN_GRACE_SECONDS):
+                log.warning(
+                    "shutdown grace period (%.0f s) over; failing the requests still in flight with 503",
+                    SHUTDOWN_GRACE_SECONDS,
+                )
+                # Queued requests get a 503 body, running streams an error chunk and [DONE].
+                await self._serving.stop()
+                await self._serving.drain(_FLUSH_SECONDS)
+        finally:
+            self.should_exit = True
 
 
 __all__ = ["Runtime", "create_app", "load_runtime", "serve"]

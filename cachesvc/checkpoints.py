@@ -157,8 +157,14 @@ def _checkpoint_files(root: Path) -> list[_CheckpointFile]:
 
 
 def _walk(root: Path) -> Iterator[Path]:
-    """Yield non-hidden regular files under ``root``, following directory symlinks without looping."""
+    """Yield non-hidden regular files under ``root``, following directory symlinks without looping.
+
+    A directory symlink is followed only when its target lies inside ``root``: a checkpoint
+    named over HTTP must not make the service walk (and hash) the rest of the filesystem.
+    File symlinks are followed (Hugging Face snapshots link every file into ``blobs/``).
+    """
     seen: set[tuple[int, int]] = set()
+    top = os.path.realpath(root)
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         st = os.stat(dirpath)
         key = (st.st_dev, st.st_ino)
@@ -166,7 +172,12 @@ def _walk(root: Path) -> Iterator[Path]:
             dirnames[:] = []
             continue
         seen.add(key)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if not d.startswith(".")
+            and (not os.path.islink(os.path.join(dirpath, d)) or _inside(os.path.join(dirpath, d), top))
+        )
         for name in filenames:
             if name.startswith("."):
                 continue
@@ -174,6 +185,11 @@ def _walk(root: Path) -> Iterator[Path]:
             if p.is_dir():
                 continue
             yield p
+
+
+def _inside(path: str, top: str) -> bool:
+    target = os.path.realpath(path)
+    return target == top or target.startswith(top.rstrip(os.sep) + os.sep)
 
 
 def _content_chunks(f: _CheckpointFile, count: ReadCounter) -> list[bytes]:
@@ -317,6 +333,12 @@ def _check_local_checkpoint(directory: Path, *, source: str | None = None) -> No
     if not directory.is_dir():
         raise CheckpointError(
             f"{where} is not a directory; pass the checkpoint directory that holds config.json"
+        )
+    if not (directory / "config.json").is_file() and not any(directory.glob("*.onnx")):
+        # Before any walk: a directory such as /usr or / is refused at the cost of one stat.
+        raise CheckpointError(
+            f"{where} has no config.json; pass a Hugging Face checkpoint directory (config.json next to "
+            "the weights)"
         )
     if _is_bundle_dir(directory):
         raise CheckpointError(

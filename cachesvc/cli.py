@@ -385,6 +385,42 @@ def cmd_checkpoints_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_db_repair(args: argparse.Namespace) -> int:
+    """Move an unreadable catalog aside, open a fresh one and re-adopt the bundles on disk."""
+    from cachesvc.catalog import Catalog
+    from cachesvc.catalog.session import move_sqlite_aside
+    from cachesvc.errors import CatalogError
+
+    config = _cache_config(args)
+    url = config.catalog_url_resolved
+    if not args.force:
+        catalog = Catalog(url, node="cli")
+        try:
+            catalog.current_revision()
+            catalog.list_bundles(limit=1)
+        except CatalogError:
+            pass
+        else:
+            print("the catalog is readable; nothing to repair (--force moves it aside anyway)")
+            return 0
+        finally:
+            catalog.close()
+    if not url.startswith("sqlite:"):
+        raise CliError("only a SQLite catalog file can be repaired this way; restore the database instead", 1)
+    moved = move_sqlite_aside(url)
+    manager = _manager(args)
+    try:
+        report = manager.reconcile()
+    finally:
+        manager.close()
+    where = f"moved the old catalog to {moved}; " if moved is not None else ""
+    print(
+        f"{where}new catalog re-adopted {len(report.adopted)} bundles from disk "
+        "(pins, hit counts and history start afresh)"
+    )
+    return 0
+
+
 def cmd_db(args: argparse.Namespace) -> int:
     from cachesvc.catalog import Catalog
     from cachesvc.catalog.migrate import head_revision
@@ -497,10 +533,10 @@ def _add_cache_commands(sub: Any, parents: list[argparse.ArgumentParser]) -> Non
 _CACHE_OPTIONS = ("cache_dir", "catalog_url", "engine_cache_max_size_gb")
 
 
-def _cache_options(prefix: str = "") -> argparse.ArgumentParser:
+def _cache_options(prefix: str = "") -> _OneLineParser:
     """The cache options; the top level stores them under ``top_*`` so that a subcommand's own
     defaults (argparse lets a subparser's defaults overwrite the parent's values) cannot hide them."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = _OneLineParser(add_help=False)
     g = p.add_argument_group("cache")
     g.add_argument(
         "--cache-dir",
@@ -604,6 +640,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_db)
     p = dsub.add_parser("current", help="print the catalog's schema revision", parents=[cache_opts])
     p.set_defaults(func=cmd_db)
+    p = dsub.add_parser(
+        "repair",
+        help="move an unreadable catalog aside and re-adopt the bundles on disk",
+        parents=[cache_opts],
+    )
+    p.add_argument("--force", action="store_true", help="move the catalog aside even if it reads fine")
+    p.set_defaults(func=cmd_db_repair)
 
     fleet = sub.add_parser("fleet", help="nodes sharing this catalog")
     fsub = fleet.add_subparsers(dest="fleet_command", metavar="COMMAND")
@@ -653,6 +696,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`cachesvc stats --json | head`): that is not an error of ours.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again
+        # (https://docs.python.org/3/library/signal.html#note-on-sigpipe).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by SIGPIPE
 
 
 if __name__ == "__main__":

@@ -192,6 +192,21 @@ def _text_rule(what: str, *, optional: bool) -> Callable[[object], str | None]:
     return check
 
 
+def _list_rule(what: str) -> Callable[[object], str | None]:
+    def check(value: object) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not _split_list(value):
+            raise _Invalid(f"must be {what}, got {value!r}")
+        return value
+
+    return check
+
+
+def _split_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def _bool_rule(value: object) -> bool:
     if not isinstance(value, bool):
         raise _Invalid(f"must be true or false, got {value!r} ({type(value).__name__})")
@@ -277,6 +292,9 @@ _RULES: dict[str, Callable[[object], Any]] = {
     "node_name": _text_rule("a non-blank node name", optional=True),
     "heartbeat_seconds": _positive_float,
     "admin_api_key": _text_rule("a non-blank key", optional=True),
+    "allowed_hosts": _list_rule("host names or IP addresses (comma-separated; '*' allows any)"),
+    "allowed_model_roots": _list_rule("directories (comma-separated)"),
+    "cors_allowed_origins": _list_rule("origins such as https://app.example.com (comma-separated)"),
     "backend": _choice_rule(BACKEND_CHOICES),
     "precision": _choice_rule(PRECISION_CHOICES),
 }
@@ -408,6 +426,9 @@ class ServeConfig:
     node_name: str | None = None
     heartbeat_seconds: float = 5.0
     admin_api_key: str | None = None
+    allowed_hosts: str | None = None
+    allowed_model_roots: str | None = None
+    cors_allowed_origins: str | None = None
     backend: str = "auto"
     precision: str = "auto"
 
@@ -529,6 +550,42 @@ class ServeConfig:
     def served_name(self) -> str:
         """The model name clients see: ``--served-model-name``, else the model, else ``demo``."""
         return self.served_model_name or self.model or "demo"
+
+    def allowed_host_names(self) -> tuple[str, ...]:
+        """``--allowed-hosts``, else loopback names plus the bind address ("*" allows any)."""
+        if self.allowed_hosts is not None:
+            return _split_list(self.allowed_hosts)
+        names = ["localhost", "127.0.0.1", "::1", self.host]
+        return tuple(dict.fromkeys(names))
+
+    def allowed_host_headers(self) -> tuple[str, ...]:
+        """``Host`` header values to accept: each allowed name bare and with ``--port``.
+
+        IPv6 literals are bracketed as they appear in a ``Host`` header.
+        """
+        out: list[str] = []
+        for name in self.allowed_host_names():
+            if name == "*":
+                return ("*",)
+            host = f"[{name}]" if ":" in name and not name.startswith("[") else name
+            out += [host, f"{host}:{self.port}"]
+        return tuple(dict.fromkeys(out))
+
+    def model_roots(self) -> tuple[Path, ...]:
+        """``--allowed-model-roots``, else the cache's checkpoints dir and the served model's dir.
+
+        Local checkpoints named over HTTP (``POST /admin/builds``) must lie under one of them.
+        """
+        if self.allowed_model_roots is not None:
+            return tuple(Path(p).expanduser().absolute() for p in _split_list(self.allowed_model_roots))
+        roots = [(self.cache_dir / "checkpoints").absolute()]
+        if self.model is not None and Path(self.model).expanduser().is_dir():
+            roots.append(Path(self.model).expanduser().absolute())
+        return tuple(roots)
+
+    def cors_origins(self) -> tuple[str, ...]:
+        """``--cors-allowed-origins`` (CORS for ``/v1`` only); empty means no CORS headers."""
+        return _split_list(self.cors_allowed_origins) if self.cors_allowed_origins else ()
 
     def profile_request(self) -> ProfileRequest:
         """The build profile this config asks for (``auto`` values are resolved by the manager)."""
@@ -726,6 +783,30 @@ def add_serve_arguments(parser: argparse.ArgumentParser, *, include_http: bool =
         "require this key on /admin routes (default: none, loopback clients only)",
         show_default=False,
         metavar="KEY",
+    )
+    _add(
+        http,
+        "allowed_hosts",
+        "Host header values to answer, comma-separated; '*' for any "
+        "(default: localhost, 127.0.0.1, ::1 and --host)",
+        show_default=False,
+        metavar="HOSTS",
+    )
+    _add(
+        http,
+        "allowed_model_roots",
+        "directories under which POST /admin/builds may name local checkpoints, comma-separated "
+        "(default: <cache-dir>/checkpoints and the served model's directory)",
+        show_default=False,
+        metavar="DIRS",
+    )
+    _add(
+        http,
+        "cors_allowed_origins",
+        "origins allowed to call /v1 from a browser (CORS), comma-separated (default: none); "
+        "admin routes never answer a foreign Origin",
+        show_default=False,
+        metavar="ORIGINS",
     )
     _add(
         http, "reasoning_parser", "split <think> reasoning into reasoning_content", choices=REASONING_PARSERS

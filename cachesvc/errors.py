@@ -69,3 +69,7 @@ class BuildError(CacheError):
 
 class InsufficientStorageError(CacheError):
     """A build cannot fit the cache's disk budget even after evicting everything idle."""
+
+
+class CatalogError(CacheError):
+    """The catalog database cannot be used (unreadable, corrupt, or its disk is full)."""

@@ -15,12 +15,13 @@ Rules (docs/architecture.md, "The cache"):
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -30,7 +31,7 @@ from cachesvc.build_jobs import Build, BuildJobs
 from cachesvc.builders import Builder, ProgressFn, default_builders, resolve_backend, resolve_precision
 from cachesvc.catalog import Catalog, default_catalog_url
 from cachesvc.catalog.fleet import FleetCatalog
-from cachesvc.checkpoints import ResolvedCheckpoint, looks_like_path, resolve_checkpoint
+from cachesvc.checkpoints import ResolvedCheckpoint, is_hub_id, looks_like_path, resolve_checkpoint
 from cachesvc.crashpoints import crash_point
 from cachesvc.errors import (
     BuildError,
@@ -61,7 +62,7 @@ from cachesvc.records import (
     ReconcileReport,
     VerifyResult,
 )
-from cachesvc.store import BundleStore, CacheLayout, Lease, read_manifest, verify_bundle
+from cachesvc.store import BundleStore, CacheLayout, Lease, quick_verify_bundle, read_manifest, verify_bundle
 
 log = logging.getLogger("cachesvc.manager")
 
@@ -131,6 +132,7 @@ class CacheManager:
         self.fleet = FleetCatalog(catalog)
         self._stats_lock = threading.Lock()
         self._stats_cache: tuple[tuple[int, int, int, str], CacheStats] | None = None
+        self._corrupt_listeners: list[Callable[[str, str], None]] = []
 
     @classmethod
     def open(
@@ -239,7 +241,10 @@ class CacheManager:
         )
 
     def _try_hit(self, bid: str, rel: Path, *, adopt: bool = False, model: str = "") -> Path | None:
-        """A ready row whose manifest is in place is a hit (records it); else None.
+        """A ready row whose files pass the quick check is a hit (records it); else None.
+
+        The quick check (every file's size and a sampled hash) runs on every hit: a bundle
+        whose bytes changed on disk is marked corrupt here and rebuilt, never served.
 
         With ``adopt`` (caller holds the exclusive lock), a published directory the catalog does
         not know is verified and adopted instead of rebuilt.
@@ -248,8 +253,13 @@ class CacheManager:
         info = self.catalog.get_bundle(bid)
         if info is not None and info.state == "ready":
             try:
-                read_manifest(final)
-            except CorruptBundleError:
+                report = quick_verify_bundle(final, read_manifest(final))
+                detail = "; ".join(f"{m.path}: {m.reason}" for m in report.mismatches[:10]) or None
+            except CorruptBundleError as exc:
+                detail = str(exc)
+            if detail is not None:
+                log.error("bundle %s failed the load check and will be rebuilt: %s", bid, detail)
+                self._mark_corrupt(bid, detail)
                 return None
             self.catalog.record_hit(bid)
             return final
@@ -309,6 +319,12 @@ class CacheManager:
             log.error("build of %s failed after %.1fs: %s", bid, seconds, reason)
             if isinstance(exc, CacheError) or not isinstance(exc, Exception):
                 raise
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                raise InsufficientStorageError(
+                    f"building {model} ({options.name}) ran out of disk space in {self.layout.root}; "
+                    "nothing was kept. Free space (e.g. `cachesvc prune`) or use a --cache-dir on a "
+                    "larger disk"
+                ) from exc
             raise BuildError(f"building {model} ({options.name}) failed: {reason}") from exc
         seconds = time.monotonic() - started
         crash_point("build:published")
@@ -353,17 +369,53 @@ class CacheManager:
         return BundleLease(self, info, lease)
 
     def prepare_and_lease(
-        self, model: str, request: ProfileRequest | None = None, *, progress: ProgressFn | None = None
+        self,
+        model: str,
+        request: ProfileRequest | None = None,
+        *,
+        progress: ProgressFn | None = None,
+        full_verify: bool = False,
     ) -> tuple[PrepareResult, BundleLease]:
-        """Prepare then lease, retrying when an eviction slips in between."""
+        """Prepare then lease, retrying when an eviction slips in between.
+
+        With ``full_verify`` (``serve`` start), the leased bundle is re-hashed against its whole
+        manifest; a mismatch marks it corrupt and it is rebuilt once before giving up.
+        """
         for attempt in range(3):
             result = self.prepare(model, request, progress=progress)
             try:
-                return result, self.lease(result.bundle_id)
+                lease = self.lease(result.bundle_id)
             except NotFoundError:
                 if attempt == 2:
                     raise
+                continue
+            if not full_verify:
+                return result, lease
+            verified = self.verify(result.bundle_id)
+            if verified.ok:
+                return result, lease
+            lease.release()
+            if result.built or attempt == 2:
+                raise CorruptBundleError(
+                    f"bundle {result.bundle_id} does not match its manifest even after a rebuild: "
+                    f"{verified.mismatches[:3]}; check the disk"
+                )
         raise AssertionError("unreachable")
+
+    def add_corrupt_listener(self, listener: Callable[[str, str], None]) -> None:
+        """Call ``listener(bundle_id, detail)`` whenever this process marks a bundle corrupt."""
+        self._corrupt_listeners.append(listener)
+
+    def _mark_corrupt(self, bid: str, detail: str) -> None:
+        try:
+            self.catalog.set_verified(bid, ok=False, detail=detail)
+        except NotFoundError:
+            return
+        for listener in list(self._corrupt_listeners):
+            try:
+                listener(bid, detail)
+            except Exception:
+                log.exception("corrupt-bundle listener failed")
 
     def holders(self, bid: str) -> list[LeaseHolder]:
         """Live lease holders of a bundle: this host's from the lock files, other nodes' from the catalog."""
@@ -491,9 +543,12 @@ class CacheManager:
             mismatches = ({"path": "manifest.json", "reason": str(exc)},)
         ok = not mismatches
         detail = None if ok else "; ".join(f"{m['path']}: {m['reason']}" for m in mismatches[:10])
-        updated = self.catalog.set_verified(bid, ok=ok, detail=detail)
-        if not ok:
+        if ok:
+            updated = self.catalog.set_verified(bid, ok=True, detail=None)
+        else:
             log.error("bundle %s is corrupt: %s", bid, detail)
+            self._mark_corrupt(bid, detail or "corrupt")
+            updated = self.catalog.require_bundle(bid)
         return VerifyResult(bid, ok, files_checked, bytes_checked, mismatches, updated.state)
 
     def remove(self, bid: str) -> int:
@@ -530,15 +585,31 @@ class CacheManager:
 
     # -- background builds -----------------------------------------------------------------
 
-    def start_build(self, model: str, request: ProfileRequest | None = None) -> BuildStatus:
-        """Queue a build in the background; the same model and profile join the running build."""
+    def start_build(
+        self,
+        model: str,
+        request: ProfileRequest | None = None,
+        *,
+        allowed_roots: tuple[Path, ...] | None = None,
+    ) -> BuildStatus:
+        """Queue a build in the background; the same model and profile join the running build.
+
+        What can be checked without resolving or building is checked first (a 400 at the API
+        instead of a 202 that fails later): backend, precision, profile limits, the model's
+        form, and for a local directory that it holds ``config.json`` and, with
+        ``allowed_roots`` (the HTTP surface passes ``--allowed-model-roots``), where it lies.
+        """
         request = request or ProfileRequest()
-        # Fail fast (400 at the API) on what can be checked without resolving or building.
         backend = resolve_backend(request.backend, self.builders)
         resolve_precision(request.precision, backend)
-        if looks_like_path(model) and not Path(model).expanduser().is_dir():
-            raise CheckpointError(f"no such directory: {model}")
+        for name, value in (("model", model), ("draft_model", request.draft_model)):
+            if value is not None:
+                _check_model_name(name, value, allowed_roots)
         return self.builds.start(model, request)
+
+    def check_model(self, field: str, model: str, allowed_roots: tuple[Path, ...] | None) -> None:
+        """The checks ``start_build`` makes on a model name (desired state is checked the same way)."""
+        _check_model_name(field, model, allowed_roots)
 
     def get_build(self, build_id: str) -> BuildStatus:
         """State of one background build (NotFoundError when unknown)."""
@@ -551,3 +622,32 @@ class CacheManager:
     def wait_for_build(self, build_id: str, timeout: float = 600.0, poll: float = 0.05) -> BuildStatus:
         """Block until a background build finishes (tests and the CLI use this)."""
         return self.builds.wait(build_id, timeout, poll)
+
+
+def _check_model_name(field: str, model: str, allowed_roots: tuple[Path, ...] | None) -> None:
+    """A hub id, or a local checkpoint directory (with ``config.json``) under an allowed root."""
+    if not looks_like_path(model):
+        if not is_hub_id(model):
+            raise ConfigError(
+                field,
+                f"{model!r} is not a Hugging Face model id ('org/name': letters, digits, '-', '_', '.') "
+                "nor an existing directory",
+            )
+        return
+    directory = Path(model).expanduser().resolve()
+    if allowed_roots is not None and not any(
+        directory.is_relative_to(root.resolve()) for root in allowed_roots
+    ):
+        roots = ", ".join(str(r) for r in allowed_roots)
+        raise ConfigError(
+            field,
+            f"{model!r} is outside the directories builds may read ({roots}); move the checkpoint "
+            "there or start the server with --allowed-model-roots",
+        )
+    if not directory.is_dir():
+        raise CheckpointError(f"no such directory: {model}")
+    if not (directory / "config.json").is_file():
+        raise CheckpointError(
+            f"{model} has no config.json; pass a Hugging Face checkpoint directory (config.json next to "
+            "the weights)"
+        )

@@ -59,13 +59,29 @@ class Reconciler:
                     self.adopt(scanned.relpath, m, str(m.engine.get("source_model", "")))
                     adopted.append(m.bundle_id)
                     on_disk.add(m.bundle_id)
-                else:
-                    # Not a complete bundle we can vouch for: never served, so remove it.
+                elif m is not None:
+                    # Our manifest, but the files do not match it: never served, so remove it.
                     self.store.remove(scanned.relpath)
+                    corrupt.append(str(scanned.relpath))
+                else:
+                    # No manifest we can read: we cannot tell whose it is, so keep it aside.
+                    moved = self.store.quarantine(scanned.relpath)
+                    log.warning(
+                        "reconcile: %s is not a bundle (%s); moved to %s",
+                        scanned.relpath,
+                        scanned.error,
+                        moved,
+                    )
                     corrupt.append(str(scanned.relpath))
         forgotten: list[str] = []
         for bid, info in known.items():
-            if bid in on_disk or info.state == "failed":
+            if bid in on_disk:
+                continue
+            if info.state == "failed":
+                # Left by an older version: the failure is an event already; a row without a
+                # directory only misleads listings and stats.
+                self.catalog.forget_bundle(bid)
+                forgotten.append(bid)
                 continue
             with self.store.locks.try_exclusive(bid) as got:
                 if not got:  # being built or served right now

@@ -9,6 +9,20 @@ thread-safe :class:`OutputSink` (:class:`AsyncOutputStream` for asyncio consumer
 Admission: at most ``max_batch_size`` sequences run and ``max_queued_requests`` more wait;
 beyond that :class:`QueueFullError`. A request that waits longer than ``queue_timeout`` gets
 :class:`QueueTimeoutError`. The serving layer maps both to HTTP 429.
+
+Context reuse (when a :class:`~inference.context_cache.PrefixStore` is given and the engine is a
+:class:`~inference.runtime.protocol.KVEngine`): a finished sequence leaves its KV in its slot,
+and its complete 64-token blocks as records in the store. A new request takes the free slot
+whose content shares the longest prefix with its prompt (token granular: the slot is truncated
+to it), then extends that prefix with records copied back block by block, and prefills only
+the rest. At least the last prompt token is always prefilled (its logits pick the first token).
+Requests with ``cache_prompt=False`` neither reuse nor leave anything behind. Outputs are the
+same with and without reuse (the KV is the same numbers; see the tests).
+
+Prefill and decode: the in-place CPU engine cannot run a multi-token chunk of one sequence in
+the same batch as other sequences, so each step runs one prefill chunk (``prefill_chunk``
+tokens, tunable) and then one decode step of every sequence past its prefill. A new request
+therefore delays running streams by one chunk per step, never by a whole prompt.
 """
 
 from __future__ import annotations
@@ -24,8 +38,9 @@ from typing import Protocol
 
 import numpy as np
 
+from inference.context_cache import ContextCacheStats, PrefixStore
 from inference.generation import GenerationState, StepOutput
-from inference.runtime.protocol import Engine
+from inference.runtime.protocol import Engine, KVEngine
 from inference.sampling import Sampler
 
 __all__ = [
@@ -124,6 +139,8 @@ class GenerationRequest:
     arrival: float = field(default_factory=time.monotonic)
     # Set from any thread; a plain bool write is atomic, and the scheduler only reads it.
     cancelled: bool = False
+    # False: no cached prefix is used for this request and its KV is not kept for others.
+    cache_prompt: bool = True
 
 
 @dataclass(eq=False)
@@ -132,6 +149,9 @@ class _Running:
     slot: int
     prefilled: int = 0
     last_token: int | None = None
+    prepared: bool = False  # slot set up (reused prefix restored or slot emptied)
+    broken: bool = False  # the engine failed: the slot's content is unknown
+    reused: int = 0  # prompt tokens taken from the cache
 
 
 class Scheduler:
@@ -146,6 +166,7 @@ class Scheduler:
         queue_timeout: float,
         prefill_chunk: int = 256,
         observer: SchedulerObserver | None = None,
+        context_cache: PrefixStore | None = None,
     ) -> None:
         """Configure; nothing runs until :meth:`start`."""
         if max_batch_size < 1:
@@ -167,6 +188,11 @@ class Scheduler:
         self._free_slots: list[int] = list(range(self.max_batch_size - 1, -1, -1))
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # Context reuse needs the KV operations; a plain Engine runs without it.
+        self._store = context_cache if isinstance(engine, KVEngine) else None
+        self._kv: KVEngine | None = engine if self._store is not None else None  # type: ignore[assignment]
+        # Per slot: the tokens whose KV the slot holds, when that KV may serve other requests.
+        self._slot_tokens: list[list[int]] = [[] for _ in range(self.max_batch_size)]
 
     # -- asyncio side ------------------------------------------------------------------------
 
@@ -179,6 +205,15 @@ class Scheduler:
     def active(self) -> int:
         """Requests holding a slot."""
         return len(self._running)
+
+    @property
+    def context_reuse(self) -> bool:
+        """Whether cached prefixes are reused."""
+        return self._store is not None
+
+    def context_cache_stats(self) -> ContextCacheStats | None:
+        """Counters of the prefix store (None without context reuse); any thread."""
+        return None if self._store is None else self._store.stats()
 
     @property
     def running(self) -> bool:
@@ -238,8 +273,10 @@ class Scheduler:
                 changed = True
                 req.sink.put(QueueTimeoutError(f"waited more than {self.queue_timeout:g} s for a free slot"))
             elif self._free_slots:
-                slot = self._free_slots.pop()
-                self._engine.reset(slot)
+                slot = self._pick_slot(req)
+                self._free_slots.remove(slot)
+                if self._store is None:
+                    self._engine.reset(slot)
                 self._running.append(_Running(req, slot))
                 changed = True
             else:
@@ -248,12 +285,81 @@ class Scheduler:
         if changed:
             self._notify_queue()
 
+    def _pick_slot(self, req: GenerationRequest) -> int:
+        """The free slot to run ``req`` in: the one holding the longest prefix of its prompt
+        (at least a block's worth), else the lowest, which keeps running slots packed."""
+        lowest = min(self._free_slots)
+        if self._store is None or not req.cache_prompt:
+            return lowest
+        best, best_len = lowest, self._store.block_tokens - 1
+        for slot in self._free_slots:
+            n = _common_prefix(self._slot_tokens[slot], req.prompt_ids, len(req.prompt_ids) - 1)
+            if n > best_len or (n == best_len and slot < best):
+                best, best_len = slot, n
+        return best
+
+    def _prepare(self, run: _Running) -> None:
+        """Before the first prefill chunk: resume from the longest cached prefix, or start empty."""
+        run.prepared = True
+        kv, store = self._kv, self._store
+        slot, prompt = run.slot, run.req.prompt_ids
+        if kv is None or store is None or not run.req.cache_prompt:
+            self._slot_tokens[slot] = []
+            self._engine.reset(slot)
+            return
+        held = self._slot_tokens[slot][: kv.slot_length(slot)]  # the engine may have emptied it
+        limit = len(prompt) - 1  # the last prompt token is always prefilled
+        reused = _common_prefix(held, prompt, limit)
+        block = store.block_tokens
+        keys = store.block_keys(prompt[: (limit // block) * block])
+        found = store.fetch(keys, prompt, reused // block)
+        start = (reused // block) * block
+        if found and start + len(found) * block > reused:
+            kv.truncate(slot, min(start, kv.slot_length(slot)))
+            for record in found:
+                kv.import_kv(slot, start, record)
+                start += block
+            reused = start
+        else:
+            kv.truncate(slot, reused)
+        self._slot_tokens[slot] = list(prompt[:reused])
+        run.prefilled = run.reused = reused
+        store.note_lookup(reused)
+        self._notify_cache()
+
+    def _save_blocks(self, run: _Running) -> None:
+        """Keep the complete blocks of what ``run``'s slot holds as records (new ones copied)."""
+        kv, store = self._kv, self._store
+        if kv is None or store is None or not run.req.cache_prompt:
+            return
+        tokens = self._slot_tokens[run.slot]
+        block = store.block_tokens
+        try:
+            for i, key in enumerate(store.block_keys(tokens)):
+                if not store.touch(key):
+                    records = kv.export_kv(run.slot, i * block, block)
+                    store.insert(key, tokens[i * block:(i + 1) * block], records)
+        except Exception:  # the cache is an optimisation: never fail a request for it
+            log.exception("saving context records failed")
+        self._notify_cache()
+
+    def _notify_cache(self) -> None:
+        hook = getattr(self._observer, "context_cache_changed", None)
+        if hook is not None and self._store is not None:
+            hook(self._store.stats())
+
     def _release(self, run: _Running) -> None:
         # Called on the scheduler thread only; the lock protects the lists the asyncio side reads.
-        try:
-            self._engine.reset(run.slot)
-        except Exception:  # a broken engine must not leak the slot record
-            log.exception("engine.reset(%d) failed", run.slot)
+        if self._store is not None and run.req.cache_prompt and not run.broken:
+            if run.prepared:
+                self._save_blocks(run)
+            # else: the slot still holds what an earlier request left there; keep it.
+        else:
+            self._slot_tokens[run.slot] = []
+            try:
+                self._engine.reset(run.slot)
+            except Exception:  # a broken engine must not leak the slot record
+                log.exception("engine.reset(%d) failed", run.slot)
         with self._cond:
             if run in self._running:
                 self._running.remove(run)
@@ -317,17 +423,25 @@ class Scheduler:
         if decoding:
             self._decode(decoding)
 
+    def _fail(self, run: _Running, exc: EngineFailure) -> None:
+        run.req.sink.put(exc)
+        run.broken = True
+        self._release(run)
+
     def _prefill_chunk(self, run: _Running) -> None:
         req = run.req
         ids = req.prompt_ids
-        chunk = ids[run.prefilled : run.prefilled + self._chunk]
         try:
+            if not run.prepared:
+                self._prepare(run)
+            chunk = ids[run.prefilled : run.prefilled + self._chunk]
             logits = self._engine.prefill(run.slot, list(chunk))
         except Exception as exc:
             log.exception("prefill failed")
-            req.sink.put(EngineFailure(f"prefill failed: {exc}"))
-            self._release(run)
+            self._fail(run, EngineFailure(f"prefill failed: {exc}"))
             return
+        if self._store is not None:
+            self._slot_tokens[run.slot].extend(chunk)
         run.prefilled += len(chunk)
         if run.prefilled < len(ids):
             return
@@ -338,6 +452,8 @@ class Scheduler:
         out = req.state.push(sample)
         if self._emit(run, out):
             run.last_token = sample.token_id
+            # After the first token went out: the prompt's blocks serve concurrent requests too.
+            self._save_blocks(run)
 
     def _decode(self, runs: list[_Running]) -> None:
         batch: list[_Running] = []
@@ -355,14 +471,26 @@ class Scheduler:
         except Exception as exc:
             log.exception("decode failed")
             for run in batch:
-                run.req.sink.put(EngineFailure(f"decode failed: {exc}"))
-                self._release(run)
+                self._fail(run, EngineFailure(f"decode failed: {exc}"))
             return
         rows = np.asarray(logits).reshape(len(batch), -1)
         if self._observer is not None:
             self._observer.tokens_generated(len(batch))
         for run, row in zip(batch, rows, strict=True):
+            if self._store is not None and run.last_token is not None:
+                self._slot_tokens[run.slot].append(run.last_token)
             sample = run.req.sampler.sample(row)
             out = run.req.state.push(sample)
             if self._emit(run, out):
                 run.last_token = sample.token_id
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
+    n = min(len(a), len(b), max(0, limit))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n

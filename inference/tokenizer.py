@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,17 @@ class Tokenizer:
         ) | frozenset(self.eos_token_ids)
         self._byte_level = type(backend.decoder).__name__ == "ByteLevel"
         self._compiled: dict[str, jinja2.Template] = {}
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """Characters of the longest vocabulary entry: one token covers at most this much text.
+
+        Vocabulary strings are at least as long as the text they match (byte-level entries
+        hold one character per byte), so ``len(text) / max_token_chars`` bounds a text's
+        token count from below without tokenizing it.
+        """
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        return max((len(piece) for piece in vocab), default=1) or 1
 
     # -- text <-> ids ------------------------------------------------------------------------
 

@@ -333,13 +333,17 @@ class Catalog:
             return _bundle_info(row)
 
     def fail_build(self, bundle_id: str, *, error: str, seconds: float) -> None:
-        """Mark a build failed (nothing was published); a build_failed event."""
+        """A build failed or was interrupted (nothing was published): a build_failed event with
+        the error, and the row goes.
+
+        A row promises a directory: a kept ``failed`` row would list a path that does not exist
+        and count in stats. The failure itself stays in the event log (and in the build status).
+        """
         with self._tx() as session:
             row = session.get(BundleRow, (bundle_id, self.node), with_for_update=True)
             if row is None:
                 return
-            row.state, row.error, row.build_seconds = "failed", error[:4000], seconds
-            row.size_bytes, row.file_count = 0, 0
+            session.delete(row)
             self._add_event(
                 session,
                 "build_failed",
@@ -406,6 +410,13 @@ class Catalog:
                 detail=detail,
             )
             session.delete(row)
+
+    def forget_bundle(self, bundle_id: str) -> None:
+        """Delete a row without an event (its story is in the log already, e.g. a failed build)."""
+        with self._tx() as session:
+            row = session.get(BundleRow, (bundle_id, self.node), with_for_update=True)
+            if row is not None:
+                session.delete(row)
 
     def adopt_bundle(
         self, key: BundleKey, *, model: str, size_bytes: int, file_count: int, built_at: datetime

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import ExceptionContext, make_url
+
+from cachesvc.errors import CatalogError, InsufficientStorageError
 
 #: How long a SQLite writer waits for another process's write lock before failing.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -30,12 +35,75 @@ def create_catalog_engine(url: str) -> Engine:
         kwargs["pool_pre_ping"] = True
     engine = create_engine(url, **kwargs)
     if parsed.get_backend_name() == "sqlite":
+        event.listen(engine, "handle_error", _sqlite_error(parsed.database or url))
         event.listen(engine, "connect", _sqlite_pragmas)
         # pysqlite's own transaction handling defers BEGIN; we emit it ourselves so that writers
         # (engine.execution_options(sqlite_immediate=True)) take the write lock up front and two
         # processes never deadlock upgrading read locks (SQLITE_BUSY without waiting).
         event.listen(engine, "begin", _sqlite_begin)
     return engine
+
+
+#: SQLite messages that mean the file is not a usable database (not a busy or locked one).
+_UNREADABLE = ("file is not a database", "database disk image is malformed")
+
+
+def _sqlite_error(where: str) -> Any:
+    """A ``handle_error`` hook: one-line errors with the repair for a broken or full catalog.
+
+    Without it every command dies in a page-long SQLAlchemy traceback on a garbage file.
+    """
+
+    def handle(context: ExceptionContext) -> None:
+        message = str(context.original_exception)
+        if "disk I/O error" in message and _nearly_full(where):
+            message = "database or disk is full"  # SQLite says I/O error when WAL files cannot grow
+        if "disk I/O error" in message:
+            raise CatalogError(
+                f"the catalog {where} cannot be read or written (disk I/O error); check the disk and "
+                "its free space, then retry"
+            ) from context.original_exception
+        if "database or disk is full" in message:
+            raise InsufficientStorageError(
+                f"the disk holding the catalog {where} is full; free space (e.g. `cachesvc prune`) and retry"
+            ) from context.original_exception
+        if any(text in message for text in _UNREADABLE):
+            raise CatalogError(
+                f"the catalog {where} cannot be read ({message}); run `cachesvc db repair` to move it "
+                "aside and re-adopt the bundles on disk (nothing in the cache is lost)"
+            ) from context.original_exception
+
+    return handle
+
+
+def _nearly_full(database: str) -> bool:
+    try:
+        return shutil.disk_usage(Path(database).parent).free < 1024 * 1024
+    except OSError:
+        return False
+
+
+def move_sqlite_aside(url: str) -> Path | None:
+    """Rename a SQLite catalog file (and its ``-wal``/``-shm``) to ``<name>.broken-<time>``.
+
+    Returns the new path of the main file; None when the URL is not a SQLite file or the file
+    does not exist. The caller then opens a fresh catalog and reconciles: bundles on disk are
+    re-adopted from their manifests.
+    """
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    path = Path(parsed.database)
+    if not path.exists():
+        return None
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    target = path.with_name(f"{path.name}.broken-{stamp}")
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            os.replace(side, target.with_name(target.name + suffix))
+    os.replace(path, target)
+    return target
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from cachesvc.catalog import utcnow
@@ -29,6 +30,7 @@ class NodeAgent:
         *,
         interval: float,
         loaded_models: Callable[[], list[str]] = list,
+        allowed_roots: tuple[Path, ...] | None = None,
     ) -> None:
         self.manager = manager
         self.interval = interval
@@ -37,7 +39,7 @@ class NodeAgent:
         self._stop = threading.Event()
         self._status: dict[str, Any] | None = None
         self._status_lock = threading.Lock()
-        self.converger = Converger(manager, on_status=self._set_status)
+        self.converger = Converger(manager, on_status=self._set_status, allowed_roots=allowed_roots)
         self._threads: list[threading.Thread] = []
 
     def _set_status(self, status: dict[str, Any] | None) -> None:

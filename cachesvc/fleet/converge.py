@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from cachesvc.errors import CacheError, NotFoundError
@@ -31,8 +32,15 @@ def item_name(bundle: DesiredBundle) -> str:
 class Converger:
     """One pass at a time: read the desired state, act on this node, publish a status dict."""
 
-    def __init__(self, manager: CacheManager, *, on_status: Callable[[dict[str, Any] | None], None]) -> None:
+    def __init__(
+        self,
+        manager: CacheManager,
+        *,
+        on_status: Callable[[dict[str, Any] | None], None],
+        allowed_roots: tuple[Path, ...] | None = None,
+    ) -> None:
         self.manager = manager
+        self.allowed_roots = allowed_roots
         self._on_status = on_status
         self._failed: dict[str, tuple[int, str]] = {}  # item -> (generation, error)
         self._last: tuple[int, dict[str, ItemStatus]] = (0, {})  # the last pass's result
@@ -71,6 +79,11 @@ class Converger:
                 items[index] = ItemStatus(name, "building")
                 report()
             try:
+                # This node's --allowed-model-roots, as POST /admin/builds on this node would.
+                for field in ("model", "draft_model"):
+                    value = bundle.model if field == "model" else bundle.profile.get("draft_model")
+                    if value is not None:
+                        self.manager.check_model(field, str(value), self.allowed_roots)
                 result = self.manager.prepare(bundle.model, ProfileRequest(**bundle.profile))
                 if bundle.pin:
                     self.manager.pin(result.bundle_id)

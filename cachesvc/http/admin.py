@@ -11,11 +11,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated
 
 import anyio
-from litestar import Controller, Router, delete, get, post, put
-from litestar.di import NamedDependency
+from litestar import Controller, Request, Router, delete, get, post, put
+from litestar.di import NamedDependency, Provide
+from litestar.exceptions import ClientException
 from litestar.params import Body, PathParameter, QueryParameter
 
 from cachesvc.http.auth import admin_guard
@@ -47,8 +49,11 @@ from cachesvc.http.schemas import (
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 from cachesvc.records import EvictionResult
+from inference.openai.body_checks import LARGE_BODY_BYTES, has_body, json_nesting_error
 
 Manager = NamedDependency[CacheManager]
+#: Where local checkpoints named over HTTP may lie (``--allowed-model-roots``); None: anywhere.
+ModelRoots = NamedDependency[tuple[Path, ...] | None]
 
 BUNDLE_ID_PATTERN = r"^[0-9a-f]{16}-[0-9a-f]{12}$"
 BundleId = Annotated[
@@ -259,9 +264,11 @@ class BuildController(Controller):
         status_code=202,
         sync_to_thread=True,
         operation_id="startBuild",
-        responses=problem_responses(400, 404, 409, 502, 507),
+        responses=problem_responses(400, 404, 409, 415, 502, 507),
     )
-    def start_build(self, manager: Manager, data: Annotated[BuildRequest, StrictBody]) -> BuildOut:
+    def start_build(
+        self, manager: Manager, model_roots: ModelRoots, data: Annotated[BuildRequest, StrictBody]
+    ) -> BuildOut:
         """Start a background build (or join the running one for the same bundle)."""
         request = ProfileRequest(
             backend=data.backend,
@@ -272,7 +279,7 @@ class BuildController(Controller):
             speculative_method=data.speculative_method,
             draft_model=data.draft_model,
         )
-        return to_body(manager.start_build(data.model, request), BuildOut)
+        return to_body(manager.start_build(data.model, request, allowed_roots=model_roots), BuildOut)
 
     @get("/", sync_to_thread=True, operation_id="listBuilds", responses=problem_responses())
     def list_builds(self, manager: Manager) -> BuildListOut:
@@ -298,7 +305,7 @@ class CacheController(Controller):
         status_code=200,
         sync_to_thread=True,
         operation_id="pruneCache",
-        responses=problem_responses(400, 409),
+        responses=problem_responses(400, 409, 415),
     )
     def prune(self, manager: Manager, data: Annotated[PruneRequest, StrictBody]) -> EvictionOut:
         """Evict LRU idle bundles down to ``max_size_bytes`` (default: the cap); ``dry_run`` plans only."""
@@ -309,7 +316,7 @@ class CacheController(Controller):
         status_code=200,
         sync_to_thread=True,
         operation_id="clearCache",
-        responses=problem_responses(400, 409),
+        responses=problem_responses(400, 409, 415),
     )
     def clear(self, manager: Manager, data: Annotated[ClearRequest, StrictBody]) -> EvictionOut:
         """Remove every idle bundle (leased and pinned ones stay; checkpoints stay)."""
@@ -369,7 +376,20 @@ def list_checkpoints(manager: Manager) -> CheckpointListOut:
     return to_body({"items": manager.list_checkpoints()}, CheckpointListOut)
 
 
-def admin_router(*, admin_api_key: str | None) -> Router:
+async def _reject_deep_json(request: Request) -> None:
+    """``before_request``: 400 for a body nested too deep (msgspec would raise RecursionError)."""
+    if not has_body(request.headers):
+        return
+    body = await request.body()
+    if len(body) > LARGE_BODY_BYTES:
+        problem = await anyio.to_thread.run_sync(json_nesting_error, body)
+    else:
+        problem = json_nesting_error(body)
+    if problem is not None:
+        raise ClientException(detail=f"{problem}; send a flat JSON object")
+
+
+def admin_router(*, admin_api_key: str | None, model_roots: tuple[Path, ...] | None = None) -> Router:
     """The ``/admin`` router: every admin route, its guard and its problem-JSON error mapping.
 
     The app must provide the ``manager`` dependency (``Provide(lambda: manager, sync_to_thread=False)``).
@@ -386,8 +406,10 @@ def admin_router(*, admin_api_key: str | None) -> Router:
             *FLEET_HANDLERS,
         ],
         guards=[admin_guard(admin_api_key)],
+        before_request=_reject_deep_json,
+        dependencies={"model_roots": Provide(lambda: model_roots, sync_to_thread=False)},
         exception_handlers=admin_exception_handlers(),
-        signature_namespace={"CacheManager": CacheManager},
+        signature_namespace={"CacheManager": CacheManager, "Path": Path},
     )
     _drop_stale_options_handlers(router)
     return router

@@ -1,5 +1,11 @@
 """The admin guard: ``--admin-api-key`` or, without one, loopback clients only.
 
+Loopback is not enough against a browser on the same machine: any web page can send requests
+to ``127.0.0.1``. So, with or without a key, a request from a page on another origin (its
+``Origin`` header) is refused with 403, and a body must be ``application/json`` (415
+otherwise), which a page cannot send cross-site without a CORS preflight that nothing here
+answers. The ``Host`` header is checked app-wide (``--allowed-hosts``) against DNS rebinding.
+
 The completion key (``--api-key``) is deliberately unknown here: it never opens admin routes.
 The client address comes from the ASGI scope, never from ``X-Forwarded-For``, so a proxy on
 the same machine cannot make remote callers look local; put a key on the server instead.
@@ -11,9 +17,10 @@ import ipaddress
 from collections.abc import Callable, Mapping
 
 from litestar.connection import ASGIConnection
-from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
+from litestar.exceptions import HTTPException, NotAuthorizedException, PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
 
+from inference.openai.body_checks import foreign_origin, has_body, is_json_media_type
 from inference.openai.routes import any_key_matches
 from inference.openai.routes import presented_keys as _presented_keys
 
@@ -47,6 +54,7 @@ def admin_guard(admin_api_key: str | None) -> Guard:
     expected = admin_api_key or None
 
     def guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+        _check_browser_rules(connection)
         if expected is None:
             client = connection.client
             if not is_loopback(client.host if client else None):
@@ -77,3 +85,23 @@ def admin_guard(admin_api_key: str | None) -> Guard:
             )
 
     return guard
+
+
+def _check_browser_rules(connection: ASGIConnection) -> None:
+    """403 for a foreign ``Origin``; 415 for a body that is not declared JSON."""
+    origin = foreign_origin(connection.headers, connection.url.scheme)
+    if origin is not None:
+        raise PermissionDeniedException(
+            detail=(
+                f"admin routes refuse requests from web pages (Origin {origin!r}); "
+                "call them from a script or the CLI"
+            )
+        )
+    if has_body(connection.headers) and not is_json_media_type(connection.headers.get("content-type")):
+        raise HTTPException(
+            status_code=415,
+            detail=(
+                f"request bodies must be JSON: send 'Content-Type: application/json' "
+                f"(got {connection.headers.get('content-type')!r})"
+            ),
+        )

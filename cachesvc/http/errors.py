@@ -20,6 +20,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from cachesvc.errors import (
     BuildError,
     CacheError,
+    CatalogError,
     CheckpointError,
     ConfigError,
     ConflictError,
@@ -66,6 +67,7 @@ _KINDS: Mapping[type[BaseException], ProblemKind] = {
     CorruptBundleError: ProblemKind(409, "corrupt-bundle", "Bundle is corrupt"),
     InsufficientStorageError: ProblemKind(507, "insufficient-storage", "Cache disk budget exceeded"),
     BuildError: ProblemKind(500, "build-failed", "Build failed"),
+    CatalogError: ProblemKind(503, "catalog-unavailable", "Catalog cannot be read"),
     CacheError: ProblemKind(500, "cache-error", "Cache error"),
 }
 
@@ -220,8 +222,9 @@ def handle_admin_exception(request: Request[Any, Any, Any], exc: Exception) -> R
 _STATUS_DESCRIPTIONS: Mapping[int, str] = {
     400: "Bad input; `field` names the parameter or body field to fix",
     401: "Admin key missing or wrong (send `Authorization: Bearer <key>` or `x-api-key`)",
-    403: "Not a loopback client and the server has no --admin-api-key",
+    403: "Not a loopback client and the server has no --admin-api-key, or a foreign Origin (a web page)",
     404: "No such bundle, build or checkpoint",
+    415: "The body is not declared `application/json`",
     409: "The bundle is leased, pinned, locked or corrupt; `reason` and `holders` say which",
     500: "Build failed or server bug (never bad input)",
     502: "The Hugging Face hub could not be reached",

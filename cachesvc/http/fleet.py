@@ -7,6 +7,7 @@ state is only stored here; each node's own agent (:mod:`cachesvc.fleet`) acts on
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from litestar import Controller, delete, get, put
@@ -14,7 +15,7 @@ from litestar.di import NamedDependency
 from litestar.params import Body, PathParameter
 from msgspec import Meta, Struct
 
-from cachesvc.errors import NotFoundError
+from cachesvc.errors import ConfigError, NotFoundError
 from cachesvc.fleet_records import (
     CONVERGENCE_STATES,
     FLEET_DEFAULT,
@@ -30,6 +31,8 @@ from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 
 Manager = NamedDependency[CacheManager]
+#: ``--allowed-model-roots`` (provided by the admin router); None: anywhere.
+ModelRoots = NamedDependency[tuple[Path, ...] | None]
 
 NodeState = Literal["up", "down"]
 ConvergenceState = Literal["none", "converged", "converging", "failed"]
@@ -120,9 +123,16 @@ class DesiredOut(Struct, frozen=True):
     max_size_bytes: int | None
 
 
-def _spec(data: DesiredIn) -> DesiredSpec:
+def _spec(manager: CacheManager, data: DesiredIn, roots: tuple[Path, ...] | None) -> DesiredSpec:
     bundles = []
     for b in data.bundles:
+        # A hub id is checked for its form; a local path must lie under the allowed roots (it
+        # need not exist here: it is a path on each node, and each node checks it before it builds).
+        for field, model in (("model", b.model), ("draft_model", b.draft_model)):
+            if model is not None and not model.startswith(("/", ".", "~")):
+                manager.check_model(field, model, roots)
+            elif model is not None and roots is not None:
+                _check_under(field, model, roots)
         request = ProfileRequest(  # validates like POST /admin/builds
             backend=b.backend,
             precision=b.precision,
@@ -135,6 +145,16 @@ def _spec(data: DesiredIn) -> DesiredSpec:
         profile = {k: getattr(request, k) for k in ProfileRequest.__dataclass_fields__}
         bundles.append(DesiredBundle(model=b.model, profile=profile, pin=b.pin, load=b.load))
     return DesiredSpec(bundles=tuple(bundles), pin=tuple(data.pin), max_size_bytes=data.max_size_bytes)
+
+
+def _check_under(field: str, model: str, roots: tuple[Path, ...]) -> None:
+    directory = Path(model).expanduser().resolve()
+    if not any(directory.is_relative_to(root.resolve()) for root in roots):
+        raise ConfigError(
+            field,
+            f"{model!r} is outside the directories builds may read ({', '.join(map(str, roots))}); "
+            "start the servers with --allowed-model-roots",
+        )
 
 
 def _desired_body(state: DesiredState) -> DesiredOut:
@@ -180,10 +200,14 @@ class NodeController(Controller):
         responses=problem_responses(400),
     )
     def put_desired(
-        self, manager: Manager, node: NodeName, data: Annotated[DesiredIn, StrictBody]
+        self,
+        manager: Manager,
+        model_roots: ModelRoots,
+        node: NodeName,
+        data: Annotated[DesiredIn, StrictBody],
     ) -> DesiredOut:
         """Set the desired state of one node; its agent converges on it."""
-        return _desired_body(manager.fleet.set_desired(node, _spec(data)))
+        return _desired_body(manager.fleet.set_desired(node, _spec(manager, data, model_roots)))
 
     @delete(
         "/{node:str}/desired",
@@ -211,9 +235,11 @@ class FleetController(Controller):
         return _desired_body(state)
 
     @put("/desired", sync_to_thread=True, operation_id="putFleetDesired", responses=problem_responses(400))
-    def put_fleet_desired(self, manager: Manager, data: Annotated[DesiredIn, StrictBody]) -> DesiredOut:
+    def put_fleet_desired(
+        self, manager: Manager, model_roots: ModelRoots, data: Annotated[DesiredIn, StrictBody]
+    ) -> DesiredOut:
         """Set the fleet-wide default desired state."""
-        return _desired_body(manager.fleet.set_desired(FLEET_DEFAULT, _spec(data)))
+        return _desired_body(manager.fleet.set_desired(FLEET_DEFAULT, _spec(manager, data, model_roots)))
 
 
 FLEET_HANDLERS = [NodeController, FleetController]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from litestar import Response, get
 from litestar.enums import ScopeType
@@ -171,6 +171,8 @@ class ServingMetrics:
         self._tokens = Counter("cachesvc_generated_tokens", "Completion tokens generated.", registry=registry)
         self._queued = Gauge("cachesvc_queue_depth", "Requests waiting for admission.", registry=registry)
         self._active = Gauge("cachesvc_active_requests", "Requests being generated now.", registry=registry)
+        self._context = ContextCacheCollector()
+        registry.register(self._context)
 
     def first_token(self, seconds: float) -> None:
         """Record one request's time to first token."""
@@ -185,6 +187,46 @@ class ServingMetrics:
         """Set the current queue depth and number of active requests."""
         self._queued.set(queued)
         self._active.set(active)
+
+    def context_cache_changed(self, stats: Any) -> None:
+        """Keep the latest context-reuse counters (a ``ContextCacheStats``) for the next scrape."""
+        self._context.latest = stats
+
+
+class ContextCacheCollector(Collector):
+    """Context reuse (``--enable-context-reuse``): lookups, hits, tokens reused, records, bytes."""
+
+    def __init__(self) -> None:
+        self.latest: Any = None
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> list[Metric]:
+        s = self.latest
+        if s is None:
+            return []
+        out: list[Metric] = []
+        for name, value, text in (
+            ("lookups", s.lookups, "Requests that looked for a cached prompt prefix."),
+            ("hits", s.hits, "Requests that resumed from a cached prompt prefix."),
+            ("tokens_reused", s.tokens_reused, "Prompt tokens not prefilled thanks to context reuse."),
+            ("record_hits", s.record_hits, "Prefix records copied back into a slot."),
+            ("evictions", s.evictions, "Prefix records evicted (LRU) for the record or byte limit."),
+        ):
+            fam = CounterMetricFamily(f"cachesvc_context_cache_{name}", text)
+            fam.add_metric([], float(value))
+            out.append(fam)
+        for name, value, text in (
+            ("records", s.records, "Prefix records held."),
+            ("bytes", s.bytes, "KV bytes held by prefix records."),
+            ("max_records", s.max_records, "Configured record limit."),
+            ("max_bytes", s.max_bytes, "Configured byte limit of the prefix records."),
+        ):
+            gauge = GaugeMetricFamily(f"cachesvc_context_cache_{name}", text)
+            gauge.add_metric([], float(value))
+            out.append(gauge)
+        return out
 
 
 class HttpMetrics:

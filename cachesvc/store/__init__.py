@@ -16,6 +16,7 @@ from cachesvc.store.manifest import (
     Mismatch,
     VerifyReport,
     hash_files,
+    quick_verify_bundle,
     read_manifest,
     verify_bundle,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "check_bundle_id",
     "dir_size",
     "hash_files",
+    "quick_verify_bundle",
     "read_manifest",
     "verify_bundle",
 ]

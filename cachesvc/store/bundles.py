@@ -170,7 +170,7 @@ class BundleStore:
 
     def empty_trash(self) -> int:
         """Delete leftovers in the trash (from a crash during remove or publish); returns a count."""
-        trash = self.layout.trash
+        trash = self.layout.check_subfolder(self.layout.trash)
         try:
             entries = list(trash.iterdir())
         except FileNotFoundError:
@@ -179,13 +179,35 @@ class BundleStore:
             _rmtree_quiet(entry)
         return len(entries)
 
+    def quarantine(self, relpath: Path) -> Path | None:
+        """Move a directory under ``engines/`` that is not a bundle into ``quarantine/``.
+
+        Reconcile cannot tell whose it is, so it is kept (and out of the way) for a person to
+        look at, never deleted. Returns the new path (None when it vanished).
+        """
+        path = self._bundle_path(relpath)
+        if not os.path.lexists(path):
+            return None
+        folder = self.layout.check_subfolder(self.layout.quarantine)
+        folder.mkdir(exist_ok=True)
+        target = folder / f"{path.parent.name}-{path.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(path, target)
+        except FileNotFoundError:
+            return None
+        fsync_dir(path.parent)
+        fsync_dir(folder)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+        return target
+
     # -- staging ----------------------------------------------------------------------------
 
     def staging_dirs(self) -> list[tuple[str, Path]]:
         """Staging directories as ``(bundle_id, path)``; names that do not parse are skipped."""
         found: list[tuple[str, Path]] = []
         try:
-            entries = sorted(self.layout.staging.iterdir())
+            entries = sorted(self.layout.check_subfolder(self.layout.staging).iterdir())
         except FileNotFoundError:
             return []
         for entry in entries:
@@ -216,7 +238,7 @@ class BundleStore:
         """
         found: list[ScannedBundle] = []
         try:
-            groups = sorted(self.layout.engines.iterdir())
+            groups = sorted(self.layout.check_subfolder(self.layout.engines).iterdir())
         except FileNotFoundError:
             return []
         for group in groups:
@@ -265,7 +287,7 @@ class BundleStore:
             return None
         if not self.layout.trash.is_dir():
             self.layout.ensure()
-        target = self.layout.trash / uuid.uuid4().hex
+        target = self.layout.check_subfolder(self.layout.trash) / uuid.uuid4().hex
         try:
             os.rename(path, target)
         except FileNotFoundError:

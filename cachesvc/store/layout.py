@@ -16,6 +16,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from cachesvc.errors import CacheError
+
 #: Standard cache directory tag (https://bford.info/cachedir/); backup tools skip the tree.
 CACHEDIR_TAG_NAME = "CACHEDIR.TAG"
 CACHEDIR_TAG_SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"
@@ -75,6 +77,11 @@ class CacheLayout:
         return self.root / ".trash"
 
     @property
+    def quarantine(self) -> Path:
+        """Directories found under ``engines/`` that are not bundles: kept for a person to look at."""
+        return self.root / "quarantine"
+
+    @property
     def cachedir_tag(self) -> Path:
         """The ``CACHEDIR.TAG`` file at the root."""
         return self.root / CACHEDIR_TAG_NAME
@@ -92,15 +99,42 @@ class CacheLayout:
 
         Idempotent and safe when several processes race: ``mkdir`` tolerates existing dirs
         and the tag is written under a unique temp name and renamed into place.
+
+        Refuses (``CacheError``) a non-empty root without ``CACHEDIR.TAG``: it is not a cache
+        this service made, and reconcile would otherwise treat its contents as ours. The tag is
+        written before anything else, so a racing process never sees an untagged non-empty
+        root. A subfolder that is a symlink is refused too: deleting through it would delete
+        whatever it points to.
         """
         self.root.mkdir(parents=True, exist_ok=True)
         if not self.root.is_dir():
             raise NotADirectoryError(f"cache root {self.root} is not a directory; pick another --cache-dir")
+        if not _has_tag(self.cachedir_tag):
+            ours = (CACHEDIR_TAG_NAME, f".{CACHEDIR_TAG_NAME}.")  # a tag (maybe stale) or its temp file
+            foreign = sorted(p.name for p in self.root.iterdir() if not p.name.startswith(ours))
+            if foreign:
+                raise CacheError(
+                    f"{self.root} is not empty ({', '.join(foreign[:5])}) and has no {CACHEDIR_TAG_NAME}, "
+                    "so it is not a cachesvc cache; pass an empty or new --cache-dir "
+                    f"(or, if it is a cache that lost its tag, restore {CACHEDIR_TAG_NAME})"
+                )
+            write_atomic(self.cachedir_tag, CACHEDIR_TAG_CONTENT.encode(), self.file_mode())
         mode = self.dir_mode()
         for path in (self.engines, self.checkpoints, self.staging, self.locks, self.trash):
             make_dir(path, mode)
-        if not _has_tag(self.cachedir_tag):
-            write_atomic(self.cachedir_tag, CACHEDIR_TAG_CONTENT.encode(), self.file_mode())
+
+    def check_subfolder(self, path: Path) -> Path:
+        """``path`` if it is a real directory (``lstat``), else ``CacheError`` (symlinks refused)."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return path
+        if not stat.S_ISDIR(st.st_mode):
+            raise CacheError(
+                f"{path} is a symlink or not a directory; the cache deletes inside its folders and "
+                "never follows links out of it. Replace it with a real directory"
+            )
+        return path
 
     def bundle_dir(self, relpath: Path | str) -> Path:
         """Absolute bundle directory for a path relative to the root (e.g. from the catalog).
@@ -134,8 +168,12 @@ def make_dir(path: Path, mode: int) -> bool:
     try:
         path.mkdir()
     except FileExistsError:
-        if not path.is_dir():
-            raise NotADirectoryError(f"{path} exists but is not a directory; move it away") from None
+        # lstat: a symlink to a directory elsewhere is not one of our directories.
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            raise CacheError(
+                f"{path} exists but is a symlink or not a directory; the cache never follows links "
+                "out of its root. Replace it with a real directory"
+            ) from None
         return False
     os.chmod(path, mode)
     fsync_dir(path.parent)

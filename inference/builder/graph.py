@@ -5,7 +5,16 @@ the same computation: ``fused_ops`` uses the opset-23 ``Attention`` / ``RotaryEm
 ``RMSNormalization`` ops; otherwise everything is decomposed into opset-18 primitives for
 runtimes that do not know those ops yet.
 
-Graph I/O (B = batch, S = new tokens, P = past length, T = P + S):
+A third flavour, ``kv_layout="gqa"``, is the ONNX Runtime-specific CPU variant of the same
+decoder (same weights, same names): attention and rotary embedding run in
+``com.microsoft.GroupQueryAttention``, whose past and present K/V are one preallocated buffer
+``[B, kv_heads, max_T, head_dim]`` that the engine binds as both input and output, so a step
+writes only the new positions in place. Its I/O:
+  input_ids [B,S] int64, seqlens_k [B] int32 (past length + S - 1 per row), total_sequence_length
+  [] int32, logits_to_keep [1] int64, past_key_values.{i}.key/value [B,kv_heads,max_T,head_dim]
+  -> logits [B,K,vocab], present.{i}.key/value (the same buffers).
+
+Portable graph I/O (B = batch, S = new tokens, P = past length, T = P + S):
   input_ids [B,S] int64, attention_mask [B,T] int64 (0 = left padding), position_ids [B,S] int64,
   logits_to_keep [1] int64 (0 = all positions, k = the last k), past_key_values.{i}.key/value
   [B,kv_heads,P,head_dim] -> logits [B,K,vocab], present.{i}.key/value [B,kv_heads,T,head_dim].
@@ -26,6 +35,8 @@ from inference.builder.model_config import ModelConfig
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
 
 FUSED_OPSET = 23
+MS_DOMAIN = "com.microsoft"
+KV_LAYOUTS = ("portable", "gqa")
 DECOMPOSED_OPSET = 18
 # Additive mask value: large enough to zero a probability, small enough that a fully masked
 # row (a left-padding query) stays finite instead of turning into NaN.
@@ -45,6 +56,7 @@ class GraphIO:
     opset: int
     fused_ops: bool
     tied_lm_head: bool
+    kv_layout: str = "portable"
 
 
 def past_names(layer: int) -> tuple[str, str]:
@@ -124,10 +136,11 @@ class _Emitter:
 
 class _DecoderBuilder:
     def __init__(self, cfg: ModelConfig, ckpt: SafetensorsCheckpoint, em: _Emitter, *,
-                 max_positions: int, fused_ops: bool) -> None:
+                 max_positions: int, fused_ops: bool, kv_layout: str = "portable") -> None:
         self.cfg, self.ckpt, self.em = cfg, ckpt, em
         self.max_positions = max_positions
         self.fused = fused_ops
+        self.gqa = kv_layout == "gqa"
 
     # --- weights -------------------------------------------------------------------------
     def linear_weight(self, name: str, out_dim: int, in_dim: int) -> str:
@@ -201,6 +214,34 @@ class _DecoderBuilder:
         return self.em.op1("Reshape", [out5, self.em.const(
             np.array([0, cfg.num_heads, -1, cfg.head_dim], dtype=np.int64))])
 
+    def head_norm(self, x: str, n_heads: int, weight: str) -> str:
+        """Per-head RMSNorm (qwen3) on [B,S,n*hd], keeping that layout."""
+        hd = self.cfg.head_dim
+        y = self.em.op1("Reshape", [x, self.em.const(np.array([0, 0, n_heads, hd], dtype=np.int64))])
+        y = self.rms_norm(y, weight)
+        return self.em.op1("Reshape", [y, self.em.const(np.array([0, 0, n_heads * hd], dtype=np.int64))])
+
+    def gqa_attention(self, q: str, k: str, v: str, q_norm: str | None, k_norm: str | None,
+                      layer: int) -> str:
+        """q/k/v [B,S,heads*hd] -> [B,S,H*hd] via GroupQueryAttention; K/V buffers updated in place."""
+        cfg = self.cfg
+        if q_norm is not None:
+            q = self.head_norm(q, cfg.num_heads, q_norm)
+        if k_norm is not None:
+            k = self.head_norm(k, cfg.num_kv_heads, k_norm)
+        past_k, past_v = past_names(layer)
+        pres_k, pres_v = present_names(layer)
+        # Measured against transformers (prefill, chunked prefill and decode): ORT's
+        # local_window_size takes the checkpoint's sliding_window as is.
+        window = -1 if cfg.sliding_window is None else cfg.sliding_window
+        return self.em.op(
+            "GroupQueryAttention",
+            [q, k, v, past_k, past_v, "seqlens_k", "total_sequence_length", self.cos_table, self.sin_table],
+            n_out=3, outputs=[f"attn_{layer}_y", pres_k, pres_v], domain=MS_DOMAIN,
+            num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, scale=float(cfg.head_dim ** -0.5),
+            do_rotary=1, rotary_interleaved=0, local_window_size=window,
+        )[0]
+
     def build_mask(self) -> None:
         """Additive float mask [B,1,S,T]: causal by cache index, left padding, sliding window."""
         em = self.em
@@ -229,6 +270,7 @@ class _DecoderBuilder:
         self.sin_table = self.em.weight("rope.sin", sin)
         if not self.fused:
             self.axes_last = self.em.const(np.array([-1]), "axes_last")
+        if not self.fused and not self.gqa:
             cos_g = self.em.op1("Gather", [self.cos_table, "position_ids"])  # [B,S,hd/2]
             sin_g = self.em.op1("Gather", [self.sin_table, "position_ids"])
             axes = self.em.const(np.array([1]))
@@ -245,12 +287,15 @@ class _DecoderBuilder:
         v = self.linear(normed, f"{p}.self_attn.v_proj", kvh * hd, cfg.hidden_size, cfg.attention_bias)
         q_norm = self.vector(f"{p}.self_attn.q_norm.weight", hd) if cfg.qk_norm else None
         k_norm = self.vector(f"{p}.self_attn.k_norm.weight", hd) if cfg.qk_norm else None
-        q4 = self.rope(self.heads(q, h, q_norm))
-        k4 = self.rope(self.heads(k, kvh, k_norm))
-        v4 = self.heads(v, kvh, None)
-        y = self.attention(q4, k4, v4, i)
-        y = self.em.op1("Transpose", [y], perm=[0, 2, 1, 3])
-        y = self.em.op1("Reshape", [y, self.em.const(np.array([0, 0, h * hd], dtype=np.int64))])
+        if self.gqa:
+            y = self.gqa_attention(q, k, v, q_norm, k_norm, i)
+        else:
+            q4 = self.rope(self.heads(q, h, q_norm))
+            k4 = self.rope(self.heads(k, kvh, k_norm))
+            v4 = self.heads(v, kvh, None)
+            y = self.attention(q4, k4, v4, i)
+            y = self.em.op1("Transpose", [y], perm=[0, 2, 1, 3])
+            y = self.em.op1("Reshape", [y, self.em.const(np.array([0, 0, h * hd], dtype=np.int64))])
         y = self.linear(y, f"{p}.self_attn.o_proj", cfg.hidden_size, h * hd, cfg.o_bias)
         x = self.em.op1("Add", [x, y])
         normed = self.rms_norm(x, self.vector(f"{p}.post_attention_layernorm.weight", cfg.hidden_size))
@@ -282,14 +327,22 @@ class _DecoderBuilder:
 
 def build_decoder_graph(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, model_path: Path, *,
                         max_positions: int, fused_ops: bool, untie_lm_head: bool = False,
-                        progress: Progress | None = None) -> GraphIO:
-    """Write ``model_path`` (+ ``<name>.data``) for ``cfg``; return the graph's I/O names."""
+                        progress: Progress | None = None, kv_layout: str = "portable") -> GraphIO:
+    """Write ``model_path`` (+ ``<name>.data``) for ``cfg``; return the graph's I/O names.
+
+    ``kv_layout`` "portable" writes the standard-op graph; "gqa" the ONNX Runtime CPU variant
+    with in-place KV buffers (see the module docstring).
+    """
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+    gqa = kv_layout == "gqa"
     weights = _ExternalWeights(model_path.with_name(model_path.name + ".data"))
     em = _Emitter(weights)
-    b = _DecoderBuilder(cfg, ckpt, em, max_positions=max_positions, fused_ops=fused_ops)
+    b = _DecoderBuilder(cfg, ckpt, em, max_positions=max_positions, fused_ops=fused_ops, kv_layout=kv_layout)
     try:
         b.build_rope_tables()
-        b.build_mask()
+        if not gqa:
+            b.build_mask()
         embed = em.weight("model.embed_tokens.weight",
                           ckpt.get_f32("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)))
         x = em.op1("Gather", [embed, "input_ids"])
@@ -308,12 +361,21 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, model_pat
     kv_shape_in: list[str | int | None] = ["batch", cfg.num_kv_heads, "past_sequence_length", cfg.head_dim]
     kv_shape_out: list[str | int | None] = ["batch", cfg.num_kv_heads, "total_sequence_length", cfg.head_dim]
     total: list[str | int | None] = ["batch", "total_sequence_length"]
-    inputs = [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
-        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, total),
-        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "sequence_length"]),
-        helper.make_tensor_value_info("logits_to_keep", TensorProto.INT64, [1]),
-    ]
+    if gqa:
+        kv_shape_in = kv_shape_out = ["batch", cfg.num_kv_heads, "max_sequence_length", cfg.head_dim]
+        inputs = [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
+            helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
+            helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+            helper.make_tensor_value_info("logits_to_keep", TensorProto.INT64, [1]),
+        ]
+    else:
+        inputs = [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, total),
+            helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "sequence_length"]),
+            helper.make_tensor_value_info("logits_to_keep", TensorProto.INT64, [1]),
+        ]
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "logits_length",
                                                                            cfg.vocab_size])]
     for i in range(cfg.num_layers):
@@ -323,8 +385,10 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, model_pat
             outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_out))
     opset = FUSED_OPSET if fused_ops else DECOMPOSED_OPSET
     graph = helper.make_graph(em.nodes, f"{cfg.model_type}_decoder", inputs, outputs, em.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                              producer_name="cachesvc-inference")
+    opsets = [helper.make_opsetid("", opset)]
+    if gqa:
+        opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="cachesvc-inference")
     model.ir_version = 10 if fused_ops else 8
     onnx.save_model(model, str(model_path))
     return GraphIO(
@@ -333,4 +397,5 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, model_pat
         opset=opset,
         fused_ops=fused_ops,
         tied_lm_head=tied,
+        kv_layout=kv_layout,
     )

@@ -11,19 +11,24 @@ from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
+from onnx import TensorProto
 
 from inference.builder.errors import BuildInputError
+from inference.builder.external_data import share_external_data
 from inference.builder.graph import GraphIO, Progress, build_decoder_graph
 from inference.builder.model_config import ModelConfig, load_model_config
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.builder.spec import EngineBuildSpec
 
 # Bump whenever the files a build produces change (graph layout, names, engine.json fields).
-BUILDER_VERSION = "ort-1"
-ENGINE_FORMAT_VERSION = 1
+# ort-2 / format 2: the CPU graph uses GroupQueryAttention with in-place KV buffers and shares
+# model.onnx.data with the portable graph (one weights file per bundle).
+BUILDER_VERSION = "ort-2"
+ENGINE_FORMAT_VERSION = 2
 ENGINE_FILE = "engine.json"
 PORTABLE_MODEL = "model.onnx"
 OPTIMIZED_MODEL = "model.ort.onnx"
+KV_LAYOUT = "gqa-inplace"
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -72,12 +77,29 @@ def _quantize_int8(fp32_model: Path, out_model: Path) -> None:
         op_types_to_quantize=["MatMul"],
         weight_type=QuantType.QInt8,
         use_external_data_format=True,
-        extra_options={"MatMulConstBOnly": True},
+        # DefaultTensorType: shape inference knows no types past com.microsoft ops (the CPU graph).
+        extra_options={"MatMulConstBOnly": True, "DefaultTensorType": TensorProto.FLOAT},
     )
 
 
+def _kv_cache_meta(cfg: ModelConfig, cpu_io: GraphIO, spec: EngineBuildSpec) -> dict[str, Any]:
+    """How the CPU engine holds KV: what ``engine.json`` records under ``kv_cache``."""
+    return {
+        "layout": KV_LAYOUT,
+        "model": OPTIMIZED_MODEL,
+        "inputs": list(cpu_io.inputs),
+        "outputs": list(cpu_io.outputs),
+        # One buffer per layer for K and one for V, bound as both past input and present output.
+        "buffer_shape": ["slots", cfg.num_kv_heads, spec.max_kv_cache_capacity, cfg.head_dim],
+        "dtype": "float32",
+        "bytes_per_token": 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4,
+        "sliding_window": cfg.sliding_window,
+    }
+
+
 def _metadata(cfg: ModelConfig, io: GraphIO, spec: EngineBuildSpec, source_dtypes: set[str],
-              files: dict[str, dict[str, Any]], copied: list[str], seconds: float) -> dict[str, Any]:
+              files: dict[str, dict[str, Any]], copied: list[str], seconds: float,
+              kv_cache: dict[str, Any]) -> dict[str, Any]:
     return {
         "format_version": ENGINE_FORMAT_VERSION,
         "builder_version": BUILDER_VERSION,
@@ -106,6 +128,7 @@ def _metadata(cfg: ModelConfig, io: GraphIO, spec: EngineBuildSpec, source_dtype
         "max_input_len": spec.max_input_len,
         "max_batch_size": spec.max_batch_size,
         "max_kv_cache_capacity": spec.max_kv_cache_capacity,
+        "kv_cache": kv_cache,
         "tokenizer_files": copied,
         "files": files,
         "build_seconds": round(seconds, 3),
@@ -116,9 +139,11 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                  progress: Progress | None = None) -> dict[str, Any]:
     """Build an onnxruntime bundle of ``checkpoint_dir`` into the existing, empty ``out_dir``.
 
-    Writes the portable graph (``model.onnx`` + external data), the onnxruntime-optimised graph,
-    the tokenizer files and, last, ``engine.json`` (also returned). Raises ``BuildInputError``
-    for checkpoints or specs it cannot build; the caller discards ``out_dir`` on any error.
+    Writes the portable graph (``model.onnx`` + ``model.onnx.data``), the onnxruntime-optimised
+    CPU graph (``model.ort.onnx``: GroupQueryAttention with in-place KV, reading its weights from
+    the same ``model.onnx.data``), the tokenizer files and, last, ``engine.json`` (also
+    returned). Raises ``BuildInputError`` for checkpoints or specs it cannot build; the caller
+    discards ``out_dir`` on any error.
     """
     started = time.monotonic()
     report = progress or (lambda stage, fraction: None)
@@ -135,19 +160,32 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     ckpt = SafetensorsCheckpoint(checkpoint_dir)
     fused = fused_ops_supported()
     model_path = out_dir / PORTABLE_MODEL
-    if spec.precision == "int8":
-        # The fp32 graph is only an intermediate here; keep it out of the bundle's files.
-        with tempfile.TemporaryDirectory(dir=out_dir, prefix=".fp32-") as tmp:
-            fp32_path = Path(tmp) / PORTABLE_MODEL
+    optimized_path = out_dir / OPTIMIZED_MODEL
+    untie = spec.precision == "int8"
+    # Two graphs of the same weights: the portable one (standard ops) and the CPU one
+    # (GroupQueryAttention, in-place KV). fp32 intermediates live in a scratch folder.
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".work-") as tmp:
+        work = Path(tmp)
+        cpu_src = work / "cpu.onnx"
+        if spec.precision == "int8":
+            fp32_path = work / PORTABLE_MODEL
             io = build_decoder_graph(cfg, ckpt, fp32_path, max_positions=spec.max_kv_cache_capacity,
-                                     fused_ops=fused, untie_lm_head=True, progress=report)
+                                     fused_ops=fused, untie_lm_head=untie, progress=report)
             report("quantize", 0.0)
             _quantize_int8(fp32_path, model_path)
-    else:
-        io = build_decoder_graph(cfg, ckpt, model_path, max_positions=spec.max_kv_cache_capacity,
-                                 fused_ops=fused, progress=report)
-    report("optimize", 0.0)
-    _optimize(model_path, out_dir / OPTIMIZED_MODEL)
+            gqa_fp32 = work / "cpu-fp32.onnx"
+            cpu_io = build_decoder_graph(cfg, ckpt, gqa_fp32, max_positions=spec.max_kv_cache_capacity,
+                                         fused_ops=fused, untie_lm_head=untie, kv_layout="gqa")
+            _quantize_int8(gqa_fp32, cpu_src)
+        else:
+            io = build_decoder_graph(cfg, ckpt, model_path, max_positions=spec.max_kv_cache_capacity,
+                                     fused_ops=fused, progress=report)
+            cpu_io = build_decoder_graph(cfg, ckpt, cpu_src, max_positions=spec.max_kv_cache_capacity,
+                                         fused_ops=fused, kv_layout="gqa")
+        report("optimize", 0.0)
+        _optimize(cpu_src, optimized_path)
+    report("share", 0.0)
+    share_external_data(model_path, optimized_path)
 
     copied: list[str] = []
     for name in TOKENIZER_FILES:
@@ -161,7 +199,8 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         for path in sorted(out_dir.iterdir())
         if path.is_file() and path.name.startswith("model.")
     }
-    meta = _metadata(cfg, io, spec, ckpt.source_dtypes(), files, copied, time.monotonic() - started)
+    meta = _metadata(cfg, io, spec, ckpt.source_dtypes(), files, copied, time.monotonic() - started,
+                     _kv_cache_meta(cfg, cpu_io, spec))
     # engine.json last: its presence marks the bundle's files as complete.
     (out_dir / ENGINE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     report("done", 1.0)

@@ -32,6 +32,7 @@ __all__ = [
     "OpenAIError",
     "ServerOverloadedError",
     "ServerUnavailableError",
+    "UnsupportedMediaTypeError",
     "error_body",
     "openai_exception_handler",
     "to_openai_error",
@@ -77,6 +78,13 @@ class ContextLengthExceededError(InvalidRequestError):
     """400: the prompt (plus max_tokens) does not fit."""
 
     code = "context_length_exceeded"
+
+
+class UnsupportedMediaTypeError(InvalidRequestError):
+    """415: the body is not declared ``application/json``."""
+
+    status_code = 415
+    code = "unsupported_media_type"
 
 
 class AuthenticationError(OpenAIError):

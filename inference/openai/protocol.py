@@ -75,6 +75,8 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # As llama-server: false = no cached prompt prefix is used and this prompt's KV is not kept.
+    cache_prompt: bool = True
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):

@@ -13,6 +13,7 @@ import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import msgspec
 from litestar import Request, Response, Router, get, post
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
@@ -20,11 +21,20 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
+from inference.openai.body_checks import (
+    LARGE_BODY_BYTES,
+    has_body,
+    is_json_media_type,
+    json_nesting_error,
+)
 from inference.openai.errors import (
     AuthenticationError,
     ClientDisconnectedError,
+    InvalidRequestError,
     ServerUnavailableError,
+    UnsupportedMediaTypeError,
     openai_exception_handler,
+    to_openai_error,
 )
 from inference.openai.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelList
 from inference.openai.serving import OpenAIServing
@@ -38,6 +48,7 @@ _ERRORS = {
     400: "Invalid request; `param` names the field (code `context_length_exceeded` for long prompts)",
     401: "Missing or wrong API key",
     404: "Unknown model (`model_not_found`)",
+    415: "The body is not declared `application/json` (`unsupported_media_type`)",
     429: "Queue full or waited past --queue-timeout (`server_overloaded`, with Retry-After)",
     503: "Model loading or server shutting down (`server_unavailable`)",
 }
@@ -98,6 +109,36 @@ def openai_router(serving_provider: ServingProvider | OpenAIServing, *, path: st
             connection.headers.get("x-api-key"),
         )
         serving.check_admitting()
+        if has_body(connection.headers) and not is_json_media_type(connection.headers.get("content-type")):
+            raise UnsupportedMediaTypeError(
+                "request bodies must be JSON: send 'Content-Type: application/json' "
+                f"(got {connection.headers.get('content-type')!r})"
+            )
+
+    async def strict_body(request: Request[Any, Any, Any]) -> None:
+        """``before_request``: bound the nesting and check the body with OpenAI's strict types.
+
+        Litestar converts bodies leniently (``"max_tokens": "10"`` would become 10); OpenAI
+        answers 400, and so do we. The handler's own conversion then runs on a valid body.
+        """
+        body_type = request.route_handler.opt.get("body_type")
+        if body_type is None:
+            return
+        body = await request.body()
+
+        def check() -> None:
+            problem = json_nesting_error(body)
+            if problem is not None:
+                raise InvalidRequestError(problem)
+            try:
+                msgspec.json.decode(body, type=body_type)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise to_openai_error(exc) from None
+
+        if len(body) > LARGE_BODY_BYTES:
+            await asyncio.to_thread(check)
+        else:
+            check()
 
     def respond(result: Any) -> Response[Any]:
         if isinstance(result, AsyncIterator):
@@ -137,13 +178,23 @@ def openai_router(serving_provider: ServingProvider | OpenAIServing, *, path: st
             raise ClientDisconnectedError("the client closed the connection; generation was cancelled")
         return respond(task.result())
 
-    @post("/completions", status_code=200, responses=documented(400, 401, 404, 429, 503))
+    @post(
+        "/completions",
+        status_code=200,
+        responses=documented(400, 401, 404, 415, 429, 503),
+        opt={"body_type": CompletionRequest},
+    )
     async def completions(
         request: Request[Any, Any, Any], data: JSONBody[CompletionRequest]
     ) -> Response[Any]:
         return await answer(request, current().create_completion(data))
 
-    @post("/chat/completions", status_code=200, responses=documented(400, 401, 404, 429, 503))
+    @post(
+        "/chat/completions",
+        status_code=200,
+        responses=documented(400, 401, 404, 415, 429, 503),
+        opt={"body_type": ChatCompletionRequest},
+    )
     async def chat_completions(
         request: Request[Any, Any, Any], data: JSONBody[ChatCompletionRequest]
     ) -> Response[Any]:
@@ -153,6 +204,7 @@ def openai_router(serving_provider: ServingProvider | OpenAIServing, *, path: st
         path=path,
         route_handlers=[models, completions, chat_completions],
         guards=[guard],
+        before_request=strict_body,
         exception_handlers={Exception: openai_exception_handler},
         tags=["openai"],
     )

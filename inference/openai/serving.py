@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from inference.context_cache import PrefixStore
 from inference.generation import GenerationState, StepOutput, TokenLogprob
 from inference.openai.errors import (
     ContextLengthExceededError,
@@ -68,6 +69,10 @@ __all__ = ["AUTO_PARSERS", "OpenAIServing", "ServingObserver", "ServingOptions",
 ServingObserver = SchedulerObserver
 
 MAX_TOP_LOGPROBS = 20
+#: Safety factor on the cheap "too long to tokenize" bound (normalizers may fold characters).
+_CHARS_MARGIN = 2
+#: ``apply_chat_template`` arguments a client may not override through ``chat_template_kwargs``.
+_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "self"})
 _DONE = "[DONE]"
 
 # ``auto`` parser choice by config.json ``model_type``: (reasoning parser, tool-call parser).
@@ -156,6 +161,7 @@ class _Plan:
     want_logprobs: bool
     stream: bool
     include_usage: bool
+    cache_prompt: bool = True
 
 
 class _Run:
@@ -197,8 +203,13 @@ class OpenAIServing:
         options: ServingOptions,
         *,
         observer: ServingObserver | None = None,
+        context_cache: PrefixStore | None = None,
+        prefill_chunk: int = 256,
     ) -> None:
-        """Build the scheduler; raise ValueError for an unknown or unsupported parser name."""
+        """Build the scheduler; raise ValueError for an unknown or unsupported parser name.
+
+        ``context_cache`` enables context reuse (engines with the KV operations only).
+        """
         self.engine = engine
         self.tokenizer = tokenizer
         self.options = options
@@ -218,11 +229,14 @@ class OpenAIServing:
             max_queued_requests=options.max_queued_requests,
             queue_timeout=options.queue_timeout,
             observer=observer,
+            context_cache=context_cache,
+            prefill_chunk=prefill_chunk,
         )
         self._created = int(time.time())
         self._started = False
         self._draining = False
         self._stopped = False
+        self._unavailable: str | None = None
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -237,7 +251,12 @@ class OpenAIServing:
     @property
     def ready(self) -> bool:
         """True while requests are admitted."""
-        return self._started and not self._draining and not self._stopped
+        return self._started and not self._draining and not self._stopped and self._unavailable is None
+
+    def mark_unavailable(self, reason: str) -> None:
+        """Refuse every new request with 503 ``server_unavailable`` and ``reason`` (e.g. the
+        model's bundle failed verification); ``/health`` reports it. Running requests go on."""
+        self._unavailable = reason
 
     def begin_drain(self) -> None:
         """Stop admitting; new ``/v1`` requests get 503 ``server_unavailable``."""
@@ -253,14 +272,20 @@ class OpenAIServing:
         return True
 
     async def stop(self) -> None:
-        """Fail what is left and stop the scheduler thread (the engine itself is not closed)."""
+        """Fail what is left and stop the scheduler thread (the engine itself is not closed).
+
+        Idempotent: the shutdown path and the lifespan may both call it."""
+        if self._stopped:
+            return
         self._draining = True
         self._stopped = True
         await asyncio.to_thread(self._scheduler.stop)
 
     def health(self) -> dict[str, Any]:
         """Status for ``/health``: ok | draining | stopped (stopped also before start)."""
-        if self._stopped or not self._started:
+        if self._unavailable is not None:
+            status = "unavailable"
+        elif self._stopped or not self._started:
             status = "stopped"
         elif self._draining:
             status = "draining"
@@ -275,18 +300,27 @@ class OpenAIServing:
             "auto_tool_choice": self.options.enable_auto_tool_choice,
             "max_model_len": self.options.max_model_len,
             "max_batch_size": self._scheduler.max_batch_size,
+            "context_reuse": self._scheduler.context_reuse,
         }
         caps.update(self.options.capabilities)
-        return {
+        extra = {"reason": self._unavailable} if self._unavailable is not None else {}
+        health: dict[str, Any] = {
+            **extra,
             "status": status,
             "model": self.options.served_model_name,
             "active_requests": self._scheduler.active,
             "queued_requests": self._scheduler.queued,
             "capabilities": caps,
         }
+        cache = self._scheduler.context_cache_stats()
+        if cache is not None:
+            health["context_cache"] = cache.as_dict()
+        return health
 
     def check_admitting(self) -> None:
         """Raise 503 unless requests are admitted now."""
+        if self._unavailable is not None:
+            raise ServerUnavailableError(self._unavailable)
         if not self._started or self._stopped:
             raise ServerUnavailableError("the model is not loaded; retry shortly")
         if self._draining:
@@ -418,6 +452,7 @@ class OpenAIServing:
             want_logprobs=top_logprobs is not None,
             stream=req.stream,
             include_usage=include_usage,
+            cache_prompt=req.cache_prompt,
         )
 
     def _submit(self, plan: _Plan) -> _Run:
@@ -433,7 +468,7 @@ class OpenAIServing:
         )
         sink = AsyncOutputStream(asyncio.get_running_loop())
         sampler = Sampler(plan.params, self._vocab_size)
-        greq = GenerationRequest(plan.prompt_ids, sampler, state, sink)
+        greq = GenerationRequest(plan.prompt_ids, sampler, state, sink, cache_prompt=plan.cache_prompt)
         try:
             self._scheduler.submit(greq)
         except Exception as exc:
@@ -466,12 +501,40 @@ class OpenAIServing:
 
     # -- /v1/completions -----------------------------------------------------------------------
 
-    def _completion_prompt(self, req: CompletionRequest) -> tuple[list[int], str]:
+    def _check_text_length(self, chars: int, param: str) -> None:
+        """Refuse, before tokenizing, text that cannot fit ``max_input_len`` tokens.
+
+        Tokenizing takes time proportional to the text; a prompt of many megabytes must be
+        refused at the cost of a ``len``, not after seconds of work.
+        """
+        limit = self.options.max_input_len * self.tokenizer.max_token_chars * _CHARS_MARGIN
+        if chars > limit:
+            raise ContextLengthExceededError(
+                f"the prompt has {chars} characters, more than this model's {self.options.max_input_len} "
+                f"input tokens can hold (at most {limit} characters); shorten it",
+                param=param,
+            )
+
+    async def _encode(self, text: str, *, add_special_tokens: bool, param: str) -> list[int]:
+        """Length check, then tokenize in a worker thread (the event loop keeps serving)."""
+        self._check_text_length(len(text), param)
+        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+
+    async def _completion_prompt(self, req: CompletionRequest) -> tuple[list[int], str]:
         prompt = req.prompt
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=True), prompt
+            return await self._encode(prompt, add_special_tokens=True, param="prompt"), prompt
         if len(prompt) == 1 and isinstance(prompt[0], str):
-            return self.tokenizer.encode(prompt[0], add_special_tokens=True), prompt[0]
+            return await self._encode(prompt[0], add_special_tokens=True, param="prompt"), prompt[0]
+        if len(prompt) > self.options.max_input_len or (
+            len(prompt) == 1 and isinstance(prompt[0], list) and len(prompt[0]) > self.options.max_input_len
+        ):
+            n = len(prompt) if len(prompt) > 1 else len(prompt[0])  # type: ignore[arg-type]
+            raise ContextLengthExceededError(
+                f"the prompt has {n} tokens; this model accepts at most {self.options.max_input_len} "
+                "input tokens",
+                param="prompt",
+            )
         if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = [int(t) for t in prompt]  # type: ignore[arg-type]
         elif len(prompt) == 1 and isinstance(prompt[0], list):
@@ -485,7 +548,7 @@ class OpenAIServing:
         for t in ids:
             if not 0 <= t < self._vocab_size:
                 raise InvalidRequestError(f"prompt token id {t} is outside the vocabulary", param="prompt")
-        return ids, self.tokenizer.decode(ids)
+        return ids, await asyncio.to_thread(self.tokenizer.decode, ids)
 
     async def create_completion(self, req: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
         """``POST /v1/completions``: a response, or an iterator of SSE data strings."""
@@ -499,7 +562,7 @@ class OpenAIServing:
             raise InvalidRequestError("only best_of=1 is supported", param="best_of")
         if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
-        ids, text = self._completion_prompt(req)
+        ids, text = await self._completion_prompt(req)
         plan = self._plan(
             req,
             prompt_ids=ids,
@@ -556,6 +619,27 @@ class OpenAIServing:
         yield _DONE
 
     # -- /v1/chat/completions ------------------------------------------------------------------
+
+    def _check_chat_size(self, messages: Sequence[ChatMessage]) -> None:
+        """Refuse, before any template work, a conversation that cannot fit the input limit.
+
+        Every chat template renders at least one token (a role marker) per message, and the
+        text of the messages at most ``max_token_chars`` characters per token.
+        """
+        limit = self.options.max_input_len
+        if len(messages) > limit:
+            raise ContextLengthExceededError(
+                f"the conversation has {len(messages)} messages; this model accepts at most {limit} "
+                "input tokens (each message takes at least one)",
+                param="messages",
+            )
+        chars = 0
+        for m in messages:
+            if isinstance(m.content, str):
+                chars += len(m.content)
+            elif isinstance(m.content, list):
+                chars += sum(len(p.text or "") for p in m.content)
+        self._check_text_length(chars, "messages")
 
     def _chat_messages(self, messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         if not messages:
@@ -672,17 +756,25 @@ class OpenAIServing:
                 )
         if req.logprobs:
             top = req.top_logprobs or 0
+        kwargs = dict(req.chat_template_kwargs or {})
+        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+        if reserved:
+            raise InvalidRequestError(
+                f"chat_template_kwargs may not set {', '.join(reserved)}: they come from the request's "
+                "own fields (messages, tools, add_generation_prompt)",
+                param="chat_template_kwargs",
+            )
+        self._check_chat_size(req.messages)
         messages = self._chat_messages(req.messages)
         tools, parse_tools = self._tool_setup(req)
-        kwargs = dict(req.chat_template_kwargs or {})
-        prompt = await asyncio.to_thread(
-            self.tokenizer.apply_chat_template,
-            messages,
-            tools=tools,
-            add_generation_prompt=req.add_generation_prompt,
-            **kwargs,
-        )
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+
+        def render() -> str:
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=req.add_generation_prompt, **kwargs
+            )
+
+        prompt = await asyncio.to_thread(render)
+        ids = await self._encode(prompt, add_special_tokens=False, param="messages")
         plan = self._plan(
             req,
             prompt_ids=ids,

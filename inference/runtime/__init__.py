@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from inference.runtime.errors import EngineLoadError
 from inference.runtime.generate import generate
-from inference.runtime.loader import load_engine, read_engine_meta
-from inference.runtime.protocol import Engine, EngineInfo
+from inference.runtime.loader import load_engine, load_portable_engine, read_engine_meta
+from inference.runtime.protocol import Engine, EngineInfo, KVEngine
 
-__all__ = ["Engine", "EngineInfo", "EngineLoadError", "generate", "load_engine", "read_engine_meta"]
+__all__ = [
+    "Engine",
+    "EngineInfo",
+    "EngineLoadError",
+    "KVEngine",
+    "generate",
+    "load_engine",
+    "load_portable_engine",
+    "read_engine_meta",
+]

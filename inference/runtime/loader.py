@@ -10,11 +10,14 @@ from typing import Any
 import onnxruntime as ort
 
 from inference.runtime.errors import EngineLoadError
+from inference.runtime.kv_engine import KV_LAYOUT, GqaEngine
 from inference.runtime.ort_engine import OrtEngine
 from inference.runtime.protocol import Engine
 
 ENGINE_FILE = "engine.json"
-KNOWN_FORMAT_VERSIONS = (1,)
+# Format 1 (two weight copies, no in-place KV graph) is refused: rebuilding is cheap and the
+# cache rebuilds it anyway (the builder version is part of the bundle profile).
+KNOWN_FORMAT_VERSIONS = (2,)
 
 
 def _major_minor(version: str) -> str:
@@ -52,6 +55,12 @@ def read_engine_meta(bundle_dir: Path) -> dict[str, Any]:
             f"bundle was built with onnxruntime {built_with} but this process runs {ort.__version__}; "
             "the optimised graph is tied to the minor version: rebuild the bundle"
         )
+    kv = meta.get("kv_cache")
+    if not isinstance(kv, dict) or kv.get("layout") != KV_LAYOUT:
+        layout = kv.get("layout") if isinstance(kv, dict) else None
+        raise EngineLoadError(
+            f"{path} has KV layout {layout!r}; this runtime runs {KV_LAYOUT!r}. Rebuild the bundle"
+        )
     return meta
 
 
@@ -69,16 +78,25 @@ def load_engine(bundle_dir: Path, *, max_slots: int | None = None, threads: int 
     n_threads = _cores() if threads is None else threads
     if n_threads < 1:
         raise ValueError(f"threads must be at least 1, got {n_threads}")
-    model = bundle_dir / str(meta.get("optimized_model", ""))
-    if not meta.get("optimized_model") or not model.is_file():
-        model = bundle_dir / str(meta.get("portable_model", "model.onnx"))
+    model = bundle_dir / str(meta["kv_cache"].get("model", ""))
     if not model.is_file():
         raise EngineLoadError(f"bundle {bundle_dir} has no model file ({model.name}); rebuild it")
     try:
-        return OrtEngine(model, meta, max_slots=slots, threads=n_threads)
+        return GqaEngine(model, meta, max_slots=slots, threads=n_threads)
     except (KeyError, TypeError) as exc:
         raise EngineLoadError(f"{bundle_dir}/{ENGINE_FILE} lacks a field: {exc}; rebuild the bundle") from exc
     except Exception as exc:  # onnxruntime's load errors have no common public base class
         raise EngineLoadError(
             f"onnxruntime cannot load {model}: {exc}; verify or rebuild the bundle"
         ) from exc
+
+
+def load_portable_engine(bundle_dir: Path, *, max_slots: int = 1, threads: int | None = None) -> OrtEngine:
+    """The reference engine over the portable graph (``model.onnx``): KV copied every step.
+
+    For comparisons and tests; serving uses :func:`load_engine`.
+    """
+    bundle_dir = Path(bundle_dir)
+    meta = read_engine_meta(bundle_dir)
+    model = bundle_dir / str(meta.get("portable_model", "model.onnx"))
+    return OrtEngine(model, meta, max_slots=max_slots, threads=_cores() if threads is None else threads)

@@ -1,4 +1,7 @@
-"""The ONNX Runtime implementation of the Engine protocol (CPU).
+"""The reference Engine over a bundle's portable graph (``model.onnx``, standard ops).
+
+Serving uses :mod:`inference.runtime.kv_engine` (KV written in place); this one stays for
+comparisons and tests (``load_portable_engine``): it copies the whole KV every step.
 
 Each slot keeps its own per-layer K/V arrays ``[1, kv_heads, length, head_dim]`` holding
 positions ``[0, length)`` with no padding; the graph's ``present`` outputs become the next

@@ -5,6 +5,10 @@ positions ``[0, slot_length(slot))`` with no padding. ``prefill`` appends a chun
 one slot (call it repeatedly for chunked prefill); ``decode`` appends exactly one token to each
 of several slots and runs them together. Both return float32 logits for the last appended
 token of each slot. ``reset`` empties a slot for reuse.
+
+:class:`KVEngine` adds what context reuse needs: shrinking a slot (``truncate``), sharing a
+prefix between slots (``copy_prefix``) and moving KV positions out of and into a slot
+(``export_kv`` / ``import_kv``) so that prefixes can outlive the slot that computed them.
 """
 
 from __future__ import annotations
@@ -59,4 +63,30 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Release the engine's resources."""
+        ...
+
+
+@runtime_checkable
+class KVEngine(Engine, Protocol):
+    """An Engine whose slots' KV can be cut, shared and saved (for context reuse)."""
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one position takes over all layers."""
+        ...
+
+    def truncate(self, slot: int, n: int) -> None:
+        """Keep the first ``n`` positions of ``slot`` (``n <= slot_length(slot)``)."""
+        ...
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Make ``dst`` hold exactly the first ``n`` positions of ``src``."""
+        ...
+
+    def export_kv(self, slot: int, start: int, n: int) -> np.ndarray:
+        """A copy of ``slot``'s positions ``[start, start + n)``; opaque but for ``shape[2] == n``."""
+        ...
+
+    def import_kv(self, slot: int, start: int, kv: np.ndarray) -> None:
+        """Write an :meth:`export_kv` result at ``start`` (``<= slot_length``); the slot ends after it."""
         ...

@@ -18,7 +18,7 @@ from litestar.testing import TestClient
 from cachesvc.http.metrics import MetricsState
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import BuildOptions, BundleKey
-from tests.support.apps import LOOPBACK, service_app
+from tests.support.apps import LOOPBACK, LOOPBACK_URL, service_app
 from tests.support.cache import FileBuilder, make_checkpoint
 from tests.support.databases import catalog_url_for
 
@@ -31,8 +31,13 @@ MAX_SIZE = 10**12
 def build_app(
     manager: CacheManager, *, admin_api_key: str | None = None, peer: str = LOOPBACK
 ) -> tuple[Litestar, MetricsState]:
-    """The service's own app (``create_app``) over ``manager``, requests arriving from ``peer``."""
-    return service_app(manager, peer=peer, admin_api_key=admin_api_key)
+    """The service's own app (``create_app``) over ``manager``, requests arriving from ``peer``.
+
+    Builds may read checkpoints from the test's own directory (the cache's parent), as an
+    operator would allow with ``--allowed-model-roots``.
+    """
+    roots = str(manager.layout.root.parent)
+    return service_app(manager, peer=peer, admin_api_key=admin_api_key, allowed_model_roots=roots)
 
 
 def open_manager(cache_dir: Path, builder: FileBuilder | None = None) -> CacheManager:
@@ -81,7 +86,7 @@ def make_client(manager: CacheManager) -> Iterator[Callable[..., TestClient[Lite
 
     def make(*, admin_api_key: str | None = None, peer: str = LOOPBACK) -> TestClient[Litestar]:
         app, _ = build_app(manager, admin_api_key=admin_api_key, peer=peer)
-        client = TestClient(app, raise_server_exceptions=False)
+        client = TestClient(app, base_url=LOOPBACK_URL, raise_server_exceptions=False)
         client.__enter__()
         clients.append(client)
         return client

@@ -136,7 +136,8 @@ def test_real_server_admits_loopback_without_a_key(cache_dir: Path, manager: Cac
         "from cachesvc.config import ServeConfig\n"
         "from tests.admin.conftest import open_manager\n"
         "m = open_manager(Path(sys.argv[1]))\n"
-        "app = create_app(ServeConfig(cache_dir=Path(sys.argv[1])), m)\n"
+        "config = ServeConfig(cache_dir=Path(sys.argv[1]), host='127.0.0.1', port=int(sys.argv[2]))\n"
+        "app = create_app(config, m)\n"
         "uvicorn.run(app, host='127.0.0.1', port=int(sys.argv[2]), log_level='warning')\n"
     )
     proc = subprocess.Popen(

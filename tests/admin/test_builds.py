@@ -103,8 +103,12 @@ def test_failed_build_reports_the_error(client: Client, tmp_path: Path) -> None:
     not_a_checkpoint = tmp_path / "empty"
     not_a_checkpoint.mkdir()
     r = client.post("/admin/builds", json={"model": str(not_a_checkpoint)})
-    assert r.status_code == 202
+    assert r.status_code == 400  # no config.json: checked before anything is queued
+    assert "config.json" in r.json()["detail"]
+    (not_a_checkpoint / "config.json").write_text("{}")
+    r = client.post("/admin/builds", json={"model": str(not_a_checkpoint)})
+    assert r.status_code == 202  # only resolving finds that the weights are missing
     final = _wait(client, r.json()["id"])
     assert final["state"] == "failed"
-    assert "config.json" in final["error"]
+    assert "weight" in final["error"]
     assert final["finished_at"] is not None

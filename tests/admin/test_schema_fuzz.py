@@ -1,7 +1,9 @@
 """Property-based run of schemathesis over the app's own OpenAPI schema.
 
 Bounded: a few examples per operation (positive and negative data), no 5xx, every response
-(status, content type, body) must match what the schema documents. The whole app (admin,
+(status, content type, body) must match what the schema documents. Every case is also sent as
+a hostile web page would send it (foreign Host, foreign Origin, text/plain body): refused with
+400/403/415, never a 5xx. The whole app (admin,
 metrics, health, /v1 over a table engine) runs on a real loopback uvicorn server started at
 import time, because schemathesis' pytest integration loads the schema when the module is
 collected; server and cache directory go at interpreter exit.
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis.core import NotSet
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from cachesvc.app import Runtime, create_app
@@ -28,6 +31,7 @@ from inference.openai import OpenAIServing, ServingOptions, load_tokenizer
 from tests.admin.conftest import open_manager
 from tests.serving.conftest import LiveServer, TableEngine
 from tests.support.cache import make_checkpoint
+from tests.support.net import free_port
 
 _root = Path(tempfile.mkdtemp(prefix="cachesvc-fuzz-"))
 atexit.register(shutil.rmtree, _root, ignore_errors=True)
@@ -49,11 +53,18 @@ _serving = OpenAIServing(
 )
 _runtime = Runtime(_prepared, _manager.lease(_prepared.bundle_id), _engine, _serving)
 atexit.register(_runtime.close)
+_port = free_port()
 _config = ServeConfig.from_mapping(
-    {"cache_dir": _root / "cache", "max_input_len": 256, "max_kv_cache_capacity": 256}
+    {
+        "cache_dir": _root / "cache",
+        "max_input_len": 256,
+        "max_kv_cache_capacity": 256,
+        "host": "127.0.0.1",
+        "port": _port,
+    }
 )
 # A real uvicorn server (one lifespan for the whole run, as in `cachesvc serve`) on loopback.
-_server = LiveServer(create_app(_config, _manager, runtime=_runtime)).__enter__()
+_server = LiveServer(create_app(_config, _manager, runtime=_runtime), port=_port).__enter__()
 
 schema = schemathesis.openapi.from_url(f"{_server.url}/schema/openapi.json")
 
@@ -86,3 +97,27 @@ def test_api_conforms_to_its_schema(case: schemathesis.Case) -> None:
     # - negative_data_rejection: Litestar converts parameters and bodies in lax mode, so
     #   ``"dry_run": 0`` is read as false and ``since=0.5`` as an epoch timestamp.
     case.call_and_validate(excluded_checks=[positive_data_acceptance, negative_data_rejection])
+    _hostile_variants(case)
+
+
+def _hostile_variants(case: schemathesis.Case) -> None:
+    """The same request as a web page could send it: never a 5xx, never let through.
+
+    - a foreign ``Host`` (DNS rebinding): 400 everywhere;
+    - a foreign ``Origin`` (CSRF): 403 on admin routes and ``/metrics``;
+    - a body declared ``text/plain`` (a form or no-cors fetch): 415 (403 on admin routes, whose
+      Origin check comes first when both apply).
+    """
+    path = case.operation.path
+    if case.method.upper() != case.operation.method.upper():
+        return  # an undocumented method: 405 before any handler or check runs
+    admin = path.startswith("/admin") or path == "/metrics"
+    r = case.call(headers={"Host": "evil.example"})
+    assert r.status_code == 400, (case.method, path, r.status_code, r.text)
+    r = case.call(headers={"Origin": "https://evil.example"})
+    assert r.status_code < 500, (case.method, path, r.status_code, r.text)
+    if admin:
+        assert r.status_code == 403, (case.method, path, r.status_code, r.text)
+    if not isinstance(case.body, NotSet) and case.method.upper() in ("POST", "PUT", "PATCH"):
+        r = case.call(headers={"Content-Type": "text/plain"})
+        assert r.status_code == 415, (case.method, path, r.status_code, r.text)

@@ -13,7 +13,7 @@ from cachesvc.fleet import Converger, NodeAgent
 from cachesvc.fleet_records import FLEET_DEFAULT, DesiredBundle, DesiredSpec
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
-from tests.support.apps import service_app
+from tests.support.apps import LOOPBACK_URL, service_app
 from tests.support.cache import make_checkpoint
 
 pytestmark = pytest.mark.usefixtures("catalog_db")
@@ -105,7 +105,7 @@ def test_converger_builds_pins_and_evicts_to_the_cap(open_node: NodeOpener, tmp_
 def test_admin_routes_for_nodes_and_desired(open_node: NodeOpener) -> None:
     a = open_node("node-a")
     app, _ = service_app(a, heartbeat_seconds=0.2)
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOOPBACK_URL) as client:
         nodes = client.get("/admin/nodes").json()
         assert nodes["this_node"] == "node-a"
         assert [n["name"] for n in nodes["items"]] == ["node-a"] and nodes["items"][0]["state"] == "up"
@@ -129,7 +129,7 @@ def test_admin_routes_for_nodes_and_desired(open_node: NodeOpener) -> None:
 def test_dashboard_page_is_open_but_its_data_is_guarded(open_node: NodeOpener) -> None:
     a = open_node("node-a")
     app, _ = service_app(a, peer="203.0.113.7", heartbeat_seconds=0.2)
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOOPBACK_URL) as client:
         page = client.get("/admin/dashboard")
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
         assert "default-src 'none'" in page.headers["content-security-policy"]

@@ -87,8 +87,10 @@ def test_build_failure_publishes_nothing(cache: Path, tmp_path: Path) -> None:
         m.prepare(str(ckpt))
     assert list((cache / "engines").glob("*/*")) == []
     assert list((cache / ".staging").iterdir()) == []
-    page = m.list_bundles()
-    assert page.items[0].state == "failed" and "lm_head" in (page.items[0].error or "")
+    # No row for a bundle that does not exist; the failure stays in the event log.
+    assert m.list_bundles().total == 0
+    failed = m.events(kind="build_failed")
+    assert len(failed) == 1 and "lm_head" in (failed[0].detail or "")
     assert m.stats().builds_failed == 1
     # A working builder then builds the same profile cleanly.
     m.builders["onnxruntime"] = FileBuilder(files=3)
@@ -307,9 +309,12 @@ def test_background_build_joins_and_reports_progress(cache: Path, tmp_path: Path
     with pytest.raises(CheckpointError, match="no such directory"):
         m.start_build(str(tmp_path / "missing"))  # refused up front, no build started
     (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=r"config\.json"):
+        m.start_build(str(tmp_path / "empty"))  # no config.json: refused up front too
+    (tmp_path / "empty" / "config.json").write_text("{}")
     failed = m.start_build(str(tmp_path / "empty"))
     assert m.wait_for_build(failed.id).state == "failed"
-    assert "config.json" in (m.get_build(failed.id).error or "")
+    assert "weight" in (m.get_build(failed.id).error or "")
     assert [b.id for b in m.list_builds()] == [failed.id, a.id]  # newest first
     with pytest.raises(NotFoundError):
         m.get_build("build-nope")

@@ -62,8 +62,8 @@ def make_app(serving: OpenAIServing) -> Litestar:
 class LiveServer:
     """uvicorn serving the app on a loopback port from a background thread."""
 
-    def __init__(self, app: Litestar) -> None:
-        self.port = free_port()
+    def __init__(self, app: Litestar, *, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)

@@ -20,6 +20,8 @@ from cachesvc.http.metrics import MetricsState
 from cachesvc.manager import CacheManager
 
 LOOPBACK = "127.0.0.1"
+#: Base URL for TestClient: a Host the app allows by default (loopback names and the bind address).
+LOOPBACK_URL = f"http://{LOOPBACK}"
 
 
 def set_peer(app: Litestar, host: str) -> Litestar:

@@ -32,7 +32,11 @@ def main() -> None:
     )
     manager.reconcile()
     config = ServeConfig(
-        cache_dir=cache_dir, catalog_url=url, node_name=node, heartbeat_seconds=HEARTBEAT_SECONDS
+        cache_dir=cache_dir,
+        catalog_url=url,
+        node_name=node,
+        heartbeat_seconds=HEARTBEAT_SECONDS,
+        allowed_model_roots=str(cache_dir.parent),  # the test's models lie next to the caches
     )
     app = create_app(config, manager, close_manager=True)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")

@@ -55,6 +55,9 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "node_name": None,
     "heartbeat_seconds": 5.0,
     "admin_api_key": None,
+    "allowed_hosts": None,
+    "allowed_model_roots": None,
+    "cors_allowed_origins": None,
     "backend": "auto",
     "precision": "auto",
 }

@@ -1,0 +1,270 @@
+"""The in-place KV engine: ONNX Runtime's GroupQueryAttention over one preallocated KV pool.
+
+KV layout (recorded in ``engine.json`` under ``kv_cache``): per layer one K and one V buffer
+``[max_slots, kv_heads, capacity, head_dim]`` float32, allocated once when the engine loads.
+Slot ``s`` owns row ``s``; it holds positions ``[0, slot_length(s))`` with no padding.
+
+How a step writes in place: the session runs with IO binding and each layer's past and present
+are bound to the *same* memory (a pointer to row ``lo`` of the buffer, batch ``B``), so
+GroupQueryAttention appends the new positions where they belong and copies nothing else. Nothing
+proportional to the context is allocated or copied per step. A decode over slots of different
+lengths needs no stacking or padding either: each row's length travels in ``seqlens_k``.
+
+Decoding slots that are not adjacent (say 0 and 3) runs the rows in between too, as passengers:
+a passenger row gets a dummy token written at its own length, i.e. past the positions it holds,
+so whatever the idle slot keeps (a reusable prefix) stays intact. A full passenger slot (no room
+past its length) is emptied instead. The scheduler keeps running slots packed at the low end,
+so passengers are rare.
+
+GroupQueryAttention on the CPU refuses a multi-token chunk on top of a past when batch > 1, so
+prefill runs one sequence at a time (the scheduler interleaves prefill chunks with decode steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from inference.runtime.protocol import EngineInfo
+
+KV_LAYOUT = "gqa-inplace"
+_KEEP_LAST = np.array([1], dtype=np.int64)
+# The attention scratch of one run is heads * chunk * capacity floats: bound the chunk.
+_MAX_PREFILL_CHUNK = 512
+
+
+def _set_hugepage(enabled: bool) -> bool:
+    """numpy backs large arrays with transparent huge pages: one touched position of a slot row
+    would commit 2 MiB. Returns the previous setting (True where numpy has no such switch)."""
+    core = getattr(np, "_core", None) or getattr(np, "core", None)
+    setter = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
+    if setter is None:
+        return True
+    return bool(setter(enabled))
+
+
+class GqaEngine:
+    """An Engine over one onnxruntime session of a bundle's GroupQueryAttention graph."""
+
+    def __init__(self, model_path: Path, meta: dict[str, Any], *, max_slots: int, threads: int) -> None:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        # A stored optimised model needs no optimiser pass at load.
+        optimized = model_path.name == meta.get("optimized_model")
+        opts.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_DISABLE_ALL if optimized
+            else ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        )
+        self._session: ort.InferenceSession | None = ort.InferenceSession(
+            str(model_path), opts, providers=["CPUExecutionProvider"])
+        kv = meta["kv_cache"]
+        self._layers = int(meta["num_layers"])
+        self._kv_heads = int(meta["num_kv_heads"])
+        self._head_dim = int(meta["head_dim"])
+        self._cap = int(meta["max_kv_cache_capacity"])
+        self._vocab = int(meta["vocab_size"])
+        self._slots = max_slots
+        self._chunk = min(int(meta["max_input_len"]), _MAX_PREFILL_CHUNK)
+        self._names = [(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}")
+                       for i in range(self._layers) for kind in ("key", "value")]
+        previous = _set_hugepage(False)
+        try:
+            shape = (max_slots, self._kv_heads, self._cap, self._head_dim)
+            self._kv = [np.zeros(shape, dtype=np.float32) for _ in self._names]
+        finally:
+            _set_hugepage(previous)
+        self._row_elems = self._kv_heads * self._cap * self._head_dim
+        self._lengths = [0] * max_slots
+        self._binding = self._session.io_binding()
+        self._bound: tuple[int, int] | None = None  # (first row, batch) the KV is bound to
+        self._logits: dict[int, np.ndarray] = {}
+        self._info = EngineInfo(
+            model_type=str(meta["model_type"]),
+            vocab_size=self._vocab,
+            max_slots=max_slots,
+            max_input_len=int(meta["max_input_len"]),
+            max_kv_capacity=self._cap,
+            eos_token_ids=tuple(int(t) for t in meta.get("eos_token_ids", [])),
+            backend="onnxruntime",
+            precision=str(meta["precision"]),
+            extra={
+                "bos_token_id": meta.get("bos_token_id"),
+                "architecture": meta.get("architecture"),
+                "threads": threads,
+                "model_file": model_path.name,
+                "kv_layout": KV_LAYOUT,
+                "kv_bytes_per_token": int(kv.get("bytes_per_token", self.kv_bytes_per_token)),
+            },
+        )
+
+    @property
+    def info(self) -> EngineInfo:
+        """Static facts about the engine."""
+        return self._info
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one position takes over all layers (K and V)."""
+        return 2 * self._layers * self._kv_heads * self._head_dim * 4
+
+    # --- slot bookkeeping ----------------------------------------------------------------
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self._slots:
+            raise ValueError(f"slot {slot} out of range; this engine has slots 0..{self._slots - 1}")
+
+    def _check_tokens(self, token_ids: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(token_ids, dtype=np.int64)
+        if ids.ndim != 1:
+            raise ValueError("token ids must be a flat sequence of integers")
+        if ids.size and (ids.min() < 0 or ids.max() >= self._vocab):
+            raise ValueError(f"token ids must lie in [0, {self._vocab}); got {ids.min()}..{ids.max()}")
+        return ids
+
+    def slot_length(self, slot: int) -> int:
+        """Number of positions currently held by ``slot``."""
+        self._check_slot(slot)
+        return self._lengths[slot]
+
+    def reset(self, slot: int) -> None:
+        """Empty ``slot`` (its buffer row is simply overwritten later)."""
+        self._check_slot(slot)
+        self._lengths[slot] = 0
+
+    def truncate(self, slot: int, n: int) -> None:
+        """Keep only the first ``n`` positions of ``slot``."""
+        self._check_slot(slot)
+        if not 0 <= n <= self._lengths[slot]:
+            raise ValueError(f"cannot truncate slot {slot} of {self._lengths[slot]} positions to {n}")
+        self._lengths[slot] = n
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Make ``dst`` hold the first ``n`` positions of ``src``."""
+        self._check_slot(src)
+        self._check_slot(dst)
+        if not 0 <= n <= self._lengths[src]:
+            raise ValueError(f"slot {src} holds {self._lengths[src]} positions, not {n}")
+        if src != dst:
+            for buf in self._kv:
+                buf[dst, :, :n] = buf[src, :, :n]
+        self._lengths[dst] = n
+
+    def export_kv(self, slot: int, start: int, n: int) -> np.ndarray:
+        """A copy of positions ``[start, start + n)`` of ``slot``: ``[2*layers, kv_heads, n, head_dim]``."""
+        self._check_slot(slot)
+        if start < 0 or n < 0 or start + n > self._lengths[slot]:
+            raise ValueError(f"slot {slot} holds {self._lengths[slot]} positions; cannot export "
+                             f"[{start}, {start + n})")
+        out = np.empty((len(self._kv), self._kv_heads, n, self._head_dim), dtype=np.float32)
+        for j, buf in enumerate(self._kv):
+            out[j] = buf[slot, :, start:start + n]
+        return out
+
+    def import_kv(self, slot: int, start: int, kv: np.ndarray) -> None:
+        """Write ``kv`` (as from :meth:`export_kv`) at ``start``; the slot then holds ``start + n``."""
+        self._check_slot(slot)
+        n = int(kv.shape[2])
+        if kv.shape != (len(self._kv), self._kv_heads, n, self._head_dim):
+            raise ValueError(f"KV block of shape {kv.shape} does not fit this engine")
+        if not 0 <= start <= self._lengths[slot] or start + n > self._cap:
+            raise ValueError(f"cannot import {n} positions at {start} into slot {slot} "
+                             f"holding {self._lengths[slot]} (capacity {self._cap})")
+        for j, buf in enumerate(self._kv):
+            buf[slot, :, start:start + n] = kv[j]
+        self._lengths[slot] = start + n
+
+    # --- running ---------------------------------------------------------------------------
+    def _bind_kv(self, lo: int, batch: int) -> None:
+        if self._bound == (lo, batch):
+            return
+        shape = [batch, self._kv_heads, self._cap, self._head_dim]
+        offset = lo * self._row_elems * 4
+        for (past, present), buf in zip(self._names, self._kv, strict=True):
+            ptr = buf.ctypes.data + offset
+            self._binding.bind_input(past, "cpu", 0, np.float32, shape, ptr)
+            self._binding.bind_output(present, "cpu", 0, np.float32, shape, ptr)
+        logits = self._logits.get(batch)
+        if logits is None:
+            logits = self._logits[batch] = np.empty((batch, 1, self._vocab), dtype=np.float32)
+        self._binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        self._bound = (lo, batch)
+
+    def _run(self, lo: int, ids: np.ndarray, past: np.ndarray) -> np.ndarray:
+        """Append ``ids`` [B,S] to rows ``lo..lo+B-1`` holding ``past`` [B] positions; logits [B,V]."""
+        if self._session is None:
+            raise RuntimeError("engine is closed")
+        batch, new = ids.shape
+        self._bind_kv(lo, batch)
+        seqlens = (past + new - 1).astype(np.int32)
+        self._binding.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
+        self._binding.bind_cpu_input("seqlens_k", seqlens)
+        total = np.array(int(past.max()) + new, dtype=np.int32)
+        self._binding.bind_cpu_input("total_sequence_length", total)
+        self._binding.bind_cpu_input("logits_to_keep", _KEEP_LAST)
+        self._session.run_with_iobinding(self._binding)
+        return self._logits[batch][:, 0, :].copy()
+
+    # --- the protocol --------------------------------------------------------------------
+    def prefill(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
+        """Append ``token_ids`` to ``slot``'s KV; return logits ``[vocab]`` of the last one."""
+        self._check_slot(slot)
+        ids = self._check_tokens(token_ids)
+        if ids.size == 0:
+            raise ValueError("prefill needs at least one token")
+        length = self._lengths[slot]
+        if length + ids.size > self._cap:
+            raise ValueError(
+                f"slot {slot} holds {length} positions; adding {ids.size} would exceed "
+                f"max_kv_capacity {self._cap}; shorten the prompt or build with a larger "
+                "max_kv_cache_capacity"
+            )
+        logits = np.empty(0, dtype=np.float32)
+        for start in range(0, ids.size, self._chunk):
+            part = ids[start:start + self._chunk]
+            logits = self._run(slot, part[None, :], np.array([self._lengths[slot]]))[0]
+            self._lengths[slot] += part.size
+        return logits
+
+    def decode(self, slots: Sequence[int], token_ids: Sequence[int]) -> np.ndarray:
+        """Append one token to each slot; return logits ``[len(slots), vocab]``."""
+        if len(slots) != len(token_ids) or not slots:
+            raise ValueError("decode needs one token per slot and at least one slot")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"decode got a slot twice: {list(slots)}")
+        ids = self._check_tokens(token_ids)
+        for s in slots:
+            self._check_slot(s)
+            n = self._lengths[s]
+            if n == 0:
+                raise ValueError(f"slot {s} is empty; prefill it before decoding")
+            if n + 1 > self._cap:
+                raise ValueError(
+                    f"slot {s} is full ({n} positions = max_kv_capacity); reset it or stop generating")
+        lo, hi = min(slots), max(slots)
+        batch = hi - lo + 1
+        row_ids = np.zeros((batch, 1), dtype=np.int64)
+        past = np.array(self._lengths[lo:hi + 1], dtype=np.int64)
+        for s, t in zip(slots, ids, strict=True):
+            row_ids[s - lo, 0] = t
+        wanted = set(slots)
+        for s in range(lo, hi + 1):
+            if s not in wanted and past[s - lo] >= self._cap:
+                # A full passenger has no room past its content: empty it and write at 0.
+                self._lengths[s] = 0
+                past[s - lo] = 0
+        logits = self._run(lo, row_ids, past)
+        for s in slots:
+            self._lengths[s] += 1
+        return np.ascontiguousarray(logits[[s - lo for s in slots]])
+
+    def close(self) -> None:
+        """Release the session and the KV pool."""
+        self._session = None
+        self._kv = []
+        self._logits = {}
+        self._lengths = [0] * self._slots

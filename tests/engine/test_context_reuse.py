@@ -1,0 +1,236 @@
+"""Context reuse through the scheduler on real engines: the same greedy tokens with and without
+reuse (sequential, concurrent, mixed lengths, chunked), LRU at the record limit, namespacing,
+the per-request opt-out and the byte bound over a long run."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inference.context_cache import PrefixStore
+from inference.generation import GenerationState, StepOutput
+from inference.runtime import load_engine
+from inference.sampling import Sampler, SamplingParams
+from inference.scheduler import GenerationRequest, Scheduler
+
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
+BLOCK_BYTES = 2 * 2 * 2 * 64 * 16 * 4  # K+V, 2 layers, 2 kv heads, 64 positions, head_dim 16, fp32
+
+
+class _Tokens:
+    """The little of a tokenizer GenerationState needs."""
+
+    hidden_token_ids: frozenset[int] = frozenset()
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.items: list[StepOutput | BaseException] = []
+        self.done = threading.Event()
+
+    def put(self, item: StepOutput | BaseException) -> bool:
+        self.items.append(item)
+        if isinstance(item, BaseException) or item.finished:
+            self.done.set()
+        return True
+
+    def tokens(self) -> list[int]:
+        assert self.done.wait(120), "request did not finish"
+        out: list[int] = []
+        for item in self.items:
+            if isinstance(item, BaseException):
+                raise item
+            out.extend(item.token_ids)
+        return out
+
+
+class _Runner:
+    def __init__(self, engine: Any, store: PrefixStore | None, *, batch: int, chunk: int = 32) -> None:
+        self.engine = engine
+        self.sched = Scheduler(
+            engine,
+            max_batch_size=batch,
+            max_queued_requests=256,
+            queue_timeout=120,
+            prefill_chunk=chunk,
+            context_cache=store,
+        )
+        self.sched.start()
+
+    def submit(self, prompt: list[int], steps: int, cache_prompt: bool = True) -> _Sink:
+        sink = _Sink()
+        state = GenerationState(_Tokens(), prompt_ids=prompt, max_new_tokens=steps)  # type: ignore[arg-type]
+        sampler = Sampler(SamplingParams(temperature=0.0), self.engine.info.vocab_size)
+        self.sched.submit(GenerationRequest(prompt, sampler, state, sink, cache_prompt=cache_prompt))
+        return sink
+
+    def one_by_one(self, prompts: list[list[int]], steps: int) -> list[list[int]]:
+        return [self.submit(p, steps).tokens() for p in prompts]
+
+    def together(self, prompts: list[list[int]], steps: int) -> list[list[int]]:
+        sinks = [self.submit(p, steps) for p in prompts]
+        return [s.tokens() for s in sinks]
+
+    def stop(self) -> None:
+        self.sched.stop()
+
+
+def _rand(n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, 384, size=n)]
+
+
+@pytest.fixture(scope="module")
+def bundle(hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]) -> Callable[[str], Path]:
+    def make(family: str) -> Path:
+        return built_bundle(
+            hf_checkpoint(family, "fp32", family == "qwen3"), max_batch_size=8, max_kv_cache_capacity=512
+        )
+
+    return make
+
+
+def _conversation() -> list[list[int]]:
+    """Prompts sharing prefixes the way chat and RAG traffic do."""
+    system = _rand(150, 1)
+    a, b = [*system, *_rand(20, 2)], [*system, *_rand(45, 3)]
+    return [a, b, a, [*a, *_rand(70, 4)], _rand(9, 5), [*system[:64], *_rand(3, 6)], b, system]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reuse_gives_the_same_greedy_tokens(
+    family: str,
+    bundle: Callable[[str], Path],
+    hf_checkpoint: Callable[..., Path],
+    reference: Callable[[Path], Any],
+    greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
+) -> None:
+    prompts = _conversation()
+    cold = _Runner(load_engine(bundle(family), threads=1), None, batch=1)
+    want = cold.one_by_one(prompts, 10)
+    cold.stop()
+    ref = reference(hf_checkpoint(family, "fp32", family == "qwen3"))
+    assert [want[i] for i in (1, 3)] == [greedy_reference(ref, prompts[i], 10)[0] for i in (1, 3)]
+    store = PrefixStore("test", max_records=64)
+    warm = _Runner(load_engine(bundle(family), threads=1), store, batch=2)
+    assert warm.one_by_one(prompts, 10) == want
+    # Concurrently too: 8 mixed-length requests at once, prefill interleaved with decode.
+    assert warm.together(prompts, 10) == want
+    warm.stop()
+    stats = store.stats()
+    assert stats.hits >= 6 and stats.tokens_reused > 1000 and stats.record_hits > 0
+
+
+def test_batch_8_concurrent_mixed_lengths_match_batch_1(bundle: Callable[[str], Path]) -> None:
+    prompts = [_rand(n, 40 + n) for n in (1, 5, 64, 65, 130, 200, 17, 300)]
+    one = _Runner(load_engine(bundle("llama"), threads=1), None, batch=1, chunk=48)
+    want = one.one_by_one(prompts, 12)
+    one.stop()
+    eight = _Runner(load_engine(bundle("llama"), threads=1), None, batch=8, chunk=48)
+    assert eight.together(prompts, 12) == want
+    eight.stop()
+
+
+def test_lru_keeps_a_used_prefix_and_evicts_at_the_record_limit(bundle: Callable[[str], Path]) -> None:
+    store = PrefixStore("test", max_records=4)
+    runner = _Runner(load_engine(bundle("qwen2"), threads=1), store, batch=1)
+    first = _rand(140, 7)  # two full blocks
+    want = runner.submit(first, 4).tokens()
+    keys = store.block_keys(first)
+    assert all(k in store for k in keys)
+    other = _rand(70, 8)
+    runner.submit(other, 4).tokens()  # one more block: 3 records, first's kept
+    assert store.stats().records == 3 and all(k in store for k in keys)
+    before = store.stats().tokens_reused
+    assert runner.submit(first, 4).tokens() == want  # the slot was overwritten: records serve it
+    assert store.stats().tokens_reused - before == 128
+    runner.submit(_rand(70, 9), 4).tokens()
+    runner.submit(_rand(70, 10), 4).tokens()  # 5 blocks seen, limit 4: the least recent goes
+    assert store.stats().records == 4 and store.stats().evictions == 1
+    assert store.block_keys(other)[0] not in store and all(k in store for k in keys)
+    runner.submit(_rand(70, 11), 4).tokens()  # next in line: first's first block
+    assert keys[0] not in store and store.stats().evictions == 2
+    before = store.stats().tokens_reused
+    assert runner.submit(first, 4).tokens() == want
+    assert store.stats().tokens_reused == before  # a chain without its first block is no prefix
+    runner.stop()
+
+
+def test_cache_prompt_false_neither_uses_nor_leaves_records(bundle: Callable[[str], Path]) -> None:
+    store = PrefixStore("test", max_records=16)
+    runner = _Runner(load_engine(bundle("mistral"), threads=1), store, batch=1)
+    prompt = _rand(150, 11)
+    want = runner.submit(prompt, 6, cache_prompt=False).tokens()
+    assert store.stats().records == 0 and store.stats().lookups == 0
+    runner.submit(prompt, 6).tokens()
+    assert store.stats().tokens_reused == 0  # nothing was left behind by the opted-out request
+    assert runner.submit(prompt, 6, cache_prompt=False).tokens() == want
+    assert store.stats().tokens_reused == 0 and store.stats().lookups == 1
+    assert runner.submit(prompt, 6).tokens() == want
+    assert store.stats().tokens_reused == 128  # the opted-out run overwrote the slot: records serve
+    runner.stop()
+
+
+def test_records_are_namespaced_by_bundle() -> None:
+    tokens = _rand(128, 12)
+    a, b = PrefixStore("bundle:a", max_records=8), PrefixStore("bundle:b", max_records=8)
+    keys_a = a.block_keys(tokens)
+    kv = np.zeros((4, 2, 64, 16), np.float32)
+    a.insert(keys_a[0], tokens[:64], kv)
+    assert b.block_keys(tokens) != keys_a
+    assert b.fetch(b.block_keys(tokens), tokens, 0) == []
+    assert len(a.fetch(keys_a, tokens, 0)) == 1
+    # A key collision with other tokens is refused by the stored tokens.
+    other = [*tokens[:63], (tokens[63] + 1) % 384, *tokens[64:]]
+    assert a.fetch(keys_a, other, 0) == []
+
+
+def test_pool_bytes_bound_a_200_request_run(bundle: Callable[[str], Path]) -> None:
+    limit = 6 * BLOCK_BYTES + 100
+    store = PrefixStore("test", max_records=1000, max_bytes=limit)
+    engine = load_engine(bundle("llama"), threads=1)
+    runner = _Runner(engine, store, batch=4, chunk=64)
+    rng = np.random.default_rng(13)
+    shared = [_rand(int(n), 100 + i) for i, n in enumerate(rng.integers(64, 200, size=5))]
+    prompts = [[*shared[int(rng.integers(5))], *_rand(int(rng.integers(1, 40)), 200 + i)] for i in range(200)]
+    peak = 0
+    outs: list[list[int]] = []
+    for start in range(0, 200, 8):
+        sinks = [runner.submit(p, 2) for p in prompts[start : start + 8]]
+        outs.extend(s.tokens() for s in sinks)
+        peak = max(peak, store.stats().bytes)
+    runner.stop()
+    stats = store.stats()
+    assert peak <= limit and stats.bytes <= limit and stats.records <= 6
+    assert stats.evictions > 0 and stats.hits > 100
+    cold = _Runner(load_engine(bundle("llama"), threads=1), None, batch=1)
+    sample = list(range(0, 200, 23))
+    assert cold.one_by_one([prompts[i] for i in sample], 2) == [outs[i] for i in sample]
+    cold.stop()
+
+
+def test_store_evicts_least_recently_used_by_records_and_by_bytes() -> None:
+    kv = np.zeros((4, 2, 64, 16), np.float32)
+    tokens = _rand(64 * 6, 14)
+    store = PrefixStore("test", max_records=3)
+    keys = store.block_keys(tokens)
+    assert len(keys) == 6 and len(set(keys)) == 6
+    for i in range(3):
+        assert store.insert(keys[i], tokens[i * 64 : (i + 1) * 64], kv)
+    assert store.touch(keys[0])
+    store.insert(keys[3], tokens[192:256], kv)
+    assert [k in store for k in keys[:4]] == [True, False, True, True]
+    small = PrefixStore("test", max_records=100, max_bytes=int(2.5 * kv.nbytes))
+    for i in range(4):
+        small.insert(keys[i], tokens[i * 64 : (i + 1) * 64], kv)
+    assert small.stats().records == 2 and small.stats().bytes == 2 * kv.nbytes
+    assert small.stats().evictions == 2
+    assert not PrefixStore("test", max_records=0).insert(keys[0], tokens[:64], kv)
+    assert not PrefixStore("test", max_records=9, max_bytes=kv.nbytes - 1).insert(keys[0], tokens[:64], kv)
