@@ -8,6 +8,12 @@ uvicorn on a loopback port in a child process, and drives it with a loopback loa
 
     PYTHONPATH=. .venv/bin/python bench/admin_api.py [--bundles 10000] [--events 100000]
         [--seconds 5] [--concurrency 8] [--client auto|wrk|httpx]
+        [--pg-url postgresql+psycopg://...] [--plan-rows 100000]
+
+With a PostgreSQL server (``--pg-url``, default ``$CACHESVC_TEST_PG_URL``) every measurement
+runs on SQLite and on PostgreSQL (a fresh database, dropped afterwards) and the table shows
+them side by side. Eviction planning is measured in process: an LRU plan down to half the
+cache over ``--plan-rows`` bundle rows (the planner reads keyset pages of the node's rows).
 
 Two runs per route: one connection (latency without queueing) and ``--concurrency``
 connections (throughput). Targets (issue 5): list p50 <= 5 ms, stats p50 <= 10 ms, list
@@ -27,8 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -53,16 +60,16 @@ ROUTES: tuple[tuple[str, str, float | None, float | None], ...] = (
 # -- catalog fill ------------------------------------------------------------------------------
 
 
-def populate(cache_dir: Path, n_bundles: int, n_events: int, seed: int = 5) -> None:
+def populate(url: str, cache_dir: Path, n_bundles: int, n_events: int, seed: int = 5) -> None:
     """Bulk-load ``n_bundles`` bundle rows and ``n_events`` events (plus their running totals)."""
     from sqlalchemy import insert
 
-    from cachesvc.catalog import Catalog, default_catalog_url
+    from cachesvc.catalog import Catalog
     from cachesvc.catalog.models import BundleRow, CheckpointRow, EventRow
     from cachesvc.profiles import BuildOptions, bundle_id, bundle_relpath
 
     rng = random.Random(seed)
-    catalog = Catalog(default_catalog_url(cache_dir), node="bench")
+    catalog = Catalog(url, node="bench")
     try:
         catalog.upgrade()
         now = datetime.now(UTC)
@@ -145,8 +152,10 @@ def populate(cache_dir: Path, n_bundles: int, n_events: int, seed: int = 5) -> N
                     for d, m in checkpoints.items()
                 ],
             )
-            conn.execute(insert(BundleRow), bundles)
-            conn.execute(insert(EventRow), events)
+            for i in range(0, len(bundles), 5000):
+                conn.execute(insert(BundleRow), bundles[i : i + 5000])
+            for i in range(0, len(events), 5000):
+                conn.execute(insert(EventRow), events[i : i + 5000])
         # The running totals the catalog maintains per event, rebuilt from the log.
         catalog.rebuild_totals()
     finally:
@@ -156,7 +165,7 @@ def populate(cache_dir: Path, n_bundles: int, n_events: int, seed: int = 5) -> N
 # -- server (child process) --------------------------------------------------------------------
 
 
-def serve(cache_dir: Path, port: int) -> None:
+def serve(cache_dir: Path, port: int, url: str) -> None:
     """Run the admin router and /metrics on uvicorn (loopback) over the given cache."""
     import uvicorn
 
@@ -164,9 +173,13 @@ def serve(cache_dir: Path, port: int) -> None:
     from cachesvc.config import ServeConfig
     from cachesvc.manager import CacheManager
 
-    manager = CacheManager.open(cache_dir, max_size_bytes=MAX_SIZE_BYTES, builders={})
+    manager = CacheManager.open(
+        cache_dir, catalog_url=url, node="bench", max_size_bytes=MAX_SIZE_BYTES, builders={}
+    )
     # The service's own app (admin API, /metrics, health), as `cachesvc serve` builds it.
-    app = create_app(ServeConfig(cache_dir=cache_dir, admin_api_key=ADMIN_KEY), manager)
+    app = create_app(
+        ServeConfig(cache_dir=cache_dir, catalog_url=url, node_name="bench", admin_api_key=ADMIN_KEY), manager
+    )
     try:
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
     finally:
@@ -196,6 +209,7 @@ class Result:
     seconds: float
     p50_ms: float
     p99_ms: float
+    db: str = ""
 
     @property
     def rps(self) -> float:
@@ -283,6 +297,55 @@ def _verdict(value: float, target: float | None, *, higher_is_better: bool) -> s
     return "ok" if ok else "MISS"
 
 
+def plan_eviction(url: str, cache_dir: Path, rows: int, repeats: int = 5) -> tuple[float, int]:
+    """Median ms of an LRU plan down to half the cache over ``rows`` bundle rows; bundles planned."""
+    from cachesvc.manager import CacheManager
+
+    populate(url, cache_dir, rows, 1)
+    manager = CacheManager.open(
+        cache_dir, catalog_url=url, node="bench", max_size_bytes=MAX_SIZE_BYTES, builders={}
+    )
+    try:
+        cap = manager.catalog.total_size() // 2
+        times, planned = [], 0
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            plan = manager.plan_eviction(cap)
+            times.append((time.perf_counter() - t0) * 1000)
+            planned = len(plan.evict)
+        return statistics.median(times), planned
+    finally:
+        manager.close()
+
+
+@contextmanager
+def catalogs(tmp: Path, pg_url: str | None) -> Iterator[list[tuple[str, Callable[[str], str]]]]:
+    """(name, url_for(label)) per database: SQLite files, and fresh PostgreSQL databases."""
+    made: list[str] = []
+
+    def sqlite_url(label: str) -> str:
+        return f"sqlite:///{tmp / f'{label}.sqlite3'}"
+
+    def pg(label: str) -> str:
+        from tests.support.databases import ensure_database
+
+        assert pg_url is not None
+        name = f"cachesvc_bench_{os.getpid()}_{label}"
+        made.append(name)
+        return ensure_database(pg_url, name)
+
+    found: list[tuple[str, Callable[[str], str]]] = [("sqlite", sqlite_url)]
+    if pg_url:
+        found.append(("postgresql", pg))
+    try:
+        yield found
+    finally:
+        if pg_url and made:
+            from tests.support.databases import drop_databases
+
+            drop_databases(pg_url, f"cachesvc_bench_{os.getpid()}_")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Fill a catalog, start the server, load each route, print the table."""
     parser = argparse.ArgumentParser(
@@ -293,11 +356,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="load time per route and concurrency")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--client", choices=("auto", "wrk", "httpx"), default="auto")
+    parser.add_argument(
+        "--pg-url",
+        default=os.environ.get("CACHESVC_TEST_PG_URL"),
+        help="PostgreSQL server to compare with (default: $CACHESVC_TEST_PG_URL; none: SQLite only)",
+    )
+    parser.add_argument("--plan-rows", type=int, default=100_000, help="bundle rows for eviction planning")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve is not None:
-        serve(args.serve, args.port)
+        serve(args.serve, args.port, args.url)
         return 0
     for name in ("bundles", "events", "concurrency"):
         if getattr(args, name) < 1:
@@ -310,50 +380,77 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif client == "wrk" and not shutil.which("wrk"):
         parser.error("--client wrk: wrk is not on PATH (apt-get install wrk), or use --client httpx")
 
-    with tempfile.TemporaryDirectory(prefix="cachesvc-bench-") as tmp:
-        cache_dir = Path(tmp) / "cache"
-        cache_dir.mkdir()
-        t0 = time.perf_counter()
-        populate(cache_dir, args.bundles, args.events)
-        fill_s = time.perf_counter() - t0
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        }
-        proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", str(cache_dir), "--port", str(port)], env=env
-        )
-        results: list[Result] = []
-        try:
-            _wait_ready(base, proc)
-            script = Path(tmp) / "bench.lua"
-            script.write_text(_WRK_SCRIPT % ADMIN_KEY)
-            for name, path, _, _ in ROUTES:
-                url = base + path
-                # Warm caches (SQLite pages, msgspec encoders) before measuring.
-                for _ in range(20):
-                    httpx.get(url, headers={"x-api-key": ADMIN_KEY}, timeout=30).raise_for_status()
-                for connections in (1, args.concurrency):
-                    if client == "wrk":
-                        results.append(run_wrk(name, url, connections, args.seconds, script))
-                    else:
-                        results.append(run_httpx(name, url, connections, args.seconds))
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    results: list[Result] = []
+    fills: dict[str, float] = {}
+    plans: dict[str, tuple[float, int]] = {}
+    with (
+        tempfile.TemporaryDirectory(prefix="cachesvc-bench-") as tmp,
+        catalogs(Path(tmp), args.pg_url) as dbs,
+    ):
+        for db, url_for in dbs:
+            results += _run_routes(db, url_for("routes"), Path(tmp) / f"cache-{db}", args, client, fills)
+            plans[db] = plan_eviction(url_for("plan"), Path(tmp) / f"plan-{db}", args.plan_rows)
+    _print(results, fills, plans, args, client)
+    return 0 if all(r.non_2xx == 0 for r in results) else 1
 
+
+def _run_routes(
+    db: str, url: str, cache_dir: Path, args: argparse.Namespace, client: str, fills: dict[str, float]
+) -> list[Result]:
+    cache_dir.mkdir()
+    tmp = cache_dir.parent
+    t0 = time.perf_counter()
+    populate(url, cache_dir, args.bundles, args.events)
+    fills[db] = time.perf_counter() - t0
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(cache_dir), "--port", str(port), "--url", url], env=env
+    )
+    results: list[Result] = []
+    try:
+        _wait_ready(base, proc)
+        script = Path(tmp) / "bench.lua"
+        script.write_text(_WRK_SCRIPT % ADMIN_KEY)
+        for name, path, _, _ in ROUTES:
+            route_url = base + path
+            # Warm caches (SQLite pages, msgspec encoders) before measuring.
+            for _ in range(20):
+                httpx.get(route_url, headers={"x-api-key": ADMIN_KEY}, timeout=30).raise_for_status()
+            for connections in (1, args.concurrency):
+                if client == "wrk":
+                    result = run_wrk(name, route_url, connections, args.seconds, script)
+                else:
+                    result = run_httpx(name, route_url, connections, args.seconds)
+                results.append(replace(result, db=db))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return results
+
+
+def _print(
+    results: list[Result],
+    fills: dict[str, float],
+    plans: dict[str, tuple[float, int]],
+    args: argparse.Namespace,
+    client: str,
+) -> None:
+    filled = ", ".join(f"{db} {s:.1f} s" for db, s in fills.items())
     print(
         f"\nadmin API on uvicorn (1 worker, loopback), client {client}; catalog {args.bundles:,} bundles, "
-        f"{args.events:,} events (filled in {fill_s:.1f} s); {os.cpu_count()} CPUs\n"
+        f"{args.events:,} events (filled in {filled}); {os.cpu_count()} CPUs\n"
     )
     header = (
-        f"{'route':<34} {'conns':>5} {'requests':>9} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'db':<10} {'route':<34} {'conns':>5} {'requests':>9} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'non-2xx':>7}  targets"
     )
     print(header)
@@ -368,10 +465,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rps_target is not None and r.connections > 1:
             notes.append(f">={rps_target:,.0f} req/s {_verdict(r.rps, rps_target, higher_is_better=True)}")
         print(
-            f"GET {paths[r.route]:<30} {r.connections:>5} {r.requests:>9,} {r.rps:>9,.0f} "
+            f"{r.db:<10} GET {paths[r.route]:<30} {r.connections:>5} {r.requests:>9,} {r.rps:>9,.0f} "
             f"{r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.non_2xx:>7}  {'; '.join(notes)}"
         )
-    return 0 if all(r.non_2xx == 0 for r in results) else 1
+    print(
+        f"\neviction planning over {args.plan_rows:,} bundle rows "
+        "(LRU plan down to half the cache, median of 5)"
+    )
+    for db, (ms, planned) in plans.items():
+        print(f"{db:<10} {ms:>9.1f} ms  ({planned:,} bundles planned)")
 
 
 if __name__ == "__main__":

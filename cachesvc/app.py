@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+import anyio
 from litestar import Litestar, Response, get
 from litestar.config.allowed_hosts import AllowedHostsConfig
 from litestar.config.cors import CORSConfig
@@ -33,7 +34,9 @@ from cachesvc import __version__
 from cachesvc.config import ServeConfig, cli_message
 from cachesvc.entry import open_cache
 from cachesvc.errors import CacheError, ConfigError
+from cachesvc.fleet import NodeAgent
 from cachesvc.http.admin import admin_router
+from cachesvc.http.dashboard import dashboard_router
 from cachesvc.http.metrics import MetricsState, metrics_route
 from cachesvc.manager import BundleLease, CacheManager
 from cachesvc.records import PrepareResult
@@ -223,9 +226,17 @@ def create_app(
         return Response({"ready": ok}, status_code=200 if ok else 503)
 
     watch = _BundleWatch(manager, runtime) if runtime is not None else None
+    # Fleet: this node's heartbeat row and its desired-state reconciler, for the app's lifetime.
+    agent = NodeAgent(
+        manager,
+        interval=config.heartbeat_seconds,
+        loaded_models=lambda: [config.served_name] if serving is not None and serving.ready else [],
+        allowed_roots=config.model_roots(),
+    )
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        await anyio.to_thread.run_sync(agent.start)
         if serving is not None:
             await serving.start()
             log.info(
@@ -245,6 +256,7 @@ def create_app(
                 await serving.stop()
                 runtime.close()
                 log.info("released the lease on %s", runtime.prepared.bundle_id)
+            await anyio.to_thread.run_sync(agent.stop)
             if close_manager:
                 manager.close()
 
@@ -252,6 +264,7 @@ def create_app(
         health,
         ready,
         admin_router(admin_api_key=config.admin_api_key, model_roots=config.model_roots()),
+        dashboard_router(),
         metrics_route(metrics, admin_api_key=config.admin_api_key),
         openai_router(lambda: serving),
     ]

@@ -441,6 +441,23 @@ def cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fleet_status(args: argparse.Namespace) -> int:
+    from cachesvc.catalog import Catalog
+    from cachesvc.catalog.fleet import FleetCatalog
+    from cachesvc.fleet.status import exit_code, status_lines
+
+    catalog = Catalog(_cache_config(args).catalog_url_resolved, node="cli")
+    try:
+        nodes = FleetCatalog(catalog).nodes()
+    finally:
+        catalog.close()
+    if args.json:
+        emit_json({"items": nodes})
+    else:
+        print("\n".join(status_lines(nodes)))
+    return exit_code(nodes)
+
+
 def cmd_demo_checkpoint(args: argparse.Namespace) -> int:
     from inference.demo import write_demo_checkpoint
 
@@ -660,6 +677,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--force", action="store_true", help="move the catalog aside even if it reads fine")
     p.set_defaults(func=cmd_db_repair)
+
+    fleet = sub.add_parser("fleet", help="nodes sharing this catalog")
+    fsub = fleet.add_subparsers(dest="fleet_command", metavar="COMMAND")
+    fsub.required = True
+    p = fsub.add_parser(
+        "status",
+        help="converged / converging / failed per node (exit 0, 3 while converging, 1 on a failure)",
+        parents=[cache_opts],
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_fleet_status)
 
     p = sub.add_parser("demo-checkpoint", help="write a random-weight demo checkpoint", allow_abbrev=False)
     p.add_argument("dir", help="output directory")

@@ -43,6 +43,7 @@ import json
 import math
 import os
 import re
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,6 +289,8 @@ _RULES: dict[str, Callable[[object], Any]] = {
     "context_cache_recurrent_snapshot_pool_bytes": _int_rule(0, INT64_MAX),
     "context_cache_partial_kv_snapshot_pool_bytes": _int_rule(0, INT64_MAX),
     "catalog_url": _catalog_url_rule,
+    "node_name": _text_rule("a non-blank node name", optional=True),
+    "heartbeat_seconds": _positive_float,
     "admin_api_key": _text_rule("a non-blank key", optional=True),
     "allowed_hosts": _list_rule("host names or IP addresses (comma-separated; '*' allows any)"),
     "allowed_model_roots": _list_rule("directories (comma-separated)"),
@@ -420,6 +423,8 @@ class ServeConfig:
     context_cache_partial_kv_snapshot_pool_bytes: int = 0
     # ours
     catalog_url: str | None = None
+    node_name: str | None = None
+    heartbeat_seconds: float = 5.0
     admin_api_key: str | None = None
     allowed_hosts: str | None = None
     allowed_model_roots: str | None = None
@@ -518,6 +523,11 @@ class ServeConfig:
         if self.catalog_url is not None:
             return self.catalog_url
         return f"sqlite:///{self.cache_dir / 'catalog.sqlite3'}"
+
+    @property
+    def node_name_resolved(self) -> str:
+        """``--node-name``, or this machine's host name."""
+        return self.node_name or socket.gethostname()
 
     @property
     def engine_cache_max_size_bytes(self) -> int:
@@ -759,6 +769,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser, *, include_http: bool =
         show_default=False,
         metavar="KEY",
     )
+    _add(
+        http,
+        "node_name",
+        "this node's name on its catalog rows (fleets share one catalog; default: the host name)",
+        show_default=False,
+        metavar="NAME",
+    )
+    _add(http, "heartbeat_seconds", "seconds between this node's fleet heartbeats and desired-state checks")
     _add(
         http,
         "admin_api_key",

@@ -18,4 +18,5 @@ def open_cache(config: ServeConfig) -> CacheManager:
         config.cache_dir,
         catalog_url=config.catalog_url_resolved,
         max_size_bytes=config.engine_cache_max_size_bytes,
+        node=config.node_name_resolved,
     )

@@ -30,6 +30,7 @@ from typing import Any
 from cachesvc.build_jobs import Build, BuildJobs
 from cachesvc.builders import Builder, ProgressFn, default_builders, resolve_backend, resolve_precision
 from cachesvc.catalog import Catalog, default_catalog_url
+from cachesvc.catalog.fleet import FleetCatalog
 from cachesvc.checkpoints import ResolvedCheckpoint, is_hub_id, looks_like_path, resolve_checkpoint
 from cachesvc.crashpoints import crash_point
 from cachesvc.errors import (
@@ -128,8 +129,10 @@ class CacheManager:
         self.evictor = Evictor(catalog, self.store, max_size_bytes=max_size_bytes, holders=self.holders)
         self.reconciler = Reconciler(catalog, self.store, holders=self.holders)
         self.builds = BuildJobs(self._prepare, catalog)
+        #: Nodes and desired state (the same database; see cachesvc.fleet for the agent).
+        self.fleet = FleetCatalog(catalog)
         self._stats_lock = threading.Lock()
-        self._stats_cache: tuple[tuple[int, int, int], CacheStats] | None = None
+        self._stats_cache: tuple[tuple[int, int, int, str], CacheStats] | None = None
         self._corrupt_listeners: list[Callable[[str, str], None]] = []
 
     @classmethod
@@ -488,21 +491,29 @@ class CacheManager:
         since: datetime | None = None,
         limit: int = 100,
         bundle_id: str | None = None,
+        node: str | None = None,
     ) -> list[EventInfo]:
-        """The audit log, newest first."""
-        return self.catalog.events(kind=kind, since=since, limit=limit, bundle_id=bundle_id)
+        """The audit log, newest first (every node's unless ``node`` is given)."""
+        return self.catalog.events(kind=kind, since=since, limit=limit, bundle_id=bundle_id, node=node)
 
-    def stats(self) -> CacheStats:
+    @property
+    def node(self) -> str:
+        """This process's node name (on every bundle, lease and event row it writes)."""
+        return self.catalog.node
+
+    def stats(self, node: str | None = None) -> CacheStats:
         """Cache statistics from the catalog (they survive restarts, agree across processes).
 
         Every change stats can show is an event or a new checkpoint, so the result is reused
         until the catalog version or the checkpoint count moves (dashboards and /metrics poll).
         """
-        key = (self.catalog.version(), self.catalog.checkpoint_count(), self.max_size_bytes)
+        node = node or self.node
+        cap = self.max_size_bytes if node == self.node else (self.fleet.node_cap(node) or 0)
+        key = (self.catalog.version(), self.catalog.checkpoint_count(), cap, node)
         with self._stats_lock:
             if self._stats_cache is not None and self._stats_cache[0] == key:
                 return self._stats_cache[1]
-        stats = self.catalog.stats(max_size_bytes=self.max_size_bytes)
+        stats = self.catalog.stats(max_size_bytes=cap, node=node)
         with self._stats_lock:
             self._stats_cache = (key, stats)
         return stats
@@ -596,6 +607,10 @@ class CacheManager:
             if value is not None:
                 _check_model_name(name, value, allowed_roots)
         return self.builds.start(model, request)
+
+    def check_model(self, field: str, model: str, allowed_roots: tuple[Path, ...] | None) -> None:
+        """The checks ``start_build`` makes on a model name (desired state is checked the same way)."""
+        _check_model_name(field, model, allowed_roots)
 
     def get_build(self, build_id: str) -> BuildStatus:
         """State of one background build (NotFoundError when unknown)."""

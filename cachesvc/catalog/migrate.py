@@ -9,7 +9,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
+
+#: PostgreSQL advisory lock key that serialises schema upgrades of one database.
+MIGRATION_LOCK_KEY = 0x63616368_65737663 & 0x7FFFFFFFFFFFFFFF
 
 
 def script_location() -> Path:
@@ -39,7 +42,10 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     # BEGIN IMMEDIATE on SQLite: several processes starting on a fresh catalog serialise here
     # (the busy timeout applies) instead of failing with "database is locked" when one upgrades
     # its read lock; the loser then reads the winner's revision and has nothing to do.
+    # PostgreSQL: a transaction-scoped advisory lock does the same (DDL is transactional there).
     with engine.execution_options(sqlite_immediate=True).begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 

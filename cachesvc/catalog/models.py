@@ -15,7 +15,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Float,
-    ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     MetaData,
@@ -77,6 +77,8 @@ class CheckpointRow(Base):
 
 
 class BundleRow(Base):
+    """One bundle on one node: the same bundle id built on two nodes is two rows (two disks)."""
+
     __tablename__ = "bundles"
     __table_args__ = (
         CheckConstraint("state IN ('building', 'ready', 'failed', 'corrupt')", name="state"),
@@ -88,6 +90,7 @@ class BundleRow(Base):
         Index("ix_bundles_hits_id", "hit_count", "id"),
         Index("ix_bundles_checkpoint_digest", "checkpoint_digest"),
         Index("ix_bundles_model_size", "model", "size_bytes"),
+        Index("ix_bundles_node_last_used", "node", "last_used_at", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -109,19 +112,20 @@ class BundleRow(Base):
     pinned: Mapped[bool] = mapped_column(Boolean, default=False)
     last_verified_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    node: Mapped[str] = mapped_column(String(255))
+    node: Mapped[str] = mapped_column(String(255), primary_key=True)
 
 
 class LeaseRow(Base):
     """Who serves a bundle, for display. The shared file lock is the truth; rows can go stale."""
 
     __tablename__ = "leases"
-    __table_args__ = (UniqueConstraint("bundle_id", "node", "pid", name="uq_leases_holder"),)
+    __table_args__ = (
+        UniqueConstraint("bundle_id", "node", "pid", name="uq_leases_holder"),
+        ForeignKeyConstraint(["bundle_id", "node"], ["bundles.id", "bundles.node"], ondelete="CASCADE"),
+    )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
-    bundle_id: Mapped[str] = mapped_column(
-        String(64), ForeignKey("bundles.id", ondelete="CASCADE"), index=True
-    )
+    bundle_id: Mapped[str] = mapped_column(String(64), index=True)
     node: Mapped[str] = mapped_column(String(255))
     pid: Mapped[int] = mapped_column(Integer)
     since: Mapped[datetime] = mapped_column(UTCDateTime())
@@ -152,7 +156,7 @@ class EventRow(Base):
 
 
 class EventTotalRow(Base):
-    """Running totals of events by (kind, reason, model), written in the event's transaction.
+    """Running totals of events by (node, kind, reason, model), written in the event's transaction.
 
     Stats read these few rows instead of scanning the events table, so they stay fast with
     millions of events and still agree exactly with the log.
@@ -160,6 +164,7 @@ class EventTotalRow(Base):
 
     __tablename__ = "event_totals"
 
+    node: Mapped[str] = mapped_column(String(255), primary_key=True)
     kind: Mapped[str] = mapped_column(String(32), primary_key=True)
     reason: Mapped[str] = mapped_column(String(16), primary_key=True)
     model: Mapped[str] = mapped_column(String(1024), primary_key=True)
@@ -167,3 +172,35 @@ class EventTotalRow(Base):
     bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     seconds: Mapped[float] = mapped_column(Float, default=0.0)
     first_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class NodeRow(Base):
+    """A node of the fleet: its heartbeat and what it last reported about its own cache.
+
+    Each serving process upserts its node's row every few seconds; a row whose heartbeat is
+    older than the staleness limit is shown as down. No node deletes another node's rows.
+    """
+
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    pid: Mapped[int] = mapped_column(Integer)
+    max_size_bytes: Mapped[int] = mapped_column(BigInteger)
+    #: The node's heartbeat interval: it is down after STALE_INTERVALS of them without one.
+    heartbeat_seconds: Mapped[float] = mapped_column(Float)
+    loaded_models: Mapped[list[Any]] = mapped_column(JSON)
+    #: The reconciler's last report: {"generation", "state", "items": [...]} (or null).
+    desired_status: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class DesiredStateRow(Base):
+    """Desired state of one node, or of the whole fleet under the name ``*``."""
+
+    __tablename__ = "desired_state"
+
+    node: Mapped[str] = mapped_column(String(255), primary_key=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    generation: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())

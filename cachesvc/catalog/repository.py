@@ -52,7 +52,13 @@ def utcnow() -> datetime:
 
 
 class Catalog:
-    """The SQL index of the cache. Every method is one short transaction."""
+    """The SQL index of the cache. Every method is one short transaction.
+
+    Fleet rule: writes and the eviction/reconcile reads touch only this catalog's ``node``
+    (its own disk); listings, events and stats take a ``node`` filter. Rows changed inside a
+    write transaction are read ``FOR UPDATE`` (a row lock on PostgreSQL; SQLite's
+    ``BEGIN IMMEDIATE`` already serialises writers).
+    """
 
     def __init__(self, url: str, *, node: str) -> None:
         self.url = url
@@ -123,9 +129,20 @@ class Catalog:
         self._bump_total(session, kind, reason or "", model or "", nbytes or 0, seconds or 0.0, at)
 
     def _bump_total(
-        self, session: Session, kind: str, reason: str, model: str, nbytes: int, seconds: float, at: datetime
+        self,
+        session: Session,
+        kind: str,
+        reason: str,
+        model: str,
+        nbytes: int,
+        seconds: float,
+        at: datetime,
+        *,
+        node: str | None = None,
     ) -> None:
+        node = node or self.node
         values = {
+            "node": node,
             "kind": kind,
             "reason": reason,
             "model": model,
@@ -141,7 +158,7 @@ class Catalog:
             insert = sqlite.insert if dialect == "sqlite" else postgresql.insert
             stmt = insert(table).values(**values)
             stmt = stmt.on_conflict_do_update(
-                index_elements=["kind", "reason", "model"],
+                index_elements=["node", "kind", "reason", "model"],
                 set_={
                     "count": table.c.count + 1,
                     "bytes": table.c.bytes + nbytes,
@@ -150,7 +167,7 @@ class Catalog:
             )
             session.execute(stmt)
             return
-        row = session.get(EventTotalRow, (kind, reason, model), with_for_update=True)
+        row = session.get(EventTotalRow, (node, kind, reason, model), with_for_update=True)
         if row is None:
             session.add(EventTotalRow(**values))
         else:
@@ -171,9 +188,12 @@ class Catalog:
         limit: int = 100,
         bundle_id: str | None = None,
         before_id: int | None = None,
+        node: str | None = None,
     ) -> list[EventInfo]:
-        """The audit log, newest first."""
+        """The audit log, newest first (every node's unless ``node`` is given)."""
         stmt = select(EventRow).order_by(EventRow.id.desc()).limit(limit)
+        if node is not None:
+            stmt = stmt.where(EventRow.node == node)
         if kind is not None:
             stmt = stmt.where(EventRow.kind == kind)
         if since is not None:
@@ -261,24 +281,24 @@ class Catalog:
     # -- bundles ---------------------------------------------------------------------------
 
     def get_bundle(self, bundle_id: str) -> BundleInfo | None:
-        """One bundle, or None."""
+        """This node's bundle, or None."""
         with self._read() as session:
-            row = session.get(BundleRow, bundle_id)
+            row = session.get(BundleRow, (bundle_id, self.node))
             return None if row is None else _bundle_info(row)
 
-    def require_bundle(self, bundle_id: str) -> BundleInfo:
-        """One bundle, or NotFoundError."""
+    def require_bundle(self, bundle_id: str, *, node: str | None = None) -> BundleInfo:
+        """This node's bundle (or ``node``'s), or NotFoundError."""
         with self._read() as session:
-            return _bundle_info(_require(session, bundle_id))
+            return _bundle_info(_require(session, bundle_id, node or self.node, lock=False))
 
     def begin_build(self, key: BundleKey, *, model: str) -> None:
         """Insert (or reset) the row of a bundle about to be built: state ``building``; a miss event."""
         now = utcnow()
         bundle_id = key.id
         with self._tx() as session:
-            row = session.get(BundleRow, bundle_id)
+            row = session.get(BundleRow, (bundle_id, self.node), with_for_update=True)
             if row is None:
-                row = BundleRow(id=bundle_id, created_at=now, hit_count=0, pinned=False)
+                row = BundleRow(id=bundle_id, node=self.node, created_at=now, hit_count=0, pinned=False)
                 session.add(row)
             row.model, row.checkpoint_digest = model, key.checkpoint_digest
             row.draft_digest, row.profile, row.profile_name = key.draft_digest, dict(key.profile), key.name
@@ -293,7 +313,7 @@ class Catalog:
         """Mark a build ready (after its directory was published); a build_ok event."""
         now = utcnow()
         with self._tx() as session:
-            row = _require(session, bundle_id)
+            row = _require(session, bundle_id, self.node)
             row.state, row.size_bytes, row.file_count = "ready", size_bytes, file_count
             row.built_at, row.build_seconds, row.last_used_at, row.last_verified_at = now, seconds, now, now
             row.error = None
@@ -320,7 +340,7 @@ class Catalog:
         and count in stats. The failure itself stays in the event log (and in the build status).
         """
         with self._tx() as session:
-            row = session.get(BundleRow, bundle_id)
+            row = session.get(BundleRow, (bundle_id, self.node), with_for_update=True)
             if row is None:
                 return
             session.delete(row)
@@ -337,7 +357,7 @@ class Catalog:
     def record_hit(self, bundle_id: str) -> BundleInfo:
         """A cache hit: last_used_at = now, hit_count + 1, a hit event."""
         with self._tx() as session:
-            row = _require(session, bundle_id)
+            row = _require(session, bundle_id, self.node)
             row.hit_count += 1
             row.last_used_at = utcnow()
             self._add_event(
@@ -348,7 +368,7 @@ class Catalog:
     def set_pinned(self, bundle_id: str, pinned: bool) -> BundleInfo:
         """Pin or unpin; an event when it changes."""
         with self._tx() as session:
-            row = _require(session, bundle_id)
+            row = _require(session, bundle_id, self.node)
             if row.pinned != pinned:
                 row.pinned = pinned
                 self._add_event(session, "pin" if pinned else "unpin", bundle_id=bundle_id, model=row.model)
@@ -357,7 +377,7 @@ class Catalog:
     def set_verified(self, bundle_id: str, *, ok: bool, detail: str | None) -> BundleInfo:
         """Record a verify: ok keeps the state; a mismatch marks the bundle corrupt."""
         with self._tx() as session:
-            row = _require(session, bundle_id)
+            row = _require(session, bundle_id, self.node)
             row.last_verified_at = utcnow()
             if not ok:
                 row.state, row.error = "corrupt", detail
@@ -376,7 +396,7 @@ class Catalog:
     def delete_bundle(self, bundle_id: str, *, reason: str, nbytes: int, detail: str | None = None) -> None:
         """Forget a bundle whose directory is gone; an evict event with the reason and bytes."""
         with self._tx() as session:
-            row = session.get(BundleRow, bundle_id)
+            row = session.get(BundleRow, (bundle_id, self.node), with_for_update=True)
             if row is None:
                 return
             self._add_event(
@@ -394,7 +414,7 @@ class Catalog:
     def forget_bundle(self, bundle_id: str) -> None:
         """Delete a row without an event (its story is in the log already, e.g. a failed build)."""
         with self._tx() as session:
-            row = session.get(BundleRow, bundle_id)
+            row = session.get(BundleRow, (bundle_id, self.node), with_for_update=True)
             if row is not None:
                 session.delete(row)
 
@@ -406,7 +426,7 @@ class Catalog:
         bundle_id, checkpoint_digest, draft_digest = key.id, key.checkpoint_digest, key.draft_digest
         profile, profile_name, backend, path = dict(key.profile), key.name, key.backend, key.relpath
         with self._tx() as session:
-            if session.get(BundleRow, bundle_id) is not None:
+            if session.get(BundleRow, (bundle_id, self.node)) is not None:
                 return
             session.add(
                 BundleRow(
@@ -435,8 +455,12 @@ class Catalog:
             )
 
     def all_bundles(self, *, states: Sequence[str] | None = None) -> list[BundleInfo]:
-        """Every bundle (optionally of some states), least recently used first."""
-        stmt = select(BundleRow).order_by(BundleRow.last_used_at.asc(), BundleRow.id.asc())
+        """Every bundle of this node (optionally of some states), least recently used first."""
+        stmt = (
+            select(BundleRow)
+            .where(BundleRow.node == self.node)
+            .order_by(BundleRow.last_used_at.asc(), BundleRow.id.asc())
+        )
         if states is not None:
             stmt = stmt.where(BundleRow.state.in_(list(states)))
         with self._read() as session:
@@ -453,7 +477,7 @@ class Catalog:
             select(
                 BundleRow.id, BundleRow.size_bytes, BundleRow.last_used_at, BundleRow.pinned, BundleRow.path
             )
-            .where(BundleRow.state != "building")
+            .where(BundleRow.node == self.node, BundleRow.state != "building")
             .order_by(BundleRow.last_used_at.asc(), BundleRow.id.asc())
             .limit(limit)
         )
@@ -466,9 +490,16 @@ class Catalog:
             return [(r[0], int(r[1]), r[2], bool(r[3]), r[4]) for r in session.execute(stmt)]
 
     def total_size(self) -> int:
-        """Sum of catalog sizes of every bundle (no directory walks)."""
+        """Sum of catalog sizes of this node's bundles (no directory walks)."""
         with self._read() as session:
-            return int(session.scalar(select(func.coalesce(func.sum(BundleRow.size_bytes), 0))) or 0)
+            return int(
+                session.scalar(
+                    select(func.coalesce(func.sum(BundleRow.size_bytes), 0)).where(
+                        BundleRow.node == self.node
+                    )
+                )
+                or 0
+            )
 
     def list_bundles(
         self,
@@ -482,8 +513,12 @@ class Catalog:
         limit: int = 50,
         offset: int | None = None,
         cursor: str | None = None,
+        node: str | None = None,
     ) -> BundlePage:
-        """Filter, sort and page bundles; totals cover every match. Keyset cursor or offset."""
+        """Filter, sort and page bundles; totals cover every match. Keyset cursor or offset.
+
+        Every node's rows unless ``node`` is given; the keyset is (sort column, id, node).
+        """
         if sort not in SORT_COLUMNS:
             raise ConfigError("sort", f"must be one of {', '.join(SORT_COLUMNS)}, got {sort!r}")
         if order not in ("asc", "desc"):
@@ -503,19 +538,24 @@ class Catalog:
             conds.append(BundleRow.backend == backend)
         if pinned is not None:
             conds.append(BundleRow.pinned.is_(pinned))
+        if node is not None:
+            conds.append(BundleRow.node == node)
         col = SORT_COLUMNS[sort]
         # Plain rows, not ORM objects: building entities cost more than the query itself.
         stmt: Select[Any] = select(*BundleRow.__table__.columns).where(*conds)
         if cursor is not None:
-            value, last_id = _decode_cursor(cursor, sort)
+            value, last_id, last_node = _decode_cursor(cursor, sort)
+            # (id, node) written out rather than a row-value comparison: portable everywhere.
             if order == "desc":
-                stmt = stmt.where(or_(col < value, and_(col == value, BundleRow.id < last_id)))
+                after = or_(BundleRow.id < last_id, and_(BundleRow.id == last_id, BundleRow.node < last_node))
+                stmt = stmt.where(or_(col < value, and_(col == value, after)))
             else:
-                stmt = stmt.where(or_(col > value, and_(col == value, BundleRow.id > last_id)))
+                after = or_(BundleRow.id > last_id, and_(BundleRow.id == last_id, BundleRow.node > last_node))
+                stmt = stmt.where(or_(col > value, and_(col == value, after)))
         if order == "desc":
-            stmt = stmt.order_by(col.desc(), BundleRow.id.desc())
+            stmt = stmt.order_by(col.desc(), BundleRow.id.desc(), BundleRow.node.desc())
         else:
-            stmt = stmt.order_by(col.asc(), BundleRow.id.asc())
+            stmt = stmt.order_by(col.asc(), BundleRow.id.asc(), BundleRow.node.asc())
         stmt = stmt.limit(limit + 1)
         if offset:
             stmt = stmt.offset(offset)
@@ -560,11 +600,13 @@ class Catalog:
                 )
             )
 
-    def leases(self, bundle_id: str) -> list[LeaseHolder]:
-        """Recorded holders of a bundle (may include stale rows of crashed processes)."""
+    def leases(self, bundle_id: str, *, node: str | None = None) -> list[LeaseHolder]:
+        """Recorded holders of this node's (or ``node``'s) copy of a bundle (rows may be stale)."""
         with self._read() as session:
             rows = session.scalars(
-                select(LeaseRow).where(LeaseRow.bundle_id == bundle_id).order_by(LeaseRow.since)
+                select(LeaseRow)
+                .where(LeaseRow.bundle_id == bundle_id, LeaseRow.node == (node or self.node))
+                .order_by(LeaseRow.since)
             )
             return [LeaseHolder(pid=r.pid, host=r.node, since=r.since.isoformat()) for r in rows]
 
@@ -578,34 +620,40 @@ class Catalog:
 
     # -- stats -----------------------------------------------------------------------------
 
-    def stats(self, *, max_size_bytes: int) -> CacheStats:
-        """Cache statistics from the event totals and indexed bundle columns (no log scans)."""
+    def stats(self, *, max_size_bytes: int, node: str | None = None) -> CacheStats:
+        """Cache statistics from the event totals and indexed bundle columns (no log scans).
+
+        One node's (``node``) or, with None, the whole catalog's.
+        """
         t = EventTotalRow
+        on_node = [t.node == node] if node is not None else []
+        bundle_on_node = [BundleRow.node == node] if node is not None else []
+        event_on_node = [EventRow.node == node] if node is not None else []
         # Core connection, not an ORM session: the session's per-statement overhead was most
         # of this call's time on a 10k-bundle catalog.
         with self.engine.connect() as session:
             # SQLite aggregates in C; Python sees a few rows per kind/reason and two per model.
             totals = session.execute(
-                select(t.kind, t.reason, func.sum(t.count), func.sum(t.bytes), func.sum(t.seconds)).group_by(
-                    t.kind, t.reason
-                )
+                select(t.kind, t.reason, func.sum(t.count), func.sum(t.bytes), func.sum(t.seconds))
+                .where(*on_node)
+                .group_by(t.kind, t.reason)
             ).all()
             model_totals = session.execute(
                 select(t.model, t.kind, func.sum(t.count))
-                .where(t.kind.in_(("hit", "miss")), t.model != "")
+                .where(t.kind.in_(("hit", "miss")), t.model != "", *on_node)
                 .group_by(t.model, t.kind)
             ).all()
-            since = session.scalar(select(func.min(t.first_at)).where(t.kind != _BUCKET_KIND))
+            since = session.scalar(select(func.min(t.first_at)).where(t.kind != _BUCKET_KIND, *on_node))
             by_state: dict[str, int] = {
                 str(state): int(count)
                 for state, count in session.execute(
-                    select(BundleRow.state, func.count()).group_by(BundleRow.state)
+                    select(BundleRow.state, func.count()).where(*bundle_on_node).group_by(BundleRow.state)
                 )
             }
             model_rows = session.execute(
-                select(
-                    BundleRow.model, func.count(), func.coalesce(func.sum(BundleRow.size_bytes), 0)
-                ).group_by(BundleRow.model)
+                select(BundleRow.model, func.count(), func.coalesce(func.sum(BundleRow.size_bytes), 0))
+                .where(*bundle_on_node)
+                .group_by(BundleRow.model)
             ).all()
             builds_ok = sum(int(r[2]) for r in totals if r[0] == "build_ok")
             median = None
@@ -613,7 +661,7 @@ class Catalog:
                 # The middle one or two durations through the (kind, seconds) index.
                 ordered = (
                     select(EventRow.seconds)
-                    .where(EventRow.kind == "build_ok", EventRow.seconds.is_not(None))
+                    .where(EventRow.kind == "build_ok", EventRow.seconds.is_not(None), *event_on_node)
                     .order_by(EventRow.seconds)
                 )
                 middle = [
@@ -686,8 +734,9 @@ class Catalog:
             session.execute(delete(EventTotalRow))
             session.execute(
                 insert(EventTotalRow).from_select(
-                    ["kind", "reason", "model", "count", "bytes", "seconds", "first_at"],
+                    ["node", "kind", "reason", "model", "count", "bytes", "seconds", "first_at"],
                     select(
+                        EventRow.node,
                         EventRow.kind,
                         reason,
                         model,
@@ -695,26 +744,35 @@ class Catalog:
                         func.coalesce(func.sum(EventRow.bytes), 0),
                         func.coalesce(func.sum(EventRow.seconds), 0.0),
                         func.min(EventRow.at),
-                    ).group_by(EventRow.kind, reason, model),
+                    ).group_by(EventRow.node, EventRow.kind, reason, model),
                 )
             )
-            seconds = session.scalars(
-                select(EventRow.seconds).where(EventRow.kind == "build_ok", EventRow.seconds.is_not(None))
-            )
-            for value in seconds:
+            seconds = session.execute(
+                select(EventRow.node, EventRow.seconds).where(
+                    EventRow.kind == "build_ok", EventRow.seconds.is_not(None)
+                )
+            ).all()
+            for event_node, value in seconds:
                 duration = float(value or 0.0)
                 bound = next((b for b in BUILD_SECONDS_BUCKETS if duration <= b), math.inf)
-                self._bump_total(session, _BUCKET_KIND, repr(float(bound)), "", 0, duration, utcnow())
+                self._bump_total(
+                    session, _BUCKET_KIND, repr(float(bound)), "", 0, duration, utcnow(), node=event_node
+                )
 
     def touch(self, bundle_id: str, at: datetime) -> None:
         """Set last_used_at (tests and benchmarks arrange LRU order with it; no event)."""
         self._untracked_changes += 1
         with self._tx() as session:
-            session.execute(update(BundleRow).where(BundleRow.id == bundle_id).values(last_used_at=at))
+            session.execute(
+                update(BundleRow)
+                .where(BundleRow.id == bundle_id, BundleRow.node == self.node)
+                .values(last_used_at=at)
+            )
 
 
-def _require(session: Session, bundle_id: str) -> BundleRow:
-    row = session.get(BundleRow, bundle_id)
+def _require(session: Session, bundle_id: str, node: str, *, lock: bool = True) -> BundleRow:
+    """The row of ``bundle_id`` on ``node``; locked for update inside write transactions."""
+    row = session.get(BundleRow, (bundle_id, node), with_for_update=True if lock else None)
     if row is None:
         raise NotFoundError(f"no bundle with id {bundle_id!r} (list them with `cachesvc bundles ls`)")
     return row
@@ -771,15 +829,15 @@ def _encode_cursor(row: Any, sort: str) -> str:
     }[sort]
     if isinstance(value, datetime):
         value = value.isoformat()
-    raw = json.dumps([sort, value, row.id], separators=(",", ":")).encode()
+    raw = json.dumps([sort, value, row.id, row.node], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str, sort: str) -> tuple[Any, str]:
+def _decode_cursor(cursor: str, sort: str) -> tuple[Any, str, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        cur_sort, value, last_id = json.loads(raw)
-        if cur_sort != sort or not isinstance(last_id, str):
+        cur_sort, value, last_id, last_node = json.loads(raw)
+        if cur_sort != sort or not isinstance(last_id, str) or not isinstance(last_node, str):
             raise ValueError("sort mismatch")
         if sort in _DATETIME_SORTS:
             value = datetime.fromisoformat(value)
@@ -789,4 +847,4 @@ def _decode_cursor(cursor: str, sort: str) -> tuple[Any, str]:
         raise ConfigError(
             "cursor", "is not a cursor returned by this listing with the same sort; start again without it"
         ) from exc
-    return value, last_id
+    return value, last_id, last_node

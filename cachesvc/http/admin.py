@@ -22,6 +22,7 @@ from litestar.params import Body, PathParameter, QueryParameter
 
 from cachesvc.http.auth import admin_guard
 from cachesvc.http.errors import admin_exception_handlers, problem_responses
+from cachesvc.http.fleet import FLEET_HANDLERS
 from cachesvc.http.schemas import (
     BackendName,
     BuildListOut,
@@ -66,6 +67,9 @@ BuildId = Annotated[
     str, PathParameter(min_length=1, max_length=128, description="Build id from POST /admin/builds")
 ]
 Limit = Annotated[int, QueryParameter(ge=1, le=1000, description="Page size (1-1000)")]
+NodeFilter = Annotated[
+    str | None, QueryParameter(min_length=1, max_length=255, description="Only this node's rows (fleet)")
+]
 #: The request Structs forbid unknown fields (a typo such as ``dryrun`` must not turn a dry run
 #: into a real clear); say so in the schema, which Litestar does not derive from the Struct.
 StrictBody = Body(schema_extra={"additionalProperties": False})
@@ -164,9 +168,10 @@ class BundleController(Controller):
                 description="next_cursor of the previous page (same sort; not together with offset)",
             ),
         ] = None,
+        node: NodeFilter = None,
     ) -> BundleListOut:
-        """List bundles with filters, sort and pagination; totals cover every match."""
-        params = (model, bundle_state, backend, pinned, sort, order, limit, offset, cursor)
+        """List bundles with filters, sort and pagination; totals cover every match (every node's)."""
+        params = (model, bundle_state, backend, pinned, sort, order, limit, offset, cursor, node)
         # Dashboards poll the same pages: answer from memory until the catalog changes. The
         # version read is one indexed aggregate over a tiny table, cheap enough for the event
         # loop; a miss (a real listing) goes to a worker thread.
@@ -186,6 +191,7 @@ class BundleController(Controller):
                 limit=limit,
                 offset=offset,
                 cursor=cursor,
+                node=node,
             )
             return to_body(page, BundleListOut, limit=limit)
 
@@ -328,10 +334,10 @@ class CacheController(Controller):
         return to_body(manager.reconcile(), ReconcileOut)
 
 
-@get("/stats", sync_to_thread=True, operation_id="getStats", tags=["stats"], responses=problem_responses())
-def get_stats(manager: Manager) -> StatsOut:
-    """Cache statistics from the catalog's events (survive restarts, agree across processes)."""
-    return to_body(manager.stats(), StatsOut)
+@get("/stats", sync_to_thread=True, operation_id="getStats", tags=["stats"], responses=problem_responses(400))
+def get_stats(manager: Manager, node: NodeFilter = None) -> StatsOut:
+    """Cache statistics from the catalog's events of one node (default: the answering node)."""
+    return to_body(manager.stats(node), StatsOut)
 
 
 @get(
@@ -351,9 +357,10 @@ def list_events(
         str | None, QueryParameter(pattern=BUNDLE_ID_PATTERN, description="Only events of this bundle")
     ] = None,
     limit: Limit = 100,
+    node: NodeFilter = None,
 ) -> EventListOut:
-    """The audit log, newest first."""
-    events = manager.events(kind=kind, since=_utc(since), limit=limit, bundle_id=bundle_id)
+    """The audit log, newest first (every node's unless ``node`` is given)."""
+    events = manager.events(kind=kind, since=_utc(since), limit=limit, bundle_id=bundle_id, node=node)
     return to_body({"items": events}, EventListOut)
 
 
@@ -396,6 +403,7 @@ def admin_router(*, admin_api_key: str | None, model_roots: tuple[Path, ...] | N
             get_stats,
             list_events,
             list_checkpoints,
+            *FLEET_HANDLERS,
         ],
         guards=[admin_guard(admin_api_key)],
         before_request=_reject_deep_json,

@@ -20,6 +20,7 @@ from cachesvc.manager import CacheManager
 from cachesvc.profiles import BuildOptions, BundleKey
 from tests.support.apps import LOOPBACK, LOOPBACK_URL, service_app
 from tests.support.cache import FileBuilder, make_checkpoint
+from tests.support.databases import catalog_url_for
 
 ADMIN_KEY = "admin-secret-key"
 COMPLETION_KEY = "completion-secret-key"
@@ -46,6 +47,7 @@ def open_manager(cache_dir: Path, builder: FileBuilder | None = None) -> CacheMa
     """
     return CacheManager.open(
         cache_dir,
+        catalog_url=catalog_url_for(cache_dir),
         max_size_bytes=MAX_SIZE,
         builders={"onnxruntime": builder or FileBuilder(files=3, file_size=256)},
         offline=True,
@@ -53,7 +55,8 @@ def open_manager(cache_dir: Path, builder: FileBuilder | None = None) -> CacheMa
 
 
 @pytest.fixture
-def cache_dir(tmp_path: Path) -> Path:
+def cache_dir(tmp_path: Path, catalog_db: str) -> Path:
+    """The test's cache directory; every admin test runs on SQLite and on PostgreSQL."""
     return tmp_path / "cache"
 
 

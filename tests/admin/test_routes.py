@@ -380,6 +380,13 @@ def test_openapi_describes_every_route_and_docs_ui_is_served(client: Client) -> 
         ("GET", "/admin/stats"),
         ("GET", "/admin/events"),
         ("GET", "/admin/checkpoints"),
+        ("GET", "/admin/nodes"),
+        ("GET", "/admin/nodes/{node}/desired"),
+        ("PUT", "/admin/nodes/{node}/desired"),
+        ("DELETE", "/admin/nodes/{node}/desired"),
+        ("GET", "/admin/fleet/desired"),
+        ("PUT", "/admin/fleet/desired"),
+        ("GET", "/admin/dashboard"),
         ("GET", "/metrics"),
         ("GET", "/health"),
         ("GET", "/health/ready"),
@@ -406,7 +413,7 @@ def test_openapi_describes_every_route_and_docs_ui_is_served(client: Client) -> 
 def test_unexpected_error_is_a_500_problem_not_a_crash(
     make_client: Callable[..., Client], manager: CacheManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken() -> None:
+    def broken(*_: object) -> None:
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(manager, "stats", broken)

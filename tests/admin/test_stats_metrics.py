@@ -54,7 +54,10 @@ def _scripted_sequence(manager: CacheManager, tmp_path: Path) -> None:
     manager.unpin(first)
     manager.prune(0)  # evict lru (ck[0])
     failing = CacheManager.open(
-        manager.layout.root, max_size_bytes=manager.max_size_bytes, builders={"onnxruntime": FailingBuilder()}
+        manager.layout.root,
+        catalog_url=manager.catalog.url,
+        max_size_bytes=manager.max_size_bytes,
+        builders={"onnxruntime": FailingBuilder()},
     )
     try:
         with pytest.raises(BuildError):
@@ -98,7 +101,9 @@ def _stats_in_child(cache_dir: Path) -> dict[str, Any]:
         "from pathlib import Path\n"
         "from cachesvc.manager import CacheManager\n"
         "from cachesvc.http.schemas import StatsOut, to_body\n"
-        "m = CacheManager.open(Path(sys.argv[1]), max_size_bytes=10**12, builders={})\n"
+        "from tests.support.databases import catalog_url_for\n"
+        "root = Path(sys.argv[1])\n"
+        "m = CacheManager.open(root, catalog_url=catalog_url_for(root), max_size_bytes=10**12, builders={})\n"
         "sys.stdout.write(msgspec.json.encode(to_body(m.stats(), StatsOut)).decode())\n"
         "m.close()\n"
     )

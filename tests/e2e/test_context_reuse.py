@@ -16,8 +16,13 @@ def _metric(text: str, name: str) -> float:
 
 
 def test_reuse_on_a_real_server(demo_dir: Path, cache_dir: Path, log_dir: Path) -> None:
-    args = serve_args(enable_context_reuse=True, context_cache_max_records=32, max_batch_size=2,
-                      max_input_len=256, max_kv_cache_capacity=512)
+    args = serve_args(
+        enable_context_reuse=True,
+        context_cache_max_records=32,
+        max_batch_size=2,
+        max_input_len=256,
+        max_kv_cache_capacity=512,
+    )
     with running_server(demo_dir, cache_dir, log_dir, *args) as server:
         health = server.health()
         assert health["capabilities"]["context_reuse"] is True
@@ -25,8 +30,9 @@ def test_reuse_on_a_real_server(demo_dir: Path, cache_dir: Path, log_dir: Path) 
         prompt = "The quick brown fox jumps over the lazy dog. " * 12  # well over one 64-token block
 
         def complete(**extra: object) -> str:
-            out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
-                                            extra_body=extra or None)
+            out = client.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=8, temperature=0, extra_body=extra or None
+            )
             return out.choices[0].text
 
         cold = complete()

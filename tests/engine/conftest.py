@@ -99,8 +99,9 @@ class GraphRunner:
     def empty_past(self, batch: int) -> list[np.ndarray]:
         return [np.zeros((batch, self.kv_heads, 0, self.head_dim), np.float32)] * (2 * self.layers)
 
-    def run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[np.ndarray],
-            keep: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
+    def run(
+        self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[np.ndarray], keep: int = 0
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
         feed: dict[str, np.ndarray] = {
             "input_ids": ids.astype(np.int64),
             "attention_mask": mask.astype(np.int64),

@@ -29,23 +29,37 @@ def _edit_config(ckpt: Path, **changes: object) -> None:
 
 
 def test_unsupported_architecture_is_named_with_the_supported_list(
-        hf_checkpoint: Callable[..., Path], copy_dir: Callable[[Path], Path], tmp_path: Path) -> None:
+    hf_checkpoint: Callable[..., Path], copy_dir: Callable[[Path], Path], tmp_path: Path
+) -> None:
     ckpt = copy_dir(hf_checkpoint("llama", "fp32", False))
     _edit_config(ckpt, architectures=["GPT2LMHeadModel"], model_type="gpt2")
-    _build_fails(ckpt, tmp_path, r"unsupported architecture 'GPT2LMHeadModel'; supported: LlamaForCausalLM, "
-                                 r"Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM")
+    _build_fails(
+        ckpt,
+        tmp_path,
+        r"unsupported architecture 'GPT2LMHeadModel'; supported: LlamaForCausalLM, "
+        r"Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM",
+    )
 
 
 @pytest.mark.parametrize(
     ("changes", "match"),
-    [({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}},
-      "unsupported rope scaling type 'yarn'; supported: default, linear, llama3"),
-     ({"hidden_act": "gelu"}, "unsupported hidden_act 'gelu'"),
-     ({"use_sliding_window": True}, "sliding-window attention is not supported for qwen2"),
-     ({"num_key_value_heads": 3}, "multiple of num_key_value_heads")],
+    [
+        (
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}},
+            "unsupported rope scaling type 'yarn'; supported: default, linear, llama3",
+        ),
+        ({"hidden_act": "gelu"}, "unsupported hidden_act 'gelu'"),
+        ({"use_sliding_window": True}, "sliding-window attention is not supported for qwen2"),
+        ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
+    ],
 )
-def test_unsupported_config_fields(changes: dict[str, object], match: str, hf_checkpoint: Callable[..., Path],
-                                   copy_dir: Callable[[Path], Path], tmp_path: Path) -> None:
+def test_unsupported_config_fields(
+    changes: dict[str, object],
+    match: str,
+    hf_checkpoint: Callable[..., Path],
+    copy_dir: Callable[[Path], Path],
+    tmp_path: Path,
+) -> None:
     ckpt = copy_dir(hf_checkpoint("qwen2", "fp32", True))
     _edit_config(ckpt, **changes)
     _build_fails(ckpt, tmp_path, match)
@@ -53,11 +67,20 @@ def test_unsupported_config_fields(changes: dict[str, object], match: str, hf_ch
 
 @pytest.mark.parametrize(
     ("family", "tensor"),
-    [("qwen2", "model.layers.1.mlp.up_proj.weight"), ("qwen2", "model.layers.0.self_attn.q_proj.bias"),
-     ("qwen3", "model.layers.1.self_attn.k_norm.weight"), ("mistral", "lm_head.weight")],
+    [
+        ("qwen2", "model.layers.1.mlp.up_proj.weight"),
+        ("qwen2", "model.layers.0.self_attn.q_proj.bias"),
+        ("qwen3", "model.layers.1.self_attn.k_norm.weight"),
+        ("mistral", "lm_head.weight"),
+    ],
 )
-def test_missing_weight_is_named(family: str, tensor: str, hf_checkpoint: Callable[..., Path],
-                                 copy_dir: Callable[[Path], Path], tmp_path: Path) -> None:
+def test_missing_weight_is_named(
+    family: str,
+    tensor: str,
+    hf_checkpoint: Callable[..., Path],
+    copy_dir: Callable[[Path], Path],
+    tmp_path: Path,
+) -> None:
     ckpt = copy_dir(hf_checkpoint(family, "fp32", False))
     tensors = load_file(ckpt / "model.safetensors")
     del tensors[tensor]
@@ -66,18 +89,24 @@ def test_missing_weight_is_named(family: str, tensor: str, hf_checkpoint: Callab
 
 
 def test_shape_mismatch_names_tensor_expected_and_got(
-        hf_checkpoint: Callable[..., Path], copy_dir: Callable[[Path], Path], tmp_path: Path) -> None:
+    hf_checkpoint: Callable[..., Path], copy_dir: Callable[[Path], Path], tmp_path: Path
+) -> None:
     ckpt = copy_dir(hf_checkpoint("qwen3", "fp32", False))
     tensors = load_file(ckpt / "model.safetensors")
     tensors["model.layers.0.self_attn.k_proj.weight"] = np.zeros((32, 64), np.float32)
     save_file(tensors, ckpt / "model.safetensors")
-    _build_fails(ckpt, tmp_path, r"'model.layers.0.self_attn.k_proj.weight' has shape \[32, 64\], "
-                                 r"expected \[64, 64\]")
+    _build_fails(
+        ckpt,
+        tmp_path,
+        r"'model.layers.0.self_attn.k_proj.weight' has shape \[32, 64\], "
+        r"expected \[64, 64\]",
+    )
 
 
 @pytest.mark.parametrize("keep", [4, 0.5])
-def test_truncated_safetensors_names_the_file(keep: float, hf_checkpoint: Callable[..., Path],
-                                              copy_dir: Callable[[Path], Path], tmp_path: Path) -> None:
+def test_truncated_safetensors_names_the_file(
+    keep: float, hf_checkpoint: Callable[..., Path], copy_dir: Callable[[Path], Path], tmp_path: Path
+) -> None:
     ckpt = copy_dir(hf_checkpoint("llama", "bf16", True))
     shard = ckpt / "model.safetensors"
     data = shard.read_bytes()

@@ -26,16 +26,21 @@ def _meta(bundle: Path) -> dict[str, Any]:
     return meta
 
 
-def test_bundle_has_manifest_files_and_tokenizer(hf_checkpoint: Callable[..., Path],
-                                                 copy_dir: Callable[[Path], Path], tmp_path: Path) -> None:
+def test_bundle_has_manifest_files_and_tokenizer(
+    hf_checkpoint: Callable[..., Path], copy_dir: Callable[[Path], Path], tmp_path: Path
+) -> None:
     ckpt = copy_dir(hf_checkpoint("qwen2", "fp32", True))
     (ckpt / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
     (ckpt / "chat_template.jinja").write_text("{{ messages }}")
     out = tmp_path / "bundle"
     out.mkdir()
     stages: list[str] = []
-    meta = build_bundle(ckpt, out, EngineBuildSpec(max_kv_cache_capacity=128, max_input_len=32),
-                        progress=lambda stage, fraction: stages.append(stage))
+    meta = build_bundle(
+        ckpt,
+        out,
+        EngineBuildSpec(max_kv_cache_capacity=128, max_input_len=32),
+        progress=lambda stage, fraction: stages.append(stage),
+    )
     assert meta == _meta(out)
     assert stages[-1] == "done" and "optimize" in stages
     assert meta["builder_version"] == BUILDER_VERSION
@@ -53,8 +58,9 @@ def test_bundle_has_manifest_files_and_tokenizer(hf_checkpoint: Callable[..., Pa
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_portable_graph_uses_only_default_domain_ops(precision: str, hf_checkpoint: Callable[..., Path],
-                                                     built_bundle: Callable[..., Path]) -> None:
+def test_portable_graph_uses_only_default_domain_ops(
+    precision: str, hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]
+) -> None:
     bundle = built_bundle(hf_checkpoint("qwen3", "fp32", False), precision=precision)
     model = onnx.load(str(bundle / "model.onnx"), load_external_data=False)
     domains = {(node.op_type, node.domain) for node in model.graph.node}
@@ -65,8 +71,9 @@ def test_portable_graph_uses_only_default_domain_ops(precision: str, hf_checkpoi
         assert any(op == "MatMulInteger" for op, _ in domains)
 
 
-def test_bundle_runs_the_same_in_a_fresh_process(hf_checkpoint: Callable[..., Path],
-                                                 built_bundle: Callable[..., Path]) -> None:
+def test_bundle_runs_the_same_in_a_fresh_process(
+    hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]
+) -> None:
     bundle = built_bundle(hf_checkpoint("llama", "bf16", False))
     prompt = [5, 17, 300, 42, 7, 99, 250, 3]
     here = generate(load_engine(bundle, threads=1), prompt, 24, eos_ids=())[0]
@@ -78,17 +85,25 @@ def test_bundle_runs_the_same_in_a_fresh_process(hf_checkpoint: Callable[..., Pa
         "print(json.dumps(generate(engine, json.loads(sys.argv[2]), 24, eos_ids=())[0]))\n"
     )
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-c", script, str(bundle), json.dumps(prompt)], env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(bundle), json.dumps(prompt)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == here
     assert len(set(here)) > 3
 
 
-def test_engine_protocol_slots_and_capacity(hf_checkpoint: Callable[..., Path],
-                                            built_bundle: Callable[..., Path]) -> None:
-    bundle = built_bundle(hf_checkpoint("mistral", "fp32", False), max_kv_cache_capacity=40,
-                          max_input_len=16, max_batch_size=2)
+def test_engine_protocol_slots_and_capacity(
+    hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]
+) -> None:
+    bundle = built_bundle(
+        hf_checkpoint("mistral", "fp32", False), max_kv_cache_capacity=40, max_input_len=16, max_batch_size=2
+    )
     engine = load_engine(bundle, threads=1)
     assert isinstance(engine, Engine)
     info = engine.info
@@ -130,12 +145,19 @@ def test_sampling_is_seeded(hf_checkpoint: Callable[..., Path], built_bundle: Ca
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("onnxruntime_version", "0.9.0", "built with onnxruntime 0.9.0"),
-     ("format_version", 99, "format_version 99")],
+    [
+        ("onnxruntime_version", "0.9.0", "built with onnxruntime 0.9.0"),
+        ("format_version", 99, "format_version 99"),
+    ],
 )
 def test_load_refuses_foreign_bundles(
-        field: str, value: object, message: str, hf_checkpoint: Callable[..., Path],
-        built_bundle: Callable[..., Path], copy_dir: Callable[[Path], Path]) -> None:
+    field: str,
+    value: object,
+    message: str,
+    hf_checkpoint: Callable[..., Path],
+    built_bundle: Callable[..., Path],
+    copy_dir: Callable[[Path], Path],
+) -> None:
     bundle = copy_dir(built_bundle(hf_checkpoint("qwen2", "fp32", True)))
     meta = _meta(bundle)
     meta[field] = value

@@ -14,9 +14,12 @@ from inference.runtime import load_engine
 
 
 def test_top_level_rope_theta_and_scaling_match_rope_parameters(
-        hf_checkpoint: Callable[..., Path], copy_dir: Callable[[Path], Path],
-        built_bundle: Callable[..., Path], reference: Callable[[Path], Any],
-        reference_step: Callable[..., Any]) -> None:
+    hf_checkpoint: Callable[..., Path],
+    copy_dir: Callable[[Path], Path],
+    built_bundle: Callable[..., Path],
+    reference: Callable[[Path], Any],
+    reference_step: Callable[..., Any],
+) -> None:
     original = hf_checkpoint("llama", "fp32", True)
     ckpt = copy_dir(original)
     cfg = json.loads((ckpt / "config.json").read_text())
@@ -34,9 +37,13 @@ def test_top_level_rope_theta_and_scaling_match_rope_parameters(
     np.testing.assert_allclose(engine.prefill(0, prompt), want, atol=1e-4, rtol=0)
 
 
-def test_sharded_checkpoint_with_index(tmp_path: Path, reference: Callable[[Path], Any],
-                                       reference_step: Callable[..., Any], built_bundle: Callable[..., Path],
-                                       hf_checkpoint: Callable[..., Path]) -> None:
+def test_sharded_checkpoint_with_index(
+    tmp_path: Path,
+    reference: Callable[[Path], Any],
+    reference_step: Callable[..., Any],
+    built_bundle: Callable[..., Path],
+    hf_checkpoint: Callable[..., Path],
+) -> None:
     source = hf_checkpoint("qwen2", "bf16", False)
     model = reference(source)
     sharded = tmp_path / "sharded"
@@ -45,5 +52,6 @@ def test_sharded_checkpoint_with_index(tmp_path: Path, reference: Callable[[Path
     assert len(list(sharded.glob("*.safetensors"))) > 1
     engine = load_engine(built_bundle(sharded), threads=1)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    np.testing.assert_allclose(engine.prefill(0, prompt), reference_step(model, [prompt])[0][0, -1],
-                               atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        engine.prefill(0, prompt), reference_step(model, [prompt])[0][0, -1], atol=1e-4, rtol=0
+    )

@@ -55,8 +55,14 @@ class _Sink:
 class _Runner:
     def __init__(self, engine: Any, store: PrefixStore | None, *, batch: int, chunk: int = 32) -> None:
         self.engine = engine
-        self.sched = Scheduler(engine, max_batch_size=batch, max_queued_requests=256, queue_timeout=120,
-                               prefill_chunk=chunk, context_cache=store)
+        self.sched = Scheduler(
+            engine,
+            max_batch_size=batch,
+            max_queued_requests=256,
+            queue_timeout=120,
+            prefill_chunk=chunk,
+            context_cache=store,
+        )
         self.sched.start()
 
     def submit(self, prompt: list[int], steps: int, cache_prompt: bool = True) -> _Sink:
@@ -84,8 +90,9 @@ def _rand(n: int, seed: int) -> list[int]:
 @pytest.fixture(scope="module")
 def bundle(hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]) -> Callable[[str], Path]:
     def make(family: str) -> Path:
-        return built_bundle(hf_checkpoint(family, "fp32", family == "qwen3"), max_batch_size=8,
-                            max_kv_cache_capacity=512)
+        return built_bundle(
+            hf_checkpoint(family, "fp32", family == "qwen3"), max_batch_size=8, max_kv_cache_capacity=512
+        )
 
     return make
 
@@ -99,8 +106,11 @@ def _conversation() -> list[list[int]]:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_reuse_gives_the_same_greedy_tokens(
-    family: str, bundle: Callable[[str], Path], hf_checkpoint: Callable[..., Path],
-    reference: Callable[[Path], Any], greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
+    family: str,
+    bundle: Callable[[str], Path],
+    hf_checkpoint: Callable[..., Path],
+    reference: Callable[[Path], Any],
+    greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
 ) -> None:
     prompts = _conversation()
     cold = _Runner(load_engine(bundle(family), threads=1), None, batch=1)
@@ -193,7 +203,7 @@ def test_pool_bytes_bound_a_200_request_run(bundle: Callable[[str], Path]) -> No
     peak = 0
     outs: list[list[int]] = []
     for start in range(0, 200, 8):
-        sinks = [runner.submit(p, 2) for p in prompts[start:start + 8]]
+        sinks = [runner.submit(p, 2) for p in prompts[start : start + 8]]
         outs.extend(s.tokens() for s in sinks)
         peak = max(peak, store.stats().bytes)
     runner.stop()
@@ -213,13 +223,13 @@ def test_store_evicts_least_recently_used_by_records_and_by_bytes() -> None:
     keys = store.block_keys(tokens)
     assert len(keys) == 6 and len(set(keys)) == 6
     for i in range(3):
-        assert store.insert(keys[i], tokens[i * 64:(i + 1) * 64], kv)
+        assert store.insert(keys[i], tokens[i * 64 : (i + 1) * 64], kv)
     assert store.touch(keys[0])
     store.insert(keys[3], tokens[192:256], kv)
     assert [k in store for k in keys[:4]] == [True, False, True, True]
     small = PrefixStore("test", max_records=100, max_bytes=int(2.5 * kv.nbytes))
     for i in range(4):
-        small.insert(keys[i], tokens[i * 64:(i + 1) * 64], kv)
+        small.insert(keys[i], tokens[i * 64 : (i + 1) * 64], kv)
     assert small.stats().records == 2 and small.stats().bytes == 2 * kv.nbytes
     assert small.stats().evictions == 2
     assert not PrefixStore("test", max_records=0).insert(keys[0], tokens[:64], kv)

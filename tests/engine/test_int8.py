@@ -13,8 +13,9 @@ from inference.runtime import generate, load_engine
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
-def test_int8_bundle_stays_close_to_fp32(family: str, hf_checkpoint: Callable[..., Path],
-                                         built_bundle: Callable[..., Path]) -> None:
+def test_int8_bundle_stays_close_to_fp32(
+    family: str, hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]
+) -> None:
     ckpt = hf_checkpoint(family, "fp32", True)
     int8_dir = built_bundle(ckpt, precision="int8")
     meta = json.loads((int8_dir / "engine.json").read_text())

@@ -23,16 +23,16 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def bundle8(hf_checkpoint: Callable[..., Path],
-            built_bundle: Callable[..., Path]) -> Callable[[str], Path]:
+def bundle8(hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]) -> Callable[[str], Path]:
     def make(family: str) -> Path:
         return built_bundle(hf_checkpoint(family, "fp32", family in ("qwen2", "mistral")), max_batch_size=8)
 
     return make
 
 
-def test_bundle_keeps_one_weights_file(hf_checkpoint: Callable[..., Path],
-                                       built_bundle: Callable[..., Path]) -> None:
+def test_bundle_keeps_one_weights_file(
+    hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]
+) -> None:
     bundle = built_bundle(hf_checkpoint("llama", "fp32", False))
     meta = json.loads((bundle / "engine.json").read_text())
     models = {p.name for p in bundle.iterdir() if p.name.startswith("model.")}
@@ -52,8 +52,11 @@ def test_bundle_keeps_one_weights_file(hf_checkpoint: Callable[..., Path],
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_batch_of_8_mixed_lengths_matches_batch_1_and_transformers(
-    family: str, bundle8: Callable[[str], Path], hf_checkpoint: Callable[..., Path],
-    reference: Callable[[Path], Any], greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
+    family: str,
+    bundle8: Callable[[str], Path],
+    hf_checkpoint: Callable[..., Path],
+    reference: Callable[[Path], Any],
+    greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
 ) -> None:
     ckpt = hf_checkpoint(family, "fp32", family in ("qwen2", "mistral"))
     engine = load_engine(bundle8(family), threads=1)
@@ -67,15 +70,18 @@ def test_batch_of_8_mixed_lengths_matches_batch_1_and_transformers(
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_chunked_prefill_matches_whole_prefill(
-    family: str, bundle8: Callable[[str], Path], hf_checkpoint: Callable[..., Path],
-    reference: Callable[[Path], Any], greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
+    family: str,
+    bundle8: Callable[[str], Path],
+    hf_checkpoint: Callable[..., Path],
+    reference: Callable[[Path], Any],
+    greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
 ) -> None:
     engine = load_engine(bundle8(family), max_slots=4, threads=1)
     prompt = _prompt(150, 7)  # > max_input_len 64: the whole prefill is chunked by the engine too
     whole = engine.prefill(0, prompt)
     for slot, size in ((1, 1), (2, 13), (3, 64)):
         for start in range(0, len(prompt), size):
-            logits = engine.prefill(slot, prompt[start:start + size])
+            logits = engine.prefill(slot, prompt[start : start + size])
         # Not bitwise: a 1-row chunk runs other MatMul kernels than a 150-row one.
         np.testing.assert_allclose(logits, whole, atol=1e-4, rtol=0, err_msg=f"chunks of {size}")
     tokens: list[list[int]] = [[int(np.argmax(whole))] for _ in range(4)]

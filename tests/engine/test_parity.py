@@ -18,10 +18,14 @@ from inference.runtime import generate, load_engine
 TOL = 1e-4
 # Every family appears with fp32 and bf16 storage and with tied and untied embeddings.
 CASES = [
-    ("llama", "fp32", True), ("llama", "bf16", False),
-    ("qwen2", "fp32", True), ("qwen2", "bf16", False),
-    ("qwen3", "fp32", False), ("qwen3", "bf16", True),
-    ("mistral", "fp32", False), ("mistral", "bf16", True),
+    ("llama", "fp32", True),
+    ("llama", "bf16", False),
+    ("qwen2", "fp32", True),
+    ("qwen2", "bf16", False),
+    ("qwen3", "fp32", False),
+    ("qwen3", "bf16", True),
+    ("mistral", "fp32", False),
+    ("mistral", "bf16", True),
 ]
 IDS = [f"{f}-{s}-{'tied' if t else 'untied'}" for f, s, t in CASES]
 PROMPT_LEN, DECODE_STEPS, GREEDY = 16, 8, 32
@@ -53,8 +57,13 @@ def _check_single(runner: Any, ref: Any, step: Callable[..., Any], prompt: list[
 
 @pytest.mark.parametrize(("family", "storage", "tied"), CASES, ids=IDS)
 def test_graph_prefill_and_decode_logits_match_transformers(
-    family: str, storage: str, tied: bool, hf_checkpoint: Callable[..., Path],
-    built_bundle: Callable[..., Path], reference: Callable[[Path], Any], graph_runner: Any,
+    family: str,
+    storage: str,
+    tied: bool,
+    hf_checkpoint: Callable[..., Path],
+    built_bundle: Callable[..., Path],
+    reference: Callable[[Path], Any],
+    graph_runner: Any,
     reference_step: Callable[..., Any],
 ) -> None:
     ckpt = hf_checkpoint(family, storage, tied)
@@ -67,8 +76,13 @@ def test_graph_prefill_and_decode_logits_match_transformers(
 
 @pytest.mark.parametrize(("family", "storage", "tied"), CASES, ids=IDS)
 def test_inplace_engine_logits_match_transformers(
-    family: str, storage: str, tied: bool, hf_checkpoint: Callable[..., Path],
-    built_bundle: Callable[..., Path], reference: Callable[[Path], Any], reference_step: Callable[..., Any],
+    family: str,
+    storage: str,
+    tied: bool,
+    hf_checkpoint: Callable[..., Path],
+    built_bundle: Callable[..., Path],
+    reference: Callable[[Path], Any],
+    reference_step: Callable[..., Any],
 ) -> None:
     """The CPU graph (GroupQueryAttention, KV written in place): prefill in two chunks, then decode."""
     ckpt = hf_checkpoint(family, storage, tied)
@@ -88,8 +102,12 @@ def test_inplace_engine_logits_match_transformers(
 
 @pytest.mark.parametrize(("family", "storage", "tied"), CASES, ids=IDS)
 def test_engine_greedy_tokens_match_transformers(
-    family: str, storage: str, tied: bool, hf_checkpoint: Callable[..., Path],
-    built_bundle: Callable[..., Path], reference: Callable[[Path], Any],
+    family: str,
+    storage: str,
+    tied: bool,
+    hf_checkpoint: Callable[..., Path],
+    built_bundle: Callable[..., Path],
+    reference: Callable[[Path], Any],
     greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
 ) -> None:
     ckpt = hf_checkpoint(family, storage, tied)
@@ -104,9 +122,15 @@ def test_engine_greedy_tokens_match_transformers(
 
 @pytest.mark.parametrize(("family", "storage", "tied"), CASES, ids=IDS)
 def test_left_padded_batch_matches_transformers(
-    family: str, storage: str, tied: bool, hf_checkpoint: Callable[..., Path],
-    built_bundle: Callable[..., Path], reference: Callable[[Path], Any], graph_runner: Any,
-    greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]], reference_step: Callable[..., Any],
+    family: str,
+    storage: str,
+    tied: bool,
+    hf_checkpoint: Callable[..., Path],
+    built_bundle: Callable[..., Path],
+    reference: Callable[[Path], Any],
+    graph_runner: Any,
+    greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
+    reference_step: Callable[..., Any],
 ) -> None:
     ckpt = hf_checkpoint(family, storage, tied)
     bundle = built_bundle(ckpt)
@@ -117,13 +141,13 @@ def test_left_padded_batch_matches_transformers(
     ids = np.zeros((2, width), np.int64)
     mask = np.zeros((2, width), np.int64)
     for b, p in enumerate(prompts):
-        ids[b, width - len(p):] = p
-        mask[b, width - len(p):] = 1
+        ids[b, width - len(p) :] = p
+        mask[b, width - len(p) :] = 1
     positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     logits, past = runner.run(ids, mask, positions, runner.empty_past(2))
     for b, p in enumerate(prompts):
         want = reference_step(ref, [p])[0][0]
-        np.testing.assert_allclose(logits[b, width - len(p):], want, atol=TOL, rtol=0)
+        np.testing.assert_allclose(logits[b, width - len(p) :], want, atol=TOL, rtol=0)
     expected = [greedy_reference(ref, p, GREEDY) for p in prompts]
     tokens = np.argmax(logits[:, -1], axis=-1)
     got: list[list[int]] = [[int(tokens[0])], [int(tokens[1])]]
@@ -143,14 +167,19 @@ def test_left_padded_batch_matches_transformers(
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_decomposed_opset18_graph_matches_transformers(
-    family: str, tmp_path: Path, hf_checkpoint: Callable[..., Path], reference: Callable[[Path], Any],
-    graph_runner: Any, reference_step: Callable[..., Any],
+    family: str,
+    tmp_path: Path,
+    hf_checkpoint: Callable[..., Path],
+    reference: Callable[[Path], Any],
+    graph_runner: Any,
+    reference_step: Callable[..., Any],
 ) -> None:
     """The fallback graph for runtimes without the opset-23 ops computes the same thing."""
     ckpt = hf_checkpoint(family, "fp32", False)
     cfg = load_model_config(ckpt)
-    io = build_decoder_graph(cfg, SafetensorsCheckpoint(ckpt), tmp_path / "model.onnx", max_positions=128,
-                             fused_ops=False)
+    io = build_decoder_graph(
+        cfg, SafetensorsCheckpoint(ckpt), tmp_path / "model.onnx", max_positions=128, fused_ops=False
+    )
     assert io.opset == 18
     meta = {"num_layers": cfg.num_layers, "num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim}
     runner = graph_runner(tmp_path / "model.onnx", meta)

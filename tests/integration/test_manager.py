@@ -1,4 +1,4 @@
-"""CacheManager against a real SQLite catalog, the real filesystem and real child processes."""
+"""CacheManager on a real catalog (SQLite and PostgreSQL), real filesystem, real child processes."""
 
 from __future__ import annotations
 
@@ -19,12 +19,20 @@ from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 from cachesvc.store import verify_bundle
 from tests.support.cache import FileBuilder, child_env, make_checkpoint
+from tests.support.databases import catalog_url_for
+
+pytestmark = pytest.mark.usefixtures("catalog_db")
 
 CHILD = [sys.executable, "-m", "tests.support.prepare_child"]
 
 
 def open_manager(cache: Path, builder: FileBuilder | None = None, cap: int = 10**12) -> CacheManager:
-    return CacheManager.open(cache, max_size_bytes=cap, builders={"onnxruntime": builder or FileBuilder()})
+    return CacheManager.open(
+        cache,
+        catalog_url=catalog_url_for(cache),
+        max_size_bytes=cap,
+        builders={"onnxruntime": builder or FileBuilder()},
+    )
 
 
 @pytest.fixture

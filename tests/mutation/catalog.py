@@ -23,7 +23,7 @@ MUTATIONS: tuple[Mutation, ...] = (
             "final.mkdir(); [os.replace(p, final / p.name) for p in sorted(staging.iterdir())]; "
             "staging.rmdir()"
         ),
-        tests=(f"{MANAGER}::test_sigkill_mid_build_leaves_nothing_half_written[first-move]",),
+        tests=(f"{MANAGER}::test_sigkill_mid_build_leaves_nothing_half_written[sqlite-first-move]",),
     ),
     Mutation(
         name="failed-build-keeps-staging",

@@ -23,6 +23,7 @@ from typing import Any
 
 from cachesvc.manager import CacheManager
 from tests.support.cache import FileBuilder
+from tests.support.databases import catalog_url_for
 
 
 def _kill_after_first_move_into(engines: Path) -> None:
@@ -59,6 +60,7 @@ def run(cache_dir_arg: str | Path, checkpoint: str, mode: str) -> None:
     real = os.environ.get("CACHESVC_TEST_REAL_BUILDER") == "1"
     manager = CacheManager.open(
         cache_dir,
+        catalog_url=catalog_url_for(cache_dir),
         max_size_bytes=10**12,
         builders=None if real else {"onnxruntime": FileBuilder(delay=delay)},
     )

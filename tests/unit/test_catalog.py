@@ -1,4 +1,4 @@
-"""Catalog schema and queries on a real SQLite file."""
+"""Catalog schema and queries on a real SQLite file and on a real PostgreSQL database."""
 
 from __future__ import annotations
 
@@ -16,10 +16,14 @@ from cachesvc.catalog.migrate import downgrade, head_revision
 from cachesvc.catalog.models import Base
 from cachesvc.errors import ConfigError, NotFoundError
 from cachesvc.profiles import BundleKey
+from tests.support.databases import catalog_url_for
+
+pytestmark = pytest.mark.usefixtures("catalog_db")
 
 
 def catalog(tmp_path: Path) -> Catalog:
-    c = Catalog(f"sqlite:///{tmp_path / 'catalog.sqlite3'}", node="test-node")
+    url = catalog_url_for(tmp_path) or f"sqlite:///{tmp_path / 'catalog.sqlite3'}"
+    c = Catalog(url, node="test-node")
     c.upgrade()
     return c
 
@@ -65,7 +69,9 @@ def test_migrated_schema_matches_models(tmp_path: Path) -> None:
         assert compare_metadata(ctx, Base.metadata) == []
 
 
-def test_sqlite_pragmas(tmp_path: Path) -> None:
+def test_sqlite_pragmas(tmp_path: Path, catalog_db: str) -> None:
+    if catalog_db != "sqlite":
+        pytest.skip("SQLite connection pragmas")
     c = catalog(tmp_path)
     with c.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"

@@ -52,6 +52,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "context_cache_recurrent_snapshot_pool_bytes": 0,
     "context_cache_partial_kv_snapshot_pool_bytes": 0,
     "catalog_url": None,
+    "node_name": None,
+    "heartbeat_seconds": 5.0,
     "admin_api_key": None,
     "allowed_hosts": None,
     "allowed_model_roots": None,

@@ -1,0 +1,92 @@
+"""A node's agent: a heartbeat thread and a desired-state thread.
+
+The heartbeat thread upserts this node's ``nodes`` row every ``interval`` seconds (cap, loaded
+models and the converger's latest status); the converger runs in its own thread because a
+build can take minutes and must not stop the heartbeat (else the node would look down).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cachesvc.catalog import utcnow
+from cachesvc.fleet.converge import Converger
+from cachesvc.manager import CacheManager
+
+log = logging.getLogger("cachesvc.fleet")
+
+
+class NodeAgent:
+    """Heartbeat + convergence for one node; ``start()`` / ``stop()`` from the app lifespan."""
+
+    def __init__(
+        self,
+        manager: CacheManager,
+        *,
+        interval: float,
+        loaded_models: Callable[[], list[str]] = list,
+        allowed_roots: tuple[Path, ...] | None = None,
+    ) -> None:
+        self.manager = manager
+        self.interval = interval
+        self._loaded_models = loaded_models
+        self._started_at = utcnow()
+        self._stop = threading.Event()
+        self._status: dict[str, Any] | None = None
+        self._status_lock = threading.Lock()
+        self.converger = Converger(manager, on_status=self._set_status, allowed_roots=allowed_roots)
+        self._threads: list[threading.Thread] = []
+
+    def _set_status(self, status: dict[str, Any] | None) -> None:
+        with self._status_lock:
+            self._status = status
+        self.beat()  # progress shows up at once, not one interval later
+
+    def beat(self) -> None:
+        """Write this node's heartbeat row now (errors are logged, the next beat retries)."""
+        with self._status_lock:
+            status = self._status
+        try:
+            self.manager.fleet.heartbeat(
+                pid=os.getpid(),
+                max_size_bytes=self.manager.max_size_bytes,
+                heartbeat_seconds=self.interval,
+                loaded_models=self._loaded_models(),
+                started_at=self._started_at,
+                desired_status=status,
+                report_status=True,
+            )
+        except Exception:
+            log.warning("heartbeat of node %s failed", self.manager.node, exc_info=True)
+
+    def start(self) -> None:
+        """Beat once now, then start both threads."""
+        self.beat()
+        for target, name in ((self._beat_loop, "heartbeat"), (self._converge_loop, "converge")):
+            thread = threading.Thread(target=target, name=f"cachesvc-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the threads (a build in progress finishes in the background; it is a daemon)."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.beat()
+
+    def _converge_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.converger.run_once()
+            except Exception:
+                log.warning("desired-state pass on node %s failed", self.manager.node, exc_info=True)
+            if self._stop.wait(self.interval):
+                return

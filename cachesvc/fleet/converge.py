@@ -1,0 +1,141 @@
+"""Converge one node's own disk on its desired state.
+
+Builds missing bundles, pins what the state asks to pin and evicts down to the desired cap,
+through this node's :class:`CacheManager` only: every operation it uses is scoped to this
+node's catalog rows and cache directory, so it never touches another node's files. Progress
+and failures are reported per item; a failed item is retried when the desired state changes
+(a new generation), not on every pass, so a broken model does not rebuild in a loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cachesvc.errors import CacheError, NotFoundError
+from cachesvc.fleet_records import DesiredBundle, DesiredState, ItemStatus
+from cachesvc.manager import CacheManager
+from cachesvc.profiles import ProfileRequest
+
+log = logging.getLogger("cachesvc.fleet")
+
+
+def item_name(bundle: DesiredBundle) -> str:
+    """A stable, readable name of a desired bundle: the model and its non-default options."""
+    options = ",".join(f"{k}={v}" for k, v in sorted(bundle.profile.items()) if v is not None)
+    return f"{bundle.model}[{options}]" if options else bundle.model
+
+
+class Converger:
+    """One pass at a time: read the desired state, act on this node, publish a status dict."""
+
+    def __init__(
+        self,
+        manager: CacheManager,
+        *,
+        on_status: Callable[[dict[str, Any] | None], None],
+        allowed_roots: tuple[Path, ...] | None = None,
+    ) -> None:
+        self.manager = manager
+        self.allowed_roots = allowed_roots
+        self._on_status = on_status
+        self._failed: dict[str, tuple[int, str]] = {}  # item -> (generation, error)
+        self._last: tuple[int, dict[str, ItemStatus]] = (0, {})  # the last pass's result
+        self._lock = threading.Lock()
+
+    def run_once(self) -> dict[str, Any] | None:
+        """Converge on the current desired state; the status reported (None: nothing desired)."""
+        with self._lock:
+            desired = self.manager.fleet.desired(self.manager.node)
+            if desired is None:
+                self._on_status(None)
+                return None
+            return self._converge(desired)
+
+    def _converge(self, desired: DesiredState) -> dict[str, Any]:
+        spec, generation = desired.spec, desired.generation
+        # A periodic pass over a converged node must not flap to "converging": items keep the
+        # state of the last pass of the same generation until this pass changes them.
+        last = self._last[1] if self._last[0] == generation else {}
+        names = [item_name(b) for b in spec.bundles] + [f"pin:{bid}" for bid in spec.pin]
+        items: list[ItemStatus] = [last.get(n) or ItemStatus(n, "pending") for n in names]
+
+        def report() -> dict[str, Any]:
+            status = _status(generation, items)
+            self._on_status(status)
+            return status
+
+        keep: set[str] = set()
+        for index, bundle in enumerate(spec.bundles):
+            name = item_name(bundle)
+            failed = self._failed.get(name)
+            if failed is not None and failed[0] == generation:
+                items[index] = ItemStatus(name, "failed", error=failed[1])
+                continue
+            if items[index].state not in ("ready", "pinned"):
+                items[index] = ItemStatus(name, "building")
+                report()
+            try:
+                # This node's --allowed-model-roots, as POST /admin/builds on this node would.
+                for field in ("model", "draft_model"):
+                    value = bundle.model if field == "model" else bundle.profile.get("draft_model")
+                    if value is not None:
+                        self.manager.check_model(field, str(value), self.allowed_roots)
+                result = self.manager.prepare(bundle.model, ProfileRequest(**bundle.profile))
+                if bundle.pin:
+                    self.manager.pin(result.bundle_id)
+            except (CacheError, ValueError, TypeError) as exc:
+                error = str(exc) or type(exc).__name__
+                log.warning("desired %s failed on %s: %s", name, self.manager.node, error)
+                self._failed[name] = (generation, error)
+                items[index] = ItemStatus(name, "failed", error=error)
+                continue
+            keep.add(result.bundle_id)
+            items[index] = ItemStatus(name, "pinned" if bundle.pin else "ready", bundle_id=result.bundle_id)
+        offset = len(spec.bundles)
+        for index, bid in enumerate(spec.pin):
+            try:
+                self.manager.pin(bid)
+            except NotFoundError:
+                items[offset + index] = ItemStatus(
+                    f"pin:{bid}", "failed", bundle_id=bid, error="no such bundle on this node"
+                )
+                continue
+            keep.add(bid)
+            items[offset + index] = ItemStatus(f"pin:{bid}", "pinned", bundle_id=bid)
+        if spec.max_size_bytes is not None:
+            # This node's rows and this node's disk only (the evictor is scoped to its node).
+            result_prune = self.manager.prune(spec.max_size_bytes, exclude=frozenset(keep))
+            if result_prune.total_after > spec.max_size_bytes:
+                items.append(
+                    ItemStatus(
+                        "max_size_bytes",
+                        "failed",
+                        error=f"{result_prune.total_after} bytes remain above the cap of "
+                        f"{spec.max_size_bytes} (pinned, leased or desired bundles)",
+                    )
+                )
+            else:
+                items.append(ItemStatus("max_size_bytes", "ready"))
+        self._last = (generation, {i.item: i for i in items})
+        return report()
+
+
+def _status(generation: int, items: list[ItemStatus]) -> dict[str, Any]:
+    states = {i.state for i in items}
+    if "failed" in states:
+        state = "failed"
+    elif states <= {"ready", "pinned"}:
+        state = "converged"
+    else:
+        state = "converging"
+    return {
+        "generation": generation,
+        "state": state,
+        "items": [
+            {"item": i.item, "state": i.state, "bundle_id": i.bundle_id, "error": i.error} for i in items
+        ],
+    }

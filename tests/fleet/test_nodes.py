@@ -1,0 +1,140 @@
+"""Nodes on one catalog: own rows, own disk, heartbeats, desired state (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from litestar.testing import TestClient
+
+from cachesvc.catalog import utcnow
+from cachesvc.fleet import Converger, NodeAgent
+from cachesvc.fleet_records import FLEET_DEFAULT, DesiredBundle, DesiredSpec
+from cachesvc.manager import CacheManager
+from cachesvc.profiles import ProfileRequest
+from tests.support.apps import LOOPBACK_URL, service_app
+from tests.support.cache import make_checkpoint
+
+pytestmark = pytest.mark.usefixtures("catalog_db")
+
+NodeOpener = Callable[..., CacheManager]
+
+
+def test_same_bundle_on_two_nodes_is_two_rows_and_eviction_stays_home(
+    open_node: NodeOpener, tmp_path: Path
+) -> None:
+    a, b = open_node("node-a"), open_node("node-b")
+    ckpt = str(make_checkpoint(tmp_path / "ckpt", seed=3))
+    ra, rb = a.prepare(ckpt), b.prepare(ckpt)
+    assert ra.bundle_id == rb.bundle_id and ra.built and rb.built  # each node builds on its own disk
+    assert ra.bundle_dir != rb.bundle_dir
+    page = a.list_bundles()
+    assert page.total == 2 and {i.node for i in page.items} == {"node-a", "node-b"}
+    assert a.list_bundles(node="node-b").total == 1
+    # Node A evicts everything it can: B's row and files stay.
+    cleared = a.clear()
+    assert cleared.evicted == (ra.bundle_id,)
+    assert not ra.bundle_dir.exists() and rb.bundle_dir.is_dir()
+    assert b.get_bundle(rb.bundle_id).state == "ready"
+    assert [i.node for i in a.list_bundles().items] == ["node-b"]
+    # Events and stats carry and filter by node.
+    assert {e.node for e in a.events(node="node-a")} == {"node-a"}
+    assert a.stats().evictions_by_reason == {"clear": 1}
+    assert a.stats("node-b").evictions_by_reason == {}
+    assert (a.stats("node-b").builds_ok, a.stats("node-b").size_bytes) == (1, rb_size(b, rb.bundle_id))
+
+
+def rb_size(m: CacheManager, bid: str) -> int:
+    return m.get_bundle(bid).size_bytes
+
+
+def test_nodes_list_heartbeat_and_down(open_node: NodeOpener, tmp_path: Path) -> None:
+    a, b = open_node("node-a", cap=5000), open_node("node-b")
+    b.prepare(str(make_checkpoint(tmp_path / "ckpt", seed=4)))
+    agent = NodeAgent(a, interval=0.2, loaded_models=lambda: ["tiny"])
+    agent.beat()
+    b.fleet.heartbeat(
+        pid=1,
+        max_size_bytes=7,
+        heartbeat_seconds=0.01,
+        loaded_models=[],
+        started_at=utcnow(),
+    )
+    import time
+
+    time.sleep(0.1)  # node-b misses three of its 0.01 s heartbeats
+    nodes = {n.name: n for n in a.fleet.nodes()}
+    assert nodes["node-a"].state == "up" and nodes["node-a"].max_size_bytes == 5000
+    assert nodes["node-a"].loaded_models == ("tiny",)
+    assert nodes["node-b"].state == "down"
+    assert nodes["node-b"].bundles == 1 and nodes["node-b"].size_bytes == 2000  # rows kept
+    assert nodes["node-a"].convergence == "none"
+
+
+def test_converger_builds_pins_and_evicts_to_the_cap(open_node: NodeOpener, tmp_path: Path) -> None:
+    a, b = open_node("node-a"), open_node("node-b")
+    ckpts = [str(make_checkpoint(tmp_path / f"ck{i}", seed=10 + i)) for i in range(3)]
+    old = a.prepare(ckpts[2]).bundle_id  # not desired: evicted to reach the cap
+    other = b.prepare(ckpts[2]).bundle_id  # on node B: never touched
+    spec = DesiredSpec(
+        bundles=(
+            DesiredBundle(ckpts[0], {"max_input_len": 64}, pin=True),
+            DesiredBundle(ckpts[1]),
+            DesiredBundle(str(tmp_path / "missing")),
+        ),
+        max_size_bytes=4000,
+    )
+    a.fleet.set_desired(FLEET_DEFAULT, spec)
+    seen: list[dict[str, object] | None] = []
+    status = Converger(a, on_status=seen.append).run_once()
+    assert status is not None and status["state"] == "failed"
+    states = {i["item"]: i["state"] for i in status["items"]}
+    assert states[f"{ckpts[0]}[max_input_len=64]"] == "pinned"
+    assert states[ckpts[1]] == "ready" and states[str(tmp_path / "missing")] == "failed"
+    assert states["max_size_bytes"] == "ready"
+    assert a.catalog.get_bundle(old) is None and b.get_bundle(other).state == "ready"
+    pinned = a.prepare(ckpts[0], ProfileRequest(max_input_len=64)).bundle_id
+    assert a.get_bundle(pinned).pinned
+    # A node-specific state wins over the fleet default; a failed item is not retried per pass.
+    a.fleet.set_desired("node-a", DesiredSpec(bundles=(DesiredBundle(ckpts[1]),)))
+    again = Converger(a, on_status=seen.append).run_once()
+    assert again is not None and again["state"] == "converged"
+
+
+def test_admin_routes_for_nodes_and_desired(open_node: NodeOpener) -> None:
+    a = open_node("node-a")
+    app, _ = service_app(a, heartbeat_seconds=0.2)
+    with TestClient(app, base_url=LOOPBACK_URL) as client:
+        nodes = client.get("/admin/nodes").json()
+        assert nodes["this_node"] == "node-a"
+        assert [n["name"] for n in nodes["items"]] == ["node-a"] and nodes["items"][0]["state"] == "up"
+        body = {"bundles": [{"model": "org/x", "max_input_len": 64, "pin": True}], "max_size_bytes": 10}
+        put = client.put("/admin/fleet/desired", json=body)
+        assert put.status_code == 200, put.text
+        assert put.json()["generation"] == 1 and put.json()["bundles"][0]["profile"]["max_input_len"] == 64
+        assert client.get("/admin/nodes/node-a/desired").json()["node"] == FLEET_DEFAULT
+        own = client.put("/admin/nodes/node-a/desired", json={"pin": [], "max_size_bytes": 0})
+        assert own.status_code == 200 and own.json()["node"] == "node-a"
+        assert (
+            client.put("/admin/fleet/desired", json={"bundles": [{"model": "x", "oops": 1}]}).status_code
+            == 400
+        )
+        assert client.delete("/admin/nodes/node-a/desired").status_code == 204
+        assert client.get("/admin/nodes/node-a/desired").json()["node"] == FLEET_DEFAULT
+        assert client.get("/admin/bundles", params={"node": "node-z"}).json()["total"] == 0
+        assert client.get("/admin/stats", params={"node": "node-z"}).json()["bundles"] == 0
+
+
+def test_dashboard_page_is_open_but_its_data_is_guarded(open_node: NodeOpener) -> None:
+    a = open_node("node-a")
+    app, _ = service_app(a, peer="203.0.113.7", heartbeat_seconds=0.2)
+    with TestClient(app, base_url=LOOPBACK_URL) as client:
+        page = client.get("/admin/dashboard")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert "default-src 'none'" in page.headers["content-security-policy"]
+        assert "node-a" not in page.text  # no data in the page itself
+        assert client.get("/admin/dashboard/assets/dashboard.js").status_code == 200
+        assert client.get("/admin/dashboard/assets/other.js").status_code == 404
+        assert client.get("/admin/stats").status_code == 403  # remote, no admin key
+        assert client.get("/admin/nodes").status_code == 403
