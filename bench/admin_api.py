@@ -178,7 +178,10 @@ def serve(cache_dir: Path, port: int, url: str) -> None:
     )
     # The service's own app (admin API, /metrics, health), as `cachesvc serve` builds it.
     app = create_app(
-        ServeConfig(cache_dir=cache_dir, catalog_url=url, node_name="bench", admin_api_key=ADMIN_KEY), manager
+        ServeConfig(
+            cache_dir=cache_dir, catalog_url=url, node_name="bench", admin_api_key=ADMIN_KEY, port=port
+        ),
+        manager,
     )
     try:
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)

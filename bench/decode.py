@@ -73,8 +73,9 @@ def weight_bytes_per_token(cfg: ModelConfig, *, int8: bool) -> int:
     return matmul_params * (1 if int8 else 4) + small * 4
 
 
-def bench_ours(name: str, bundle: Path, prompt: list[int], new_tokens: int, repeats: int, threads: int,
-               cfg: ModelConfig) -> Result:
+def bench_ours(
+    name: str, bundle: Path, prompt: list[int], new_tokens: int, repeats: int, threads: int, cfg: ModelConfig
+) -> Result:
     engine = load_engine(bundle, threads=threads)
 
     def prefill() -> float:
@@ -91,14 +92,19 @@ def bench_ours(name: str, bundle: Path, prompt: list[int], new_tokens: int, repe
             token = int(np.argmax(engine.decode([0], [token])[0]))
         return time.perf_counter() - start
 
-    result = Result(name, _best(prefill, repeats), new_tokens / _best(decode, repeats),
-                    weight_bytes_per_token(cfg, int8=engine.info.precision == "int8"))
+    result = Result(
+        name,
+        _best(prefill, repeats),
+        new_tokens / _best(decode, repeats),
+        weight_bytes_per_token(cfg, int8=engine.info.precision == "int8"),
+    )
     engine.close()
     return result
 
 
-def bench_transformers(checkpoint: Path, prompt: list[int], new_tokens: int, repeats: int,
-                       threads: int, cfg: ModelConfig) -> Result:
+def bench_transformers(
+    checkpoint: Path, prompt: list[int], new_tokens: int, repeats: int, threads: int, cfg: ModelConfig
+) -> Result:
     try:
         import torch
         import transformers
@@ -111,26 +117,55 @@ def bench_transformers(checkpoint: Path, prompt: list[int], new_tokens: int, rep
     def run(n: int) -> float:
         start = time.perf_counter()
         with torch.no_grad():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                           do_sample=False, pad_token_id=0)
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+            )
         return time.perf_counter() - start
 
     first = _best(lambda: run(1), repeats)  # prefill + the first token
     full = _best(lambda: run(new_tokens + 1), repeats)
-    return Result("transformers generate", first, new_tokens / (full - first),
-                  weight_bytes_per_token(cfg, int8=False))
+    return Result(
+        "transformers generate", first, new_tokens / (full - first), weight_bytes_per_token(cfg, int8=False)
+    )
 
 
-def bench_genai(checkpoint: Path, work: Path, prompt: list[int], new_tokens: int, repeats: int,
-                threads: int, cfg: ModelConfig) -> Result:
+def bench_genai(
+    checkpoint: Path,
+    work: Path,
+    prompt: list[int],
+    new_tokens: int,
+    repeats: int,
+    threads: int,
+    cfg: ModelConfig,
+) -> Result:
     name = "onnxruntime-genai fp32"
     try:
         import onnxruntime_genai as og
     except ImportError as exc:
         return Result(name, note=f"n/a: not installed ({exc}); pip install onnxruntime-genai")
     out = work / "genai"
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(checkpoint), "-i",
-           str(checkpoint), "-o", str(out), "-p", "fp32", "-e", "cpu", "-c", str(work / "genai-cache")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "onnxruntime_genai.models.builder",
+        "-m",
+        str(checkpoint),
+        "-i",
+        str(checkpoint),
+        "-o",
+        str(out),
+        "-p",
+        "fp32",
+        "-e",
+        "cpu",
+        "-c",
+        str(work / "genai-cache"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not (out / "genai_config.json").is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -162,33 +197,43 @@ def bench_genai(checkpoint: Path, work: Path, prompt: list[int], new_tokens: int
             gen.generate_next_token()
         return time.perf_counter() - start
 
-    return Result(name, _best(prefill, repeats), new_tokens / _best(decode, repeats),
-                  weight_bytes_per_token(cfg, int8=False))
+    return Result(
+        name,
+        _best(prefill, repeats),
+        new_tokens / _best(decode, repeats),
+        weight_bytes_per_token(cfg, int8=False),
+    )
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def print_table(results: list[Result], bandwidth: float, threads: int, prompt_len: int,
-                new_tokens: int) -> None:
+def print_table(
+    results: list[Result], bandwidth: float, threads: int, prompt_len: int, new_tokens: int
+) -> None:
     """The comparison table plus the issue's targets, each marked met or missed."""
     by_name = {r.name: r for r in results}
     base = by_name.get("transformers generate")
-    header = (f"{'engine':<26} {f'prefill {prompt_len} (s)':>16} {f'decode tok/s ({new_tokens})':>20} "
-              f"{'vs transformers':>16} {'bound tok/s':>12} {'of bound':>9}")
+    header = (
+        f"{'engine':<26} {f'prefill {prompt_len} (s)':>16} {f'decode tok/s ({new_tokens})':>20} "
+        f"{'vs transformers':>16} {'bound tok/s':>12} {'of bound':>9}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
-        ratio = (r.decode_tok_s / base.decode_tok_s
-                 if base and base.decode_tok_s and r.decode_tok_s else None)
+        ratio = r.decode_tok_s / base.decode_tok_s if base and base.decode_tok_s and r.decode_tok_s else None
         bound = bandwidth / r.bytes_per_token if r.bytes_per_token else None
         frac = r.decode_tok_s / bound if bound and r.decode_tok_s else None
-        print(f"{r.name:<26} {_fmt(r.prefill_s, '.3f'):>16} {_fmt(r.decode_tok_s, '.1f'):>20} "
-              f"{_fmt(ratio, '.2f'):>15}x {_fmt(bound, '.1f'):>12} {_fmt(frac, '.0%'):>9}"
-              + (f"  {r.note}" if r.note else ""))
-    print(f"\nmeasured read bandwidth: {bandwidth / 1e9:.2f} GB/s (numpy sum over 1 GiB in {threads} "
-          "threads, best of 5); bound tok/s = that / weight bytes read per token")
+        print(
+            f"{r.name:<26} {_fmt(r.prefill_s, '.3f'):>16} {_fmt(r.decode_tok_s, '.1f'):>20} "
+            f"{_fmt(ratio, '.2f'):>15}x {_fmt(bound, '.1f'):>12} {_fmt(frac, '.0%'):>9}"
+            + (f"  {r.note}" if r.note else "")
+        )
+    print(
+        f"\nmeasured read bandwidth: {bandwidth / 1e9:.2f} GB/s (numpy sum over 1 GiB in {threads} "
+        "threads, best of 5); bound tok/s = that / weight bytes read per token"
+    )
     fp32, int8 = by_name.get("ours fp32"), by_name.get("ours int8")
     genai = by_name.get("onnxruntime-genai fp32")
 
@@ -206,8 +251,9 @@ def print_table(results: list[Result], bandwidth: float, threads: int, prompt_le
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--checkpoint", type=Path, help="HF checkpoint dir (default: a 0.5b qwen2 demo)")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -238,16 +284,23 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             build_bundle(checkpoint, bundle, EngineBuildSpec(precision=precision, **spec_args))
             print(f"built {precision} bundle in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-            results.append(bench_ours(f"ours {precision}", bundle, prompt, args.new_tokens, args.repeats,
-                                      args.threads, cfg))
+            results.append(
+                bench_ours(
+                    f"ours {precision}", bundle, prompt, args.new_tokens, args.repeats, args.threads, cfg
+                )
+            )
         if "transformers" not in args.skip:
-            results.append(bench_transformers(checkpoint, prompt, args.new_tokens, args.repeats,
-                                              args.threads, cfg))
+            results.append(
+                bench_transformers(checkpoint, prompt, args.new_tokens, args.repeats, args.threads, cfg)
+            )
         if "genai" not in args.skip:
-            results.append(bench_genai(checkpoint, work, prompt, args.new_tokens, args.repeats,
-                                       args.threads, cfg))
-        print(f"\n{cfg.architecture}: {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
-              f"vocab {cfg.vocab_size}; batch 1, {args.threads} threads, best of {args.repeats}\n")
+            results.append(
+                bench_genai(checkpoint, work, prompt, args.new_tokens, args.repeats, args.threads, cfg)
+            )
+        print(
+            f"\n{cfg.architecture}: {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
+            f"vocab {cfg.vocab_size}; batch 1, {args.threads} threads, best of {args.repeats}\n"
+        )
         print_table(results, read_bandwidth(args.threads), args.threads, args.prompt_len, args.new_tokens)
     return 0
 
