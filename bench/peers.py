@@ -117,11 +117,32 @@ def _pin(args: argparse.Namespace) -> list[str]:
 def start_ours(checkpoint: Path, precision: str, args: argparse.Namespace, work: Path) -> Server:
     port = _free_port()
     log = work / f"ours-{precision}.log"
-    argv = [sys.executable, "-m", "cachesvc.cli", "serve", str(checkpoint),
-            "--cache-dir", str(work / "cache"), "--host", "127.0.0.1", "--port", str(port),
-            "--served-model-name", MODEL,
-            "--precision", precision, "--max-batch-size", "8", "--max-input-len", str(args.max_input_len),
-            "--max-kv-cache-capacity", str(args.ctx), "--enable-context-reuse", "--log-level", "warning"]
+    argv = [
+        sys.executable,
+        "-m",
+        "cachesvc.cli",
+        "serve",
+        str(checkpoint),
+        "--cache-dir",
+        str(work / "cache"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        MODEL,
+        "--precision",
+        precision,
+        "--max-batch-size",
+        "8",
+        "--max-input-len",
+        str(args.max_input_len),
+        "--max-kv-cache-capacity",
+        str(args.ctx),
+        "--enable-context-reuse",
+        "--log-level",
+        "warning",
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     with log.open("wb") as fh:
         proc = subprocess.Popen([*_pin(args), *argv], stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -133,9 +154,27 @@ def start_ours(checkpoint: Path, precision: str, args: argparse.Namespace, work:
 def start_llama(binary: str, gguf: Path, quant: str, args: argparse.Namespace, work: Path) -> Server:
     port = _free_port()
     log = work / f"llama-{quant}.log"
-    argv = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", "8",
-            "-t", str(args.threads), "-tb", str(args.threads), "-c", str(8 * args.ctx), "--alias", MODEL,
-            "--no-webui", *args.llama_args.split()]
+    argv = [
+        binary,
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-np",
+        "8",
+        "-t",
+        str(args.threads),
+        "-tb",
+        str(args.threads),
+        "-c",
+        str(8 * args.ctx),
+        "--alias",
+        MODEL,
+        "--no-webui",
+        *args.llama_args.split(),
+    ]
     with log.open("wb") as fh:
         proc = subprocess.Popen([*_pin(args), *argv], stdout=fh, stderr=subprocess.STDOUT)
     server = Server(f"llama.cpp {quant}", proc, port, log)
@@ -154,12 +193,21 @@ class Prompts:
         return [*prefix, *(int(t) for t in extra)]
 
 
-async def stream(client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int,
-                 cache_prompt: bool = True) -> tuple[float, float, int, float]:
+async def stream(
+    client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int, cache_prompt: bool = True
+) -> tuple[float, float, int, float]:
     """(ttft, time of last token, tokens, start) of one streamed completion."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "logit_bias": EOS_BIAS, "ignore_eos": True, "cache_prompt": cache_prompt,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "logit_bias": EOS_BIAS,
+        "ignore_eos": True,
+        "cache_prompt": cache_prompt,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     first = last = 0.0
     tokens = 0
@@ -188,8 +236,9 @@ def _keep(best: dict[str, float], name: str, value: float, higher: bool) -> None
         best[name] = value
 
 
-async def one_round(server: Server, best: dict[str, float], prompts: Prompts,
-                    args: argparse.Namespace) -> None:
+async def one_round(
+    server: Server, best: dict[str, float], prompts: Prompts, args: argparse.Namespace
+) -> None:
     """One pass over every figure on ``server``, keeping the best values in ``best``."""
     # No keep-alive: a server may drop an idle connection while the others are measured.
     async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_keepalive_connections=0)) as client:
@@ -206,8 +255,9 @@ async def one_round(server: Server, best: dict[str, float], prompts: Prompts,
         for clients in (1, 8):
             batch = [prompts.make(args.concurrent_prompt) for _ in range(clients)]
             t0 = time.perf_counter()
-            results = await asyncio.gather(*(stream(client, server.url, p, args.concurrent_tokens)
-                                             for p in batch))
+            results = await asyncio.gather(
+                *(stream(client, server.url, p, args.concurrent_tokens) for p in batch)
+            )
             wall = max(start + end for _, end, _, start in results) - t0
             _keep(best, f"agg{clients}", sum(r[2] for r in results) / wall, True)
             if clients == 8:
@@ -223,8 +273,16 @@ def finish(label: str, best: dict[str, float], args: argparse.Namespace) -> Figu
 
 
 def table(figs: list[Figures], args: argparse.Namespace) -> str:
-    rows = [*(f"decode@{n}" for n in args.contexts), *(f"ttft@{n}" for n in args.contexts),
-            "ttft_seen", "cold/seen", "agg1", "agg8", "agg8/agg1", "ttft_p95@8"]
+    rows = [
+        *(f"decode@{n}" for n in args.contexts),
+        *(f"ttft@{n}" for n in args.contexts),
+        "ttft_seen",
+        "cold/seen",
+        "agg1",
+        "agg8",
+        "agg8/agg1",
+        "ttft_p95@8",
+    ]
     units = {"decode": "tok/s", "ttft": "ms", "agg1": "tok/s", "agg8": "tok/s"}
     out = ["| figure | " + " | ".join(f.label for f in figs) + " |", "|---" * (len(figs) + 1) + "|"]
     for row in rows:
@@ -279,8 +337,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"), help="path of llama-server")
     p.add_argument("--llama-args", default="", help="extra llama-server arguments, e.g. '--poll 0'")
     p.add_argument("--pairs", default="fp32=F32,int8=Q8_0", help="ours=theirs precision pairs for ratios")
-    p.add_argument("--threads", type=int, default=None,
-                   help="llama-server threads (default: the CPUs of --cpus, else all of this process)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="llama-server threads (default: the CPUs of --cpus, else all of this process)",
+    )
     p.add_argument("--cpus", default="", help="pin every server to these CPUs (taskset -c), e.g. 0")
     p.add_argument("--contexts", default="400,1500")
     p.add_argument("--decode-tokens", type=int, default=64)
@@ -326,8 +388,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for server in servers:
             server.stop()
     pinned = f", pinned to CPUs {args.cpus}" if args.cpus else ""
-    print(f"threads {args.threads}{pinned}, best of {args.repeats}, decode {args.decode_tokens} tokens, "
-          f"8 clients x {args.concurrent_tokens} tokens after {args.concurrent_prompt}-token prompts\n")
+    print(
+        f"threads {args.threads}{pinned}, best of {args.repeats}, decode {args.decode_tokens} tokens, "
+        f"8 clients x {args.concurrent_tokens} tokens after {args.concurrent_prompt}-token prompts\n"
+    )
     print(table(figs, args))
     pairs = [(f"ours {a}", f"llama.cpp {b}") for a, _, b in (x.partition("=") for x in args.pairs.split(","))]
     print()

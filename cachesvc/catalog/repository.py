@@ -11,11 +11,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Select, Table, and_, delete, func, insert, or_, select, update
+from sqlalchemy import Select, Table, and_, delete, func, insert, literal, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from cachesvc.catalog.models import BundleRow, CheckpointRow, EventRow, EventTotalRow, LeaseRow
+from cachesvc.catalog.models import BundleRow, CheckpointRow, EventRow, EventTotalRow, LeaseRow, UTCDateTime
 from cachesvc.catalog.session import create_catalog_engine
 from cachesvc.errors import ConfigError, NotFoundError
 from cachesvc.profiles import BundleKey
@@ -483,8 +483,11 @@ class Catalog:
         )
         if after is not None:
             at, last_id = after
+            # A row-value comparison: PostgreSQL walks the (node, last_used_at, id) index from
+            # the cursor with it (the OR form made it sort the node's rows for every page).
             stmt = stmt.where(
-                or_(BundleRow.last_used_at > at, and_(BundleRow.last_used_at == at, BundleRow.id > last_id))
+                tuple_(BundleRow.last_used_at, BundleRow.id)
+                > tuple_(literal(at, UTCDateTime()), literal(last_id))
             )
         with self._read() as session:
             return [(r[0], int(r[1]), r[2], bool(r[3]), r[4]) for r in session.execute(stmt)]

@@ -87,6 +87,19 @@ def admin_guard(admin_api_key: str | None) -> Guard:
     return guard
 
 
+def page_guard() -> Guard:
+    """For admin pages that hold no data (the dashboard): no key, only the browser rules.
+
+    A foreign ``Origin`` is refused (403) as on every admin route; the page's data requests
+    then pass :func:`admin_guard` like any other client's.
+    """
+
+    def guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+        _check_browser_rules(connection)
+
+    return guard
+
+
 def _check_browser_rules(connection: ASGIConnection) -> None:
     """403 for a foreign ``Origin``; 415 for a body that is not declared JSON."""
     origin = foreign_origin(connection.headers, connection.url.scheme)

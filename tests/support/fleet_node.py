@@ -36,6 +36,7 @@ def main() -> None:
         catalog_url=url,
         node_name=node,
         heartbeat_seconds=HEARTBEAT_SECONDS,
+        port=port,  # the Host header a client sends names it
         allowed_model_roots=str(cache_dir.parent),  # the test's models lie next to the caches
     )
     app = create_app(config, manager, close_manager=True)

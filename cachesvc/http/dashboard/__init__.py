@@ -16,6 +16,9 @@ from litestar import Response, Router, get
 from litestar.exceptions import NotFoundException
 from litestar.params import PathParameter
 
+from cachesvc.http.auth import page_guard
+from cachesvc.http.errors import admin_exception_handlers
+
 _ASSETS = {
     "dashboard.js": "text/javascript",
     "dashboard.css": "text/css",
@@ -52,5 +55,10 @@ async def dashboard_asset(
 
 
 def dashboard_router() -> Router:
-    """Mounted at ``/admin/dashboard`` by the app (outside the admin guard; see module doc)."""
-    return Router(path="/admin/dashboard", route_handlers=[dashboard_page, dashboard_asset])
+    """Mounted at ``/admin/dashboard`` by the app: no key needed, foreign Origins refused."""
+    return Router(
+        path="/admin/dashboard",
+        route_handlers=[dashboard_page, dashboard_asset],
+        guards=[page_guard()],
+        exception_handlers=admin_exception_handlers(),
+    )
