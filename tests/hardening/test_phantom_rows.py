@@ -45,7 +45,7 @@ def test_failed_rows_from_older_versions_are_forgotten(tmp_path: Path) -> None:
     try:
         (bid,) = seed_rows(m, 1)
         with m.catalog._tx() as session:  # a row as older versions left it
-            row = session.get(BundleRow, bid)
+            row = session.get(BundleRow, (bid, m.catalog.node))
             assert row is not None
             row.state = "failed"
         assert bid in m.reconcile().forgotten
