@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from inference.runtime.ort_session import cpu_session
 from inference.runtime.protocol import EngineInfo
 from inference.runtime.slot_checks import (
     check_decode,
@@ -58,18 +59,9 @@ class GqaEngine:
     """An Engine over one onnxruntime session of a bundle's GroupQueryAttention graph."""
 
     def __init__(self, model_path: Path, meta: dict[str, Any], *, max_slots: int, threads: int) -> None:
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3
-        # A stored optimised model needs no optimiser pass at load.
-        optimized = model_path.name == meta.get("optimized_model")
-        opts.graph_optimization_level = (
-            ort.GraphOptimizationLevel.ORT_DISABLE_ALL if optimized
-            else ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        self._session: ort.InferenceSession | None = cpu_session(
+            model_path, threads=threads, optimized=model_path.name == meta.get("optimized_model")
         )
-        self._session: ort.InferenceSession | None = ort.InferenceSession(
-            str(model_path), opts, providers=["CPUExecutionProvider"])
         kv = meta["kv_cache"]
         self._layers = int(meta["num_layers"])
         self._kv_heads = int(meta["num_kv_heads"])

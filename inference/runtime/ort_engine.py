@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from inference.runtime.ort_session import cpu_session
 from inference.runtime.protocol import EngineInfo
 
 _KEEP_LAST = np.array([1], dtype=np.int64)
@@ -27,18 +28,9 @@ class OrtEngine:
     """An Engine over one onnxruntime session of a bundle's decoder graph."""
 
     def __init__(self, model_path: Path, meta: dict[str, Any], *, max_slots: int, threads: int) -> None:
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3
-        # The stored model is already optimised; running the optimisers again only costs load time.
-        optimized = model_path.name != meta.get("portable_model", "model.onnx")
-        opts.graph_optimization_level = (
-            ort.GraphOptimizationLevel.ORT_DISABLE_ALL if optimized
-            else ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        self._session: ort.InferenceSession | None = cpu_session(
+            model_path, threads=threads, optimized=model_path.name != meta.get("portable_model", "model.onnx")
         )
-        self._session: ort.InferenceSession | None = ort.InferenceSession(
-            str(model_path), opts, providers=["CPUExecutionProvider"])
         self._layers = int(meta["num_layers"])
         self._kv_heads = int(meta["num_kv_heads"])
         self._head_dim = int(meta["head_dim"])
