@@ -99,7 +99,7 @@ def resolve_parsers(model_type: str, reasoning: str, tool_call: str) -> tuple[st
 
 @dataclass(frozen=True)
 class ServingOptions:
-    """What the server promises: names, limits, parsers, auth."""
+    """What one model promises: its name, limits and parsers (auth is the router's)."""
 
     served_model_name: str
     max_model_len: int
@@ -110,7 +110,8 @@ class ServingOptions:
     reasoning_parser: str = "auto"
     tool_call_parser: str = "auto"
     enable_auto_tool_choice: bool = False
-    api_key: str | None = None
+    #: False when a pool resolved the request's name already (aliases answer as themselves).
+    check_model_name: bool = True
     model_type: str = ""
     capabilities: Mapping[str, object] = field(default_factory=dict)
 
@@ -347,7 +348,7 @@ class OpenAIServing:
         return ModelList(data=[card])
 
     def _check_model(self, model: str) -> None:
-        if model != self.options.served_model_name:
+        if self.options.check_model_name and model != self.options.served_model_name:
             raise ModelNotFoundError(
                 f"the model {model!r} does not exist; this server serves {self.options.served_model_name!r}",
                 param="model",
