@@ -173,7 +173,7 @@ def _spellings(name: str) -> list[str]:
         path = Path(name).expanduser()
         if path.exists():
             out.append(str(path.resolve()))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: "~user" with no such home
         pass
     return list(dict.fromkeys(out))
 

@@ -429,11 +429,11 @@ def admin_router(*, admin_api_key: str | None, model_roots: tuple[Path, ...] | N
         exception_handlers=admin_exception_handlers(),
         signature_namespace={"CacheManager": CacheManager, "Path": Path, "ModelPool": ModelPool},
     )
-    _drop_stale_options_handlers(router)
+    drop_stale_options_handlers(router)
     return router
 
 
-def _drop_stale_options_handlers(router: Router) -> None:
+def drop_stale_options_handlers(router: Router) -> None:
     """Remove the OPTIONS handlers Litestar generated while registering handlers one by one.
 
     Litestar 2.25 creates a path's OPTIONS handler with the first handler registered there and

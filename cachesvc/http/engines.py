@@ -16,10 +16,11 @@ from typing import Annotated, Any
 import anyio
 from litestar import Controller, Response, Router, delete, get, post, put
 from litestar.di import NamedDependency
-from litestar.params import PathParameter, QueryParameter
+from litestar.params import Body, PathParameter, QueryParameter
 from msgspec import Meta, Struct
 
 from cachesvc.errors import ConfigError, ConflictError, NotFoundError
+from cachesvc.http.admin import drop_stale_options_handlers
 from cachesvc.http.auth import admin_guard
 from cachesvc.http.errors import admin_exception_handlers, problem_responses
 from cachesvc.manager import CacheManager
@@ -30,6 +31,8 @@ Manager = NamedDependency[CacheManager]
 Pool = NamedDependency[ModelPool]
 ModelName = Annotated[str, PathParameter(min_length=1, max_length=255, description="A served model name")]
 KeepAlive = Annotated[float, Meta(ge=-1)]
+BundleId = Annotated[str, PathParameter(min_length=1, max_length=64, description="Bundle id")]
+StrictBody = Body(schema_extra={"additionalProperties": False})
 
 
 class EngineOut(Struct, frozen=True):
@@ -143,8 +146,8 @@ class EngineController(Controller):
             memory_bytes=sum(e.memory_bytes for e in engines),
         )
 
-    @post("/", status_code=200, operation_id="preloadEngine", responses=problem_responses(400, 404))
-    async def preload(self, pool: Pool, data: PreloadRequest) -> EngineOut:
+    @post("/", status_code=200, operation_id="preloadEngine", responses=problem_responses(400, 404, 415, 429, 503))
+    async def preload(self, pool: Pool, data: Annotated[PreloadRequest, StrictBody]) -> EngineOut:
         """Load a model now (no-op when loaded) and set its keep-alive."""
         return _engine(await pool.preload(data.model, keep_alive=data.keep_alive))
 
@@ -152,12 +155,12 @@ class EngineController(Controller):
         "/{bundle_id:str}",
         status_code=200,
         operation_id="unloadEngine",
-        responses=problem_responses(404, 409),
+        responses=problem_responses(400, 404, 409),
     )
     async def unload(
         self,
         pool: Pool,
-        bundle_id: str,
+        bundle_id: BundleId,
         force: Annotated[
             bool, QueryParameter(description="cancel in-flight requests after the grace")
         ] = False,
@@ -198,7 +201,9 @@ class ModelController(Controller):
         operation_id="setModelAlias",
         responses=problem_responses(400, 404),
     )
-    def set_alias(self, manager: Manager, name: ModelName, data: AliasRequest) -> AliasOut:
+    def set_alias(
+        self, manager: Manager, name: ModelName, data: Annotated[AliasRequest, StrictBody]
+    ) -> AliasOut:
         """Create or replace an alias (``bundle_id`` or ``model``, exactly one)."""
         if (data.bundle_id is None) == (data.model is None):
             raise ConfigError("bundle_id", "give exactly one of bundle_id and model")
@@ -207,7 +212,7 @@ class ModelController(Controller):
             name=a.name, bundle_id=a.bundle_id, model=a.model, created_at=a.created_at.isoformat()
         )
 
-    @delete("/{name:str}", status_code=204, operation_id="removeModelAlias", responses=problem_responses(404))
+    @delete("/{name:str}", status_code=204, operation_id="removeModelAlias", responses=problem_responses(400, 404))
     async def remove_alias(self, manager: Manager, pool: Pool, name: ModelName) -> None:
         """Delete an alias (loaded engines stop answering it)."""
         await anyio.to_thread.run_sync(manager.remove_alias, name)
@@ -220,13 +225,15 @@ def engines_router(*, admin_api_key: str | None) -> Router:
     The app provides the ``manager`` and ``pool`` dependencies."""
     handlers = admin_exception_handlers()
     handlers[OpenAIError] = _openai_problem
-    return Router(
+    router = Router(
         path="/admin",
         route_handlers=[EngineController, ModelController],
         guards=[admin_guard(admin_api_key)],
         exception_handlers=handlers,
         signature_namespace={"CacheManager": CacheManager, "ModelPool": ModelPool},
     )
+    drop_stale_options_handlers(router)
+    return router
 
 
 __all__ = ["engines_router"]

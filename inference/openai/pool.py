@@ -198,6 +198,9 @@ class ModelPool:
         self._draining = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._adopted: list[_Entry] = []
+        #: name -> why it is out of service (its bundle failed verification while loaded); /v1
+        #: answers 503 with the reason until a load of that name succeeds again.
+        self._down: dict[str, str] = {}
         self.loads = 0  # loads started by this pool (tests and /admin/engines read it)
         #: The name ``/health`` reports first (the startup model), when there is one.
         self.primary: str | None = None
@@ -248,7 +251,12 @@ class ModelPool:
         for warm in self._loaded.values():
             if name in warm.names and not warm.unloading:
                 return self._take(warm, name, keep_alive)
-        ref = await asyncio.to_thread(self.source.resolve, name)
+        try:
+            ref = await asyncio.to_thread(self.source.resolve, name)
+        except ModelNotFoundError:
+            if name in self._down:
+                raise ServerUnavailableError(self._down[name]) from None
+            raise
         deadline = time.monotonic() + self.limits.queue_timeout
         while True:
             self.check_admitting()
@@ -415,6 +423,7 @@ class ModelPool:
         self._loaded[ref.bundle_id] = entry
         self._loading.pop(ref.bundle_id, None)
         self._loading_bytes.pop(ref.bundle_id, None)
+        self._down.pop(ref.name, None)
         log.info("loaded %s (%s) in %.2f s", ref.name, ref.bundle_id, seconds)
         self._record("load", ref, {"model": ref.name, "seconds": round(seconds, 3), "memory_bytes": memory})
         if self.observer is not None:
@@ -498,6 +507,8 @@ class ModelPool:
         if entry is None or entry.unloading:
             return
         entry.serving.mark_unavailable(reason)
+        for name in entry.names:
+            self._down[name] = reason
         self._spawn(self._unload(entry, "evict", grace=self.limits.unload_grace, force=True))
 
     # -- shutdown ------------------------------------------------------------------------------
@@ -566,6 +577,8 @@ class ModelPool:
     async def list_models(self) -> ModelList:
         """``GET /v1/models``: every servable name, with whether its bundle is loaded."""
         self.check_admitting()
+        if self.primary is not None and self.primary in self._down:
+            raise ServerUnavailableError(self._down[self.primary])
         refs = await asyncio.to_thread(self.source.servable)
         cards = [
             ModelCard(
@@ -618,6 +631,9 @@ class ModelPool:
         body["models"] = models
         if self._draining and body["status"] == "ok":
             body["status"] = "draining"
+        if primary is None and self.primary is not None and self.primary in self._down:
+            body["status"] = "unavailable"
+            body["reason"] = self._down[self.primary]
         return body
 
     @property

@@ -32,8 +32,9 @@ def _operations(manager: CacheManager) -> list[tuple[str, str]]:
         if not template.startswith(("/admin", "/metrics")):
             continue  # /v1 has its own key; /health is open by design
         path = template.replace("{bundle_id}", BUNDLE_ID).replace("{build_id}", "build-0")
+        path = path.replace("{name}", "some-alias")
         ops += [(method.upper(), path) for method in item]
-    assert len(ops) == 16
+    assert len(ops) == 22
     return sorted(ops)
 
 
