@@ -146,7 +146,12 @@ class EngineController(Controller):
             memory_bytes=sum(e.memory_bytes for e in engines),
         )
 
-    @post("/", status_code=200, operation_id="preloadEngine", responses=problem_responses(400, 404, 415, 429, 503))
+    @post(
+        "/",
+        status_code=200,
+        operation_id="preloadEngine",
+        responses=problem_responses(400, 404, 415, 429, 503),
+    )
     async def preload(self, pool: Pool, data: Annotated[PreloadRequest, StrictBody]) -> EngineOut:
         """Load a model now (no-op when loaded) and set its keep-alive."""
         return _engine(await pool.preload(data.model, keep_alive=data.keep_alive))
@@ -212,7 +217,9 @@ class ModelController(Controller):
             name=a.name, bundle_id=a.bundle_id, model=a.model, created_at=a.created_at.isoformat()
         )
 
-    @delete("/{name:str}", status_code=204, operation_id="removeModelAlias", responses=problem_responses(400, 404))
+    @delete(
+        "/{name:str}", status_code=204, operation_id="removeModelAlias", responses=problem_responses(400, 404)
+    )
     async def remove_alias(self, manager: Manager, pool: Pool, name: ModelName) -> None:
         """Delete an alias (loaded engines stop answering it)."""
         await anyio.to_thread.run_sync(manager.remove_alias, name)

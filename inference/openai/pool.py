@@ -495,7 +495,13 @@ class ModelPool:
         finally:
             entry.lease.release()
             self._loaded.pop(entry.ref.bundle_id, None)
-            log.info("unloaded %s (%s): %s", entry.ref.name, entry.ref.bundle_id, reason)
+            log.info(
+                "unloaded %s (%s): %s; released the lease on %s",
+                entry.ref.name,
+                entry.ref.bundle_id,
+                reason,
+                entry.ref.bundle_id,
+            )
             self._record("unload", entry.ref, {"model": entry.ref.name, "reason": reason})
             if self.observer is not None:
                 self.observer.model_unloaded(entry.ref.name, reason, len(self._loaded))
