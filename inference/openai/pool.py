@@ -231,8 +231,7 @@ class ModelPool:
     def forget_name(self, name: str) -> None:
         """Stop answering ``name`` from a loaded model without a catalog lookup (alias removed)."""
         for entry in self._loaded.values():
-            if name != entry.ref.name:
-                entry.names.discard(name)
+            entry.names.discard(name)
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -275,7 +274,21 @@ class ModelPool:
                         )
                     await self._wait(changed, remaining)
                     continue
-                pending = self._start_load(ref, keep_alive)
+                # This request holds the loaded model's first reference (taken inside the load,
+                # so a keep-alive of 0 cannot unload it before the request runs).
+                future = self._start_load(ref, keep_alive, name)
+                try:
+                    loaded = await asyncio.wait_for(
+                        asyncio.shield(future), timeout=max(deadline - time.monotonic(), 0.001)
+                    )
+                except BaseException as exc:
+                    future.add_done_callback(self._drop_reference)
+                    if isinstance(exc, TimeoutError):
+                        raise ServerOverloadedError(
+                            f"the model {name!r} is still loading; retry shortly"
+                        ) from None
+                    raise
+                return ModelLease(self, loaded)
             remaining = deadline - time.monotonic()
             if pending is not None:
                 try:
@@ -302,6 +315,11 @@ class ModelPool:
             entry.timer = None
         entry.last_used = time.time()
         return ModelLease(self, entry)
+
+    def _drop_reference(self, future: asyncio.Future[_Entry]) -> None:
+        # The request that started a load gave up before it finished: give its reference back.
+        if not future.cancelled() and future.exception() is None:
+            self._release(future.result())
 
     def _release(self, entry: _Entry) -> None:
         entry.refs -= 1
@@ -373,15 +391,17 @@ class ModelPool:
             await self._unload(victim, "memory", grace=0.0, force=False)
         return True
 
-    def _start_load(self, ref: ModelRef, keep_alive: float | None) -> asyncio.Future[_Entry]:
+    def _start_load(self, ref: ModelRef, keep_alive: float | None, name: str) -> asyncio.Future[_Entry]:
         future: asyncio.Future[_Entry] = asyncio.get_running_loop().create_future()
         self._loading[ref.bundle_id] = future
         self._loading_bytes[ref.bundle_id] = ref.memory_bytes
         self.loads += 1
-        self._spawn(self._load(ref, keep_alive, future))
+        self._spawn(self._load(ref, keep_alive, name, future))
         return future
 
-    async def _load(self, ref: ModelRef, keep_alive: float | None, future: asyncio.Future[_Entry]) -> None:
+    async def _load(
+        self, ref: ModelRef, keep_alive: float | None, name: str, future: asyncio.Future[_Entry]
+    ) -> None:
         started = time.monotonic()
         lease: Releasable | None = None
         try:
@@ -417,9 +437,9 @@ class ModelPool:
             serving=serving,
             lease=lease,
             keep_alive=self.limits.keep_alive if keep_alive is None else keep_alive,
-            names={ref.name},
+            names={ref.name, name},
+            refs=1,  # the requesting caller's
         )
-        entry.idle.set()
         self._loaded[ref.bundle_id] = entry
         self._loading.pop(ref.bundle_id, None)
         self._loading_bytes.pop(ref.bundle_id, None)
@@ -429,8 +449,6 @@ class ModelPool:
         if self.observer is not None:
             self.observer.model_loaded(ref.name, seconds, len(self._loaded))
         future.set_result(entry)
-        # A load nobody ends up using still expires.
-        self._schedule_expiry(entry)
         self._notify()
 
     def _record(self, kind: str, ref: ModelRef, detail: dict[str, Any]) -> None:
@@ -472,7 +490,9 @@ class ModelPool:
             entry.timer.cancel()
             entry.timer = None
         try:
-            await asyncio.wait_for(entry.idle.wait(), timeout=max(grace, 0.0))
+            # Checked first: wait_for with a zero timeout times out even on a set event.
+            if not entry.idle.is_set():
+                await asyncio.wait_for(entry.idle.wait(), timeout=max(grace, 0.001))
         except TimeoutError:
             if not force:
                 entry.unloading = False

@@ -135,7 +135,8 @@ def _wait(cond: Any, timeout: float = 20.0) -> bool:
 
 @pytest.fixture
 def pool_server(catalog: Catalog, tmp_path: Path) -> Iterator[ServerProcess]:
-    with running_server(None, catalog.cache_dir, tmp_path, "--max-loaded-models", "3") as server:
+    flags = ("--max-loaded-models", "3", "--max-queued-requests", "32")
+    with running_server(None, catalog.cache_dir, tmp_path, *flags) as server:
         yield server
 
 
@@ -274,13 +275,17 @@ def test_preload_unload_in_flight_and_forced(catalog: Catalog, tmp_path: Path) -
         assert not _loaded(server)
 
         # Unload with a request in flight: it finishes, then the engine goes.
+        whole = server.client().completions.create(model=name, prompt="go", max_tokens=30).choices[0].text
+        assert whole.startswith("tick tick")
+        assert h.delete(f"/admin/engines/{bid}").status_code == 200
         stream = server.client().completions.create(model=name, prompt="go", max_tokens=30, stream=True)
         chunks = iter(stream)
         first = [next(chunks) for _ in range(2)]
         r = h.delete(f"/admin/engines/{bid}", params={"grace": 30}, timeout=60)
-        text = "".join(c.choices[0].text for c in [*first, *chunks] if c.choices)
+        seen = [*first, *chunks]
+        text = "".join(c.choices[0].text for c in seen if c.choices)
         assert r.status_code == 200, r.text
-        assert text == "tick " * 30
+        assert text == whole and seen[-1].choices[0].finish_reason == "length"
         assert not _loaded(server)
 
         # Forced: the stream ends with an error chunk and the slot is freed.
@@ -313,7 +318,9 @@ def test_evicting_a_loaded_bundle_and_another_process_lease(catalog: Catalog, tm
         assert r.status_code == 409, r.text
         # Another serving process leases the llama bundle: unload_idle here cannot help.
         other = catalog.bundles["llama"]
-        with running_server(catalog.name("llama"), catalog.cache_dir, tmp_path, env=SLOW.to_env()) as second:
+        with running_server(
+            catalog.name("llama"), catalog.cache_dir, tmp_path, *PROFILE, env=SLOW.to_env()
+        ) as second:
             r = h.delete(f"/admin/bundles/{other}", params={"unload_idle": "true"})
             assert r.status_code == 409, r.text
             assert str(second.pid) in r.text
