@@ -103,7 +103,9 @@ def alternate(client: httpx.Client, models: list[str], n: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", choices=SIZES, default="0.5b")
     parser.add_argument("--work", type=Path, default=Path("/tmp/cachesvc-bench-pool"))
     parser.add_argument("--repeats", type=int, default=3)
