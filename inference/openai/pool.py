@@ -685,7 +685,12 @@ def close_names(name: str, candidates: Sequence[str], n: int = 5) -> list[str]:
 def not_found(name: str, candidates: Sequence[str]) -> ModelNotFoundError:
     """404 ``model_not_found`` naming up to five close names."""
     close = close_names(name, candidates)
-    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    if close:
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?"
+    elif candidates:
+        hint = f"; this server serves {', '.join(repr(c) for c in list(candidates)[:5])}"
+    else:
+        hint = "; no model is built yet (POST /admin/builds)"
     return ModelNotFoundError(
         f"the model {name!r} does not exist{hint} (GET /v1/models lists the served names)", param="model"
     )
