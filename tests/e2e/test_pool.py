@@ -262,6 +262,25 @@ def test_memory_budget_smaller_than_two_models_keeps_one(catalog: Catalog, tmp_p
         )
 
 
+def test_everything_busy_queues_then_429_with_retry_after(catalog: Catalog, tmp_path: Path) -> None:
+    flags = ("--max-loaded-models", "1", "--queue-timeout", "1")
+    with running_server(None, catalog.cache_dir, tmp_path, *flags, env=SLOW.to_env()) as server:
+        busy = server.client().completions.create(
+            model=catalog.name("llama"), prompt="go", max_tokens=40, stream=True
+        )
+        chunks = iter(busy)
+        next(chunks)  # llama is loaded and busy: qwen2 cannot be loaded until it is idle
+        with server.http() as h:
+            r = h.post(
+                "/v1/completions", json={"model": catalog.name("qwen2"), "prompt": "go", "max_tokens": 2}
+            )
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "server_overloaded" and int(r.headers["retry-after"]) >= 1
+        list(chunks)
+        # Idle again: the next request swaps the models.
+        assert server.client().completions.create(model=catalog.name("qwen2"), prompt="go", max_tokens=2)
+
+
 # -- operators -------------------------------------------------------------------------------------
 
 
