@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import FrameType
@@ -333,9 +333,12 @@ def make_pool(
     runtime: Runtime | None = None,
     metrics: MetricsState | None = None,
     engine_factory: EngineFactory | None = None,
+    default_names: Mapping[str, str] | None = None,
 ) -> ModelPool:
-    """The model pool over the catalog, with the startup model (``runtime``) adopted and kept."""
+    """The model pool over the catalog, with the startup model (``runtime``) adopted and kept;
+    ``default_names`` (name -> checkpoint) keep the default model's name on model-less runs."""
     source = CatalogModels(manager, max_slots=config.max_batch_size)
+    source.defaults.update(default_names or {})
     pool = ModelPool(
         source,
         handle_factory(config, engine_factory, metrics),
@@ -471,6 +474,7 @@ def serve(
         return 1
     metrics = MetricsState(manager)
     runtime: Runtime | None = None
+    default_names: dict[str, str] = {}
     try:
         report = manager.reconcile()
         log.info(
@@ -482,16 +486,16 @@ def serve(
         if config.clear_engine_cache:
             cleared = manager.clear()
             log.info("--clear-engine-cache: removed %d bundles", len(cleared.evicted))
-        if (
-            config.model is None
-            and default_model is not None
-            and not manager.list_bundles(state="ready", limit=1).items
-        ):
+        if config.model is None and default_model is not None:
             model, name = default_model()
-            log.info("the catalog has no ready bundle: preparing the default model %s", model)
-            config = dataclasses.replace(
-                config, model=model, served_model_name=config.served_model_name or name
-            )
+            if not manager.list_bundles(state="ready", limit=1).items:
+                log.info("the catalog has no ready bundle: preparing the default model %s", model)
+                config = dataclasses.replace(
+                    config, model=model, served_model_name=config.served_model_name or name
+                )
+            else:
+                # Later runs serve the catalog; the default model keeps the name it had.
+                default_names[config.served_model_name or name] = model
         if config.model is not None:
             runtime = load_runtime(
                 config,
@@ -503,7 +507,14 @@ def serve(
         log.error("cannot serve %s: %s", config.model or "the catalog", _describe(exc))
         manager.close()
         return 1
-    pool = make_pool(config, manager, runtime=runtime, metrics=metrics, engine_factory=engine_factory)
+    pool = make_pool(
+        config,
+        manager,
+        runtime=runtime,
+        metrics=metrics,
+        engine_factory=engine_factory,
+        default_names=default_names,
+    )
     app = create_app(config, manager, runtime=runtime, metrics=metrics, pool=pool, close_manager=True)
     server = _Server(
         uvicorn.Config(
