@@ -58,3 +58,14 @@ def test_memory_estimate_is_weights_plus_kv_slots(tmp_path: Path) -> None:
     (tmp_path / "model.onnx").write_bytes(b"x" * 9999)  # the portable copy is not loaded
     assert registry.memory_estimate(tmp_path, max_slots=2) == 1500 + 10 * 100 * 2
     assert registry.memory_estimate(tmp_path) == 1500 + 10 * 100 * 4
+
+
+@pytest.mark.parametrize("value", [-2, -0.5, float("inf")])
+def test_keep_alive_is_minus_one_zero_or_seconds(value: float) -> None:
+    from cachesvc.config import ServeConfig
+    from cachesvc.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--keep-alive"):
+        ServeConfig(keep_alive=value)
+    assert ServeConfig(keep_alive=-1).keep_alive == -1
+    assert ServeConfig(memory_budget_gb=2).memory_budget_bytes == 2 * 10**9
