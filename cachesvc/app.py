@@ -348,6 +348,7 @@ def make_pool(
             keep_alive=config.keep_alive,
             queue_timeout=config.queue_timeout,
             unload_grace=SHUTDOWN_GRACE_SECONDS,
+            max_queued=config.max_queued_requests,
         ),
         observer=metrics.pool if metrics is not None else None,
     )

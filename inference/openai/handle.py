@@ -296,6 +296,11 @@ class ModelHandle:
             health["context_cache"] = cache.as_dict()
         return health
 
+    @property
+    def queued(self) -> int:
+        """Requests of this model waiting for a slot."""
+        return int(self._scheduler.queued)
+
     def check_admitting(self) -> None:
         """Raise 503 unless requests are admitted now."""
         if self._unavailable is not None:

@@ -107,6 +107,9 @@ class PoolLimits:
     keep_alive: float = 300.0
     queue_timeout: float = 600.0
     unload_grace: float = 30.0
+    #: Requests waiting for a slot over all loaded models (``--max-queued-requests``); None: only
+    #: each model's own scheduler limits its queue.
+    max_queued: int | None = None
 
 
 @dataclass
@@ -288,6 +291,11 @@ class ModelPool:
                             f"the model {name!r} is still loading; retry shortly"
                         ) from None
                     raise
+                try:
+                    self._check_queue()
+                except ServerOverloadedError:
+                    self._release(loaded)
+                    raise
                 return ModelLease(self, loaded)
             remaining = deadline - time.monotonic()
             if pending is not None:
@@ -304,7 +312,21 @@ class ModelPool:
                 raise ServerOverloadedError(f"the model {name!r} is being unloaded; retry shortly")
             await self._wait(changed, remaining)
 
+    def _check_queue(self) -> None:
+        limit = self.limits.max_queued
+        if limit is None:
+            return
+        queued = sum(e.serving.queued for e in self._loaded.values())
+        # Each model's scheduler still decides whether this request gets a slot at once; the
+        # pool only refuses when the server-wide queue is already full.
+        if queued and queued >= limit:
+            raise ServerOverloadedError(
+                f"server overloaded, retry later: {queued} requests waiting over all models "
+                f"(limit {limit}, --max-queued-requests)"
+            )
+
     def _take(self, entry: _Entry, name: str, keep_alive: float | None) -> ModelLease:
+        self._check_queue()
         entry.refs += 1
         entry.idle.clear()
         entry.names.add(name)
