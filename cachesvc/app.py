@@ -1,22 +1,25 @@
 """The Litestar app: OpenAI-style completions, the admin API, metrics and health in one process.
 
 ``serve(config)`` does the heavy, failure-prone work before the HTTP server starts (schema
-upgrade, reconcile, prepare, lease, engine load), so a bad model or a failed build exits non-zero
-with the reason and nothing listens. ``create_app`` wires what is loaded into one app; the
-lifespan starts the scheduler and, on shutdown, drains in-flight requests, stops the scheduler,
-closes the engine and releases the bundle lease.
+upgrade, reconcile, and with a model argument: prepare, lease, engine load), so a bad model or a
+failed build exits non-zero with the reason and nothing listens. ``create_app`` wires one app
+around a :class:`~inference.openai.pool.ModelPool` that serves every ready bundle of the catalog,
+loading engines on demand through the injected ``engine_factory``; the startup model (if any)
+stays loaded. On shutdown the pool drains every loaded model, closes the engines and releases
+every bundle lease.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import FrameType
@@ -37,12 +40,15 @@ from cachesvc.errors import CacheError, ConfigError
 from cachesvc.fleet import NodeAgent
 from cachesvc.http.admin import admin_router
 from cachesvc.http.dashboard import dashboard_router
+from cachesvc.http.engines import engines_router
 from cachesvc.http.metrics import MetricsState, metrics_route
 from cachesvc.manager import BundleLease, CacheManager
 from cachesvc.records import PrepareResult
+from cachesvc.served_models import CatalogModels
 from inference.context_cache import PrefixStore
 from inference.openai import OpenAIServing, ServingOptions, load_tokenizer, openai_router
-from inference.runtime import Engine
+from inference.openai.pool import HandleFactory, ModelPool, ModelRef, PoolLimits
+from inference.runtime.protocol import Engine
 
 log = logging.getLogger("cachesvc.app")
 
@@ -99,48 +105,91 @@ def load_runtime(
         full_verify=True,
     )
     try:
-        if engine_factory is None:
-            from inference.runtime import load_engine
-
-            engine_factory = load_engine
+        engine_factory = engine_factory or _default_engine_factory
         log.info("loading engine from %s", prepared.bundle_dir)
-        engine = engine_factory(prepared.bundle_dir, max_slots=config.max_batch_size)
-        try:
-            tokenizer = load_tokenizer(prepared.bundle_dir)
-            info = engine.info
-            options = ServingOptions(
-                served_model_name=config.served_name,
-                max_model_len=min(info.max_kv_capacity, config.max_kv_cache_capacity),
-                max_input_len=min(info.max_input_len, config.max_input_len),
-                max_batch_size=min(info.max_slots, config.max_batch_size),
-                max_queued_requests=config.max_queued_requests,
-                queue_timeout=config.queue_timeout,
-                reasoning_parser=config.reasoning_parser,
-                tool_call_parser=config.tool_call_parser,
-                enable_auto_tool_choice=config.enable_auto_tool_choice,
-                api_key=config.api_key,
-                model_type=info.model_type,
-                capabilities={
-                    "bundle_id": prepared.bundle_id,
-                    "backend": info.backend,
-                    "precision": info.precision,
-                },
-            )
-            serving = OpenAIServing(
-                engine,
-                tokenizer,
-                options,
-                observer=observer,
-                context_cache=_context_cache(config, prepared),
-                prefill_chunk=_prefill_chunk(),
-            )
-        except BaseException:
-            engine.close()
-            raise
+        serving = build_serving(
+            config,
+            engine_factory,
+            prepared.bundle_dir,
+            prepared.bundle_id,
+            name=config.served_name,
+            observer=observer,
+            check_model_name=False,
+        )
+        engine = serving.engine
     except BaseException:
         lease.release()
         raise
     return Runtime(prepared, lease, engine, serving)
+
+
+def _default_engine_factory(bundle_dir: Any, *, max_slots: int) -> Engine:
+    # Imported here: the registry imports a runtime (onnxruntime) only when a bundle loads.
+    from inference.runtime.registry import load_engine
+
+    return load_engine(bundle_dir, max_slots=max_slots)
+
+
+def build_serving(
+    config: ServeConfig,
+    engine_factory: EngineFactory,
+    bundle_dir: Any,
+    bundle_id: str,
+    *,
+    name: str,
+    observer: Any = None,
+    check_model_name: bool = False,
+) -> OpenAIServing:
+    """Load one bundle's engine and wrap it in its per-model handle (tokenizer, scheduler,
+    parsers) with this server's limits; the engine is closed again when that fails."""
+    engine = engine_factory(bundle_dir, max_slots=config.max_batch_size)
+    try:
+        tokenizer = load_tokenizer(bundle_dir)
+        info = engine.info
+        options = ServingOptions(
+            served_model_name=name,
+            max_model_len=min(info.max_kv_capacity, config.max_kv_cache_capacity),
+            max_input_len=min(info.max_input_len, config.max_input_len),
+            max_batch_size=min(info.max_slots, config.max_batch_size),
+            max_queued_requests=config.max_queued_requests,
+            queue_timeout=config.queue_timeout,
+            reasoning_parser=config.reasoning_parser,
+            tool_call_parser=config.tool_call_parser,
+            enable_auto_tool_choice=config.enable_auto_tool_choice,
+            check_model_name=check_model_name,
+            model_type=info.model_type,
+            capabilities={
+                "bundle_id": bundle_id,
+                "backend": info.backend,
+                "precision": info.precision,
+                "device": info.device,
+                "memory_bytes": info.memory_bytes,
+            },
+        )
+        return OpenAIServing(
+            engine,
+            tokenizer,
+            options,
+            observer=observer,
+            context_cache=_context_cache(config, bundle_id),
+            prefill_chunk=_prefill_chunk(),
+        )
+    except BaseException:
+        engine.close()
+        raise
+
+
+def handle_factory(
+    config: ServeConfig, engine_factory: EngineFactory | None, metrics: MetricsState | None
+) -> HandleFactory:
+    """The pool's loader: a model's handle from its bundle, with its own metrics label."""
+    factory = engine_factory or _default_engine_factory
+
+    def build(ref: ModelRef) -> OpenAIServing:
+        observer = metrics.serving.for_model(ref.name) if metrics is not None else None
+        return build_serving(config, factory, ref.bundle_dir, ref.bundle_id, name=ref.name, observer=observer)
+
+    return build
 
 
 def _prefill_chunk() -> int:
@@ -158,23 +207,26 @@ def _prefill_chunk() -> int:
     return value
 
 
-def _context_cache(config: ServeConfig, prepared: PrepareResult) -> PrefixStore | None:
+def _context_cache(config: ServeConfig, bundle_id: str) -> PrefixStore | None:
     """The prefix store of ``--enable-context-reuse``, namespaced by the bundle (so records never
     serve another model or build); None when reuse is off."""
     if not config.enable_context_reuse:
         return None
     return PrefixStore(
-        f"bundle:{prepared.bundle_id}",
+        f"bundle:{bundle_id}",
         max_records=config.context_cache_max_records,
         max_bytes=config.context_cache_partial_kv_snapshot_pool_bytes,
     )
 
 
 def engine_factory_from_env() -> EngineFactory | None:
-    """The engine seam: ``CACHESVC_ENGINE_FACTORY=module:callable`` replaces ``load_engine``.
+    """Test-only entry to the engine seam for a child ``cachesvc serve`` process.
 
-    The callable takes ``(bundle_dir, *, max_slots)`` and returns an ``Engine``. Tests use it to
-    run the real server with a scripted engine; it is also how another runtime can be plugged in.
+    ``serve(config, engine_factory=...)`` and ``create_app(..., engine_factory=...)`` are the
+    seam; a test that spawns the real console script cannot pass a callable, so
+    ``cachesvc serve`` (the CLI only) reads ``CACHESVC_ENGINE_FACTORY=module:callable`` and
+    injects it through the same parameter. The callable takes ``(bundle_dir, *, max_slots)``
+    and returns an ``Engine``. Backends belong in ``inference.runtime.registry``, not here.
     """
     spec = os.environ.get("CACHESVC_ENGINE_FACTORY")
     if not spec:
@@ -194,68 +246,62 @@ def create_app(
     *,
     runtime: Runtime | None = None,
     metrics: MetricsState | None = None,
+    engine_factory: EngineFactory | None = None,
+    pool: ModelPool | None = None,
     close_manager: bool = False,
 ) -> Litestar:
-    """Wire one app: ``/v1`` (when a runtime is loaded), ``/admin``, ``/metrics``, ``/health``."""
+    """Wire one app: ``/v1`` over the model pool, ``/admin`` (with ``/admin/engines`` and
+    ``/admin/models``), ``/metrics``, ``/health``.
+
+    ``runtime`` is a model loaded before the app (``serve MODEL``): it joins the pool and stays
+    loaded. ``engine_factory`` loads every other model on demand (default: the backend registry)."""
     metrics = metrics or MetricsState(manager)
-    serving = runtime.serving if runtime is not None else None
+    pool = pool or make_pool(config, manager, runtime=runtime, metrics=metrics, engine_factory=engine_factory)
 
     @get("/health", sync_to_thread=False, tags=["health"], summary="Liveness, load and capabilities")
     def health() -> dict[str, Any]:
-        if serving is None:
-            return {
-                "status": "ok",
-                "model": None,
-                "active_requests": 0,
-                "queued_requests": 0,
-                "capabilities": {},
-            }
-        return serving.health()
+        return pool.health()
 
     @get(
         "/health/ready",
         sync_to_thread=False,
         tags=["health"],
-        summary="200 once the engine is loaded",
+        summary="200 while requests are admitted (and the startup model is loaded)",
         responses={
             503: ResponseSpec(data_container=dict[str, bool], description="Not ready: loading or draining")
         },
     )
     def ready() -> Response[dict[str, Any]]:
-        ok = serving is not None and serving.ready
+        ok = pool.ready
         return Response({"ready": ok}, status_code=200 if ok else 503)
 
-    watch = _BundleWatch(manager, runtime) if runtime is not None else None
+    watch = _BundleWatch(manager, pool)
     # Fleet: this node's heartbeat row and its desired-state reconciler, for the app's lifetime.
     agent = NodeAgent(
         manager,
         interval=config.heartbeat_seconds,
-        loaded_models=lambda: [config.served_name] if serving is not None and serving.ready else [],
+        loaded_models=pool.loaded_names,
         allowed_roots=config.model_roots(),
     )
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         await anyio.to_thread.run_sync(agent.start)
-        if serving is not None:
-            await serving.start()
-            log.info(
-                "serving %s on bundle %s", config.served_name, runtime.prepared.bundle_id if runtime else ""
-            )
-        if watch is not None:
-            watch.start()
+        await pool.start()
+        if runtime is not None:
+            log.info("serving %s on bundle %s", config.served_name, runtime.prepared.bundle_id)
+        watch.start()
         try:
             yield
         finally:
-            if watch is not None:
-                await watch.stop()
-            if serving is not None and runtime is not None and not runtime.closed:
-                finished = await serving.drain(SHUTDOWN_GRACE_SECONDS)
-                if not finished:
-                    log.warning("shutdown grace period over; cutting in-flight requests")
-                await serving.stop()
-                runtime.close()
-                log.info("released the lease on %s", runtime.prepared.bundle_id)
+            await watch.stop()
+            finished = await pool.drain(SHUTDOWN_GRACE_SECONDS)
+            if not finished:
+                log.warning("shutdown grace period over; cutting in-flight requests")
+            await pool.stop()
+            await pool.close()
+            if runtime is not None:
+                runtime.closed = True  # the pool closed its engine and released its lease
             await anyio.to_thread.run_sync(agent.stop)
             if close_manager:
                 manager.close()
@@ -265,8 +311,9 @@ def create_app(
         ready,
         admin_router(admin_api_key=config.admin_api_key, model_roots=config.model_roots()),
         dashboard_router(),
+        engines_router(admin_api_key=config.admin_api_key),
         metrics_route(metrics, admin_api_key=config.admin_api_key),
-        openai_router(lambda: serving),
+        openai_router(pool, api_key=config.api_key),
     ]
     origins = config.cors_origins()
     return Litestar(
@@ -276,7 +323,10 @@ def create_app(
         # Browsers may call /v1 from these origins; admin routes refuse any foreign Origin in
         # their guard, so the app-wide CORS headers open nothing there.
         cors_config=CORSConfig(allow_origins=list(origins)) if origins else None,
-        dependencies={"manager": Provide(lambda: manager, sync_to_thread=False)},
+        dependencies={
+            "manager": Provide(lambda: manager, sync_to_thread=False),
+            "pool": Provide(lambda: pool, sync_to_thread=False),
+        },
         middleware=[metrics.middleware()],
         lifespan=[lifespan],
         openapi_config=OpenAPIConfig(
@@ -289,23 +339,70 @@ def create_app(
     )
 
 
+def make_pool(
+    config: ServeConfig,
+    manager: CacheManager,
+    *,
+    runtime: Runtime | None = None,
+    metrics: MetricsState | None = None,
+    engine_factory: EngineFactory | None = None,
+    default_names: Mapping[str, str] | None = None,
+) -> ModelPool:
+    """The model pool over the catalog, with the startup model (``runtime``) adopted and kept;
+    ``default_names`` (name -> checkpoint) keep the default model's name on model-less runs."""
+    source = CatalogModels(manager, max_slots=config.max_batch_size)
+    source.defaults.update(default_names or {})
+    pool = ModelPool(
+        source,
+        handle_factory(config, engine_factory, metrics),
+        PoolLimits(
+            max_loaded=config.max_loaded_models,
+            memory_budget=config.memory_budget_bytes,
+            keep_alive=config.keep_alive,
+            queue_timeout=config.queue_timeout,
+            unload_grace=SHUTDOWN_GRACE_SECONDS,
+            max_queued=config.max_queued_requests,
+        ),
+        observer=metrics.pool if metrics is not None else None,
+    )
+    if runtime is not None:
+        names = [config.served_name, runtime.serving.options.served_model_name]
+        if config.model is not None:
+            names.append(config.model)
+        names = list(dict.fromkeys(names))
+        for name in names:
+            source.startup[name] = runtime.prepared.bundle_id
+        info = runtime.engine.info
+        ref = ModelRef(
+            name=config.served_name,
+            bundle_id=runtime.prepared.bundle_id,
+            bundle_dir=runtime.prepared.bundle_dir,
+            backend=info.backend,
+            precision=info.precision,
+            max_model_len=runtime.serving.options.max_model_len,
+            memory_bytes=info.memory_bytes,
+        )
+        pool.adopt(ref, runtime.serving, runtime.lease, keep_alive=-1, names=names)
+        pool.primary = config.served_name
+    return pool
+
+
 class _BundleWatch:
-    """Takes the model out of service when its bundle is found corrupt while it is loaded.
+    """Takes a loaded model out of service when its bundle is found corrupt.
 
     This process learns it at once (a verify through the admin API calls the manager's
     listener); another process (``cachesvc bundles verify``) only through the catalog, which
-    is polled every ``interval`` seconds. Either way ``/v1`` answers 503 with the reason,
-    ``/health/ready`` 503, and once running requests are done the engine is unloaded and the
-    lease released, so the bundle can be rebuilt.
+    is polled every ``interval`` seconds for every loaded bundle. Either way ``/v1`` answers
+    503 with the reason for that model, and once its running requests are done the engine is
+    unloaded and the lease released, so the bundle can be rebuilt.
     """
 
-    def __init__(self, manager: CacheManager, runtime: Runtime, interval: float = 5.0) -> None:
+    def __init__(self, manager: CacheManager, pool: ModelPool, interval: float = 5.0) -> None:
         self.manager = manager
-        self.runtime = runtime
+        self.pool = pool
         self.interval = interval
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poller: asyncio.Task[None] | None = None
-        self._unload: asyncio.Task[None] | None = None
         manager.add_corrupt_listener(self._on_corrupt)
 
     def start(self) -> None:
@@ -313,57 +410,55 @@ class _BundleWatch:
         self._poller = asyncio.ensure_future(self._poll())
 
     async def stop(self) -> None:
-        for task in (self._poller, self._unload):
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        if self._poller is not None and not self._poller.done():
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
         self._loop = None
 
     def _on_corrupt(self, bundle_id: str, detail: str) -> None:
         # Called from whichever thread verified the bundle.
         loop = self._loop
-        if bundle_id == self.runtime.prepared.bundle_id and loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._take_down, detail)
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._take_down, bundle_id, detail)
 
     async def _poll(self) -> None:
-        bid = self.runtime.prepared.bundle_id
         while True:
             await asyncio.sleep(self.interval)
-            try:
-                info = await asyncio.to_thread(self.manager.catalog.get_bundle, bid)
-            except Exception:  # a busy or broken catalog must not take the model down
-                log.warning("could not read the state of bundle %s", bid, exc_info=True)
-                continue
-            if info is None or info.state != "ready":
-                detail = (info.error if info is not None else None) or "no longer in the catalog"
-                self._take_down(detail)
-                return
+            for status in self.pool.engines():
+                bid = status.bundle_id
+                try:
+                    info = await asyncio.to_thread(self.manager.catalog.get_bundle, bid)
+                except Exception:  # a busy or broken catalog must not take the model down
+                    log.warning("could not read the state of bundle %s", bid, exc_info=True)
+                    continue
+                if info is None or info.state != "ready":
+                    self._take_down(
+                        bid, (info.error if info is not None else None) or "no longer in the catalog"
+                    )
 
-    def _take_down(self, detail: str) -> None:
-        if self._unload is not None:
+    def _take_down(self, bundle_id: str, detail: str) -> None:
+        if self.pool.find(bundle_id) is None:
             return
-        bid = self.runtime.prepared.bundle_id
         reason = (
-            f"the model's bundle {bid} failed verification ({detail}); it is no longer served. "
-            "Restart the server to rebuild it"
+            f"the model's bundle {bundle_id} failed verification ({detail}); it is no longer served. "
+            "Rebuild it (restart the server, or POST /admin/builds)"
         )
         log.error("%s", reason)
-        self.runtime.serving.mark_unavailable(reason)
-        self._unload = asyncio.ensure_future(self._unload_when_idle())
-
-    async def _unload_when_idle(self) -> None:
-        serving = self.runtime.serving
-        await serving.drain(SHUTDOWN_GRACE_SECONDS)
-        await serving.stop()
-        await asyncio.to_thread(self.runtime.close)
-        log.info(
-            "unloaded the engine of corrupt bundle %s and released its lease", self.runtime.prepared.bundle_id
-        )
+        self.pool.take_down(bundle_id, reason)
 
 
-def serve(config: ServeConfig) -> int:
-    """Run ``cachesvc serve``: prepare and load first, then serve until SIGTERM/SIGINT."""
+def serve(
+    config: ServeConfig,
+    *,
+    engine_factory: EngineFactory | None = None,
+    default_model: Callable[[], tuple[str, str]] | None = None,
+) -> int:
+    """Run ``cachesvc serve``: reconcile, prepare and load the startup model (if any), then serve
+    the whole catalog until SIGTERM/SIGINT.
+
+    Without a model the catalog's ready bundles are served on demand; when the catalog has none
+    (a first run), ``default_model()`` names the model to prepare and keep loaded."""
     import uvicorn
 
     logging.basicConfig(
@@ -392,6 +487,8 @@ def serve(config: ServeConfig) -> int:
         log.error("cannot open the cache: %s", _describe(exc))
         return 1
     metrics = MetricsState(manager)
+    runtime: Runtime | None = None
+    default_names: dict[str, str] = {}
     try:
         report = manager.reconcile()
         log.info(
@@ -403,14 +500,36 @@ def serve(config: ServeConfig) -> int:
         if config.clear_engine_cache:
             cleared = manager.clear()
             log.info("--clear-engine-cache: removed %d bundles", len(cleared.evicted))
-        runtime = load_runtime(
-            config, manager, engine_factory=engine_factory_from_env(), observer=metrics.serving
-        )
+        if config.model is None and default_model is not None:
+            model, name = default_model()
+            if not manager.list_bundles(state="ready", limit=1).items:
+                log.info("the catalog has no ready bundle: preparing the default model %s", model)
+                config = dataclasses.replace(
+                    config, model=model, served_model_name=config.served_model_name or name
+                )
+            else:
+                # Later runs serve the catalog; the default model keeps the name it had.
+                default_names[config.served_model_name or name] = model
+        if config.model is not None:
+            runtime = load_runtime(
+                config,
+                manager,
+                engine_factory=engine_factory,
+                observer=metrics.serving.for_model(config.served_name),
+            )
     except (CacheError, ValueError, OSError, ImportError, AttributeError) as exc:
-        log.error("cannot serve %s: %s", config.model, _describe(exc))
+        log.error("cannot serve %s: %s", config.model or "the catalog", _describe(exc))
         manager.close()
         return 1
-    app = create_app(config, manager, runtime=runtime, metrics=metrics, close_manager=True)
+    pool = make_pool(
+        config,
+        manager,
+        runtime=runtime,
+        metrics=metrics,
+        engine_factory=engine_factory,
+        default_names=default_names,
+    )
+    app = create_app(config, manager, runtime=runtime, metrics=metrics, pool=pool, close_manager=True)
     server = _Server(
         uvicorn.Config(
             app,
@@ -421,7 +540,7 @@ def serve(config: ServeConfig) -> int:
             timeout_graceful_shutdown=int(SHUTDOWN_GRACE_SECONDS + _FLUSH_SECONDS),
             lifespan="on",
         ),
-        serving=runtime.serving,
+        serving=pool,
     )
     # uvicorn restores the previous handlers after its graceful shutdown and re-raises the signal
     # it caught; with the defaults that kills the process (exit -15) or raises KeyboardInterrupt.
@@ -437,7 +556,8 @@ def serve(config: ServeConfig) -> int:
         # repeat them) would otherwise kill a process that has already shut down cleanly.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
-        runtime.close()  # idempotent; covers a server that failed to start
+        if runtime is not None:
+            runtime.close()  # idempotent; covers a server that failed to start
     return 0 if server.started else 1
 
 
@@ -466,7 +586,7 @@ class _Server(_server_base()):  # type: ignore[misc]
     and only then let uvicorn shut down. A second signal skips the wait (uvicorn's behaviour).
     """
 
-    def __init__(self, config: Any, *, serving: OpenAIServing) -> None:
+    def __init__(self, config: Any, *, serving: ModelPool) -> None:
         super().__init__(config)
         self._serving = serving
         self._drain: asyncio.Task[None] | None = None
@@ -509,4 +629,4 @@ class _Server(_server_base()):  # type: ignore[misc]
             self.should_exit = True
 
 
-__all__ = ["Runtime", "create_app", "load_runtime", "serve"]
+__all__ = ["EngineFactory", "Runtime", "build_serving", "create_app", "load_runtime", "make_pool", "serve"]

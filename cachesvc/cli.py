@@ -366,6 +366,34 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models_ls(args: argparse.Namespace) -> int:
+    items = _manager(args).aliases()
+    if args.json:
+        emit_json(items)
+        return 0
+    rows = [[a.name, a.bundle_id or "-", a.model or "-", a.created_at.isoformat()] for a in items]
+    print(table(["NAME", "BUNDLE", "MODEL", "CREATED"], rows))
+    return 0
+
+
+def cmd_models_alias(args: argparse.Namespace) -> int:
+    manager = _manager(args)
+    target: str = args.target
+    try:
+        manager.get_bundle(target)
+        alias = manager.set_alias(args.name, bundle_id=target)
+    except NotFoundError:
+        alias = manager.set_alias(args.name, model=target)
+    print(f"{alias.name} -> {alias.bundle_id or alias.model}")
+    return 0
+
+
+def cmd_models_unalias(args: argparse.Namespace) -> int:
+    _manager(args).remove_alias(args.name)
+    print(f"removed {args.name}")
+    return 0
+
+
 def cmd_checkpoints_ls(args: argparse.Namespace) -> int:
     items = _manager(args).list_checkpoints()
     if args.json:
@@ -521,12 +549,15 @@ def _serve_config(args: argparse.Namespace) -> ServeConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _serve_config(args)
-    if config.model is None:
-        model, name = default_model(config.cache_dir)
-        config = dataclasses.replace(config, model=model, served_model_name=config.served_model_name or name)
-    from cachesvc.app import serve
+    from cachesvc.app import engine_factory_from_env, serve
 
-    return serve(config)
+    # Without a model the whole catalog is served; only a first run (no ready bundle) prepares
+    # the default model. The environment's factory is the test-only way into the engine seam.
+    return serve(
+        config,
+        engine_factory=engine_factory_from_env(),
+        default_model=lambda: default_model(config.cache_dir),
+    )
 
 
 # -- parser ----------------------------------------------------------------------------------
@@ -661,6 +692,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = csub.add_parser("ls", help="list resolved checkpoints", parents=[cache_opts])
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_checkpoints_ls)
+
+    models = sub.add_parser("models", help="served model names (aliases)")
+    msub = models.add_subparsers(dest="models_command", metavar="COMMAND")
+    msub.required = True
+    p = msub.add_parser("ls", help="list model aliases", parents=[cache_opts])
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_models_ls)
+    p = msub.add_parser("alias", help="serve a bundle id or checkpoint under NAME", parents=[cache_opts])
+    p.add_argument("name", help="the served name")
+    p.add_argument("target", help="a bundle id, or a checkpoint id/path in the catalog")
+    p.set_defaults(func=cmd_models_alias)
+    p = msub.add_parser("unalias", help="remove a model alias", parents=[cache_opts])
+    p.add_argument("name")
+    p.set_defaults(func=cmd_models_unalias)
 
     db = sub.add_parser("db", help="catalog schema")
     dsub = db.add_subparsers(dest="db_command", metavar="COMMAND")

@@ -163,6 +163,15 @@ def _optional(rule: Callable[[object], Any]) -> Callable[[object], Any]:
     return check
 
 
+def _keep_alive(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _Invalid(f"must be seconds (-1 = never unload, 0 = unload when idle), got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or (number < 0 and number != -1):
+        raise _Invalid(f"must be -1 (never unload), 0 (unload when idle) or positive seconds, got {value!r}")
+    return number
+
+
 def _positive_float(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _Invalid(f"must be a finite number greater than 0, got {value!r} ({type(value).__name__})")
@@ -272,6 +281,9 @@ _RULES: dict[str, Callable[[object], Any]] = {
     "enable_auto_tool_choice": _bool_rule,
     "max_queued_requests": _non_negative_int,
     "queue_timeout": _positive_float,
+    "max_loaded_models": _positive_int,
+    "memory_budget_gb": _optional(_positive_float),
+    "keep_alive": _keep_alive,
     "allowed_local_media_path": _text_rule("a non-blank directory path", optional=True),
     "log_level": _choice_rule(LOG_LEVELS),
     "cache_dir": _path_rule,
@@ -404,6 +416,9 @@ class ServeConfig:
     enable_auto_tool_choice: bool = False
     max_queued_requests: int = 16
     queue_timeout: float = 600.0
+    max_loaded_models: int = 3
+    memory_budget_gb: float | None = None
+    keep_alive: float = 300.0
     allowed_local_media_path: str | None = None
     log_level: str = "info"
     # build / runtime
@@ -545,6 +560,17 @@ class ServeConfig:
         ):
             return spec.num_speculative_tokens
         return self.draft_step
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        """``--memory-budget-gb`` in bytes, else 75% of this machine's RAM (0 when unknown)."""
+        if self.memory_budget_gb is not None:
+            return int(self.memory_budget_gb * 1e9)
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return 0
+        return int(total * 0.75)
 
     @property
     def served_name(self) -> str:
@@ -815,6 +841,24 @@ def add_serve_arguments(parser: argparse.ArgumentParser, *, include_http: bool =
     _add(http, "enable_auto_tool_choice", "let the model decide when to call tools", action="store_true")
     _add(http, "max_queued_requests", "requests waiting for a slot before 429 (non-negative integer)")
     _add(http, "queue_timeout", "seconds a request may wait in the queue before 429", metavar="SECONDS")
+    pool = parser.add_argument_group("model pool")
+    _add(pool, "max_loaded_models", "engines kept loaded at once; least recently used idle ones unload first")
+    _add(
+        pool,
+        "memory_budget_gb",
+        "memory the loaded engines may take, in GB (estimate: weights + KV capacity x slots) "
+        "(default: 75%% of RAM)",
+        show_default=False,
+        type=_arg_type("memory_budget_gb", float, "a number"),
+        metavar="GB",
+    )
+    _add(
+        pool,
+        "keep_alive",
+        "seconds an idle model stays loaded (-1: never unload, 0: unload when idle); "
+        "a request's keep_alive field overrides it",
+        metavar="SECONDS",
+    )
     _add(
         http,
         "allowed_local_media_path",

@@ -49,6 +49,7 @@ from cachesvc.profiles import BuildOptions, BundleKey, ProfileRequest
 from cachesvc.reconcile import Reconciler
 from cachesvc.records import (
     BUNDLE_STATES,
+    AliasInfo,
     BuildStatus,
     BundleDetail,
     BundleInfo,
@@ -479,6 +480,44 @@ class CacheManager:
     def catalog_version(self) -> int:
         """Grows with every catalog change a bundle listing can show (cache key for readers)."""
         return self.catalog.version()
+
+    # -- served names --------------------------------------------------------------------
+
+    def set_alias(self, name: str, *, bundle_id: str | None = None, model: str | None = None) -> AliasInfo:
+        """Point the served name ``name`` at a bundle, or at a checkpoint (its most recently used
+        ready bundle). The target must be in the catalog."""
+        if not name.strip() or name.strip() != name:
+            raise ConfigError("name", f"must be a non-blank name, got {name!r}")
+        if bundle_id is not None:
+            self.catalog.require_bundle(bundle_id)
+        elif model is not None and not self.catalog.list_bundles(model=model, node=self.node, limit=1).items:
+            raise NotFoundError(
+                f"no bundle of {model!r} is in the catalog; build it first (POST /admin/builds)"
+            )
+        return self.catalog.set_alias(name, bundle_id=bundle_id, model=model)
+
+    def remove_alias(self, name: str) -> None:
+        """Delete a served name (NotFoundError when unknown)."""
+        self.catalog.remove_alias(name)
+
+    def aliases(self) -> list[AliasInfo]:
+        """Every operator-given served name."""
+        return self.catalog.aliases()
+
+    def record_engine_event(
+        self,
+        kind: str,
+        bundle_id: str,
+        *,
+        model: str | None = None,
+        reason: str | None = None,
+        seconds: float | None = None,
+        nbytes: int | None = None,
+    ) -> None:
+        """Append a ``load``/``unload`` event of a serving process to the audit log."""
+        self.catalog.add_event(
+            kind, bundle_id=bundle_id, model=model, reason=reason, seconds=seconds, nbytes=nbytes
+        )
 
     def list_checkpoints(self) -> list[CheckpointInfo]:
         """Resolved checkpoints with their bundle ids."""

@@ -11,7 +11,21 @@ from pathlib import Path
 from typing import Any
 
 BUNDLE_STATES = ("building", "ready", "failed", "corrupt")
-EVENT_KINDS = ("hit", "miss", "build_ok", "build_failed", "evict", "verify", "pin", "unpin", "reconcile")
+EVENT_KINDS = (
+    "hit",
+    "miss",
+    "build_ok",
+    "build_failed",
+    "evict",
+    "verify",
+    "pin",
+    "unpin",
+    "reconcile",
+    "load",
+    "unload",
+)
+#: Why a serving process unloaded an engine (the ``reason`` of ``unload`` events).
+UNLOAD_REASONS = ("idle", "memory", "admin", "evict", "shutdown")
 EVICT_REASONS = ("lru", "manual", "clear", "stale", "corrupt")
 BUILD_STATES = ("queued", "running", "done", "failed")
 #: Why a planned eviction left a bundle alone.
@@ -49,6 +63,16 @@ class BundleInfo:
     last_verified_at: datetime | None
     error: str | None
     node: str
+
+
+@dataclass(frozen=True)
+class AliasInfo:
+    """A served model name an operator gave a bundle or a checkpoint."""
+
+    name: str
+    bundle_id: str | None
+    model: str | None
+    created_at: datetime
 
 
 @dataclass(frozen=True)

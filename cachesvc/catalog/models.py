@@ -131,6 +131,21 @@ class LeaseRow(Base):
     since: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class AliasRow(Base):
+    """A served model name an operator gave a bundle (``bundle_id``) or a checkpoint (``model``:
+    its most recently used ready bundle). Exactly one target is set."""
+
+    __tablename__ = "model_aliases"
+    __table_args__ = (
+        CheckConstraint("(bundle_id IS NULL) <> (model IS NULL)", name="one_target"),
+    )
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    bundle_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    model: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class EventRow(Base):
     """Append-only audit log; feeds stats (through ``event_totals``) and ``/admin/events``."""
 

@@ -15,7 +15,15 @@ from sqlalchemy import Select, Table, and_, delete, func, insert, literal, or_, 
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from cachesvc.catalog.models import BundleRow, CheckpointRow, EventRow, EventTotalRow, LeaseRow, UTCDateTime
+from cachesvc.catalog.models import (
+    AliasRow,
+    BundleRow,
+    CheckpointRow,
+    EventRow,
+    EventTotalRow,
+    LeaseRow,
+    UTCDateTime,
+)
 from cachesvc.catalog.session import create_catalog_engine
 from cachesvc.errors import ConfigError, NotFoundError
 from cachesvc.profiles import BundleKey
@@ -24,6 +32,7 @@ from cachesvc.records import (
     EVENT_KINDS,
     SORT_KEYS,
     SORT_ORDERS,
+    AliasInfo,
     BundleInfo,
     BundlePage,
     CacheStats,
@@ -602,6 +611,37 @@ class Catalog:
                     LeaseRow.bundle_id == bundle_id, LeaseRow.node == self.node, LeaseRow.pid == pid
                 )
             )
+
+    # -- aliases ---------------------------------------------------------------------------
+
+    def set_alias(self, name: str, *, bundle_id: str | None = None, model: str | None = None) -> AliasInfo:
+        """Create or replace the alias ``name`` (exactly one of ``bundle_id``, ``model``)."""
+        if (bundle_id is None) == (model is None):
+            raise ConfigError("bundle_id", "give exactly one of bundle_id and model")
+        with self._tx() as session:
+            row = session.get(AliasRow, name)
+            if row is None:
+                row = AliasRow(name=name, created_at=utcnow())
+                session.add(row)
+            row.bundle_id, row.model = bundle_id, model
+            return AliasInfo(name=name, bundle_id=bundle_id, model=model, created_at=row.created_at)
+
+    def remove_alias(self, name: str) -> None:
+        """Delete the alias ``name`` (NotFoundError when there is none)."""
+        with self._tx() as session:
+            row = session.get(AliasRow, name)
+            if row is None:
+                raise NotFoundError(f"no model alias named {name!r}")
+            session.delete(row)
+
+    def aliases(self) -> list[AliasInfo]:
+        """Every alias, by name."""
+        with self._read() as session:
+            rows = session.scalars(select(AliasRow).order_by(AliasRow.name)).all()
+            return [
+                AliasInfo(name=r.name, bundle_id=r.bundle_id, model=r.model, created_at=r.created_at)
+                for r in rows
+            ]
 
     def leases(self, bundle_id: str, *, node: str | None = None) -> list[LeaseHolder]:
         """Recorded holders of this node's (or ``node``'s) copy of a bundle (rows may be stale)."""

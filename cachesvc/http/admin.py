@@ -50,8 +50,11 @@ from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 from cachesvc.records import EvictionResult
 from inference.openai.body_checks import LARGE_BODY_BYTES, has_body, json_nesting_error
+from inference.openai.pool import ModelPool
 
 Manager = NamedDependency[CacheManager]
+#: This server's model pool (engines loaded here); ``unload_idle`` unloads through it.
+Pool = NamedDependency[ModelPool]
 #: Where local checkpoints named over HTTP may lie (``--allowed-model-roots``); None: anywhere.
 ModelRoots = NamedDependency[tuple[Path, ...] | None]
 
@@ -212,13 +215,26 @@ class BundleController(Controller):
     @delete(
         "/{bundle_id:str}",
         status_code=200,
-        sync_to_thread=True,
         operation_id="removeBundle",
         responses=problem_responses(400, 404, 409),
     )
-    def remove_bundle(self, manager: Manager, bundle_id: BundleId) -> RemoveOut:
-        """Evict one bundle now; 409 when it is leased (with holders) or pinned."""
-        return RemoveOut(bundle_id=bundle_id, freed_bytes=manager.remove(bundle_id))
+    async def remove_bundle(
+        self,
+        manager: Manager,
+        pool: Pool,
+        bundle_id: BundleId,
+        unload_idle: Annotated[
+            bool,
+            QueryParameter(description="unload this server's engine of the bundle first when it is idle"),
+        ] = False,
+    ) -> RemoveOut:
+        """Evict one bundle now; 409 when it is leased (with holders) or pinned. With
+        ``unload_idle=true`` an idle engine of this server is unloaded first; engines busy here
+        or leased by other processes still block (409 naming them)."""
+        if unload_idle:
+            await pool.unload(bundle_id, reason="evict", grace=0.0)
+        freed = await anyio.to_thread.run_sync(manager.remove, bundle_id)
+        return RemoveOut(bundle_id=bundle_id, freed_bytes=freed)
 
     @put(
         "/{bundle_id:str}/pin",
@@ -303,13 +319,23 @@ class CacheController(Controller):
     @post(
         "/prune",
         status_code=200,
-        sync_to_thread=True,
         operation_id="pruneCache",
         responses=problem_responses(400, 409, 415),
     )
-    def prune(self, manager: Manager, data: Annotated[PruneRequest, StrictBody]) -> EvictionOut:
-        """Evict LRU idle bundles down to ``max_size_bytes`` (default: the cap); ``dry_run`` plans only."""
-        return _eviction_body(manager.prune(data.max_size_bytes, dry_run=data.dry_run))
+    async def prune(
+        self, manager: Manager, pool: Pool, data: Annotated[PruneRequest, StrictBody]
+    ) -> EvictionOut:
+        """Evict LRU idle bundles down to ``max_size_bytes`` (default: the cap); ``dry_run`` plans
+        only; ``unload_idle`` first unloads this server's idle engines the plan skips as leased."""
+        if data.unload_idle and not data.dry_run:
+            plan = await anyio.to_thread.run_sync(lambda: manager.prune(data.max_size_bytes, dry_run=True))
+            for skipped in plan.plan.skipped:
+                if skipped.reason == "leased":
+                    await pool.unload(skipped.bundle_id, reason="evict", grace=0.0)
+        result = await anyio.to_thread.run_sync(
+            lambda: manager.prune(data.max_size_bytes, dry_run=data.dry_run)
+        )
+        return _eviction_body(result)
 
     @post(
         "/clear",
@@ -409,13 +435,13 @@ def admin_router(*, admin_api_key: str | None, model_roots: tuple[Path, ...] | N
         before_request=_reject_deep_json,
         dependencies={"model_roots": Provide(lambda: model_roots, sync_to_thread=False)},
         exception_handlers=admin_exception_handlers(),
-        signature_namespace={"CacheManager": CacheManager, "Path": Path},
+        signature_namespace={"CacheManager": CacheManager, "Path": Path, "ModelPool": ModelPool},
     )
-    _drop_stale_options_handlers(router)
+    drop_stale_options_handlers(router)
     return router
 
 
-def _drop_stale_options_handlers(router: Router) -> None:
+def drop_stale_options_handlers(router: Router) -> None:
     """Remove the OPTIONS handlers Litestar generated while registering handlers one by one.
 
     Litestar 2.25 creates a path's OPTIONS handler with the first handler registered there and

@@ -225,6 +225,8 @@ _STATUS_DESCRIPTIONS: Mapping[int, str] = {
     403: "Not a loopback client and the server has no --admin-api-key, or a foreign Origin (a web page)",
     404: "No such bundle, build or checkpoint",
     415: "The body is not declared `application/json`",
+    429: "Every loaded model is busy and the model cannot be loaded yet (`Retry-After`)",
+    503: "The model could not be loaded, does not fit the memory budget, or the server is draining",
     409: "The bundle is leased, pinned, locked or corrupt; `reason` and `holders` say which",
     500: "Build failed or server bug (never bad input)",
     502: "The Hugging Face hub could not be reached",

@@ -8,6 +8,7 @@ scrape, so the numbers agree across processes sharing the catalog and survive re
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
@@ -156,41 +157,94 @@ class CacheStatsCollector(Collector):
 
 
 class ServingMetrics:
-    """The serving observer: time to first token, generated tokens, queue depth, active requests.
-
-    Implements ``first_token(seconds)``, ``tokens_generated(n)``, ``queue_changed(queued, active)``.
-    """
+    """The serving metrics, labelled by ``model``: time to first token, generated tokens, queue
+    depth, active requests. :meth:`for_model` gives one model's scheduler observer."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._ttft = Histogram(
             "cachesvc_time_to_first_token_seconds",
             "Time from admission to the first generated token.",
+            ["model"],
             buckets=TTFT_SECONDS_BUCKETS,
             registry=registry,
         )
-        self._tokens = Counter("cachesvc_generated_tokens", "Completion tokens generated.", registry=registry)
-        self._queued = Gauge("cachesvc_queue_depth", "Requests waiting for admission.", registry=registry)
-        self._active = Gauge("cachesvc_active_requests", "Requests being generated now.", registry=registry)
+        self._tokens = Counter(
+            "cachesvc_generated_tokens", "Completion tokens generated.", ["model"], registry=registry
+        )
+        self._queued = Gauge(
+            "cachesvc_queue_depth", "Requests waiting for admission.", ["model"], registry=registry
+        )
+        self._active = Gauge(
+            "cachesvc_active_requests", "Requests being generated now.", ["model"], registry=registry
+        )
         self._context = ContextCacheCollector()
         registry.register(self._context)
 
+    def for_model(self, model: str) -> ModelServingMetrics:
+        """The observer of one model's scheduler (``first_token``, ``tokens_generated``, ...)."""
+        return ModelServingMetrics(self, model)
+
+    def forget(self, model: str) -> None:
+        """Drop the gauges of an unloaded model (its counters stay: they are totals)."""
+        for gauge in (self._queued, self._active):
+            with contextlib.suppress(KeyError):
+                gauge.remove(model)
+
+
+class ModelServingMetrics:
+    """One model's view of :class:`ServingMetrics` (a scheduler observer)."""
+
+    def __init__(self, metrics: ServingMetrics, model: str) -> None:
+        self._m = metrics
+        self.model = model
+
     def first_token(self, seconds: float) -> None:
         """Record one request's time to first token."""
-        self._ttft.observe(max(0.0, seconds))
+        self._m._ttft.labels(self.model).observe(max(0.0, seconds))
 
     def tokens_generated(self, n: int) -> None:
         """Count ``n`` newly generated tokens."""
         if n > 0:
-            self._tokens.inc(n)
+            self._m._tokens.labels(self.model).inc(n)
 
     def queue_changed(self, queued: int, active: int) -> None:
         """Set the current queue depth and number of active requests."""
-        self._queued.set(queued)
-        self._active.set(active)
+        self._m._queued.labels(self.model).set(queued)
+        self._m._active.labels(self.model).set(active)
 
     def context_cache_changed(self, stats: Any) -> None:
         """Keep the latest context-reuse counters (a ``ContextCacheStats``) for the next scrape."""
-        self._context.latest = stats
+        self._m._context.latest = stats
+
+
+class PoolMetrics:
+    """The model pool's observer: loaded models, loads, unloads by reason, load time."""
+
+    def __init__(self, registry: CollectorRegistry, serving: ServingMetrics) -> None:
+        self._serving = serving
+        self._loaded = Gauge("cachesvc_loaded_models", "Engines loaded in this process.", registry=registry)
+        self._loads = Counter("cachesvc_model_loads", "Engine loads.", ["model"], registry=registry)
+        self._unloads = Counter(
+            "cachesvc_model_unloads", "Engine unloads by reason.", ["model", "reason"], registry=registry
+        )
+        self._load_seconds = Histogram(
+            "cachesvc_model_load_seconds",
+            "Time to load an engine (lease, engine, tokenizer, scheduler).",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=registry,
+        )
+
+    def model_loaded(self, model: str, seconds: float, loaded: int) -> None:
+        """A load finished."""
+        self._loads.labels(model).inc()
+        self._load_seconds.observe(seconds)
+        self._loaded.set(loaded)
+
+    def model_unloaded(self, model: str, reason: str, loaded: int) -> None:
+        """An engine left memory."""
+        self._unloads.labels(model, reason).inc()
+        self._loaded.set(loaded)
+        self._serving.forget(model)
 
 
 class ContextCacheCollector(Collector):
@@ -288,6 +342,7 @@ class MetricsState:
     def __init__(self, stats_source: StatsSource | None = None) -> None:
         self.registry = CollectorRegistry()
         self.serving = ServingMetrics(self.registry)
+        self.pool = PoolMetrics(self.registry, self.serving)
         self.http = HttpMetrics(self.registry)
         if stats_source is not None:
             self.registry.register(CacheStatsCollector(stats_source))

@@ -32,7 +32,19 @@ from inference.build_profile import (
 )
 
 BundleState = Literal["building", "ready", "failed", "corrupt"]
-EventKind = Literal["hit", "miss", "build_ok", "build_failed", "evict", "verify", "pin", "unpin", "reconcile"]
+EventKind = Literal[
+    "hit",
+    "miss",
+    "build_ok",
+    "build_failed",
+    "evict",
+    "verify",
+    "pin",
+    "unpin",
+    "reconcile",
+    "load",
+    "unload",
+]
 EvictReason = Literal["lru", "manual", "clear", "stale", "corrupt"]
 BuildState = Literal["queued", "running", "done", "failed"]
 BackendName = Literal["onnxruntime", "tensorrt"]
@@ -254,6 +266,8 @@ class PruneRequest(Struct, frozen=True, forbid_unknown_fields=True):
     # gt=-1 rather than ge=0: Litestar 2.25 drops a falsy bound (0) from the OpenAPI schema.
     max_size_bytes: Annotated[int, Meta(gt=-1, le=2**62)] | None = None
     dry_run: bool = False
+    #: Unload this server's idle engines of bundles the plan would otherwise skip as leased.
+    unload_idle: bool = False
 
 
 class ClearRequest(Struct, frozen=True, forbid_unknown_fields=True):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from inference.openai.errors import OpenAIError
+    from inference.openai.pool import ModelPool, ModelRef, ModelSource, PoolLimits
     from inference.openai.routes import ServingProvider, check_api_key, openai_router
     from inference.openai.serving import (
         AUTO_PARSERS,
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
 # Litestar, the scheduler and the tokenizer.
 _LAZY = {
     "OpenAIError": "inference.openai.errors",
+    "ModelPool": "inference.openai.pool",
+    "ModelRef": "inference.openai.pool",
+    "ModelSource": "inference.openai.pool",
+    "PoolLimits": "inference.openai.pool",
     "ServingProvider": "inference.openai.routes",
     "check_api_key": "inference.openai.routes",
     "openai_router": "inference.openai.routes",
@@ -56,8 +61,12 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AUTO_PARSERS",
+    "ModelPool",
+    "ModelRef",
+    "ModelSource",
     "OpenAIError",
     "OpenAIServing",
+    "PoolLimits",
     "ServingObserver",
     "ServingOptions",
     "ServingProvider",

@@ -77,6 +77,8 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     user: str | None = None
     # As llama-server: false = no cached prompt prefix is used and this prompt's KV is not kept.
     cache_prompt: bool = True
+    # As Ollama: seconds the model stays loaded after this request (-1 forever, 0 unload when idle).
+    keep_alive: float | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -184,6 +186,11 @@ class ModelCard(msgspec.Struct):
     max_model_len: int
     object: str = "model"
     root: str | None = None
+    # Extensions: what the name runs on and whether it is in memory now.
+    backend: str | None = None
+    precision: str | None = None
+    bundle_id: str | None = None
+    loaded: bool | None = None
 
 
 class ModelList(msgspec.Struct):

@@ -1,8 +1,9 @@
-"""Thin Litestar routes for ``/v1``: auth and admission guard, then hand over to ``OpenAIServing``.
+"""Thin Litestar routes for ``/v1``: auth and admission guard, then hand over to a model.
 
-:func:`openai_router` takes a provider (a zero-argument callable returning the
-:class:`OpenAIServing`, or None while the engine is still loading) so the app can build the
-router before its lifespan has loaded the engine; an ``OpenAIServing`` instance works too.
+:func:`openai_router` takes the models: a :class:`~inference.openai.pool.ModelPool` (every
+request ``acquire``s its model's handle and releases it when the answer or stream ends), an
+:class:`OpenAIServing` (one model), or a zero-argument callable returning either (None while
+loading). The API key is the router's, not a model's.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -36,12 +38,52 @@ from inference.openai.errors import (
     openai_exception_handler,
     to_openai_error,
 )
+from inference.openai.pool import ModelLease, ModelPool
 from inference.openai.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelList
 from inference.openai.serving import OpenAIServing
 
-__all__ = ["ServingProvider", "any_key_matches", "check_api_key", "openai_router", "presented_keys"]
+__all__ = [
+    "Models",
+    "ServingProvider",
+    "SingleModel",
+    "any_key_matches",
+    "check_api_key",
+    "openai_router",
+    "presented_keys",
+]
 
-ServingProvider = Callable[[], "OpenAIServing | None"]
+
+class _Held:
+    """A one-model lease: nothing to release."""
+
+    def __init__(self, serving: OpenAIServing) -> None:
+        self.serving = serving
+
+    def release(self) -> None:
+        return None
+
+
+class SingleModel:
+    """One always-loaded model behind the same interface as the pool."""
+
+    def __init__(self, serving: OpenAIServing) -> None:
+        self.serving = serving
+
+    def check_admitting(self) -> None:
+        """503 unless the model admits requests."""
+        self.serving.check_admitting()
+
+    async def acquire(self, name: str, *, keep_alive: float | None = None) -> _Held:
+        """The model itself (its own name check answers 404 for others)."""
+        return _Held(self.serving)
+
+    async def list_models(self) -> ModelList:
+        """``GET /v1/models``."""
+        return self.serving.list_models()
+
+
+Models = ModelPool | SingleModel
+ServingProvider = Callable[[], "OpenAIServing | ModelPool | None"]
 
 # OpenAPI descriptions of the error statuses /v1 answers (all with the OpenAI error body).
 _ERRORS = {
@@ -85,30 +127,35 @@ def check_api_key(expected: str | None, authorization: str | None, x_api_key: st
         raise AuthenticationError(f"{detail}: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
 
 
-def openai_router(serving_provider: ServingProvider | OpenAIServing, *, path: str = "/v1") -> Router:
-    """Routes ``GET /models``, ``POST /completions``, ``POST /chat/completions`` under ``path``."""
-    if isinstance(serving_provider, OpenAIServing):
-        instance = serving_provider
+def openai_router(
+    models: ServingProvider | OpenAIServing | ModelPool,
+    *,
+    api_key: str | None = None,
+    path: str = "/v1",
+) -> Router:
+    """Routes ``GET /models``, ``POST /completions``, ``POST /chat/completions`` under ``path``;
+    ``api_key`` (when set) is required on every one."""
+    if isinstance(models, OpenAIServing | ModelPool):
+        instance = models
 
-        def provider() -> OpenAIServing | None:
+        def provider() -> OpenAIServing | ModelPool | None:
             return instance
     else:
-        provider = serving_provider
+        provider = models
 
-    def current() -> OpenAIServing:
-        serving = provider()
-        if serving is None:
+    def current() -> Models:
+        found = provider()
+        if found is None:
             raise ServerUnavailableError("the model is still loading; retry shortly")
-        return serving
+        return SingleModel(found) if isinstance(found, OpenAIServing) else found
 
     def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-        serving = current()
         check_api_key(
-            serving.options.api_key,
+            api_key,
             connection.headers.get("authorization"),
             connection.headers.get("x-api-key"),
         )
-        serving.check_admitting()
+        current().check_admitting()
         if has_body(connection.headers) and not is_json_media_type(connection.headers.get("content-type")):
             raise UnsupportedMediaTypeError(
                 "request bodies must be JSON: send 'Content-Type: application/json' "
@@ -140,9 +187,10 @@ def openai_router(serving_provider: ServingProvider | OpenAIServing, *, path: st
         else:
             check()
 
-    def respond(result: Any) -> Response[Any]:
+    def respond(result: Any, lease: ModelLease | _Held) -> Response[Any]:
         if isinstance(result, AsyncIterator):
-            return ServerSentEvent(result)
+            return ServerSentEvent(_releasing(result, lease))
+        lease.release()
         return Response(content=result)
 
     def documented(*statuses: int) -> dict[int, ResponseSpec]:
@@ -150,22 +198,27 @@ def openai_router(serving_provider: ServingProvider | OpenAIServing, *, path: st
             code: ResponseSpec(data_container=ErrorResponse, description=_ERRORS[code]) for code in statuses
         }
 
-    @get("/models", sync_to_thread=False, responses=documented(401, 503))
-    def models() -> ModelList:
-        return current().list_models()
+    @get("/models", responses=documented(401, 503))
+    async def list_models() -> ModelList:
+        return await current().list_models()
 
     async def until_disconnect(request: Request[Any, Any, Any]) -> None:
         # After the body is read, the only message left is the client's disconnect.
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    async def answer(request: Request[Any, Any, Any], work: Awaitable[Any]) -> Response[Any]:
-        """Run ``work``; if the client hangs up first, cancel it so its slot frees at once.
+    async def answer(
+        request: Request[Any, Any, Any],
+        body: CompletionRequest | ChatCompletionRequest,
+        work: Callable[[OpenAIServing], Awaitable[Any]],
+    ) -> Response[Any]:
+        """Acquire the model, run ``work`` on it and release it when the answer is written.
 
-        Streams watch for disconnects themselves; this covers the wait for a non-streamed
-        answer (and a stream's first token), which would otherwise run to max_tokens.
+        If the client hangs up first, cancel the work so its slot frees at once. Streams watch
+        for disconnects themselves; this covers the wait for the model's load, a non-streamed
+        answer and a stream's first token, which would otherwise run to max_tokens.
         """
-        task = asyncio.ensure_future(work)
+        task = asyncio.ensure_future(_run(current(), body, work))
         watcher = asyncio.ensure_future(until_disconnect(request))
         try:
             await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -176,7 +229,8 @@ def openai_router(serving_provider: ServingProvider | OpenAIServing, *, path: st
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             raise ClientDisconnectedError("the client closed the connection; generation was cancelled")
-        return respond(task.result())
+        result, lease = task.result()
+        return respond(result, lease)
 
     @post(
         "/completions",
@@ -187,7 +241,7 @@ def openai_router(serving_provider: ServingProvider | OpenAIServing, *, path: st
     async def completions(
         request: Request[Any, Any, Any], data: JSONBody[CompletionRequest]
     ) -> Response[Any]:
-        return await answer(request, current().create_completion(data))
+        return await answer(request, data, lambda s: s.create_completion(data))
 
     @post(
         "/chat/completions",
@@ -198,13 +252,41 @@ def openai_router(serving_provider: ServingProvider | OpenAIServing, *, path: st
     async def chat_completions(
         request: Request[Any, Any, Any], data: JSONBody[ChatCompletionRequest]
     ) -> Response[Any]:
-        return await answer(request, current().create_chat_completion(data))
+        return await answer(request, data, lambda s: s.create_chat_completion(data))
 
     return Router(
         path=path,
-        route_handlers=[models, completions, chat_completions],
+        route_handlers=[list_models, completions, chat_completions],
         guards=[guard],
         before_request=strict_body,
         exception_handlers={Exception: openai_exception_handler},
         tags=["openai"],
     )
+
+
+async def _run(
+    models: Models,
+    body: CompletionRequest | ChatCompletionRequest,
+    work: Callable[[OpenAIServing], Awaitable[Any]],
+) -> tuple[Any, ModelLease | _Held]:
+    lease = await models.acquire(body.model, keep_alive=body.keep_alive)
+    try:
+        return await work(lease.serving), lease
+    except BaseException:
+        lease.release()
+        raise
+
+
+def _releasing(stream: AsyncIterator[str], lease: ModelLease | _Held) -> AsyncIterator[str]:
+    """``stream``, releasing the model's lease when it ends or is dropped unstarted."""
+
+    async def wrapped() -> AsyncIterator[str]:
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            lease.release()
+
+    gen = wrapped()
+    weakref.finalize(gen, lease.release)
+    return gen

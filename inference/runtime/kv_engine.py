@@ -22,6 +22,7 @@ prefill runs one sequence at a time (the scheduler interleaves prefill chunks wi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,10 @@ class GqaEngine:
     def info(self) -> EngineInfo:
         """Static facts about the engine."""
         return self._info
+
+    def set_memory_bytes(self, n: int) -> None:
+        """Record the loader's memory estimate (weights + KV) in :attr:`info`."""
+        self._info = dataclasses.replace(self._info, memory_bytes=n)
 
     @property
     def kv_bytes_per_token(self) -> int:

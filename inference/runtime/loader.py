@@ -12,8 +12,7 @@ import onnxruntime as ort
 from inference.runtime.errors import EngineLoadError
 from inference.runtime.kv_engine import KV_LAYOUT, GqaEngine
 from inference.runtime.ort_engine import OrtEngine
-from inference.runtime.protocol import Engine
-from inference.runtime.registry import ENGINE_LOADERS, loader_for
+from inference.runtime.registry import load_engine, memory_estimate
 
 ENGINE_FILE = "engine.json"
 # Format 1 (two weight copies, no in-place KV graph) is refused: rebuilding is cheap and the
@@ -48,8 +47,6 @@ def read_engine_meta(bundle_dir: Path) -> dict[str, Any]:
             "Rebuild the bundle with this version of the builder"
         )
     backend = meta.get("backend")
-    if backend in ENGINE_LOADERS:
-        return meta  # its own runtime checks its versions when it loads the bundle
     if backend != "onnxruntime":
         raise EngineLoadError(f"bundle backend {backend!r} is not loadable by the onnxruntime runtime")
     built_with = str(meta.get("onnxruntime_version", "?"))
@@ -67,8 +64,10 @@ def read_engine_meta(bundle_dir: Path) -> dict[str, Any]:
     return meta
 
 
-def load_engine(bundle_dir: Path, *, max_slots: int | None = None, threads: int | None = None) -> Engine:
-    """Load a bundle as an Engine.
+def load_ort_engine(
+    bundle_dir: Path, *, max_slots: int | None = None, threads: int | None = None
+) -> GqaEngine:
+    """Load an ``onnxruntime`` bundle as an Engine (the registry's loader for that backend).
 
     ``max_slots`` defaults to the bundle's max_batch_size; ``threads`` (intra-op) defaults to
     the number of cores this process may use.
@@ -81,20 +80,19 @@ def load_engine(bundle_dir: Path, *, max_slots: int | None = None, threads: int 
     n_threads = _cores() if threads is None else threads
     if n_threads < 1:
         raise ValueError(f"threads must be at least 1, got {n_threads}")
-    other = loader_for(str(meta.get("backend")))
-    if other is not None:
-        return other(bundle_dir, meta, max_slots=slots, threads=n_threads)
     model = bundle_dir / str(meta["kv_cache"].get("model", ""))
     if not model.is_file():
         raise EngineLoadError(f"bundle {bundle_dir} has no model file ({model.name}); rebuild it")
     try:
-        return GqaEngine(model, meta, max_slots=slots, threads=n_threads)
+        engine = GqaEngine(model, meta, max_slots=slots, threads=n_threads)
     except (KeyError, TypeError) as exc:
         raise EngineLoadError(f"{bundle_dir}/{ENGINE_FILE} lacks a field: {exc}; rebuild the bundle") from exc
     except Exception as exc:  # onnxruntime's load errors have no common public base class
         raise EngineLoadError(
             f"onnxruntime cannot load {model}: {exc}; verify or rebuild the bundle"
         ) from exc
+    engine.set_memory_bytes(memory_estimate(bundle_dir, max_slots=slots))
+    return engine
 
 
 def load_portable_engine(bundle_dir: Path, *, max_slots: int = 1, threads: int | None = None) -> OrtEngine:
@@ -110,3 +108,6 @@ def load_portable_engine(bundle_dir: Path, *, max_slots: int = 1, threads: int |
                               "keep only the CPU graph)")
     model = bundle_dir / str(portable)
     return OrtEngine(model, meta, max_slots=max_slots, threads=_cores() if threads is None else threads)
+
+
+__all__ = ["ENGINE_FILE", "load_engine", "load_ort_engine", "load_portable_engine", "read_engine_meta"]

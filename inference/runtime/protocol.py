@@ -32,6 +32,9 @@ class EngineInfo:
     eos_token_ids: tuple[int, ...] = ()
     backend: str = "onnxruntime"
     precision: str = "fp32"
+    #: Where the engine runs (``cpu``, ``cuda:0``) and what it holds there: weights + KV slots.
+    device: str = "cpu"
+    memory_bytes: int = 0
     extra: dict[str, object] = field(default_factory=dict)
 
 

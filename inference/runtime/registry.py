@@ -1,29 +1,122 @@
-"""Which runtime loads a bundle: the ``backend`` named in ``engine.json`` -> a lazily imported loader.
+"""Engine loaders by the ``backend`` recorded in a bundle's ``engine.json``.
 
-The loader is imported only when a bundle of its backend is loaded, so ``tensorrt`` and
-``pycuda`` stay out of a process that serves onnxruntime bundles. onnxruntime bundles are
-loaded by :mod:`inference.runtime.loader` itself. A loader is called as
-``loader(bundle_dir, meta, *, max_slots=..., threads=...)`` and returns an ``Engine``.
+Each backend names the module and callable that loads it; the module is imported only when a
+bundle of that backend is loaded, so importing the service (or its admin API) never imports a
+runtime such as onnxruntime. A new backend adds one line to :data:`LOADERS` (or calls
+:func:`register_loader`), nothing else.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
+from inference.runtime.errors import EngineLoadError
 from inference.runtime.protocol import Engine
 
-#: backend -> "module:function" of its loader.
-ENGINE_LOADERS: dict[str, str] = {
+ENGINE_FILE = "engine.json"
+
+#: backend -> "module:callable"; the callable takes ``(bundle_dir, *, max_slots, threads)``.
+LOADERS: dict[str, str] = {
+    "onnxruntime": "inference.runtime.loader:load_ort_engine",
     "tensorrt": "inference.runtime.trt_engine:load_trt_engine",
 }
 
+EngineLoader = Callable[..., Engine]
 
-def loader_for(backend: str) -> Callable[..., Engine] | None:
-    """The loader of ``backend``'s bundles, or None when no registered runtime loads them."""
-    target = ENGINE_LOADERS.get(backend)
+
+def register_loader(backend: str, target: str) -> None:
+    """Make ``load_engine`` load bundles of ``backend`` with ``target`` (``module:callable``)."""
+    if ":" not in target:
+        raise ValueError(f"a loader is 'module:callable', got {target!r}")
+    LOADERS[backend] = target
+
+
+def bundle_backend(bundle_dir: Path) -> str:
+    """The ``backend`` field of a bundle's ``engine.json`` (EngineLoadError when unreadable)."""
+    return str(read_meta(bundle_dir).get("backend", ""))
+
+
+def loader_for(backend: str) -> EngineLoader:
+    """Import and return the loader of ``backend`` (EngineLoadError for an unknown backend)."""
+    target = LOADERS.get(backend)
     if target is None:
-        return None
-    module, _, attr = target.partition(":")
-    loader: Callable[..., Engine] = getattr(importlib.import_module(module), attr)
+        raise EngineLoadError(
+            f"bundle backend {backend!r} has no engine loader in this process "
+            f"(known: {', '.join(sorted(LOADERS))})"
+        )
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EngineLoadError(f"the {backend} runtime is not installed here ({exc})") from exc
+    loader: EngineLoader = getattr(module, attr)
     return loader
+
+
+def read_meta(bundle_dir: Path) -> dict[str, Any]:
+    """A bundle's ``engine.json`` as a dict, unchecked (EngineLoadError when unreadable)."""
+    path = Path(bundle_dir) / ENGINE_FILE
+    try:
+        meta: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise EngineLoadError(f"{bundle_dir} is not an engine bundle: {ENGINE_FILE} is missing") from None
+    except (OSError, ValueError) as exc:
+        raise EngineLoadError(f"{path} is not readable JSON ({exc}); rebuild the bundle") from exc
+    return meta
+
+
+def weight_bytes(bundle_dir: Path, meta: dict[str, Any]) -> int:
+    """Bytes of the graph the serving engine loads: its model file and that file's external data.
+
+    ``engine.json``'s ``weight_bytes`` wins when the builder recorded it."""
+    recorded = meta.get("weight_bytes")
+    if isinstance(recorded, int) and recorded > 0:
+        return recorded
+    kv = meta.get("kv_cache")
+    name = str(kv.get("model", "")) if isinstance(kv, dict) else ""
+    if not name:
+        name = str(meta.get("portable_model", "model.onnx"))
+    stem = name.rsplit(".", 1)[0]
+    total = 0
+    for f in Path(bundle_dir).iterdir():
+        if f.is_file() and (
+            f.name == name
+            or f.name.startswith(name + ".")
+            or f.name.startswith(stem + ".onnx_data")
+            or f.name.startswith(stem + ".data")
+        ):
+            total += f.stat().st_size
+    return total
+
+
+def memory_estimate(bundle_dir: Path, *, max_slots: int | None = None) -> int:
+    """What loading the bundle takes in memory: weight bytes + KV bytes per token x capacity x slots."""
+    meta = read_meta(bundle_dir)
+    slots = int(meta.get("max_batch_size", 1)) if max_slots is None else max_slots
+    kv = meta.get("kv_cache") if isinstance(meta.get("kv_cache"), dict) else {}
+    per_token = int(kv.get("bytes_per_token", 0)) if kv else 0
+    capacity = int(meta.get("max_kv_cache_capacity", 0))
+    return weight_bytes(bundle_dir, meta) + per_token * capacity * slots
+
+
+def load_engine(bundle_dir: Path, *, max_slots: int | None = None, threads: int | None = None) -> Engine:
+    """Load a bundle as an Engine with the loader of the backend its ``engine.json`` names."""
+    loader = loader_for(bundle_backend(bundle_dir))
+    return loader(Path(bundle_dir), max_slots=max_slots, threads=threads)
+
+
+__all__ = [
+    "LOADERS",
+    "EngineLoader",
+    "bundle_backend",
+    "load_engine",
+    "loader_for",
+    "memory_estimate",
+    "read_meta",
+    "register_loader",
+    "weight_bytes",
+]

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from inference.runtime.errors import EngineLoadError
+from inference.runtime.loader import KNOWN_FORMAT_VERSIONS as _FORMAT_VERSIONS
 from inference.runtime.protocol import EngineInfo
 from inference.runtime.slot_checks import (
     check_decode,
@@ -141,14 +142,15 @@ class TrtEngine:
             eos_token_ids=tuple(int(t) for t in meta.get("eos_token_ids", [])),
             backend="tensorrt",
             precision=str(meta["precision"]),
+            device=f"cuda:{device.name}",
+            # Weights live in the plan; KV, I/O buffers and TensorRT's activation memory on top.
+            memory_bytes=len(plan) + allocated + workspace,
             extra={
                 "bos_token_id": meta.get("bos_token_id"),
                 "architecture": meta.get("architecture"),
                 "tensorrt_version": trt.__version__,
                 "gpu_name": device.name,
                 "compute_capability": device.compute_capability,
-                # Weights live in the plan; KV, I/O buffers and TensorRT's activation memory on top.
-                "memory_bytes": len(plan) + allocated + workspace,
                 "kv_bytes_per_slot": slot_bytes,
             },
         )
@@ -365,12 +367,24 @@ class TrtEngine:
 
 
 def load_trt_engine(
-    bundle_dir: Path, meta: dict[str, Any], *, max_slots: int, threads: int | None = None
+    bundle_dir: Path, *, max_slots: int | None = None, threads: int | None = None
 ) -> TrtEngine:
-    """Registry entry: a TensorRT bundle -> :class:`TrtEngine` (``threads`` does not apply)."""
-    from inference.cuda_device import tensorrt_missing
+    """Registry entry: a TensorRT bundle -> :class:`TrtEngine` (``threads`` does not apply).
 
+    ``max_slots`` defaults to the bundle's max_batch_size."""
+    from inference.cuda_device import tensorrt_missing
+    from inference.runtime.registry import read_meta
+
+    meta = read_meta(bundle_dir)
+    if meta.get("format_version") not in _FORMAT_VERSIONS:
+        raise EngineLoadError(
+            f"{bundle_dir}/engine.json has format_version {meta.get('format_version')!r}; this runtime "
+            f"reads {list(_FORMAT_VERSIONS)}. Rebuild the bundle with this version of the builder"
+        )
+    slots = int(meta.get("max_batch_size", 1)) if max_slots is None else max_slots
+    if slots < 1:
+        raise ValueError(f"max_slots must be at least 1, got {slots}")
     missing = tensorrt_missing()
     if missing is not None:
         raise EngineLoadError(f"cannot load the TensorRT bundle {bundle_dir} here: {missing}")
-    return TrtEngine(Path(bundle_dir), meta, max_slots=max_slots)
+    return TrtEngine(Path(bundle_dir), meta, max_slots=slots)

@@ -35,8 +35,9 @@ def _operations(manager: CacheManager) -> list[tuple[str, str]]:
             continue  # a static page without data, open by design; its API calls are guarded
         path = template.replace("{bundle_id}", BUNDLE_ID).replace("{build_id}", "build-0")
         path = path.replace("{node}", "node-x")
+        path = path.replace("{name}", "some-alias")
         ops += [(method.upper(), path) for method in item]
-    assert len(ops) == 22
+    assert len(ops) == 28
     return sorted(ops)
 
 

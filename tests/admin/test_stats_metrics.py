@@ -215,22 +215,24 @@ def test_build_duration_buckets_are_cumulative() -> None:
 
 def test_serving_and_http_metrics(manager: CacheManager) -> None:
     app, metrics = build_app(manager)
-    metrics.serving.first_token(0.2)
-    metrics.serving.first_token(3.0)
-    metrics.serving.tokens_generated(5)
-    metrics.serving.tokens_generated(7)
-    metrics.serving.queue_changed(3, 2)
+    observer = metrics.serving.for_model("m")
+    observer.first_token(0.2)
+    observer.first_token(3.0)
+    observer.tokens_generated(5)
+    observer.tokens_generated(7)
+    observer.queue_changed(3, 2)
     with TestClient(app, base_url=LOOPBACK_URL) as client:
         client.get("/admin/bundles/0123456789abcdef-0123456789ab")
         client.get("/admin/bundles/fedcba9876543210-fedcba987654")
         client.get("/admin/stats")
         m = _metrics(client)
-    assert m["cachesvc_time_to_first_token_seconds_count"][()] == 2
-    assert m["cachesvc_time_to_first_token_seconds_sum"][()] == pytest.approx(3.2)
-    assert m["cachesvc_time_to_first_token_seconds_bucket"][(("le", "0.25"),)] == 1
-    assert m["cachesvc_generated_tokens_total"][()] == 12
-    assert m["cachesvc_queue_depth"][()] == 3
-    assert m["cachesvc_active_requests"][()] == 2
+    model = (("model", "m"),)
+    assert m["cachesvc_time_to_first_token_seconds_count"][model] == 2
+    assert m["cachesvc_time_to_first_token_seconds_sum"][model] == pytest.approx(3.2)
+    assert m["cachesvc_time_to_first_token_seconds_bucket"][(("le", "0.25"), ("model", "m"))] == 1
+    assert m["cachesvc_generated_tokens_total"][model] == 12
+    assert m["cachesvc_queue_depth"][model] == 3
+    assert m["cachesvc_active_requests"][model] == 2
     requests = m["cachesvc_http_requests_total"]
     # Route templates, not raw paths: two different ids count under one series.
     detail = (("method", "GET"), ("route", "/admin/bundles/{bundle_id}"), ("status", "404"))
@@ -244,6 +246,6 @@ def test_serving_and_http_metrics(manager: CacheManager) -> None:
 def test_each_app_has_its_own_registry(manager: CacheManager) -> None:
     _, a = build_app(manager)
     _, b = build_app(manager)
-    a.serving.tokens_generated(4)
-    assert b"cachesvc_generated_tokens_total 0.0" in b.exposition()
-    assert b"cachesvc_generated_tokens_total 4.0" in a.exposition()
+    a.serving.for_model("m").tokens_generated(4)
+    assert b'cachesvc_generated_tokens_total{model="m"}' not in b.exposition()
+    assert b'cachesvc_generated_tokens_total{model="m"} 4.0' in a.exposition()

@@ -137,29 +137,29 @@ def _wait_ready(server: ServerProcess, deadline: float) -> bool:
 
 
 def start_server(
-    model: Path | str,
+    model: Path | str | None,
     cache_dir: Path,
     log_dir: Path,
     *args: str,
     env: Mapping[str, str] | None = None,
     api_key: str | None = None,
 ) -> ServerProcess:
-    """Spawn ``cachesvc serve MODEL`` on a free loopback port and wait until it is ready."""
+    """Spawn ``cachesvc serve MODEL`` (``model=None``: the whole catalog, no startup model) on a
+    free loopback port and wait until it is ready."""
     for attempt in range(3):
         port = free_port()
         log_path = log_dir / f"serve-{port}-{attempt}.log"
         argv: list[str] = [
             *cachesvc_command(),
             "serve",
-            str(model),
+            *([str(model)] if model is not None else []),
             "--cache-dir",
             str(cache_dir),
             "--host",
             "127.0.0.1",
             "--port",
             str(port),
-            "--served-model-name",
-            MODEL,
+            *(["--served-model-name", MODEL] if model is not None else []),
             *(["--api-key", api_key] if api_key else []),
             *args,
         ]
@@ -178,7 +178,7 @@ def start_server(
 
 @contextmanager
 def running_server(
-    model: Path | str,
+    model: Path | str | None,
     cache_dir: Path,
     log_dir: Path,
     *args: str,

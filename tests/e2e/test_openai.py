@@ -112,10 +112,14 @@ def _context(server: ServerProcess) -> str:
 
 def test_models_list(client: openai.OpenAI) -> None:
     models = client.models.list()
-    assert [m.id for m in models.data] == [MODEL]
+    # The startup name first, then the other names of what the catalog holds ready (here the
+    # same bundle by checkpoint path and by bundle id).
+    assert models.data[0].id == MODEL
     card = models.data[0].model_dump()
     assert card["max_model_len"] == REAL_MAX_KV
     assert card["object"] == "model"
+    assert card["loaded"] is True and card["backend"] == "onnxruntime"
+    assert card["bundle_id"] in {m.id for m in models.data}
 
 
 def test_chat_completion(client: openai.OpenAI, reference: Reference) -> None:

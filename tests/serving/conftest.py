@@ -50,12 +50,14 @@ def make_options(**overrides: Any) -> ServingOptions:
     return ServingOptions(**base)
 
 
-def make_app(serving: OpenAIServing) -> Litestar:
+def make_app(serving: OpenAIServing, *, api_key: str | None = None) -> Litestar:
     async def stop() -> None:
         await serving.stop()
 
     return Litestar(
-        route_handlers=[openai_router(lambda: serving)], on_startup=[serving.start], on_shutdown=[stop]
+        route_handlers=[openai_router(lambda: serving, api_key=api_key)],
+        on_startup=[serving.start],
+        on_shutdown=[stop],
     )
 
 

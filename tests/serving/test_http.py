@@ -25,8 +25,8 @@ def _serving(tokenizer: Tokenizer, engine: Any = None, **opts: Any) -> OpenAISer
     return OpenAIServing(engine or TableEngine(), tokenizer, make_options(**opts))
 
 
-async def _client(serving: OpenAIServing) -> AsyncIterator[AsyncTestClient[Any]]:
-    async with AsyncTestClient(app=make_app(serving)) as client:
+async def _client(serving: OpenAIServing, api_key: str | None = None) -> AsyncIterator[AsyncTestClient[Any]]:
+    async with AsyncTestClient(app=make_app(serving, api_key=api_key)) as client:
         yield client
 
 
@@ -266,7 +266,7 @@ async def test_errors(tokenizer: Tokenizer) -> None:
 
 
 async def test_api_key(tokenizer: Tokenizer) -> None:
-    async for c in _client(_serving(tokenizer, api_key="s3cret")):
+    async for c in _client(_serving(tokenizer), api_key="s3cret"):
         _error(await c.get("/v1/models"), 401, "invalid_api_key")
         _error(await c.get("/v1/models", headers={"Authorization": "Bearer wrong"}), 401)
         _error(await c.post("/v1/completions", json={"model": MODEL, "prompt": "x"}), 401)

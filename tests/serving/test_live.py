@@ -105,7 +105,7 @@ def test_official_openai_client(tokenizer: Tokenizer) -> None:
     )
     engine = TokenScriptEngine(script, model_type="qwen3")
     serving = _serving(
-        tokenizer, engine, api_key="k", enable_auto_tool_choice=True, max_model_len=512, max_input_len=400
+        tokenizer, engine, enable_auto_tool_choice=True, max_model_len=512, max_input_len=400
     )
     tools: Any = [
         {
@@ -116,7 +116,7 @@ def test_official_openai_client(tokenizer: Tokenizer) -> None:
             },
         }
     ]
-    with LiveServer(make_app(serving)) as srv:
+    with LiveServer(make_app(serving, api_key="k")) as srv:
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="k", max_retries=0)
         assert [m.id for m in client.models.list().data] == [MODEL]
         msgs: Any = [{"role": "user", "content": "weather?"}]

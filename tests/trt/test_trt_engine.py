@@ -152,7 +152,7 @@ def test_runs_from_another_thread_and_frees_its_memory(
     before = _fake_gpu.live_bytes()
     engine = load_engine(trt_dir)
     plan_size = (trt_dir / "engine.plan").stat().st_size
-    memory = engine.info.extra["memory_bytes"]
+    memory = engine.info.memory_bytes
     assert isinstance(memory, int) and memory > plan_size + _fake_gpu.live_bytes() - before - 1
     results: list[object] = []
     # The scheduler thread drives the engine; it is not the thread that loaded it.

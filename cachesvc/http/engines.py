@@ -1,0 +1,246 @@
+"""``/admin/engines`` (what is loaded in this server) and ``/admin/models`` (served names).
+
+As ``ollama ps`` / ``ollama run --keepalive`` / ``ollama stop``: list the loaded engines with
+their names, bundle, memory and expiry; preload one with a keep-alive; unload one (after its
+requests finish, up to a grace; ``force=true`` cuts them with an error chunk). Aliases are the
+catalog's (``PUT``/``DELETE``/``GET /admin/models``), so every server on the catalog sees them.
+Errors go through the admin problem-JSON mapper; pool errors (404 unknown model, 429, 503)
+keep their status.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import anyio
+from litestar import Controller, Response, Router, delete, get, post, put
+from litestar.di import NamedDependency
+from litestar.params import Body, PathParameter, QueryParameter
+from msgspec import Meta, Struct
+
+from cachesvc.errors import ConfigError, ConflictError, NotFoundError
+from cachesvc.http.admin import drop_stale_options_handlers
+from cachesvc.http.auth import admin_guard
+from cachesvc.http.errors import admin_exception_handlers, problem_responses
+from cachesvc.manager import CacheManager
+from inference.openai.errors import OpenAIError
+from inference.openai.pool import EngineStatus, ModelPool
+
+Manager = NamedDependency[CacheManager]
+Pool = NamedDependency[ModelPool]
+ModelName = Annotated[str, PathParameter(min_length=1, max_length=255, description="A served model name")]
+KeepAlive = Annotated[float, Meta(ge=-1)]
+BundleId = Annotated[str, PathParameter(min_length=1, max_length=64, description="Bundle id")]
+StrictBody = Body(schema_extra={"additionalProperties": False})
+
+
+class EngineOut(Struct, frozen=True):
+    """One loaded engine."""
+
+    bundle_id: str
+    names: list[str]
+    backend: str
+    precision: str
+    device: str
+    memory_bytes: int
+    loaded_at: str
+    last_used_at: str
+    expires_at: str | None
+    keep_alive: float
+    active_requests: int
+    queued_requests: int
+
+
+class EngineList(Struct, frozen=True):
+    """``GET /admin/engines``."""
+
+    engines: list[EngineOut]
+    loaded: int
+    max_loaded_models: int
+    memory_budget_bytes: int
+    memory_bytes: int
+
+
+class PreloadRequest(Struct, frozen=True, forbid_unknown_fields=True):
+    """Load ``model`` now; it stays ``keep_alive`` seconds after its last request (-1 forever)."""
+
+    model: Annotated[str, Meta(min_length=1, max_length=1024)]
+    keep_alive: KeepAlive | None = None
+
+
+class UnloadOut(Struct, frozen=True):
+    """``DELETE /admin/engines/{bundle_id}``."""
+
+    bundle_id: str
+    unloaded: bool
+
+
+class AliasRequest(Struct, frozen=True, forbid_unknown_fields=True):
+    """Point a served name at a bundle id, or at a checkpoint (its most recently used ready bundle)."""
+
+    bundle_id: str | None = None
+    model: str | None = None
+
+
+class AliasOut(Struct, frozen=True):
+    """One operator-given served name."""
+
+    name: str
+    bundle_id: str | None
+    model: str | None
+    created_at: str
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+def _engine(s: EngineStatus) -> EngineOut:
+    return EngineOut(
+        bundle_id=s.bundle_id,
+        names=list(s.names),
+        backend=s.backend,
+        precision=s.precision,
+        device=s.device,
+        memory_bytes=s.memory_bytes,
+        loaded_at=str(_iso(s.loaded_at)),
+        last_used_at=str(_iso(s.last_used)),
+        expires_at=_iso(s.expires_at),
+        keep_alive=s.keep_alive,
+        active_requests=s.active_requests,
+        queued_requests=s.queued_requests,
+    )
+
+
+def _openai_problem(_: Any, exc: OpenAIError) -> Response[dict[str, Any]]:
+    headers = dict(exc.headers or {})
+    return Response(
+        {
+            "type": "about:blank",
+            "title": exc.code or exc.type,
+            "status": exc.status_code,
+            "detail": exc.message,
+        },
+        status_code=exc.status_code,
+        headers=headers,
+        media_type="application/problem+json",
+    )
+
+
+class EngineController(Controller):
+    """``/admin/engines``: loaded engines of this server."""
+
+    path = "/engines"
+    tags = ["engines"]
+
+    @get("/", sync_to_thread=False, operation_id="listEngines")
+    def list_engines(self, pool: Pool) -> EngineList:
+        """Loaded engines, most recently used first."""
+        engines = pool.engines()
+        return EngineList(
+            engines=[_engine(e) for e in engines],
+            loaded=len(engines),
+            max_loaded_models=pool.limits.max_loaded,
+            memory_budget_bytes=pool.limits.memory_budget,
+            memory_bytes=sum(e.memory_bytes for e in engines),
+        )
+
+    @post(
+        "/",
+        status_code=200,
+        operation_id="preloadEngine",
+        responses=problem_responses(400, 404, 415, 429, 503),
+    )
+    async def preload(self, pool: Pool, data: Annotated[PreloadRequest, StrictBody]) -> EngineOut:
+        """Load a model now (no-op when loaded) and set its keep-alive."""
+        return _engine(await pool.preload(data.model, keep_alive=data.keep_alive))
+
+    @delete(
+        "/{bundle_id:str}",
+        status_code=200,
+        operation_id="unloadEngine",
+        responses=problem_responses(400, 404, 409),
+    )
+    async def unload(
+        self,
+        pool: Pool,
+        bundle_id: BundleId,
+        force: Annotated[
+            bool, QueryParameter(description="cancel in-flight requests after the grace")
+        ] = False,
+        grace: Annotated[
+            float | None, QueryParameter(ge=0, le=3600, description="seconds to wait for in-flight requests")
+        ] = None,
+    ) -> UnloadOut:
+        """Unload an engine once its requests finish (up to ``grace``); ``force`` then cancels them."""
+        if pool.find(bundle_id) is None:
+            raise NotFoundError(f"no engine of bundle {bundle_id} is loaded in this server")
+        ok = await pool.unload(bundle_id, reason="admin", grace=grace, force=force)
+        if not ok:
+            raise ConflictError(
+                f"the engine of {bundle_id} still has requests in flight after the grace period; "
+                "retry, or add ?force=true to cancel them",
+                reason="busy",
+            )
+        return UnloadOut(bundle_id=bundle_id, unloaded=True)
+
+
+class ModelController(Controller):
+    """``/admin/models``: served names (aliases in the catalog)."""
+
+    path = "/models"
+    tags = ["models"]
+
+    @get("/", sync_to_thread=True, operation_id="listModelAliases")
+    def list_aliases(self, manager: Manager) -> list[AliasOut]:
+        """Every alias."""
+        return [
+            AliasOut(name=a.name, bundle_id=a.bundle_id, model=a.model, created_at=a.created_at.isoformat())
+            for a in manager.aliases()
+        ]
+
+    @put(
+        "/{name:str}",
+        sync_to_thread=True,
+        operation_id="setModelAlias",
+        responses=problem_responses(400, 404),
+    )
+    def set_alias(
+        self, manager: Manager, name: ModelName, data: Annotated[AliasRequest, StrictBody]
+    ) -> AliasOut:
+        """Create or replace an alias (``bundle_id`` or ``model``, exactly one)."""
+        if (data.bundle_id is None) == (data.model is None):
+            raise ConfigError("bundle_id", "give exactly one of bundle_id and model")
+        a = manager.set_alias(name, bundle_id=data.bundle_id, model=data.model)
+        return AliasOut(
+            name=a.name, bundle_id=a.bundle_id, model=a.model, created_at=a.created_at.isoformat()
+        )
+
+    @delete(
+        "/{name:str}", status_code=204, operation_id="removeModelAlias", responses=problem_responses(400, 404)
+    )
+    async def remove_alias(self, manager: Manager, pool: Pool, name: ModelName) -> None:
+        """Delete an alias (loaded engines stop answering it)."""
+        await anyio.to_thread.run_sync(manager.remove_alias, name)
+        pool.forget_name(name)
+
+
+def engines_router(*, admin_api_key: str | None) -> Router:
+    """``/admin/engines`` and ``/admin/models`` with the admin guard and error mapping.
+
+    The app provides the ``manager`` and ``pool`` dependencies."""
+    handlers = admin_exception_handlers()
+    handlers[OpenAIError] = _openai_problem
+    router = Router(
+        path="/admin",
+        route_handlers=[EngineController, ModelController],
+        guards=[admin_guard(admin_api_key)],
+        exception_handlers=handlers,
+        signature_namespace={"CacheManager": CacheManager, "ModelPool": ModelPool},
+    )
+    drop_stale_options_handlers(router)
+    return router
+
+
+__all__ = ["engines_router"]

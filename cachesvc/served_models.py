@@ -1,0 +1,201 @@
+"""Served names -> built bundles: the model pool's view of the catalog (a ``ModelSource``).
+
+A name resolves, first match wins, through:
+
+1. the names ``serve`` was started with (``--served-model-name`` and the model argument);
+2. the alias table operators manage (``PUT /admin/models/{name}``, ``cachesvc models alias``);
+3. a bundle id;
+4. a checkpoint id or path in the catalog: its most recently used ready bundle.
+
+``/v1`` never builds: a name whose bundles are not ready is 404 with a hint to
+``POST /admin/builds``; an unknown name is 404 naming up to five close names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cachesvc.errors import NotFoundError
+from cachesvc.manager import BundleLease, CacheManager
+from cachesvc.records import AliasInfo, BundleInfo
+from inference.openai.errors import ModelNotFoundError
+from inference.openai.pool import ModelRef, not_found
+
+#: Ready bundles /v1/models looks at (most recently used first).
+LIST_LIMIT = 500
+
+
+class CatalogModels:
+    """Implements the pool's ``ModelSource`` over a :class:`CacheManager`."""
+
+    def __init__(
+        self, manager: CacheManager, *, max_slots: int, startup: Mapping[str, str] | None = None
+    ) -> None:
+        self.manager = manager
+        self.max_slots = max_slots
+        #: name -> bundle id of the startup model (set by ``serve`` after it prepared it).
+        self.startup: dict[str, str] = dict(startup or {})
+        #: name -> checkpoint of the default model on runs without a model argument, so the
+        #: name a first run served (``smollm2-135m-instruct``) keeps answering.
+        self.defaults: dict[str, str] = {}
+
+    # -- resolution ----------------------------------------------------------------------------
+
+    def resolve(self, name: str) -> ModelRef:
+        """The bundle ``name`` means (404 ``model_not_found`` when none is ready)."""
+        bid = self.startup.get(name)
+        if bid is not None:
+            return self._ready(name, self._bundle(name, bid))
+        default = self.defaults.get(name)
+        if default is not None:
+            ref = self._latest(name, default)
+            if ref is not None:
+                return ref
+        alias = next((a for a in self.manager.aliases() if a.name == name), None)
+        if alias is not None:
+            return self._alias(alias)
+        try:
+            info = self.manager.get_bundle(name)
+        except NotFoundError:
+            info = None
+        if info is not None:
+            return self._ready(name, info)
+        for model in _spellings(name):
+            ref = self._latest(name, model)
+            if ref is not None:
+                return ref
+        raise not_found(name, [r.name for r in self.servable()])
+
+    def _alias(self, alias: AliasInfo) -> ModelRef:
+        if alias.bundle_id is not None:
+            return self._ready(alias.name, self._bundle(alias.name, alias.bundle_id))
+        assert alias.model is not None
+        ref = self._latest(alias.name, alias.model)
+        if ref is None:
+            raise _unbuilt(alias.name, alias.model)
+        return ref
+
+    def _bundle(self, name: str, bid: str) -> BundleInfo:
+        try:
+            return self.manager.get_bundle(bid)
+        except NotFoundError:
+            raise ModelNotFoundError(
+                f"the model {name!r} names bundle {bid}, which is no longer in the catalog; "
+                "build it again with POST /admin/builds",
+                param="model",
+            ) from None
+
+    def _latest(self, name: str, model: str) -> ModelRef | None:
+        """The most recently used ready bundle of checkpoint ``model``; None when the catalog has
+        no bundle of it; 404 with a build hint when it has some but none is ready."""
+        page = self.manager.list_bundles(
+            model=model, node=self.manager.node, sort="last_used", order="desc", limit=50
+        )
+        matches = [b for b in page.items if b.model == model]
+        if not matches:
+            return None
+        ready = [b for b in matches if b.state == "ready"]
+        if not ready:
+            raise _unbuilt(name, model)
+        return self._ref(name, ready[0])
+
+    def _ready(self, name: str, info: BundleInfo) -> ModelRef:
+        if info.state != "ready":
+            raise ModelNotFoundError(
+                f"the model {name!r} (bundle {info.id}) is {info.state}, not built and ready"
+                f"{': ' + info.error if info.error else ''}; build it with POST /admin/builds",
+                param="model",
+            )
+        return self._ref(name, info)
+
+    def _ref(self, name: str, info: BundleInfo) -> ModelRef:
+        bundle_dir = self.manager.bundle_dir(info)
+        from inference.runtime.registry import memory_estimate
+
+        try:
+            memory = memory_estimate(bundle_dir, max_slots=self.max_slots)
+        except Exception:  # an unreadable engine.json fails at load with the real reason
+            memory = int(info.size_bytes)
+        profile = info.profile
+        return ModelRef(
+            name=name,
+            bundle_id=info.id,
+            bundle_dir=bundle_dir,
+            backend=info.backend,
+            precision=str(profile.get("precision", "")),
+            max_model_len=int(profile.get("max_kv_cache_capacity", 0) or 0),
+            memory_bytes=memory,
+        )
+
+    # -- listing -------------------------------------------------------------------------------
+
+    def servable(self) -> list[ModelRef]:
+        """Every servable name: startup names, aliases, each checkpoint, each ready bundle id."""
+        ready = self.manager.list_bundles(  # this node's bundles: their files are on this disk
+            state="ready", node=self.manager.node, sort="last_used", order="desc", limit=LIST_LIMIT
+        ).items
+        by_id = {b.id: b for b in ready}
+        refs: list[ModelRef] = []
+        seen: set[str] = set()
+
+        def add(name: str, info: BundleInfo | None) -> None:
+            if info is not None and name not in seen:
+                seen.add(name)
+                refs.append(self._ref(name, info))
+
+        for name, bid in self.startup.items():
+            add(name, by_id.get(bid))
+        for name, model in self.defaults.items():
+            add(name, next((b for b in ready if b.model == model), None))
+        for alias in self.manager.aliases():
+            if alias.bundle_id is not None:
+                add(alias.name, by_id.get(alias.bundle_id))
+            else:
+                add(alias.name, next((b for b in ready if b.model == alias.model), None))
+        for b in ready:  # most recently used first: a checkpoint names its latest bundle
+            add(b.model, b)
+        for b in ready:
+            add(b.id, b)
+        return refs
+
+    # -- leases and events ---------------------------------------------------------------------
+
+    def lease(self, bundle_id: str) -> BundleLease:
+        """The bundle's shared lease (blocks eviction until the engine unloads)."""
+        return self.manager.lease(bundle_id)
+
+    def record(self, kind: str, bundle_id: str, detail: Mapping[str, Any]) -> None:
+        """Append a load/unload event to the catalog's audit log."""
+        self.manager.record_engine_event(
+            kind,
+            bundle_id,
+            model=detail.get("model"),
+            reason=detail.get("reason"),
+            seconds=detail.get("seconds"),
+            nbytes=detail.get("memory_bytes"),
+        )
+
+
+def _spellings(name: str) -> list[str]:
+    """``name`` as given, and as an absolute path when it is one on this machine."""
+    out = [name]
+    try:
+        path = Path(name).expanduser()
+        if path.exists():
+            out.append(str(path.resolve()))
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: "~user" with no such home
+        pass
+    return list(dict.fromkeys(out))
+
+
+def _unbuilt(name: str, model: str) -> ModelNotFoundError:
+    return ModelNotFoundError(
+        f"the model {name!r} ({model}) has no ready bundle: /v1 never builds; build it with "
+        f'POST /admin/builds {{"model": "{model}"}} (or cachesvc prepare)',
+        param="model",
+    )
+
+
+__all__ = ["CatalogModels"]

@@ -1,0 +1,337 @@
+"""``/v1/chat/completions`` on one model's handle: messages -> chat template -> response or SSE,
+with the reasoning and tool-call parsers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import msgspec
+
+from inference.generation import StepOutput, TokenLogprob
+from inference.openai.errors import (
+    ContextLengthExceededError,
+    InvalidRequestError,
+    OpenAIError,
+    error_body,
+)
+from inference.openai.handle import (
+    _DONE,
+    _RESERVED_TEMPLATE_KWARGS,
+    MAX_TOP_LOGPROBS,
+    ModelHandle,
+    _closing,
+    _json,
+    _Plan,
+    _Run,
+    _usage,
+)
+from inference.openai.protocol import (
+    ChatCompletionChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatLogprobs,
+    ChatMessage,
+    ChatTokenLogprob,
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ResponseMessage,
+    ToolCall,
+    TopLogprobEntry,
+)
+from inference.openai.tool_parsers import ToolCallEvent, ToolParser
+
+__all__ = ["ChatEndpoints"]
+
+
+class ChatEndpoints(ModelHandle):
+    """``POST /v1/chat/completions``."""
+
+    def _check_chat_size(self, messages: Sequence[ChatMessage]) -> None:
+        """Refuse, before any template work, a conversation that cannot fit the input limit.
+
+        Every chat template renders at least one token (a role marker) per message, and the
+        text of the messages at most ``max_token_chars`` characters per token.
+        """
+        limit = self.options.max_input_len
+        if len(messages) > limit:
+            raise ContextLengthExceededError(
+                f"the conversation has {len(messages)} messages; this model accepts at most {limit} "
+                "input tokens (each message takes at least one)",
+                param="messages",
+            )
+        chars = 0
+        for m in messages:
+            if isinstance(m.content, str):
+                chars += len(m.content)
+            elif isinstance(m.content, list):
+                chars += sum(len(p.text or "") for p in m.content)
+        self._check_text_length(chars, "messages")
+
+    def _chat_messages(self, messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+        if not messages:
+            raise InvalidRequestError("messages must contain at least one message", param="messages")
+        out: list[dict[str, Any]] = []
+        for i, m in enumerate(messages):
+            role = "system" if m.role == "developer" else m.role
+            if role not in ("system", "user", "assistant", "tool"):
+                raise InvalidRequestError(
+                    f"messages[{i}].role must be system, developer, user, assistant or tool; got {m.role!r}",
+                    param=f"messages[{i}].role",
+                )
+            content: str | None
+            if isinstance(m.content, list):
+                parts: list[str] = []
+                for j, part in enumerate(m.content):
+                    if part.type != "text" or part.text is None:
+                        raise InvalidRequestError(
+                            f"messages[{i}].content[{j}] has type {part.type!r}; only text parts "
+                            "({'type': 'text', 'text': ...}) are supported",
+                            param=f"messages[{i}].content[{j}].type",
+                        )
+                    parts.append(part.text)
+                content = "\n".join(parts)
+            else:
+                content = m.content
+            if content is None and not (role == "assistant" and m.tool_calls):
+                raise InvalidRequestError(
+                    f"messages[{i}].content is required", param=f"messages[{i}].content"
+                )
+            msg: dict[str, Any] = {"role": role, "content": content if content is not None else ""}
+            if m.name is not None:
+                msg["name"] = m.name
+            if m.tool_call_id is not None:
+                msg["tool_call_id"] = m.tool_call_id
+            if m.reasoning_content is not None:
+                msg["reasoning_content"] = m.reasoning_content
+            if m.tool_calls:
+                calls = []
+                for tc in m.tool_calls:
+                    # Templates expect arguments as a mapping (they tojson it themselves).
+                    try:
+                        args: Any = json.loads(tc.function.arguments)
+                    except ValueError:
+                        args = tc.function.arguments
+                    calls.append(
+                        {
+                            "id": tc.id,
+                            "type": "function",
+                            "function": {"name": tc.function.name, "arguments": args},
+                        }
+                    )
+                msg["tool_calls"] = calls
+            out.append(msg)
+        return out
+
+    def _tool_setup(self, req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None, bool]:
+        """Return (tools for the template, whether to parse tool calls)."""
+        tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
+        choice = req.tool_choice
+        if choice is None:
+            choice = "auto" if tools else "none"
+        if not isinstance(choice, str):
+            raise InvalidRequestError(
+                "a named tool_choice is not supported (output cannot be constrained); "
+                "use 'auto' or 'required'",
+                param="tool_choice",
+            )
+        if choice not in ("none", "auto", "required"):
+            raise InvalidRequestError(
+                f"tool_choice must be 'none', 'auto' or 'required'; got {choice!r}", param="tool_choice"
+            )
+        if choice == "none":
+            return tools, False
+        if not tools:
+            raise InvalidRequestError(f"tool_choice={choice!r} needs tools", param="tool_choice")
+        if not self.options.enable_auto_tool_choice or self._tools is None:
+            raise InvalidRequestError(
+                f"tool_choice={choice!r} needs the server to run with --enable-auto-tool-choice and a "
+                f"--tool-call-parser (this one: {self.tool_call_parser_name})",
+                param="tool_choice",
+            )
+        return tools, True
+
+    async def create_chat_completion(
+        self, req: ChatCompletionRequest
+    ) -> ChatCompletionResponse | AsyncIterator[str]:
+        """``POST /v1/chat/completions``: a response, or an iterator of SSE data strings."""
+        self.check_admitting()
+        self._check_model(req.model)
+        if req.response_format is not None and req.response_format.type != "text":
+            raise InvalidRequestError(
+                f"response_format {req.response_format.type!r} is not supported; only 'text'",
+                param="response_format",
+            )
+        if (
+            req.max_tokens is not None
+            and req.max_completion_tokens is not None
+            and req.max_tokens != req.max_completion_tokens
+        ):
+            raise InvalidRequestError(
+                "max_tokens and max_completion_tokens differ; send only max_completion_tokens",
+                param="max_completion_tokens",
+            )
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        top: int | None = None
+        if req.top_logprobs is not None:
+            if not req.logprobs:
+                raise InvalidRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+            if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+                raise InvalidRequestError(
+                    f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs"
+                )
+        if req.logprobs:
+            top = req.top_logprobs or 0
+        kwargs = dict(req.chat_template_kwargs or {})
+        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+        if reserved:
+            raise InvalidRequestError(
+                f"chat_template_kwargs may not set {', '.join(reserved)}: they come from the request's "
+                "own fields (messages, tools, add_generation_prompt)",
+                param="chat_template_kwargs",
+            )
+        self._check_chat_size(req.messages)
+        messages = self._chat_messages(req.messages)
+        tools, parse_tools = self._tool_setup(req)
+
+        def render() -> str:
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=req.add_generation_prompt, **kwargs
+            )
+
+        prompt = await asyncio.to_thread(render)
+        ids = await self._encode(prompt, add_special_tokens=False, param="messages")
+        plan = self._plan(
+            req,
+            prompt_ids=ids,
+            prompt_text=prompt,
+            prompt_param="messages",
+            max_tokens=max_tokens,
+            max_tokens_param=param,
+            top_logprobs=top,
+        )
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        tool_parser = self._tools if parse_tools else None
+        run = self._submit(plan)
+        if plan.stream:
+            first = await self._first(run)
+            stream = self._chat_stream(run, first, plan, rid, created, req.model, tool_parser, tools or [])
+            return _closing(run, stream)
+        text, lps, last = await self._collect(run)
+        reasoning: str | None = None
+        content: str | None = text
+        if self._reasoning is not None:
+            reasoning, content = self._reasoning.extract(text, prompt)
+        calls: list[ToolCall] = []
+        if tool_parser is not None and content is not None:
+            content, parsed = tool_parser.extract(content, tools or [])
+            calls = [
+                ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in parsed
+            ]
+        finish = last.finish_reason
+        if calls and finish == "stop":
+            finish = "tool_calls"
+        message = ResponseMessage(content=content, reasoning_content=reasoning, tool_calls=calls or None)
+        choice = ChatCompletionChoice(
+            index=0,
+            message=message,
+            finish_reason=finish,
+            logprobs=_chat_logprobs(lps) if plan.want_logprobs else None,
+        )
+        return ChatCompletionResponse(
+            id=rid, created=created, model=req.model, choices=[choice], usage=_usage(last)
+        )
+
+    async def _chat_stream(
+        self,
+        run: _Run,
+        first: StepOutput,
+        plan: _Plan,
+        rid: str,
+        created: int,
+        model: str,
+        tool_parser: ToolParser | None,
+        tools: list[dict[str, Any]],
+    ) -> AsyncIterator[str]:
+        def chunk(delta: DeltaMessage, finish: str | None = None, lps: ChatLogprobs | None = None) -> str:
+            choice = ChatCompletionStreamChoice(index=0, delta=delta, finish_reason=finish, logprobs=lps)
+            return _json(ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[choice]))
+
+        reasoning = self._reasoning.stream(plan.prompt_text) if self._reasoning is not None else None
+        tool_stream = tool_parser.stream(tools) if tool_parser is not None else None
+        called = False
+
+        def split(text: str, final: bool) -> tuple[str, str, list[ToolCallEvent]]:
+            r, c = reasoning.feed(text) if reasoning is not None else ("", text)
+            if final and reasoning is not None:
+                r2, c2 = reasoning.finish()
+                r, c = r + r2, c + c2
+            events: list[ToolCallEvent] = []
+            if tool_stream is not None:
+                c, events = tool_stream.feed(c)
+                if final:
+                    c2, e2 = tool_stream.finish()
+                    c, events = c + c2, events + e2
+            return r, c, events
+
+        try:
+            yield chunk(DeltaMessage(role="assistant", content=""))
+            out = first
+            while True:
+                r, c, events = split(out.text, out.finished)
+                lps = _chat_logprobs(out.logprobs) if plan.want_logprobs and out.logprobs else None
+                if r or c or lps is not None:
+                    yield chunk(DeltaMessage(content=c or None, reasoning_content=r or None), lps=lps)
+                for ev in events:
+                    called = True
+                    fn = DeltaFunctionCall(
+                        name=ev.name, arguments="" if ev.name is not None else ev.arguments
+                    )
+                    dtc = DeltaToolCall(
+                        index=ev.index, function=fn, id=ev.id, type="function" if ev.id is not None else None
+                    )
+                    yield chunk(DeltaMessage(tool_calls=[dtc]))
+                if out.finished:
+                    break
+                out = await run.next()
+            finish = out.finish_reason
+            if called and finish == "stop":
+                finish = "tool_calls"
+            yield chunk(DeltaMessage(), finish=finish)
+            if plan.include_usage:
+                yield _json(
+                    ChatCompletionStreamResponse(
+                        id=rid, created=created, model=model, choices=[], usage=_usage(out)
+                    )
+                )
+        except OpenAIError as exc:
+            # Headers are sent: a failure mid-stream can only be reported in the stream.
+            yield _json(error_body(exc))
+        finally:
+            run.close()
+        yield _DONE
+
+
+def _chat_logprobs(lps: Sequence[TokenLogprob]) -> ChatLogprobs:
+    return ChatLogprobs(
+        content=[
+            ChatTokenLogprob(
+                token=lp.token,
+                logprob=lp.logprob,
+                bytes=list(lp.bytes),
+                top_logprobs=[
+                    TopLogprobEntry(token=t.token, logprob=t.logprob, bytes=list(t.bytes)) for t in lp.top
+                ],
+            )
+            for lp in lps
+        ]
+    )

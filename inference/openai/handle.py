@@ -1,0 +1,521 @@
+"""The per-model handle: one loaded model's engine, tokenizer, scheduler, parsers and lifecycle.
+
+:class:`ModelHandle` owns what every endpoint of one model shares: the scheduler thread that
+drives the engine (through the ``Engine`` protocol only), the reasoning and tool-call parsers,
+admission (ready, draining, unavailable), request validation and submission. The endpoints
+build on it: ``completions`` (``/v1/completions``), ``chat`` (``/v1/chat/completions``); the
+model pool (``pool``) holds one handle per loaded model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from inference.context_cache import PrefixStore
+from inference.generation import GenerationState, StepOutput, TokenLogprob
+from inference.openai.errors import (
+    ContextLengthExceededError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    ServerUnavailableError,
+    to_openai_error,
+)
+from inference.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    Usage,
+)
+from inference.openai.reasoning import ReasoningParser, get_reasoning_parser
+from inference.openai.tool_parsers import ToolParser, get_tool_parser
+from inference.runtime.protocol import Engine
+from inference.sampling import Sampler, SamplingParams
+from inference.scheduler import AsyncOutputStream, GenerationRequest, Scheduler, SchedulerObserver
+from inference.tokenizer import Tokenizer
+
+__all__ = ["AUTO_PARSERS", "ModelHandle", "ServingObserver", "ServingOptions", "resolve_parsers"]
+
+# Metrics hooks: the scheduler calls them from its thread.
+ServingObserver = SchedulerObserver
+
+MAX_TOP_LOGPROBS = 20
+#: Safety factor on the cheap "too long to tokenize" bound (normalizers may fold characters).
+_CHARS_MARGIN = 2
+#: ``apply_chat_template`` arguments a client may not override through ``chat_template_kwargs``.
+_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "self"})
+_DONE = "[DONE]"
+
+# ``auto`` parser choice by config.json ``model_type``: (reasoning parser, tool-call parser).
+# Qwen2/2.5 and Qwen3 write hermes-style <tool_call>{json}</tool_call>; Qwen3 thinks in
+# <think>; DeepSeek-R1 distills (llama/qwen2 bodies aside) think without an opening tag;
+# Llama 3.x and Mistral emit a bare JSON call. Anything else: no parsing unless named.
+AUTO_PARSERS: dict[str, tuple[str, str]] = {
+    "qwen3": ("qwen3", "hermes"),
+    "qwen3_moe": ("qwen3", "hermes"),
+    "qwen2": ("none", "hermes"),
+    "qwen2_moe": ("none", "hermes"),
+    "deepseek_v2": ("deepseek_r1", "none"),
+    "deepseek_v3": ("deepseek_r1", "none"),
+    "llama": ("none", "generic"),
+    "mistral": ("none", "generic"),
+}
+
+
+def resolve_parsers(model_type: str, reasoning: str, tool_call: str) -> tuple[str, str]:
+    """Turn ``auto`` into concrete parser names for ``model_type`` (see :data:`AUTO_PARSERS`)."""
+    auto = AUTO_PARSERS.get(model_type.lower(), ("none", "none"))
+    return (auto[0] if reasoning == "auto" else reasoning, auto[1] if tool_call == "auto" else tool_call)
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """What one model promises: its name, limits and parsers (auth is the router's)."""
+
+    served_model_name: str
+    max_model_len: int
+    max_input_len: int
+    max_batch_size: int
+    max_queued_requests: int = 16
+    queue_timeout: float = 600.0
+    reasoning_parser: str = "auto"
+    tool_call_parser: str = "auto"
+    enable_auto_tool_choice: bool = False
+    #: False when a pool resolved the request's name already (aliases answer as themselves).
+    check_model_name: bool = True
+    model_type: str = ""
+    capabilities: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.served_model_name:
+            raise ValueError("served_model_name must not be empty")
+        for name in ("max_model_len", "max_input_len", "max_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.max_queued_requests < 0:
+            raise ValueError("max_queued_requests must be 0 or more")
+        if self.queue_timeout <= 0:
+            raise ValueError("queue_timeout must be positive")
+
+
+def _json(value: msgspec.Struct | dict[str, Any]) -> str:
+    return msgspec.json.encode(value).decode("utf-8")
+
+
+# -- request checks -----------------------------------------------------------------------------
+
+
+def _check_range(value: float | None, param: str, lo: float, hi: float) -> None:
+    if value is not None and not lo <= value <= hi:
+        raise InvalidRequestError(f"{param} must be between {lo:g} and {hi:g}; got {value:g}", param=param)
+
+
+def _stop_list(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    items = [stop] if isinstance(stop, str) else list(stop)
+    for i, s in enumerate(items):
+        if not s:
+            raise InvalidRequestError("stop strings must not be empty", param=f"stop[{i}]")
+    return tuple(items)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A validated request, ready for the scheduler."""
+
+    prompt_ids: list[int]
+    prompt_text: str
+    params: SamplingParams
+    max_new_tokens: int
+    stop: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+    want_logprobs: bool
+    stream: bool
+    include_usage: bool
+    cache_prompt: bool = True
+
+
+class _Run:
+    """One submitted request as seen from the event loop: outputs in order, then closed."""
+
+    def __init__(self, serving: ModelHandle, req: GenerationRequest, sink: AsyncOutputStream) -> None:
+        self._serving = serving
+        self._req = req
+        self._sink = sink
+        self._closed = False
+
+    async def next(self) -> StepOutput:
+        """The next output; raises the OpenAI error that ended the request."""
+        item = await self._sink.get()
+        if isinstance(item, BaseException):
+            self.close()
+            raise to_openai_error(item)
+        if item.finished:
+            self.close()
+        return item
+
+    def close(self) -> None:
+        """Stop listening; the scheduler frees the slot at its next step (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._sink.close()
+        self._serving._scheduler.cancel(self._req)
+        self._serving._request_done()
+
+
+class ModelHandle:
+    """One loaded model: engine, tokenizer, scheduler, parsers, admission and lifecycle."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Tokenizer,
+        options: ServingOptions,
+        *,
+        observer: ServingObserver | None = None,
+        context_cache: PrefixStore | None = None,
+        prefill_chunk: int = 256,
+    ) -> None:
+        """Build the scheduler; raise ValueError for an unknown or unsupported parser name.
+
+        ``context_cache`` enables context reuse (engines with the KV operations only).
+        """
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.options = options
+        reasoning_name, tool_name = resolve_parsers(
+            options.model_type or engine.info.model_type, options.reasoning_parser, options.tool_call_parser
+        )
+        self.reasoning_parser_name = reasoning_name
+        self.tool_call_parser_name = tool_name
+        self._reasoning: ReasoningParser | None = get_reasoning_parser(reasoning_name)
+        self._tools: ToolParser | None = get_tool_parser(tool_name)
+        # Ids the engine can emit but the tokenizer cannot decode (embedding padding) are out.
+        self._vocab_size = min(engine.info.vocab_size, tokenizer.vocab_size)
+        self._eos_ids = tuple(dict.fromkeys((*tokenizer.eos_token_ids, *engine.info.eos_token_ids)))
+        self._scheduler = Scheduler(
+            engine,
+            max_batch_size=options.max_batch_size,
+            max_queued_requests=options.max_queued_requests,
+            queue_timeout=options.queue_timeout,
+            observer=observer,
+            context_cache=context_cache,
+            prefill_chunk=prefill_chunk,
+        )
+        self._created = int(time.time())
+        self._started = False
+        self._draining = False
+        self._stopped = False
+        self._unavailable: str | None = None
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the scheduler thread."""
+        self._scheduler.start()
+        self._started = True
+
+    @property
+    def ready(self) -> bool:
+        """True while requests are admitted."""
+        return self._started and not self._draining and not self._stopped and self._unavailable is None
+
+    def mark_unavailable(self, reason: str) -> None:
+        """Refuse every new request with 503 ``server_unavailable`` and ``reason`` (e.g. the
+        model's bundle failed verification); ``/health`` reports it. Running requests go on."""
+        self._unavailable = reason
+
+    def begin_drain(self) -> None:
+        """Stop admitting; new ``/v1`` requests get 503 ``server_unavailable``."""
+        self._draining = True
+
+    async def drain(self, grace_seconds: float) -> bool:
+        """Wait up to ``grace_seconds`` for in-flight requests; True when all finished."""
+        self.begin_drain()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout=max(0.0, grace_seconds))
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """Fail what is left and stop the scheduler thread (the engine itself is not closed).
+
+        Idempotent: the shutdown path and the lifespan may both call it."""
+        if self._stopped:
+            return
+        self._draining = True
+        self._stopped = True
+        await asyncio.to_thread(self._scheduler.stop)
+
+    def health(self) -> dict[str, Any]:
+        """Status for ``/health``: ok | draining | stopped (stopped also before start)."""
+        if self._unavailable is not None:
+            status = "unavailable"
+        elif self._stopped or not self._started:
+            status = "stopped"
+        elif self._draining:
+            status = "draining"
+        else:
+            status = "ok"
+        caps: dict[str, Any] = {
+            "chat": self.tokenizer.has_chat_template,
+            "completions": True,
+            "streaming": True,
+            "reasoning_parser": self.reasoning_parser_name,
+            "tool_call_parser": self.tool_call_parser_name,
+            "auto_tool_choice": self.options.enable_auto_tool_choice,
+            "max_model_len": self.options.max_model_len,
+            "max_batch_size": self._scheduler.max_batch_size,
+            "context_reuse": self._scheduler.context_reuse,
+        }
+        caps.update(self.options.capabilities)
+        extra = {"reason": self._unavailable} if self._unavailable is not None else {}
+        health: dict[str, Any] = {
+            **extra,
+            "status": status,
+            "model": self.options.served_model_name,
+            "active_requests": self._scheduler.active,
+            "queued_requests": self._scheduler.queued,
+            "capabilities": caps,
+        }
+        cache = self._scheduler.context_cache_stats()
+        if cache is not None:
+            health["context_cache"] = cache.as_dict()
+        return health
+
+    @property
+    def queued(self) -> int:
+        """Requests of this model waiting for a slot."""
+        return int(self._scheduler.queued)
+
+    def check_admitting(self) -> None:
+        """Raise 503 unless requests are admitted now."""
+        if self._unavailable is not None:
+            raise ServerUnavailableError(self._unavailable)
+        if not self._started or self._stopped:
+            raise ServerUnavailableError("the model is not loaded; retry shortly")
+        if self._draining:
+            raise ServerUnavailableError("the server is shutting down and admits no new requests")
+
+    def _request_done(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+
+    # -- models --------------------------------------------------------------------------------
+
+    def list_models(self) -> ModelList:
+        """``GET /v1/models``."""
+        self.check_admitting()
+        name = self.options.served_model_name
+        card = ModelCard(
+            id=name,
+            created=self._created,
+            owned_by="cachesvc",
+            max_model_len=self.options.max_model_len,
+            root=name,
+        )
+        return ModelList(data=[card])
+
+    def _check_model(self, model: str) -> None:
+        if self.options.check_model_name and model != self.options.served_model_name:
+            raise ModelNotFoundError(
+                f"the model {model!r} does not exist; this server serves {self.options.served_model_name!r}",
+                param="model",
+            )
+
+    # -- shared request handling ---------------------------------------------------------------
+
+    def _sampling(
+        self, req: CompletionRequest | ChatCompletionRequest, top_logprobs: int | None
+    ) -> SamplingParams:
+        if req.n != 1:
+            raise InvalidRequestError(f"only n=1 is supported; got n={req.n}", param="n")
+        _check_range(req.temperature, "temperature", 0.0, 2.0)
+        _check_range(req.frequency_penalty, "frequency_penalty", -2.0, 2.0)
+        _check_range(req.presence_penalty, "presence_penalty", -2.0, 2.0)
+        if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1]; got {req.top_p:g}", param="top_p")
+        if req.top_k is not None and req.top_k < -1:
+            raise InvalidRequestError("top_k must be -1 or 0 (off) or a positive count", param="top_k")
+        bias: dict[int, float] = {}
+        for key, value in (req.logit_bias or {}).items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise InvalidRequestError(
+                    f"logit_bias keys must be token ids; got {key!r}", param="logit_bias"
+                ) from None
+            if not 0 <= token < self._vocab_size:
+                raise InvalidRequestError(
+                    f"logit_bias token {token} is outside the vocabulary (0..{self._vocab_size - 1})",
+                    param="logit_bias",
+                )
+            _check_range(value, "logit_bias", -100.0, 100.0)
+            bias[token] = float(value)
+        return SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or 0,
+            seed=None if req.seed is None else req.seed % (1 << 64),
+            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty,
+            logit_bias=bias,
+            top_logprobs=top_logprobs,
+        )
+
+    def _plan(
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        *,
+        prompt_ids: list[int],
+        prompt_text: str,
+        prompt_param: str,
+        max_tokens: int | None,
+        max_tokens_param: str,
+        top_logprobs: int | None,
+    ) -> _Plan:
+        opts = self.options
+        params = self._sampling(req, top_logprobs)
+        stop = _stop_list(req.stop)
+        stop_ids = tuple(req.stop_token_ids or ())
+        for i, t in enumerate(stop_ids):
+            if not 0 <= t < self._vocab_size:
+                raise InvalidRequestError(
+                    f"stop token id {t} is outside the vocabulary", param=f"stop_token_ids[{i}]"
+                )
+        n = len(prompt_ids)
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty", param=prompt_param)
+        if n > opts.max_input_len:
+            raise ContextLengthExceededError(
+                f"the prompt has {n} tokens; this model accepts at most {opts.max_input_len} input tokens",
+                param=prompt_param,
+            )
+        if max_tokens is not None and max_tokens < 1:
+            raise InvalidRequestError(f"{max_tokens_param} must be at least 1", param=max_tokens_param)
+        room = opts.max_model_len - n
+        if room < 1:
+            raise ContextLengthExceededError(
+                f"the prompt has {n} tokens, leaving no room to generate within the "
+                f"maximum context length of {opts.max_model_len} tokens",
+                param=prompt_param,
+            )
+        if max_tokens is not None and max_tokens > room:
+            raise ContextLengthExceededError(
+                f"this model's maximum context length is {opts.max_model_len} tokens; the prompt has {n} "
+                f"and {max_tokens_param}={max_tokens} asks for more than the {room} left; "
+                f"lower {max_tokens_param} or shorten the prompt",
+                param=max_tokens_param,
+            )
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        if req.stream_options is not None and not req.stream:
+            raise InvalidRequestError(
+                "stream_options is only allowed with stream=true", param="stream_options"
+            )
+        return _Plan(
+            prompt_ids=prompt_ids,
+            prompt_text=prompt_text,
+            params=params,
+            max_new_tokens=room if max_tokens is None else max_tokens,
+            stop=stop,
+            stop_token_ids=stop_ids,
+            want_logprobs=top_logprobs is not None,
+            stream=req.stream,
+            include_usage=include_usage,
+            cache_prompt=req.cache_prompt,
+        )
+
+    def _submit(self, plan: _Plan) -> _Run:
+        self.check_admitting()
+        state = GenerationState(
+            self.tokenizer,
+            prompt_ids=plan.prompt_ids,
+            max_new_tokens=plan.max_new_tokens,
+            stop=plan.stop,
+            stop_token_ids=plan.stop_token_ids,
+            eos_token_ids=self._eos_ids,
+            want_logprobs=plan.want_logprobs,
+        )
+        sink = AsyncOutputStream(asyncio.get_running_loop())
+        sampler = Sampler(plan.params, self._vocab_size)
+        greq = GenerationRequest(plan.prompt_ids, sampler, state, sink, cache_prompt=plan.cache_prompt)
+        try:
+            self._scheduler.submit(greq)
+        except Exception as exc:
+            raise to_openai_error(exc) from exc
+        self._in_flight += 1
+        self._idle.clear()
+        return _Run(self, greq, sink)
+
+    async def _first(self, run: _Run) -> StepOutput:
+        # Waiting for the first output before answering lets queue errors (429) and engine
+        # failures still become HTTP statuses, also for streamed requests.
+        try:
+            return await run.next()
+        except BaseException:
+            run.close()
+            raise
+
+    async def _collect(self, run: _Run) -> tuple[str, list[TokenLogprob], StepOutput]:
+        texts: list[str] = []
+        lps: list[TokenLogprob] = []
+        try:
+            while True:
+                out = await run.next()
+                texts.append(out.text)
+                lps.extend(out.logprobs)
+                if out.finished:
+                    return "".join(texts), lps, out
+        finally:
+            run.close()
+
+    # -- prompt checks shared by the endpoints ---------------------------------------------------
+
+    def _check_text_length(self, chars: int, param: str) -> None:
+        """Refuse, before tokenizing, text that cannot fit ``max_input_len`` tokens.
+
+        Tokenizing takes time proportional to the text; a prompt of many megabytes must be
+        refused at the cost of a ``len``, not after seconds of work.
+        """
+        limit = self.options.max_input_len * self.tokenizer.max_token_chars * _CHARS_MARGIN
+        if chars > limit:
+            raise ContextLengthExceededError(
+                f"the prompt has {chars} characters, more than this model's {self.options.max_input_len} "
+                f"input tokens can hold (at most {limit} characters); shorten it",
+                param=param,
+            )
+
+    async def _encode(self, text: str, *, add_special_tokens: bool, param: str) -> list[int]:
+        """Length check, then tokenize in a worker thread (the event loop keeps serving)."""
+        self._check_text_length(len(text), param)
+        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+
+
+def _closing(run: _Run, stream: AsyncIterator[str]) -> AsyncIterator[str]:
+    # A stream that is dropped before its first iteration never runs its ``finally``; tie the
+    # request's release to the generator's lifetime as well, so the slot and the in-flight
+    # count are freed either way (close() is idempotent).
+    weakref.finalize(stream, run.close)
+    return stream
+
+
+def _usage(out: StepOutput) -> Usage:
+    return Usage(
+        prompt_tokens=out.prompt_tokens,
+        completion_tokens=out.completion_tokens,
+        total_tokens=out.prompt_tokens + out.completion_tokens,
+    )
