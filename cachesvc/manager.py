@@ -185,10 +185,34 @@ class CacheManager:
 
     def build_options(self, request: ProfileRequest, draft: ResolvedCheckpoint | None = None) -> BuildOptions:
         """Resolve ``auto`` choices and versions into the concrete build profile."""
+        return self._build_options(request, draft.digest if draft else None)
+
+    def catalog_bundle_id(self, model: str, request: ProfileRequest) -> str:
+        """The id the bundle of ``model`` built with ``request`` has, from the catalog alone: no
+        hashing, no download, no row written. NotFoundError when a checkpoint (``model`` or the
+        draft) was never resolved here; the bundle itself may or may not exist."""
+        digest = self._known_digest("model", model)
+        draft = self._known_digest("draft_model", request.draft_model) if request.draft_model else None
+        return BundleKey.of(digest, self._build_options(request, draft)).id
+
+    def _known_digest(self, field: str, model: str) -> str:
+        wanted = model.rstrip("/")
+        for ckpt in self.catalog.list_checkpoints():
+            if wanted in (ckpt.source.rstrip("/"), str(ckpt.path)):
+                return ckpt.digest
+        raise NotFoundError(
+            f"{field} {model!r} is not a checkpoint in the catalog; build it first (POST /admin/builds)"
+        )
+
+    def _build_options(self, request: ProfileRequest, draft_digest: str | None) -> BuildOptions:
         backend = resolve_backend(request.backend, self.builders)
         precision = resolve_precision(request.precision, backend)
         builder = self.builders[backend]
-        if request.speculative_method is not None and request.speculative_method != "mtp" and draft is None:
+        if (
+            request.speculative_method is not None
+            and request.speculative_method != "mtp"
+            and draft_digest is None
+        ):
             raise ConfigError("draft_model", f"method {request.speculative_method!r} needs a draft model")
         return BuildOptions(
             backend=backend,
@@ -197,7 +221,7 @@ class CacheManager:
             max_batch_size=request.max_batch_size,
             max_kv_cache_capacity=request.max_kv_cache_capacity,
             speculative_method=request.speculative_method,
-            draft_digest=draft.digest if draft else None,
+            draft_digest=draft_digest,
             builder_version=builder.version,
             device_arch=getattr(builder, "device_arch", None) if backend == "tensorrt" else None,
         )

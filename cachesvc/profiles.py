@@ -149,6 +149,10 @@ class ProfileRequest:
         return dataclasses.asdict(self)
 
 
+#: The fields of a build-profile request (what ``POST /admin/builds`` takes besides ``model``).
+PROFILE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ProfileRequest))
+
+
 @contextmanager
 def _as_config_error() -> Iterator[None]:
     """Report the registry's :class:`ProfileError` as the cache's :class:`ConfigError`."""

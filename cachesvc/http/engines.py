@@ -23,7 +23,15 @@ from cachesvc.errors import ConfigError, ConflictError, NotFoundError
 from cachesvc.http.admin import drop_stale_options_handlers
 from cachesvc.http.auth import admin_guard
 from cachesvc.http.errors import admin_exception_handlers, problem_responses
+from cachesvc.http.schemas import (
+    BackendChoice,
+    BatchSize,
+    PositiveDim,
+    PrecisionChoice,
+    SpeculativeMethod,
+)
 from cachesvc.manager import CacheManager
+from cachesvc.profiles import PROFILE_FIELDS, ProfileRequest
 from inference.openai.errors import OpenAIError
 from inference.openai.pool import EngineStatus, ModelPool
 
@@ -77,10 +85,23 @@ class UnloadOut(Struct, frozen=True):
 
 
 class AliasRequest(Struct, frozen=True, forbid_unknown_fields=True):
-    """Point a served name at a bundle id, or at a checkpoint (its most recently used ready bundle)."""
+    """Point a served name at a bundle id; at a checkpoint (its most recently used ready bundle);
+    or at a checkpoint built with a profile (any build-profile field given: that bundle, which
+    must be in the catalog; unset fields take the build defaults, as ``POST /admin/builds``)."""
 
     bundle_id: str | None = None
     model: str | None = None
+    backend: BackendChoice | None = None
+    precision: PrecisionChoice | None = None
+    max_input_len: PositiveDim | None = None
+    max_batch_size: BatchSize | None = None
+    max_kv_cache_capacity: PositiveDim | None = None
+    speculative_method: SpeculativeMethod | None = None
+    draft_model: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None
+
+    def profile(self) -> dict[str, Any]:
+        """The build-profile fields given (empty: no profile)."""
+        return {f: getattr(self, f) for f in PROFILE_FIELDS if getattr(self, f) is not None}
 
 
 class AliasOut(Struct, frozen=True):
@@ -209,10 +230,25 @@ class ModelController(Controller):
     def set_alias(
         self, manager: Manager, name: ModelName, data: Annotated[AliasRequest, StrictBody]
     ) -> AliasOut:
-        """Create or replace an alias (``bundle_id`` or ``model``, exactly one)."""
+        """Create or replace an alias (``bundle_id`` or ``model``, exactly one; with ``model``,
+        build-profile fields pick one bundle of it)."""
         if (data.bundle_id is None) == (data.model is None):
             raise ConfigError("bundle_id", "give exactly one of bundle_id and model")
-        a = manager.set_alias(name, bundle_id=data.bundle_id, model=data.model)
+        profile = data.profile()
+        bundle_id, model = data.bundle_id, data.model
+        if profile and model is None:
+            raise ConfigError(next(iter(profile)), "build-profile fields go with model, not bundle_id")
+        if profile and model is not None:
+            bundle_id = manager.catalog_bundle_id(model, ProfileRequest(**profile))
+            try:
+                manager.get_bundle(bundle_id)
+            except NotFoundError:
+                raise NotFoundError(
+                    f"{model!r} has no bundle with this profile ({bundle_id}) on this node; build it "
+                    "first: POST /admin/builds with the same model and profile fields"
+                ) from None
+            model = None
+        a = manager.set_alias(name, bundle_id=bundle_id, model=model)
         return AliasOut(
             name=a.name, bundle_id=a.bundle_id, model=a.model, created_at=a.created_at.isoformat()
         )

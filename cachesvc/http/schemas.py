@@ -68,6 +68,7 @@ PrecisionChoice = Literal["auto", "fp32", "fp16", "bf16", "int8", "int4"]
 SpeculativeMethod = Literal["eagle3", "mtp", "dflash", "jetspec", "dspark"]
 
 PositiveDim = Annotated[int, Meta(ge=1, le=MAX_TOKENS_LIMIT)]
+BatchSize = Annotated[int, Meta(ge=1, le=MAX_BATCH_SIZE_LIMIT)]
 Model = Annotated[
     str,
     Meta(
@@ -230,7 +231,7 @@ class BuildRequest(Struct, frozen=True, forbid_unknown_fields=True):
     backend: BackendChoice = "auto"
     precision: PrecisionChoice = "auto"
     max_input_len: PositiveDim = DEFAULT_MAX_INPUT_LEN
-    max_batch_size: Annotated[int, Meta(ge=1, le=MAX_BATCH_SIZE_LIMIT)] = DEFAULT_MAX_BATCH_SIZE
+    max_batch_size: BatchSize = DEFAULT_MAX_BATCH_SIZE
     max_kv_cache_capacity: PositiveDim = DEFAULT_MAX_KV_CACHE_CAPACITY
     speculative_method: SpeculativeMethod | None = None
     draft_model: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None

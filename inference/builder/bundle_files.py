@@ -52,3 +52,30 @@ def file_sha256(path: Path) -> str:
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def onnx_weight_bytes(model_path: Path) -> int:
+    """Bytes an ONNX graph loads: its own file plus every external data file it references
+    (a file shared with another graph counts in full: it is mapped in full)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    locations = {
+        entry.value
+        for tensor in model.graph.initializer
+        if tensor.data_location == onnx.TensorProto.EXTERNAL
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    folder = Path(model_path).parent
+    return Path(model_path).stat().st_size + sum((folder / name).stat().st_size for name in sorted(locations))
+
+
+def memory_fields(*, weight_bytes: int, kv_bytes_per_token: int, capacity: int, slots: int) -> dict[str, int]:
+    """``engine.json``'s memory estimate for the model pool: weights, KV bytes per position, and
+    their sum with KV at full capacity for ``slots`` sequences (the bundle's max_batch_size)."""
+    return {
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_token": kv_bytes_per_token,
+        "memory_bytes": weight_bytes + kv_bytes_per_token * capacity * slots,
+    }

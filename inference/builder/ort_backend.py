@@ -17,6 +17,8 @@ from inference.builder.bundle_files import (
     check_build_dirs,
     copy_tokenizer_files,
     file_sha256,
+    memory_fields,
+    onnx_weight_bytes,
 )
 from inference.builder.errors import BuildInputError
 from inference.builder.external_data import share_external_data
@@ -28,8 +30,9 @@ from inference.builder.spec import EngineBuildSpec
 
 # Bump whenever the files a build produces change (graph layout, names, engine.json fields).
 # ort-2 / format 2: the CPU graph uses GroupQueryAttention with in-place KV buffers and shares
-# model.onnx.data with the portable graph (one weights file per bundle).
-BUILDER_VERSION = "ort-2"
+# model.onnx.data with the portable graph (one weights file per bundle). ort-3: engine.json
+# records the memory estimate (weight_bytes, kv_bytes_per_token, memory_bytes).
+BUILDER_VERSION = "ort-3"
 PORTABLE_MODEL = "model.onnx"
 OPTIMIZED_MODEL = "model.ort.onnx"
 KV_LAYOUT = "gqa-inplace"
@@ -191,8 +194,12 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         for path in sorted(out_dir.iterdir())
         if path.is_file() and path.name.startswith("model.")
     }
+    kv_cache = _kv_cache_meta(cfg, cpu_io, spec)
     meta = _metadata(cfg, io, spec, ckpt.source_dtypes(), files, copied, time.monotonic() - started,
-                     _kv_cache_meta(cfg, cpu_io, spec))
+                     kv_cache)
+    meta.update(memory_fields(weight_bytes=onnx_weight_bytes(optimized_path),
+                              kv_bytes_per_token=int(kv_cache["bytes_per_token"]),
+                              capacity=spec.max_kv_cache_capacity, slots=spec.max_batch_size))
     # engine.json last: its presence marks the bundle's files as complete.
     (out_dir / ENGINE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     report("done", 1.0)

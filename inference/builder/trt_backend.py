@@ -50,6 +50,7 @@ from inference.builder.bundle_files import (
     check_build_dirs,
     copy_tokenizer_files,
     file_sha256,
+    memory_fields,
 )
 from inference.builder.errors import BuildInputError
 from inference.builder.graph import Progress, build_decoder_graph
@@ -60,7 +61,7 @@ from inference.cuda_device import CudaDevice, cuda_device
 log = logging.getLogger("inference.builder.trt")
 
 # Bump whenever the files a build produces change (graph edits, plan inputs, engine.json fields).
-TRT_BUILDER_VERSION = "trt-1"
+TRT_BUILDER_VERSION = "trt-2"
 ENGINE_PLAN = "engine.plan"
 TIMING_CACHE_DIR = "trt-timing"
 #: Precisions the TensorRT builder takes: fp16/bf16 compute (norms kept in fp32), fp32, int8 weight-only.
@@ -440,6 +441,11 @@ def build_trt_bundle(
         "files": {ENGINE_PLAN: {"size": plan_path.stat().st_size, "sha256": file_sha256(plan_path)}},
         "build_seconds": round(time.monotonic() - started, 3),
     }
+    # KV lives in device memory in the plan's activation type: fp32 only for fp32 plans.
+    kv_item = 4 if spec.precision == "fp32" else 2
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * kv_item
+    meta.update(memory_fields(weight_bytes=plan_path.stat().st_size, kv_bytes_per_token=kv_per_token,
+                              capacity=spec.max_kv_cache_capacity, slots=spec.max_batch_size))
     # engine.json last: its presence marks the bundle's files as complete.
     (out_dir / ENGINE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     report("done", 1.0)

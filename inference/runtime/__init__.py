@@ -1,7 +1,9 @@
 """Bundle directory -> token stream.
 
-Names are imported on first use (PEP 562): ``inference.runtime.protocol`` and the loader
-registry are light, the ONNX Runtime engine is imported only when a bundle is loaded.
+The protocol, the generation loop and the loader registry are light and imported here (the
+function ``generate`` must be bound after its submodule ``generate`` is imported, or the package
+attribute would be the module). The ONNX Runtime loader's names are imported on first use
+(PEP 562), so onnxruntime is imported only when a bundle is loaded.
 """
 
 from __future__ import annotations
@@ -9,20 +11,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from inference.runtime.errors import EngineLoadError
+from inference.runtime.generate import generate
+from inference.runtime.protocol import Engine, EngineInfo, KVEngine
+from inference.runtime.registry import load_engine
+
 if TYPE_CHECKING:
-    from inference.runtime.errors import EngineLoadError
-    from inference.runtime.generate import generate
     from inference.runtime.loader import load_portable_engine, read_engine_meta
-    from inference.runtime.protocol import Engine, EngineInfo, KVEngine
-    from inference.runtime.registry import load_engine
 
 _LAZY = {
-    "Engine": "inference.runtime.protocol",
-    "EngineInfo": "inference.runtime.protocol",
-    "KVEngine": "inference.runtime.protocol",
-    "EngineLoadError": "inference.runtime.errors",
-    "generate": "inference.runtime.generate",
-    "load_engine": "inference.runtime.registry",
     "load_portable_engine": "inference.runtime.loader",
     "read_engine_meta": "inference.runtime.loader",
 }

@@ -70,37 +70,41 @@ def read_meta(bundle_dir: Path) -> dict[str, Any]:
 
 
 def weight_bytes(bundle_dir: Path, meta: dict[str, Any]) -> int:
-    """Bytes of the graph the serving engine loads: its model file and that file's external data.
-
-    ``engine.json``'s ``weight_bytes`` wins when the builder recorded it."""
+    """Bytes of the weights the serving engine loads: ``engine.json``'s ``weight_bytes`` (the
+    builder counts the serving graph and every data file it references); for bundles of older
+    builders, every ``model.*`` / ``engine.*`` file but the portable graph's own proto (an
+    overestimate at worst, never an underestimate: a shared data file counts in full)."""
     recorded = meta.get("weight_bytes")
     if isinstance(recorded, int) and recorded > 0:
         return recorded
+    portable = str(meta.get("portable_model") or "")
     kv = meta.get("kv_cache")
-    name = str(kv.get("model", "")) if isinstance(kv, dict) else ""
-    if not name:
-        name = str(meta.get("portable_model", "model.onnx"))
-    stem = name.rsplit(".", 1)[0]
-    total = 0
-    for f in Path(bundle_dir).iterdir():
-        if f.is_file() and (
-            f.name == name
-            or f.name.startswith(name + ".")
-            or f.name.startswith(stem + ".onnx_data")
-            or f.name.startswith(stem + ".data")
-        ):
-            total += f.stat().st_size
-    return total
+    serving = str(kv.get("model", "")) if isinstance(kv, dict) else ""
+    return sum(
+        f.stat().st_size
+        for f in Path(bundle_dir).iterdir()
+        if f.is_file()
+        and f.name.startswith(("model.", "engine."))
+        and f.name != ENGINE_FILE
+        and (f.name != portable or f.name == serving)
+    )
+
+
+def kv_bytes_per_token(meta: dict[str, Any]) -> int:
+    """KV bytes one position takes over all layers, as the builder recorded it (0 if unknown)."""
+    recorded = meta.get("kv_bytes_per_token")
+    if isinstance(recorded, int):
+        return recorded
+    kv = meta.get("kv_cache")
+    return int(kv.get("bytes_per_token", 0)) if isinstance(kv, dict) else 0
 
 
 def memory_estimate(bundle_dir: Path, *, max_slots: int | None = None) -> int:
     """What loading the bundle takes in memory: weight bytes + KV bytes per token x capacity x slots."""
     meta = read_meta(bundle_dir)
     slots = int(meta.get("max_batch_size", 1)) if max_slots is None else max_slots
-    kv = meta.get("kv_cache") if isinstance(meta.get("kv_cache"), dict) else {}
-    per_token = int(kv.get("bytes_per_token", 0)) if kv else 0
     capacity = int(meta.get("max_kv_cache_capacity", 0))
-    return weight_bytes(bundle_dir, meta) + per_token * capacity * slots
+    return weight_bytes(bundle_dir, meta) + kv_bytes_per_token(meta) * capacity * slots
 
 
 def load_engine(bundle_dir: Path, *, max_slots: int | None = None, threads: int | None = None) -> Engine:
@@ -113,6 +117,7 @@ __all__ = [
     "LOADERS",
     "EngineLoader",
     "bundle_backend",
+    "kv_bytes_per_token",
     "load_engine",
     "loader_for",
     "memory_estimate",

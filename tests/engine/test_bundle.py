@@ -17,6 +17,7 @@ import pytest
 
 from inference.builder import BUILDER_VERSION, EngineBuildSpec, build_bundle
 from inference.runtime import Engine, EngineLoadError, generate, load_engine
+from inference.runtime.registry import memory_estimate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,6 +56,14 @@ def test_bundle_has_manifest_files_and_tokenizer(
     for name, entry in meta["files"].items():
         data = (out / name).read_bytes()
         assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    # The pool's memory estimate: the serving graph and the data file it shares with the portable
+    # graph (not the portable proto), plus KV at full capacity for every slot.
+    sizes = {name: entry["size"] for name, entry in meta["files"].items()}
+    assert meta["weight_bytes"] == sizes["model.ort.onnx"] + sizes["model.onnx.data"]
+    assert meta["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 kv heads, dim 16, fp32
+    kv_bytes = meta["kv_bytes_per_token"] * 128 * meta["max_batch_size"]
+    assert meta["memory_bytes"] == meta["weight_bytes"] + kv_bytes
+    assert memory_estimate(out) == meta["memory_bytes"]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])

@@ -50,14 +50,20 @@ def test_memory_estimate_is_weights_plus_kv_slots(tmp_path: Path) -> None:
         "backend": "onnxruntime",
         "max_batch_size": 4,
         "max_kv_cache_capacity": 100,
-        "kv_cache": {"model": "model_kv.onnx", "bytes_per_token": 10},
+        "portable_model": "model.onnx",
+        "kv_cache": {"model": "model.ort.onnx", "bytes_per_token": 10},
     }
     (tmp_path / "engine.json").write_text(json.dumps(meta))
-    (tmp_path / "model_kv.onnx").write_bytes(b"x" * 1000)
-    (tmp_path / "model_kv.onnx.data").write_bytes(b"x" * 500)
-    (tmp_path / "model.onnx").write_bytes(b"x" * 9999)  # the portable copy is not loaded
+    (tmp_path / "model.ort.onnx").write_bytes(b"x" * 1000)
+    (tmp_path / "model.onnx.data").write_bytes(b"x" * 500)  # shared by both graphs: counted
+    (tmp_path / "model.onnx").write_bytes(b"x" * 9999)  # the portable proto is not loaded
+    (tmp_path / "tokenizer.json").write_bytes(b"x" * 7777)
     assert registry.memory_estimate(tmp_path, max_slots=2) == 1500 + 10 * 100 * 2
     assert registry.memory_estimate(tmp_path) == 1500 + 10 * 100 * 4
+    # What the builder records wins over the files.
+    meta.update(weight_bytes=123, kv_bytes_per_token=7)
+    (tmp_path / "engine.json").write_text(json.dumps(meta))
+    assert registry.memory_estimate(tmp_path, max_slots=3) == 123 + 7 * 100 * 3
 
 
 @pytest.mark.parametrize("value", [-2, -0.5, float("inf")])
