@@ -60,6 +60,8 @@ SHUTDOWN_GRACE_SECONDS = float(os.environ.get("CACHESVC_SHUTDOWN_GRACE_SECONDS",
 #: Extra seconds uvicorn waits for connections after the app's drain, so the answers that end
 #: the drain (503 bodies, final stream chunks) are written before any connection is cut.
 _FLUSH_SECONDS = 10.0
+#: How long the desired-state converger waits for one model load before reporting it failed.
+DESIRED_LOAD_TIMEOUT_SECONDS = 600.0
 
 EngineFactory = Callable[..., Engine]
 
@@ -277,23 +279,40 @@ def create_app(
 
     watch = _BundleWatch(manager, pool)
     # Fleet: this node's heartbeat row and its desired-state reconciler, for the app's lifetime.
+    app_loop: list[asyncio.AbstractEventLoop] = []  # set when the app starts
+
+    def load_desired(bundle_id: str) -> None:
+        """The converger's thread -> the pool on the app's loop: load ``bundle_id`` (desired
+        ``load: true``) and keep it loaded (keep-alive -1) until an operator unloads it."""
+        if not app_loop:
+            raise RuntimeError("the server has not started yet")
+        future = asyncio.run_coroutine_threadsafe(pool.preload(bundle_id, keep_alive=-1), app_loop[0])
+        try:
+            future.result(DESIRED_LOAD_TIMEOUT_SECONDS)
+        except TimeoutError:
+            future.cancel()
+            raise RuntimeError(f"loading took longer than {DESIRED_LOAD_TIMEOUT_SECONDS:.0f} s") from None
+
     agent = NodeAgent(
         manager,
         interval=config.heartbeat_seconds,
         loaded_models=pool.loaded_names,
         allowed_roots=config.model_roots(),
+        load_model=load_desired,
     )
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        await anyio.to_thread.run_sync(agent.start)
+        app_loop.append(asyncio.get_running_loop())
         await pool.start()
+        await anyio.to_thread.run_sync(agent.start)
         if runtime is not None:
             log.info("serving %s on bundle %s", config.served_name, runtime.prepared.bundle_id)
         watch.start()
         try:
             yield
         finally:
+            await anyio.to_thread.run_sync(agent.stop)  # no desired-state load during the drain
             await watch.stop()
             finished = await pool.drain(SHUTDOWN_GRACE_SECONDS)
             if not finished:
@@ -302,7 +321,6 @@ def create_app(
             await pool.close()
             if runtime is not None:
                 runtime.closed = True  # the pool closed its engine and released its lease
-            await anyio.to_thread.run_sync(agent.stop)
             if close_manager:
                 manager.close()
 

@@ -15,7 +15,9 @@ NODE_STATES = ("up", "down")
 #: Per node: nothing desired, every item done, still working, or some item failed.
 CONVERGENCE_STATES = ("none", "converged", "converging", "failed")
 #: Per desired item.
-ITEM_STATES = ("pending", "building", "ready", "pinned", "failed")
+ITEM_STATES = ("pending", "building", "ready", "pinned", "loaded", "failed")
+#: Item states that count as done (converged).
+DONE_ITEM_STATES = ("ready", "pinned", "loaded")
 #: The desired-state row that applies to every node without one of its own.
 FLEET_DEFAULT = "*"
 #: A node whose heartbeat is older than this many heartbeat intervals is down.

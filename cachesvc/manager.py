@@ -571,6 +571,8 @@ class CacheManager:
         until the catalog version or the checkpoint count moves (dashboards and /metrics poll).
         """
         node = node or self.node
+        if node != self.node and not self.fleet.knows(node):
+            raise NotFoundError(f"no node named {node!r} in the catalog (GET /admin/nodes lists them)")
         cap = self.max_size_bytes if node == self.node else (self.fleet.node_cap(node) or 0)
         key = (self.catalog.version(), self.catalog.checkpoint_count(), cap, node)
         with self._stats_lock:

@@ -138,6 +138,13 @@ class FleetCatalog:
             )
         return out
 
+    def knows(self, name: str) -> bool:
+        """Whether node ``name`` ever heartbeated or owns a bundle row."""
+        with self.catalog.engine.connect() as conn:
+            if conn.scalar(select(NodeRow.name).where(NodeRow.name == name)) is not None:
+                return True
+            return conn.scalar(select(BundleRow.id).where(BundleRow.node == name).limit(1)) is not None
+
     def node_cap(self, name: str) -> int | None:
         """The size cap node ``name`` last reported, or None when it never heartbeated."""
         with self.catalog.engine.connect() as conn:

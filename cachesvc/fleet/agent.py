@@ -31,6 +31,7 @@ class NodeAgent:
         interval: float,
         loaded_models: Callable[[], list[str]] = list,
         allowed_roots: tuple[Path, ...] | None = None,
+        load_model: Callable[[str], None] | None = None,
     ) -> None:
         self.manager = manager
         self.interval = interval
@@ -39,7 +40,9 @@ class NodeAgent:
         self._stop = threading.Event()
         self._status: dict[str, Any] | None = None
         self._status_lock = threading.Lock()
-        self.converger = Converger(manager, on_status=self._set_status, allowed_roots=allowed_roots)
+        self.converger = Converger(
+            manager, on_status=self._set_status, allowed_roots=allowed_roots, load_model=load_model
+        )
         self._threads: list[threading.Thread] = []
 
     def _set_status(self, status: dict[str, Any] | None) -> None:

@@ -1,6 +1,7 @@
 """Converge one node's own disk on its desired state.
 
-Builds missing bundles, pins what the state asks to pin and evicts down to the desired cap,
+Builds missing bundles, pins what the state asks to pin, loads what it asks to load (through
+the serving process's model pool, a ``load_model`` callable) and evicts down to the desired cap,
 through this node's :class:`CacheManager` only: every operation it uses is scoped to this
 node's catalog rows and cache directory, so it never touches another node's files. Progress
 and failures are reported per item; a failed item is retried when the desired state changes
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cachesvc.errors import CacheError, NotFoundError
-from cachesvc.fleet_records import DesiredBundle, DesiredState, ItemStatus
+from cachesvc.fleet_records import DONE_ITEM_STATES, DesiredBundle, DesiredState, ItemStatus
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 
@@ -38,8 +39,12 @@ class Converger:
         *,
         on_status: Callable[[dict[str, Any] | None], None],
         allowed_roots: tuple[Path, ...] | None = None,
+        load_model: Callable[[str], None] | None = None,
     ) -> None:
         self.manager = manager
+        #: Loads a bundle id into this node's model pool and keeps it loaded (None: this process
+        #: serves no models, so ``load: true`` items fail with that reason).
+        self.load_model = load_model
         self.allowed_roots = allowed_roots
         self._on_status = on_status
         self._failed: dict[str, tuple[int, str]] = {}  # item -> (generation, error)
@@ -75,7 +80,7 @@ class Converger:
             if failed is not None and failed[0] == generation:
                 items[index] = ItemStatus(name, "failed", error=failed[1])
                 continue
-            if items[index].state not in ("ready", "pinned"):
+            if items[index].state not in DONE_ITEM_STATES:
                 items[index] = ItemStatus(name, "building")
                 report()
             try:
@@ -95,6 +100,8 @@ class Converger:
                 continue
             keep.add(result.bundle_id)
             items[index] = ItemStatus(name, "pinned" if bundle.pin else "ready", bundle_id=result.bundle_id)
+            if bundle.load:
+                items[index] = self._load(name, result.bundle_id)
         offset = len(spec.bundles)
         for index, bid in enumerate(spec.pin):
             try:
@@ -124,11 +131,25 @@ class Converger:
         return report()
 
 
+    def _load(self, name: str, bundle_id: str) -> ItemStatus:
+        """Make the model pool hold ``bundle_id``. A failure (memory budget, a model that cannot
+        load) is reported but not remembered: the next pass tries again, as memory may free up."""
+        if self.load_model is None:
+            return ItemStatus(name, "failed", bundle_id=bundle_id, error="this process serves no models")
+        try:
+            self.load_model(bundle_id)
+        except Exception as exc:  # the pool's errors (HTTP-shaped, engine load) have no common base
+            error = f"built but not loaded: {exc or type(exc).__name__}"
+            log.warning("desired %s on %s: %s", name, self.manager.node, error)
+            return ItemStatus(name, "failed", bundle_id=bundle_id, error=error)
+        return ItemStatus(name, "loaded", bundle_id=bundle_id)
+
+
 def _status(generation: int, items: list[ItemStatus]) -> dict[str, Any]:
     states = {i.state for i in items}
     if "failed" in states:
         state = "failed"
-    elif states <= {"ready", "pinned"}:
+    elif states <= set(DONE_ITEM_STATES):
         state = "converged"
     else:
         state = "converging"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cachesvc.fleet_records import NodeInfo
+from cachesvc.fleet_records import DONE_ITEM_STATES, NodeInfo
 
 
 def status_lines(nodes: Sequence[NodeInfo]) -> list[str]:
     """A table: node, up/down, convergence, items done/total, size/cap, bundles, failures."""
     rows = [("NODE", "STATE", "DESIRED", "ITEMS", "SIZE/CAP", "BUNDLES", "HEARTBEAT", "FAILED ITEMS")]
     for n in nodes:
-        done = sum(i.state in ("ready", "pinned") for i in n.items)
+        done = sum(i.state in DONE_ITEM_STATES for i in n.items)
         failed = "; ".join(f"{i.item}: {i.error}" for i in n.items if i.state == "failed")
         age = "never" if n.heartbeat_age_seconds is None else f"{n.heartbeat_age_seconds:.0f}s ago"
         rows.append(

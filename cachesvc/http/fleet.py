@@ -36,7 +36,7 @@ ModelRoots = NamedDependency[tuple[Path, ...] | None]
 
 NodeState = Literal["up", "down"]
 ConvergenceState = Literal["none", "converged", "converging", "failed"]
-ItemState = Literal["pending", "building", "ready", "pinned", "failed"]
+ItemState = Literal["pending", "building", "ready", "pinned", "loaded", "failed"]
 assert get_args(NodeState) == NODE_STATES
 assert get_args(ConvergenceState) == CONVERGENCE_STATES
 assert get_args(ItemState) == ITEM_STATES

@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 from litestar import Response, get
 from litestar.enums import ScopeType
 from litestar.handlers import HTTPRouteHandler
 from litestar.middleware import ASGIMiddleware
+from litestar.params import QueryParameter
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -47,8 +48,13 @@ REQUEST_SECONDS_BUCKETS: tuple[float, ...] = (
 class StatsSource(Protocol):
     """What the cache collector needs (``CacheManager`` provides it)."""
 
-    def stats(self) -> CacheStats:
-        """Cache statistics computed from the catalog."""
+    @property
+    def node(self) -> str:
+        """This process's node name."""
+        ...
+
+    def stats(self, node: str | None = None) -> CacheStats:
+        """Cache statistics computed from the catalog (of ``node``; default this process's node)."""
         ...
 
 
@@ -75,8 +81,9 @@ def _float_label(value: float) -> str:
 class CacheStatsCollector(Collector):
     """Exposes ``stats()`` as Prometheus families, computed at scrape time."""
 
-    def __init__(self, source: StatsSource) -> None:
+    def __init__(self, source: StatsSource, *, node: str | None = None) -> None:
         self._source = source
+        self._node = node
 
     def describe(self) -> list[Metric]:
         """Metric names without samples, so registering never touches the catalog."""
@@ -84,7 +91,7 @@ class CacheStatsCollector(Collector):
 
     def collect(self) -> list[Metric]:
         """Read the catalog and return every cache family."""
-        return self._families(self._source.stats())
+        return self._families(self._source.stats(self._node))
 
     @staticmethod
     def _families(stats: CacheStats | None) -> list[Metric]:
@@ -344,6 +351,7 @@ class MetricsState:
         self.serving = ServingMetrics(self.registry)
         self.pool = PoolMetrics(self.registry, self.serving)
         self.http = HttpMetrics(self.registry)
+        self._stats_source = stats_source
         if stats_source is not None:
             self.registry.register(CacheStatsCollector(stats_source))
 
@@ -351,9 +359,16 @@ class MetricsState:
         """The request-metrics middleware to add to the app (``middleware=[...]``)."""
         return RequestMetricsMiddleware(self.http)
 
-    def exposition(self) -> bytes:
-        """The Prometheus text exposition of every metric in this app's registry."""
-        return generate_latest(self.registry)
+    def exposition(self, node: str | None = None) -> bytes:
+        """The Prometheus text exposition of every metric in this app's registry.
+
+        With ``node``: only the catalog's cache families of that node (another node's serving
+        and HTTP metrics live in its own process; scrape it for those)."""
+        if node is None or self._stats_source is None or node == self._stats_source.node:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        registry.register(CacheStatsCollector(self._stats_source, node=node))
+        return generate_latest(registry)
 
 
 def metrics_route(state: MetricsState, *, admin_api_key: str | None) -> HTTPRouteHandler:
@@ -369,9 +384,18 @@ def metrics_route(state: MetricsState, *, admin_api_key: str | None) -> HTTPRout
         tags=["metrics"],
         operation_id="metrics",
         summary="Prometheus metrics (text exposition format)",
-        responses=problem_responses(),
+        responses=problem_responses(400, 404),
     )
-    def metrics() -> Response[bytes]:
-        return Response(content=state.exposition(), media_type=CONTENT_TYPE_LATEST)
+    def metrics(
+        node: Annotated[
+            str | None,
+            QueryParameter(
+                min_length=1,
+                max_length=255,
+                description="Only the cache (catalog) metrics of this node of the fleet",
+            ),
+        ] = None,
+    ) -> Response[bytes]:
+        return Response(content=state.exposition(node), media_type=CONTENT_TYPE_LATEST)
 
     return metrics

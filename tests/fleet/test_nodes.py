@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,12 +14,14 @@ from cachesvc.fleet import Converger, NodeAgent
 from cachesvc.fleet_records import FLEET_DEFAULT, DesiredBundle, DesiredSpec
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
+from inference.demo import write_demo_checkpoint
 from tests.support.apps import LOOPBACK_URL, service_app
 from tests.support.cache import make_checkpoint
 
 pytestmark = pytest.mark.usefixtures("catalog_db")
 
 NodeOpener = Callable[..., CacheManager]
+SMALL_PROFILE: dict[str, object] = {"max_input_len": 32, "max_kv_cache_capacity": 64}
 
 
 def test_same_bundle_on_two_nodes_is_two_rows_and_eviction_stays_home(
@@ -123,7 +126,27 @@ def test_admin_routes_for_nodes_and_desired(open_node: NodeOpener) -> None:
         assert client.delete("/admin/nodes/node-a/desired").status_code == 204
         assert client.get("/admin/nodes/node-a/desired").json()["node"] == FLEET_DEFAULT
         assert client.get("/admin/bundles", params={"node": "node-z"}).json()["total"] == 0
-        assert client.get("/admin/stats", params={"node": "node-z"}).json()["bundles"] == 0
+        unknown = client.get("/admin/stats", params={"node": "node-z"})
+        assert unknown.status_code == 404 and "node-z" in unknown.json()["detail"]
+
+
+def test_metrics_node_filter_gives_that_nodes_cache_families(open_node: NodeOpener, tmp_path: Path) -> None:
+    a, b = open_node("node-a"), open_node("node-b")
+    for i in range(2):
+        b.prepare(str(make_checkpoint(tmp_path / f"ck{i}", seed=40 + i)))
+    a.prepare(str(make_checkpoint(tmp_path / "ck-a", seed=50)))
+    app, _ = service_app(a, heartbeat_seconds=0.2)
+    with TestClient(app, base_url=LOOPBACK_URL) as client:
+        own = client.get("/metrics").text
+        assert 'cachesvc_bundles{state="ready"} 1.0' in own and "cachesvc_http_requests" in own
+        assert client.get("/metrics", params={"node": "node-a"}).text.count("cachesvc_http_requests") > 0
+        other = client.get("/metrics", params={"node": "node-b"})
+        assert other.status_code == 200, other.text
+        assert 'cachesvc_bundles{state="ready"} 2.0' in other.text
+        assert "cachesvc_cache_size_bytes 4000.0" in other.text  # two bundles of 2 x 1000 bytes
+        assert "cachesvc_http_requests" not in other.text  # another process's serving metrics
+        missing = client.get("/metrics", params={"node": "node-z"})
+        assert missing.status_code == 404 and "node-z" in missing.json()["detail"]
 
 
 def test_dashboard_page_is_open_but_its_data_is_guarded(open_node: NodeOpener) -> None:
@@ -138,3 +161,77 @@ def test_dashboard_page_is_open_but_its_data_is_guarded(open_node: NodeOpener) -
         assert client.get("/admin/dashboard/assets/other.js").status_code == 404
         assert client.get("/admin/stats").status_code == 403  # remote, no admin key
         assert client.get("/admin/nodes").status_code == 403
+
+
+def test_converger_loads_desired_models_and_reports_load_failures(
+    open_node: NodeOpener, tmp_path: Path
+) -> None:
+    a = open_node("node-a")
+    ckpts = [str(make_checkpoint(tmp_path / f"ck{i}", seed=20 + i)) for i in range(2)]
+    a.fleet.set_desired(
+        FLEET_DEFAULT,
+        DesiredSpec(bundles=(DesiredBundle(ckpts[0], load=True), DesiredBundle(ckpts[1], load=True))),
+    )
+    broken = a.prepare(ckpts[1]).bundle_id
+    loaded: list[str] = []
+
+    def load(bundle_id: str) -> None:
+        if bundle_id == broken:
+            raise RuntimeError("memory budget exceeded")
+        loaded.append(bundle_id)
+
+    status = Converger(a, on_status=lambda _: None, load_model=load).run_once()
+    assert status is not None and status["state"] == "failed"
+    items = {i["item"]: i for i in status["items"]}
+    assert items[ckpts[0]]["state"] == "loaded" and loaded == [items[ckpts[0]]["bundle_id"]]
+    assert items[ckpts[1]]["state"] == "failed" and "memory budget exceeded" in str(items[ckpts[1]]["error"])
+    # A load failure is retried on the next pass (memory may have freed up), unlike a build failure.
+    loaded.clear()
+    broken = ""
+    again = Converger(a, on_status=lambda _: None, load_model=load).run_once()
+    assert again is not None and again["state"] == "converged" and len(loaded) == 2
+    # A process without a model pool reports why it cannot load.
+    none = Converger(a, on_status=lambda _: None).run_once()
+    assert none is not None and {i["error"] for i in none["items"]} == {"this process serves no models"}
+
+
+def test_desired_load_true_loads_the_model_in_the_serving_pool(tmp_path: Path, fleet_url: str) -> None:
+    """The real app: the node's converger builds the desired tiny model and its pool loads it."""
+    ckpt = write_demo_checkpoint(tmp_path / "llama-tiny", arch="llama", size="tiny", seed=5)
+    manager = CacheManager.open(
+        tmp_path / "cache", catalog_url=fleet_url, node="node-a", max_size_bytes=10**12, offline=True
+    )
+    try:
+        manager.fleet.set_desired(
+            "node-a",
+            DesiredSpec(bundles=(DesiredBundle(str(ckpt), SMALL_PROFILE, load=True),)),
+        )
+        app, _ = service_app(
+            manager, node_name="node-a", catalog_url=fleet_url, heartbeat_seconds=0.2,
+            allowed_model_roots=str(tmp_path),
+        )
+        with TestClient(app, base_url=LOOPBACK_URL) as client:
+            deadline = time.monotonic() + 240
+            engines: list[dict[str, object]] = []
+            while time.monotonic() < deadline:
+                engines = client.get("/admin/engines").json()["engines"]
+                if engines:
+                    break
+                time.sleep(0.3)
+            assert engines, "the desired model was never loaded"
+            bundle_id = engines[0]["bundle_id"]
+            assert engines[0]["keep_alive"] == -1  # desired loaded models stay loaded
+            deadline = time.monotonic() + 30
+            node: dict[str, object] = {}
+            while time.monotonic() < deadline:
+                node = next(n for n in client.get("/admin/nodes").json()["items"] if n["name"] == "node-a")
+                if node.get("convergence") == "converged" and node.get("loaded_models"):
+                    break
+                time.sleep(0.2)
+            assert node["convergence"] == "converged", node
+            items = node["items"]
+            assert isinstance(items, list) and items[0]["state"] == "loaded"
+            assert items[0]["bundle_id"] == bundle_id
+            assert node["loaded_models"]  # the heartbeat reports what the pool holds
+    finally:
+        manager.close()
