@@ -33,6 +33,8 @@ __all__ = [
     "ServerOverloadedError",
     "ServerUnavailableError",
     "UnsupportedMediaTypeError",
+    "anthropic_error_body",
+    "anthropic_exception_handler",
     "error_body",
     "openai_exception_handler",
     "to_openai_error",
@@ -144,6 +146,25 @@ def error_body(exc: OpenAIError) -> dict[str, Any]:
     return {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
 
 
+#: HTTP status -> Anthropic error ``type`` (anything else: ``api_error``).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_body(exc: OpenAIError) -> dict[str, Any]:
+    """The Anthropic error object for ``exc``: ``{"type": "error", "error": {"type", "message"}}``."""
+    kind = _ANTHROPIC_TYPES.get(exc.status_code, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+
+
 _MSGSPEC_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _MSGSPEC_MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
 
@@ -219,3 +240,10 @@ def openai_exception_handler(request: Request[Any, Any, Any], exc: Exception) ->
     """Litestar exception handler for everything under ``/v1``."""
     err = to_openai_error(exc)
     return Response(content=error_body(err), status_code=err.status_code, headers=err.headers)
+
+
+def anthropic_exception_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Litestar exception handler for the Anthropic routes (``/v1/messages``): same statuses as
+    ``/v1``, Anthropic's error body."""
+    err = to_openai_error(exc)
+    return Response(content=anthropic_error_body(err), status_code=err.status_code, headers=err.headers)

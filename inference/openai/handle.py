@@ -334,6 +334,11 @@ class ModelHandle:
         )
         return ModelList(data=[card])
 
+    def model_card(self, name: str) -> ModelCard:
+        """``GET /v1/models/{name}`` (404 ``model_not_found`` unless it is this model)."""
+        self._check_model(name)
+        return self.list_models().data[0]
+
     def _check_model(self, model: str) -> None:
         if self.options.check_model_name and model != self.options.served_model_name:
             raise ModelNotFoundError(
