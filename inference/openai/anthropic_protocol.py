@@ -15,6 +15,8 @@ __all__ = [
     "AnthropicBlock",
     "AnthropicCountTokensRequest",
     "AnthropicCountTokensResponse",
+    "AnthropicErrorInfo",
+    "AnthropicErrorResponse",
     "AnthropicMessage",
     "AnthropicMessagesRequest",
     "AnthropicMessagesResponse",
@@ -133,3 +135,17 @@ class AnthropicCountTokensResponse(msgspec.Struct):
     """``POST /v1/messages/count_tokens``."""
 
     input_tokens: int
+
+
+class AnthropicErrorInfo(msgspec.Struct):
+    """The ``error`` object: ``invalid_request_error``, ``authentication_error``, ``not_found_error``..."""
+
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(msgspec.Struct):
+    """Every Anthropic-route error: ``{"type": "error", "error": {"type", "message"}}``."""
+
+    error: AnthropicErrorInfo
+    type: str = "error"

@@ -29,7 +29,11 @@ from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 from litestar.types import ExceptionHandlersMap
 
-from inference.openai.anthropic_protocol import AnthropicCountTokensRequest, AnthropicMessagesRequest
+from inference.openai.anthropic_protocol import (
+    AnthropicCountTokensRequest,
+    AnthropicErrorResponse,
+    AnthropicMessagesRequest,
+)
 from inference.openai.body_checks import (
     LARGE_BODY_BYTES,
     has_body,
@@ -219,10 +223,8 @@ def openai_router(
         lease.release()
         return Response(content=result)
 
-    def documented(*statuses: int) -> dict[int, ResponseSpec]:
-        return {
-            code: ResponseSpec(data_container=ErrorResponse, description=_ERRORS[code]) for code in statuses
-        }
+    def documented(*statuses: int, body: type[Any] = ErrorResponse) -> dict[int, ResponseSpec]:
+        return {code: ResponseSpec(data_container=body, description=_ERRORS[code]) for code in statuses}
 
     @get("/models", responses=documented(401, 503))
     async def list_models() -> ModelList:
@@ -294,13 +296,23 @@ def openai_router(
     async def responses(request: Request[Any, Any, Any], data: JSONBody[ResponsesRequest]) -> Response[Any]:
         return await answer(request, data, lambda s: s.create_response(data))
 
-    @post("/messages", status_code=200, opt={"body_type": AnthropicMessagesRequest})
+    @post(
+        "/messages",
+        status_code=200,
+        responses=documented(400, 401, 404, 415, 429, 503, body=AnthropicErrorResponse),
+        opt={"body_type": AnthropicMessagesRequest},
+    )
     async def messages(
         request: Request[Any, Any, Any], data: JSONBody[AnthropicMessagesRequest]
     ) -> Response[Any]:
         return await answer(request, data, lambda s: s.create_message(data))
 
-    @post("/messages/count_tokens", status_code=200, opt={"body_type": AnthropicCountTokensRequest})
+    @post(
+        "/messages/count_tokens",
+        status_code=200,
+        responses=documented(400, 401, 404, 415, 429, 503, body=AnthropicErrorResponse),
+        opt={"body_type": AnthropicCountTokensRequest},
+    )
     async def count_tokens(
         request: Request[Any, Any, Any], data: JSONBody[AnthropicCountTokensRequest]
     ) -> Response[Any]:
@@ -309,7 +321,7 @@ def openai_router(
     @post(
         "/tokenize",
         status_code=200,
-        responses=documented(400, 401, 404, 415, 503),
+        responses=documented(400, 401, 404, 415, 429, 503),
         opt={"body_type": TokenizeRequest},
     )
     async def tokenize(request: Request[Any, Any, Any], data: JSONBody[TokenizeRequest]) -> Response[Any]:
@@ -318,7 +330,7 @@ def openai_router(
     @post(
         "/detokenize",
         status_code=200,
-        responses=documented(400, 401, 404, 415, 503),
+        responses=documented(400, 401, 404, 415, 429, 503),
         opt={"body_type": DetokenizeRequest},
     )
     async def detokenize(request: Request[Any, Any, Any], data: JSONBody[DetokenizeRequest]) -> Response[Any]:
