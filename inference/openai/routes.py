@@ -25,7 +25,7 @@ from litestar import Request, Response, Router, get, post
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import JSONBody
+from litestar.params import FromPath, JSONBody
 from litestar.response import ServerSentEvent
 from litestar.types import ExceptionHandlersMap
 
@@ -231,7 +231,7 @@ def openai_router(
         return await current().list_models()
 
     @get("/models/{model_id:path}", responses=documented(401, 404, 503))
-    async def retrieve_model(model_id: str) -> ModelCard:
+    async def retrieve_model(model_id: FromPath[str]) -> ModelCard:
         # A path parameter, because served names may hold a slash (``org/model``).
         return await current().model_card(model_id.lstrip("/"))
 
