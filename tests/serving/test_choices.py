@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from litestar.testing import AsyncTestClient
 
+from inference.context_cache import PrefixStore
 from inference.openai import OpenAIServing
 from inference.tokenizer import Tokenizer
 from tests.serving.conftest import MODEL, TableEngine, make_app, make_options
@@ -165,3 +166,25 @@ async def test_suffix_is_refused(tokenizer: Tokenizer) -> None:
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == "suffix" and "does not do insertion" in err["message"]
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+async def test_n_choices_with_context_reuse_and_fewer_slots(tokenizer: Tokenizer, reuse: bool) -> None:
+    # Two slots for four choices: the last two wait for a slot and prefill on their own (the
+    # first choice is gone by then); every choice still decodes the same greedy tokens, with
+    # the context cache's records in play or not.
+    engine = KVTableEngine(max_slots=2, capacity=512)
+    store = PrefixStore("test", max_records=64) if reuse else None
+    options = make_options(max_batch_size=2, max_queued_requests=8)
+    serving = OpenAIServing(engine, tokenizer, options, context_cache=store)
+    prompt = " ".join(f"word{i}" for i in range(40))
+    ids = tokenizer.encode(prompt, add_special_tokens=True)
+    assert 64 < len(ids) < 128
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0, "n": 4}
+    async with AsyncTestClient(app=make_app(serving)) as c:
+        first = (await c.post("/v1/completions", json=body)).json()
+        again = (await c.post("/v1/completions", json=body)).json()
+    expected = tokenizer.decode(engine.greedy(ids, 4))
+    assert [ch["text"] for ch in first["choices"]] == [expected] * 4
+    assert [ch["text"] for ch in again["choices"]] == [expected] * 4
+    assert engine.copies and all(n == len(ids) - 1 for _, _, n in engine.copies)
