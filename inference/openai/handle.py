@@ -580,6 +580,8 @@ async def _interleave(
                     pending[asyncio.ensure_future(runs[i].next())] = i
     finally:
         for task in pending:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: the error that ended the stream is already raised
             task.cancel()
         for run in runs:
             run.close()

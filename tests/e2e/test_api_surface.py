@@ -22,14 +22,11 @@ import pytest
 
 from inference.tokenizer import Tokenizer, load_tokenizer
 from tests.e2e.conftest import API_KEY, MODEL, ServerProcess, running_server, serve_args
+from tests.e2e.test_parsers import AFTER_TOOL_REPLY, ANSWER, CALL_ARGS, TOOL_REPLY
 from tests.support.engines import EngineScript, Reply
 
-ANSWER = "The answer is 4."
 PIRATE = "Arr, matey."
 FRENCH = "Bonjour. Au revoir."
-CALL_ARGS = {"city": "Paris"}
-TOOL_REPLY = "<tool_call>\n" + json.dumps({"name": "get_weather", "arguments": CALL_ARGS}) + "\n</tool_call>"
-AFTER_TOOL_REPLY = "It is sunny in Paris."
 
 SCRIPT = EngineScript(
     replies=(
