@@ -21,6 +21,7 @@ __all__ = [
     "AnthropicMessagesRequest",
     "AnthropicMessagesResponse",
     "AnthropicTextBlock",
+    "AnthropicThinkingBlock",
     "AnthropicTool",
     "AnthropicToolChoice",
     "AnthropicToolUseBlock",
@@ -32,7 +33,8 @@ __all__ = [
 
 
 class AnthropicBlock(msgspec.Struct, kw_only=True):
-    """One input content block: ``text``, ``tool_use`` (assistant) or ``tool_result`` (user)."""
+    """One input content block: ``text``, ``tool_use`` and ``thinking`` (assistant) or
+    ``tool_result`` (user)."""
 
     type: str
     text: str | None = None
@@ -42,6 +44,8 @@ class AnthropicBlock(msgspec.Struct, kw_only=True):
     tool_use_id: str | None = None
     content: str | list[dict[str, Any]] | None = None
     is_error: bool | None = None
+    thinking: str | None = None
+    signature: str | None = None
 
 
 class AnthropicMessage(msgspec.Struct, kw_only=True):
@@ -103,6 +107,13 @@ class AnthropicTextBlock(msgspec.Struct, tag_field="type", tag="text"):
     text: str
 
 
+class AnthropicThinkingBlock(msgspec.Struct, tag_field="type", tag="thinking"):
+    """The model's reasoning (what the reasoning parser split off); no signature is made here."""
+
+    thinking: str
+    signature: str = ""
+
+
 class AnthropicToolUseBlock(msgspec.Struct, tag_field="type", tag="tool_use"):
     """A tool call: ``input`` is the arguments object."""
 
@@ -123,7 +134,7 @@ class AnthropicMessagesResponse(msgspec.Struct, kw_only=True):
 
     id: str
     model: str
-    content: list[AnthropicTextBlock | AnthropicToolUseBlock]
+    content: list[AnthropicThinkingBlock | AnthropicTextBlock | AnthropicToolUseBlock]
     stop_reason: str | None
     stop_sequence: str | None
     usage: AnthropicUsage

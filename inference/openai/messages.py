@@ -5,6 +5,9 @@ tools) and runs through the same chat turn as ``/v1/chat/completions``: template
 reasoning and tool-call parsers. Only the answer's shape differs: content blocks, Anthropic stop
 reasons, and a stream of Anthropic's typed events.
 
+Reasoning split off by the model's reasoning parser comes back as a ``thinking`` block (with an
+empty ``signature``: nothing here signs it), whether or not the request asked for ``thinking``.
+
 ``tool_choice``: ``auto``, ``any`` (calls are parsed, as chat's ``required``), ``tool`` (only the
 named tool is offered to the model, then as ``any``) and ``none``. Nothing constrains the
 output to a call: with ``any``/``tool`` the model may still answer in text.
@@ -27,6 +30,7 @@ from inference.openai.anthropic_protocol import (
     AnthropicMessagesRequest,
     AnthropicMessagesResponse,
     AnthropicTextBlock,
+    AnthropicThinkingBlock,
     AnthropicToolUseBlock,
     AnthropicUsage,
 )
@@ -94,6 +98,7 @@ def _chat_messages(req: AnthropicMessagesRequest | AnthropicCountTokensRequest) 
             out.append(ChatMessage(role=m.role, content=m.content))
             continue
         texts: list[str] = []
+        thoughts: list[str] = []
         calls: list[ToolCall] = []
         results: list[ChatMessage] = []
         for j, b in enumerate(m.content):
@@ -103,22 +108,25 @@ def _chat_messages(req: AnthropicMessagesRequest | AnthropicCountTokensRequest) 
             elif b.type == "tool_use" and m.role == "assistant" and b.id and b.name:
                 args = json.dumps(b.input or {}, ensure_ascii=False)
                 calls.append(ToolCall(id=b.id, function=FunctionCall(name=b.name, arguments=args)))
+            elif b.type == "thinking" and m.role == "assistant":
+                thoughts.append(b.thinking or "")
             elif b.type == "tool_result" and m.role == "user" and b.tool_use_id:
                 text = _text_of(b.content, f"{where}.content")
                 results.append(ChatMessage(role="tool", tool_call_id=b.tool_use_id, content=text))
             else:
                 raise InvalidRequestError(
-                    f"{where}: a {m.role} block of type {b.type!r} is not supported (text, tool_use in "
-                    "assistant turns with id/name/input, tool_result in user turns with tool_use_id)",
+                    f"{where}: a {m.role} block of type {b.type!r} is not supported (text; tool_use "
+                    "with id/name/input and thinking in assistant turns; tool_result with tool_use_id "
+                    "in user turns)",
                     param=f"{where}.type",
                 )
         # Tool results answer the previous assistant turn, so they come before the user's text.
         out.extend(results)
-        if texts or calls or not results:
+        if texts or calls or thoughts or not results:
+            said = "\n".join(texts) if texts or not calls else None
+            thought = "\n".join(thoughts) if thoughts else None
             out.append(
-                ChatMessage(
-                    role=m.role, content="\n".join(texts) if texts else None, tool_calls=calls or None
-                )
+                ChatMessage(role=m.role, content=said, tool_calls=calls or None, reasoning_content=thought)
             )
     return out
 
@@ -187,7 +195,9 @@ class MessagesEndpoints(ChatEndpoints):
         if turn.plan.stream:
             return _closing(turn.runs, self._message_stream(turn, mid, req.model))
         (result,), usage = await self._chat_results(turn)
-        content: list[AnthropicTextBlock | AnthropicToolUseBlock] = []
+        content: list[AnthropicThinkingBlock | AnthropicTextBlock | AnthropicToolUseBlock] = []
+        if result.reasoning:
+            content.append(AnthropicThinkingBlock(thinking=result.reasoning))
         if result.content:
             content.append(AnthropicTextBlock(text=result.content))
         for call in result.tool_calls:
@@ -251,6 +261,14 @@ class MessagesEndpoints(ChatEndpoints):
         try:
             yield _event("message_start", message=started)
             async for d in self._chat_deltas(turn):
+                if d.reasoning:
+                    if open_kind != "thinking":
+                        for e in open_block(
+                            "thinking", {"type": "thinking", "thinking": "", "signature": ""}
+                        ):
+                            yield e
+                    delta = {"type": "thinking_delta", "thinking": d.reasoning}
+                    yield _event("content_block_delta", index=block, delta=delta)
                 if d.content:
                     if open_kind != "text":
                         for e in open_block("text", {"type": "text", "text": ""}):

@@ -3,7 +3,8 @@
 The input (a string, or message / ``function_call`` / ``function_call_output`` items) and the
 ``instructions`` become a chat conversation and run through the same chat turn as
 ``/v1/chat/completions``; the answer is a ``response`` object with ``message`` and
-``function_call`` output items, or a stream of the Responses API's typed events, each with its
+``function_call`` output items (and a ``reasoning`` item with what the model's reasoning parser
+split off), or a stream of the Responses API's typed events, each with its
 ``sequence_number``. Nothing is stored: ``store`` is accepted, ``previous_response_id`` is
 refused (there is nothing to retrieve).
 """
@@ -35,6 +36,7 @@ from inference.openai.responses_protocol import (
     ResponseMessageItem,
     ResponseObject,
     ResponseOutputText,
+    ResponseReasoningItem,
     ResponsesRequest,
     ResponseUsage,
 )
@@ -90,6 +92,8 @@ def _conversation(req: ResponsesRequest) -> list[ChatMessage]:
                 out[-1].tool_calls.append(call)  # parallel calls of one turn
             else:
                 out.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
+        elif kind == "reasoning":
+            continue  # earlier turns' reasoning: chat templates leave it out of the prompt anyway
         elif kind == "function_call_output":
             if not item.call_id:
                 raise InvalidRequestError(
@@ -99,7 +103,8 @@ def _conversation(req: ResponsesRequest) -> list[ChatMessage]:
             out.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=text))
         else:
             raise InvalidRequestError(
-                f"{where}.type {kind!r} is not supported; use message, function_call or function_call_output",
+                f"{where}.type {kind!r} is not supported; use message, function_call, function_call_output "
+                "or reasoning",
                 param=f"{where}.type",
             )
     return out
@@ -135,6 +140,12 @@ def _tools(req: ResponsesRequest) -> tuple[list[Tool] | None, str | None]:
     raise InvalidRequestError(
         "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}",
         param="tool_choice",
+    )
+
+
+def _reasoning_item(text: str, *, status: str = "completed") -> ResponseReasoningItem:
+    return ResponseReasoningItem(
+        id=f"rs_{uuid.uuid4().hex}", content=[{"type": "reasoning_text", "text": text}], status=status
     )
 
 
@@ -204,7 +215,9 @@ class ResponsesEndpoints(ChatEndpoints):
         if turn.plan.stream:
             return _closing(turn.runs, self._response_stream(turn, req, rid, created))
         (result,), usage = await self._chat_results(turn)
-        output: list[ResponseMessageItem | ResponseFunctionCallItem] = []
+        output: list[ResponseReasoningItem | ResponseMessageItem | ResponseFunctionCallItem] = []
+        if result.reasoning:
+            output.append(_reasoning_item(result.reasoning))
         if result.content:
             output.append(
                 ResponseMessageItem(
@@ -239,14 +252,21 @@ class ResponsesEndpoints(ChatEndpoints):
             seq += 1
             return ServerSentEventMessage(event=kind, data=msgspec.json.encode(body).decode())
 
-        output: list[ResponseMessageItem | ResponseFunctionCallItem] = []
+        output: list[ResponseReasoningItem | ResponseMessageItem | ResponseFunctionCallItem] = []
+        thinking: ResponseReasoningItem | None = None
         message: ResponseMessageItem | None = None
         call: ResponseFunctionCallItem | None = None
 
         def close_open() -> list[ServerSentEventMessage]:
-            nonlocal message, call
+            nonlocal thinking, message, call
             events: list[ServerSentEventMessage] = []
             index = len(output) - 1
+            if thinking is not None:
+                ids = {"item_id": thinking.id, "output_index": index, "content_index": 0}
+                events.append(event("response.reasoning_text.done", **ids, text=thinking.content[0]["text"]))
+                thinking.status = "completed"
+                events.append(event("response.output_item.done", output_index=index, item=thinking))
+                thinking = None
             if message is not None:
                 part = message.content[0]
                 ids = {"item_id": message.id, "output_index": index, "content_index": 0}
@@ -276,6 +296,22 @@ class ResponsesEndpoints(ChatEndpoints):
             yield event("response.created", response=started)
             yield event("response.in_progress", response=started)
             async for d in self._chat_deltas(turn):
+                if d.reasoning:
+                    if thinking is None:
+                        for e in close_open():
+                            yield e
+                        thinking = _reasoning_item("", status="in_progress")
+                        output.append(thinking)
+                        shown = ResponseReasoningItem(id=thinking.id, content=[], status="in_progress")
+                        yield event("response.output_item.added", output_index=len(output) - 1, item=shown)
+                    thinking.content[0]["text"] += d.reasoning
+                    yield event(
+                        "response.reasoning_text.delta",
+                        item_id=thinking.id,
+                        output_index=len(output) - 1,
+                        content_index=0,
+                        delta=d.reasoning,
+                    )
                 if d.content:
                     if message is None:
                         for e in close_open():

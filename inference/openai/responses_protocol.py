@@ -17,6 +17,7 @@ __all__ = [
     "ResponseMessageItem",
     "ResponseObject",
     "ResponseOutputText",
+    "ResponseReasoningItem",
     "ResponseTextConfig",
     "ResponseTextFormat",
     "ResponseUsage",
@@ -108,6 +109,17 @@ class ResponseMessageItem(msgspec.Struct, kw_only=True):
     type: str = "message"
 
 
+class ResponseReasoningItem(msgspec.Struct, kw_only=True):
+    """An output ``reasoning`` item: what the model's reasoning parser split off, as
+    ``reasoning_text`` content (no summary is written)."""
+
+    id: str
+    content: list[dict[str, str]]
+    summary: list[dict[str, str]] = msgspec.field(default_factory=list)
+    status: str = "completed"
+    type: str = "reasoning"
+
+
 class ResponseFunctionCallItem(msgspec.Struct, kw_only=True):
     """An output ``function_call`` item; answer it with a ``function_call_output`` input item."""
 
@@ -136,7 +148,7 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     created_at: int
     model: str
     status: str
-    output: list[ResponseMessageItem | ResponseFunctionCallItem]
+    output: list[ResponseReasoningItem | ResponseMessageItem | ResponseFunctionCallItem]
     usage: ResponseUsage | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None

@@ -3,7 +3,8 @@
 A scripted engine (:mod:`tests.support.engines`) makes greedy decoding write fixed replies through
 the bundle's real tokenizer: a hermes ``<tool_call>`` when the prompt mentions the weather (tool
 definitions do), a plain answer once a tool result is in the prompt, a pirate's answer for a
-pirate system prompt and a default answer otherwise. The ``openai`` SDK drives completions
+pirate system prompt, ``<think>`` reasoning then an answer when asked to think it through, and a
+default answer otherwise. The ``openai`` SDK drives completions
 (``n``, ``echo``, ``suffix``), ``models.retrieve`` and ``responses``; the ``anthropic`` SDK drives
 ``/v1/messages``; httpx drives ``/tokenize`` and ``/detokenize``.
 """
@@ -22,7 +23,7 @@ import pytest
 
 from inference.tokenizer import Tokenizer, load_tokenizer
 from tests.e2e.conftest import API_KEY, MODEL, ServerProcess, running_server, serve_args
-from tests.e2e.test_parsers import AFTER_TOOL_REPLY, ANSWER, CALL_ARGS, TOOL_REPLY
+from tests.e2e.test_parsers import AFTER_TOOL_REPLY, ANSWER, CALL_ARGS, REASONING, THINKING_REPLY, TOOL_REPLY
 from tests.support.engines import EngineScript, Reply
 
 PIRATE = "Arr, matey."
@@ -35,6 +36,7 @@ SCRIPT = EngineScript(
         Reply(TOOL_REPLY, when="weather"),
         Reply(PIRATE, when="You are a pirate"),
         Reply(FRENCH, when="French"),
+        Reply(THINKING_REPLY, when="Think it through"),
         Reply(ANSWER),
     )
 )
@@ -48,7 +50,7 @@ def server(demo_dir: Path, cache_dir: Path, log_dir: Path) -> Iterator[ServerPro
         max_input_len=512,
         max_kv_cache_capacity=1024,
         max_batch_size=4,
-        reasoning_parser="none",
+        reasoning_parser="qwen3",
         tool_call_parser="hermes",
         enable_auto_tool_choice=True,
     )
@@ -400,3 +402,46 @@ def test_http_client_statuses(server: ServerProcess) -> None:
         assert r.status_code == 415
         r = h.post("/v1/messages", json={"model": MODEL, "max_tokens": 1, "messages": []})
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+THINK: list[Any] = [{"role": "user", "content": "Think it through: what is 2 + 2?"}]
+
+
+def test_messages_thinking_blocks(claude: anthropic.Anthropic) -> None:
+    r = claude.messages.create(model=MODEL, max_tokens=64, messages=THINK)
+    assert [b.type for b in r.content] == ["thinking", "text"]
+    assert r.content[0].type == "thinking" and r.content[0].thinking == REASONING
+    assert r.content[1].type == "text" and r.content[1].text == ANSWER
+    with claude.messages.stream(model=MODEL, max_tokens=64, messages=THINK) as stream:
+        deltas = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        final = stream.get_final_message()
+    assert deltas[0] == "thinking_delta" and "text_delta" in deltas
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].type == "thinking" and final.content[0].thinking == REASONING
+    # The answer, thinking block included, goes back as history.
+    history: list[Any] = [
+        *THINK,
+        {"role": "assistant", "content": [b.model_dump() for b in r.content]},
+        {"role": "user", "content": "Thanks"},
+    ]
+    assert claude.messages.create(model=MODEL, max_tokens=64, messages=history).stop_reason == "end_turn"
+
+
+def test_responses_reasoning_items(oai: openai.OpenAI) -> None:
+    r = oai.responses.create(model=MODEL, input=THINK)
+    assert [item.type for item in r.output] == ["reasoning", "message"]
+    first = r.output[0]
+    assert first.type == "reasoning" and [c.text for c in first.content or []] == [REASONING]
+    assert r.output_text == ANSWER
+    events = list(oai.responses.create(model=MODEL, input=THINK, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == REASONING
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == ANSWER
+    # Reasoning items sent back in input are accepted (and left out of the prompt).
+    follow: list[Any] = [
+        *THINK,
+        *(item.model_dump() for item in r.output),
+        {"role": "user", "content": "Thanks"},
+    ]
+    assert oai.responses.create(model=MODEL, input=follow).status == "completed"
