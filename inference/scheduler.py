@@ -496,6 +496,7 @@ class Scheduler:
                 kv.copy_prefix(leader.slot, run.slot, n)
             except Exception:  # an optimisation: the sibling prefills on its own instead
                 log.exception("copy_prefix(%d -> %d) failed", leader.slot, run.slot)
+                self._slot_tokens[run.slot] = []  # its content is unknown now: nothing to reuse
                 continue
             run.prepared = True
             run.prefilled = n

@@ -188,3 +188,24 @@ async def test_n_choices_with_context_reuse_and_fewer_slots(tokenizer: Tokenizer
     assert [ch["text"] for ch in first["choices"]] == [expected] * 4
     assert [ch["text"] for ch in again["choices"]] == [expected] * 4
     assert engine.copies and all(n == len(ids) - 1 for _, _, n in engine.copies)
+
+
+class _FailingCopies(KVTableEngine):
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        self.tokens[dst] = [0] * n  # half done, then fails: the slot's content is garbage
+        self.lengths[dst] = n
+        raise RuntimeError("copy failed")
+
+
+async def test_a_failed_copy_falls_back_to_a_full_prefill(tokenizer: Tokenizer) -> None:
+    engine = _FailingCopies(max_slots=4)
+    ids = tokenizer.encode(PROMPT, add_special_tokens=True)
+    async for c in _client(engine, tokenizer):
+        r = await c.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "n": 2},
+        )
+        assert r.status_code == 200, r.text
+    expected = tokenizer.decode(engine.greedy(ids, 4))
+    assert [ch["text"] for ch in r.json()["choices"]] == [expected, expected]
+    assert engine.prefill_chunks == [len(ids), len(ids)]
