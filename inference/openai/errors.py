@@ -6,8 +6,10 @@ the field in ``param``; only our own bugs become a 500.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -37,6 +39,7 @@ __all__ = [
     "anthropic_exception_handler",
     "error_body",
     "openai_exception_handler",
+    "renamed_params",
     "to_openai_error",
 ]
 
@@ -139,6 +142,22 @@ class InternalServerError(OpenAIError):
     status_code = 500
     type = "server_error"
     code = "internal_error"
+
+
+@contextlib.contextmanager
+def renamed_params(names: Mapping[str, str]) -> Iterator[None]:
+    """Errors raised inside name the fields as ``names`` maps them (a surface that translates its
+    request into a chat request reports its own field names: ``max_output_tokens``, not
+    ``max_completion_tokens``)."""
+    try:
+        yield
+    except OpenAIError as exc:
+        if exc.param is not None:
+            head, dot, tail = exc.param.partition("[")
+            if head in names:
+                exc.message = exc.message.replace(head, names[head])
+                exc.param = names[head] + dot + tail
+        raise
 
 
 def error_body(exc: OpenAIError) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from inference.openai.anthropic_protocol import (
     AnthropicUsage,
 )
 from inference.openai.chat import ChatEndpoints, ChatTurn
-from inference.openai.errors import InvalidRequestError, OpenAIError, anthropic_error_body
+from inference.openai.errors import InvalidRequestError, OpenAIError, anthropic_error_body, renamed_params
 from inference.openai.handle import _closing
 from inference.openai.protocol import (
     ChatCompletionRequest,
@@ -190,7 +190,8 @@ class MessagesEndpoints(ChatEndpoints):
         self, req: AnthropicMessagesRequest
     ) -> AnthropicMessagesResponse | AsyncIterator[ServerSentEventMessage]:
         """``POST /v1/messages``: a message, or Anthropic's event stream."""
-        turn = await self._start_chat(self._as_chat(req))
+        with renamed_params({"stop": "stop_sequences"}):
+            turn = await self._start_chat(self._as_chat(req))
         mid = f"msg_{uuid.uuid4().hex}"
         if turn.plan.stream:
             return _closing(turn.runs, self._message_stream(turn, mid, req.model))

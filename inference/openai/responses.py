@@ -20,7 +20,7 @@ import msgspec
 from litestar.response import ServerSentEventMessage
 
 from inference.openai.chat import ChatEndpoints, ChatTurn
-from inference.openai.errors import InvalidRequestError, OpenAIError
+from inference.openai.errors import InvalidRequestError, OpenAIError, renamed_params
 from inference.openai.handle import _closing
 from inference.openai.protocol import (
     ChatCompletionRequest,
@@ -210,7 +210,8 @@ class ResponsesEndpoints(ChatEndpoints):
         self, req: ResponsesRequest
     ) -> ResponseObject | AsyncIterator[ServerSentEventMessage]:
         """``POST /v1/responses``: a response object, or the Responses event stream."""
-        turn = await self._start_chat(self._responses_chat(req))
+        with renamed_params({"max_completion_tokens": "max_output_tokens"}):
+            turn = await self._start_chat(self._responses_chat(req))
         rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
         if turn.plan.stream:
             return _closing(turn.runs, self._response_stream(turn, req, rid, created))

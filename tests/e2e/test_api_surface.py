@@ -445,3 +445,13 @@ def test_responses_reasoning_items(oai: openai.OpenAI) -> None:
         {"role": "user", "content": "Thanks"},
     ]
     assert oai.responses.create(model=MODEL, input=follow).status == "completed"
+
+
+def test_errors_name_each_surfaces_own_fields(oai: openai.OpenAI, claude: anthropic.Anthropic) -> None:
+    with pytest.raises(openai.BadRequestError) as too_long:
+        oai.responses.create(model=MODEL, input="What is 2 + 2?", max_output_tokens=5000)
+    assert isinstance(too_long.value.body, dict) and too_long.value.body["param"] == "max_output_tokens"
+    assert "max_output_tokens" in too_long.value.message
+    with pytest.raises(anthropic.BadRequestError) as empty_stop:
+        claude.messages.create(model=MODEL, max_tokens=8, messages=THINK, stop_sequences=["ok", ""])
+    assert "stop_sequences" in empty_stop.value.message
