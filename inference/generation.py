@@ -87,6 +87,8 @@ class StopStringMatcher:
         """``stops``: non-empty strings; the output ends before the first one found."""
         self._stops = tuple(s for s in stops if s)
         self._held = ""
+        #: The stop string that ended the text, once one did.
+        self.matched: str | None = None
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Return ``(text safe to emit, stopped)``."""
@@ -94,10 +96,11 @@ class StopStringMatcher:
             return text, False
         buf = self._held + text
         # Earliest occurrence wins, so overlapping stop strings cut at the first possible point.
-        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
+        hits = [(i, s) for i, s in ((buf.find(s), s) for s in self._stops) if i >= 0]
         if hits:
             self._held = ""
-            return buf[: min(hits)], True
+            at, self.matched = min(hits, key=lambda hit: hit[0])
+            return buf[:at], True
         hold = held_suffix_length(buf, self._stops)
         self._held = buf[len(buf) - hold :]
         return buf[: len(buf) - hold], False
@@ -138,6 +141,8 @@ class StepOutput:
     finish_reason: str | None  # "stop" | "length" | None while running
     prompt_tokens: int
     completion_tokens: int
+    #: On the last output of a request cut by a stop string: that string (Anthropic's stop_sequence).
+    stop_string: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -183,7 +188,15 @@ class GenerationState:
         )
 
     def _out(self, text: str, ids: tuple[int, ...], lps: tuple[TokenLogprob, ...]) -> StepOutput:
-        return StepOutput(text, ids, lps, self.finish_reason, self.prompt_tokens, self.completion_tokens)
+        return StepOutput(
+            text,
+            ids,
+            lps,
+            self.finish_reason,
+            self.prompt_tokens,
+            self.completion_tokens,
+            stop_string=self._stops.matched if self.finish_reason is not None else None,
+        )
 
     def push(self, sample: SampleResult) -> StepOutput:
         """Account for one sampled token; return the visible text and whether we are done."""

@@ -141,6 +141,8 @@ class GenerationRequest:
     cancelled: bool = False
     # False: no cached prefix is used for this request and its KV is not kept for others.
     cache_prompt: bool = True
+    # One of n choices of the same prompt: start from a copy of this request's prompt KV.
+    prefix_from: GenerationRequest | None = None
 
 
 @dataclass(eq=False)
@@ -193,6 +195,8 @@ class Scheduler:
         self._kv: KVEngine | None = engine if self._store is not None else None  # type: ignore[assignment]
         # Per slot: the tokens whose KV the slot holds, when that KV may serve other requests.
         self._slot_tokens: list[list[int]] = [[] for _ in range(self.max_batch_size)]
+        # n choices of one prompt share its prefill by copying KV between slots.
+        self._fork_kv: KVEngine | None = engine if isinstance(engine, KVEngine) else None
 
     # -- asyncio side ------------------------------------------------------------------------
 
@@ -239,6 +243,22 @@ class Scheduler:
                     f"(limits: {self.max_batch_size} running, {self.max_queued_requests} waiting)"
                 )
             self._waiting.append(req)
+            self._notify_queue()
+            self._cond.notify_all()
+
+    def submit_group(self, reqs: Sequence[GenerationRequest]) -> None:
+        """Queue all of ``reqs`` or none (the n choices of one request); errors as :meth:`submit`."""
+        with self._cond:
+            if self._thread is None or self._stopping:
+                raise SchedulerStoppedError("the scheduler is not running")
+            busy = len(self._running) + len(self._waiting)
+            if busy + len(reqs) > self.max_batch_size + self.max_queued_requests:
+                raise QueueFullError(
+                    f"{len(self._running)} requests running and {len(self._waiting)} waiting, "
+                    f"{len(reqs)} more do not fit "
+                    f"(limits: {self.max_batch_size} running, {self.max_queued_requests} waiting)"
+                )
+            self._waiting.extend(reqs)
             self._notify_queue()
             self._cond.notify_all()
 
@@ -445,6 +465,7 @@ class Scheduler:
         run.prefilled += len(chunk)
         if run.prefilled < len(ids):
             return
+        self._share_prefix(run)
         sample = req.sampler.sample(np.asarray(logits).reshape(-1))
         if self._observer is not None:
             self._observer.first_token(time.monotonic() - req.arrival)
@@ -454,6 +475,33 @@ class Scheduler:
             run.last_token = sample.token_id
             # After the first token went out: the prompt's blocks serve concurrent requests too.
             self._save_blocks(run)
+
+    def _share_prefix(self, leader: _Running) -> None:
+        """Give the prompt's KV to the sibling choices that wait in slots (``prefix_from``).
+
+        Runs right after the leader's last prefill chunk, before its first token can finish it
+        and free its slot. A sibling then prefills only the last prompt token (its own logits,
+        its own first sample); one without a slot yet, or on an engine without KV operations,
+        prefills the whole prompt itself.
+        """
+        kv = self._fork_kv
+        prompt = leader.req.prompt_ids
+        n = len(prompt) - 1
+        if kv is None or n < 1:
+            return
+        for run in self._running:
+            if run.req.prefix_from is not leader.req or run.prepared or run.req.cancelled:
+                continue
+            try:
+                kv.copy_prefix(leader.slot, run.slot, n)
+            except Exception:  # an optimisation: the sibling prefills on its own instead
+                log.exception("copy_prefix(%d -> %d) failed", leader.slot, run.slot)
+                self._slot_tokens[run.slot] = []  # its content is unknown now: nothing to reuse
+                continue
+            run.prepared = True
+            run.prefilled = n
+            if self._store is not None:
+                self._slot_tokens[run.slot] = list(prompt[:n])
 
     def _decode(self, runs: list[_Running]) -> None:
         batch: list[_Running] = []

@@ -8,6 +8,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -25,6 +26,7 @@ from inference.openai.handle import (
     MAX_TOP_LOGPROBS,
     ModelHandle,
     _closing,
+    _interleave,
     _json,
     _Plan,
     _Run,
@@ -46,10 +48,55 @@ from inference.openai.protocol import (
     ResponseMessage,
     ToolCall,
     TopLogprobEntry,
+    Usage,
 )
-from inference.openai.tool_parsers import ToolCallEvent, ToolParser
+from inference.openai.tool_parsers import ParsedToolCall, ToolCallEvent, ToolParser
 
-__all__ = ["ChatEndpoints"]
+__all__ = ["ChatDelta", "ChatEndpoints", "ChatResult", "ChatTurn"]
+
+
+@dataclass
+class ChatTurn:
+    """A submitted chat request: its plan, rendered prompt, tool parsing and running choices."""
+
+    plan: _Plan
+    prompt: str
+    tools: list[dict[str, Any]]
+    tool_parser: ToolParser | None
+    runs: list[_Run]
+    #: Streamed turns: every choice's first output (awaited before the answer starts).
+    firsts: list[StepOutput] | None = None
+    #: Streamed turns: set when every choice has ended.
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    """One finished choice, parsed: content, reasoning, tool calls and why it ended."""
+
+    index: int
+    content: str | None
+    reasoning: str | None
+    tool_calls: list[ParsedToolCall]
+    #: ``stop`` | ``length`` | ``tool_calls``
+    finish_reason: str
+    #: The stop string that ended it, if one did.
+    stop_string: str | None
+    logprobs: list[TokenLogprob]
+    last: StepOutput
+
+
+@dataclass(frozen=True)
+class ChatDelta:
+    """A piece of one streamed choice; the last one of a choice has its ``finish_reason``."""
+
+    index: int
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: tuple[ToolCallEvent, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: str | None = None
+    stop_string: str | None = None
 
 
 class ChatEndpoints(ModelHandle):
@@ -159,10 +206,12 @@ class ChatEndpoints(ModelHandle):
             )
         return tools, True
 
-    async def create_chat_completion(
-        self, req: ChatCompletionRequest
-    ) -> ChatCompletionResponse | AsyncIterator[str]:
-        """``POST /v1/chat/completions``: a response, or an iterator of SSE data strings."""
+    async def _start_chat(self, req: ChatCompletionRequest) -> ChatTurn:
+        """Validate, render the template, tokenize and submit the request's ``n`` choices.
+
+        Shared by every chat-shaped surface (``/v1/chat/completions``, ``/v1/messages``,
+        ``/v1/responses``); a streamed turn has waited for every choice's first output already.
+        """
         self.check_admitting()
         self._check_model(req.model)
         if req.response_format is not None and req.response_format.type != "text":
@@ -191,24 +240,14 @@ class ChatEndpoints(ModelHandle):
                 )
         if req.logprobs:
             top = req.top_logprobs or 0
-        kwargs = dict(req.chat_template_kwargs or {})
-        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
-        if reserved:
-            raise InvalidRequestError(
-                f"chat_template_kwargs may not set {', '.join(reserved)}: they come from the request's "
-                "own fields (messages, tools, add_generation_prompt)",
-                param="chat_template_kwargs",
-            )
         self._check_chat_size(req.messages)
-        messages = self._chat_messages(req.messages)
         tools, parse_tools = self._tool_setup(req)
-
-        def render() -> str:
-            return self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=req.add_generation_prompt, **kwargs
-            )
-
-        prompt = await asyncio.to_thread(render)
+        prompt = await self._render_chat(
+            req.messages,
+            tools=tools,
+            add_generation_prompt=req.add_generation_prompt,
+            chat_template_kwargs=req.chat_template_kwargs,
+        )
         ids = await self._encode(prompt, add_special_tokens=False, param="messages")
         plan = self._plan(
             req,
@@ -219,105 +258,165 @@ class ChatEndpoints(ModelHandle):
             max_tokens_param=param,
             top_logprobs=top,
         )
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        tool_parser = self._tools if parse_tools else None
-        run = self._submit(plan)
+        turn = ChatTurn(
+            plan=plan,
+            prompt=prompt,
+            tools=tools or [],
+            tool_parser=self._tools if parse_tools else None,
+            runs=self._submit(plan),
+        )
         if plan.stream:
-            first = await self._first(run)
-            stream = self._chat_stream(run, first, plan, rid, created, req.model, tool_parser, tools or [])
-            return _closing(run, stream)
-        text, lps, last = await self._collect(run)
-        reasoning: str | None = None
-        content: str | None = text
-        if self._reasoning is not None:
-            reasoning, content = self._reasoning.extract(text, prompt)
-        calls: list[ToolCall] = []
-        if tool_parser is not None and content is not None:
-            content, parsed = tool_parser.extract(content, tools or [])
-            calls = [
-                ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in parsed
-            ]
-        finish = last.finish_reason
-        if calls and finish == "stop":
-            finish = "tool_calls"
-        message = ResponseMessage(content=content, reasoning_content=reasoning, tool_calls=calls or None)
-        choice = ChatCompletionChoice(
-            index=0,
-            message=message,
-            finish_reason=finish,
-            logprobs=_chat_logprobs(lps) if plan.want_logprobs else None,
-        )
-        return ChatCompletionResponse(
-            id=rid, created=created, model=req.model, choices=[choice], usage=_usage(last)
-        )
+            turn.firsts = await self._first(turn.runs)
+        return turn
 
-    async def _chat_stream(
+    async def _render_chat(
         self,
-        run: _Run,
-        first: StepOutput,
-        plan: _Plan,
-        rid: str,
-        created: int,
-        model: str,
-        tool_parser: ToolParser | None,
-        tools: list[dict[str, Any]],
-    ) -> AsyncIterator[str]:
-        def chunk(delta: DeltaMessage, finish: str | None = None, lps: ChatLogprobs | None = None) -> str:
-            choice = ChatCompletionStreamChoice(index=0, delta=delta, finish_reason=finish, logprobs=lps)
-            return _json(ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[choice]))
+        messages: Sequence[ChatMessage],
+        *,
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        chat_template_kwargs: dict[str, Any] | None,
+    ) -> str:
+        """The chat template applied to ``messages`` (off the event loop)."""
+        kwargs = dict(chat_template_kwargs or {})
+        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+        if reserved:
+            raise InvalidRequestError(
+                f"chat_template_kwargs may not set {', '.join(reserved)}: they come from the request's "
+                "own fields (messages, tools, add_generation_prompt)",
+                param="chat_template_kwargs",
+            )
+        converted = self._chat_messages(messages)
 
-        reasoning = self._reasoning.stream(plan.prompt_text) if self._reasoning is not None else None
-        tool_stream = tool_parser.stream(tools) if tool_parser is not None else None
-        called = False
+        def render() -> str:
+            return self.tokenizer.apply_chat_template(
+                converted, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
+            )
 
-        def split(text: str, final: bool) -> tuple[str, str, list[ToolCallEvent]]:
-            r, c = reasoning.feed(text) if reasoning is not None else ("", text)
-            if final and reasoning is not None:
+        return await asyncio.to_thread(render)
+
+    async def _chat_results(self, turn: ChatTurn) -> tuple[list[ChatResult], Usage]:
+        """Every choice of a non-streamed turn, parsed (reasoning, tool calls), and the usage."""
+        outcomes = await self._collect_all(turn.runs)
+        results: list[ChatResult] = []
+        for index, (text, lps, last) in enumerate(outcomes):
+            reasoning: str | None = None
+            content: str | None = text
+            if self._reasoning is not None:
+                reasoning, content = self._reasoning.extract(text, turn.prompt)
+            calls: list[ParsedToolCall] = []
+            if turn.tool_parser is not None and content is not None:
+                content, calls = turn.tool_parser.extract(content, turn.tools)
+            finish = last.finish_reason or "stop"
+            if calls and finish == "stop":
+                finish = "tool_calls"
+            results.append(ChatResult(index, content, reasoning, calls, finish, last.stop_string, lps, last))
+        return results, _usage(*(r.last for r in results))
+
+    async def _chat_deltas(self, turn: ChatTurn) -> AsyncIterator[ChatDelta]:
+        """The deltas of a streamed turn, choice by choice as they arrive; each choice's last
+        delta carries its finish reason (``tool_calls`` when it called one) and ``turn.usage``
+        is set once all ended. Raises the OpenAI error that ended a choice."""
+        assert turn.firsts is not None
+        reasonings = [
+            self._reasoning.stream(turn.plan.prompt_text) if self._reasoning is not None else None
+            for _ in turn.runs
+        ]
+        tool_streams = [
+            turn.tool_parser.stream(turn.tools) if turn.tool_parser is not None else None for _ in turn.runs
+        ]
+        called = [False] * len(turn.runs)
+        lasts: list[StepOutput] = list(turn.firsts)
+        async for i, out in _interleave(turn.runs, turn.firsts):
+            reasoning, tool_stream = reasonings[i], tool_streams[i]
+            r, c = reasoning.feed(out.text) if reasoning is not None else ("", out.text)
+            if out.finished and reasoning is not None:
                 r2, c2 = reasoning.finish()
                 r, c = r + r2, c + c2
             events: list[ToolCallEvent] = []
             if tool_stream is not None:
                 c, events = tool_stream.feed(c)
-                if final:
+                if out.finished:
                     c2, e2 = tool_stream.finish()
                     c, events = c + c2, events + e2
-            return r, c, events
+            called[i] = called[i] or bool(events)
+            finish = out.finish_reason
+            if called[i] and finish == "stop":
+                finish = "tool_calls"
+            lps = out.logprobs if turn.plan.want_logprobs else ()
+            lasts[i] = out
+            if r or c or events or lps or finish is not None:
+                yield ChatDelta(i, c, r, tuple(events), tuple(lps), finish, out.stop_string)
+        turn.usage = _usage(*lasts)
+
+    async def create_chat_completion(
+        self, req: ChatCompletionRequest
+    ) -> ChatCompletionResponse | AsyncIterator[str]:
+        """``POST /v1/chat/completions``: a response, or an iterator of SSE data strings."""
+        turn = await self._start_chat(req)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if turn.plan.stream:
+            return _closing(turn.runs, self._chat_stream(turn, rid, created, req.model))
+        results, usage = await self._chat_results(turn)
+        choices = [
+            ChatCompletionChoice(
+                index=r.index,
+                message=ResponseMessage(
+                    content=r.content,
+                    reasoning_content=r.reasoning,
+                    tool_calls=[
+                        ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+                        for c in r.tool_calls
+                    ]
+                    or None,
+                ),
+                finish_reason=r.finish_reason,
+                logprobs=_chat_logprobs(r.logprobs) if turn.plan.want_logprobs else None,
+            )
+            for r in results
+        ]
+        return ChatCompletionResponse(id=rid, created=created, model=req.model, choices=choices, usage=usage)
+
+    async def _chat_stream(self, turn: ChatTurn, rid: str, created: int, model: str) -> AsyncIterator[str]:
+        def chunk(
+            index: int, delta: DeltaMessage, finish: str | None = None, lps: ChatLogprobs | None = None
+        ) -> str:
+            choice = ChatCompletionStreamChoice(index=index, delta=delta, finish_reason=finish, logprobs=lps)
+            return _json(ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[choice]))
 
         try:
-            yield chunk(DeltaMessage(role="assistant", content=""))
-            out = first
-            while True:
-                r, c, events = split(out.text, out.finished)
-                lps = _chat_logprobs(out.logprobs) if plan.want_logprobs and out.logprobs else None
-                if r or c or lps is not None:
-                    yield chunk(DeltaMessage(content=c or None, reasoning_content=r or None), lps=lps)
-                for ev in events:
-                    called = True
+            for index in range(len(turn.runs)):
+                yield chunk(index, DeltaMessage(role="assistant", content=""))
+            async for d in self._chat_deltas(turn):
+                lps = _chat_logprobs(d.logprobs) if d.logprobs else None
+                if d.reasoning or d.content or lps is not None:
+                    yield chunk(
+                        d.index,
+                        DeltaMessage(content=d.content or None, reasoning_content=d.reasoning or None),
+                        lps=lps,
+                    )
+                for ev in d.tool_calls:
                     fn = DeltaFunctionCall(
                         name=ev.name, arguments="" if ev.name is not None else ev.arguments
                     )
                     dtc = DeltaToolCall(
                         index=ev.index, function=fn, id=ev.id, type="function" if ev.id is not None else None
                     )
-                    yield chunk(DeltaMessage(tool_calls=[dtc]))
-                if out.finished:
-                    break
-                out = await run.next()
-            finish = out.finish_reason
-            if called and finish == "stop":
-                finish = "tool_calls"
-            yield chunk(DeltaMessage(), finish=finish)
-            if plan.include_usage:
+                    yield chunk(d.index, DeltaMessage(tool_calls=[dtc]))
+                if d.finish_reason is not None:
+                    yield chunk(d.index, DeltaMessage(), finish=d.finish_reason)
+            if turn.plan.include_usage and turn.usage is not None:
                 yield _json(
                     ChatCompletionStreamResponse(
-                        id=rid, created=created, model=model, choices=[], usage=_usage(out)
+                        id=rid, created=created, model=model, choices=[], usage=turn.usage
                     )
                 )
         except OpenAIError as exc:
             # Headers are sent: a failure mid-stream can only be reported in the stream.
             yield _json(error_body(exc))
         finally:
-            run.close()
+            for run in turn.runs:
+                run.close()
         yield _DONE
 
 

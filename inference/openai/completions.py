@@ -6,6 +6,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 
 from inference.generation import StepOutput, TokenLogprob
 from inference.openai.errors import (
@@ -19,6 +20,7 @@ from inference.openai.handle import (
     MAX_TOP_LOGPROBS,
     ModelHandle,
     _closing,
+    _interleave,
     _json,
     _Plan,
     _Run,
@@ -70,13 +72,20 @@ class CompletionEndpoints(ModelHandle):
         return ids, await asyncio.to_thread(self.tokenizer.decode, ids)
 
     async def create_completion(self, req: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
-        """``POST /v1/completions``: a response, or an iterator of SSE data strings."""
+        """``POST /v1/completions``: a response, or an iterator of SSE data strings.
+
+        ``echo`` puts the prompt text before each choice's text; with ``logprobs`` the prompt's
+        tokens are listed too, with ``null`` logprobs (the engine computes logits for the last
+        prompt position only).
+        """
         self.check_admitting()
         self._check_model(req.model)
-        if req.echo:
-            raise InvalidRequestError("echo is not supported", param="echo")
         if req.suffix:
-            raise InvalidRequestError("suffix is not supported", param="suffix")
+            raise InvalidRequestError(
+                f"suffix is not supported: the model {req.model!r} on this server does not do insertion "
+                "(fill-in-the-middle); send the whole prompt without suffix",
+                param="suffix",
+            )
         if req.best_of not in (None, 1):
             raise InvalidRequestError("only best_of=1 is supported", param="best_of")
         if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
@@ -91,51 +100,101 @@ class CompletionEndpoints(ModelHandle):
             max_tokens_param="max_tokens",
             top_logprobs=req.logprobs,
         )
+        echo = _Echo(text, self._prompt_logprobs(ids) if plan.want_logprobs else None) if req.echo else None
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        run = self._submit(plan)
+        runs = self._submit(plan)
         if plan.stream:
-            first = await self._first(run)
-            return _closing(run, self._completion_stream(run, first, plan, rid, created, req.model))
-        text_out, lps, last = await self._collect(run)
-        choice = CompletionChoice(
-            index=0,
-            text=text_out,
-            finish_reason=last.finish_reason,
-            logprobs=_completion_logprobs(lps, 0) if plan.want_logprobs else None,
-        )
-        return CompletionResponse(
-            id=rid, created=created, model=req.model, choices=[choice], usage=_usage(last)
+            firsts = await self._first(runs)
+            return _closing(runs, self._completion_stream(runs, firsts, plan, rid, created, req.model, echo))
+        choices: list[CompletionChoice] = []
+        outcomes = await self._collect_all(runs)
+        for index, (text_out, lps, last) in enumerate(outcomes):
+            logprobs = None
+            if plan.want_logprobs:
+                logprobs = _completion_logprobs(lps, len(echo.text) if echo else 0)
+                if echo is not None and echo.logprobs is not None:
+                    logprobs = _joined(echo.logprobs, logprobs)
+            choices.append(
+                CompletionChoice(
+                    index=index,
+                    text=(echo.text if echo else "") + text_out,
+                    finish_reason=last.finish_reason,
+                    logprobs=logprobs,
+                )
+            )
+        usage = _usage(*(last for _, _, last in outcomes))
+        return CompletionResponse(id=rid, created=created, model=req.model, choices=choices, usage=usage)
+
+    def _prompt_logprobs(self, ids: Sequence[int]) -> CompletionLogprobs:
+        """The prompt's tokens for an echo with logprobs: texts and offsets, no logprobs."""
+        tokens = [self.tokenizer.token_text(t) for t in ids]
+        offsets: list[int] = []
+        pos = 0
+        for tok in tokens:
+            offsets.append(pos)
+            pos += len(tok)
+        return CompletionLogprobs(
+            tokens=tokens,
+            token_logprobs=[None] * len(tokens),
+            top_logprobs=[None] * len(tokens),
+            text_offset=offsets,
         )
 
     async def _completion_stream(
-        self, run: _Run, first: StepOutput, plan: _Plan, rid: str, created: int, model: str
+        self,
+        runs: list[_Run],
+        firsts: list[StepOutput],
+        plan: _Plan,
+        rid: str,
+        created: int,
+        model: str,
+        echo: _Echo | None,
     ) -> AsyncIterator[str]:
-        offset = 0
+        def chunk(index: int, text: str, finish: str | None, lps: CompletionLogprobs | None) -> str:
+            choice = CompletionStreamChoice(index=index, text=text, finish_reason=finish, logprobs=lps)
+            return _json(CompletionStreamResponse(id=rid, created=created, model=model, choices=[choice]))
+
+        offsets = [len(echo.text) if echo else 0] * len(runs)
+        lasts = list(firsts)
         try:
-            out = first
-            while True:
+            if echo is not None:
+                for index in range(len(runs)):
+                    yield chunk(index, echo.text, None, echo.logprobs)
+            async for index, out in _interleave(runs, firsts):
+                lasts[index] = out
                 if out.text or out.logprobs or out.finished:
-                    lps = _completion_logprobs(out.logprobs, offset) if plan.want_logprobs else None
-                    offset += sum(len(lp.token) for lp in out.logprobs)
-                    choice = CompletionStreamChoice(
-                        index=0, text=out.text, finish_reason=out.finish_reason, logprobs=lps
-                    )
-                    yield _json(
-                        CompletionStreamResponse(id=rid, created=created, model=model, choices=[choice])
-                    )
-                if out.finished:
-                    break
-                out = await run.next()
+                    lps = _completion_logprobs(out.logprobs, offsets[index]) if plan.want_logprobs else None
+                    offsets[index] += sum(len(lp.token) for lp in out.logprobs)
+                    yield chunk(index, out.text, out.finish_reason, lps)
             if plan.include_usage:
                 usage = CompletionStreamResponse(
-                    id=rid, created=created, model=model, choices=[], usage=_usage(out)
+                    id=rid, created=created, model=model, choices=[], usage=_usage(*lasts)
                 )
                 yield _json(usage)
         except OpenAIError as exc:
             yield _json(error_body(exc))
         finally:
-            run.close()
+            for run in runs:
+                run.close()
         yield _DONE
+
+
+@dataclass(frozen=True)
+class _Echo:
+    """What ``echo`` puts before every choice."""
+
+    text: str
+    #: The prompt's tokens, when logprobs are asked for.
+    logprobs: CompletionLogprobs | None
+
+
+def _joined(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionLogprobs:
+    return CompletionLogprobs(
+        tokens=a.tokens + b.tokens,
+        token_logprobs=a.token_logprobs + b.token_logprobs,
+        top_logprobs=a.top_logprobs + b.top_logprobs,
+        text_offset=a.text_offset + b.text_offset,
+    )
 
 
 def _completion_logprobs(lps: Sequence[TokenLogprob], start_offset: int) -> CompletionLogprobs:

@@ -6,8 +6,10 @@ the field in ``param``; only our own bugs become a 500.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -33,8 +35,11 @@ __all__ = [
     "ServerOverloadedError",
     "ServerUnavailableError",
     "UnsupportedMediaTypeError",
+    "anthropic_error_body",
+    "anthropic_exception_handler",
     "error_body",
     "openai_exception_handler",
+    "renamed_params",
     "to_openai_error",
 ]
 
@@ -139,9 +144,44 @@ class InternalServerError(OpenAIError):
     code = "internal_error"
 
 
+@contextlib.contextmanager
+def renamed_params(names: Mapping[str, str]) -> Iterator[None]:
+    """Errors raised inside name the fields as ``names`` maps them (a surface that translates its
+    request into a chat request reports its own field names: ``max_output_tokens``, not
+    ``max_completion_tokens``)."""
+    try:
+        yield
+    except OpenAIError as exc:
+        if exc.param is not None:
+            head, dot, tail = exc.param.partition("[")
+            if head in names:
+                exc.message = exc.message.replace(head, names[head])
+                exc.param = names[head] + dot + tail
+        raise
+
+
 def error_body(exc: OpenAIError) -> dict[str, Any]:
     """The OpenAI error object for ``exc``."""
     return {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
+
+
+#: HTTP status -> Anthropic error ``type`` (anything else: ``api_error``).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_body(exc: OpenAIError) -> dict[str, Any]:
+    """The Anthropic error object for ``exc``: ``{"type": "error", "error": {"type", "message"}}``."""
+    kind = _ANTHROPIC_TYPES.get(exc.status_code, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
 
 
 _MSGSPEC_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
@@ -219,3 +259,10 @@ def openai_exception_handler(request: Request[Any, Any, Any], exc: Exception) ->
     """Litestar exception handler for everything under ``/v1``."""
     err = to_openai_error(exc)
     return Response(content=error_body(err), status_code=err.status_code, headers=err.headers)
+
+
+def anthropic_exception_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Litestar exception handler for the Anthropic routes (``/v1/messages``): same statuses as
+    ``/v1``, Anthropic's error body."""
+    err = to_openai_error(exc)
+    return Response(content=anthropic_error_body(err), status_code=err.status_code, headers=err.headers)

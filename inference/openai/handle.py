@@ -10,9 +10,10 @@ model pool (``pool``) holds one handle per loaded model.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,8 @@ __all__ = ["AUTO_PARSERS", "ModelHandle", "ServingObserver", "ServingOptions", "
 ServingObserver = SchedulerObserver
 
 MAX_TOP_LOGPROBS = 20
+#: Most choices one request may ask for (``n``); they share one prefill of the prompt.
+MAX_N = 8
 #: Safety factor on the cheap "too long to tokenize" bound (normalizers may fold characters).
 _CHARS_MARGIN = 2
 #: ``apply_chat_template`` arguments a client may not override through ``chat_template_kwargs``.
@@ -141,6 +144,7 @@ class _Plan:
     stream: bool
     include_usage: bool
     cache_prompt: bool = True
+    n: int = 1
 
 
 class _Run:
@@ -330,6 +334,11 @@ class ModelHandle:
         )
         return ModelList(data=[card])
 
+    def model_card(self, name: str) -> ModelCard:
+        """``GET /v1/models/{name}`` (404 ``model_not_found`` unless it is this model)."""
+        self._check_model(name)
+        return self.list_models().data[0]
+
     def _check_model(self, model: str) -> None:
         if self.options.check_model_name and model != self.options.served_model_name:
             raise ModelNotFoundError(
@@ -342,8 +351,8 @@ class ModelHandle:
     def _sampling(
         self, req: CompletionRequest | ChatCompletionRequest, top_logprobs: int | None
     ) -> SamplingParams:
-        if req.n != 1:
-            raise InvalidRequestError(f"only n=1 is supported; got n={req.n}", param="n")
+        if not 1 <= req.n <= MAX_N:
+            raise InvalidRequestError(f"n must be between 1 and {MAX_N}; got n={req.n}", param="n")
         _check_range(req.temperature, "temperature", 0.0, 2.0)
         _check_range(req.frequency_penalty, "frequency_penalty", -2.0, 2.0)
         _check_range(req.presence_penalty, "presence_penalty", -2.0, 2.0)
@@ -437,38 +446,72 @@ class ModelHandle:
             stream=req.stream,
             include_usage=include_usage,
             cache_prompt=req.cache_prompt,
+            n=req.n,
         )
 
-    def _submit(self, plan: _Plan) -> _Run:
+    def _submit(self, plan: _Plan) -> list[_Run]:
+        """Queue the plan's ``n`` choices (all or none); choice ``i`` samples with ``seed + i``.
+
+        Choices after the first start from a copy of the first one's prompt KV (the scheduler's
+        ``prefix_from``), so the prompt is prefilled once.
+        """
         self.check_admitting()
-        state = GenerationState(
-            self.tokenizer,
-            prompt_ids=plan.prompt_ids,
-            max_new_tokens=plan.max_new_tokens,
-            stop=plan.stop,
-            stop_token_ids=plan.stop_token_ids,
-            eos_token_ids=self._eos_ids,
-            want_logprobs=plan.want_logprobs,
-        )
-        sink = AsyncOutputStream(asyncio.get_running_loop())
-        sampler = Sampler(plan.params, self._vocab_size)
-        greq = GenerationRequest(plan.prompt_ids, sampler, state, sink, cache_prompt=plan.cache_prompt)
+        loop = asyncio.get_running_loop()
+        reqs: list[GenerationRequest] = []
+        sinks: list[AsyncOutputStream] = []
+        for i in range(plan.n):
+            state = GenerationState(
+                self.tokenizer,
+                prompt_ids=plan.prompt_ids,
+                max_new_tokens=plan.max_new_tokens,
+                stop=plan.stop,
+                stop_token_ids=plan.stop_token_ids,
+                eos_token_ids=self._eos_ids,
+                want_logprobs=plan.want_logprobs,
+            )
+            params = plan.params
+            if params.seed is not None and i:
+                params = dataclasses.replace(params, seed=(params.seed + i) % (1 << 64))
+            sink = AsyncOutputStream(loop)
+            greq = GenerationRequest(
+                plan.prompt_ids,
+                Sampler(params, self._vocab_size),
+                state,
+                sink,
+                cache_prompt=plan.cache_prompt,
+                prefix_from=reqs[0] if reqs else None,
+            )
+            reqs.append(greq)
+            sinks.append(sink)
         try:
-            self._scheduler.submit(greq)
+            if len(reqs) == 1:
+                self._scheduler.submit(reqs[0])
+            else:
+                self._scheduler.submit_group(reqs)
         except Exception as exc:
             raise to_openai_error(exc) from exc
-        self._in_flight += 1
+        self._in_flight += len(reqs)
         self._idle.clear()
-        return _Run(self, greq, sink)
+        return [_Run(self, greq, sink) for greq, sink in zip(reqs, sinks, strict=True)]
 
-    async def _first(self, run: _Run) -> StepOutput:
+    async def _first(self, runs: Sequence[_Run]) -> list[StepOutput]:
+        """The first output of every choice."""
         # Waiting for the first output before answering lets queue errors (429) and engine
         # failures still become HTTP statuses, also for streamed requests.
         try:
-            return await run.next()
+            return list(await asyncio.gather(*(run.next() for run in runs)))
         except BaseException:
-            run.close()
+            for run in runs:
+                run.close()
             raise
+
+    async def _collect_all(self, runs: Sequence[_Run]) -> list[tuple[str, list[TokenLogprob], StepOutput]]:
+        """Every choice to its end: (text, logprobs, last output) per choice."""
+        try:
+            return list(await asyncio.gather(*(self._collect(run) for run in runs)))
+        finally:
+            for run in runs:
+                run.close()
 
     async def _collect(self, run: _Run) -> tuple[str, list[TokenLogprob], StepOutput]:
         texts: list[str] = []
@@ -505,17 +548,47 @@ class ModelHandle:
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
 
 
-def _closing(run: _Run, stream: AsyncIterator[str]) -> AsyncIterator[str]:
+def _closing(runs: Sequence[_Run], stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
     # A stream that is dropped before its first iteration never runs its ``finally``; tie the
-    # request's release to the generator's lifetime as well, so the slot and the in-flight
+    # requests' release to the generator's lifetime as well, so the slots and the in-flight
     # count are freed either way (close() is idempotent).
-    weakref.finalize(stream, run.close)
+    for run in runs:
+        weakref.finalize(stream, run.close)
     return stream
 
 
-def _usage(out: StepOutput) -> Usage:
-    return Usage(
-        prompt_tokens=out.prompt_tokens,
-        completion_tokens=out.completion_tokens,
-        total_tokens=out.prompt_tokens + out.completion_tokens,
-    )
+async def _interleave(
+    runs: Sequence[_Run], firsts: Sequence[StepOutput]
+) -> AsyncIterator[tuple[int, StepOutput]]:
+    """``(choice index, output)`` of every choice as they arrive, starting with ``firsts``.
+
+    Raises the OpenAI error that ended a choice; closes every choice when it ends or is dropped.
+    """
+    pending: dict[asyncio.Future[StepOutput], int] = {}
+    try:
+        for i, out in enumerate(firsts):
+            yield i, out
+            if not out.finished:
+                pending[asyncio.ensure_future(runs[i].next())] = i
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=pending.__getitem__):
+                i = pending.pop(task)
+                out = task.result()
+                yield i, out
+                if not out.finished:
+                    pending[asyncio.ensure_future(runs[i].next())] = i
+    finally:
+        for task in pending:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: the error that ended the stream is already raised
+            task.cancel()
+        for run in runs:
+            run.close()
+
+
+def _usage(*outs: StepOutput) -> Usage:
+    """Usage of a request's choices: the prompt counted once, the completions summed."""
+    prompt = outs[0].prompt_tokens
+    completion = sum(out.completion_tokens for out in outs)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)

@@ -633,25 +633,30 @@ class ModelPool:
         if self.primary is not None and self.primary in self._down:
             raise ServerUnavailableError(self._down[self.primary])
         refs = await asyncio.to_thread(self.source.servable)
-        cards = [
-            ModelCard(
-                id=r.name,
-                created=int(time.time()),
-                owned_by="cachesvc",
-                max_model_len=(
-                    self._loaded[r.bundle_id].serving.options.max_model_len
-                    if r.bundle_id in self._loaded
-                    else r.max_model_len
-                ),
-                root=r.bundle_id,
-                backend=r.backend,
-                precision=r.precision,
-                bundle_id=r.bundle_id,
-                loaded=r.bundle_id in self._loaded,
-            )
-            for r in refs
-        ]
-        return ModelList(data=cards)
+        return ModelList(data=[self._card(r.name, r) for r in refs])
+
+    async def model_card(self, name: str) -> ModelCard:
+        """``GET /v1/models/{name}``: the model ``name`` means (404 ``model_not_found``)."""
+        self.check_admitting()
+        ref = await asyncio.to_thread(self.source.resolve, name)
+        return self._card(name, ref)
+
+    def _card(self, name: str, r: ModelRef) -> ModelCard:
+        return ModelCard(
+            id=name,
+            created=int(time.time()),
+            owned_by="cachesvc",
+            max_model_len=(
+                self._loaded[r.bundle_id].serving.options.max_model_len
+                if r.bundle_id in self._loaded
+                else r.max_model_len
+            ),
+            root=r.bundle_id,
+            backend=r.backend,
+            precision=r.precision,
+            bundle_id=r.bundle_id,
+            loaded=r.bundle_id in self._loaded,
+        )
 
     def health(self) -> dict[str, Any]:
         """``/health``: the primary model's view (when loaded) plus every loaded model."""

@@ -29,6 +29,8 @@ __all__ = [
     "DeltaFunctionCall",
     "DeltaMessage",
     "DeltaToolCall",
+    "DetokenizeRequest",
+    "DetokenizeResponse",
     "FunctionCall",
     "FunctionDefinition",
     "ModelCard",
@@ -37,6 +39,8 @@ __all__ = [
     "ResponseFormat",
     "ResponseMessage",
     "StreamOptions",
+    "TokenizeRequest",
+    "TokenizeResponse",
     "Tool",
     "ToolCall",
     "TopLogprobEntry",
@@ -166,7 +170,48 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
+class TokenizeRequest(msgspec.Struct, kw_only=True):
+    """``POST /tokenize`` (vLLM's shape): ``prompt``, or ``messages`` rendered by the chat template.
+
+    ``model`` defaults to the server's model; ``add_special_tokens`` defaults to true for a
+    prompt and false for messages (the template writes its own).
+    """
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool | None = None
+    return_token_strs: bool = False
+    tools: list[Tool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    keep_alive: float | None = None
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    """``POST /detokenize`` (vLLM's shape): token ids back to text."""
+
+    tokens: list[int]
+    model: str | None = None
+    keep_alive: float | None = None
+
+
 # -- responses --------------------------------------------------------------------------------
+
+
+class TokenizeResponse(msgspec.Struct, omit_defaults=True):
+    """``POST /tokenize``: the ids, their count and the model's context length."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(msgspec.Struct):
+    """``POST /detokenize``."""
+
+    prompt: str
 
 
 class Usage(msgspec.Struct):

@@ -1,4 +1,9 @@
-"""Thin Litestar routes for ``/v1``: auth and admission guard, then hand over to a model.
+"""Thin Litestar routes: auth and admission guard, then hand over to a model.
+
+Under ``/v1``: ``GET /models``, ``GET /models/{id}``, ``POST /completions``,
+``POST /chat/completions``, ``POST /responses`` (OpenAI error body) and ``POST /messages``,
+``POST /messages/count_tokens`` (Anthropic error body); at the root: ``POST /tokenize`` and
+``POST /detokenize`` (vLLM's, OpenAI error body).
 
 :func:`openai_router` takes the models: a :class:`~inference.openai.pool.ModelPool` (every
 request ``acquire``s its model's handle and releases it when the answer or stream ends), an
@@ -20,9 +25,15 @@ from litestar import Request, Response, Router, get, post
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import JSONBody
+from litestar.params import FromPath, JSONBody
 from litestar.response import ServerSentEvent
+from litestar.types import ExceptionHandlersMap
 
+from inference.openai.anthropic_protocol import (
+    AnthropicCountTokensRequest,
+    AnthropicErrorResponse,
+    AnthropicMessagesRequest,
+)
 from inference.openai.body_checks import (
     LARGE_BODY_BYTES,
     has_body,
@@ -35,11 +46,21 @@ from inference.openai.errors import (
     InvalidRequestError,
     ServerUnavailableError,
     UnsupportedMediaTypeError,
+    anthropic_exception_handler,
     openai_exception_handler,
     to_openai_error,
 )
 from inference.openai.pool import ModelLease, ModelPool
-from inference.openai.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelList
+from inference.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+)
+from inference.openai.responses_protocol import ResponsesRequest
 from inference.openai.serving import OpenAIServing
 
 __all__ = [
@@ -80,6 +101,15 @@ class SingleModel:
     async def list_models(self) -> ModelList:
         """``GET /v1/models``."""
         return self.serving.list_models()
+
+    async def model_card(self, name: str) -> ModelCard:
+        """``GET /v1/models/{name}``."""
+        return self.serving.model_card(name)
+
+    @property
+    def primary(self) -> str:
+        """The model a request without ``model`` means."""
+        return self.serving.options.served_model_name
 
 
 Models = ModelPool | SingleModel
@@ -133,8 +163,8 @@ def openai_router(
     api_key: str | None = None,
     path: str = "/v1",
 ) -> Router:
-    """Routes ``GET /models``, ``POST /completions``, ``POST /chat/completions`` under ``path``;
-    ``api_key`` (when set) is required on every one."""
+    """The OpenAI routes under ``path`` (the Anthropic ones too), ``/tokenize`` and ``/detokenize``
+    at the root (see the module docstring); ``api_key`` (when set) is required on every one."""
     if isinstance(models, OpenAIServing | ModelPool):
         instance = models
 
@@ -193,14 +223,17 @@ def openai_router(
         lease.release()
         return Response(content=result)
 
-    def documented(*statuses: int) -> dict[int, ResponseSpec]:
-        return {
-            code: ResponseSpec(data_container=ErrorResponse, description=_ERRORS[code]) for code in statuses
-        }
+    def documented(*statuses: int, body: type[Any] = ErrorResponse) -> dict[int, ResponseSpec]:
+        return {code: ResponseSpec(data_container=body, description=_ERRORS[code]) for code in statuses}
 
     @get("/models", responses=documented(401, 503))
     async def list_models() -> ModelList:
         return await current().list_models()
+
+    @get("/models/{model_id:path}", responses=documented(401, 404, 503))
+    async def retrieve_model(model_id: FromPath[str]) -> ModelCard:
+        # A path parameter, because served names may hold a slash (``org/model``).
+        return await current().model_card(model_id.lstrip("/"))
 
     async def until_disconnect(request: Request[Any, Any, Any]) -> None:
         # After the body is read, the only message left is the client's disconnect.
@@ -209,7 +242,7 @@ def openai_router(
 
     async def answer(
         request: Request[Any, Any, Any],
-        body: CompletionRequest | ChatCompletionRequest,
+        body: _Routed,
         work: Callable[[OpenAIServing], Awaitable[Any]],
     ) -> Response[Any]:
         """Acquire the model, run ``work`` on it and release it when the answer is written.
@@ -254,22 +287,108 @@ def openai_router(
     ) -> Response[Any]:
         return await answer(request, data, lambda s: s.create_chat_completion(data))
 
-    return Router(
-        path=path,
-        route_handlers=[list_models, completions, chat_completions],
-        guards=[guard],
-        before_request=strict_body,
-        exception_handlers={Exception: openai_exception_handler},
-        tags=["openai"],
+    @post(
+        "/responses",
+        status_code=200,
+        responses=documented(400, 401, 404, 415, 429, 503),
+        opt={"body_type": ResponsesRequest},
     )
+    async def responses(request: Request[Any, Any, Any], data: JSONBody[ResponsesRequest]) -> Response[Any]:
+        return await answer(request, data, lambda s: s.create_response(data))
+
+    @post(
+        "/messages",
+        status_code=200,
+        responses=documented(400, 401, 404, 415, 429, 503, body=AnthropicErrorResponse),
+        opt={"body_type": AnthropicMessagesRequest},
+    )
+    async def messages(
+        request: Request[Any, Any, Any], data: JSONBody[AnthropicMessagesRequest]
+    ) -> Response[Any]:
+        return await answer(request, data, lambda s: s.create_message(data))
+
+    @post(
+        "/messages/count_tokens",
+        status_code=200,
+        responses=documented(400, 401, 404, 415, 429, 503, body=AnthropicErrorResponse),
+        opt={"body_type": AnthropicCountTokensRequest},
+    )
+    async def count_tokens(
+        request: Request[Any, Any, Any], data: JSONBody[AnthropicCountTokensRequest]
+    ) -> Response[Any]:
+        return await answer(request, data, lambda s: s.count_message_tokens(data))
+
+    @post(
+        "/tokenize",
+        status_code=200,
+        responses=documented(400, 401, 404, 415, 429, 503),
+        opt={"body_type": TokenizeRequest},
+    )
+    async def tokenize(request: Request[Any, Any, Any], data: JSONBody[TokenizeRequest]) -> Response[Any]:
+        return await answer(request, data, lambda s: s.tokenize(data))
+
+    @post(
+        "/detokenize",
+        status_code=200,
+        responses=documented(400, 401, 404, 415, 429, 503),
+        opt={"body_type": DetokenizeRequest},
+    )
+    async def detokenize(request: Request[Any, Any, Any], data: JSONBody[DetokenizeRequest]) -> Response[Any]:
+        return await answer(request, data, lambda s: s.detokenize(data))
+
+    shared: dict[str, Any] = {"guards": [guard], "before_request": strict_body}
+    openai_errors: ExceptionHandlersMap = {Exception: openai_exception_handler}
+    return Router(
+        path="/",
+        route_handlers=[
+            Router(
+                path=path,
+                route_handlers=[list_models, retrieve_model, completions, chat_completions, responses],
+                exception_handlers=openai_errors,
+                tags=["openai"],
+                **shared,
+            ),
+            Router(
+                path=path,
+                route_handlers=[messages, count_tokens],
+                exception_handlers={Exception: anthropic_exception_handler},
+                tags=["anthropic"],
+                **shared,
+            ),
+            Router(
+                path="/",
+                route_handlers=[tokenize, detokenize],
+                exception_handlers=openai_errors,
+                tags=["tokenizer"],
+                **shared,
+            ),
+        ],
+    )
+
+
+_Routed = (
+    CompletionRequest
+    | ChatCompletionRequest
+    | ResponsesRequest
+    | AnthropicMessagesRequest
+    | AnthropicCountTokensRequest
+    | TokenizeRequest
+    | DetokenizeRequest
+)
 
 
 async def _run(
     models: Models,
-    body: CompletionRequest | ChatCompletionRequest,
+    body: _Routed,
     work: Callable[[OpenAIServing], Awaitable[Any]],
 ) -> tuple[Any, ModelLease | _Held]:
-    lease = await models.acquire(body.model, keep_alive=body.keep_alive)
+    name = body.model
+    if name is None:
+        # /tokenize and /detokenize may leave the model out (vLLM): the server's own model.
+        name = models.primary
+        if name is None:
+            raise InvalidRequestError("model is required: this server has no default model", param="model")
+    lease = await models.acquire(name, keep_alive=body.keep_alive)
     try:
         return await work(lease.serving), lease
     except BaseException:
@@ -277,10 +396,10 @@ async def _run(
         raise
 
 
-def _releasing(stream: AsyncIterator[str], lease: ModelLease | _Held) -> AsyncIterator[str]:
+def _releasing(stream: AsyncIterator[Any], lease: ModelLease | _Held) -> AsyncIterator[Any]:
     """``stream``, releasing the model's lease when it ends or is dropped unstarted."""
 
-    async def wrapped() -> AsyncIterator[str]:
+    async def wrapped() -> AsyncIterator[Any]:
         try:
             async for item in stream:
                 yield item

@@ -13,9 +13,15 @@ from __future__ import annotations
 from inference.openai.chat import ChatEndpoints
 from inference.openai.completions import CompletionEndpoints
 from inference.openai.handle import AUTO_PARSERS, ServingObserver, ServingOptions, resolve_parsers
+from inference.openai.messages import MessagesEndpoints
+from inference.openai.responses import ResponsesEndpoints
+from inference.openai.tokenize import TokenizeEndpoints
 
 __all__ = ["AUTO_PARSERS", "OpenAIServing", "ServingObserver", "ServingOptions", "resolve_parsers"]
 
 
-class OpenAIServing(CompletionEndpoints, ChatEndpoints):
-    """One model's handle with its ``/v1/completions`` and ``/v1/chat/completions`` endpoints."""
+class OpenAIServing(
+    CompletionEndpoints, MessagesEndpoints, ResponsesEndpoints, TokenizeEndpoints, ChatEndpoints
+):
+    """One model's handle with its endpoints: ``/v1/completions``, ``/v1/chat/completions``,
+    ``/v1/messages`` (Anthropic), ``/v1/responses``, ``/tokenize`` and ``/detokenize``."""

@@ -352,11 +352,11 @@ def test_prompt_plus_max_tokens_beyond_kv_capacity_is_400(client: openai.OpenAI)
     assert fits.choices[0].finish_reason in ("stop", "length")
 
 
-def test_n_2_is_400(client: openai.OpenAI) -> None:
+def test_n_over_8_is_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, n=2)
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, n=9)
     err = _error(info.value)
-    assert err["param"] == "n" and "n=2" in err["message"]
+    assert err["param"] == "n" and "n=9" in err["message"] and "between 1 and 8" in err["message"]
 
 
 def test_server_still_healthy(real_server: ServerProcess) -> None:

@@ -188,7 +188,7 @@ async def test_errors(tokenizer: Tokenizer) -> None:
             "model_not_found",
             "model",
         )
-        _error(await c.post("/v1/completions", json={"model": MODEL, "prompt": "x", "n": 2}), 400, param="n")
+        _error(await c.post("/v1/completions", json={"model": MODEL, "prompt": "x", "n": 9}), 400, param="n")
         _error(
             await c.post(
                 "/v1/chat/completions",

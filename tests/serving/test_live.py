@@ -148,5 +148,5 @@ def test_official_openai_client(tokenizer: Tokenizer) -> None:
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="other", prompt="x")
         with pytest.raises(openai.BadRequestError) as bad:
-            client.completions.create(model=MODEL, prompt="x", n=2)
-        assert "n=1" in str(bad.value)
+            client.completions.create(model=MODEL, prompt="x", n=9)
+        assert "between 1 and 8" in str(bad.value)

@@ -36,6 +36,7 @@ __all__ = [
     "FACTORY",
     "SCRIPT_LOGIT",
     "EngineScript",
+    "KVTableEngine",
     "Reply",
     "ReplyScriptEngine",
     "SlotEngine",
@@ -170,6 +171,34 @@ class TableEngine(SlotEngine):
             last = int(np.argmax(self.table[last]))
             out.append(last)
         return out
+
+
+class KVTableEngine(TableEngine):
+    """A :class:`TableEngine` with the KV operations (a ``KVEngine``); records ``copy_prefix`` calls."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.copies: list[tuple[int, int, int]] = []
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 8
+
+    def truncate(self, slot: int, n: int) -> None:
+        self.lengths[slot] = n
+        self.tokens[slot] = self.tokens[slot][:n]
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        self.copies.append((src, dst, n))
+        self.lengths[dst] = n
+        self.tokens[dst] = self.tokens[src][:n]
+
+    def export_kv(self, slot: int, start: int, n: int) -> np.ndarray:
+        return np.asarray(self.tokens[slot][start : start + n], dtype=np.int64).reshape(1, 1, n)
+
+    def import_kv(self, slot: int, start: int, kv: np.ndarray) -> None:
+        self.tokens[slot] = self.tokens[slot][:start] + [int(t) for t in kv.reshape(-1)]
+        self.lengths[slot] = len(self.tokens[slot])
 
 
 class _ScriptedSlots(SlotEngine):

@@ -1,0 +1,389 @@
+"""``/v1/responses`` (OpenAI Responses API) on one model's handle.
+
+The input (a string, or message / ``function_call`` / ``function_call_output`` items) and the
+``instructions`` become a chat conversation and run through the same chat turn as
+``/v1/chat/completions``; the answer is a ``response`` object with ``message`` and
+``function_call`` output items (and a ``reasoning`` item with what the model's reasoning parser
+split off), or a stream of the Responses API's typed events, each with its
+``sequence_number``. Nothing is stored: ``store`` is accepted, ``previous_response_id`` is
+refused (there is nothing to retrieve).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar.response import ServerSentEventMessage
+
+from inference.openai.chat import ChatEndpoints, ChatTurn
+from inference.openai.errors import InvalidRequestError, OpenAIError, renamed_params
+from inference.openai.handle import _closing
+from inference.openai.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    FunctionCall,
+    FunctionDefinition,
+    Tool,
+    ToolCall,
+    Usage,
+)
+from inference.openai.responses_protocol import (
+    ResponseFunctionCallItem,
+    ResponseMessageItem,
+    ResponseObject,
+    ResponseOutputText,
+    ResponseReasoningItem,
+    ResponsesRequest,
+    ResponseUsage,
+)
+
+__all__ = ["ResponsesEndpoints"]
+
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def _parts_text(content: str | list[dict[str, Any]] | None, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        if part.get("type") not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise InvalidRequestError(
+                f"{param}[{j}] has type {part.get('type')!r}; only text parts "
+                "(input_text, output_text) are supported",
+                param=f"{param}[{j}].type",
+            )
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _conversation(req: ResponsesRequest) -> list[ChatMessage]:
+    out: list[ChatMessage] = []
+    if req.instructions:
+        out.append(ChatMessage(role="system", content=req.instructions))
+    if isinstance(req.input, str):
+        out.append(ChatMessage(role="user", content=req.input))
+        return out
+    if not req.input:
+        raise InvalidRequestError("input must not be empty", param="input")
+    for i, item in enumerate(req.input):
+        kind = item.type or "message"
+        where = f"input[{i}]"
+        if kind == "message":
+            if item.role not in ("user", "system", "developer", "assistant"):
+                raise InvalidRequestError(
+                    f"{where}.role must be user, system, developer or assistant; got {item.role!r}",
+                    param=f"{where}.role",
+                )
+            out.append(ChatMessage(role=item.role, content=_parts_text(item.content, f"{where}.content")))
+        elif kind == "function_call":
+            if not item.call_id or not item.name:
+                raise InvalidRequestError(f"{where}: a function_call needs call_id and name", param=where)
+            call = ToolCall(
+                id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments or "{}")
+            )
+            if out and out[-1].role == "assistant" and out[-1].tool_calls:
+                out[-1].tool_calls.append(call)  # parallel calls of one turn
+            else:
+                out.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
+        elif kind == "reasoning":
+            continue  # earlier turns' reasoning: chat templates leave it out of the prompt anyway
+        elif kind == "function_call_output":
+            if not item.call_id:
+                raise InvalidRequestError(
+                    f"{where}: a function_call_output needs call_id", param=f"{where}.call_id"
+                )
+            text = _parts_text(item.output, f"{where}.output")
+            out.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=text))
+        else:
+            raise InvalidRequestError(
+                f"{where}.type {kind!r} is not supported; use message, function_call, function_call_output "
+                "or reasoning",
+                param=f"{where}.type",
+            )
+    return out
+
+
+def _tools(req: ResponsesRequest) -> tuple[list[Tool] | None, str | None]:
+    tools: list[Tool] = []
+    for i, t in enumerate(req.tools or []):
+        if t.type != "function" or not t.name:
+            raise InvalidRequestError(
+                f"tools[{i}]: only function tools (type 'function' with a name) are supported; "
+                f"got {t.type!r}",
+                param=f"tools[{i}].type",
+            )
+        tools.append(
+            Tool(
+                function=FunctionDefinition(
+                    name=t.name, description=t.description, parameters=t.parameters, strict=t.strict
+                )
+            )
+        )
+    choice = req.tool_choice
+    if choice is None or isinstance(choice, str):
+        return tools or None, choice
+    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        picked = [t for t in tools if t.function.name == choice["name"]]
+        if not picked:
+            raise InvalidRequestError(
+                f"tool_choice names the function {choice['name']!r}, which is not in tools",
+                param="tool_choice",
+            )
+        return picked, "required"
+    raise InvalidRequestError(
+        "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}",
+        param="tool_choice",
+    )
+
+
+def _reasoning_item(text: str, *, status: str = "completed") -> ResponseReasoningItem:
+    return ResponseReasoningItem(
+        id=f"rs_{uuid.uuid4().hex}", content=[{"type": "reasoning_text", "text": text}], status=status
+    )
+
+
+def _usage(usage: Usage | None) -> ResponseUsage | None:
+    if usage is None:
+        return None
+    return ResponseUsage(
+        input_tokens=usage.prompt_tokens,
+        output_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+    )
+
+
+class ResponsesEndpoints(ChatEndpoints):
+    """``POST /v1/responses``."""
+
+    def _responses_chat(self, req: ResponsesRequest) -> ChatCompletionRequest:
+        if req.previous_response_id is not None:
+            raise InvalidRequestError(
+                "previous_response_id is not supported: this server stores no responses (retrieval is not "
+                "supported); send the whole conversation in input",
+                param="previous_response_id",
+            )
+        if req.text is not None and req.text.format is not None and req.text.format.type != "text":
+            raise InvalidRequestError(
+                f"text.format type {req.text.format.type!r} is not supported; only 'text'",
+                param="text.format.type",
+            )
+        if req.max_output_tokens is not None and req.max_output_tokens < 1:
+            raise InvalidRequestError("max_output_tokens must be at least 1", param="max_output_tokens")
+        tools, choice = _tools(req)
+        return ChatCompletionRequest(
+            model=req.model,
+            messages=_conversation(req),
+            max_completion_tokens=req.max_output_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            stream=req.stream,
+            tools=tools,
+            tool_choice=choice,
+            keep_alive=req.keep_alive,
+        )
+
+    def _response(self, req: ResponsesRequest, rid: str, created: int, **fields: Any) -> ResponseObject:
+        return ResponseObject(
+            id=rid,
+            created_at=created,
+            model=req.model,
+            instructions=req.instructions,
+            max_output_tokens=req.max_output_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            tool_choice=req.tool_choice if req.tool_choice is not None else "auto",
+            tools=[msgspec.to_builtins(t) for t in req.tools or []],
+            parallel_tool_calls=req.parallel_tool_calls if req.parallel_tool_calls is not None else True,
+            metadata=dict(req.metadata or {}),
+            store=req.store,
+            **fields,
+        )
+
+    async def create_response(
+        self, req: ResponsesRequest
+    ) -> ResponseObject | AsyncIterator[ServerSentEventMessage]:
+        """``POST /v1/responses``: a response object, or the Responses event stream."""
+        with renamed_params({"max_completion_tokens": "max_output_tokens"}):
+            turn = await self._start_chat(self._responses_chat(req))
+        rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
+        if turn.plan.stream:
+            return _closing(turn.runs, self._response_stream(turn, req, rid, created))
+        (result,), usage = await self._chat_results(turn)
+        output: list[ResponseReasoningItem | ResponseMessageItem | ResponseFunctionCallItem] = []
+        if result.reasoning:
+            output.append(_reasoning_item(result.reasoning))
+        if result.content:
+            output.append(
+                ResponseMessageItem(
+                    id=f"msg_{uuid.uuid4().hex}", content=[ResponseOutputText(text=result.content)]
+                )
+            )
+        for call in result.tool_calls:
+            output.append(
+                ResponseFunctionCallItem(
+                    id=f"fc_{uuid.uuid4().hex}", call_id=call.id, name=call.name, arguments=call.arguments
+                )
+            )
+        incomplete = result.finish_reason == "length"
+        return self._response(
+            req,
+            rid,
+            created,
+            status="incomplete" if incomplete else "completed",
+            output=output,
+            usage=_usage(usage),
+            incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
+        )
+
+    async def _response_stream(
+        self, turn: ChatTurn, req: ResponsesRequest, rid: str, created: int
+    ) -> AsyncIterator[ServerSentEventMessage]:
+        seq = 0
+
+        def event(kind: str, **data: Any) -> ServerSentEventMessage:
+            nonlocal seq
+            body = {"type": kind, "sequence_number": seq, **data}
+            seq += 1
+            return ServerSentEventMessage(event=kind, data=msgspec.json.encode(body).decode())
+
+        output: list[ResponseReasoningItem | ResponseMessageItem | ResponseFunctionCallItem] = []
+        thinking: ResponseReasoningItem | None = None
+        message: ResponseMessageItem | None = None
+        call: ResponseFunctionCallItem | None = None
+
+        def close_open() -> list[ServerSentEventMessage]:
+            nonlocal thinking, message, call
+            events: list[ServerSentEventMessage] = []
+            index = len(output) - 1
+            if thinking is not None:
+                ids = {"item_id": thinking.id, "output_index": index, "content_index": 0}
+                events.append(event("response.reasoning_text.done", **ids, text=thinking.content[0]["text"]))
+                thinking.status = "completed"
+                events.append(event("response.output_item.done", output_index=index, item=thinking))
+                thinking = None
+            if message is not None:
+                part = message.content[0]
+                ids = {"item_id": message.id, "output_index": index, "content_index": 0}
+                events.append(event("response.output_text.done", **ids, text=part.text, logprobs=[]))
+                events.append(event("response.content_part.done", **ids, part=part))
+                message.status = "completed"
+                events.append(event("response.output_item.done", output_index=index, item=message))
+                message = None
+            if call is not None:
+                events.append(
+                    event(
+                        "response.function_call_arguments.done",
+                        item_id=call.id,
+                        output_index=index,
+                        name=call.name,
+                        arguments=call.arguments,
+                    )
+                )
+                call.status = "completed"
+                events.append(event("response.output_item.done", output_index=index, item=call))
+                call = None
+            return events
+
+        finish = "stop"
+        try:
+            started = self._response(req, rid, created, status="in_progress", output=[])
+            yield event("response.created", response=started)
+            yield event("response.in_progress", response=started)
+            async for d in self._chat_deltas(turn):
+                if d.reasoning:
+                    if thinking is None:
+                        for e in close_open():
+                            yield e
+                        thinking = _reasoning_item("", status="in_progress")
+                        output.append(thinking)
+                        shown = ResponseReasoningItem(id=thinking.id, content=[], status="in_progress")
+                        yield event("response.output_item.added", output_index=len(output) - 1, item=shown)
+                    thinking.content[0]["text"] += d.reasoning
+                    yield event(
+                        "response.reasoning_text.delta",
+                        item_id=thinking.id,
+                        output_index=len(output) - 1,
+                        content_index=0,
+                        delta=d.reasoning,
+                    )
+                if d.content:
+                    if message is None:
+                        for e in close_open():
+                            yield e
+                        message = ResponseMessageItem(
+                            id=f"msg_{uuid.uuid4().hex}",
+                            content=[ResponseOutputText(text="")],
+                            status="in_progress",
+                        )
+                        output.append(message)
+                        index = len(output) - 1
+                        yield event(
+                            "response.output_item.added",
+                            output_index=index,
+                            item=ResponseMessageItem(id=message.id, content=[], status="in_progress"),
+                        )
+                        yield event(
+                            "response.content_part.added",
+                            item_id=message.id,
+                            output_index=index,
+                            content_index=0,
+                            part=ResponseOutputText(text=""),
+                        )
+                    message.content[0].text += d.content
+                    yield event(
+                        "response.output_text.delta",
+                        item_id=message.id,
+                        output_index=len(output) - 1,
+                        content_index=0,
+                        delta=d.content,
+                        logprobs=[],
+                    )
+                for ev in d.tool_calls:
+                    if ev.name is not None:
+                        for e in close_open():
+                            yield e
+                        call = ResponseFunctionCallItem(
+                            id=f"fc_{uuid.uuid4().hex}",
+                            call_id=ev.id or f"call_{uuid.uuid4().hex}",
+                            name=ev.name,
+                            arguments="",
+                            status="in_progress",
+                        )
+                        output.append(call)
+                        yield event("response.output_item.added", output_index=len(output) - 1, item=call)
+                    elif ev.arguments and call is not None:
+                        call.arguments += ev.arguments
+                        yield event(
+                            "response.function_call_arguments.delta",
+                            item_id=call.id,
+                            output_index=len(output) - 1,
+                            delta=ev.arguments,
+                        )
+                if d.finish_reason is not None:
+                    finish = d.finish_reason
+            for e in close_open():
+                yield e
+            incomplete = finish == "length"
+            done = self._response(
+                req,
+                rid,
+                created,
+                status="incomplete" if incomplete else "completed",
+                output=output,
+                usage=_usage(turn.usage),
+                incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
+            )
+            yield event("response.incomplete" if incomplete else "response.completed", response=done)
+        except OpenAIError as exc:
+            # Headers are sent: a failure mid-stream can only be reported in the stream.
+            yield event("error", code=exc.code or exc.type, message=exc.message, param=exc.param)
+        finally:
+            for run in turn.runs:
+                run.close()
