@@ -10,7 +10,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-BUNDLE_STATES = ("building", "ready", "failed", "corrupt")
+#: ``stale``: built for another GPU (compute capability) or TensorRT version than this node has
+#: now (or it has none): never loaded, evicted first, ``ready`` again when the environment is back.
+BUNDLE_STATES = ("building", "ready", "failed", "corrupt", "stale")
 EVENT_KINDS = (
     "hit",
     "miss",
@@ -26,6 +28,7 @@ EVENT_KINDS = (
 )
 #: Why a serving process unloaded an engine (the ``reason`` of ``unload`` events).
 UNLOAD_REASONS = ("idle", "memory", "admin", "evict", "shutdown")
+#: ``stale``: a row whose directory vanished (reconcile), or a ``stale`` bundle (planned first).
 EVICT_REASONS = ("lru", "manual", "clear", "stale", "corrupt")
 BUILD_STATES = ("queued", "running", "done", "failed")
 #: Why a planned eviction left a bundle alone.

@@ -31,7 +31,7 @@ from inference.build_profile import (
     MAX_TOKENS_LIMIT,
 )
 
-BundleState = Literal["building", "ready", "failed", "corrupt"]
+BundleState = Literal["building", "ready", "failed", "corrupt", "stale"]
 EventKind = Literal[
     "hit",
     "miss",

@@ -124,3 +124,19 @@ def test_serve_config_fields_are_all_documented_flags() -> None:
     flags = {a.dest for a in _serve_parser()._actions}
     for f in dataclasses.fields(config.ServeConfig):
         assert f.name in flags, f"--{f.name} has no flag"
+
+
+def test_bundle_state_check_and_the_head_migration_list_every_bundle_state() -> None:
+    import importlib
+
+    from cachesvc.catalog.models import BundleRow
+    from cachesvc.records import BUNDLE_STATES
+
+    check = next(
+        c for c in BundleRow.__table__.constraints if str(getattr(c, "name", "")).endswith("state")
+    )
+    listed = f"state IN ({', '.join(repr(s) for s in BUNDLE_STATES)})"
+    assert str(getattr(check, "sqltext")) == listed
+    head = importlib.import_module("migrations.versions.0004_stale_state")
+    assert head._NEW == listed
+    assert get_args(schemas.BundleState) == BUNDLE_STATES and "stale" in BUNDLE_STATES
