@@ -129,14 +129,18 @@ def test_serve_config_fields_are_all_documented_flags() -> None:
 def test_bundle_state_check_and_the_head_migration_list_every_bundle_state() -> None:
     import importlib
 
-    from cachesvc.catalog.models import BundleRow
+    from sqlalchemy import CheckConstraint
+
+    from cachesvc.catalog.models import Base
     from cachesvc.records import BUNDLE_STATES
 
     check = next(
-        c for c in BundleRow.__table__.constraints if str(getattr(c, "name", "")).endswith("state")
+        c
+        for c in Base.metadata.tables["bundles"].constraints
+        if isinstance(c, CheckConstraint) and str(c.name).endswith("state")
     )
     listed = f"state IN ({', '.join(repr(s) for s in BUNDLE_STATES)})"
-    assert str(getattr(check, "sqltext")) == listed
+    assert str(check.sqltext) == listed
     head = importlib.import_module("migrations.versions.0004_stale_state")
-    assert head._NEW == listed
+    assert listed == head._NEW
     assert get_args(schemas.BundleState) == BUNDLE_STATES and "stale" in BUNDLE_STATES
