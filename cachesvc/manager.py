@@ -613,6 +613,9 @@ class CacheManager:
         detail = None if ok else "; ".join(f"{m['path']}: {m['reason']}" for m in mismatches[:10])
         if ok:
             stale = self._stale_reason(info)
+            if stale is not None and self.store.locks.is_locked(bid):
+                # Leased: a process on this node runs it, so it runs here (as reconcile holds).
+                stale = None
             if stale is not None:
                 log.warning("bundle %s is stale and will not be loaded: %s", bid, stale)
             updated = self.catalog.set_verified(bid, ok=True, detail=None, stale=stale)

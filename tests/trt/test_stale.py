@@ -214,6 +214,17 @@ def test_a_gpu_with_another_name_but_the_same_compute_capability_is_not_stale(
     assert m.reconcile().stale == () and m.get_bundle(trt_id).state == "ready"
 
 
+def test_a_bundle_served_on_this_node_right_now_is_not_flagged(node: Node, built: tuple[str, str]) -> None:
+    _, trt_id = built
+    m = node.manager
+    assert m is not None
+    with m.lease(trt_id):  # a process here has it loaded: it runs here, whatever the probe says
+        node.gpu(GPU_B)
+        assert m.reconcile().stale == ()
+        assert m.verify(trt_id).state == "ready"
+    assert m.reconcile().stale == (trt_id,)
+
+
 def test_prepare_takes_a_stale_bundle_back_when_its_gpu_is_back(
     node: Node, built: tuple[str, str], hf_checkpoint: Callable[..., Path]
 ) -> None:
