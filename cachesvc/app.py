@@ -510,10 +510,12 @@ def serve(
     try:
         report = manager.reconcile()
         log.info(
-            "reconcile: adopted %d, forgotten %d, staging removed %d",
+            "reconcile: adopted %d, forgotten %d, staging removed %d, stale %d, ready again %d",
             len(report.adopted),
             len(report.forgotten),
             len(report.staging_removed),
+            len(report.stale),
+            len(report.restored),
         )
         if config.clear_engine_cache:
             cleared = manager.clear()

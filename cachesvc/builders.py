@@ -185,6 +185,25 @@ def tensorrt_missing() -> str | None:
     return probe()
 
 
+def stale_reason(backend: str, engine: Mapping[str, Any]) -> str | None:
+    """Why a bundle of ``backend`` whose manifest records engine metadata ``engine`` cannot be
+    loaded on this node now (None: it can); the one check behind the ``stale`` state, used by
+    reconcile, verify and prepare.
+
+    Only TensorRT plans are tied to the machine: one runs only with the TensorRT version that
+    built it, on a GPU of the compute capability it was built for (the GPU's name is not in the
+    profile key and may differ), and only where tensorrt, pycuda and a CUDA device answer.
+    tensorrt and pycuda are imported for TensorRT bundles only.
+    """
+    if backend != "tensorrt":
+        return None
+    if os.environ.get("CACHESVC_DISABLE_GPU"):
+        return "TensorRT cannot run here: the GPU is disabled by CACHESVC_DISABLE_GPU"
+    from inference.cuda_device import plan_runs_here
+
+    return plan_runs_here(engine)
+
+
 def gpu_available() -> bool:
     """True when tensorrt and pycuda import and a CUDA device answers (``--backend auto`` uses it)."""
     return tensorrt_missing() is None

@@ -251,9 +251,16 @@ def cmd_bundles_unpin(args: argparse.Namespace) -> int:
 
 
 def cmd_bundles_verify(args: argparse.Namespace) -> int:
-    result = _manager(args).verify(args.id)
+    m = _manager(args)
+    result = m.verify(args.id)
     if args.json:
         emit_json(result)
+    elif result.ok and result.state == "stale":
+        print(
+            f"{result.bundle_id}: files ok, but STALE (built for another GPU or TensorRT version; "
+            "never loaded here, evicted first): "
+            f"{m.get_bundle(result.bundle_id).error}"
+        )
     elif result.ok:
         print(f"{result.bundle_id}: ok ({result.files_checked} files, {human_size(result.bytes_checked)})")
     else:
@@ -268,12 +275,17 @@ def _print_eviction(result: EvictionResult, as_json: bool, root: Path) -> None:
             {
                 "dry_run": result.dry_run,
                 "evict": [
-                    {"id": e.bundle_id, "size_bytes": e.size_bytes, "path": str(root / e.path)}
+                    {
+                        "id": e.bundle_id,
+                        "size_bytes": e.size_bytes,
+                        "path": str(root / e.path),
+                        "reason": e.reason,
+                    }
                     for e in result.plan.evict
                     if e.bundle_id in result.evicted
                 ],
                 "skipped": [
-                    {"id": s.bundle_id, "size_bytes": s.size_bytes, "reason": s.reason}
+                    {"id": s.bundle_id, "size_bytes": s.size_bytes, "reason": s.reason, "stale": s.stale}
                     for s in result.skipped
                 ],
                 "freed_bytes": result.freed_bytes,
@@ -285,11 +297,14 @@ def _print_eviction(result: EvictionResult, as_json: bool, root: Path) -> None:
         return
     verb = "would evict" if result.dry_run else "evicted"
     rows = [
-        [e.bundle_id, human_size(e.size_bytes), verb]
+        [e.bundle_id, human_size(e.size_bytes), f"{verb} ({e.reason})"]
         for e in result.plan.evict
         if e.bundle_id in result.evicted
     ]
-    rows += [[s.bundle_id, human_size(s.size_bytes), f"kept ({s.reason})"] for s in result.skipped]
+    rows += [
+        [s.bundle_id, human_size(s.size_bytes), f"kept ({s.reason}{', stale' if s.stale else ''})"]
+        for s in result.skipped
+    ]
     if rows:
         print(table(["ID", "SIZE", "ACTION"], rows, right=(1,)))
         print()
@@ -320,7 +335,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     else:
         print(
             f"adopted {len(report.adopted)}, forgotten {len(report.forgotten)}, "
-            f"staging removed {len(report.staging_removed)}, unverifiable removed {len(report.corrupt)}"
+            f"staging removed {len(report.staging_removed)}, unverifiable removed {len(report.corrupt)}, "
+            f"stale {len(report.stale)}, ready again {len(report.restored)}"
         )
     return 0
 

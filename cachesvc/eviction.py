@@ -1,8 +1,10 @@
 """Eviction: LRU plans computed from catalog sizes, executed under each bundle's exclusive lock.
 
-A plan changes nothing: it reads the least recently used rows a keyset page at a time until
-the cache would fit the cap, skipping pinned bundles and (checked only for the ones that would
-go, so planning reads few locks) bundles whose lock another process holds. Executing re-checks
+A plan changes nothing: it takes ``stale`` bundles first (built for another GPU or TensorRT
+version, they cannot run here; reason ``stale``), then reads the least recently used rows a
+keyset page at a time until the cache would fit the cap, skipping pinned bundles and (checked
+only for the ones that would go, so planning reads few locks) bundles whose lock another
+process holds. Executing re-checks
 both for every bundle at delete time, under the exclusive lock taken non-blocking: a bundle
 pinned or leased since the plan was made is skipped, never deleted. Every eviction is an event.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from itertools import chain
 from pathlib import Path
 
 from cachesvc.catalog import Catalog
@@ -23,6 +26,9 @@ from cachesvc.records import (
     SkippedBundle,
 )
 from cachesvc.store import BundleStore
+
+#: (id, size, last_used_at, pinned, path) of an eviction candidate.
+_Row = tuple[str, int, datetime | None, bool, str]
 
 #: Rows read per batch while planning an eviction (planning stops once under the cap).
 PLAN_BATCH = 512
@@ -64,7 +70,8 @@ class Evictor:
     def plan(
         self, max_bytes: int | None = None, *, exclude: frozenset[str] = frozenset(), reason: str = "lru"
     ) -> EvictionPlan:
-        """Plan an LRU eviction down to ``max_bytes`` (default: the cache cap). Changes nothing."""
+        """Plan an eviction down to ``max_bytes`` (default: the cache cap): stale bundles first,
+        then least recently used. Changes nothing."""
         cap = self.max_size_bytes if max_bytes is None else max_bytes
         if cap < 0:
             raise ConfigError("max_size_bytes", f"must not be negative, got {cap}")
@@ -72,18 +79,19 @@ class Evictor:
         remaining = total
         evict: list[PlannedEviction] = []
         skipped: list[SkippedBundle] = []
-        for bid, size, last_used, pinned, path in self._lru_rows():
+        for (bid, size, last_used, pinned, path), stale in chain(self._stale_rows(), self._lru_rows()):
             if remaining <= cap:
                 break
             if bid in exclude:
                 continue
             if pinned:
-                skipped.append(SkippedBundle(bid, size, "pinned"))
+                skipped.append(SkippedBundle(bid, size, "pinned", stale=stale))
             elif self.store.locks.is_locked(bid):
                 # Checked only for bundles that would go, so planning reads few locks.
-                skipped.append(SkippedBundle(bid, size, "leased"))
+                skipped.append(SkippedBundle(bid, size, "leased", stale=stale))
             else:
-                evict.append(PlannedEviction(bid, size, last_used, Path(path)))
+                why = "stale" if stale else reason
+                evict.append(PlannedEviction(bid, size, last_used, Path(path), reason=why))
                 remaining -= size
         return EvictionPlan(
             max_bytes=cap,
@@ -95,12 +103,18 @@ class Evictor:
             reason=reason,
         )
 
-    def _lru_rows(self) -> Iterator[tuple[str, int, datetime, bool, str]]:
-        """Evictable rows, least recently used first, read in keyset pages (stops when not needed)."""
+    def _stale_rows(self) -> Iterator[tuple[_Row, bool]]:
+        """Stale rows (few: one node's bundles for another GPU), least recently used first."""
+        for b in self.catalog.all_bundles(states=("stale",)):
+            yield (b.id, b.size_bytes, b.last_used_at, b.pinned, str(b.path)), True
+
+    def _lru_rows(self) -> Iterator[tuple[_Row, bool]]:
+        """Other evictable rows, least recently used first, read in keyset pages (stops when not needed)."""
         after: tuple[datetime, str] | None = None
         while True:
             rows = self.catalog.eviction_candidates(limit=PLAN_BATCH, after=after)
-            yield from rows
+            for row in rows:
+                yield row, False
             if len(rows) < PLAN_BATCH:
                 return
             after = (rows[-1][2], rows[-1][0])
@@ -122,7 +136,12 @@ class Evictor:
                     skipped.append(SkippedBundle(item.bundle_id, item.size_bytes, "leased"))
                     continue
                 self.store.remove(info.path)
-                self.catalog.delete_bundle(item.bundle_id, reason=plan.reason, nbytes=info.size_bytes)
+                self.catalog.delete_bundle(
+                    item.bundle_id,
+                    reason=item.reason,
+                    nbytes=info.size_bytes,
+                    detail=info.error if item.reason == "stale" else None,
+                )
             evicted.append(item.bundle_id)
             freed += info.size_bytes
         return EvictionResult(
@@ -137,7 +156,8 @@ class Evictor:
     def prune(
         self, max_bytes: int | None = None, *, dry_run: bool = False, exclude: frozenset[str] = frozenset()
     ) -> EvictionResult:
-        """Evict least-recently-used idle bundles until the cache fits ``max_bytes``."""
+        """Evict idle bundles, stale ones first, then least recently used, until the cache fits
+        ``max_bytes``."""
         plan = self.plan(max_bytes, exclude=exclude)
         return dry_result(plan) if dry_run else self.execute(plan)
 

@@ -10,7 +10,8 @@ Rules (docs/architecture.md, "The cache"):
   atomically and only then mark the row ready. A crash leaves nothing or a complete bundle.
 - A serving process holds a shared lease; eviction takes the exclusive lock non-blocking and
   skips what is leased or pinned.
-- Eviction is LRU by catalog ``last_used_at``, from catalog sizes, planned then executed.
+- Eviction is LRU by catalog ``last_used_at``, from catalog sizes, planned then executed;
+  ``stale`` bundles (built for another GPU or TensorRT version) are planned first.
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from cachesvc.build_jobs import Build, BuildJobs
-from cachesvc.builders import Builder, ProgressFn, default_builders, resolve_backend, resolve_precision
+from cachesvc.builders import (
+    Builder,
+    ProgressFn,
+    default_builders,
+    resolve_backend,
+    resolve_precision,
+    stale_reason,
+)
 from cachesvc.catalog import Catalog, default_catalog_url
 from cachesvc.catalog.fleet import FleetCatalog
 from cachesvc.checkpoints import ResolvedCheckpoint, is_hub_id, looks_like_path, resolve_checkpoint
@@ -277,6 +285,12 @@ class CacheManager:
         """
         final = self.layout.root / rel
         info = self.catalog.get_bundle(bid)
+        if info is not None and info.state == "stale":
+            # Built for another GPU or TensorRT version: ready again if that is back (the
+            # reconcile at the next start would say so too); else rebuilt under the lock.
+            if self._stale_reason(info) is not None:
+                return None
+            info = self.catalog.set_stale(bid, None)
         if info is not None and info.state == "ready":
             try:
                 report = quick_verify_bundle(final, read_manifest(final))
@@ -314,13 +328,14 @@ class CacheManager:
         builder = self.builders[options.backend]
         old = self.catalog.get_bundle(bid)
         final = self.layout.root / rel
-        if old is not None and old.state == "corrupt" and final.exists():
+        if old is not None and old.state in ("corrupt", "stale") and final.exists():
+            # Never served: rebuilt in place (a stale bundle's builder says if this GPU cannot).
             self.store.remove(rel)
             self.catalog.add_event(
                 "evict",
                 bundle_id=bid,
                 model=old.model,
-                reason="corrupt",
+                reason=old.state,
                 nbytes=old.size_bytes,
                 detail=old.error,
             )
@@ -593,8 +608,21 @@ class CacheManager:
         """Let a bundle be evicted again."""
         return self.catalog.set_pinned(bid, False)
 
+    def _stale_reason(self, info: BundleInfo) -> str | None:
+        """Why ``info``'s engine cannot run on this node now (see ``builders.stale_reason``)."""
+        if info.backend != "tensorrt":
+            return None
+        try:
+            manifest = read_manifest(self.bundle_dir(info))
+        except CorruptBundleError as exc:
+            return str(exc)
+        return stale_reason(info.backend, manifest.engine)
+
     def verify(self, bid: str) -> VerifyResult:
-        """Re-hash a bundle against its manifest; a mismatch marks it corrupt (never served)."""
+        """Re-hash a bundle against its manifest; a mismatch marks it corrupt (never served).
+
+        Files that match but were built for another GPU or TensorRT version than this node has
+        mark it ``stale``; a clean verify makes a corrupt or stale bundle ready again."""
         info = self.catalog.require_bundle(bid)
         if info.state == "building":
             raise LeasedError(f"bundle {bid} is being built; verify it when the build finishes")
@@ -610,7 +638,13 @@ class CacheManager:
         ok = not mismatches
         detail = None if ok else "; ".join(f"{m['path']}: {m['reason']}" for m in mismatches[:10])
         if ok:
-            updated = self.catalog.set_verified(bid, ok=True, detail=None)
+            stale = self._stale_reason(info)
+            if stale is not None and self.store.locks.is_locked(bid):
+                # Leased: a process on this node runs it, so it runs here (as reconcile holds).
+                stale = None
+            if stale is not None:
+                log.warning("bundle %s is stale and will not be loaded: %s", bid, stale)
+            updated = self.catalog.set_verified(bid, ok=True, detail=None, stale=stale)
         else:
             log.error("bundle %s is corrupt: %s", bid, detail)
             self._mark_corrupt(bid, detail or "corrupt")

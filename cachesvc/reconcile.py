@@ -5,6 +5,10 @@ directories whose build died (their lock is free), adopts published bundles whos
 verifies, finishes builds that died between publishing and marking the row ready, forgets rows
 whose directory vanished and marks interrupted builds failed. A directory that is being built
 or served (its lock is held) is never touched.
+
+It also flags ready TensorRT bundles built for another GPU (compute capability) or TensorRT
+version than this node has now (or whose GPU is gone) ``stale``, and makes stale ones whose
+environment is back ``ready`` again (:func:`cachesvc.builders.stale_reason`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+from cachesvc.builders import stale_reason
 from cachesvc.catalog import Catalog, utcnow
 from cachesvc.profiles import BundleKey
 from cachesvc.records import LeaseHolder, ReconcileReport
@@ -45,10 +50,12 @@ class Reconciler:
         corrupt: list[str] = []
         known = {b.id: b for b in self.catalog.all_bundles()}
         on_disk: set[str] = set()
+        manifests: dict[str, Manifest] = {}
         for scanned in self.store.scan():
             m = scanned.manifest
             if m is not None and m.bundle_id in known:
                 on_disk.add(m.bundle_id)
+                manifests[m.bundle_id] = m
                 if known[m.bundle_id].state == "building":
                     self._finish_orphaned_build(scanned.path, m, adopted)
                 continue
@@ -59,6 +66,7 @@ class Reconciler:
                     self.adopt(scanned.relpath, m, str(m.engine.get("source_model", "")))
                     adopted.append(m.bundle_id)
                     on_disk.add(m.bundle_id)
+                    manifests[m.bundle_id] = m
                 elif m is not None:
                     # Our manifest, but the files do not match it: never served, so remove it.
                     self.store.remove(scanned.relpath)
@@ -100,10 +108,43 @@ class Reconciler:
         for info in self.catalog.all_bundles():
             live = {h.pid for h in self._holders(info.id) if h.host == self.catalog.node}
             self.catalog.drop_stale_leases(info.id, live)
-        report = ReconcileReport(tuple(adopted), tuple(forgotten), tuple(staging_removed), tuple(corrupt))
-        if adopted or forgotten or staging_removed or corrupt:
+        stale, restored = self._recheck_environment(manifests)
+        report = ReconcileReport(
+            tuple(adopted),
+            tuple(forgotten),
+            tuple(staging_removed),
+            tuple(corrupt),
+            tuple(stale),
+            tuple(restored),
+        )
+        if adopted or forgotten or staging_removed or corrupt or stale or restored:
             log.info("reconcile: %s", report)
         return report
+
+    def _recheck_environment(self, manifests: dict[str, Manifest]) -> tuple[list[str], list[str]]:
+        """Flag ready bundles that cannot run here ``stale`` and stale ones that can ``ready``.
+
+        Only TensorRT bundles are checked (nothing GPU-related is imported without one). A
+        bundle whose lease lock is held is being served on this node right now, so it runs
+        here: it is not flagged."""
+        stale: list[str] = []
+        restored: list[str] = []
+        for info in self.catalog.all_bundles(states=("ready", "stale")):
+            manifest = manifests.get(info.id)
+            if info.backend != "tensorrt" or manifest is None:
+                continue
+            why = stale_reason(info.backend, manifest.engine)
+            if why is not None and info.state == "ready":
+                if self.store.locks.is_locked(info.id):
+                    continue
+                self.catalog.set_stale(info.id, why)
+                log.warning("bundle %s is stale and will not be loaded: %s", info.id, why)
+                stale.append(info.id)
+            elif why is None and info.state == "stale":
+                self.catalog.set_stale(info.id, None)
+                log.info("bundle %s runs here again: ready", info.id)
+                restored.append(info.id)
+        return stale, restored
 
     def _finish_orphaned_build(self, path: Path, manifest: Manifest, adopted: list[str]) -> None:
         """A process died after publishing but before marking the row ready: finish its work."""

@@ -10,7 +10,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-BUNDLE_STATES = ("building", "ready", "failed", "corrupt")
+#: ``stale``: built for another GPU (compute capability) or TensorRT version than this node has
+#: now (or it has none): never loaded, evicted first, ``ready`` again when the environment is back.
+BUNDLE_STATES = ("building", "ready", "failed", "corrupt", "stale")
 EVENT_KINDS = (
     "hit",
     "miss",
@@ -26,6 +28,7 @@ EVENT_KINDS = (
 )
 #: Why a serving process unloaded an engine (the ``reason`` of ``unload`` events).
 UNLOAD_REASONS = ("idle", "memory", "admin", "evict", "shutdown")
+#: ``stale``: a row whose directory vanished (reconcile), or a ``stale`` bundle (planned first).
 EVICT_REASONS = ("lru", "manual", "clear", "stale", "corrupt")
 BUILD_STATES = ("queued", "running", "done", "failed")
 #: Why a planned eviction left a bundle alone.
@@ -128,26 +131,31 @@ class PrepareResult:
 
 @dataclass(frozen=True)
 class SkippedBundle:
-    """A bundle an eviction plan leaves in place, and why (``pinned`` or ``leased``)."""
+    """A bundle an eviction plan leaves in place, and why (``pinned`` or ``leased``); ``stale``
+    when it cannot run here (a pinned stale bundle stays: pins are the operator's word)."""
 
     bundle_id: str
     size_bytes: int
     reason: str
+    stale: bool = False
 
 
 @dataclass(frozen=True)
 class PlannedEviction:
-    """A bundle an eviction plan removes."""
+    """A bundle an eviction plan removes, and why: ``stale`` (planned first), else the plan's
+    reason (``lru`` or ``clear``)."""
 
     bundle_id: str
     size_bytes: int
     last_used_at: datetime | None
     path: Path
+    reason: str = "lru"
 
 
 @dataclass(frozen=True)
 class EvictionPlan:
-    """A dry-run plan: what goes (LRU order), what stays and why, and the bytes freed."""
+    """A dry-run plan: what goes (stale bundles first, then LRU order), what stays and why, and
+    the bytes freed."""
 
     max_bytes: int | None
     total_before: int
@@ -190,6 +198,10 @@ class ReconcileReport:
     forgotten: tuple[str, ...]
     staging_removed: tuple[str, ...]
     corrupt: tuple[str, ...] = ()
+    #: Ready bundles marked ``stale`` (built for another GPU or TensorRT version than this node's).
+    stale: tuple[str, ...] = ()
+    #: Stale bundles whose GPU and TensorRT version are back: ``ready`` again.
+    restored: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

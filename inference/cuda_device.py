@@ -9,7 +9,9 @@ is asked for (``--backend tensorrt`` or ``auto``).
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 #: The Python packages the TensorRT backend needs (the ``[tensorrt]`` extra).
 PACKAGES = ("tensorrt", "pycuda")
@@ -60,3 +62,34 @@ def tensorrt_missing() -> str | None:
     except Exception as exc:
         return f"no CUDA device answers ({type(exc).__name__}: {exc})"
     return None
+
+
+def plan_mismatch(meta: Mapping[str, Any], tensorrt_version: str, device: CudaDevice) -> str | None:
+    """Why a TensorRT plan whose ``engine.json`` is ``meta`` cannot run with ``tensorrt_version``
+    on ``device`` (None: it can). The one rule: a plan runs only on the TensorRT version that
+    built it and on a GPU of the compute capability it was built for (the GPU's name may differ)."""
+    built_with = str(meta.get("tensorrt_version"))
+    if built_with != tensorrt_version:
+        return (
+            f"bundle was built with TensorRT {built_with} but this process runs {tensorrt_version}; "
+            "a plan runs only on the TensorRT version that built it"
+        )
+    if str(meta.get("compute_capability")) != device.compute_capability:
+        return (
+            f"bundle was built for compute capability {meta.get('compute_capability')} "
+            f"({meta.get('gpu_name')}); this GPU is {device.name} ({device.compute_capability})"
+        )
+    return None
+
+
+def plan_runs_here(meta: Mapping[str, Any]) -> str | None:
+    """None when the plan ``meta`` describes can run on this machine now; else why not (no
+    tensorrt/pycuda, no CUDA device, another TensorRT version or compute capability).
+
+    Imports tensorrt and pycuda: call it only for TensorRT bundles."""
+    missing = tensorrt_missing()
+    if missing is not None:
+        return f"TensorRT cannot run here: {missing}"
+    import tensorrt
+
+    return plan_mismatch(meta, str(tensorrt.__version__), cuda_device(0))

@@ -27,6 +27,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from cachesvc.records import BUNDLE_STATES
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -81,7 +83,7 @@ class BundleRow(Base):
 
     __tablename__ = "bundles"
     __table_args__ = (
-        CheckConstraint("state IN ('building', 'ready', 'failed', 'corrupt')", name="state"),
+        CheckConstraint(f"state IN ({', '.join(repr(s) for s in BUNDLE_STATES)})", name="state"),
         CheckConstraint("size_bytes >= 0", name="size_nonneg"),
         Index("ix_bundles_state_last_used", "state", "last_used_at"),
         Index("ix_bundles_last_used_id", "last_used_at", "id"),

@@ -383,22 +383,50 @@ class Catalog:
                 self._add_event(session, "pin" if pinned else "unpin", bundle_id=bundle_id, model=row.model)
             return _bundle_info(row)
 
-    def set_verified(self, bundle_id: str, *, ok: bool, detail: str | None) -> BundleInfo:
-        """Record a verify: ok keeps the state; a mismatch marks the bundle corrupt."""
+    def set_verified(
+        self, bundle_id: str, *, ok: bool, detail: str | None, stale: str | None = None
+    ) -> BundleInfo:
+        """Record a verify: a mismatch marks the bundle corrupt; files that match but were built
+        for another environment (``stale`` says why) mark it stale; a clean verify makes a
+        corrupt or stale bundle ready again."""
         with self._tx() as session:
             row = _require(session, bundle_id, self.node)
             row.last_verified_at = utcnow()
             if not ok:
                 row.state, row.error = "corrupt", detail
-            elif row.state == "corrupt":
+            elif stale is not None:
+                row.state, row.error = "stale", stale
+            elif row.state in ("corrupt", "stale"):
                 row.state, row.error = "ready", None
             self._add_event(
                 session,
                 "verify",
                 bundle_id=bundle_id,
                 model=row.model,
-                reason="ok" if ok else "corrupt",
-                detail=detail,
+                reason="corrupt" if not ok else "stale" if stale is not None else "ok",
+                detail=detail if not ok else stale,
+            )
+            return _bundle_info(row)
+
+    def set_stale(self, bundle_id: str, reason: str | None) -> BundleInfo:
+        """``reason`` given: a ready bundle becomes ``stale`` (error = why); None: a stale bundle is
+        ``ready`` again. A ``reconcile`` event (reason ``stale``/``ready``) when the state changes;
+        other states (building, failed, corrupt) are left as they are."""
+        with self._tx() as session:
+            row = _require(session, bundle_id, self.node)
+            if reason is not None and row.state == "ready":
+                row.state, row.error = "stale", reason
+            elif reason is None and row.state == "stale":
+                row.state, row.error = "ready", None
+            else:
+                return _bundle_info(row)
+            self._add_event(
+                session,
+                "reconcile",
+                bundle_id=bundle_id,
+                model=row.model,
+                reason=row.state,
+                detail=reason or "the GPU and TensorRT version it was built for are back",
             )
             return _bundle_info(row)
 
@@ -480,13 +508,14 @@ class Catalog:
     ) -> list[tuple[str, int, datetime, bool, str]]:
         """(id, size, last_used_at, pinned, path) of evictable bundles, LRU first, one keyset page.
 
+        Stale bundles are not among them: the planner takes those first (``stale_bundles``).
         Reads only indexed columns a page at a time, so planning over 100k rows stays cheap.
         """
         stmt = (
             select(
                 BundleRow.id, BundleRow.size_bytes, BundleRow.last_used_at, BundleRow.pinned, BundleRow.path
             )
-            .where(BundleRow.node == self.node, BundleRow.state != "building")
+            .where(BundleRow.node == self.node, BundleRow.state.not_in(("building", "stale")))
             .order_by(BundleRow.last_used_at.asc(), BundleRow.id.asc())
             .limit(limit)
         )

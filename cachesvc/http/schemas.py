@@ -31,7 +31,7 @@ from inference.build_profile import (
     MAX_TOKENS_LIMIT,
 )
 
-BundleState = Literal["building", "ready", "failed", "corrupt"]
+BundleState = Literal["building", "ready", "failed", "corrupt", "stale"]
 EventKind = Literal[
     "hit",
     "miss",
@@ -278,19 +278,22 @@ class ClearRequest(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class PlannedEvictionOut(Struct, frozen=True):
-    """A bundle an eviction plan removes."""
+    """A bundle an eviction plan removes, and why (``stale`` bundles are planned first)."""
 
     bundle_id: str
     size_bytes: int
     last_used_at: datetime | None
+    reason: EvictReason = "lru"
 
 
 class SkippedOut(Struct, frozen=True):
-    """A bundle an eviction leaves in place, and why."""
+    """A bundle an eviction leaves in place, and why; ``stale`` when it cannot run on this node
+    (a pinned stale bundle stays: pins are the operator's word)."""
 
     bundle_id: str
     size_bytes: int
     reason: SkipReason
+    stale: bool = False
 
 
 class EvictionOut(Struct, frozen=True):
@@ -314,6 +317,10 @@ class ReconcileOut(Struct, frozen=True):
     forgotten: list[str]
     staging_removed: list[str]
     corrupt: list[str]
+    #: Bundles flagged ``stale``: built for another GPU or TensorRT version than this node's.
+    stale: list[str] = []
+    #: Stale bundles whose GPU and TensorRT version are back (``ready`` again).
+    restored: list[str] = []
 
 
 class ModelStatsOut(Struct, frozen=True):

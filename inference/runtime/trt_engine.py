@@ -54,22 +54,13 @@ class TrtEngine:
         import tensorrt as trt
 
         from inference.builder.trt_backend import _collecting_logger
-        from inference.cuda_device import cuda_device
+        from inference.cuda_device import cuda_device, plan_mismatch
 
         self._cuda, self._trt = cuda, trt
-        built_with = str(meta.get("tensorrt_version"))
-        if built_with != trt.__version__:
-            raise EngineLoadError(
-                f"bundle was built with TensorRT {built_with} but this process runs {trt.__version__}; "
-                "a plan runs only on the TensorRT version that built it: rebuild the bundle"
-            )
         device = cuda_device(0)
-        if str(meta.get("compute_capability")) != device.compute_capability:
-            raise EngineLoadError(
-                f"bundle was built for compute capability {meta.get('compute_capability')} "
-                f"({meta.get('gpu_name')}); this GPU is {device.name} ({device.compute_capability}): "
-                "rebuild the bundle on this GPU"
-            )
+        mismatch = plan_mismatch(meta, str(trt.__version__), device)
+        if mismatch is not None:
+            raise EngineLoadError(f"{mismatch}: rebuild the bundle on this machine")
         self._layers = int(meta["num_layers"])
         self._kv_heads = int(meta["num_kv_heads"])
         self._head_dim = int(meta["head_dim"])

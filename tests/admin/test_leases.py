@@ -79,6 +79,7 @@ def test_delete_of_leased_bundle_is_409_with_holder_and_files_stay(
         "bundle_id": bid,
         "size_bytes": manager.get_bundle(bid).size_bytes,
         "reason": "leased",
+        "stale": False,
     }
     cleared = client.post("/admin/cache/clear", json={}).json()
     assert cleared["evicted"] == [] and cleared["skipped"][0]["reason"] == "leased"

@@ -234,7 +234,9 @@ def test_prune_dry_run_plans_then_prune_evicts_lru_skipping_pinned(
     body = plan.json()
     assert body["dry_run"] is True and body["total_before"] == total and body["max_bytes"] == 0
     assert [p["bundle_id"] for p in body["planned"]] == ids[1:]  # LRU: oldest first
-    assert body["skipped"] == [{"bundle_id": ids[0], "size_bytes": sizes[ids[0]], "reason": "pinned"}]
+    assert body["skipped"] == [
+        {"bundle_id": ids[0], "size_bytes": sizes[ids[0]], "reason": "pinned", "stale": False}
+    ]
     assert body["freed_bytes"] == sizes[ids[1]] + sizes[ids[2]]
     assert all(manager.bundle_dir(manager.get_bundle(b)).exists() for b in ids)
     done = client.post("/admin/cache/prune", json={"max_size_bytes": 0}).json()

@@ -63,7 +63,7 @@ def test_prepare_ls_show_pin_verify_prune(
     code, out, _ = run(capsys, *cache, "prune", "--max-size-bytes", "1", "--dry-run", "--json")
     plan = json.loads(out)
     assert plan["evict"] == [] and plan["skipped"] == [
-        {"id": bid, "size_bytes": rows[0]["size_bytes"], "reason": "pinned"}
+        {"id": bid, "size_bytes": rows[0]["size_bytes"], "reason": "pinned", "stale": False}
     ]
     assert plan["freed_bytes"] == 0
     assert run(capsys, *cache, "bundles", "unpin", bid)[0] == 0

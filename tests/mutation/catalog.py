@@ -10,6 +10,10 @@ from tests.mutation.engine import Mutation
 
 MANAGER = "tests/integration/test_manager.py"
 LIVE = "tests/serving/test_live.py"
+STALE = (
+    "tests/trt/test_stale.py::"
+    "test_another_gpu_flags_stale_never_serves_evicts_first_and_the_gpu_back_restores[sqlite]"
+)
 
 MUTATIONS: tuple[Mutation, ...] = (
     # -- atomic publish and crash safety --------------------------------------------------
@@ -79,6 +83,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         find=r"if not got:",
         replace="if False:",
         tests=("tests/admin/test_leases.py",),
+    ),
+    Mutation(
+        name="stale-not-first",
+        why="eviction plans stale bundles (built for another GPU) after the LRU ready ones, not first",
+        path="cachesvc/eviction.py",
+        function="Evictor.plan",
+        find=r"chain\(self\._stale_rows\(\), self\._lru_rows\(\)\)",
+        replace="chain(self._lru_rows(), self._stale_rows())",
+        tests=(STALE,),
+    ),
+    Mutation(
+        name="stale-never-flagged",
+        why="reconcile leaves a TensorRT bundle for another GPU ready (served, then refused at load)",
+        path="cachesvc/reconcile.py",
+        function="Reconciler._recheck_environment",
+        find=r'if why is not None and info\.state == "ready":',
+        replace="if False:",
+        tests=(STALE,),
     ),
     # -- corrupt bundles ------------------------------------------------------------------
     Mutation(

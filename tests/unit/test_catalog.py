@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
+from sqlalchemy.exc import IntegrityError
 
 from cachesvc.catalog import Catalog, utcnow
 from cachesvc.catalog.migrate import downgrade, head_revision
@@ -158,3 +159,55 @@ def test_event_totals_agree_with_the_log(tmp_path: Path) -> None:
     assert stats.per_model[0].model == "m1" and stats.per_model[0].hits == 3
     with pytest.raises(NotFoundError):
         c.record_hit(bid)
+
+
+def _set_state(c: Catalog, bid: str, state: str) -> None:
+    with c.engine.begin() as conn:
+        conn.execute(text("UPDATE bundles SET state = :s WHERE id = :i"), {"s": state, "i": bid})
+
+
+def test_0004_widens_the_state_check_and_downgrades_stale_to_ready(tmp_path: Path) -> None:
+    url = catalog_url_for(tmp_path) or f"sqlite:///{tmp_path / 'catalog.sqlite3'}"
+    c = Catalog(url, node="test-node")
+    c.upgrade("0003")
+    bid, other = add(c, 1), add(c, 2)
+    c.add_lease(bid, 4242)
+    with pytest.raises(IntegrityError):
+        _set_state(c, bid, "stale")
+    c.upgrade()
+    assert c.current_revision() == head_revision() == "0004"
+    # The table was recreated on SQLite: rows and the display-only lease rows survive.
+    assert [h.pid for h in c.leases(bid)] == [4242]
+    assert c.set_stale(bid, "built for compute capability 9.0; this GPU is 8.9").state == "stale"
+    assert c.list_bundles(state="stale").total == 1
+    with pytest.raises(IntegrityError):
+        _set_state(c, other, "bogus")
+    downgrade(c.engine, "0003")
+    back = c.require_bundle(bid)
+    assert (back.state, back.error) == ("ready", None)
+    assert [h.pid for h in c.leases(bid)] == [4242]
+    with pytest.raises(IntegrityError):
+        _set_state(c, bid, "stale")
+    c.upgrade()
+    assert c.set_stale(bid, "no CUDA device answers").state == "stale"
+
+
+def test_stale_and_back_are_events_and_verify_marks_either_way(tmp_path: Path) -> None:
+    c = catalog(tmp_path)
+    bid = add(c, 1)
+    assert c.set_stale(bid, None).state == "ready"  # nothing to restore: no event
+    c.set_stale(bid, "other GPU")
+    c.set_stale(bid, "other GPU")  # already stale: no second event
+    assert [(e.reason, e.detail) for e in c.events(kind="reconcile", bundle_id=bid)][:1] == [
+        ("stale", "other GPU")
+    ]
+    assert len(c.events(kind="reconcile", bundle_id=bid)) == 2  # adopted + stale
+    assert c.set_stale(bid, None).state == "ready"
+    assert c.events(kind="reconcile", bundle_id=bid)[0].reason == "ready"
+    info = c.set_verified(bid, ok=True, detail=None, stale="TensorRT 10.13 here is 10.14")
+    assert (info.state, info.error) == ("stale", "TensorRT 10.13 here is 10.14")
+    assert c.set_verified(bid, ok=True, detail=None).state == "ready"
+    assert [e.reason for e in c.events(kind="verify", bundle_id=bid)] == ["ok", "stale"]
+    # Corrupt wins over stale; a failed build is never made stale.
+    assert c.set_verified(bid, ok=False, detail="x: sha256", stale="other GPU").state == "corrupt"
+    assert c.set_stale(bid, "other GPU").state == "corrupt"

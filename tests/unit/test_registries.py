@@ -124,3 +124,23 @@ def test_serve_config_fields_are_all_documented_flags() -> None:
     flags = {a.dest for a in _serve_parser()._actions}
     for f in dataclasses.fields(config.ServeConfig):
         assert f.name in flags, f"--{f.name} has no flag"
+
+
+def test_bundle_state_check_and_the_head_migration_list_every_bundle_state() -> None:
+    import importlib
+
+    from sqlalchemy import CheckConstraint
+
+    from cachesvc.catalog.models import Base
+    from cachesvc.records import BUNDLE_STATES
+
+    check = next(
+        c
+        for c in Base.metadata.tables["bundles"].constraints
+        if isinstance(c, CheckConstraint) and str(c.name).endswith("state")
+    )
+    listed = f"state IN ({', '.join(repr(s) for s in BUNDLE_STATES)})"
+    assert str(check.sqltext) == listed
+    head = importlib.import_module("migrations.versions.0004_stale_state")
+    assert listed == head._NEW
+    assert get_args(schemas.BundleState) == BUNDLE_STATES and "stale" in BUNDLE_STATES
