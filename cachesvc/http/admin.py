@@ -360,7 +360,13 @@ class CacheController(Controller):
         return to_body(manager.reconcile(), ReconcileOut)
 
 
-@get("/stats", sync_to_thread=True, operation_id="getStats", tags=["stats"], responses=problem_responses(400))
+@get(
+    "/stats",
+    sync_to_thread=True,
+    operation_id="getStats",
+    tags=["stats"],
+    responses=problem_responses(400, 404),
+)
 def get_stats(manager: Manager, node: NodeFilter = None) -> StatsOut:
     """Cache statistics from the catalog's events of one node (default: the answering node)."""
     return to_body(manager.stats(node), StatsOut)
