@@ -193,6 +193,9 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     }
     meta = _metadata(cfg, io, spec, ckpt.source_dtypes(), files, copied, time.monotonic() - started,
                      _kv_cache_meta(cfg, cpu_io, spec))
+    speculative = spec.speculative_record()
+    if speculative is not None:  # absent otherwise: bundles without speculation stay as they were
+        meta["speculative"] = speculative
     # engine.json last: its presence marks the bundle's files as complete.
     (out_dir / ENGINE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     report("done", 1.0)
