@@ -171,6 +171,22 @@ class ServingMetrics:
         self._tokens = Counter("cachesvc_generated_tokens", "Completion tokens generated.", registry=registry)
         self._queued = Gauge("cachesvc_queue_depth", "Requests waiting for admission.", registry=registry)
         self._active = Gauge("cachesvc_active_requests", "Requests being generated now.", registry=registry)
+        # Speculative decoding, named after vLLM's spec_decode counters: acceptance rate is
+        # accepted_tokens / draft_tokens, mean tokens per step emitted_tokens / drafts.
+        self._drafts = Counter(
+            "cachesvc_spec_decode_drafts", "Speculative verification steps.", registry=registry
+        )
+        self._draft_tokens = Counter(
+            "cachesvc_spec_decode_draft_tokens", "Tokens proposed for verification.", registry=registry
+        )
+        self._accepted = Counter(
+            "cachesvc_spec_decode_accepted_tokens", "Proposed tokens the target kept.", registry=registry
+        )
+        self._emitted = Counter(
+            "cachesvc_spec_decode_emitted_tokens",
+            "Tokens emitted by verification steps (kept proposals plus one target token each).",
+            registry=registry,
+        )
         self._context = ContextCacheCollector()
         registry.register(self._context)
 
@@ -187,6 +203,13 @@ class ServingMetrics:
         """Set the current queue depth and number of active requests."""
         self._queued.set(queued)
         self._active.set(active)
+
+    def speculative_step(self, proposed: int, accepted: int, emitted: int) -> None:
+        """Count one speculative verification step."""
+        self._drafts.inc()
+        self._draft_tokens.inc(proposed)
+        self._accepted.inc(accepted)
+        self._emitted.inc(emitted)
 
     def context_cache_changed(self, stats: Any) -> None:
         """Keep the latest context-reuse counters (a ``ContextCacheStats``) for the next scrape."""

@@ -238,3 +238,28 @@ def test_proposer_factory_reads_the_record() -> None:
         proposer_factory({"method": "eagle3"})
     with pytest.raises(ValueError, match="prompt_lookup_min"):
         proposer_factory({"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2})
+
+
+def test_counters_reach_prometheus() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from cachesvc.http.metrics import ServingMetrics
+
+    registry = CollectorRegistry()
+    factory = proposer_factory({"method": "ngram", "prompt_lookup_min": 1}, num_speculative_tokens=3)
+    engine = TableEngine(256, max_slots=1)
+    with SchedulerRunner(engine, proposer=factory, observer=ServingMetrics(registry)) as r:
+        r.run(_prompts()[:2], 30)
+        assert r.sched.speculative_stats is not None
+        stats = r.sched.speculative_stats.snapshot()
+    text = generate_latest(registry).decode()
+    values = {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+              if s.name.startswith("cachesvc_spec_decode_") and s.name.endswith("_total")}
+    assert values == {
+        "cachesvc_spec_decode_drafts_total": stats.steps,
+        "cachesvc_spec_decode_draft_tokens_total": stats.proposed,
+        "cachesvc_spec_decode_accepted_tokens_total": stats.accepted,
+        "cachesvc_spec_decode_emitted_tokens_total": stats.emitted,
+    }
+    assert stats.steps > 0
