@@ -78,3 +78,37 @@ def test_extend_refuses_what_it_cannot_do(bundle: Path, kind: str) -> None:
     with pytest.raises(ValueError, match="truncate"):
         engine.truncate(0, len(PROMPT) + 1)
     engine.close()
+
+
+def test_greedy_scheduler_output_is_unchanged_by_either_proposer(
+    hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]
+) -> None:
+    """Ten prompts on a tiny random checkpoint through the scheduler: the tokens are the
+    ordinary greedy ones with ngram and with the model as its own draft (all guesses kept)."""
+    from inference.speculative import proposer_factory
+    from tests.support.scheduling import SchedulerRunner
+
+    bundle = built_bundle(hf_checkpoint("llama", "fp32", False), max_input_len=64, max_batch_size=2,
+                          max_kv_cache_capacity=256)
+    target = load_engine(bundle, max_slots=2, threads=1)
+    draft = load_engine(bundle, max_slots=2, threads=1)
+    rng = np.random.default_rng(3)
+    prompts = [[int(t) for t in rng.integers(0, 384, size=n)] for n in (1, 3, 7, 12, 20, 33, 48, 60, 90, 5)]
+    with SchedulerRunner(target, batch=2) as r:
+        plain = r.run(prompts, 20)
+    factories = {
+        "ngram": proposer_factory({"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+                                  num_speculative_tokens=3),
+        "draft_model": proposer_factory({"method": "draft_model"}, num_speculative_tokens=4,
+                                        draft_engine=draft),
+    }
+    for name, factory in factories.items():
+        with SchedulerRunner(target, batch=2, proposer=factory) as r:
+            assert r.run(prompts, 20) == plain, name
+            assert r.sched.speculative_stats is not None
+            stats = r.sched.speculative_stats.snapshot()
+        # Random weights rarely repeat themselves: ngram's guesses are mostly refused, which
+        # exercises the truncation path; the self-draft keeps everything.
+        assert stats.steps > 0, name
+        if name == "draft_model":
+            assert stats.accepted == stats.proposed
