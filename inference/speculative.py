@@ -256,6 +256,14 @@ class DraftModelProposer:
         k = min(k, room)
         if k < 1 or not tokens:
             return Proposal(())
+        try:
+            return self._draft_tokens(slot, tokens, sampler, k)
+        except BaseException:
+            # The draft slot's content is unknown now: start it afresh next time.
+            self.release(slot)
+            raise
+
+    def _draft_tokens(self, slot: int, tokens: Sequence[int], sampler: Sampler, k: int) -> Proposal:
         logits = self._sync(slot, tokens)
         guesses: list[int] = []
         probs: list[np.ndarray] = []

@@ -263,3 +263,22 @@ def test_counters_reach_prometheus() -> None:
         "cachesvc_spec_decode_emitted_tokens_total": stats.emitted,
     }
     assert stats.steps > 0
+
+
+def test_a_failing_draft_falls_back_to_normal_decode() -> None:
+    class Flaky(TableEngine):
+        calls = 0
+
+        def decode(self, slots: Sequence[int], token_ids: Sequence[int]) -> np.ndarray:
+            Flaky.calls += 1
+            if Flaky.calls % 3 == 0:
+                raise RuntimeError("draft broke")
+            return super().decode(slots, token_ids)
+
+    prompts = _prompts()
+    plain, _ = _run(TableEngine(256, max_slots=3), prompts, 30, 2, None)
+    factory = proposer_factory({"method": "draft_model"}, num_speculative_tokens=3,
+                               draft_engine=Flaky(256, max_slots=3))
+    got, stats = _run(TableEngine(256, max_slots=3), prompts, 30, 2, factory)
+    assert got == plain
+    assert stats is not None and stats.steps > 0 and Flaky.calls > 3
