@@ -14,7 +14,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from cachesvc.errors import BuildError, ConfigError
 from cachesvc.profiles import BuildOptions
-from inference.build_profile import AUTO_PRECISION, ProfileError, check_backend_precision
+from inference.build_profile import (
+    AUTO_PRECISION,
+    ProfileError,
+    check_backend_precision,
+    check_backend_speculative,
+)
 
 #: ``progress(stage, fraction)``; fraction in [0, 1].
 ProgressFn = Callable[[str, float], None]
@@ -51,12 +56,10 @@ class Builder(Protocol):
 
 
 def _refuse_speculative(backend: str, options: BuildOptions) -> None:
-    if options.speculative_method is not None:
-        raise ConfigError(
-            "speculative_method",
-            f"speculative method {options.speculative_method!r} is not supported by the {backend} "
-            "backend yet; drop --speculative-config",
-        )
+    try:
+        check_backend_speculative(backend, options.speculative_method)
+    except ProfileError as exc:
+        raise ConfigError(exc.field, f"{exc.detail}; change or drop --speculative-config") from None
 
 
 class OnnxRuntimeBuilder:
@@ -92,6 +95,8 @@ class OnnxRuntimeBuilder:
             max_input_len=options.max_input_len,
             max_batch_size=options.max_batch_size,
             max_kv_cache_capacity=options.max_kv_cache_capacity,
+            speculative_method=options.speculative_method,
+            draft_digest=options.draft_digest,
         )
         try:
             return dict(build_bundle(checkpoint_dir, out_dir, spec, progress))

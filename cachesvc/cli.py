@@ -129,6 +129,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                 "bundle_dir": str(result.bundle_dir),
                 "model_dir": str(result.model_dir),
                 "draft_dir": str(result.draft_dir) if result.draft_dir else None,
+                "draft_bundle_id": result.draft_bundle_id,
+                "draft_bundle_dir": str(result.draft_bundle_dir) if result.draft_bundle_dir else None,
                 "built": result.built,
                 "build_seconds": result.build_seconds,
             }

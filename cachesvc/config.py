@@ -23,10 +23,14 @@ flags (``--max-input-len`` <= ``--max-kv-cache-capacity``, the context-cache fla
 ``--enable-context-reuse``) are checked when the config is built.
 
 Speculative decoding: ``--speculative-config`` is a JSON object with only the keys ``method``
-(required; eagle3, mtp, dflash, jetspec, dspark), ``model`` (the draft checkpoint, required
-for every method except mtp) and ``num_speculative_tokens`` (positive int). For eagle3 and
-mtp, ``num_speculative_tokens`` overrides ``--draft-step`` (see
-:attr:`ServeConfig.effective_draft_step`).
+(required; eagle3, mtp, dflash, jetspec, dspark, ngram, draft_model), ``model`` (the draft
+checkpoint, required for every method except mtp and ngram, refused for ngram),
+``num_speculative_tokens`` (positive int) and, for ngram only, ``prompt_lookup_min`` /
+``prompt_lookup_max`` (positive ints, min <= max; vLLM's n-gram window). For eagle3, mtp,
+ngram and draft_model, ``num_speculative_tokens`` overrides ``--draft-step`` (see
+:attr:`ServeConfig.effective_draft_step`); for ngram and draft_model that is ``k``, the tokens
+guessed and verified per step. ``--draft-top-k`` and ``--verify-tree-size`` shape a draft
+*tree*; ngram and draft_model verify one chain, so those flags are refused with them.
 
 The cache directory defaults to ``$CACHESVC_CACHE_DIR`` or ``~/.cache/cachesvc`` (read when a
 config is built, not at import) and the catalog to ``sqlite:///<cache-dir>/catalog.sqlite3``
@@ -53,10 +57,13 @@ from cachesvc.errors import ConfigError
 from cachesvc.profiles import ProfileRequest
 from inference.build_profile import (
     BACKEND_CHOICES,
+    CHAIN_SPECULATIVE_METHODS,
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_INPUT_LEN,
     DEFAULT_MAX_KV_CACHE_CAPACITY,
     METHODS_NEEDING_DRAFT_MODEL,
+    METHODS_REFUSING_DRAFT_MODEL,
+    METHODS_WITHOUT_DRAFT_MODEL,
     PRECISION_CHOICES,
     SHAPE_LIMITS,
     SPECULATIVE_METHODS,
@@ -70,14 +77,16 @@ from inference.openai.tool_parsers import TOOL_PARSER_CHOICES as TOOL_CALL_PARSE
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 #: Speculative methods whose ``num_speculative_tokens`` overrides ``--draft-step``.
-METHODS_OVERRIDING_DRAFT_STEP = ("eagle3", "mtp")
+METHODS_OVERRIDING_DRAFT_STEP = ("eagle3", "mtp", *CHAIN_SPECULATIVE_METHODS)
+#: ``--speculative-config`` keys that only the ngram method reads.
+_NGRAM_KEYS = ("prompt_lookup_min", "prompt_lookup_max")
 
 CACHE_DIR_ENV = "CACHESVC_CACHE_DIR"
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 
 _SPEC_FLAG = "--speculative-config"
-_SPEC_KEYS = ("method", "model", "num_speculative_tokens")
+_SPEC_KEYS = ("method", "model", "num_speculative_tokens", *_NGRAM_KEYS)
 _SPEC_EXAMPLE = '{"method": "eagle3", "model": "org/draft-model", "num_speculative_tokens": 3}'
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _URL_PASSWORD_RE = re.compile(r"(://[^:/@]*:)[^@/]*@")
@@ -332,6 +341,8 @@ class SpeculativeConfig:
     method: str
     num_speculative_tokens: int | None = None
     model: str | None = None
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in SPECULATIVE_METHODS:
@@ -351,7 +362,22 @@ class SpeculativeConfig:
             raise ConfigError(
                 _SPEC_FLAG,
                 f'method {self.method!r} needs a draft model: add "model": "<hf-id-or-dir>" '
-                "(only mtp runs without one)",
+                f"(only {' and '.join(METHODS_WITHOUT_DRAFT_MODEL)} run without one)",
+            )
+        if self.model is not None and self.method in METHODS_REFUSING_DRAFT_MODEL:
+            raise ConfigError(_SPEC_FLAG, f"method {self.method!r} uses no draft model: drop 'model'")
+        for key in _NGRAM_KEYS:
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if self.method != "ngram":
+                raise ConfigError(_SPEC_FLAG, f"'{key}' applies to method 'ngram' only")
+            if not _is_int(value) or value <= 0:
+                raise ConfigError(_SPEC_FLAG, f"'{key}' must be a positive integer, got {value!r}")
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is not None and high is not None and low > high:
+            raise ConfigError(
+                _SPEC_FLAG, f"'prompt_lookup_min' ({low}) must not exceed 'prompt_lookup_max' ({high})"
             )
 
     @classmethod
@@ -380,6 +406,8 @@ class SpeculativeConfig:
             method=data["method"],
             num_speculative_tokens=data.get("num_speculative_tokens"),
             model=data.get("model"),
+            prompt_lookup_min=data.get("prompt_lookup_min"),
+            prompt_lookup_max=data.get("prompt_lookup_max"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -466,6 +494,15 @@ class ServeConfig:
                 "--admin-api-key",
                 "must differ from --api-key: every completion client would hold the admin key",
             )
+        spec = self.speculative_config
+        if spec is not None and spec.method in CHAIN_SPECULATIVE_METHODS:
+            for name in ("draft_top_k", "verify_tree_size"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(
+                        flag_for(name),
+                        f"shapes a draft tree (eagle3, dflash, ...); {spec.method} verifies one chain "
+                        f"of --draft-step tokens: drop {flag_for(name)}",
+                    )
         if not self.enable_context_reuse:
             for name in _CONTEXT_CACHE_FIELDS:
                 default = _FIELD_DEFAULTS[name]
@@ -740,13 +777,14 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
         f"speculative decoding as JSON, e.g. '{_SPEC_EXAMPLE}'; keys: method "
         f"({', '.join(SPECULATIVE_METHODS)}; required), model (draft; required except for "
         f"{', '.join(m for m in SPECULATIVE_METHODS if m not in METHODS_NEEDING_DRAFT_MODEL)}), "
-        f"num_speculative_tokens (overrides --draft-step for {' and '.join(METHODS_OVERRIDING_DRAFT_STEP)})",
+        f"num_speculative_tokens (overrides --draft-step for {', '.join(METHODS_OVERRIDING_DRAFT_STEP)}), "
+        "prompt_lookup_min/prompt_lookup_max (ngram only)",
         type=_speculative_arg,
         metavar="JSON",
     )
-    _add(build, "draft_top_k", "draft candidates kept per step (positive integer)")
-    _add(build, "draft_step", "draft tokens proposed per step (positive integer)")
-    _add(build, "verify_tree_size", "draft-tree tokens verified per step (positive integer)")
+    _add(build, "draft_top_k", "draft candidates kept per step (positive integer; tree methods)")
+    _add(build, "draft_step", "draft tokens proposed per step (positive integer; k of ngram/draft_model)")
+    _add(build, "verify_tree_size", "draft-tree tokens verified per step (positive integer; tree methods)")
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser, *, include_http: bool = True) -> None:

@@ -73,6 +73,11 @@ from cachesvc.records import (
     VerifyResult,
 )
 from cachesvc.store import BundleStore, CacheLayout, Lease, quick_verify_bundle, read_manifest, verify_bundle
+from inference.build_profile import (
+    METHODS_NEEDING_DRAFT_MODEL,
+    METHODS_REFUSING_DRAFT_MODEL,
+    METHODS_WITH_DRAFT_BUNDLE,
+)
 
 log = logging.getLogger("cachesvc.manager")
 
@@ -216,12 +221,11 @@ class CacheManager:
         backend = resolve_backend(request.backend, self.builders)
         precision = resolve_precision(request.precision, backend)
         builder = self.builders[backend]
-        if (
-            request.speculative_method is not None
-            and request.speculative_method != "mtp"
-            and draft_digest is None
-        ):
-            raise ConfigError("draft_model", f"method {request.speculative_method!r} needs a draft model")
+        method = request.speculative_method
+        if method in METHODS_NEEDING_DRAFT_MODEL and draft_digest is None:
+            raise ConfigError("draft_model", f"method {method!r} needs a draft model")
+        if method in METHODS_REFUSING_DRAFT_MODEL and draft_digest is not None:
+            raise ConfigError("draft_model", f"method {method!r} uses no draft model; drop it")
         return BuildOptions(
             backend=backend,
             precision=precision,
@@ -241,6 +245,21 @@ class CacheManager:
         return self._prepare(model, request or ProfileRequest(), progress or _noop_progress, None)
 
     def _prepare(
+        self,
+        model: str,
+        request: ProfileRequest,
+        progress: ProgressFn,
+        track: Build | None,
+    ) -> PrepareResult:
+        result = self._prepare_bundle(model, request, progress, track)
+        if request.speculative_method in METHODS_WITH_DRAFT_BUNDLE and request.draft_model is not None:
+            # The draft runs as an engine of its own: a bundle of the draft checkpoint with the
+            # same profile minus speculation, cached (and evicted) like any other bundle.
+            draft = self._prepare_bundle(request.draft_model, request.for_draft(), progress, None)
+            result = replace(result, draft_bundle_id=draft.bundle_id, draft_bundle_dir=draft.bundle_dir)
+        return result
+
+    def _prepare_bundle(
         self,
         model: str,
         request: ProfileRequest,

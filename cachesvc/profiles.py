@@ -148,6 +148,11 @@ class ProfileRequest:
         """JSON-ready dict."""
         return dataclasses.asdict(self)
 
+    def for_draft(self) -> ProfileRequest:
+        """The profile of the draft checkpoint's own bundle (``draft_model``): the same backend,
+        precision and shapes, without speculation."""
+        return dataclasses.replace(self, speculative_method=None, draft_model=None)
+
 
 #: The fields of a build-profile request (what ``POST /admin/builds`` takes besides ``model``).
 PROFILE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ProfileRequest))

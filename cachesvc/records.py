@@ -127,6 +127,9 @@ class PrepareResult:
     draft_dir: Path | None
     built: bool
     build_seconds: float | None = None
+    # speculative method draft_model: the draft checkpoint's own bundle (same profile, no speculation)
+    draft_bundle_id: str | None = None
+    draft_bundle_dir: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,31 @@ BACKEND_PRECISIONS: dict[str, tuple[str, ...]] = {
 #: ``auto`` precision per backend.
 AUTO_PRECISION: dict[str, str] = {"onnxruntime": "fp32", "tensorrt": "fp16"}
 #: Speculative-decoding methods a profile can name.
-SPECULATIVE_METHODS: tuple[str, ...] = ("eagle3", "mtp", "dflash", "jetspec", "dspark")
+SPECULATIVE_METHODS: tuple[str, ...] = (
+    "eagle3", "mtp", "dflash", "jetspec", "dspark", "ngram", "draft_model"
+)
+#: Methods our runtime proposes for itself (:mod:`inference.speculative`): one chain of ``k``
+#: guessed tokens (``num_speculative_tokens`` or ``--draft-step``) verified in one target run.
+#: ``ngram`` looks the guesses up in the sequence (no second model); ``draft_model`` runs a
+#: second bundle built from the draft checkpoint with the same profile.
+CHAIN_SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model")
+#: Methods that run without a draft checkpoint (mtp may still name one).
+METHODS_WITHOUT_DRAFT_MODEL: tuple[str, ...] = ("mtp", "ngram")
+#: Methods that have no use for a draft checkpoint: naming one is an error.
+METHODS_REFUSING_DRAFT_MODEL: tuple[str, ...] = ("ngram",)
 #: Methods that need a separate draft checkpoint (``model`` in ``--speculative-config``).
-METHODS_NEEDING_DRAFT_MODEL: tuple[str, ...] = tuple(m for m in SPECULATIVE_METHODS if m != "mtp")
+METHODS_NEEDING_DRAFT_MODEL: tuple[str, ...] = tuple(
+    m for m in SPECULATIVE_METHODS if m not in METHODS_WITHOUT_DRAFT_MODEL
+)
+#: Methods whose draft checkpoint is built into a bundle of its own (cached like any bundle).
+METHODS_WITH_DRAFT_BUNDLE: tuple[str, ...] = ("draft_model",)
+#: Speculative methods each backend builds. The others (eagle3, mtp, dflash, jetspec, dspark)
+#: need draft heads or extra graph outputs inside the engine, which no builder emits yet.
+BACKEND_SPECULATIVE_METHODS: dict[str, tuple[str, ...]] = {
+    "onnxruntime": CHAIN_SPECULATIVE_METHODS,
+    # Its plans return last-position logits only: verification would run token by token.
+    "tensorrt": (),
+}
 
 DEFAULT_MAX_INPUT_LEN = 4096
 DEFAULT_MAX_BATCH_SIZE = 1
@@ -107,3 +129,22 @@ def check_backend_precision(backend: str, precision: str) -> None:
             "precision",
             f"precision {precision!r} {where}; the {backend} backend builds {', '.join(allowed)}",
         )
+
+
+def check_backend_speculative(backend: str, method: str | None) -> None:
+    """Raise when ``backend`` cannot serve speculative ``method`` (None: no speculation)."""
+    if method is None:
+        return
+    check_choice("speculative_method", method, SPECULATIVE_METHODS)
+    allowed = BACKEND_SPECULATIVE_METHODS.get(backend, ())
+    if method in allowed:
+        return
+    if method in CHAIN_SPECULATIVE_METHODS:
+        why = (f"the {backend} engine returns last-position logits only, so verifying a chain of "
+               "guesses would run one step per token")
+    else:
+        why = (f"{method} needs draft heads or extra outputs built into the engine, which the "
+               f"{backend} builder does not emit")
+    runs = f"it runs {', '.join(allowed)}" if allowed else "it runs no speculative method yet"
+    raise ProfileError("speculative_method", f"speculative method {method!r} is not supported by the "
+                       f"{backend} backend: {why}; {runs}")

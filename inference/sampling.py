@@ -148,7 +148,9 @@ class Sampler:
         self._counts = np.zeros(vocab_size, dtype=np.float32)
         self._penalised = params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
 
-    def _draw(self, x: np.ndarray) -> int:
+    def _candidates(self, x: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """Temperature, top-k and top-p over processed logits ``x``: the surviving ids (None =
+        all) and their unnormalised weights."""
         p = self.params
         x = x / np.float32(p.temperature)
         idx = top_k_indices(x, p.top_k)
@@ -160,23 +162,72 @@ class Sampler:
             x = x[keep]
         # Work on the surviving candidates only: exp over masked -inf entries is slow, and
         # float32 exp is several times faster than float64 on a 150k vocabulary.
-        weights = np.exp(x - np.max(x))
-        cum = np.cumsum(weights, dtype=np.float64)
-        # Inverse-CDF draw with one uniform per step: reproducible for a given seed. With
-        # u < cum[-1], the first index whose cum exceeds u has weight > 0.
-        u = self._rng.random() * cum[-1]
-        j = int(min(np.searchsorted(cum, u, side="right"), len(cum) - 1))
+        return idx, np.exp(x - np.max(x))
+
+    def _draw(self, x: np.ndarray) -> int:
+        idx, weights = self._candidates(x)
+        j = self.draw(weights)
         return int(idx[j]) if idx is not None else j
 
-    def sample(self, logits: np.ndarray) -> SampleResult:
-        """Choose the next token from one row of logits ``[>= vocab_size]``."""
+    def _processed(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(raw logits cut to the vocabulary, logits after penalties and logit_bias)."""
         p = self.params
         raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self.vocab_size]
         x = raw
         if self._penalised:
             x = apply_penalties(x, self._counts, p.frequency_penalty, p.presence_penalty)
-        x = apply_logit_bias(x, p.logit_bias)
-        token = int(np.argmax(x)) if p.temperature <= 0.0 else self._draw(x)
+        return raw, apply_logit_bias(x, p.logit_bias)
+
+    @property
+    def greedy(self) -> bool:
+        """Whether this request takes the argmax (temperature 0)."""
+        return self.params.temperature <= 0.0
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The request's random generator (seeded from ``seed``); speculative verification
+        draws its acceptance uniforms from it, so one seed still gives one output."""
+        return self._rng
+
+    def distribution(self, logits: np.ndarray) -> np.ndarray:
+        """The probabilities :meth:`sample` would draw the next token from, float64
+        ``[vocab_size]``: penalties (with the counts so far), ``logit_bias``, then temperature,
+        top-k and top-p; one-hot on the argmax at temperature 0. Counts nothing."""
+        _, x = self._processed(logits)
+        out = np.zeros(self.vocab_size, dtype=np.float64)
+        if self.greedy:
+            out[int(np.argmax(x))] = 1.0
+            return out
+        idx, weights = self._candidates(x)
+        probs = weights.astype(np.float64) / weights.sum(dtype=np.float64)
+        if idx is None:
+            return probs
+        out[idx] = probs
+        return out
+
+    def draw(self, probs: np.ndarray) -> int:
+        """Draw a token id from a probability vector (need not be normalised) with the
+        request's generator, the same inverse-CDF draw :meth:`sample` makes."""
+        # One uniform per draw: reproducible for a given seed. With u < cum[-1], the first
+        # index whose cum exceeds u has weight > 0.
+        cum = np.cumsum(probs, dtype=np.float64)
+        u = self._rng.random() * cum[-1]
+        return int(min(np.searchsorted(cum, u, side="right"), len(cum) - 1))
+
+    def sample(self, logits: np.ndarray) -> SampleResult:
+        """Choose the next token from one row of logits ``[>= vocab_size]``."""
+        raw, x = self._processed(logits)
+        token = int(np.argmax(x)) if self.greedy else self._draw(x)
+        return self._result(raw, token)
+
+    def accept(self, logits: np.ndarray, token_id: int) -> SampleResult:
+        """Take ``token_id`` as the token chosen from ``logits`` (a speculative token the
+        verification kept): count it for penalties and report its logprobs like :meth:`sample`."""
+        raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self.vocab_size]
+        return self._result(raw, int(token_id))
+
+    def _result(self, raw: np.ndarray, token: int) -> SampleResult:
+        p = self.params
         self._counts[token] += 1
         if p.top_logprobs is None:
             return SampleResult(token)

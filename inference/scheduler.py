@@ -19,6 +19,15 @@ the rest. At least the last prompt token is always prefilled (its logits pick th
 Requests with ``cache_prompt=False`` neither reuse nor leave anything behind. Outputs are the
 same with and without reuse (the KV is the same numbers; see the tests).
 
+Speculative decoding (when a :data:`~inference.speculative.ProposerFactory` is given and the
+engine is a :class:`~inference.runtime.protocol.VerifyingEngine`): a decoding sequence whose
+proposer guesses tokens is not in the batched decode step; instead its pending token and the
+guesses run in one ``extend`` of its slot, :func:`~inference.speculative.verify` keeps a prefix
+of the guesses plus one token of the target's, and the slot is truncated to what was kept.
+Output is what ordinary decoding gives (greedy: the same tokens; sampling: the same
+distribution). Sequences without a guess, and requests with ``speculative=False`` (per-request
+constraints that must see every token's logits in order), decode as usual.
+
 Prefill and decode: the in-place CPU engine cannot run a multi-token chunk of one sequence in
 the same batch as other sequences, so each step runs one prefill chunk (``prefill_chunk``
 tokens, tunable) and then one decode step of every sequence past its prefill. A new request
@@ -40,8 +49,9 @@ import numpy as np
 
 from inference.context_cache import ContextCacheStats, PrefixStore
 from inference.generation import GenerationState, StepOutput
-from inference.runtime.protocol import Engine, KVEngine
+from inference.runtime.protocol import Engine, KVEngine, VerifyingEngine
 from inference.sampling import Sampler
+from inference.speculative import Proposal, Proposer, ProposerFactory, SpeculativeStats, verify
 
 __all__ = [
     "AsyncOutputStream",
@@ -143,6 +153,8 @@ class GenerationRequest:
     cache_prompt: bool = True
     # One of n choices of the same prompt: start from a copy of this request's prompt KV.
     prefix_from: GenerationRequest | None = None
+    # False: never decoded speculatively (constraints that must process every token's logits).
+    speculative: bool = True
 
 
 @dataclass(eq=False)
@@ -154,6 +166,7 @@ class _Running:
     prepared: bool = False  # slot set up (reused prefix restored or slot emptied)
     broken: bool = False  # the engine failed: the slot's content is unknown
     reused: int = 0  # prompt tokens taken from the cache
+    output_ids: list[int] = field(default_factory=list)  # every token emitted so far
 
 
 class Scheduler:
@@ -169,6 +182,7 @@ class Scheduler:
         prefill_chunk: int = 256,
         observer: SchedulerObserver | None = None,
         context_cache: PrefixStore | None = None,
+        proposer: ProposerFactory | None = None,
     ) -> None:
         """Configure; nothing runs until :meth:`start`."""
         if max_batch_size < 1:
@@ -197,6 +211,11 @@ class Scheduler:
         self._slot_tokens: list[list[int]] = [[] for _ in range(self.max_batch_size)]
         # n choices of one prompt share its prefill by copying KV between slots.
         self._fork_kv: KVEngine | None = engine if isinstance(engine, KVEngine) else None
+        self._proposer: Proposer | None = None
+        self.speculative_stats: SpeculativeStats | None = None
+        if proposer is not None and isinstance(engine, VerifyingEngine):
+            self._proposer = proposer(engine)
+            self.speculative_stats = SpeculativeStats()
 
     # -- asyncio side ------------------------------------------------------------------------
 
@@ -370,6 +389,8 @@ class Scheduler:
 
     def _release(self, run: _Running) -> None:
         # Called on the scheduler thread only; the lock protects the lists the asyncio side reads.
+        if self._proposer is not None:
+            self._release_proposal(run.slot)
         if self._store is not None and run.req.cache_prompt and not run.broken:
             if run.prepared:
                 self._save_blocks(run)
@@ -420,6 +441,7 @@ class Scheduler:
 
     def _emit(self, run: _Running, out: StepOutput) -> bool:
         """Deliver; return True when the sequence goes on."""
+        run.output_ids.extend(out.token_ids)
         if out.finished:
             # Free the slot before the client sees the end, so a follow-up request sent the
             # moment this one completes finds the slot free instead of a full queue (429).
@@ -440,6 +462,8 @@ class Scheduler:
         if prefilling:
             self._prefill_chunk(prefilling[0])
         decoding = [r for r in live if r.last_token is not None]
+        if decoding and self._proposer is not None:
+            decoding = self._speculate(decoding)
         if decoding:
             self._decode(decoding)
 
@@ -531,6 +555,81 @@ class Scheduler:
             out = run.req.state.push(sample)
             if self._emit(run, out):
                 run.last_token = sample.token_id
+
+
+    # -- speculative decoding ---------------------------------------------------------------------
+
+    def _release_proposal(self, slot: int) -> None:
+        assert self._proposer is not None
+        try:
+            self._proposer.release(slot)
+        except Exception:  # the draft is an optimisation: never fail a request for it
+            log.exception("releasing the proposer's slot %d failed", slot)
+
+    def _speculate(self, runs: list[_Running]) -> list[_Running]:
+        """Verify guesses for the runs that get some; return the runs left to decode normally."""
+        rest: list[_Running] = []
+        for run in runs:
+            proposal = self._propose(run)
+            if proposal is None:
+                rest.append(run)
+            else:
+                self._verify(run, proposal)
+        return rest
+
+    def _propose(self, run: _Running) -> Proposal | None:
+        """Guesses for ``run``'s next tokens, or None to decode it normally."""
+        assert self._proposer is not None
+        req = run.req
+        state = req.state
+        if not req.speculative or run.last_token is None:
+            return None
+        held = len(req.prompt_ids) + state.completion_tokens  # positions after the pending token
+        # Room in the KV for the guesses, and no more of them than tokens still wanted.
+        k = min(self._proposer.num_speculative_tokens, self._capacity - held,
+                state.max_new_tokens - state.completion_tokens - 1)
+        if k < 1:
+            return None
+        try:
+            proposal = self._proposer.propose(run.slot, [*req.prompt_ids, *run.output_ids], req.sampler, k)
+        except Exception:  # a failing draft must not fail the request: decode it normally
+            log.exception("speculative proposal failed")
+            return None
+        if not proposal.tokens:
+            return None
+        return Proposal(proposal.tokens[:k], None if proposal.probs is None else proposal.probs[:k])
+
+    def _verify(self, run: _Running, proposal: Proposal) -> None:
+        """One ``extend`` of the pending token and the guesses; keep what verification keeps."""
+        engine = self._engine
+        assert isinstance(engine, VerifyingEngine) and run.last_token is not None
+        req = run.req
+        try:
+            before = engine.slot_length(run.slot)
+            logits = engine.extend(run.slot, [run.last_token, *proposal.tokens])
+            results = verify(req.sampler, np.asarray(logits), proposal)
+            kept = len(results) - 1
+            engine.truncate(run.slot, before + 1 + kept)
+        except Exception as exc:
+            log.exception("speculative verification failed")
+            self._fail(run, EngineFailure(f"decode failed: {exc}"))
+            return
+        if self._store is not None:
+            self._slot_tokens[run.slot].extend([run.last_token, *proposal.tokens[:kept]])
+        if self.speculative_stats is not None:
+            self.speculative_stats.add(len(proposal.tokens), kept, len(results))
+        hook = getattr(self._observer, "speculative_step", None)
+        if hook is not None:
+            hook(len(proposal.tokens), kept, len(results))
+        emitted = 0
+        for sample in results:
+            out = req.state.push(sample)
+            emitted += 1
+            if not self._emit(run, out):
+                break
+            run.last_token = sample.token_id
+        if self._observer is not None:
+            self._observer.tokens_generated(emitted)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:

@@ -184,6 +184,23 @@ class ServingMetrics:
         self._active = Gauge(
             "cachesvc_active_requests", "Requests being generated now.", ["model"], registry=registry
         )
+        # Speculative decoding, named after vLLM's spec_decode counters: acceptance rate is
+        # accepted_tokens / draft_tokens, mean tokens per step emitted_tokens / drafts.
+        self._drafts = Counter(
+            "cachesvc_spec_decode_drafts", "Speculative verification steps.", ["model"], registry=registry
+        )
+        self._draft_tokens = Counter(
+            "cachesvc_spec_decode_draft_tokens", "Tokens proposed for verification.", ["model"], registry=registry
+        )
+        self._accepted = Counter(
+            "cachesvc_spec_decode_accepted_tokens", "Proposed tokens the target kept.", ["model"], registry=registry
+        )
+        self._emitted = Counter(
+            "cachesvc_spec_decode_emitted_tokens",
+            "Tokens emitted by verification steps (kept proposals plus one target token each).",
+            ["model"],
+            registry=registry,
+        )
         self._context = ContextCacheCollector()
         registry.register(self._context)
 
@@ -218,6 +235,13 @@ class ModelServingMetrics:
         """Set the current queue depth and number of active requests."""
         self._m._queued.labels(self.model).set(queued)
         self._m._active.labels(self.model).set(active)
+
+    def speculative_step(self, proposed: int, accepted: int, emitted: int) -> None:
+        """Count one speculative verification step."""
+        self._m._drafts.labels(self.model).inc()
+        self._m._draft_tokens.labels(self.model).inc(proposed)
+        self._m._accepted.labels(self.model).inc(accepted)
+        self._m._emitted.labels(self.model).inc(emitted)
 
     def context_cache_changed(self, stats: Any) -> None:
         """Keep the latest context-reuse counters (a ``ContextCacheStats``) for the next scrape."""

@@ -65,7 +65,7 @@ assert get_args(SkipReason) == SKIP_REASONS
 # (tests/unit/test_registries.py) asserts they equal the registries in inference.build_profile.
 BackendChoice = Literal["auto", "onnxruntime", "tensorrt"]
 PrecisionChoice = Literal["auto", "fp32", "fp16", "bf16", "int8", "int4"]
-SpeculativeMethod = Literal["eagle3", "mtp", "dflash", "jetspec", "dspark"]
+SpeculativeMethod = Literal["eagle3", "mtp", "dflash", "jetspec", "dspark", "ngram", "draft_model"]
 
 PositiveDim = Annotated[int, Meta(ge=1, le=MAX_TOKENS_LIMIT)]
 BatchSize = Annotated[int, Meta(ge=1, le=MAX_BATCH_SIZE_LIMIT)]

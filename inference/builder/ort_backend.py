@@ -200,6 +200,9 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     meta.update(memory_fields(weight_bytes=onnx_weight_bytes(optimized_path),
                               kv_bytes_per_token=int(kv_cache["bytes_per_token"]),
                               capacity=spec.max_kv_cache_capacity, slots=spec.max_batch_size))
+    speculative = spec.speculative_record()
+    if speculative is not None:  # absent otherwise: bundles without speculation stay as they were
+        meta["speculative"] = speculative
     # engine.json last: its presence marks the bundle's files as complete.
     (out_dir / ENGINE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     report("done", 1.0)

@@ -13,8 +13,10 @@ from inference.build_profile import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_INPUT_LEN,
     DEFAULT_MAX_KV_CACHE_CAPACITY,
+    METHODS_WITH_DRAFT_BUNDLE,
     ProfileError,
     check_backend_precision,
+    check_backend_speculative,
     check_shapes,
 )
 from inference.builder.errors import BuildInputError
@@ -24,16 +26,35 @@ SUPPORTED_PRECISIONS = BACKEND_PRECISIONS["onnxruntime"]
 
 @dataclass(frozen=True)
 class EngineBuildSpec:
-    """What to build: weight precision and the shape limits the engine is built for."""
+    """What to build: weight precision, the shape limits the engine is built for, and the
+    speculative method (with the draft checkpoint's digest) that ``engine.json`` records for the
+    runtime; the graph is the same with and without speculation."""
 
     precision: str = "fp32"
     max_input_len: int = DEFAULT_MAX_INPUT_LEN
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     max_kv_cache_capacity: int = DEFAULT_MAX_KV_CACHE_CAPACITY
+    speculative_method: str | None = None
+    draft_digest: str | None = None
 
     def __post_init__(self) -> None:
         try:
             check_backend_precision("onnxruntime", self.precision)
             check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
+            check_backend_speculative("onnxruntime", self.speculative_method)
         except ProfileError as exc:
             raise BuildInputError(str(exc)) from None
+        if (self.speculative_method in METHODS_WITH_DRAFT_BUNDLE) != (self.draft_digest is not None):
+            raise BuildInputError(
+                f"draft_digest is required exactly for {', '.join(METHODS_WITH_DRAFT_BUNDLE)} "
+                f"(speculative_method {self.speculative_method!r}, draft_digest {self.draft_digest!r})"
+            )
+
+    def speculative_record(self) -> dict[str, str] | None:
+        """What ``engine.json`` records under ``speculative`` (None without speculation)."""
+        if self.speculative_method is None:
+            return None
+        record = {"method": self.speculative_method}
+        if self.draft_digest is not None:
+            record["draft_digest"] = self.draft_digest
+        return record

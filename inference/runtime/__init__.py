@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from inference.runtime.errors import EngineLoadError
 from inference.runtime.generate import generate
-from inference.runtime.protocol import Engine, EngineInfo, KVEngine
+from inference.runtime.protocol import Engine, EngineInfo, KVEngine, VerifyingEngine
 from inference.runtime.registry import load_engine
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ __all__ = [
     "EngineInfo",
     "EngineLoadError",
     "KVEngine",
+    "VerifyingEngine",
     "generate",
     "load_engine",
     "load_portable_engine",

@@ -35,13 +35,13 @@ from inference.runtime.protocol import EngineInfo
 from inference.runtime.slot_checks import (
     check_decode,
     check_decode_lengths,
+    check_extend,
     check_prefill,
     check_slot,
     check_tokens,
 )
 
 KV_LAYOUT = "gqa-inplace"
-_KEEP_LAST = np.array([1], dtype=np.int64)
 # The attention scratch of one run is heads * chunk * capacity floats: bound the chunk.
 _MAX_PREFILL_CHUNK = 512
 
@@ -82,8 +82,8 @@ class GqaEngine:
         self._row_elems = self._kv_heads * self._cap * self._head_dim
         self._lengths = [0] * max_slots
         self._binding = self._session.io_binding()
-        self._bound: tuple[int, int] | None = None  # (first row, batch) the KV is bound to
-        self._logits: dict[int, np.ndarray] = {}
+        self._bound: tuple[int, int, int] | None = None  # (first row, batch, kept logits) bound
+        self._logits: dict[tuple[int, int], np.ndarray] = {}
         self._info = EngineInfo(
             model_type=str(meta["model_type"]),
             vocab_size=self._vocab,
@@ -177,8 +177,8 @@ class GqaEngine:
         self._lengths[slot] = start + n
 
     # --- running ---------------------------------------------------------------------------
-    def _bind_kv(self, lo: int, batch: int) -> None:
-        if self._bound == (lo, batch):
+    def _bind_kv(self, lo: int, batch: int, keep: int) -> None:
+        if self._bound == (lo, batch, keep):
             return
         shape = [batch, self._kv_heads, self._cap, self._head_dim]
         offset = lo * self._row_elems * 4
@@ -186,26 +186,27 @@ class GqaEngine:
             ptr = buf.ctypes.data + offset
             self._binding.bind_input(past, "cpu", 0, np.float32, shape, ptr)
             self._binding.bind_output(present, "cpu", 0, np.float32, shape, ptr)
-        logits = self._logits.get(batch)
+        logits = self._logits.get((batch, keep))
         if logits is None:
-            logits = self._logits[batch] = np.empty((batch, 1, self._vocab), dtype=np.float32)
+            logits = self._logits[batch, keep] = np.empty((batch, keep, self._vocab), dtype=np.float32)
         self._binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-        self._bound = (lo, batch)
+        self._bound = (lo, batch, keep)
 
-    def _run(self, lo: int, ids: np.ndarray, past: np.ndarray) -> np.ndarray:
-        """Append ``ids`` [B,S] to rows ``lo..lo+B-1`` holding ``past`` [B] positions; logits [B,V]."""
+    def _run(self, lo: int, ids: np.ndarray, past: np.ndarray, keep: int = 1) -> np.ndarray:
+        """Append ``ids`` [B,S] to rows ``lo..lo+B-1`` holding ``past`` [B] positions; logits of
+        the last ``keep`` positions of each row, [B,keep,V]."""
         if self._session is None:
             raise RuntimeError("engine is closed")
         batch, new = ids.shape
-        self._bind_kv(lo, batch)
+        self._bind_kv(lo, batch, keep)
         seqlens = (past + new - 1).astype(np.int32)
         self._binding.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
         self._binding.bind_cpu_input("seqlens_k", seqlens)
         total = np.array(int(past.max()) + new, dtype=np.int32)
         self._binding.bind_cpu_input("total_sequence_length", total)
-        self._binding.bind_cpu_input("logits_to_keep", _KEEP_LAST)
+        self._binding.bind_cpu_input("logits_to_keep", np.array([keep], dtype=np.int64))
         self._session.run_with_iobinding(self._binding)
-        return self._logits[batch][:, 0, :].copy()
+        return self._logits[batch, keep].copy()
 
     # --- the protocol --------------------------------------------------------------------
     def prefill(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
@@ -216,9 +217,22 @@ class GqaEngine:
         logits = np.empty(0, dtype=np.float32)
         for start in range(0, ids.size, self._chunk):
             part = ids[start:start + self._chunk]
-            logits = self._run(slot, part[None, :], np.array([self._lengths[slot]]))[0]
+            logits = self._run(slot, part[None, :], np.array([self._lengths[slot]]))[0, 0]
             self._lengths[slot] += part.size
         return logits
+
+    def extend(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
+        """Append ``token_ids`` to a non-empty ``slot``; return logits ``[len(token_ids), vocab]``,
+        one row per appended position (the graph's ``logits_to_keep`` = the chunk's length)."""
+        self._check_slot(slot)
+        ids = self._check_tokens(token_ids)
+        check_extend(slot, self._lengths[slot], int(ids.size), self._cap)
+        rows = []
+        for start in range(0, ids.size, self._chunk):
+            part = ids[start:start + self._chunk]
+            rows.append(self._run(slot, part[None, :], np.array([self._lengths[slot]]), part.size)[0])
+            self._lengths[slot] += part.size
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
     def decode(self, slots: Sequence[int], token_ids: Sequence[int]) -> np.ndarray:
         """Append one token to each slot; return logits ``[len(slots), vocab]``."""
@@ -237,7 +251,7 @@ class GqaEngine:
                 # A full passenger has no room past its content: empty it and write at 0.
                 self._lengths[s] = 0
                 past[s - lo] = 0
-        logits = self._run(lo, row_ids, past)
+        logits = self._run(lo, row_ids, past)[:, 0]
         for s in slots:
             self._lengths[s] += 1
         return np.ascontiguousarray(logits[[s - lo for s in slots]])

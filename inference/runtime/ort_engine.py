@@ -20,6 +20,7 @@ import onnxruntime as ort
 
 from inference.runtime.ort_session import cpu_session
 from inference.runtime.protocol import EngineInfo
+from inference.runtime.slot_checks import check_extend, check_prefill
 
 _KEEP_LAST = np.array([1], dtype=np.int64)
 
@@ -96,22 +97,12 @@ class OrtEngine:
         return list(self._session.run(self._output_names, feed))
 
     # --- the protocol --------------------------------------------------------------------
-    def prefill(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
-        """Append ``token_ids`` to ``slot``'s KV; return logits ``[vocab]`` of the last one."""
-        self._check_slot(slot)
-        ids = self._check_tokens(token_ids)
-        if ids.size == 0:
-            raise ValueError("prefill needs at least one token")
+    def _append(self, slot: int, ids: np.ndarray, *, all_logits: bool) -> np.ndarray:
+        """Run ``ids`` onto ``slot`` in chunks of max_input_len, each on top of the previous
+        chunk's KV; logits ``[n, vocab]`` of every position, or ``[vocab]`` of the last."""
         length = self.slot_length(slot)
-        cap = self._info.max_kv_capacity
-        if length + ids.size > cap:
-            raise ValueError(
-                f"slot {slot} holds {length} positions; adding {ids.size} would exceed "
-                f"max_kv_capacity {cap}; shorten the prompt or build with a larger max_kv_cache_capacity"
-            )
-        logits = np.empty(0, dtype=np.float32)
+        rows: list[np.ndarray] = []
         chunk = self._info.max_input_len
-        # Long inputs run in chunks of max_input_len, each on top of the previous chunk's KV.
         for start in range(0, ids.size, chunk):
             part = ids[start:start + chunk]
             past = self._kv[slot] or self._empty_past(1)
@@ -120,13 +111,38 @@ class OrtEngine:
                 "input_ids": part[None, :],
                 "attention_mask": np.ones((1, pos + part.size), dtype=np.int64),
                 "position_ids": np.arange(pos, pos + part.size, dtype=np.int64)[None, :],
-                "logits_to_keep": _KEEP_LAST,
+                "logits_to_keep": np.array([part.size if all_logits else 1], dtype=np.int64),
             }
             feed.update(zip(self._past_names, past, strict=True))
             outs = self._run(feed)
             self._kv[slot] = outs[1:]
-            logits = outs[0][0, -1]
-        return logits
+            rows.append(outs[0][0])
+        return np.concatenate(rows) if all_logits else rows[-1][-1]
+
+    def prefill(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
+        """Append ``token_ids`` to ``slot``'s KV; return logits ``[vocab]`` of the last one."""
+        self._check_slot(slot)
+        ids = self._check_tokens(token_ids)
+        check_prefill(slot, self.slot_length(slot), int(ids.size), self._info.max_kv_capacity)
+        return self._append(slot, ids, all_logits=False)
+
+    def extend(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
+        """Append ``token_ids`` to a non-empty ``slot``; return logits ``[len(token_ids), vocab]``."""
+        self._check_slot(slot)
+        ids = self._check_tokens(token_ids)
+        check_extend(slot, self.slot_length(slot), int(ids.size), self._info.max_kv_capacity)
+        return self._append(slot, ids, all_logits=True)
+
+    def truncate(self, slot: int, n: int) -> None:
+        """Keep only the first ``n`` positions of ``slot``."""
+        length = self.slot_length(slot)
+        if not 0 <= n <= length:
+            raise ValueError(f"cannot truncate slot {slot} of {length} positions to {n}")
+        kv = self._kv[slot]
+        if n == 0 or kv is None:
+            self._kv[slot] = None
+        elif n < length:
+            self._kv[slot] = [np.ascontiguousarray(a[:, :, :n]) for a in kv]
 
     def decode(self, slots: Sequence[int], token_ids: Sequence[int]) -> np.ndarray:
         """Append one token to each slot; return logits ``[len(slots), vocab]``."""

@@ -6,9 +6,13 @@ one slot (call it repeatedly for chunked prefill); ``decode`` appends exactly on
 of several slots and runs them together. Both return float32 logits for the last appended
 token of each slot. ``reset`` empties a slot for reuse.
 
-:class:`KVEngine` adds what context reuse needs: shrinking a slot (``truncate``), sharing a
-prefix between slots (``copy_prefix``) and moving KV positions out of and into a slot
-(``export_kv`` / ``import_kv``) so that prefixes can outlive the slot that computed them.
+:class:`VerifyingEngine` adds what speculative decoding needs: ``extend`` appends several tokens
+to one slot and returns logits for *every* appended position (so ``k`` proposed tokens are
+checked in one run), and ``truncate`` drops the positions of the tokens that were rejected.
+
+:class:`KVEngine` (a VerifyingEngine) adds what context reuse needs: sharing a prefix between
+slots (``copy_prefix``) and moving KV positions out of and into a slot (``export_kv`` /
+``import_kv``) so that prefixes can outlive the slot that computed them.
 """
 
 from __future__ import annotations
@@ -70,16 +74,33 @@ class Engine(Protocol):
 
 
 @runtime_checkable
-class KVEngine(Engine, Protocol):
+class VerifyingEngine(Engine, Protocol):
+    """An Engine that can score several appended tokens at once and take them back
+    (speculative decoding: verify ``k`` proposed tokens in one run, drop the rejected ones)."""
+
+    def extend(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
+        """Append ``token_ids`` (one or more) to ``slot``'s KV, which must hold at least one
+        position; return float32 logits ``[len(token_ids), vocab]``: row ``i`` is the
+        distribution of the token that follows ``token_ids[i]``. The last row equals what
+        :meth:`prefill` of the same tokens returns.
+
+        Raises ``ValueError`` when the slot is empty or would exceed ``info.max_kv_capacity``.
+        """
+        ...
+
+    def truncate(self, slot: int, n: int) -> None:
+        """Keep the first ``n`` positions of ``slot`` (``n <= slot_length(slot)``); appending
+        after it gives exactly the logits as if the dropped positions had never been appended."""
+        ...
+
+
+@runtime_checkable
+class KVEngine(VerifyingEngine, Protocol):
     """An Engine whose slots' KV can be cut, shared and saved (for context reuse)."""
 
     @property
     def kv_bytes_per_token(self) -> int:
         """KV bytes one position takes over all layers."""
-        ...
-
-    def truncate(self, slot: int, n: int) -> None:
-        """Keep the first ``n`` positions of ``slot`` (``n <= slot_length(slot)``)."""
         ...
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:

@@ -38,6 +38,15 @@ def check_prefill(slot: int, length: int, new: int, capacity: int) -> None:
         )
 
 
+def check_extend(slot: int, length: int, new: int, capacity: int) -> None:
+    """An extend (speculative verification) appends ``new`` tokens onto a slot that holds a sequence."""
+    if new == 0:
+        raise ValueError("extend needs at least one token")
+    if length == 0:
+        raise ValueError(f"slot {slot} is empty; prefill it before extending")
+    check_prefill(slot, length, new, capacity)
+
+
 def check_decode(slots: Sequence[int], n_tokens: int, max_slots: int) -> None:
     """One token per slot, at least one slot, no slot twice, every slot in range."""
     if len(slots) != n_tokens or not slots:

@@ -29,6 +29,7 @@ from inference.runtime.protocol import EngineInfo
 from inference.runtime.slot_checks import (
     check_decode,
     check_decode_lengths,
+    check_extend,
     check_prefill,
     check_slot,
     check_tokens,
@@ -303,6 +304,49 @@ class TrtEngine:
             for s in slots:
                 self._lengths[s] += 1
             return np.array(self._h_logits[:batch])
+
+    def extend(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
+        """Append ``token_ids`` to a non-empty ``slot``; return logits ``[len(token_ids), vocab]``.
+
+        The plan keeps the logits of the last position only (the TensorRT builder fixes
+        ``logits_to_keep`` to 1: a data-dependent output shape would be a host shape tensor),
+        so the tokens run as one batch-1 step each. Same numbers as one multi-token run, but
+        ``k`` steps instead of one: verification on TensorRT needs a plan with all-position
+        logits before it pays off.
+        """
+        self._check_open()
+        self._check_slot(slot)
+        ids = check_tokens(token_ids, self._info.vocab_size)
+        check_extend(slot, self._lengths[slot], ids.size, self._info.max_kv_capacity)
+        return np.stack([self.decode([slot], [int(t)])[0] for t in ids])
+
+    def truncate(self, slot: int, n: int) -> None:
+        """Keep only the first ``n`` positions of ``slot``.
+
+        A slot packs each head's ``length`` positions one after another, so a shorter length
+        moves every head but the first: the kept positions are repacked into the spare buffer
+        (device to device; source and target never overlap) and the two swap.
+        """
+        self._check_open()
+        self._check_slot(slot)
+        length = self._lengths[slot]
+        if not 0 <= n <= length:
+            raise ValueError(f"cannot truncate slot {slot} of {length} positions to {n}")
+        if 0 < n < length:
+            row = self._head_dim * self._kv_item
+            src_base, dst_base = int(self._slots[slot]), int(self._spare)
+            with self._active():
+                for j in range(len(self._past_names)):
+                    for h in range(self._kv_heads):
+                        self._cuda.memcpy_dtod_async(
+                            dst_base + j * self._region + h * n * row,
+                            src_base + j * self._region + h * length * row,
+                            n * row,
+                            self._stream,
+                        )
+                self._stream.synchronize()
+            self._swap(slot)
+        self._lengths[slot] = n
 
     def _gather(self, slots: Sequence[int], lengths: list[int], longest: int) -> None:
         """Copy each slot's K/V into row b of the batch past buffer, left-padded to ``longest``."""

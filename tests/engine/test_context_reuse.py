@@ -4,8 +4,7 @@ the per-request opt-out and the byte bound over a long run."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,43 +12,14 @@ import numpy as np
 import pytest
 
 from inference.context_cache import PrefixStore
-from inference.generation import GenerationState, StepOutput
+from inference.generation import GenerationState
 from inference.runtime import load_engine
 from inference.sampling import Sampler, SamplingParams
 from inference.scheduler import GenerationRequest, Scheduler
+from tests.support.scheduling import CollectingSink, IdTokens
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
 BLOCK_BYTES = 2 * 2 * 2 * 64 * 16 * 4  # K+V, 2 layers, 2 kv heads, 64 positions, head_dim 16, fp32
-
-
-class _Tokens:
-    """The little of a tokenizer GenerationState needs."""
-
-    hidden_token_ids: frozenset[int] = frozenset()
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(f"<{i}>" for i in ids)
-
-
-class _Sink:
-    def __init__(self) -> None:
-        self.items: list[StepOutput | BaseException] = []
-        self.done = threading.Event()
-
-    def put(self, item: StepOutput | BaseException) -> bool:
-        self.items.append(item)
-        if isinstance(item, BaseException) or item.finished:
-            self.done.set()
-        return True
-
-    def tokens(self) -> list[int]:
-        assert self.done.wait(120), "request did not finish"
-        out: list[int] = []
-        for item in self.items:
-            if isinstance(item, BaseException):
-                raise item
-            out.extend(item.token_ids)
-        return out
 
 
 class _Runner:
@@ -65,9 +35,9 @@ class _Runner:
         )
         self.sched.start()
 
-    def submit(self, prompt: list[int], steps: int, cache_prompt: bool = True) -> _Sink:
-        sink = _Sink()
-        state = GenerationState(_Tokens(), prompt_ids=prompt, max_new_tokens=steps)  # type: ignore[arg-type]
+    def submit(self, prompt: list[int], steps: int, cache_prompt: bool = True) -> CollectingSink:
+        sink = CollectingSink()
+        state = GenerationState(IdTokens(), prompt_ids=prompt, max_new_tokens=steps)  # type: ignore[arg-type]
         sampler = Sampler(SamplingParams(temperature=0.0), self.engine.info.vocab_size)
         self.sched.submit(GenerationRequest(prompt, sampler, state, sink, cache_prompt=cache_prompt))
         return sink

@@ -86,6 +86,7 @@ class SlotEngine:
         self.tokens: list[list[int]] = [[] for _ in range(info.max_slots)]
         self.decode_batches: list[int] = []
         self.prefill_chunks: list[int] = []
+        self.extend_calls: list[int] = []
         self.resets: list[int] = []
         self.closed = False
 
@@ -127,6 +128,27 @@ class SlotEngine:
             self._append(slot, [tok])
             rows.append(self._logits(slot))
         return np.stack(rows)
+
+    def extend(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
+        """Speculative verification: one logits row per appended token (each as if decoded)."""
+        if not token_ids:
+            raise ValueError("extend needs at least one token")
+        if self.lengths[slot] == 0:
+            raise ValueError(f"slot {slot} is empty; prefill it before extending")
+        if self.delay:
+            time.sleep(self.delay)
+        self.extend_calls.append(len(token_ids))
+        rows = []
+        for tok in token_ids:
+            self._append(slot, [tok])
+            rows.append(self._logits(slot))
+        return np.stack(rows)
+
+    def truncate(self, slot: int, n: int) -> None:
+        if not 0 <= n <= self.lengths[slot]:
+            raise ValueError(f"cannot truncate slot {slot} of {self.lengths[slot]} positions to {n}")
+        self.lengths[slot] = n
+        del self.tokens[slot][n:]
 
     def slot_length(self, slot: int) -> int:
         return self.lengths[slot]

@@ -223,3 +223,24 @@ def test_a_damaged_plan_is_refused_and_leaves_nothing_behind(
     with pytest.raises(EngineLoadError, match="cannot deserialize"):
         load_engine(bundle)
     assert _fake_gpu.live_bytes() == before
+
+
+def test_extend_and_truncate_match_the_cpu_engine(pair: Callable[..., tuple[Engine, Engine, Path]]) -> None:
+    """Speculative verification on TensorRT: every appended position's logits, and a slot cut
+    back after a rejected draft (heads repacked) goes on exactly as the CPU engine's."""
+    cpu, gpu, _ = pair("llama")
+    for engine in (cpu, gpu):
+        engine.prefill(0, PROMPTS[0])
+        engine.prefill(1, PROMPTS[0])
+    draft = [12, 13, 14, 15, 16]
+    want, got = cpu.extend(0, draft), gpu.extend(0, draft)  # type: ignore[attr-defined]
+    assert got.shape == (len(draft), gpu.info.vocab_size)
+    np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
+    for engine in (cpu, gpu):
+        engine.truncate(0, len(PROMPTS[0]) + 2)  # type: ignore[attr-defined]
+        engine.truncate(1, len(PROMPTS[0]))  # type: ignore[attr-defined]
+        engine.extend(1, draft[:2])  # type: ignore[attr-defined]
+    assert gpu.slot_length(0) == gpu.slot_length(1) == len(PROMPTS[0]) + 2
+    rows = gpu.decode([0, 1], [40, 40])
+    np.testing.assert_allclose(rows[0], rows[1], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(rows, cpu.decode([0, 1], [40, 40]), atol=2e-4, rtol=1e-4)

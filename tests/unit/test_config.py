@@ -525,6 +525,13 @@ VALID_SPEC: list[tuple[str, SpeculativeConfig]] = [
         SpeculativeConfig("jetspec", 1, "j"),
     ),
     ('{"method": "dspark", "model": "d"}', SpeculativeConfig("dspark", model="d")),
+    ('{"method": "ngram"}', SpeculativeConfig("ngram")),
+    (
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 3}',
+        SpeculativeConfig("ngram", 4, prompt_lookup_min=2, prompt_lookup_max=3),
+    ),
+    ('{"method": "ngram", "prompt_lookup_max": 3}', SpeculativeConfig("ngram", prompt_lookup_max=3)),
+    ('{"method": "draft_model", "model": "org/small"}', SpeculativeConfig("draft_model", model="org/small")),
 ]
 
 
@@ -563,6 +570,12 @@ INVALID_SPEC: list[tuple[str, str]] = [
     ('{"method": "mtp", "num_speculative_tokens": "3"}', "'num_speculative_tokens' must be a positive"),
     ('{"method": "mtp", "draft_model": "x"}', "unknown key 'draft_model'"),
     ('{"method": "mtp", "method": "eagle3"}', "'method' appears more than once"),
+    ('{"method": "draft_model"}', "needs a draft model"),
+    ('{"method": "ngram", "model": "m"}', "uses no draft model"),
+    ('{"method": "ngram", "prompt_lookup_min": 0}', "'prompt_lookup_min' must be a positive integer"),
+    ('{"method": "ngram", "prompt_lookup_max": 2.5}', "'prompt_lookup_max' must be a positive integer"),
+    ('{"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2}', "must not exceed"),
+    ('{"method": "draft_model", "model": "m", "prompt_lookup_max": 2}', "applies to method 'ngram' only"),
 ]
 
 
@@ -618,6 +631,9 @@ def test_speculative_config_round_trip(spec: SpeculativeConfig) -> None:
         ('{"method": "mtp"}', 6, 6),
         ('{"method": "dflash", "model": "d", "num_speculative_tokens": 3}', 5, 5),
         ('{"method": "jetspec", "model": "j", "num_speculative_tokens": 3}', None, None),
+        ('{"method": "ngram", "num_speculative_tokens": 3}', 5, 3),
+        ('{"method": "ngram"}', 5, 5),
+        ('{"method": "draft_model", "model": "d", "num_speculative_tokens": 2}', None, 2),
     ],
 )
 def test_effective_draft_step(spec: str | None, draft_step: int | None, expected: int | None) -> None:
@@ -866,3 +882,13 @@ def test_help_shows_real_defaults_never_none() -> None:
     text = serve_parser().format_help()
     assert "(default: None)" not in text
     assert f"(default: {ServeConfig().engine_cache_max_size_gb})" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("method", ['{"method": "ngram"}', '{"method": "draft_model", "model": "d"}'])
+@pytest.mark.parametrize("flag", ["--draft-top-k", "--verify-tree-size"])
+def test_tree_flags_are_refused_for_chain_methods(method: str, flag: str) -> None:
+    with pytest.raises(ConfigError, match="one chain") as info:
+        from_argv(["--speculative-config", method, f"{flag}=2"])
+    assert_config_error(info.value, flag)
+    # Tree methods keep accepting them.
+    assert from_argv(["--speculative-config", '{"method": "mtp"}', f"{flag}=2"]).speculative_config
