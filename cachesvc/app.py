@@ -42,13 +42,15 @@ from cachesvc.http.admin import admin_router
 from cachesvc.http.dashboard import dashboard_router
 from cachesvc.http.engines import engines_router
 from cachesvc.http.metrics import MetricsState, metrics_route
-from cachesvc.manager import BundleLease, CacheManager
+from cachesvc.manager import BundleLease, CacheManager, CombinedLease
 from cachesvc.records import PrepareResult
 from cachesvc.served_models import CatalogModels
+from inference.build_profile import CHAIN_SPECULATIVE_METHODS, METHODS_WITH_DRAFT_BUNDLE
 from inference.context_cache import PrefixStore
 from inference.openai import OpenAIServing, ServingOptions, load_tokenizer, openai_router
 from inference.openai.pool import HandleFactory, ModelPool, ModelRef, PoolLimits
 from inference.runtime.protocol import Engine
+from inference.speculative import ProposerFactory
 
 log = logging.getLogger("cachesvc.app")
 
@@ -78,12 +80,12 @@ class Runtime:
     closed: bool = False
 
     def close(self) -> None:
-        """Close the engine and release the lease (idempotent)."""
+        """Close the engine (and a draft engine) and release the lease(s) (idempotent)."""
         if self.closed:
             return
         self.closed = True
         try:
-            self.engine.close()
+            self.serving.close_engine()
         finally:
             self.lease.release()
 
@@ -107,6 +109,8 @@ def load_runtime(
         full_verify=True,
     )
     try:
+        if prepared.draft_bundle_id is not None:  # speculative draft_model: its own bundle, leased too
+            lease = CombinedLease(lease, manager.lease(prepared.draft_bundle_id))
         engine_factory = engine_factory or _default_engine_factory
         log.info("loading engine from %s", prepared.bundle_dir)
         serving = build_serving(
@@ -117,6 +121,7 @@ def load_runtime(
             name=config.served_name,
             observer=observer,
             check_model_name=False,
+            draft_dir=prepared.draft_bundle_dir,
         )
         engine = serving.engine
     except BaseException:
@@ -141,11 +146,17 @@ def build_serving(
     name: str,
     observer: Any = None,
     check_model_name: bool = False,
+    draft_dir: Any = None,
 ) -> OpenAIServing:
     """Load one bundle's engine and wrap it in its per-model handle (tokenizer, scheduler,
-    parsers) with this server's limits; the engine is closed again when that fails."""
+    parsers) with this server's limits; the engine is closed again when that fails.
+
+    A bundle built with speculative decoding (``speculative`` in its ``engine.json``) gets its
+    proposer; ``draft_model`` loads the draft bundle ``draft_dir`` next to it."""
     engine = engine_factory(bundle_dir, max_slots=config.max_batch_size)
+    closers: list[Callable[[], None]] = []
     try:
+        proposer = _proposer(config, engine_factory, bundle_dir, draft_dir, closers)
         tokenizer = load_tokenizer(bundle_dir)
         info = engine.info
         options = ServingOptions(
@@ -175,10 +186,47 @@ def build_serving(
             observer=observer,
             context_cache=_context_cache(config, bundle_id),
             prefill_chunk=_prefill_chunk(),
+            proposer=proposer,
+            closers=closers,
         )
     except BaseException:
         engine.close()
+        for close in closers:
+            close()
         raise
+
+
+def _proposer(
+    config: ServeConfig,
+    engine_factory: EngineFactory,
+    bundle_dir: Any,
+    draft_dir: Any,
+    closers: list[Callable[[], None]],
+) -> ProposerFactory | None:
+    """The speculative proposer of a bundle built with ``ngram`` or ``draft_model`` (None for
+    other bundles). The launch's ``--speculative-config`` options (lookup window, tokens per step)
+    apply when its method is the bundle's."""
+    from inference.runtime.registry import read_meta
+    from inference.speculative import proposer_factory
+
+    record = read_meta(bundle_dir).get("speculative")
+    if not isinstance(record, dict) or record.get("method") not in CHAIN_SPECULATIVE_METHODS:
+        return None
+    spec = config.speculative_config
+    options = dict(record)
+    steps: int | None = None
+    if spec is not None and spec.method == record["method"]:
+        options.update({k: v for k, v in spec.to_dict().items() if v is not None and k != "model"})
+        steps = config.effective_draft_step
+    draft = None
+    if record["method"] in METHODS_WITH_DRAFT_BUNDLE:
+        if draft_dir is None:
+            log.warning("bundle %s speculates with a draft model whose bundle is not ready here; "
+                        "decoding without speculation", bundle_dir)
+            return None
+        draft = engine_factory(draft_dir, max_slots=config.max_batch_size)
+        closers.append(draft.close)
+    return proposer_factory(options, num_speculative_tokens=steps, draft_engine=draft)
 
 
 def handle_factory(
@@ -189,7 +237,15 @@ def handle_factory(
 
     def build(ref: ModelRef) -> OpenAIServing:
         observer = metrics.serving.for_model(ref.name) if metrics is not None else None
-        return build_serving(config, factory, ref.bundle_dir, ref.bundle_id, name=ref.name, observer=observer)
+        return build_serving(
+            config,
+            factory,
+            ref.bundle_dir,
+            ref.bundle_id,
+            name=ref.name,
+            observer=observer,
+            draft_dir=ref.draft_bundle_dir,
+        )
 
     return build
 
@@ -493,7 +549,14 @@ def serve(
             config.context_cache_recurrent_snapshot_pool_bytes != 0,
         ),
         ("--draft-top-k", config.draft_top_k is not None),
-        ("--draft-step", config.draft_step is not None),
+        (
+            "--draft-step (only ngram and draft_model speculate in this version)",
+            config.draft_step is not None
+            and (
+                config.speculative_config is None
+                or config.speculative_config.method not in CHAIN_SPECULATIVE_METHODS
+            ),
+        ),
         ("--verify-tree-size", config.verify_tree_size is not None),
         ("--allowed-local-media-path", config.allowed_local_media_path is not None),
     ):

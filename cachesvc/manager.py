@@ -118,6 +118,23 @@ class BundleLease:
         self.release()
 
 
+class CombinedLease(BundleLease):
+    """A bundle's lease together with the leases of bundles loaded with it (a speculative
+    draft): one ``release`` lets go of all of them."""
+
+    def __init__(self, primary: BundleLease, *others: BundleLease) -> None:
+        super().__init__(primary._manager, primary.bundle, primary._lease)
+        self._others = others
+
+    def release(self) -> None:
+        """Release every lease (idempotent)."""
+        try:
+            super().release()
+        finally:
+            for other in self._others:
+                other.release()
+
+
 class CacheManager:
     """Prepare, lease, list, pin, verify, evict and reconcile engine bundles."""
 
@@ -492,6 +509,16 @@ class CacheManager:
     def get_bundle(self, bid: str) -> BundleInfo:
         """One bundle (NotFoundError when unknown)."""
         return self.catalog.require_bundle(bid)
+
+    def draft_bundle(self, info: BundleInfo) -> BundleInfo | None:
+        """The draft checkpoint's own bundle that ``info`` speculates with (``draft_model``), when
+        it is ready on this node; None for bundles without one or when it is missing."""
+        profile = dict(info.profile)
+        if profile.get("speculative_method") not in METHODS_WITH_DRAFT_BUNDLE or not info.draft_digest:
+            return None
+        options = BuildOptions(**{**profile, "speculative_method": None, "draft_digest": None})
+        draft = self.catalog.get_bundle(BundleKey.of(info.draft_digest, options).id)
+        return draft if draft is not None and draft.state == "ready" else None
 
     def bundle_dir(self, info: BundleInfo) -> Path:
         """Absolute directory of a bundle."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cachesvc.errors import NotFoundError
-from cachesvc.manager import BundleLease, CacheManager
+from cachesvc.manager import BundleLease, CacheManager, CombinedLease
 from cachesvc.records import AliasInfo, BundleInfo
 from inference.openai.errors import ModelNotFoundError
 from inference.openai.pool import ModelRef, not_found
@@ -119,6 +119,7 @@ class CatalogModels:
         except Exception:  # an unreadable engine.json fails at load with the real reason
             memory = int(info.size_bytes)
         profile = info.profile
+        draft = self.manager.draft_bundle(info)
         return ModelRef(
             name=name,
             bundle_id=info.id,
@@ -127,6 +128,7 @@ class CatalogModels:
             precision=str(profile.get("precision", "")),
             max_model_len=int(profile.get("max_kv_cache_capacity", 0) or 0),
             memory_bytes=memory,
+            draft_bundle_dir=self.manager.bundle_dir(draft) if draft is not None else None,
         )
 
     # -- listing -------------------------------------------------------------------------------
@@ -163,8 +165,15 @@ class CatalogModels:
     # -- leases and events ---------------------------------------------------------------------
 
     def lease(self, bundle_id: str) -> BundleLease:
-        """The bundle's shared lease (blocks eviction until the engine unloads)."""
-        return self.manager.lease(bundle_id)
+        """The bundle's shared lease (blocks eviction until the engine unloads), with its draft
+        bundle's when it speculates with one."""
+        lease = self.manager.lease(bundle_id)
+        try:
+            draft = self.manager.draft_bundle(lease.bundle)
+            return lease if draft is None else CombinedLease(lease, self.manager.lease(draft.id))
+        except BaseException:
+            lease.release()
+            raise
 
     def record(self, kind: str, bundle_id: str, detail: Mapping[str, Any]) -> None:
         """Append a load/unload event to the catalog's audit log."""

@@ -190,10 +190,16 @@ class ServingMetrics:
             "cachesvc_spec_decode_drafts", "Speculative verification steps.", ["model"], registry=registry
         )
         self._draft_tokens = Counter(
-            "cachesvc_spec_decode_draft_tokens", "Tokens proposed for verification.", ["model"], registry=registry
+            "cachesvc_spec_decode_draft_tokens",
+            "Tokens proposed for verification.",
+            ["model"],
+            registry=registry,
         )
         self._accepted = Counter(
-            "cachesvc_spec_decode_accepted_tokens", "Proposed tokens the target kept.", ["model"], registry=registry
+            "cachesvc_spec_decode_accepted_tokens",
+            "Proposed tokens the target kept.",
+            ["model"],
+            registry=registry,
         )
         self._emitted = Counter(
             "cachesvc_spec_decode_emitted_tokens",

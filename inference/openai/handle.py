@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ from inference.openai.tool_parsers import ToolParser, get_tool_parser
 from inference.runtime.protocol import Engine
 from inference.sampling import Sampler, SamplingParams
 from inference.scheduler import AsyncOutputStream, GenerationRequest, Scheduler, SchedulerObserver
+from inference.speculative import ProposerFactory
 from inference.tokenizer import Tokenizer
 
 __all__ = ["AUTO_PARSERS", "ModelHandle", "ServingObserver", "ServingOptions", "resolve_parsers"]
@@ -188,6 +189,8 @@ class ModelHandle:
         observer: ServingObserver | None = None,
         context_cache: PrefixStore | None = None,
         prefill_chunk: int = 256,
+        proposer: ProposerFactory | None = None,
+        closers: Sequence[Callable[[], None]] = (),
     ) -> None:
         """Build the scheduler; raise ValueError for an unknown or unsupported parser name.
 
@@ -214,7 +217,9 @@ class ModelHandle:
             observer=observer,
             context_cache=context_cache,
             prefill_chunk=prefill_chunk,
+            proposer=proposer,
         )
+        self._closers = tuple(closers)
         self._created = int(time.time())
         self._started = False
         self._draining = False
@@ -253,6 +258,14 @@ class ModelHandle:
         except TimeoutError:
             return False
         return True
+
+    def close_engine(self) -> None:
+        """Close the engine and what was loaded with it (a speculative draft engine)."""
+        try:
+            self.engine.close()
+        finally:
+            for close in self._closers:
+                close()
 
     async def stop(self) -> None:
         """Fail what is left and stop the scheduler thread (the engine itself is not closed).

@@ -55,6 +55,8 @@ class ModelRef:
     memory_bytes: int = 0
     #: Every name this bundle answers to (display only).
     names: tuple[str, ...] = ()
+    #: The draft bundle a ``draft_model`` speculative bundle loads next to it.
+    draft_bundle_dir: Path | None = None
 
 
 class Releasable(Protocol):
@@ -432,7 +434,7 @@ class ModelPool:
             try:
                 await serving.start()
             except BaseException:
-                await asyncio.to_thread(serving.engine.close)
+                await asyncio.to_thread(serving.close_engine)
                 raise
         except BaseException as exc:
             if lease is not None:
@@ -533,7 +535,7 @@ class ModelPool:
     async def _close(self, entry: _Entry, reason: str) -> None:
         try:
             await entry.serving.stop()
-            await asyncio.to_thread(entry.serving.engine.close)
+            await asyncio.to_thread(entry.serving.close_engine)
         finally:
             entry.lease.release()
             self._loaded.pop(entry.ref.bundle_id, None)
