@@ -97,6 +97,7 @@ class TrtEngine:
                     )
                 self._stream = cuda.Stream()
                 kv_type = np.dtype(trt.nptype(engine.get_tensor_dtype(self._past_names[0])))
+                self._kv_dtype = kv_type
                 self._kv_item = kv_type.itemsize
                 # One layer's K (or V) region holds a full-capacity sequence.
                 self._region = self._kv_heads * cap * self._head_dim * self._kv_item
@@ -347,6 +348,97 @@ class TrtEngine:
                 self._stream.synchronize()
             self._swap(slot)
         self._lengths[slot] = n
+
+    # --- context reuse (KVEngine) ------------------------------------------------------------
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one position takes over all layers (K and V, in the plan's KV type)."""
+        return len(self._past_names) * self._kv_heads * self._head_dim * self._kv_item
+
+    def _head(self, slot_base: int, j: int, h: int, length: int, pos: int) -> int:
+        """Device address of position ``pos`` of head ``h`` of layer tensor ``j`` in a slot
+        buffer packed for ``length`` positions."""
+        return slot_base + j * self._region + (h * length + pos) * self._head_dim * self._kv_item
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Make ``dst`` hold exactly the first ``n`` positions of ``src`` (device to device)."""
+        self._check_open()
+        self._check_slot(src)
+        self._check_slot(dst)
+        length = self._lengths[src]
+        if not 0 <= n <= length:
+            raise ValueError(f"slot {src} holds {length} positions, not {n}")
+        if src == dst:
+            self.truncate(src, n)
+            return
+        row = self._head_dim * self._kv_item
+        if n > 0:
+            with self._active():
+                for j in range(len(self._past_names)):
+                    for h in range(self._kv_heads):
+                        self._cuda.memcpy_dtod_async(
+                            self._head(int(self._slots[dst]), j, h, n, 0),
+                            self._head(int(self._slots[src]), j, h, length, 0),
+                            n * row,
+                            self._stream,
+                        )
+                self._stream.synchronize()
+        self._lengths[dst] = n
+
+    def export_kv(self, slot: int, start: int, n: int) -> np.ndarray:
+        """A host copy of positions ``[start, start + n)``: ``[2*layers, kv_heads, n, head_dim]``
+        in the plan's KV type."""
+        self._check_open()
+        self._check_slot(slot)
+        length = self._lengths[slot]
+        if start < 0 or n < 0 or start + n > length:
+            raise ValueError(f"slot {slot} holds {length} positions; cannot export [{start}, {start + n})")
+        out = np.empty((len(self._past_names), self._kv_heads, n, self._head_dim), dtype=self._kv_dtype)
+        if n > 0:
+            with self._active():
+                self._stream.synchronize()
+                for j in range(len(self._past_names)):
+                    for h in range(self._kv_heads):
+                        block = np.empty((n, self._head_dim), dtype=self._kv_dtype)
+                        self._cuda.memcpy_dtoh(block, self._head(int(self._slots[slot]), j, h, length, start))
+                        out[j, h] = block
+        return out
+
+    def import_kv(self, slot: int, start: int, kv: np.ndarray) -> None:
+        """Write ``kv`` (as from :meth:`export_kv`) at ``start`` (``<= slot_length``); the slot
+        then holds ``start + n``. The slot is repacked for its new length in the spare buffer."""
+        self._check_open()
+        self._check_slot(slot)
+        n = int(kv.shape[2]) if kv.ndim == 4 else -1
+        if kv.shape != (len(self._past_names), self._kv_heads, n, self._head_dim):
+            raise ValueError(f"KV block of shape {kv.shape} does not fit this engine")
+        length, cap = self._lengths[slot], self._info.max_kv_capacity
+        if not 0 <= start <= length or start + n > cap:
+            raise ValueError(
+                f"cannot import {n} positions at {start} into slot {slot} holding {length} (capacity {cap})"
+            )
+        block = np.ascontiguousarray(kv, dtype=self._kv_dtype)
+        total, row = start + n, self._head_dim * self._kv_item
+        src_base, dst_base = int(self._slots[slot]), int(self._spare)
+        with self._active():
+            for j in range(len(self._past_names)):
+                for h in range(self._kv_heads):
+                    if start > 0:
+                        self._cuda.memcpy_dtod_async(
+                            self._head(dst_base, j, h, total, 0),
+                            self._head(src_base, j, h, length, 0),
+                            start * row,
+                            self._stream,
+                        )
+            self._stream.synchronize()
+            for j in range(len(self._past_names)):
+                for h in range(self._kv_heads):
+                    if n > 0:
+                        self._cuda.memcpy_htod(
+                            self._head(dst_base, j, h, total, start), np.ascontiguousarray(block[j, h])
+                        )
+        self._swap(slot)
+        self._lengths[slot] = total
 
     def _gather(self, slots: Sequence[int], lengths: list[int], longest: int) -> None:
         """Copy each slot's K/V into row b of the batch past buffer, left-padded to ``longest``."""

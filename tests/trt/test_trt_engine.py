@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inference.runtime import Engine, EngineLoadError, load_engine
+from inference.runtime import Engine, EngineLoadError, KVEngine, load_engine
 
 SHAPES = {"max_input_len": 8, "max_batch_size": 2, "max_kv_cache_capacity": 64}
 PROMPTS = ([5, 17, 99, 3, 42, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [31, 4, 250])
@@ -225,10 +225,13 @@ def test_a_damaged_plan_is_refused_and_leaves_nothing_behind(
     assert _fake_gpu.live_bytes() == before
 
 
-def test_extend_and_truncate_match_the_cpu_engine(pair: Callable[..., tuple[Engine, Engine, Path]]) -> None:
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_extend_and_truncate_match_the_cpu_engine(
+    family: str, pair: Callable[..., tuple[Engine, Engine, Path]]
+) -> None:
     """Speculative verification on TensorRT: every appended position's logits, and a slot cut
     back after a rejected draft (heads repacked) goes on exactly as the CPU engine's."""
-    cpu, gpu, _ = pair("llama")
+    cpu, gpu, _ = pair(family)
     for engine in (cpu, gpu):
         engine.prefill(0, PROMPTS[0])
         engine.prefill(1, PROMPTS[0])
@@ -244,3 +247,39 @@ def test_extend_and_truncate_match_the_cpu_engine(pair: Callable[..., tuple[Engi
     rows = gpu.decode([0, 1], [40, 40])
     np.testing.assert_allclose(rows[0], rows[1], atol=1e-5, rtol=0)
     np.testing.assert_allclose(rows, cpu.decode([0, 1], [40, 40]), atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_context_reuse_operations_match_the_cpu_engine(
+    family: str, pair: Callable[..., tuple[Engine, Engine, Path]]
+) -> None:
+    """copy_prefix, export_kv and import_kv (what context reuse and n choices use) on device
+    memory: slots rebuilt from shared or saved KV decode exactly like the slot they came from."""
+    cpu, gpu, _ = pair(family)
+    assert isinstance(gpu, KVEngine) and isinstance(cpu, KVEngine)
+    assert gpu.kv_bytes_per_token == cpu.kv_bytes_per_token  # an fp32 plan keeps fp32 KV
+    n = len(PROMPTS[0])
+    for engine in (cpu, gpu):
+        engine.prefill(0, PROMPTS[0])
+        engine.copy_prefix(0, 1, n - 4)  # share all but the last 4 prompt tokens
+        engine.prefill(1, PROMPTS[0][n - 4 :])
+    assert gpu.slot_length(1) == n
+    rows = gpu.decode([0, 1], [40, 40])
+    np.testing.assert_allclose(rows[0], rows[1], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(rows, cpu.decode([0, 1], [40, 40]), atol=2e-4, rtol=1e-4)
+    for engine in (cpu, gpu):
+        saved = engine.export_kv(0, 5, 10)  # positions 5..14 of slot 0
+        assert saved.shape[2] == 10
+        engine.truncate(1, 5)
+        engine.import_kv(1, 5, saved)  # slot 1 = positions 0..14 of slot 0
+        engine.truncate(0, 15)
+    assert gpu.slot_length(1) == 15
+    rows = gpu.decode([0, 1], [41, 41])
+    np.testing.assert_allclose(rows[0], rows[1], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(rows, cpu.decode([0, 1], [41, 41]), atol=2e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="cannot export"):
+        gpu.export_kv(0, 10, 99)
+    with pytest.raises(ValueError, match="does not fit"):
+        gpu.import_kv(1, 0, np.zeros((1, 2, 3, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match="cannot import"):
+        gpu.import_kv(1, gpu.slot_length(1) + 1, gpu.export_kv(0, 0, 2))
