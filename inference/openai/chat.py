@@ -8,6 +8,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -43,13 +44,30 @@ from inference.openai.protocol import (
     DeltaMessage,
     DeltaToolCall,
     FunctionCall,
+    NamedToolChoice,
     ResponseMessage,
     ToolCall,
     TopLogprobEntry,
 )
-from inference.openai.tool_parsers import ToolCallEvent, ToolParser
+from inference.openai.tool_parsers import (
+    TOOL_PARSERS,
+    ToolCallEvent,
+    ToolParser,
+    ToolStream,
+    forced_call_stream,
+)
 
 __all__ = ["ChatEndpoints"]
+
+
+@dataclass(frozen=True)
+class _ToolPlan:
+    """What a request does with tools: the template's tools, the output's parser, forcing."""
+
+    tools: list[dict[str, Any]] | None
+    parser: ToolParser | None
+    forced: bool = False  # a grammar forces tool calls (named tool_choice or "required")
+    name: str | None = None  # the one function a named tool_choice forces
 
 
 class ChatEndpoints(ModelHandle):
@@ -131,33 +149,56 @@ class ChatEndpoints(ModelHandle):
             out.append(msg)
         return out
 
-    def _tool_setup(self, req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None, bool]:
-        """Return (tools for the template, whether to parse tool calls)."""
+    def _tool_setup(self, req: ChatCompletionRequest) -> _ToolPlan:
+        """Tools for the template, the parser of the output, and whether a call is forced.
+
+        As in vLLM, a named ``tool_choice`` and ``required`` are enforced by a grammar and need
+        no ``--enable-auto-tool-choice``; without a configured parser the forced call is written
+        (and parsed) in the ``generic`` JSON format.
+        """
         tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
         choice = req.tool_choice
         if choice is None:
             choice = "auto" if tools else "none"
-        if not isinstance(choice, str):
-            raise InvalidRequestError(
-                "a named tool_choice is not supported (output cannot be constrained); "
-                "use 'auto' or 'required'",
-                param="tool_choice",
-            )
+        if isinstance(choice, NamedToolChoice):
+            if not tools:
+                raise InvalidRequestError("a named tool_choice needs tools", param="tool_choice")
+            parser = self._tools or TOOL_PARSERS["generic"]
+            return _ToolPlan(tools, parser, forced=True, name=choice.function.name)
         if choice not in ("none", "auto", "required"):
             raise InvalidRequestError(
-                f"tool_choice must be 'none', 'auto' or 'required'; got {choice!r}", param="tool_choice"
+                f"tool_choice must be 'none', 'auto', 'required' or a named function; got {choice!r}",
+                param="tool_choice",
             )
         if choice == "none":
-            return tools, False
+            return _ToolPlan(tools, None)
         if not tools:
             raise InvalidRequestError(f"tool_choice={choice!r} needs tools", param="tool_choice")
+        if choice == "required":
+            return _ToolPlan(tools, self._tools or TOOL_PARSERS["generic"], forced=True)
         if not self.options.enable_auto_tool_choice or self._tools is None:
             raise InvalidRequestError(
                 f"tool_choice={choice!r} needs the server to run with --enable-auto-tool-choice and a "
                 f"--tool-call-parser (this one: {self.tool_call_parser_name})",
                 param="tool_choice",
             )
-        return tools, True
+        return _ToolPlan(tools, self._tools)
+
+    async def _output_grammar(self, req: ChatCompletionRequest, plan: _ToolPlan) -> str | None:
+        """The grammar the output must follow: a forced tool call, or ``response_format``."""
+        if not plan.forced or plan.parser is None:
+            return await self._response_format_grammar(req.response_format)
+        if req.response_format is not None and req.response_format.type != "text":
+            raise InvalidRequestError(
+                "response_format cannot constrain the output when tool_choice forces a tool call",
+                param="response_format",
+            )
+        tools, fmt, name = plan.tools or [], plan.parser.name, plan.name
+        parallel = name is None and req.parallel_tool_calls is not False
+        grammar: str = await self._compile(
+            lambda: self._grammars.tool_call_grammar(tools, call_format=fmt, name=name, parallel=parallel)
+        )
+        return grammar
 
     async def create_chat_completion(
         self, req: ChatCompletionRequest
@@ -165,11 +206,6 @@ class ChatEndpoints(ModelHandle):
         """``POST /v1/chat/completions``: a response, or an iterator of SSE data strings."""
         self.check_admitting()
         self._check_model(req.model)
-        if req.response_format is not None and req.response_format.type != "text":
-            raise InvalidRequestError(
-                f"response_format {req.response_format.type!r} is not supported; only 'text'",
-                param="response_format",
-            )
         if (
             req.max_tokens is not None
             and req.max_completion_tokens is not None
@@ -201,7 +237,9 @@ class ChatEndpoints(ModelHandle):
             )
         self._check_chat_size(req.messages)
         messages = self._chat_messages(req.messages)
-        tools, parse_tools = self._tool_setup(req)
+        tool_plan = self._tool_setup(req)
+        tools = tool_plan.tools
+        grammar = await self._output_grammar(req, tool_plan)
 
         def render() -> str:
             return self.tokenizer.apply_chat_template(
@@ -220,11 +258,10 @@ class ChatEndpoints(ModelHandle):
             top_logprobs=top,
         )
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        tool_parser = self._tools if parse_tools else None
-        run = self._submit(plan)
+        run = self._submit(plan, await self._constraint(grammar))
         if plan.stream:
             first = await self._first(run)
-            stream = self._chat_stream(run, first, plan, rid, created, req.model, tool_parser, tools or [])
+            stream = self._chat_stream(run, first, plan, rid, created, req.model, tool_plan)
             return _closing(run, stream)
         text, lps, last = await self._collect(run)
         reasoning: str | None = None
@@ -232,8 +269,16 @@ class ChatEndpoints(ModelHandle):
         if self._reasoning is not None:
             reasoning, content = self._reasoning.extract(text, prompt)
         calls: list[ToolCall] = []
-        if tool_parser is not None and content is not None:
-            content, parsed = tool_parser.extract(content, tools or [])
+        if tool_plan.forced and tool_plan.parser is not None and content is not None:
+            forced = forced_call_stream(tool_plan.parser, tools or [])
+            rest = forced.feed(content)[0] + forced.finish()[0]
+            parsed = forced.calls
+            content = None if parsed and not rest.strip() else content
+            calls = [
+                ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in parsed
+            ]
+        elif tool_plan.parser is not None and content is not None:
+            content, parsed = tool_plan.parser.extract(content, tools or [])
             calls = [
                 ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in parsed
             ]
@@ -259,15 +304,18 @@ class ChatEndpoints(ModelHandle):
         rid: str,
         created: int,
         model: str,
-        tool_parser: ToolParser | None,
-        tools: list[dict[str, Any]],
+        tool_plan: _ToolPlan,
     ) -> AsyncIterator[str]:
         def chunk(delta: DeltaMessage, finish: str | None = None, lps: ChatLogprobs | None = None) -> str:
             choice = ChatCompletionStreamChoice(index=0, delta=delta, finish_reason=finish, logprobs=lps)
             return _json(ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[choice]))
 
         reasoning = self._reasoning.stream(plan.prompt_text) if self._reasoning is not None else None
-        tool_stream = tool_parser.stream(tools) if tool_parser is not None else None
+        tool_stream: ToolStream | None = None
+        if tool_plan.parser is not None:
+            tools = tool_plan.tools or []
+            maker = forced_call_stream if tool_plan.forced else ToolParser.stream
+            tool_stream = maker(tool_plan.parser, tools)
         called = False
 
         def split(text: str, final: bool) -> tuple[str, str, list[ToolCallEvent]]:

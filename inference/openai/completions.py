@@ -81,6 +81,7 @@ class CompletionEndpoints(ModelHandle):
             raise InvalidRequestError("only best_of=1 is supported", param="best_of")
         if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
+        grammar = await self._response_format_grammar(req.response_format)
         ids, text = await self._completion_prompt(req)
         plan = self._plan(
             req,
@@ -92,7 +93,7 @@ class CompletionEndpoints(ModelHandle):
             top_logprobs=req.logprobs,
         )
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        run = self._submit(plan)
+        run = self._submit(plan, await self._constraint(grammar))
         if plan.stream:
             first = await self._first(run)
             return _closing(run, self._completion_stream(run, first, plan, rid, created, req.model))

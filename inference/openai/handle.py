@@ -32,6 +32,7 @@ from inference.openai.protocol import (
     CompletionRequest,
     ModelCard,
     ModelList,
+    ResponseFormat,
     Usage,
 )
 from inference.openai.reasoning import ReasoningParser, get_reasoning_parser
@@ -39,6 +40,7 @@ from inference.openai.tool_parsers import ToolParser, get_tool_parser
 from inference.runtime.protocol import Engine
 from inference.sampling import Sampler, SamplingParams
 from inference.scheduler import AsyncOutputStream, GenerationRequest, Scheduler, SchedulerObserver
+from inference.structured import GrammarCompiler, StructuredOutputError, TokenConstraint
 from inference.tokenizer import Tokenizer
 
 __all__ = ["AUTO_PARSERS", "ModelHandle", "ServingObserver", "ServingOptions", "resolve_parsers"]
@@ -202,6 +204,7 @@ class ModelHandle:
         # Ids the engine can emit but the tokenizer cannot decode (embedding padding) are out.
         self._vocab_size = min(engine.info.vocab_size, tokenizer.vocab_size)
         self._eos_ids = tuple(dict.fromkeys((*tokenizer.eos_token_ids, *engine.info.eos_token_ids)))
+        self._grammars = GrammarCompiler(tokenizer, self._vocab_size, self._eos_ids)
         self._scheduler = Scheduler(
             engine,
             max_batch_size=options.max_batch_size,
@@ -439,7 +442,43 @@ class ModelHandle:
             cache_prompt=req.cache_prompt,
         )
 
-    def _submit(self, plan: _Plan) -> _Run:
+    async def _response_format_grammar(self, fmt: ResponseFormat | None) -> str | None:
+        """The grammar ``response_format`` asks for (None for plain text); 400 when it is bad."""
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return await self._compile(self._grammars.json_object_grammar)
+        if fmt.type != "json_schema":
+            raise InvalidRequestError(
+                f"response_format.type must be 'text', 'json_object' or 'json_schema'; got {fmt.type!r}",
+                param="response_format.type",
+            )
+        spec = fmt.json_schema
+        if spec is None or spec.schema is None:
+            raise InvalidRequestError(
+                "response_format of type 'json_schema' needs json_schema.schema",
+                param="response_format.json_schema" + (".schema" if spec is not None else ""),
+            )
+        schema = spec.schema
+        return await self._compile(
+            lambda: self._grammars.json_schema_grammar(schema, param="response_format.json_schema.schema")
+        )
+
+    async def _compile(self, make: Any) -> Any:
+        """Run a grammar step off the event loop; turn its complaint into a 400 naming the field."""
+        try:
+            return await asyncio.to_thread(make)
+        except StructuredOutputError as exc:
+            raise InvalidRequestError(str(exc), param=exc.param) from None
+
+    async def _constraint(self, grammar: str | None) -> TokenConstraint | None:
+        """A request's own matcher for ``grammar`` (its first mask starts filling at once)."""
+        if grammar is None:
+            return None
+        constraint: TokenConstraint = await self._compile(lambda: self._grammars.constraint(grammar))
+        return constraint
+
+    def _submit(self, plan: _Plan, constraint: TokenConstraint | None = None) -> _Run:
         self.check_admitting()
         state = GenerationState(
             self.tokenizer,
@@ -451,7 +490,7 @@ class ModelHandle:
             want_logprobs=plan.want_logprobs,
         )
         sink = AsyncOutputStream(asyncio.get_running_loop())
-        sampler = Sampler(plan.params, self._vocab_size)
+        sampler = Sampler(plan.params, self._vocab_size, constraint)
         greq = GenerationRequest(plan.prompt_ids, sampler, state, sink, cache_prompt=plan.cache_prompt)
         try:
             self._scheduler.submit(greq)
