@@ -252,15 +252,26 @@ class GrammarCompiler:
         if call_format == "generic":
             top = 'start: "[" call (", " call)* "]"' if parallel else "start: call"
         else:
-            if call_format == "hermes":
-                rules.append('tagged: "<tool_call>\\n" call "\\n</tool_call>"')
-            else:
-                rules.append('tagged: "<tool_call>\\n" call "</tool_call>"')
+            before = '"\\n"' if call_format == "hermes" else ""
+            rules.append(
+                f'tagged: {self._literal("<tool_call>")} "\\n" call {before} {self._literal("</tool_call>")}'
+            )
             top = 'start: tagged ("\\n" tagged)*' if parallel else "start: tagged"
         lark = "\n".join([top, *rules]) + "\n"
         grammar = llguidance.LLMatcher.grammar_from_lark(lark)
         self._validate(grammar, param, what="tool-call grammar")
         return grammar
+
+    def _literal(self, text: str) -> str:
+        """A Lark term for markup text: the added token that spells it, when there is one.
+
+        llguidance treats every added token as special (its bytes are not its text), so markup
+        such as ``<tool_call>`` must be named as the token, which is also what the model emits.
+        """
+        token_id = self._tokenizer.token_to_id(text)
+        if token_id is not None and self.ll_tokenizer.is_special_token(token_id):
+            return f"<[{token_id}]>"
+        return _lark_string(text)
 
     def _validate(self, grammar: str, param: str, *, what: str) -> None:
         error = llguidance.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
