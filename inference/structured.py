@@ -90,7 +90,8 @@ class TokenConstraint:
     """One request's grammar state: the mask of the next token, commits, completion.
 
     Not thread-safe for callers (one sampler owns it); internally a mask fill may be in flight
-    in a worker thread between :meth:`commit` and the next :meth:`allowed`.
+    in a worker thread between :meth:`commit` and the next :meth:`allowed`, and nothing else
+    touches the matcher meanwhile (llguidance refuses concurrent use).
     """
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, words: int) -> None:
@@ -99,6 +100,8 @@ class TokenConstraint:
         self._vocab = vocab_size
         self._bits = np.zeros((1, words), dtype=np.int32)
         self._pending: Future[float] | None = None
+        self._done = False
+        self._error: str | None = None
         self.stats = ConstraintStats()
         self._start_fill()
 
@@ -114,12 +117,12 @@ class TokenConstraint:
     @property
     def done(self) -> bool:
         """True once the grammar is complete: nothing but the end of the sequence may follow."""
-        return bool(self._matcher.is_stopped())
+        return self._done
 
     @property
     def error(self) -> str | None:
         """The matcher's error (a token outside the grammar was committed), else None."""
-        return str(self._matcher.get_error()) if self._matcher.is_error() else None
+        return self._error
 
     def allowed(self) -> np.ndarray:
         """Boolean array ``[vocab_size]``: which tokens may come next."""
@@ -139,8 +142,12 @@ class TokenConstraint:
             self.stats.fill_seconds += self._pending.result()
             self._pending = None
         self.stats.tokens += 1
-        self._matcher.consume_token(token_id)
-        if not self._matcher.is_stopped() and not self._matcher.is_error():
+        matcher = self._matcher
+        matcher.consume_token(token_id)
+        # Read the state now: once the next fill runs, the matcher is busy in the worker.
+        self._done = bool(matcher.is_stopped())
+        self._error = str(matcher.get_error()) if matcher.is_error() else None
+        if not self._done and self._error is None:
             self._start_fill()
 
     def close(self) -> None:
