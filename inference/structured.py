@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,6 +48,9 @@ CALL_FORMATS = ("hermes", "qwen3_xml", "generic")
 # JSON is written as the models write it (one space after ':' and ','), but at most one space:
 # free whitespace lets a small model at temperature 1 pad until it runs out of tokens.
 _JSON_OPTIONS: dict[str, Any] = {"whitespace_pattern": " ?"}
+
+#: Validated grammars remembered per model.
+_VALID_GRAMMARS = 256
 
 # Mask fills run here, off the scheduler thread; llguidance releases the GIL while it works.
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="grammar-mask")
@@ -167,6 +171,7 @@ class GrammarCompiler:
         self._eos = list(dict.fromkeys(eos_token_ids))
         self._lock = threading.Lock()
         self._ll: llguidance.LLTokenizer | None = None
+        self._valid: OrderedDict[str, None] = OrderedDict()
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -281,9 +286,18 @@ class GrammarCompiler:
         return _lark_string(text)
 
     def _validate(self, grammar: str, param: str, *, what: str) -> None:
+        # Clients repeat their schemas: remember the grammars that passed (bounded, LRU).
+        with self._lock:
+            if grammar in self._valid:
+                self._valid.move_to_end(grammar)
+                return
         error = llguidance.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
         if error:
             raise StructuredOutputError(f"{param}: the {what} cannot be enforced: {error}", param)
+        with self._lock:
+            self._valid[grammar] = None
+            while len(self._valid) > _VALID_GRAMMARS:
+                self._valid.popitem(last=False)
 
     # -- per request -----------------------------------------------------------------------------
 
