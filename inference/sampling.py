@@ -4,8 +4,9 @@ Order per step: penalties (over the tokens generated so far) and ``logit_bias`` 
 logits; temperature 0 takes the argmax of those; otherwise temperature, top-k and top-p shape
 the distribution and a per-request ``numpy.random.Generator`` (seeded from ``seed`` when given)
 draws the token, so one seed gives one output. A structured-output constraint
-(:class:`~inference.structured.TokenConstraint`) sets every token its grammar forbids to -inf
-before any of that, and learns the chosen token right after. Reported logprobs are the model's own
+(:class:`~inference.structured.TokenConstraint`) removes every token its grammar forbids (as if
+its logit were -inf) before temperature, top-k and top-p, and learns the chosen token right after.
+Reported logprobs are the model's own
 distribution (log-softmax of the raw logits), as OpenAI and vLLM report them.
 """
 
@@ -189,12 +190,20 @@ class Sampler:
             x = apply_penalties(x, self._counts, p.frequency_penalty, p.presence_penalty)
         x = apply_logit_bias(x, p.logit_bias)
         done = False
+        cand: np.ndarray | None = None
         if self.constraint is not None:
-            allowed = self.constraint.allowed()
-            x = np.where(allowed, x, np.float32(-np.inf))
-            if not np.isfinite(x).any():  # the bias removed every allowed token: ignore it
-                x = np.where(allowed, raw, np.float32(-np.inf))
+            # Sample among the allowed tokens only: the same distribution as setting the others
+            # to -inf, without exp() over a vocabulary of -inf (slow, see _draw).
+            cand = np.flatnonzero(self.constraint.allowed())
+            if cand.size:
+                x = x[cand]
+                if not np.isfinite(x).any():  # logit_bias removed every allowed token: drop it
+                    x = raw[cand]
+            else:  # an errored matcher allows nothing; never stall the sequence on it
+                cand = None
         token = int(np.argmax(x)) if p.temperature <= 0.0 else self._draw(x)
+        if cand is not None:
+            token = int(cand[token])
         if self.constraint is not None:
             self.constraint.commit(token)
             done = self.constraint.done
