@@ -6,8 +6,8 @@ the distribution and a per-request ``numpy.random.Generator`` (seeded from ``see
 draws the token, so one seed gives one output. A structured-output constraint
 (:class:`~inference.structured.TokenConstraint`) removes every token its grammar forbids (as if
 its logit were -inf) before temperature, top-k and top-p, and learns the chosen token right after.
-Reported logprobs are the model's own
-distribution (log-softmax of the raw logits), as OpenAI and vLLM report them.
+Reported logprobs are the model's own distribution (log-softmax of the raw logits), as OpenAI
+and vLLM report them.
 """
 
 from __future__ import annotations
