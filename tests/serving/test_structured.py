@@ -301,3 +301,25 @@ async def test_http_forced_tool_calls_stream_arguments_in_pieces(tokenizer: Toke
             args = "".join(p["function"].get("arguments", "") for p in parts)
             assert len(parts) > 2, "arguments come piece by piece"
             jsonschema.validate(json.loads(args), schemas[parts[0]["function"]["name"]])
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (5, 1.0), (0, 0.5)])
+def test_sampled_tokens_stay_in_the_grammar(
+    tokenizer: Tokenizer, compiler: GrammarCompiler, top_k: int, top_p: float
+) -> None:
+    grammar = compiler.json_schema_grammar(ORDER, param="response_format")
+    rng = np.random.default_rng(0)
+    for seed in range(8):
+        params = SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p, seed=seed)
+        sampler = Sampler(params, tokenizer.vocab_size, compiler.constraint(grammar))
+        eos = tokenizer.eos_token_ids
+        state = GenerationState(tokenizer, prompt_ids=[1], max_new_tokens=400, eos_token_ids=eos)
+        text = ""
+        while True:
+            logits = (rng.standard_normal(tokenizer.vocab_size) * 4).astype(np.float32)
+            out = state.push(sampler.sample(logits))
+            text += out.text
+            if out.finished:
+                break
+        assert out.finish_reason == "stop", text
+        jsonschema.validate(json.loads(text), ORDER)
