@@ -4,6 +4,9 @@ Like the reasoning parsers, each one is a stream (content deltas in; content tex
 tool-call events out), and the non-streamed result is the stream run over the whole text.
 A call is reported once it is complete: first an event with its id and name, then one with its
 arguments (a JSON string). Text that looks like a call but does not parse stays content.
+Output that a grammar forced into a parser's format (``tool_choice`` named or ``required``, see
+``inference.structured``) is split by :func:`forced_call_stream` instead, which reports the
+header as soon as the name is known and then the arguments piece by piece.
 
 - ``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, any number of them.
 - ``qwen3_xml``: ``<tool_call><function=NAME><parameter=P>VALUE</parameter></function></tool_call>``;
