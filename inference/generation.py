@@ -215,12 +215,12 @@ class GenerationState:
         text, stopped = self._stops.feed(self._detok.push(token))
         if stopped:
             self.finish_reason = "stop"
-        elif self.completion_tokens >= self.max_new_tokens:
+        elif sample.grammar_done or self.completion_tokens >= self.max_new_tokens:
             more, stopped = self._stops.feed(self._detok.flush())
             text += more
             if not stopped:
                 text += self._stops.flush()
-            self.finish_reason = "stop" if stopped else "length"
+            self.finish_reason = "stop" if stopped or sample.grammar_done else "length"
         return self._out(text, (token,), lps)
 
     def finish_length(self) -> StepOutput:

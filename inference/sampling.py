@@ -3,16 +3,23 @@
 Order per step: penalties (over the tokens generated so far) and ``logit_bias`` change the
 logits; temperature 0 takes the argmax of those; otherwise temperature, top-k and top-p shape
 the distribution and a per-request ``numpy.random.Generator`` (seeded from ``seed`` when given)
-draws the token, so one seed gives one output. Reported logprobs are the model's own
-distribution (log-softmax of the raw logits), as OpenAI and vLLM report them.
+draws the token, so one seed gives one output. A structured-output constraint
+(:class:`~inference.structured.TokenConstraint`) removes every token its grammar forbids (as if
+its logit were -inf) before temperature, top-k and top-p, and learns the chosen token right after.
+Reported logprobs are the model's own distribution (log-softmax of the raw logits), as OpenAI
+and vLLM report them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from inference.structured import TokenConstraint
 
 __all__ = [
     "SampleResult",
@@ -49,6 +56,8 @@ class SampleResult:
     token_id: int
     logprob: float | None = None
     top: tuple[tuple[int, float], ...] = ()
+    # The request's grammar is complete with this token: the sequence ends here.
+    grammar_done: bool = False
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -136,14 +145,18 @@ def top_p_mask(logits: np.ndarray, p: float) -> np.ndarray:
 class Sampler:
     """Per-request sampling state: RNG and the counts of generated tokens (for penalties)."""
 
-    def __init__(self, params: SamplingParams, vocab_size: int) -> None:
+    def __init__(
+        self, params: SamplingParams, vocab_size: int, constraint: TokenConstraint | None = None
+    ) -> None:
         """Create the sampler for tokens ``[0, vocab_size)``.
 
         Wider logits are cut to ``vocab_size``: engines pad their embedding beyond what the
-        tokenizer can decode, and those ids must never be sampled.
+        tokenizer can decode, and those ids must never be sampled. ``constraint``: only tokens
+        its grammar allows are sampled.
         """
         self.params = params
         self.vocab_size = vocab_size
+        self.constraint = constraint
         self._rng = np.random.default_rng(params.seed)
         self._counts = np.zeros(vocab_size, dtype=np.float32)
         self._penalised = params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
@@ -217,7 +230,20 @@ class Sampler:
     def sample(self, logits: np.ndarray) -> SampleResult:
         """Choose the next token from one row of logits ``[>= vocab_size]``."""
         raw, x = self._processed(logits)
+        cand: np.ndarray | None = None
+        if self.constraint is not None:
+            # Sample among the allowed tokens only: the same distribution as setting the others
+            # to -inf, without exp() over a vocabulary of -inf (slow, see _draw).
+            cand = np.flatnonzero(self.constraint.allowed())
+            if cand.size:
+                x = x[cand]
+                if not np.isfinite(x).any():  # logit_bias removed every allowed token: drop it
+                    x = raw[cand]
+            else:  # an errored matcher allows nothing; never stall the sequence on it
+                cand = None
         token = int(np.argmax(x)) if self.greedy else self._draw(x)
+        if cand is not None:
+            token = int(cand[token])
         return self._result(raw, token)
 
     def accept(self, logits: np.ndarray, token_id: int) -> SampleResult:
@@ -228,9 +254,13 @@ class Sampler:
 
     def _result(self, raw: np.ndarray, token: int) -> SampleResult:
         p = self.params
+        done = False
+        if self.constraint is not None:
+            self.constraint.commit(token)
+            done = self.constraint.done
         self._counts[token] += 1
         if p.top_logprobs is None:
-            return SampleResult(token)
+            return SampleResult(token, grammar_done=done)
         m = float(np.max(raw))
         lse = m + float(np.log(np.sum(np.exp(raw - m), dtype=np.float64)))
         top: tuple[tuple[int, float], ...] = ()
@@ -240,4 +270,4 @@ class Sampler:
                 idx = np.arange(raw.shape[0])
             idx = idx[np.argsort(-raw[idx], kind="stable")]
             top = tuple((int(i), float(raw[i]) - lse) for i in idx)
-        return SampleResult(token, float(raw[token]) - lse, top)
+        return SampleResult(token, float(raw[token]) - lse, top, grammar_done=done)

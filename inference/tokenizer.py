@@ -163,6 +163,10 @@ class Tokenizer:
         vocab = self._tok.get_vocab(with_added_tokens=True)
         return max((len(piece) for piece in vocab), default=1) or 1
 
+    def backend_json(self) -> str:
+        """The ``tokenizer.json`` text of the backend (for libraries that build their own view)."""
+        return str(self._tok.to_str())
+
     # -- text <-> ids ------------------------------------------------------------------------
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:

@@ -45,12 +45,20 @@ from inference.openai.protocol import (
     DeltaMessage,
     DeltaToolCall,
     FunctionCall,
+    NamedToolChoice,
     ResponseMessage,
     ToolCall,
     TopLogprobEntry,
     Usage,
 )
-from inference.openai.tool_parsers import ParsedToolCall, ToolCallEvent, ToolParser
+from inference.openai.tool_parsers import (
+    TOOL_PARSERS,
+    ParsedToolCall,
+    ToolCallEvent,
+    ToolParser,
+    ToolStream,
+    forced_call_stream,
+)
 
 __all__ = ["ChatDelta", "ChatEndpoints", "ChatResult", "ChatTurn"]
 
@@ -64,6 +72,8 @@ class ChatTurn:
     tools: list[dict[str, Any]]
     tool_parser: ToolParser | None
     runs: list[_Run]
+    #: A grammar forces tool calls (named ``tool_choice`` or ``required``): parse them as such.
+    forced: bool = False
     #: Streamed turns: every choice's first output (awaited before the answer starts).
     firsts: list[StepOutput] | None = None
     #: Streamed turns: set when every choice has ended.
@@ -97,6 +107,16 @@ class ChatDelta:
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: str | None = None
     stop_string: str | None = None
+
+
+@dataclass(frozen=True)
+class _ToolPlan:
+    """What a request does with tools: the template's tools, the output's parser, forcing."""
+
+    tools: list[dict[str, Any]] | None
+    parser: ToolParser | None
+    forced: bool = False  # a grammar forces tool calls (named tool_choice or "required")
+    name: str | None = None  # the one function a named tool_choice forces
 
 
 class ChatEndpoints(ModelHandle):
@@ -178,33 +198,56 @@ class ChatEndpoints(ModelHandle):
             out.append(msg)
         return out
 
-    def _tool_setup(self, req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None, bool]:
-        """Return (tools for the template, whether to parse tool calls)."""
+    def _tool_setup(self, req: ChatCompletionRequest) -> _ToolPlan:
+        """Tools for the template, the parser of the output, and whether a call is forced.
+
+        As in vLLM, a named ``tool_choice`` and ``required`` are enforced by a grammar and need
+        no ``--enable-auto-tool-choice``; without a configured parser the forced call is written
+        (and parsed) in the ``generic`` JSON format.
+        """
         tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
         choice = req.tool_choice
         if choice is None:
             choice = "auto" if tools else "none"
-        if not isinstance(choice, str):
-            raise InvalidRequestError(
-                "a named tool_choice is not supported (output cannot be constrained); "
-                "use 'auto' or 'required'",
-                param="tool_choice",
-            )
+        if isinstance(choice, NamedToolChoice):
+            if not tools:
+                raise InvalidRequestError("a named tool_choice needs tools", param="tool_choice")
+            parser = self._tools or TOOL_PARSERS["generic"]
+            return _ToolPlan(tools, parser, forced=True, name=choice.function.name)
         if choice not in ("none", "auto", "required"):
             raise InvalidRequestError(
-                f"tool_choice must be 'none', 'auto' or 'required'; got {choice!r}", param="tool_choice"
+                f"tool_choice must be 'none', 'auto', 'required' or a named function; got {choice!r}",
+                param="tool_choice",
             )
         if choice == "none":
-            return tools, False
+            return _ToolPlan(tools, None)
         if not tools:
             raise InvalidRequestError(f"tool_choice={choice!r} needs tools", param="tool_choice")
+        if choice == "required":
+            return _ToolPlan(tools, self._tools or TOOL_PARSERS["generic"], forced=True)
         if not self.options.enable_auto_tool_choice or self._tools is None:
             raise InvalidRequestError(
                 f"tool_choice={choice!r} needs the server to run with --enable-auto-tool-choice and a "
                 f"--tool-call-parser (this one: {self.tool_call_parser_name})",
                 param="tool_choice",
             )
-        return tools, True
+        return _ToolPlan(tools, self._tools)
+
+    async def _output_grammar(self, req: ChatCompletionRequest, plan: _ToolPlan) -> str | None:
+        """The grammar the output must follow: a forced tool call, or ``response_format``."""
+        if not plan.forced or plan.parser is None:
+            return await self._response_format_grammar(req.response_format)
+        if req.response_format is not None and req.response_format.type != "text":
+            raise InvalidRequestError(
+                "response_format cannot constrain the output when tool_choice forces a tool call",
+                param="response_format",
+            )
+        tools, fmt, name = plan.tools or [], plan.parser.name, plan.name
+        parallel = name is None and req.parallel_tool_calls is not False
+        grammar: str = await self._compile(
+            lambda: self._grammars.tool_call_grammar(tools, call_format=fmt, name=name, parallel=parallel)
+        )
+        return grammar
 
     async def _start_chat(self, req: ChatCompletionRequest) -> ChatTurn:
         """Validate, render the template, tokenize and submit the request's ``n`` choices.
@@ -214,11 +257,6 @@ class ChatEndpoints(ModelHandle):
         """
         self.check_admitting()
         self._check_model(req.model)
-        if req.response_format is not None and req.response_format.type != "text":
-            raise InvalidRequestError(
-                f"response_format {req.response_format.type!r} is not supported; only 'text'",
-                param="response_format",
-            )
         if (
             req.max_tokens is not None
             and req.max_completion_tokens is not None
@@ -241,7 +279,9 @@ class ChatEndpoints(ModelHandle):
         if req.logprobs:
             top = req.top_logprobs or 0
         self._check_chat_size(req.messages)
-        tools, parse_tools = self._tool_setup(req)
+        tool_plan = self._tool_setup(req)
+        tools = tool_plan.tools
+        grammar = await self._output_grammar(req, tool_plan)
         prompt = await self._render_chat(
             req.messages,
             tools=tools,
@@ -262,8 +302,9 @@ class ChatEndpoints(ModelHandle):
             plan=plan,
             prompt=prompt,
             tools=tools or [],
-            tool_parser=self._tools if parse_tools else None,
-            runs=self._submit(plan),
+            tool_parser=tool_plan.parser,
+            runs=self._submit(plan, await self._constraints(grammar, plan.n)),
+            forced=tool_plan.forced,
         )
         if plan.stream:
             turn.firsts = await self._first(turn.runs)
@@ -305,7 +346,12 @@ class ChatEndpoints(ModelHandle):
             if self._reasoning is not None:
                 reasoning, content = self._reasoning.extract(text, turn.prompt)
             calls: list[ParsedToolCall] = []
-            if turn.tool_parser is not None and content is not None:
+            if turn.forced and turn.tool_parser is not None and content is not None:
+                forced = forced_call_stream(turn.tool_parser, turn.tools)
+                rest = forced.feed(content)[0] + forced.finish()[0]
+                calls = list(forced.calls)
+                content = None if calls and not rest.strip() else content
+            elif turn.tool_parser is not None and content is not None:
                 content, calls = turn.tool_parser.extract(content, turn.tools)
             finish = last.finish_reason or "stop"
             if calls and finish == "stop":
@@ -322,8 +368,9 @@ class ChatEndpoints(ModelHandle):
             self._reasoning.stream(turn.plan.prompt_text) if self._reasoning is not None else None
             for _ in turn.runs
         ]
-        tool_streams = [
-            turn.tool_parser.stream(turn.tools) if turn.tool_parser is not None else None for _ in turn.runs
+        maker = forced_call_stream if turn.forced else ToolParser.stream
+        tool_streams: list[ToolStream | None] = [
+            maker(turn.tool_parser, turn.tools) if turn.tool_parser is not None else None for _ in turn.runs
         ]
         called = [False] * len(turn.runs)
         lasts: list[StepOutput] = list(turn.firsts)

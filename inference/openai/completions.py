@@ -90,6 +90,7 @@ class CompletionEndpoints(ModelHandle):
             raise InvalidRequestError("only best_of=1 is supported", param="best_of")
         if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
+        grammar = await self._response_format_grammar(req.response_format)
         ids, text = await self._completion_prompt(req)
         plan = self._plan(
             req,
@@ -102,7 +103,7 @@ class CompletionEndpoints(ModelHandle):
         )
         echo = _Echo(text, self._prompt_logprobs(ids) if plan.want_logprobs else None) if req.echo else None
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        runs = self._submit(plan)
+        runs = self._submit(plan, await self._constraints(grammar, plan.n))
         if plan.stream:
             firsts = await self._first(runs)
             return _closing(runs, self._completion_stream(runs, firsts, plan, rid, created, req.model, echo))

@@ -33,6 +33,7 @@ from inference.openai.protocol import (
     CompletionRequest,
     ModelCard,
     ModelList,
+    ResponseFormat,
     Usage,
 )
 from inference.openai.reasoning import ReasoningParser, get_reasoning_parser
@@ -41,6 +42,7 @@ from inference.runtime.protocol import Engine
 from inference.sampling import Sampler, SamplingParams
 from inference.scheduler import AsyncOutputStream, GenerationRequest, Scheduler, SchedulerObserver
 from inference.speculative import ProposerFactory
+from inference.structured import GrammarCompiler, StructuredOutputError, TokenConstraint
 from inference.tokenizer import Tokenizer
 
 __all__ = ["AUTO_PARSERS", "ModelHandle", "ServingObserver", "ServingOptions", "resolve_parsers"]
@@ -209,6 +211,7 @@ class ModelHandle:
         # Ids the engine can emit but the tokenizer cannot decode (embedding padding) are out.
         self._vocab_size = min(engine.info.vocab_size, tokenizer.vocab_size)
         self._eos_ids = tuple(dict.fromkeys((*tokenizer.eos_token_ids, *engine.info.eos_token_ids)))
+        self._grammars = GrammarCompiler(tokenizer, self._vocab_size, self._eos_ids)
         self._scheduler = Scheduler(
             engine,
             max_batch_size=options.max_batch_size,
@@ -462,8 +465,52 @@ class ModelHandle:
             n=req.n,
         )
 
-    def _submit(self, plan: _Plan) -> list[_Run]:
-        """Queue the plan's ``n`` choices (all or none); choice ``i`` samples with ``seed + i``.
+    async def _response_format_grammar(self, fmt: ResponseFormat | None) -> str | None:
+        """The grammar ``response_format`` asks for (None for plain text); 400 when it is bad."""
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return await self._compile(self._grammars.json_object_grammar)
+        if fmt.type != "json_schema":
+            raise InvalidRequestError(
+                f"response_format.type must be 'text', 'json_object' or 'json_schema'; got {fmt.type!r}",
+                param="response_format.type",
+            )
+        spec = fmt.json_schema
+        if spec is None or spec.schema is None:
+            raise InvalidRequestError(
+                "response_format of type 'json_schema' needs json_schema.schema",
+                param="response_format.json_schema" + (".schema" if spec is not None else ""),
+            )
+        schema = spec.schema
+        return await self._compile(
+            lambda: self._grammars.json_schema_grammar(schema, param="response_format.json_schema.schema")
+        )
+
+    async def _compile(self, make: Any) -> Any:
+        """Run a grammar step off the event loop; turn its complaint into a 400 naming the field."""
+        try:
+            return await asyncio.to_thread(make)
+        except StructuredOutputError as exc:
+            raise InvalidRequestError(str(exc), param=exc.param) from None
+
+    async def _constraint(self, grammar: str | None) -> TokenConstraint | None:
+        """A request's own matcher for ``grammar`` (its first mask starts filling at once)."""
+        if grammar is None:
+            return None
+        constraint: TokenConstraint = await self._compile(lambda: self._grammars.constraint(grammar))
+        return constraint
+
+    async def _constraints(self, grammar: str | None, n: int) -> list[TokenConstraint | None] | None:
+        """One matcher of ``grammar`` per choice (each follows its own tokens); None without one."""
+        if grammar is None:
+            return None
+        return [await self._constraint(grammar) for _ in range(n)]
+
+    def _submit(self, plan: _Plan, constraints: Sequence[TokenConstraint | None] | None = None) -> list[_Run]:
+        """Queue the plan's ``n`` choices (all or none); choice ``i`` samples with ``seed + i``
+        and, with ``constraints``, follows ``constraints[i]`` (then it never speculates: every
+        token must pass its grammar's mask).
 
         Choices after the first start from a copy of the first one's prompt KV (the scheduler's
         ``prefix_from``), so the prompt is prefilled once.
@@ -486,13 +533,15 @@ class ModelHandle:
             if params.seed is not None and i:
                 params = dataclasses.replace(params, seed=(params.seed + i) % (1 << 64))
             sink = AsyncOutputStream(loop)
+            constraint = constraints[i] if constraints is not None else None
             greq = GenerationRequest(
                 plan.prompt_ids,
-                Sampler(params, self._vocab_size),
+                Sampler(params, self._vocab_size, constraint),
                 state,
                 sink,
                 cache_prompt=plan.cache_prompt,
                 prefix_from=reqs[0] if reqs else None,
+                speculative=constraint is None,
             )
             reqs.append(greq)
             sinks.append(sink)

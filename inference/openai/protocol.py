@@ -33,6 +33,7 @@ __all__ = [
     "DetokenizeResponse",
     "FunctionCall",
     "FunctionDefinition",
+    "JsonSchemaFormat",
     "ModelCard",
     "ModelList",
     "NamedToolChoice",
@@ -57,10 +58,20 @@ class StreamOptions(msgspec.Struct, omit_defaults=True):
     include_usage: bool = False
 
 
-class ResponseFormat(msgspec.Struct):
-    """``response_format``; only ``text`` is supported."""
+class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+    """``response_format.json_schema``: the schema the output must follow."""
+
+    name: str | None = None
+    description: str | None = None
+    schema: dict[str, Any] | None = msgspec.field(default=None, name="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    """``response_format``: ``text``, ``json_object`` or ``json_schema`` (enforced by a grammar)."""
 
     type: str = "text"
+    json_schema: JsonSchemaFormat | None = None
 
 
 class _SamplingFields(msgspec.Struct, kw_only=True):
@@ -93,6 +104,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+    response_format: ResponseFormat | None = None
 
 
 class ContentPart(msgspec.Struct):

@@ -4,6 +4,9 @@ Like the reasoning parsers, each one is a stream (content deltas in; content tex
 tool-call events out), and the non-streamed result is the stream run over the whole text.
 A call is reported once it is complete: first an event with its id and name, then one with its
 arguments (a JSON string). Text that looks like a call but does not parse stays content.
+Output that a grammar forced into a parser's format (``tool_choice`` named or ``required``, see
+``inference.structured``) is split by :func:`forced_call_stream` instead, which reports the
+header as soon as the name is known and then the arguments piece by piece.
 
 - ``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, any number of them.
 - ``qwen3_xml``: ``<tool_call><function=NAME><parameter=P>VALUE</parameter></function></tool_call>``;
@@ -30,6 +33,7 @@ __all__ = [
     "ToolCallEvent",
     "ToolParser",
     "ToolStream",
+    "forced_call_stream",
     "get_tool_parser",
 ]
 
@@ -271,6 +275,105 @@ class _WholeOutputJsonStream(ToolStream):
             self._calls.append(call)
             events += [ToolCallEvent(index, id=call.id, name=call.name), ToolCallEvent(index, arguments=p[1])]
         return "", events
+
+
+# The head of a JSON call up to its arguments, as a forcing grammar writes it (at most one space).
+_CALL_HEAD_RE = re.compile(r'"name": ?("(?:[^"\\]|\\.)*"), ?"arguments": ?')
+
+
+class _ForcedJsonCallStream(ToolStream):
+    """Calls whose framing a grammar forced (``generic``, ``hermes``): the header goes out as
+    soon as the name is complete, then the arguments piece by piece as they are generated.
+
+    The arguments' end is found by scanning their JSON (strings, escapes, nesting); whatever is
+    not arguments is framing and never content.
+    """
+
+    def __init__(self) -> None:
+        self._buf = ""
+        self._in_args = False
+        self._depth = 0
+        self._in_str = False
+        self._escaped = False
+        self._started = False
+        self._call: tuple[str, str] | None = None
+        self._args: list[str] = []
+        self._calls: list[ParsedToolCall] = []
+
+    @property
+    def calls(self) -> list[ParsedToolCall]:
+        return list(self._calls)
+
+    def _value_end(self, text: str) -> int | None:
+        """Index just past the end of the arguments value in ``text``, or None if it goes on."""
+        for i, ch in enumerate(text):
+            if self._in_str:
+                if self._escaped:
+                    self._escaped = False
+                elif ch == "\\":
+                    self._escaped = True
+                elif ch == '"':
+                    self._in_str = False
+                    if self._depth == 0:
+                        return i + 1
+            elif ch == '"':
+                self._in_str = self._started = True
+            elif ch in "{[":
+                self._depth += 1
+                self._started = True
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth <= 0:
+                    return i + 1 if self._depth == 0 else i
+            elif ch == "," and self._depth == 0 and self._started:
+                return i
+            elif not ch.isspace():
+                self._started = True
+        return None
+
+    def feed(self, text: str) -> tuple[str, list[ToolCallEvent]]:
+        events: list[ToolCallEvent] = []
+        index = len(self._calls)
+        while text:
+            if not self._in_args:
+                self._buf += text
+                m = _CALL_HEAD_RE.search(self._buf)
+                if m is None:
+                    break
+                text, self._buf = self._buf[m.end() :], ""
+                self._call = (_new_call_id(), str(json.loads(m.group(1))))
+                events.append(ToolCallEvent(index, id=self._call[0], name=self._call[1]))
+                self._in_args, self._depth, self._in_str, self._escaped = True, 0, False, False
+                self._started = False
+                continue
+            end = self._value_end(text)
+            piece = text if end is None else text[:end]
+            if piece:
+                self._args.append(piece)
+                events.append(ToolCallEvent(index, arguments=piece))
+            if end is None:
+                break
+            assert self._call is not None
+            self._calls.append(ParsedToolCall(self._call[0], self._call[1], "".join(self._args).strip()))
+            self._args, self._in_args, text = [], False, text[end:]
+            index += 1
+        return "", events
+
+    def finish(self) -> tuple[str, list[ToolCallEvent]]:
+        # A call cut short (max_tokens) is not reported as a call; its pieces were streamed.
+        self._buf = ""
+        return "", []
+
+
+def forced_call_stream(parser: ToolParser, tools: Sequence[Mapping[str, Any]] = ()) -> ToolStream:
+    """The splitter for output a tool-call grammar forced into ``parser``'s format.
+
+    JSON formats stream the arguments piece by piece (as vLLM does); the XML format types its
+    values from the schema, so its arguments come whole when the call is complete.
+    """
+    if parser.name in ("generic", "hermes"):
+        return _ForcedJsonCallStream()
+    return parser.stream(tools)
 
 
 @dataclass(frozen=True)
