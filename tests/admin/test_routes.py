@@ -401,6 +401,12 @@ def test_openapi_describes_every_route_and_docs_ui_is_served(client: Client) -> 
         ("GET", "/v1/models"),
         ("POST", "/v1/completions"),
         ("POST", "/v1/chat/completions"),
+        ("GET", "/v1/models/{model_id}"),
+        ("POST", "/v1/messages"),
+        ("POST", "/v1/messages/count_tokens"),
+        ("POST", "/v1/responses"),
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
     }
     delete = spec["paths"]["/admin/bundles/{bundle_id}"]["delete"]["responses"]
     assert {"200", "400", "401", "403", "404", "409"} <= set(delete)
