@@ -8,9 +8,9 @@ reasons, and a stream of Anthropic's typed events.
 Reasoning split off by the model's reasoning parser comes back as a ``thinking`` block (with an
 empty ``signature``: nothing here signs it), whether or not the request asked for ``thinking``.
 
-``tool_choice``: ``auto``, ``any`` (calls are parsed, as chat's ``required``), ``tool`` (only the
-named tool is offered to the model, then as ``any``) and ``none``. Nothing constrains the
-output to a call: with ``any``/``tool`` the model may still answer in text.
+``tool_choice``: ``auto``, ``any`` (chat's ``required``: a grammar forces at least one call),
+``tool`` (only the named tool is offered to the model, then as ``any``: a call of it is forced)
+and ``none``.
 """
 
 from __future__ import annotations
