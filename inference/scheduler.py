@@ -50,7 +50,7 @@ import numpy as np
 from inference.context_cache import ContextCacheStats, PrefixStore
 from inference.generation import GenerationState, StepOutput
 from inference.runtime.protocol import Engine, KVEngine, VerifyingEngine
-from inference.sampling import Sampler
+from inference.sampling import Sampler, SampleResult
 from inference.speculative import Proposal, Proposer, ProposerFactory, SpeculativeStats, verify
 
 __all__ = [
@@ -490,7 +490,9 @@ class Scheduler:
         if run.prefilled < len(ids):
             return
         self._share_prefix(run)
-        sample = req.sampler.sample(np.asarray(logits).reshape(-1))
+        sample = self._sample(run, np.asarray(logits).reshape(-1))
+        if sample is None:
+            return
         if self._observer is not None:
             self._observer.first_token(time.monotonic() - req.arrival)
             self._observer.tokens_generated(1)
@@ -551,10 +553,22 @@ class Scheduler:
         for run, row in zip(batch, rows, strict=True):
             if self._store is not None and run.last_token is not None:
                 self._slot_tokens[run.slot].append(run.last_token)
-            sample = run.req.sampler.sample(row)
+            sample = self._sample(run, row)
+            if sample is None:
+                continue
             out = run.req.state.push(sample)
             if self._emit(run, out):
                 run.last_token = sample.token_id
+
+    def _sample(self, run: _Running, logits: np.ndarray) -> SampleResult | None:
+        """The request's sampler on one row of logits. A sampler that raises (a grammar's
+        matcher, say) fails that request only, never the scheduler thread; None then."""
+        try:
+            return run.req.sampler.sample(logits)
+        except Exception as exc:
+            log.exception("sampling failed")
+            self._fail(run, EngineFailure(f"sampling failed: {exc}"))
+            return None
 
 
     # -- speculative decoding ---------------------------------------------------------------------
