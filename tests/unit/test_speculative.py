@@ -249,7 +249,7 @@ def test_counters_reach_prometheus() -> None:
     registry = CollectorRegistry()
     factory = proposer_factory({"method": "ngram", "prompt_lookup_min": 1}, num_speculative_tokens=3)
     engine = TableEngine(256, max_slots=1)
-    with SchedulerRunner(engine, proposer=factory, observer=ServingMetrics(registry)) as r:
+    with SchedulerRunner(engine, proposer=factory, observer=ServingMetrics(registry).for_model("m")) as r:
         r.run(_prompts()[:2], 30)
         assert r.sched.speculative_stats is not None
         stats = r.sched.speculative_stats.snapshot()
