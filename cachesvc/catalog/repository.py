@@ -240,19 +240,32 @@ class Catalog:
             ):
                 return
         with self._tx() as session:
-            row = session.get(CheckpointRow, digest)
-            if row is None:
-                session.add(
-                    CheckpointRow(
-                        digest=digest,
-                        source=source,
-                        path=str(path),
-                        size_bytes=size_bytes,
-                        file_count=file_count,
-                        resolved_at=utcnow(),
-                        node=self.node,
+            values = {
+                "digest": digest,
+                "source": source,
+                "path": str(path),
+                "size_bytes": size_bytes,
+                "file_count": file_count,
+                "resolved_at": utcnow(),
+                "node": self.node,
+            }
+            table = CheckpointRow.__table__
+            assert isinstance(table, Table)
+            dialect = session.get_bind().dialect.name
+            if dialect in ("sqlite", "postgresql"):
+                # One statement: processes resolving the same checkpoint at once (eight
+                # first starts on PostgreSQL) must not both insert.
+                insert = sqlite.insert if dialect == "sqlite" else postgresql.insert
+                stmt = insert(table).values(**values)
+                session.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=["digest"], set_={k: stmt.excluded[k] for k in values if k != "digest"}
                     )
                 )
+                return
+            row = session.get(CheckpointRow, digest, with_for_update=True)
+            if row is None:
+                session.add(CheckpointRow(**values))
             else:
                 row.source, row.path, row.size_bytes, row.file_count = (
                     source,
