@@ -340,8 +340,8 @@ class TrtEngine:
                 for j in range(len(self._past_names)):
                     for h in range(self._kv_heads):
                         self._cuda.memcpy_dtod_async(
-                            dst_base + j * self._region + h * n * row,
-                            src_base + j * self._region + h * length * row,
+                            self._head(dst_base, j, h, n, 0),
+                            self._head(src_base, j, h, length, 0),
                             n * row,
                             self._stream,
                         )
@@ -395,13 +395,13 @@ class TrtEngine:
             raise ValueError(f"slot {slot} holds {length} positions; cannot export [{start}, {start + n})")
         out = np.empty((len(self._past_names), self._kv_heads, n, self._head_dim), dtype=self._kv_dtype)
         if n > 0:
+            base = int(self._slots[slot])
             with self._active():
                 self._stream.synchronize()
                 for j in range(len(self._past_names)):
                     for h in range(self._kv_heads):
-                        block = np.empty((n, self._head_dim), dtype=self._kv_dtype)
-                        self._cuda.memcpy_dtoh(block, self._head(int(self._slots[slot]), j, h, length, start))
-                        out[j, h] = block
+                        # out[j, h] is a contiguous [n, head_dim] view: the copy lands in place.
+                        self._cuda.memcpy_dtoh(out[j, h], self._head(base, j, h, length, start))
         return out
 
     def import_kv(self, slot: int, start: int, kv: np.ndarray) -> None:
@@ -434,9 +434,7 @@ class TrtEngine:
             for j in range(len(self._past_names)):
                 for h in range(self._kv_heads):
                     if n > 0:
-                        self._cuda.memcpy_htod(
-                            self._head(dst_base, j, h, total, start), np.ascontiguousarray(block[j, h])
-                        )
+                        self._cuda.memcpy_htod(self._head(dst_base, j, h, total, start), block[j, h])
         self._swap(slot)
         self._lengths[slot] = total
 
