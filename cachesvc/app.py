@@ -36,7 +36,7 @@ from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
 from cachesvc import __version__
 from cachesvc.config import ServeConfig, cli_message
 from cachesvc.entry import open_cache
-from cachesvc.errors import CacheError, ConfigError
+from cachesvc.errors import CacheError, ConfigError, QualityGateError
 from cachesvc.fleet import NodeAgent
 from cachesvc.http.admin import admin_router
 from cachesvc.http.dashboard import dashboard_router
@@ -128,6 +128,22 @@ def load_runtime(
         lease.release()
         raise
     return Runtime(prepared, lease, engine, serving)
+
+
+def _load_startup_runtime(config: ServeConfig, manager: CacheManager, engine_factory: EngineFactory | None,
+                          metrics: MetricsState, *, default: bool) -> Runtime:
+    """:func:`load_runtime` of the startup model. The default model of a first run is built at its
+    file's precision (int4 for SmolLM2's Q4_1) only where that passes the quality gate on this
+    CPU; otherwise it falls back to fp32 with one line saying why."""
+    observer = metrics.serving.for_model(config.served_name)
+    try:
+        return load_runtime(config, manager, engine_factory=engine_factory, observer=observer)
+    except QualityGateError as exc:
+        if not default or config.precision != "auto":
+            raise
+        log.warning("%s; serving the default model at fp32 instead", exc)
+        fp32 = dataclasses.replace(config, precision="fp32")
+        return load_runtime(fp32, manager, engine_factory=engine_factory, observer=observer)
 
 
 def _default_engine_factory(bundle_dir: Any, *, max_slots: int) -> Engine:
@@ -570,6 +586,7 @@ def serve(
     metrics = MetricsState(manager)
     runtime: Runtime | None = None
     default_names: dict[str, str] = {}
+    first_default = False
     try:
         report = manager.reconcile()
         log.info(
@@ -587,6 +604,7 @@ def serve(
             model, name = default_model()
             if not manager.list_bundles(state="ready", limit=1).items:
                 log.info("the catalog has no ready bundle: preparing the default model %s", model)
+                first_default = True
                 config = dataclasses.replace(
                     config, model=model, served_model_name=config.served_model_name or name
                 )
@@ -594,12 +612,8 @@ def serve(
                 # Later runs serve the catalog; the default model keeps the name it had.
                 default_names[config.served_model_name or name] = model
         if config.model is not None:
-            runtime = load_runtime(
-                config,
-                manager,
-                engine_factory=engine_factory,
-                observer=metrics.serving.for_model(config.served_name),
-            )
+            runtime = _load_startup_runtime(config, manager, engine_factory, metrics,
+                                            default=first_default)
     except (CacheError, ValueError, OSError, ImportError, AttributeError) as exc:
         log.error("cannot serve %s: %s", config.model or "the catalog", _describe(exc))
         manager.close()

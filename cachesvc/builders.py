@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from cachesvc.errors import BuildError, ConfigError
+from cachesvc.errors import BuildError, ConfigError, QualityGateError
 from cachesvc.profiles import BuildOptions
 from inference.build_profile import (
     AUTO_PRECISION,
@@ -88,8 +88,12 @@ class OnnxRuntimeBuilder:
         progress: ProgressFn,
     ) -> dict[str, Any]:
         from inference.builder import EngineBuildSpec, build_bundle
+        from inference.builder.quality import QualityGateError as GateFailed
+        from inference.cpu_class import cpu_class
 
         _refuse_speculative(self.backend, options)
+        if options.cpu_class is not None and options.cpu_class != cpu_class():
+            raise BuildError(f"profile is for CPU class {options.cpu_class} but this CPU is {cpu_class()}")
         spec = EngineBuildSpec(
             precision=options.precision,
             max_input_len=options.max_input_len,
@@ -97,9 +101,12 @@ class OnnxRuntimeBuilder:
             max_kv_cache_capacity=options.max_kv_cache_capacity,
             speculative_method=options.speculative_method,
             draft_digest=options.draft_digest,
+            cpu_class=options.cpu_class,
         )
         try:
             return dict(build_bundle(checkpoint_dir, out_dir, spec, progress))
+        except GateFailed as exc:
+            raise QualityGateError(str(exc)) from exc
         except ValueError as exc:
             raise BuildError(f"cannot build {checkpoint_dir}: {exc}") from exc
 
@@ -195,11 +202,17 @@ def stale_reason(backend: str, engine: Mapping[str, Any]) -> str | None:
     loaded on this node now (None: it can); the one check behind the ``stale`` state, used by
     reconcile, verify and prepare.
 
-    Only TensorRT plans are tied to the machine: one runs only with the TensorRT version that
-    built it, on a GPU of the compute capability it was built for (the GPU's name is not in the
-    profile key and may differ), and only where tensorrt, pycuda and a CUDA device answer.
+    Two kinds of bundle are tied to the machine. A quantized CPU bundle (int8/int4) runs the
+    int8 kernels of the CPU class it was built and gated for (``kernels.cpu_class``): on
+    another class its answers may differ. A TensorRT plan runs only with the TensorRT version
+    that built it, on a GPU of the compute capability it was built for (the GPU's name is not in
+    the profile key and may differ), and only where tensorrt, pycuda and a CUDA device answer.
     tensorrt and pycuda are imported for TensorRT bundles only.
     """
+    if backend == "onnxruntime":
+        from inference.runtime.loader import cpu_class_mismatch
+
+        return cpu_class_mismatch(engine)
     if backend != "tensorrt":
         return None
     if os.environ.get("CACHESVC_DISABLE_GPU"):
@@ -256,10 +269,21 @@ def resolve_backend(requested: str, builders: Mapping[str, Builder]) -> str:
     return requested
 
 
-def resolve_precision(requested: str, backend: str) -> str:
-    """``auto`` -> the backend's default (fp32 on the CPU, fp16 on TensorRT); reject a precision
-    the backend does not build (fp16 on the CPU)."""
-    precision = AUTO_PRECISION[backend] if requested == "auto" else requested
+def checkpoint_precision(checkpoint_dir: Path) -> str:
+    """The precision a checkpoint's weights are stored in (int4 for a Q4 GGUF, int8 for Q8_0,
+    else fp32): what ``auto`` builds on the CPU."""
+    from inference.builder.native_precision import native_precision
+
+    return native_precision(checkpoint_dir)
+
+
+def resolve_precision(requested: str, backend: str, checkpoint_dir: Path | None = None) -> str:
+    """``auto`` -> the checkpoint's own precision on the CPU (:func:`checkpoint_precision`; fp32
+    without a checkpoint), fp16 on TensorRT; reject a precision the backend does not build."""
+    precision = requested
+    if requested == "auto":
+        native = checkpoint_precision(checkpoint_dir) if checkpoint_dir is not None else None
+        precision = native if backend == "onnxruntime" and native else AUTO_PRECISION[backend]
     try:
         check_backend_precision(backend, precision)
     except ProfileError as exc:

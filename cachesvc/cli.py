@@ -215,6 +215,9 @@ def cmd_bundles_show(args: argparse.Namespace) -> int:
         ("verified", human_time(b.last_verified_at)),
         ("leased by", ", ".join(f"pid {h.pid} on {h.host} since {h.since}" for h in d.holders) or "-"),
     ]
+    quality = (d.manifest or {}).get("engine", {}).get("quality")
+    if isinstance(quality, dict):
+        fields.append(("quality", _quality_line(quality)))
     print(table(["FIELD", "VALUE"], fields))
     if d.files:
         print()
@@ -232,6 +235,13 @@ def cmd_bundles_show(args: argparse.Namespace) -> int:
         ]
         print(table(["AT (UTC)", "EVENT", "REASON", "BYTES"], rows))
     return 0
+
+
+def _quality_line(q: dict[str, Any]) -> str:
+    """The quality gate's figures of a quantized bundle, in one line."""
+    return (f"greedy agreement {q.get('greedy_agreement')} with {q.get('reference')}, min logit cosine "
+            f"{q.get('min_logit_cosine')} ({q.get('prompts')} prompts, {q.get('tokens')} tokens, "
+            f"CPU class {q.get('cpu_class')})")
 
 
 def cmd_bundles_rm(args: argparse.Namespace) -> int:

@@ -765,7 +765,9 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     _add(
         build,
         "precision",
-        "engine weight precision; auto picks the backend's best",
+        "engine weight precision; auto keeps the checkpoint's own on the CPU (a Q4 GGUF builds "
+        "int4, Q8_0 int8, float weights fp32) and picks fp16 on TensorRT; int8/int4 builds must "
+        "pass a quality gate against fp32 on this CPU",
         choices=PRECISION_CHOICES,
     )
     _add(build, "max_input_len", "longest prompt in tokens (<= --max-kv-cache-capacity)")

@@ -67,6 +67,10 @@ class BuildError(CacheError):
     """The builder failed; nothing was published."""
 
 
+class QualityGateError(BuildError):
+    """A quantized build answered too differently from fp32 on this CPU; nothing was published."""
+
+
 class InsufficientStorageError(CacheError):
     """A build cannot fit the cache's disk budget even after evicting everything idle."""
 

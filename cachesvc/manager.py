@@ -77,7 +77,9 @@ from inference.build_profile import (
     METHODS_NEEDING_DRAFT_MODEL,
     METHODS_REFUSING_DRAFT_MODEL,
     METHODS_WITH_DRAFT_BUNDLE,
+    QUANTIZED_PRECISIONS,
 )
+from inference.cpu_class import cpu_class
 
 log = logging.getLogger("cachesvc.manager")
 
@@ -213,30 +215,33 @@ class CacheManager:
         )
         return ckpt
 
-    def build_options(self, request: ProfileRequest, draft: ResolvedCheckpoint | None = None) -> BuildOptions:
-        """Resolve ``auto`` choices and versions into the concrete build profile."""
-        return self._build_options(request, draft.digest if draft else None)
+    def build_options(self, request: ProfileRequest, draft: ResolvedCheckpoint | None = None,
+                      checkpoint_dir: Path | None = None) -> BuildOptions:
+        """Resolve ``auto`` choices and versions into the concrete build profile (``auto``
+        precision on the CPU keeps the precision of ``checkpoint_dir``'s weights)."""
+        return self._build_options(request, draft.digest if draft else None, checkpoint_dir)
 
     def catalog_bundle_id(self, model: str, request: ProfileRequest) -> str:
         """The id the bundle of ``model`` built with ``request`` has, from the catalog alone: no
         hashing, no download, no row written. NotFoundError when a checkpoint (``model`` or the
         draft) was never resolved here; the bundle itself may or may not exist."""
-        digest = self._known_digest("model", model)
-        draft = self._known_digest("draft_model", request.draft_model) if request.draft_model else None
-        return BundleKey.of(digest, self._build_options(request, draft)).id
+        digest, path = self._known_checkpoint("model", model)
+        draft = self._known_checkpoint("draft_model", request.draft_model)[0] if request.draft_model else None
+        return BundleKey.of(digest, self._build_options(request, draft, path)).id
 
-    def _known_digest(self, field: str, model: str) -> str:
+    def _known_checkpoint(self, field: str, model: str) -> tuple[str, Path]:
         wanted = model.rstrip("/")
         for ckpt in self.catalog.list_checkpoints():
             if wanted in (ckpt.source.rstrip("/"), str(ckpt.path)):
-                return ckpt.digest
+                return ckpt.digest, Path(ckpt.path)
         raise NotFoundError(
             f"{field} {model!r} is not a checkpoint in the catalog; build it first (POST /admin/builds)"
         )
 
-    def _build_options(self, request: ProfileRequest, draft_digest: str | None) -> BuildOptions:
+    def _build_options(self, request: ProfileRequest, draft_digest: str | None,
+                       checkpoint_dir: Path | None) -> BuildOptions:
         backend = resolve_backend(request.backend, self.builders)
-        precision = resolve_precision(request.precision, backend)
+        precision = resolve_precision(request.precision, backend, checkpoint_dir)
         builder = self.builders[backend]
         method = request.speculative_method
         if method in METHODS_NEEDING_DRAFT_MODEL and draft_digest is None:
@@ -253,6 +258,7 @@ class CacheManager:
             draft_digest=draft_digest,
             builder_version=builder.version,
             device_arch=getattr(builder, "device_arch", None) if backend == "tensorrt" else None,
+            cpu_class=cpu_class() if backend == "onnxruntime" and precision in QUANTIZED_PRECISIONS else None,
         )
 
     def prepare(
@@ -286,7 +292,7 @@ class CacheManager:
         progress("resolve", 0.0)
         ckpt = self.resolve(model)
         draft = self.resolve(request.draft_model) if request.draft_model else None
-        options = self.build_options(request, draft)
+        options = self.build_options(request, draft, ckpt.path)
         key = BundleKey.of(ckpt.digest, options)
         bid, rel = key.id, key.relpath
         if track is not None:

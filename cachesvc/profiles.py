@@ -27,11 +27,13 @@ from inference.build_profile import (
     DEFAULT_MAX_KV_CACHE_CAPACITY,
     PRECISION_CHOICES,
     PRECISIONS,
+    QUANTIZED_PRECISIONS,
     SPECULATIVE_METHODS,
     ProfileError,
     check_choice,
     check_shapes,
 )
+from inference.cpu_class import CPU_CLASSES
 
 #: Version of the on-disk bundle layout (manifest format, directory shape).
 LAYOUT_VERSION = 1
@@ -66,6 +68,9 @@ class BuildOptions:
     draft_digest: str | None = None
     builder_version: str = ""
     device_arch: str | None = None
+    #: The CPU class a quantized CPU graph is written for (its int8 kernels' numerics depend on
+    #: it); None for every other profile.
+    cpu_class: str | None = None
 
     def __post_init__(self) -> None:
         with _as_config_error():
@@ -79,6 +84,12 @@ class BuildOptions:
             raise ConfigError("device_arch", "is required for the tensorrt backend (e.g. 'sm90')")
         if self.backend != "tensorrt" and self.device_arch is not None:
             raise ConfigError("device_arch", "applies only to the tensorrt backend")
+        keyed = self.backend == "onnxruntime" and self.precision in QUANTIZED_PRECISIONS
+        if keyed and self.cpu_class not in CPU_CLASSES:
+            raise ConfigError("cpu_class", f"is required for {self.precision} on the CPU; one of "
+                              f"{', '.join(CPU_CLASSES)}, got {self.cpu_class!r}")
+        if not keyed and self.cpu_class is not None:
+            raise ConfigError("cpu_class", "applies only to int8/int4 bundles of the onnxruntime backend")
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as a JSON-ready dict (stored in the catalog and the manifest)."""
@@ -114,6 +125,8 @@ class BuildOptions:
         ]
         if self.device_arch:
             parts.append(re.sub(r"[^a-z0-9]+", "", self.device_arch.lower()) or "arch")
+        if self.cpu_class:
+            parts.append(re.sub(r"[^a-z0-9]+", "", self.cpu_class))
         parts += [self.precision, self.digest[:12]]
         return "-".join(parts)
 

@@ -30,8 +30,18 @@ BACKEND_PRECISIONS: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("fp32", "int8", "int4"),
     "tensorrt": ("fp16", "bf16", "fp32", "int8"),
 }
-#: ``auto`` precision per backend.
+#: ``auto`` precision per backend (onnxruntime: the checkpoint's own, see :func:`native_precision`).
 AUTO_PRECISION: dict[str, str] = {"onnxruntime": "fp32", "tensorrt": "fp16"}
+#: Precisions whose CPU graph depends on the CPU class (its int8 kernels): the class is part
+#: of their profile (``cpu_class``), and a bundle built for another class is stale.
+QUANTIZED_PRECISIONS: tuple[str, ...] = ("int8", "int4")
+#: GGUF tensor types -> the precision that keeps them (``auto`` on the CPU): 2-4-bit types
+#: build int4, 5-8-bit int8, float types fp32.
+GGUF_TYPE_PRECISION: dict[str, str] = {
+    **dict.fromkeys(("Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K"), "int4"),
+    **dict.fromkeys(("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"), "int8"),
+    **dict.fromkeys(("F32", "F16", "BF16"), "fp32"),
+}
 #: Speculative-decoding methods a profile can name.
 SPECULATIVE_METHODS: tuple[str, ...] = (
     "eagle3", "mtp", "dflash", "jetspec", "dspark", "ngram", "draft_model"

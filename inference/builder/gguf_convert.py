@@ -10,7 +10,7 @@ llama.cpp's GGUF holds the model config as ``<arch>.*`` metadata, the tokenizer 
   converter applies to llama-family attention undone;
 * ``gguf_q4_blocks.safetensors`` when the file has Q4_0/Q4_1 linear weights: their raw blocks
   (rows in Hugging Face order), so an ``int4`` build uses the file's own 4-bit codes with no
-  requantization (see ``inference.builder.int4``);
+  requantization (see ``inference.builder.quantized``);
 * ``tokenizer.json`` / ``tokenizer_config.json`` / ``special_tokens_map.json`` (see
   ``gguf_tokenizer``).
 

@@ -31,7 +31,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from inference.builder.kernel_plan import KernelPlan
 from inference.builder.model_config import ModelConfig
+from inference.builder.quantized import Q4Source, QuantizedEmitter, Table8
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
 
 FUSED_OPSET = 23
@@ -136,11 +138,14 @@ class _Emitter:
 
 class _DecoderBuilder:
     def __init__(self, cfg: ModelConfig, ckpt: SafetensorsCheckpoint, em: _Emitter, *,
-                 max_positions: int, fused_ops: bool, kv_layout: str = "portable") -> None:
+                 max_positions: int, fused_ops: bool, kv_layout: str = "portable",
+                 quant: QuantizedEmitter | None = None) -> None:
         self.cfg, self.ckpt, self.em = cfg, ckpt, em
         self.max_positions = max_positions
         self.fused = fused_ops
         self.gqa = kv_layout == "gqa"
+        self.quant = quant
+        self.embed_q8: Table8 | None = None  # the 8-bit embedding, shared by a tied lm_head
 
     # --- weights -------------------------------------------------------------------------
     def linear_weight(self, name: str, out_dim: int, in_dim: int) -> str:
@@ -152,7 +157,12 @@ class _DecoderBuilder:
         return self.em.weight(name, self.ckpt.get_f32(name, (dim,)))
 
     def linear(self, x: str, prefix: str, out_dim: int, in_dim: int, bias: bool) -> str:
-        y = self.em.op1("MatMul", [x, self.linear_weight(f"{prefix}.weight", out_dim, in_dim)])
+        name = f"{prefix}.weight"
+        if self.quant is not None and self.quant.fits(in_dim):
+            y = self.quant.linear(x, name, out_dim, in_dim,
+                                  lambda: self.ckpt.get_f32(name, (out_dim, in_dim)))
+        else:
+            y = self.em.op1("MatMul", [x, self.linear_weight(name, out_dim, in_dim)])
         if bias:
             y = self.em.op1("Add", [y, self.vector(f"{prefix}.bias", out_dim)])
         return y
@@ -305,11 +315,27 @@ class _DecoderBuilder:
         down = self.linear(act, f"{p}.mlp.down_proj", cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
         return self.em.op1("Add", [x, down])
 
+    def embedding(self) -> tuple[str, str]:
+        """The token embedding lookup; returns (its output, the embedding table's initializer)."""
+        cfg = self.cfg
+        table = self.ckpt.get_f32("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+        if self.quant is not None and self.quant.fits(cfg.hidden_size):
+            out, self.embed_q8 = self.quant.embedding(table, "input_ids")
+            return out, self.embed_q8.base
+        embed = self.em.weight("model.embed_tokens.weight", table)
+        return self.em.op1("Gather", [embed, "input_ids"]), embed
+
     def lm_head(self, h: str, embed: str, untie: bool) -> tuple[str, bool]:
         cfg = self.cfg
         tied = cfg.tie_word_embeddings or "lm_head.weight" not in self.ckpt
         if tied and not cfg.tie_word_embeddings:
             self.ckpt.get_f32("lm_head.weight")  # raises the clear "missing weight" error
+        if self.quant is not None and self.quant.fits(cfg.hidden_size):
+            if tied and self.embed_q8 is not None:
+                return self.quant.lm_head(h, self.embed_q8), True
+            weight = self.ckpt.get_f32("model.embed_tokens.weight" if tied else "lm_head.weight",
+                                       (cfg.vocab_size, cfg.hidden_size))
+            return self.quant.lm_head(h, weight), tied
         if not tied:
             w = self.linear_weight("lm_head.weight", cfg.vocab_size, cfg.hidden_size)
             return self.em.op("MatMul", [h, w], outputs=["logits"])[0], False
@@ -327,25 +353,33 @@ class _DecoderBuilder:
 
 def build_decoder_graph(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, model_path: Path, *,
                         max_positions: int, fused_ops: bool, untie_lm_head: bool = False,
-                        progress: Progress | None = None, kv_layout: str = "portable") -> GraphIO:
+                        progress: Progress | None = None, kv_layout: str = "portable",
+                        kernels: KernelPlan | None = None, q4: Q4Source | None = None) -> GraphIO:
     """Write ``model_path`` (+ ``<name>.data``) for ``cfg``; return the graph's I/O names.
 
     ``kv_layout`` "portable" writes the standard-op graph; "gqa" the ONNX Runtime CPU variant
-    with in-place KV buffers (see the module docstring).
+    with in-place KV buffers (see the module docstring). ``kernels`` (gqa only) writes the
+    quantized weights it names (:mod:`inference.builder.quantized`), taking 4-bit GGUF blocks
+    from ``q4`` where it has them.
     """
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
     gqa = kv_layout == "gqa"
+    if kernels is not None and not gqa:
+        raise ValueError("quantized weights are onnxruntime ops: only the gqa graph can hold them")
     weights = _ExternalWeights(model_path.with_name(model_path.name + ".data"))
     em = _Emitter(weights)
-    b = _DecoderBuilder(cfg, ckpt, em, max_positions=max_positions, fused_ops=fused_ops, kv_layout=kv_layout)
+    quant = None if kernels is None else QuantizedEmitter(
+        em, bits=kernels.weight_bits, accuracy_level=kernels.accuracy_level,
+        head_accuracy_level=kernels.head_accuracy_level, rescore_top_k=kernels.rescore_top_k,
+        q4=q4 or Q4Source(None))
+    b = _DecoderBuilder(cfg, ckpt, em, max_positions=max_positions, fused_ops=fused_ops, kv_layout=kv_layout,
+                        quant=quant)
     try:
         b.build_rope_tables()
         if not gqa:
             b.build_mask()
-        embed = em.weight("model.embed_tokens.weight",
-                          ckpt.get_f32("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)))
-        x = em.op1("Gather", [embed, "input_ids"])
+        x, embed = b.embedding()
         for i in range(cfg.num_layers):
             x = b.layer(x, i)
             if progress is not None:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
-from onnx import TensorProto
 
+from inference.build_profile import QUANTIZED_PRECISIONS
 from inference.builder.bundle_files import (
     ENGINE_FILE,
     ENGINE_FORMAT_VERSION,
@@ -23,16 +23,22 @@ from inference.builder.bundle_files import (
 from inference.builder.errors import BuildInputError
 from inference.builder.external_data import share_external_data
 from inference.builder.graph import GraphIO, Progress, build_decoder_graph
-from inference.builder.int4 import quantize_int4
+from inference.builder.kernel_plan import KernelPlan, kernel_plan
 from inference.builder.model_config import ModelConfig, load_model_config
+from inference.builder.quality import MIN_AGREEMENT, Quality, run_gate
+from inference.builder.quantized import Q4Source
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.builder.spec import EngineBuildSpec
+from inference.cpu_class import cpu_class
+from inference.runtime.ort_session import available_cores
 
 # Bump whenever the files a build produces change (graph layout, names, engine.json fields).
 # ort-2 / format 2: the CPU graph uses GroupQueryAttention with in-place KV buffers and shares
 # model.onnx.data with the portable graph (one weights file per bundle). ort-3: engine.json
-# records the memory estimate (weight_bytes, kv_bytes_per_token, memory_bytes).
-BUILDER_VERSION = "ort-3"
+# records the memory estimate (weight_bytes, kv_bytes_per_token, memory_bytes). ort-4: int8 and
+# int4 are MatMulNBits written per CPU class (``kernels``), 8-bit embedding and lm_head with
+# exact top-k rescoring, and a quality gate (``quality``); no portable graph for them.
+BUILDER_VERSION = "ort-4"
 PORTABLE_MODEL = "model.onnx"
 OPTIMIZED_MODEL = "model.ort.onnx"
 KV_LAYOUT = "gqa-inplace"
@@ -58,20 +64,6 @@ def _optimize(model_path: Path, out_path: Path) -> None:
         ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own untyped errors
         raise RuntimeError(f"onnxruntime could not load the generated graph: {exc}") from exc
-
-
-def _quantize_int8(fp32_model: Path, out_model: Path) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(
-        fp32_model,
-        out_model,
-        op_types_to_quantize=["MatMul"],
-        weight_type=QuantType.QInt8,
-        use_external_data_format=True,
-        # DefaultTensorType: shape inference knows no types past com.microsoft ops (the CPU graph).
-        extra_options={"MatMulConstBOnly": True, "DefaultTensorType": TensorProto.FLOAT},
-    )
 
 
 def _kv_cache_meta(cfg: ModelConfig, cpu_io: GraphIO, spec: EngineBuildSpec) -> dict[str, Any]:
@@ -104,7 +96,7 @@ def _metadata(cfg: ModelConfig, io: GraphIO, spec: EngineBuildSpec, source_dtype
         "precision": spec.precision,
         "dtype": "float32",
         "source_dtypes": sorted(source_dtypes),
-        "portable_model": PORTABLE_MODEL if spec.precision != "int4" else None,
+        "portable_model": None if spec.precision in QUANTIZED_PRECISIONS else PORTABLE_MODEL,
         "optimized_model": OPTIMIZED_MODEL,
         "inputs": list(io.inputs),
         "outputs": list(io.outputs),
@@ -128,14 +120,18 @@ def _metadata(cfg: ModelConfig, io: GraphIO, spec: EngineBuildSpec, source_dtype
 
 
 def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
-                 progress: Progress | None = None) -> dict[str, Any]:
+                 progress: Progress | None = None, *, kernels_override: KernelPlan | None = None,
+                 min_agreement: float = MIN_AGREEMENT) -> dict[str, Any]:
     """Build an onnxruntime bundle of ``checkpoint_dir`` into the existing, empty ``out_dir``.
 
     Writes the portable graph (``model.onnx`` + ``model.onnx.data``), the onnxruntime-optimised
     CPU graph (``model.ort.onnx``: GroupQueryAttention with in-place KV, reading its weights from
     the same ``model.onnx.data``), the tokenizer files and, last, ``engine.json`` (also
-    returned). Raises ``BuildInputError`` for checkpoints or specs it cannot build; the caller
-    discards ``out_dir`` on any error.
+    returned). int4 and int8 bundles hold the CPU graph only, with the quantized kernels of
+    ``spec.cpu_class`` (default: this machine's; ``kernels_override`` replaces that choice, for
+    tests), and must pass the quality gate (:mod:`.quality`; ``min_agreement``) on this machine.
+    Raises ``BuildInputError`` (``QualityGateError`` for the gate) for checkpoints or specs it
+    cannot build; the caller discards ``out_dir`` on any error.
     """
     started = time.monotonic()
     report = progress or (lambda stage, fraction: None)
@@ -149,40 +145,40 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     fused = fused_ops_supported()
     model_path = out_dir / PORTABLE_MODEL
     optimized_path = out_dir / OPTIMIZED_MODEL
-    untie = spec.precision == "int8"
-    # Two graphs of the same weights: the portable one (standard ops) and the CPU one
-    # (GroupQueryAttention, in-place KV). fp32 intermediates live in a scratch folder.
+    kernels: KernelPlan | None = None
+    quality: Quality | None = None
+    if spec.precision in QUANTIZED_PRECISIONS:
+        kernels = kernels_override or kernel_plan(spec.precision, spec.cpu_class or cpu_class())
+    # fp32: two graphs of the same weights, the portable one (standard ops) and the CPU one
+    # (GroupQueryAttention, in-place KV). Quantized: the CPU graph only, since MatMulNBits and
+    # GatherBlockQuantized are onnxruntime (com.microsoft) ops that TensorRT cannot run, plus
+    # an fp32 reference of it in a scratch folder for the quality gate.
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".work-") as tmp:
         work = Path(tmp)
         cpu_src = work / "cpu.onnx"
-        if spec.precision == "int8":
-            fp32_path = work / PORTABLE_MODEL
-            io = build_decoder_graph(cfg, ckpt, fp32_path, max_positions=spec.max_kv_cache_capacity,
-                                     fused_ops=fused, untie_lm_head=untie, progress=report)
-            report("quantize", 0.0)
-            _quantize_int8(fp32_path, model_path)
-            gqa_fp32 = work / "cpu-fp32.onnx"
-            cpu_io = build_decoder_graph(cfg, ckpt, gqa_fp32, max_positions=spec.max_kv_cache_capacity,
-                                         fused_ops=fused, untie_lm_head=untie, kv_layout="gqa")
-            _quantize_int8(gqa_fp32, cpu_src)
-        elif spec.precision == "int4":
-            # MatMulNBits is an onnxruntime (com.microsoft) CPU op, allowed in the CPU graph only,
-            # and standard ops cannot hold 4-bit weights: an int4 bundle has no portable graph
-            # (TensorRT builds its own bundles from the checkpoint). Weights come from the GGUF's
-            # own Q4 blocks where the checkpoint has them.
-            gqa_fp32 = work / "cpu-fp32.onnx"
-            cpu_io = build_decoder_graph(cfg, ckpt, gqa_fp32, max_positions=spec.max_kv_cache_capacity,
-                                         fused_ops=fused, kv_layout="gqa", progress=report)
-            io = cpu_io
-            report("quantize", 0.0)
-            quantize_int4(gqa_fp32, cpu_src, checkpoint_dir)
-        else:
+        if kernels is None:
             io = build_decoder_graph(cfg, ckpt, model_path, max_positions=spec.max_kv_cache_capacity,
                                      fused_ops=fused, progress=report)
             cpu_io = build_decoder_graph(cfg, ckpt, cpu_src, max_positions=spec.max_kv_cache_capacity,
                                          fused_ops=fused, kv_layout="gqa")
+        else:
+            report("quantize", 0.0)
+            cpu_io = io = build_decoder_graph(
+                cfg, ckpt, cpu_src, max_positions=spec.max_kv_cache_capacity, fused_ops=fused,
+                kv_layout="gqa", kernels=kernels, q4=Q4Source(checkpoint_dir), progress=report)
         report("optimize", 0.0)
         _optimize(cpu_src, optimized_path)
+        if kernels is not None:
+            report("quality", 0.0)
+            reference = work / "reference.onnx"
+            build_decoder_graph(cfg, ckpt, reference, max_positions=spec.max_kv_cache_capacity,
+                                fused_ops=fused, kv_layout="gqa")
+            gate_meta = {
+                **_metadata(cfg, io, spec, set(), {}, [], 0.0, _kv_cache_meta(cfg, cpu_io, spec)),
+                "optimized_model": OPTIMIZED_MODEL,
+            }
+            quality = run_gate(reference, optimized_path, gate_meta, checkpoint_dir, cpu_class=cpu_class(),
+                               threads=available_cores(), threshold=min_agreement)
     if model_path.exists():
         report("share", 0.0)
         share_external_data(model_path, optimized_path)
@@ -200,6 +196,9 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     meta.update(memory_fields(weight_bytes=onnx_weight_bytes(optimized_path),
                               kv_bytes_per_token=int(kv_cache["bytes_per_token"]),
                               capacity=spec.max_kv_cache_capacity, slots=spec.max_batch_size))
+    if kernels is not None and quality is not None:
+        meta["kernels"] = kernels.record()
+        meta["quality"] = quality.record()
     speculative = spec.speculative_record()
     if speculative is not None:  # absent otherwise: bundles without speculation stay as they were
         meta["speculative"] = speculative

@@ -20,6 +20,7 @@ from inference.build_profile import (
     check_shapes,
 )
 from inference.builder.errors import BuildInputError
+from inference.cpu_class import CPU_CLASSES
 
 SUPPORTED_PRECISIONS = BACKEND_PRECISIONS["onnxruntime"]
 
@@ -36,6 +37,8 @@ class EngineBuildSpec:
     max_kv_cache_capacity: int = DEFAULT_MAX_KV_CACHE_CAPACITY
     speculative_method: str | None = None
     draft_digest: str | None = None
+    #: The CPU class a quantized graph is written for (None: this machine's); fp32 ignores it.
+    cpu_class: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -44,6 +47,9 @@ class EngineBuildSpec:
             check_backend_speculative("onnxruntime", self.speculative_method)
         except ProfileError as exc:
             raise BuildInputError(str(exc)) from None
+        if self.cpu_class is not None and self.cpu_class not in CPU_CLASSES:
+            raise BuildInputError(
+                f"cpu_class must be one of {', '.join(CPU_CLASSES)}, got {self.cpu_class!r}")
         if (self.speculative_method in METHODS_WITH_DRAFT_BUNDLE) != (self.draft_digest is not None):
             raise BuildInputError(
                 f"draft_digest is required exactly for {', '.join(METHODS_WITH_DRAFT_BUNDLE)} "

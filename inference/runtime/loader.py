@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
 
+from inference.cpu_class import cpu_class
 from inference.runtime.errors import EngineLoadError
 from inference.runtime.kv_engine import KV_LAYOUT, GqaEngine
 from inference.runtime.ort_engine import OrtEngine
+from inference.runtime.ort_session import available_cores
 from inference.runtime.registry import load_engine, memory_estimate
 
 ENGINE_FILE = "engine.json"
@@ -24,11 +26,18 @@ def _major_minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+def cpu_class_mismatch(meta: Mapping[str, Any]) -> str | None:
+    """Why a quantized bundle (its ``engine.json`` ``meta``) must not run on this CPU, or None.
+
+    Its graph holds the int8 kernels chosen for, and gated on, the CPU class it was built on;
+    another class runs other kernels whose answers were never checked.
+    """
+    kernels = meta.get("kernels")
+    built_for = kernels.get("cpu_class") if isinstance(kernels, Mapping) else None
+    if built_for is None or built_for == cpu_class():
+        return None
+    return (f"built for CPU class {built_for} but this CPU is {cpu_class()}: its quantized kernels "
+            "were chosen and checked for that class; rebuild it on this machine")
 
 
 def read_engine_meta(bundle_dir: Path) -> dict[str, Any]:
@@ -55,6 +64,9 @@ def read_engine_meta(bundle_dir: Path) -> dict[str, Any]:
             f"bundle was built with onnxruntime {built_with} but this process runs {ort.__version__}; "
             "the optimised graph is tied to the minor version: rebuild the bundle"
         )
+    mismatch = cpu_class_mismatch(meta)
+    if mismatch is not None:
+        raise EngineLoadError(f"bundle {bundle_dir} is {mismatch}")
     kv = meta.get("kv_cache")
     if not isinstance(kv, dict) or kv.get("layout") != KV_LAYOUT:
         layout = kv.get("layout") if isinstance(kv, dict) else None
@@ -77,7 +89,7 @@ def load_ort_engine(
     slots = int(meta.get("max_batch_size", 1)) if max_slots is None else max_slots
     if slots < 1:
         raise ValueError(f"max_slots must be at least 1, got {slots}")
-    n_threads = _cores() if threads is None else threads
+    n_threads = available_cores() if threads is None else threads
     if n_threads < 1:
         raise ValueError(f"threads must be at least 1, got {n_threads}")
     model = bundle_dir / str(meta["kv_cache"].get("model", ""))
@@ -107,7 +119,8 @@ def load_portable_engine(bundle_dir: Path, *, max_slots: int = 1, threads: int |
         raise EngineLoadError(f"bundle {bundle_dir} has no portable graph ({meta.get('precision')} bundles "
                               "keep only the CPU graph)")
     model = bundle_dir / str(portable)
-    return OrtEngine(model, meta, max_slots=max_slots, threads=_cores() if threads is None else threads)
+    n_threads = available_cores() if threads is None else threads
+    return OrtEngine(model, meta, max_slots=max_slots, threads=n_threads)
 
 
 __all__ = ["ENGINE_FILE", "load_engine", "load_ort_engine", "load_portable_engine", "read_engine_meta"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import onnxruntime as ort
@@ -17,3 +18,11 @@ def cpu_session(model_path: Path, *, threads: int, optimized: bool) -> ort.Infer
     level = ort.GraphOptimizationLevel
     opts.graph_optimization_level = level.ORT_DISABLE_ALL if optimized else level.ORT_ENABLE_EXTENDED
     return ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

@@ -20,7 +20,8 @@ def test_int8_bundle_stays_close_to_fp32(
     int8_dir = built_bundle(ckpt, precision="int8")
     meta = json.loads((int8_dir / "engine.json").read_text())
     assert meta["precision"] == "int8"
-    assert meta["tied_lm_head"] is False  # untied so that the lm_head is quantized too
+    assert meta["tied_lm_head"] is True  # one 8-bit table serves the embedding and the lm_head
+    assert meta["kernels"]["weight_bits"] == 8 and meta["quality"]["greedy_agreement"] >= 0.9
     fp32 = load_engine(built_bundle(ckpt), threads=1)
     int8 = load_engine(int8_dir, threads=1)
     assert int8.info.precision == "int8"

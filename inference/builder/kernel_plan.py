@@ -1,0 +1,79 @@
+"""What a quantized CPU graph holds on each CPU class, and why.
+
+``accuracy_level`` of onnxruntime's ``MatMulNBits`` chooses how the weights meet the
+activations: 0 computes in float32 (the same numbers on every CPU, as fp32 bundles), 4
+quantizes the activations to int8 per block of 32 and runs integer dot products (faster, but
+the result depends on the CPU's int8 kernels and on outliers in the activations). Measured
+with SmolLM2-135M-Instruct from its Q4_1 GGUF (quality gate: 8 chat prompts x 32 greedy tokens
+against fp32 of the same weights; "France": the greedy answer to "What is the capital of
+France?", whose first token beats "L" by 0.08 logits in fp32):
+
+| layers (int4)        | head                 | CPU          | agreement | France            |
+|----------------------|----------------------|--------------|-----------|-------------------|
+| level 4              | float32              | AMX          | 0.949     | Paris             |
+| level 4              | float32              | AVX2 (emul.) | -         | "La femme de..."  |
+| level 4              | 8-bit, top-32 exact  | AMX          | 0.977     | "L'Étoile, ..."   |
+| level 0              | 8-bit, top-32 exact  | AMX          | 1.000     | Paris             |
+
+Level 4 flips near-ties on every class (and on plain AVX2 its kernels go further wrong), so the
+linear layers of both precisions compute in float32 on every class: int4 as 4-bit
+``MatMulNBits`` at level 0, int8 as two 4-bit planes at level 0 (see :mod:`.quantized`; the
+8-bit op has no usable float path). Their answers are then the fp32 answers of the quantized
+weights, on any CPU.
+
+What still depends on the class is the lm_head (vocab x hidden, the largest matrix). Where the
+int8 kernels are VNNI/AMX (measured here on AMX; AVX-512 VNNI runs the same ``vpdpbusd``
+kernels), it runs at level 4 (fast) and its top 32 logits are recomputed exactly; elsewhere
+(AVX2, AVX2-VNNI, AVX-512 without VNNI, arm64, older) it is computed exactly as two 4-bit
+planes. So the graph differs by class: the CPU class is part of a quantized bundle's profile,
+the choice is recorded in ``engine.json`` (``kernels``) and a bundle built for another class is
+stale and never served.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from inference.build_profile import QUANTIZED_PRECISIONS
+from inference.cpu_class import CPU_CLASSES
+
+#: CPU classes whose lm_head runs with int8 activations (VNNI/AMX kernels), top-k rescored.
+FAST_HEAD_CLASSES: tuple[str, ...] = ("amx", "avx512-vnni")
+#: How many of the fast lm_head's top logits are recomputed exactly.
+RESCORE_TOP_K = 32
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """The quantized kernels of one precision on one CPU class."""
+
+    precision: str
+    cpu_class: str
+    weight_bits: int
+    accuracy_level: int
+    head_bits: int
+    head_accuracy_level: int
+    rescore_top_k: int
+
+    def record(self) -> dict[str, Any]:
+        """What ``engine.json`` records under ``kernels``."""
+        return asdict(self)
+
+
+def kernel_plan(precision: str, cpu_class: str, *, accuracy_level: int | None = None) -> KernelPlan:
+    """The plan for ``precision`` (int4 or int8) on ``cpu_class``.
+
+    ``accuracy_level`` overrides the linear layers' float32 compute (tests force a bad choice
+    with it: 4 is the int8-activation path).
+    """
+    if precision not in QUANTIZED_PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not quantized; quantized: {QUANTIZED_PRECISIONS}")
+    if cpu_class not in CPU_CLASSES:
+        raise ValueError(f"unknown CPU class {cpu_class!r}; known: {', '.join(CPU_CLASSES)}")
+    bits = 4 if precision == "int4" else 8
+    fast_head = cpu_class in FAST_HEAD_CLASSES
+    return KernelPlan(precision=precision, cpu_class=cpu_class, weight_bits=bits,
+                      accuracy_level=0 if accuracy_level is None else accuracy_level, head_bits=8,
+                      head_accuracy_level=4 if fast_head else 0,
+                      rescore_top_k=RESCORE_TOP_K if fast_head else 0)

@@ -1,0 +1,36 @@
+"""The precision a checkpoint's weights are stored in: what ``--precision auto`` keeps on the CPU.
+
+A GGUF checkpoint (the converted directory keeps the file as ``model.gguf``) is as precise as the
+type holding most of its linear-layer weights: Q4_x files build int4, Q8_0 int8, F16/F32/BF16
+fp32 (:data:`inference.build_profile.GGUF_TYPE_PRECISION`). Safetensors checkpoints build fp32:
+quantizing them is the user's choice (``--precision int8|int4``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from inference.build_profile import GGUF_TYPE_PRECISION
+
+#: The GGUF file inside a converted checkpoint directory.
+GGUF_WEIGHTS = "model.gguf"
+
+
+def native_precision(checkpoint_dir: Path) -> str:
+    """``int4``, ``int8`` or ``fp32`` for the checkpoint in ``checkpoint_dir`` (reads only the
+    GGUF's tensor table, memory-mapped)."""
+    path = Path(checkpoint_dir) / GGUF_WEIGHTS
+    if not path.is_file():
+        return "fp32"
+    from gguf import GGUFReader
+
+    elements: Counter[str] = Counter()
+    for tensor in GGUFReader(path).tensors:
+        # The linear layers decide; the embedding and norms are often kept at other types.
+        if tensor.name.startswith("blk.") and tensor.name.endswith(".weight") and len(tensor.shape) == 2:
+            elements[tensor.tensor_type.name] += int(tensor.n_elements)
+    if not elements:
+        return "fp32"
+    dominant = elements.most_common(1)[0][0]
+    return GGUF_TYPE_PRECISION.get(dominant, "fp32")

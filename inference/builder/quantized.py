@@ -1,0 +1,311 @@
+"""Quantized weights for the CPU graph: onnxruntime ``MatMulNBits`` and ``GatherBlockQuantized``.
+
+Both are ``com.microsoft`` CPU ops, so quantized bundles have no portable graph (TensorRT builds
+its own bundles from the checkpoint). Weights are blocks of 32 along the input dimension, one
+float scale per block: ``w = (q - zero_point) * scale``.
+
+* **int4** linear layers: 4-bit codes, two a byte (low nibble first).
+  - GGUF ``Q4_0`` blocks (``d``, 32 codes): scale ``d``, zero point 8 — the file's own codes.
+  - GGUF ``Q4_1`` blocks (``w = d*q + m = d*(q - 8) + (m + 8d)``): scale ``d``, the default
+    zero point 8, plus ``(m + 8d) * sum(x over the block)`` added through a small MatMul on
+    block sums of the input (a fractional zero point ``-m/d`` is exact too, but onnxruntime
+    then dequantizes the whole weight on every call: measured 4-35x slower per layer).
+  - Anything else: quantized here per block (min/max, integer zero point).
+* **int8** linear layers, and the token embedding and lm_head of both precisions: 8-bit codes,
+  symmetric (``scale = max|w| / 127``, stored as ``q + 128`` with the default zero point 128).
+  That is exactly llama.cpp's ``Q8_0``: re-quantizing the dequantized values of a ``Q8_0``
+  tensor gives back its own codes and scales, so a Q8_0 GGUF loses nothing here.
+* **Tied embedding and lm_head share one copy**: the lm_head is a ``MatMulNBits`` over the
+  ``[vocab, hidden/32, 32]`` codes and ``[vocab, hidden/32]`` scales, and the embedding gathers
+  rows of the same two initializers and dequantizes them (``GatherBlockQuantized`` would want
+  the scales in another shape, i.e. a second copy).
+* **Exact top-k rescoring of the lm_head**: the 8-bit lm_head with int8 activations
+  (``accuracy_level`` 4, fast) misranks near-ties — SmolLM2's "What is the capital of France?"
+  starts with "L'Étoile" instead of "The capital…" — while its float path dequantizes the whole
+  table on every call (30x slower than float32). So the graph takes the fast logits' top ``k``
+  tokens, recomputes their logits exactly (their dequantized rows, gathered, times the hidden
+  state in float32) and scatters them back: the greedy token and the head of the distribution
+  are those of the float32 weights; only the tail keeps the fast path's small error.
+* ``accuracy_level`` of the linear layers comes from the CPU class (:mod:`.kernel_plan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from onnx import TensorProto
+
+from inference.builder.gguf_convert import Q4_BLOCKS_FILE, Q4_TYPES
+from inference.builder.safetensors_reader import SafetensorsCheckpoint
+
+if TYPE_CHECKING:
+    from inference.builder.graph import _Emitter
+
+BLOCK = 32
+MS_DOMAIN = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    """One weight ready for ``MatMulNBits``: ``codes`` ``[N, K/32, 32*bits/8]`` uint8, ``scales``
+    ``[N, K/32]``, ``zero_points`` (packed, None for the op's default) and, for Q4_1, the block
+    minimums ``[N, K/32]`` (the ``m`` term)."""
+
+    bits: int
+    codes: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray | None
+    block_min: np.ndarray | None = None
+
+
+def _pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """[N, kb, 32] codes 0..15 -> [N, kb, 16] bytes, element 2i in the low nibble of byte i."""
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+
+
+def _gguf_codes(qs: np.ndarray) -> np.ndarray:
+    """llama.cpp's 16 code bytes of a block (codes j and j+16 in byte j) -> 32 codes in order."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _packed_zero_points(value: int, n: int, kb: int) -> np.ndarray:
+    per_row = (kb + 1) // 2
+    return np.full((n * per_row,), value | (value << 4), dtype=np.uint8)
+
+
+def from_q4_blocks(rows: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
+    """GGUF Q4_0 / Q4_1 rows (``[N, kb * block bytes]``) -> 4-bit weight, codes untouched."""
+    kb = k // BLOCK
+    if type_name == "Q4_0":
+        blocks = rows.reshape(n, kb, 18)
+        d = blocks[..., :2].copy().view("<f2")[..., 0].astype(np.float32)
+        return BlockWeight(4, _pack_nibbles(_gguf_codes(blocks[..., 2:])), d,
+                           _packed_zero_points(8, n, kb))
+    if type_name == "Q4_1":
+        blocks = rows.reshape(n, kb, 20)
+        d = blocks[..., :2].copy().view("<f2")[..., 0].astype(np.float32)
+        m = blocks[..., 2:4].copy().view("<f2")[..., 0].astype(np.float32)
+        # d*q + m == d*(q - 8) + (m + 8d): the op's default zero point (8) needs no table.
+        return BlockWeight(4, _pack_nibbles(_gguf_codes(blocks[..., 4:])), d, None, m + 8 * d)
+    raise ValueError(f"not a 4-bit GGUF block type: {type_name}")
+
+
+def quantize_4bit(w: np.ndarray) -> BlockWeight:
+    """Quantize ``w`` [N, K] (K a multiple of 32) to 4 bits per block: min/max, integer zero point."""
+    n, k = w.shape
+    kb = k // BLOCK
+    blocks = w.reshape(n, kb, BLOCK).astype(np.float32)
+    lo = np.minimum(blocks.min(axis=-1), 0.0)
+    hi = np.maximum(blocks.max(axis=-1), 0.0)
+    scale = (hi - lo) / 15.0
+    scale = np.where(scale == 0.0, 1.0, scale).astype(np.float32)
+    zp = np.clip(np.round(-lo / scale), 0, 15).astype(np.uint8)
+    codes = np.clip(np.round(blocks / scale[..., None]) + zp[..., None], 0, 15).astype(np.uint8)
+    per_row = (kb + 1) // 2
+    zp_padded = np.zeros((n, per_row * 2), dtype=np.uint8)
+    zp_padded[:, :kb] = zp
+    zp_packed = (zp_padded[:, 0::2] | (zp_padded[:, 1::2] << 4)).astype(np.uint8).reshape(-1)
+    return BlockWeight(4, _pack_nibbles(codes), scale, zp_packed)
+
+
+def quantize_8bit(w: np.ndarray) -> BlockWeight:
+    """Quantize ``w`` [N, K] (K a multiple of 32) as llama.cpp's Q8_0: per block ``scale =
+    max|w| / 127``, codes ``round(w / scale)`` stored as ``q + 128`` (the default zero point)."""
+    n, k = w.shape
+    blocks = w.reshape(n, k // BLOCK, BLOCK).astype(np.float32)
+    scale = (np.abs(blocks).max(axis=-1) / np.float32(127.0)).astype(np.float32)
+    safe = np.where(scale == 0.0, np.float32(1.0), scale)
+    q = np.clip(np.rint(blocks / safe[..., None]), -127, 127).astype(np.int16)
+    return BlockWeight(8, (q + 128).astype(np.uint8), scale, None)
+
+
+class Q4Source:
+    """The raw GGUF Q4 blocks of a converted checkpoint, by Hugging Face weight name."""
+
+    def __init__(self, checkpoint_dir: Path | None) -> None:
+        self._blocks: SafetensorsCheckpoint | None = None
+        self._types: dict[str, str] = {}
+        path = None if checkpoint_dir is None else Path(checkpoint_dir) / Q4_BLOCKS_FILE
+        if path is not None and path.is_file():
+            self._blocks = SafetensorsCheckpoint.from_file(path)
+            for stored in self._blocks.names():
+                name, _, kind = stored.rpartition(".")
+                if kind in Q4_TYPES:
+                    self._types[name] = kind
+
+    def get(self, name: str, n: int, k: int) -> BlockWeight | None:
+        """The file's own 4-bit blocks of ``name`` ([N, K] weight), or None."""
+        kind = self._types.get(name)
+        if kind is None or self._blocks is None:
+            return None
+        return from_q4_blocks(np.asarray(self._blocks.get_raw(f"{name}.{kind}")), kind, n, k)
+
+
+@dataclass(frozen=True)
+class Table8:
+    """An 8-bit weight ``[n, k]`` written into the graph, in one of two layouts: ``codes`` (one
+    uint8 code per weight, for level-4 ``MatMulNBits``) or ``planes`` (two 4-bit planes, for the
+    float path, see :meth:`QuantizedEmitter.linear`)."""
+
+    base: str
+    layout: str
+    n: int
+    k: int
+
+
+class QuantizedEmitter:
+    """Writes quantized linear layers, embedding and lm_head into a graph being built."""
+
+    def __init__(self, em: _Emitter, *, bits: int, accuracy_level: int, head_accuracy_level: int,
+                 rescore_top_k: int, q4: Q4Source) -> None:
+        self.em = em
+        self.bits = bits
+        self.level = accuracy_level
+        self.head_level = head_accuracy_level
+        self.top_k = rescore_top_k
+        self.q4 = q4
+        self.counts = {"gguf_blocks": 0, "quantized": 0}
+        self._block_sums: dict[str, str] = {}
+        self._times16: dict[str, str] = {}
+
+    @staticmethod
+    def fits(k: int) -> bool:
+        """Whether an input dimension splits into whole blocks."""
+        return k % BLOCK == 0
+
+    def _weight(self, name: str, n: int, k: int, load: Callable[[], np.ndarray]) -> BlockWeight:
+        if self.bits == 4:
+            raw = self.q4.get(name, n, k)
+            if raw is not None:
+                self.counts["gguf_blocks"] += 1
+                return raw
+            self.counts["quantized"] += 1
+            return quantize_4bit(load())
+        self.counts["quantized"] += 1
+        return quantize_8bit(load())
+
+    # --- MatMulNBits -----------------------------------------------------------------------
+    def _matmul_nbits(self, x: str, inputs: list[str], n: int, k: int, bits: int, level: int,
+                      out: str | None = None) -> str:
+        return self.em.op("MatMulNBits", [x, *inputs], domain=MS_DOMAIN,
+                          outputs=[out] if out is not None else None,
+                          K=k, N=n, bits=bits, block_size=BLOCK, accuracy_level=level)[0]
+
+    def _store(self, base: str, q: BlockWeight) -> list[str]:
+        """The initializers of one MatMulNBits weight: codes, scales (, zero points)."""
+        em = self.em
+        names = [em.weight(f"{base}.q{q.bits}", q.codes), em.weight(f"{base}.q{q.bits}_scales", q.scales)]
+        if q.zero_points is not None:
+            names.append(em.weight(f"{base}.q{q.bits}_zero_points", q.zero_points))
+        return names
+
+    def _min_term(self, x: str, base: str, q: BlockWeight, k: int) -> str:
+        """Q4_1's ``sum(x over each block) @ m^T``; block sums computed once per input."""
+        em = self.em
+        if x not in self._block_sums:
+            blocked = em.op1("Reshape", [x, em.const(np.array([0, 0, k // BLOCK, BLOCK], np.int64))])
+            self._block_sums[x] = em.op1("ReduceSum", [blocked, em.const(np.array([-1], np.int64))],
+                                         keepdims=0)
+        assert q.block_min is not None
+        mins = em.weight(f"{base}.q4_block_min", np.ascontiguousarray(q.block_min.T))
+        return em.op1("MatMul", [self._block_sums[x], mins])
+
+    def linear(self, x: str, name: str, n: int, k: int, load: Callable[[], np.ndarray]) -> str:
+        """``x @ w.T`` for the checkpoint weight ``name`` [N, K]; ``load`` reads it as float32
+        (not called where the file's own 4-bit blocks are used).
+
+        8-bit weights at level 0 (float compute) are written as two 4-bit planes: onnxruntime
+        has no float path for 8-bit ``MatMulNBits`` (it dequantizes the whole table per call),
+        but a fast one for 4 bits, and a code ``c = 16a + b`` gives ``s*(c - 128) = 16s*(a - 8)
+        + s*(b - 0)``: two 4-bit products, summed, are the 8-bit weights' exact products (the
+        planes share one scale table: the high one reads ``16x``).
+        """
+        base = name.removesuffix(".weight")
+        q = self._weight(name, n, k, load)
+        if q.bits == 8:
+            return self._table_matmul(x, self._table(base, q, "planes" if self.level == 0 else "codes"),
+                                      self.level)
+        y = self._matmul_nbits(x, self._store(base, q), n, k, 4, self.level)
+        if q.block_min is None:
+            return y
+        return self.em.op1("Add", [y, self._min_term(x, base, q, k)])
+
+    # --- 8-bit tables (int8 layers, embedding, lm_head) -------------------------------------
+    def _table(self, base: str, q: BlockWeight, layout: str) -> Table8:
+        n, kb, _ = q.codes.shape
+        em = self.em
+        if layout == "codes":
+            self._store(base, q)
+        else:
+            em.weight(f"{base}.hi.q4", _pack_nibbles(q.codes >> 4))
+            em.weight(f"{base}.lo.q4", _pack_nibbles(q.codes & 0x0F))
+            em.weight(f"{base}.q8_scales", q.scales)
+            em.weight(f"{base}.lo.q4_zero_points", _packed_zero_points(0, n, kb))
+        return Table8(base, layout, n, kb * BLOCK)
+
+    def _table_matmul(self, x: str, t: Table8, level: int, out: str | None = None) -> str:
+        scales = f"{t.base}.q8_scales"
+        if t.layout == "codes":
+            return self._matmul_nbits(x, [f"{t.base}.q8", scales], t.n, t.k, 8, level, out)
+        # 16s*(a - 8) == s*(a - 8) applied to 16x (exact: a power of two), so both planes share
+        # one scale table: the high plane with the default zero point 8, the low one with 0.
+        if x not in self._times16:
+            self._times16[x] = self.em.op1("Mul", [x, self.em.const(np.float32(16.0))])
+        hi = self._matmul_nbits(self._times16[x], [f"{t.base}.hi.q4", scales], t.n, t.k, 4, 0)
+        lo = self._matmul_nbits(x, [f"{t.base}.lo.q4", scales, f"{t.base}.lo.q4_zero_points"],
+                                t.n, t.k, 4, 0)
+        return self.em.op("Add", [hi, lo], outputs=[out] if out is not None else None)[0]
+
+    def _table_rows(self, t: Table8, ids: str) -> str:
+        """Rows ``ids`` of an 8-bit table as float32 ``[*ids.shape, k]``."""
+        em = self.em
+        last = em.const(np.array([-1], np.int64))
+        if t.layout == "codes":
+            codes = em.op1("Cast", [em.op1("Gather", [f"{t.base}.q8", ids])], to=TensorProto.FLOAT)
+        else:
+            planes = []
+            for plane in ("hi", "lo"):
+                packed = em.op1("Gather", [f"{t.base}.{plane}.q4", ids])  # [..., kb, 16]
+                low = em.op1("BitwiseAnd", [packed, em.const(np.uint8(0x0F))])
+                high = em.op1("BitShift", [packed, em.const(np.uint8(4))], direction="RIGHT")
+                # [..., kb, 16, 2]: element 2i is the low nibble
+                pairs = em.op1("Concat", [em.op1("Unsqueeze", [low, last]),
+                                          em.op1("Unsqueeze", [high, last])], axis=-1)
+                shape = em.op1("Concat", [em.op1("Shape", [packed], end=-1),
+                                          em.const(np.array([BLOCK], np.int64))], axis=0)
+                planes.append(em.op1("Cast", [em.op1("Reshape", [pairs, shape])], to=TensorProto.FLOAT))
+            codes = em.op1("Add", [em.op1("Mul", [planes[0], em.const(np.float32(16.0))]), planes[1]])
+        scales = f"{t.base}.q8_scales"
+        w = em.op1("Mul", [em.op1("Sub", [codes, em.const(np.float32(128.0))]),
+                           em.op1("Unsqueeze", [em.op1("Gather", [scales, ids]), last])])
+        shape = em.op1("Concat", [em.op1("Shape", [ids]), em.const(np.array([t.k], np.int64))], axis=0)
+        return em.op1("Reshape", [w, shape])
+
+    def _head_layout(self) -> str:
+        return "planes" if self.head_level == 0 else "codes"
+
+    def embedding(self, table: np.ndarray, ids: str) -> tuple[str, Table8]:
+        """Token embedding lookup of ``table`` [V, H] stored at 8 bits in the lm_head's layout
+        (so a tied lm_head reads the same initializers); returns (output, the table)."""
+        t = self._table("model.embed_tokens", quantize_8bit(table), self._head_layout())
+        return self._table_rows(t, ids), t
+
+    def lm_head(self, hidden: str, table: Table8 | np.ndarray) -> str:
+        """Logits ``[B, S, vocab]`` of ``hidden`` [B, S, H] through the 8-bit lm_head: the tied
+        embedding's :class:`Table8`, or an untied weight [V, H]. At level 4 the top-k logits are
+        recomputed exactly (see the module docstring); at level 0 every logit is exact."""
+        em = self.em
+        t = table if isinstance(table, Table8) else self._table("lm_head", quantize_8bit(table),
+                                                                   self._head_layout())
+        if self.head_level == 0 or self.top_k <= 0:
+            return self._table_matmul(hidden, t, self.head_level, out="logits")
+        fast = self._table_matmul(hidden, t, self.head_level)
+        _, top = em.op("TopK", [fast, em.const(np.array([self.top_k], np.int64))], n_out=2, axis=-1)
+        rows = self._table_rows(t, top)  # [B,S,k,H]
+        col = em.op1("Unsqueeze", [hidden, em.const(np.array([-1], np.int64))])  # [B,S,H,1]
+        exact = em.op1("Squeeze", [em.op1("MatMul", [rows, col]), em.const(np.array([-1], np.int64))])
+        return em.op("ScatterElements", [fast, top, exact], outputs=["logits"], axis=-1)[0]
