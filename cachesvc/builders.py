@@ -63,9 +63,18 @@ def _refuse_speculative(backend: str, options: BuildOptions) -> None:
 
 
 class OnnxRuntimeBuilder:
-    """The CPU backend: ``inference.builder.build_bundle`` (ONNX graph + ONNX Runtime)."""
+    """The CPU backend: ``inference.builder.build_bundle`` (ONNX graph + ONNX Runtime).
+
+    ``min_agreement`` is the quality gate's threshold for int8/int4 builds (None: the builder's
+    documented default); ``accuracy_level`` forces the quantized layers' ``MatMulNBits``
+    accuracy level instead of the CPU class's choice (tests use it to force a bad choice).
+    """
 
     backend = "onnxruntime"
+
+    def __init__(self, *, min_agreement: float | None = None, accuracy_level: int | None = None) -> None:
+        self.min_agreement = min_agreement
+        self.accuracy_level = accuracy_level
 
     @property
     def version(self) -> str:
@@ -88,6 +97,8 @@ class OnnxRuntimeBuilder:
         progress: ProgressFn,
     ) -> dict[str, Any]:
         from inference.builder import EngineBuildSpec, build_bundle
+        from inference.builder.kernel_plan import kernel_plan
+        from inference.builder.quality import MIN_AGREEMENT
         from inference.builder.quality import QualityGateError as GateFailed
         from inference.cpu_class import cpu_class
 
@@ -103,8 +114,13 @@ class OnnxRuntimeBuilder:
             draft_digest=options.draft_digest,
             cpu_class=options.cpu_class,
         )
+        forced = None
+        if self.accuracy_level is not None and options.cpu_class is not None:
+            forced = kernel_plan(options.precision, options.cpu_class, accuracy_level=self.accuracy_level)
+        threshold = MIN_AGREEMENT if self.min_agreement is None else self.min_agreement
         try:
-            return dict(build_bundle(checkpoint_dir, out_dir, spec, progress))
+            return dict(build_bundle(checkpoint_dir, out_dir, spec, progress, kernels_override=forced,
+                                     min_agreement=threshold))
         except GateFailed as exc:
             raise QualityGateError(str(exc)) from exc
         except ValueError as exc:

@@ -94,6 +94,14 @@ def from_q4_blocks(rows: np.ndarray, type_name: str, n: int, k: int) -> BlockWei
     raise ValueError(f"not a 4-bit GGUF block type: {type_name}")
 
 
+def q4_0_as_8bit(rows: np.ndarray, n: int, k: int) -> BlockWeight:
+    """GGUF Q4_0 rows as the same weights in the 8-bit layout, exactly: ``d*(q - 8)`` is code
+    ``q - 8 + 128`` with scale ``d``."""
+    blocks = rows.reshape(n, k // BLOCK, 18)
+    d = blocks[..., :2].copy().view("<f2")[..., 0].astype(np.float32)
+    return BlockWeight(8, (_gguf_codes(blocks[..., 2:]) + 120).astype(np.uint8), d, None)
+
+
 def quantize_4bit(w: np.ndarray) -> BlockWeight:
     """Quantize ``w`` [N, K] (K a multiple of 32) to 4 bits per block: min/max, integer zero point."""
     n, k = w.shape
@@ -144,6 +152,13 @@ class Q4Source:
             return None
         return from_q4_blocks(np.asarray(self._blocks.get_raw(f"{name}.{kind}")), kind, n, k)
 
+    def get_8bit(self, name: str, n: int, k: int) -> BlockWeight | None:
+        """``name`` in the 8-bit layout without loss where the file stores it as Q4_0, or None
+        (Q4_1's ``d*q + m`` has no exact symmetric 8-bit form)."""
+        if self._types.get(name) != "Q4_0" or self._blocks is None:
+            return None
+        return q4_0_as_8bit(np.asarray(self._blocks.get_raw(f"{name}.Q4_0")), n, k)
+
 
 @dataclass(frozen=True)
 class Table8:
@@ -187,6 +202,12 @@ class QuantizedEmitter:
             return quantize_4bit(load())
         self.counts["quantized"] += 1
         return quantize_8bit(load())
+
+    def _weight_8bit(self, name: str, w: np.ndarray) -> BlockWeight:
+        """An 8-bit table of ``w`` (the checkpoint's ``name``): exact for Q8_0 (re-quantizing
+        its values gives back its codes) and for Q4_0 blocks; else quantized here."""
+        n, k = w.shape
+        return self.q4.get_8bit(name, n, k) or quantize_8bit(w)
 
     # --- MatMulNBits -----------------------------------------------------------------------
     def _matmul_nbits(self, x: str, inputs: list[str], n: int, k: int, bits: int, level: int,
@@ -291,7 +312,8 @@ class QuantizedEmitter:
     def embedding(self, table: np.ndarray, ids: str) -> tuple[str, Table8]:
         """Token embedding lookup of ``table`` [V, H] stored at 8 bits in the lm_head's layout
         (so a tied lm_head reads the same initializers); returns (output, the table)."""
-        t = self._table("model.embed_tokens", quantize_8bit(table), self._head_layout())
+        t = self._table("model.embed_tokens", self._weight_8bit("model.embed_tokens.weight", table),
+                        self._head_layout())
         return self._table_rows(t, ids), t
 
     def lm_head(self, hidden: str, table: Table8 | np.ndarray) -> str:
@@ -299,8 +321,8 @@ class QuantizedEmitter:
         embedding's :class:`Table8`, or an untied weight [V, H]. At level 4 the top-k logits are
         recomputed exactly (see the module docstring); at level 0 every logit is exact."""
         em = self.em
-        t = table if isinstance(table, Table8) else self._table("lm_head", quantize_8bit(table),
-                                                                   self._head_layout())
+        t = table if isinstance(table, Table8) else self._table(
+            "lm_head", self._weight_8bit("lm_head.weight", table), self._head_layout())
         if self.head_level == 0 or self.top_k <= 0:
             return self._table_matmul(hidden, t, self.head_level, out="logits")
         fast = self._table_matmul(hidden, t, self.head_level)

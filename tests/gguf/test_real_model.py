@@ -12,6 +12,7 @@ import onnx
 import pytest
 import torch
 
+from inference.cpu_class import cpu_class
 from inference.runtime.generate import generate
 from inference.runtime.loader import load_engine
 from inference.tokenizer import load_tokenizer
@@ -109,6 +110,8 @@ def test_fp32_greedy_tokens_equal_transformers(
 
 @pytest.mark.parametrize("precision", ["fp32", "int8", "int4"])
 def test_capital_of_france(smollm2_bundle: Callable[[str], Path], precision: str) -> None:
+    # fp32 leads "L" by only 0.08 logits at the first token: any int8-activation kernel in the
+    # layers flips it ("L'Étoile, ..."); float-compute quantized layers keep it.
     bundle = smollm2_bundle(precision)
     tok = load_tokenizer(bundle)
     engine = load_engine(bundle, threads=2)
@@ -117,19 +120,34 @@ def test_capital_of_france(smollm2_bundle: Callable[[str], Path], precision: str
         answer = tok.decode(generate(engine, ids, 24)[0])
     finally:
         engine.close()
+    print(f"{precision} on CPU class {cpu_class()}: {answer!r}")
     assert "Paris" in answer, answer
 
 
-def test_int4_takes_the_gguf_blocks_and_stays_close_to_fp32(smollm2_bundle: Callable[[str], Path]) -> None:
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_quantized_bundles_pass_the_gate_on_this_cpu(
+    smollm2_bundle: Callable[[str], Path], precision: str
+) -> None:
+    quality = json.loads((smollm2_bundle(precision) / "engine.json").read_text())["quality"]
+    print(f"{precision} on CPU class {cpu_class()}: {quality}")
+    assert quality["cpu_class"] == cpu_class()
+    assert (quality["prompts"], quality["tokens"]) == (8, 256)
+    # int4 keeps the file's own 4-bit codes and computes in float32: fp32 of the same weights,
+    # to rounding. int8 re-quantizes those Q4_1 values to 8 bits (measured 0.98 here).
+    assert quality["greedy_agreement"] >= (0.99 if precision == "int4" else 0.95)
+
+
+def test_int4_takes_the_gguf_blocks_and_answers_as_fp32(smollm2_bundle: Callable[[str], Path]) -> None:
     int4, fp32 = smollm2_bundle("int4"), smollm2_bundle("fp32")
     assert not (int4 / "model.onnx").exists()  # MatMulNBits lives in the CPU graph only
     graph = onnx.load(str(int4 / "model.ort.onnx"), load_external_data=False).graph
-    ops = [n.op_type for n in graph.node]
-    assert ops.count("MatMulNBits") == 30 * 7  # every linear of every layer; the lm_head stays float
-    assert "MatMul" in ops  # the Q4_1 block-minimum terms
+    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    layers = [n for n in nbits if next(a.i for a in n.attribute if a.name == "N") != 49152]
+    assert len(layers) == 30 * 7  # every linear of every layer
+    assert all(next(a.i for a in n.attribute if a.name == "accuracy_level") == 0 for n in layers)
+    assert "MatMul" in [n.op_type for n in graph.node]  # the Q4_1 block-minimum terms
     meta = json.loads((int4 / "engine.json").read_text())
-    assert meta["precision"] == "int4"
-    assert (int4 / "model.ort.onnx.data").stat().st_size < (fp32 / "model.onnx.data").stat().st_size / 2
+    assert meta["precision"] == "int4" and meta["tied_lm_head"] is True
     tok = load_tokenizer(fp32)
     a, b = load_engine(fp32, threads=2), load_engine(int4, threads=2)
     try:
@@ -138,11 +156,35 @@ def test_int4_takes_the_gguf_blocks_and_stays_close_to_fp32(smollm2_bundle: Call
             x, y = a.prefill(0, ids), b.prefill(0, ids)
             a.reset(0)
             b.reset(0)
-            cosine = float(x @ y / np.linalg.norm(x) / np.linalg.norm(y))
-            # Measured: 0.983 on the first prompt with the in-place-KV (GroupQueryAttention) CPU
-            # graph, 0.994 with the earlier standard-attention graph; the greedy token agrees.
-            assert cosine > 0.975, (text, cosine)
+            top = np.argsort(-x)[:8]  # the logits that decide (exact at every class)
+            np.testing.assert_allclose(x[top], y[top], rtol=1e-3, atol=1e-3)
             assert int(x.argmax()) == int(y.argmax())
     finally:
         a.close()
         b.close()
+
+
+def _q8_0_size(path: Path) -> int:
+    """The size of ``llama-quantize PATH OUT Q8_0``'s file: the same header, metadata and float
+    tensors, 34 bytes per 32 weights for every quantized one (checked: 144,811,072 bytes for
+    SmolLM2, exactly what llama-quantize wrote)."""
+    from gguf import GGUFReader
+
+    size = path.stat().st_size
+    for tensor in GGUFReader(path).tensors:
+        if tensor.tensor_type.name in ("Q4_0", "Q4_1", "Q8_0"):
+            size += int(tensor.n_elements) // 32 * 34 - int(tensor.n_bytes)
+    return size
+
+
+@pytest.mark.parametrize(("precision", "gguf_type"), [("int4", "Q4_1"), ("int8", "Q8_0")])
+def test_quantized_bundles_are_as_small_as_the_gguf(
+    smollm2_bundle: Callable[[str], Path], smollm2_gguf: Path, precision: str, gguf_type: str
+) -> None:
+    bundle = smollm2_bundle(precision)
+    size = sum(f.stat().st_size for f in bundle.iterdir() if f.is_file())
+    # int4: the Q4_1 file it came from; int8: that file as Q8_0.
+    gguf_size = smollm2_gguf.stat().st_size if gguf_type == "Q4_1" else _q8_0_size(smollm2_gguf)
+    print(f"{precision} bundle {size / 2**20:.1f} MiB, {gguf_type} GGUF {gguf_size / 2**20:.1f} MiB: "
+          f"{size / gguf_size:.3f}x")
+    assert size <= 1.2 * gguf_size
