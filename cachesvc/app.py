@@ -51,6 +51,7 @@ from inference.openai import OpenAIServing, ServingOptions, load_tokenizer, open
 from inference.openai.pool import HandleFactory, ModelPool, ModelRef, PoolLimits
 from inference.runtime.protocol import Engine
 from inference.speculative import ProposerFactory
+from inference.structured import GrammarLimits
 
 log = logging.getLogger("cachesvc.app")
 
@@ -171,6 +172,11 @@ def build_serving(
             enable_auto_tool_choice=config.enable_auto_tool_choice,
             check_model_name=check_model_name,
             model_type=info.model_type,
+            grammar_limits=GrammarLimits(
+                max_schema_bytes=config.max_schema_bytes,
+                max_schema_properties=config.max_schema_properties,
+                compile_timeout=config.grammar_compile_timeout,
+            ),
             capabilities={
                 "bundle_id": bundle_id,
                 "backend": info.backend,

@@ -1,13 +1,14 @@
 """Logits processors and the per-request sampler.
 
-Order per step: penalties (over the tokens generated so far) and ``logit_bias`` change the
-logits; temperature 0 takes the argmax of those; otherwise temperature, top-k and top-p shape
-the distribution and a per-request ``numpy.random.Generator`` (seeded from ``seed`` when given)
-draws the token, so one seed gives one output. A structured-output constraint
-(:class:`~inference.structured.TokenConstraint`) removes every token its grammar forbids (as if
-its logit were -inf) before temperature, top-k and top-p, and learns the chosen token right after.
-Reported logprobs are the model's own distribution (log-softmax of the raw logits), as OpenAI
-and vLLM report them.
+Order per step: penalties (``repetition_penalty`` over the prompt and the tokens generated so
+far, the OpenAI penalties over the generated ones) and ``logit_bias`` change the logits;
+temperature 0 (or below :data:`MIN_TEMPERATURE`) takes the argmax of those; otherwise
+temperature, top-k, top-p and min-p shape the distribution and a per-request
+``numpy.random.Generator`` (seeded from ``seed`` when given) draws the token, so one seed gives
+one output. A structured-output constraint (:class:`~inference.structured.TokenConstraint`)
+removes every token its grammar forbids (as if its logit were -inf) before temperature, top-k,
+top-p and min-p, and learns the chosen token right after. Reported logprobs are the model's own
+distribution (log-softmax of the raw logits), as OpenAI and vLLM report them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from inference.structured import TokenConstraint
 
 __all__ = [
+    "MIN_TEMPERATURE",
     "SampleResult",
     "Sampler",
     "SamplingParams",
@@ -33,6 +35,11 @@ __all__ = [
     "top_k_mask",
     "top_p_mask",
 ]
+
+
+#: Temperatures below this are greedy (as vLLM's ``_SAMPLING_EPS``): dividing logits by 1e-38
+#: overflows float32 to inf, and the draw over inf - inf = nan picks garbage.
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -193,8 +200,8 @@ class Sampler:
 
     @property
     def greedy(self) -> bool:
-        """Whether this request takes the argmax (temperature 0)."""
-        return self.params.temperature <= 0.0
+        """Whether this request takes the argmax (temperature 0 or below :data:`MIN_TEMPERATURE`)."""
+        return self.params.temperature < MIN_TEMPERATURE
 
     @property
     def rng(self) -> np.random.Generator:

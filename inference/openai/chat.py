@@ -245,7 +245,8 @@ class ChatEndpoints(ModelHandle):
         tools, fmt, name = plan.tools or [], plan.parser.name, plan.name
         parallel = name is None and req.parallel_tool_calls is not False
         grammar: str = await self._compile(
-            lambda: self._grammars.tool_call_grammar(tools, call_format=fmt, name=name, parallel=parallel)
+            lambda: self._grammars.tool_call_grammar(tools, call_format=fmt, name=name, parallel=parallel),
+            param="tool_choice",
         )
         return grammar
 

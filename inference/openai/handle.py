@@ -42,7 +42,7 @@ from inference.runtime.protocol import Engine
 from inference.sampling import Sampler, SamplingParams
 from inference.scheduler import AsyncOutputStream, GenerationRequest, Scheduler, SchedulerObserver
 from inference.speculative import ProposerFactory
-from inference.structured import GrammarCompiler, StructuredOutputError, TokenConstraint
+from inference.structured import GrammarCompiler, GrammarLimits, StructuredOutputError, TokenConstraint
 from inference.tokenizer import Tokenizer
 
 __all__ = ["AUTO_PARSERS", "ModelHandle", "ServingObserver", "ServingOptions", "resolve_parsers"]
@@ -98,6 +98,8 @@ class ServingOptions:
     check_model_name: bool = True
     model_type: str = ""
     capabilities: Mapping[str, object] = field(default_factory=dict)
+    #: What one request's structured-output constraint may cost (schema size, compile time).
+    grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -211,7 +213,7 @@ class ModelHandle:
         # Ids the engine can emit but the tokenizer cannot decode (embedding padding) are out.
         self._vocab_size = min(engine.info.vocab_size, tokenizer.vocab_size)
         self._eos_ids = tuple(dict.fromkeys((*tokenizer.eos_token_ids, *engine.info.eos_token_ids)))
-        self._grammars = GrammarCompiler(tokenizer, self._vocab_size, self._eos_ids)
+        self._grammars = GrammarCompiler(tokenizer, self._vocab_size, self._eos_ids, options.grammar_limits)
         self._scheduler = Scheduler(
             engine,
             max_batch_size=options.max_batch_size,
@@ -483,16 +485,27 @@ class ModelHandle:
                 param="response_format.json_schema" + (".schema" if spec is not None else ""),
             )
         schema = spec.schema
+        where = "response_format.json_schema.schema"
         return await self._compile(
-            lambda: self._grammars.json_schema_grammar(schema, param="response_format.json_schema.schema")
+            lambda: self._grammars.json_schema_grammar(schema, param=where), param=where
         )
 
-    async def _compile(self, make: Any) -> Any:
-        """Run a grammar step off the event loop; turn its complaint into a 400 naming the field."""
+    async def _compile(self, make: Any, *, param: str = "response_format") -> Any:
+        """Run a grammar step off the event loop under the compile deadline; turn its complaint
+        into a 400 naming the field.
+
+        A compile past the deadline answers 400 at once; its thread cannot be interrupted and
+        finishes in the background (the size limits keep that rare and short)."""
+        timeout = self._grammars.limits.compile_timeout
         try:
-            return await asyncio.to_thread(make)
+            return await asyncio.wait_for(asyncio.to_thread(make), timeout)
         except StructuredOutputError as exc:
             raise InvalidRequestError(str(exc), param=exc.param) from None
+        except TimeoutError:
+            raise InvalidRequestError(
+                f"{param}: the constraint took longer than {timeout:g} s to compile; simplify it",
+                param=param,
+            ) from None
 
     async def _constraint(self, grammar: str | None) -> TokenConstraint | None:
         """A request's own matcher for ``grammar`` (its first mask starts filling at once)."""
