@@ -152,11 +152,14 @@ def renamed_params(names: Mapping[str, str]) -> Iterator[None]:
     try:
         yield
     except OpenAIError as exc:
-        if exc.param is not None:
-            head, dot, tail = exc.param.partition("[")
-            if head in names:
-                exc.message = exc.message.replace(head, names[head])
-                exc.param = names[head] + dot + tail
+        param = exc.param
+        if param is not None:
+            # The longest name that heads the param (``a.b`` heads ``a.b.c`` and ``a.b[0]``).
+            for key in sorted(names, key=len, reverse=True):
+                if param == key or param.startswith((key + ".", key + "[")):
+                    exc.message = exc.message.replace(key, names[key])
+                    exc.param = names[key] + param[len(key) :]
+                    break
         raise
 
 
@@ -185,7 +188,8 @@ def anthropic_error_body(exc: OpenAIError) -> dict[str, Any]:
 
 
 _MSGSPEC_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
-_MSGSPEC_MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
+_MSGSPEC_MISSING = re.compile(r"(?:missing required|contains unknown) field `(?P<field>[^`]+)`")
+_MSGSPEC_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`")
 
 
 def _param_from_msgspec(message: str) -> tuple[str, str | None]:
@@ -205,6 +209,14 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return exc
     if isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
         message, param = _param_from_msgspec(str(exc))
+        if _MSGSPEC_UNKNOWN.search(message) and param is not None:
+            # As OpenAI answers an unknown argument: name it, say it is not recognised.
+            return InvalidRequestError(
+                f"Unrecognized request argument supplied: {param} (this server accepts the fields of "
+                "the API reference and its documented extensions)",
+                param=param,
+                code="unknown_parameter",
+            )
         return InvalidRequestError(f"invalid request body: {message}", param=param)
     if isinstance(exc, ValidationException):
         return _from_litestar_validation(exc)

@@ -92,6 +92,9 @@ def test_grammar_errors_are_ours(client: openai.OpenAI) -> None:
     # A grammar error from llguidance: one line, no parser dump, no file path.
     cases: list[dict[str, Any]] = [
         {"response_format": _schema_format({"type": "objekt"})},
+        {"guided_regex": "[a-"},
+        {"guided_grammar": "root ::= missing_rule"},
+        {"grammar": "start: /(?<=a)b/"},
         {"response_format": _schema_format({"type": "string", "pattern": "(?<=a)b"})},
     ]
     for extra in cases:
