@@ -26,12 +26,12 @@ from types import FrameType
 from typing import Any
 
 import anyio
-from litestar import Litestar, Response, get
+from litestar import Litestar, Response, Router, get
 from litestar.config.allowed_hosts import AllowedHostsConfig
 from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig, ResponseSpec
-from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
+from litestar.openapi.plugins import JsonRenderPlugin
 
 from cachesvc import __version__
 from cachesvc.config import ServeConfig, cli_message
@@ -39,8 +39,10 @@ from cachesvc.entry import open_cache
 from cachesvc.errors import CacheError, ConfigError
 from cachesvc.fleet import NodeAgent
 from cachesvc.http.admin import admin_router
+from cachesvc.http.auth import admin_guard
 from cachesvc.http.dashboard import dashboard_router
 from cachesvc.http.engines import engines_router
+from cachesvc.http.errors import admin_exception_handlers
 from cachesvc.http.metrics import MetricsState, metrics_route
 from cachesvc.manager import BundleLease, CacheManager, CombinedLease
 from cachesvc.records import PrepareResult
@@ -414,7 +416,16 @@ def create_app(
             version=__version__,
             description="Engine-bundle cache admin API, cache metrics and OpenAI-style completions.",
             path="/schema",
-            render_plugins=[SwaggerRenderPlugin(), ScalarRenderPlugin()],
+            # The JSON only: the HTML viewers load their scripts from a CDN (blank offline, and
+            # a third party learns who reads the docs). With an admin key, the schema needs it.
+            render_plugins=[JsonRenderPlugin()],
+            openapi_router=Router(
+                path="/schema",
+                route_handlers=[],
+                include_in_schema=False,
+                guards=[admin_guard(config.admin_api_key)] if config.admin_api_key else [],
+                exception_handlers=admin_exception_handlers(),
+            ),
         ),
     )
 

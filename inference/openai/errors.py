@@ -10,6 +10,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -39,6 +40,7 @@ __all__ = [
     "anthropic_exception_handler",
     "error_body",
     "openai_exception_handler",
+    "public_message",
     "renamed_params",
     "to_openai_error",
 ]
@@ -163,9 +165,30 @@ def renamed_params(names: Mapping[str, str]) -> Iterator[None]:
         raise
 
 
+# An absolute path in a message: up to whitespace, a quote or punctuation that ends a phrase.
+_ABS_PATH = re.compile(r"(?<![\w.:/~])/[^\s'\"`,;()\[\]{}<>]+")
+
+
+def _on_this_machine(candidate: str) -> bool:
+    # A path of two or more parts whose top directory exists here (/tmp/..., /home/...);
+    # route names (/v1/models, /admin/builds) have no such directory.
+    parts = Path(candidate.rstrip(".:")).parts
+    try:
+        return len(parts) > 2 and Path(parts[0], parts[1]).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def public_message(message: str) -> str:
+    """``message`` without this machine's paths: an absolute path under a directory that exists
+    here becomes ``<server path>``. Route names such as ``/v1/models`` stay."""
+    return _ABS_PATH.sub(lambda m: "<server path>" if _on_this_machine(m.group(0)) else m.group(0), message)
+
+
 def error_body(exc: OpenAIError) -> dict[str, Any]:
-    """The OpenAI error object for ``exc``."""
-    return {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
+    """The OpenAI error object for ``exc`` (no server path in its message)."""
+    message = public_message(exc.message)
+    return {"error": {"message": message, "type": exc.type, "param": exc.param, "code": exc.code}}
 
 
 #: HTTP status -> Anthropic error ``type`` (anything else: ``api_error``).
@@ -184,7 +207,7 @@ _ANTHROPIC_TYPES = {
 def anthropic_error_body(exc: OpenAIError) -> dict[str, Any]:
     """The Anthropic error object for ``exc``: ``{"type": "error", "error": {"type", "message"}}``."""
     kind = _ANTHROPIC_TYPES.get(exc.status_code, "api_error")
-    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+    return {"type": "error", "error": {"type": kind, "message": public_message(exc.message)}}
 
 
 _MSGSPEC_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from tests.e2e.conftest import MODEL, ServerProcess
+from tests.e2e.conftest import API_KEY, MODEL, ServerProcess
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Say something."}]
 
@@ -117,3 +118,46 @@ def test_temperature_below_the_floor_is_greedy(client: openai.OpenAI) -> None:
     text = client.completions.create(model=MODEL, prompt="Once", max_tokens=12, temperature=0)
     tiny_text = client.completions.create(model=MODEL, prompt="Once", max_tokens=12, temperature=1e-38)
     assert tiny_text.choices[0].text == text.choices[0].text
+
+
+# -- what leaks ------------------------------------------------------------------------------------
+
+
+def test_models_list_one_entry_per_model_and_no_paths(
+    client: openai.OpenAI, real_server: ServerProcess, demo_dir: Path
+) -> None:
+    ids = [m.id for m in client.models.list().data]
+    bundle_id = real_server.bundle_id()
+    assert ids.count(MODEL) == 1 and ids[0] == MODEL, ids
+    assert bundle_id not in ids and not any(i.startswith("/") for i in ids), ids
+    # The checkpoint path and the bundle id still name the model.
+    for name in (str(demo_dir), bundle_id):
+        resp = client.completions.create(model=name, prompt="Hi", max_tokens=2, temperature=0)
+        assert resp.choices[0].text is not None
+        assert client.models.retrieve(name).bundle_id == bundle_id  # type: ignore[attr-defined]
+
+
+def test_no_server_path_in_v1_bodies(real_server: ServerProcess, demo_dir: Path) -> None:
+    root = str(demo_dir.parent)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    missing = [str(demo_dir / "model.safetensors"), str(demo_dir) + "-gone", str(demo_dir / "x" / "y.gguf")]
+    with real_server.http() as h:
+        bodies = [h.get("/v1/models", headers=headers).text]
+        for name in missing:
+            request = {"model": name, "prompt": "x", "max_tokens": 1}
+            r = h.post("/v1/completions", json=request, headers=headers)
+            assert r.status_code == 404, r.text
+            bodies.append(r.text)
+            r = h.get(f"/v1/models/{name}", headers=headers)
+            assert r.status_code == 404, r.text
+            bodies.append(r.text)
+            r = h.post(
+                "/v1/messages",
+                json={"model": name, "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+                headers=headers,
+            )
+            assert r.status_code == 404, r.text
+            bodies.append(r.text)
+    for text in bodies:
+        assert root not in text and "/tmp/" not in text, text
+    assert "<server path>" in bodies[1]
