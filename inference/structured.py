@@ -1,9 +1,13 @@
-"""Structured output: JSON schemas and forced tool calls compiled into llguidance token masks.
+"""Structured output: JSON schemas, regexes, choices, grammars and forced tool calls compiled
+into llguidance token masks.
 
 A request's constraint (``response_format`` json_object / json_schema, a named ``tool_choice``
-or ``tool_choice="required"``) becomes an llguidance grammar over the model's own tokenizer.
-:class:`GrammarCompiler` validates it up front (:class:`StructuredOutputError` names the
-request field and says what is wrong) and makes one :class:`TokenConstraint` per request.
+or ``tool_choice="required"``, vLLM's ``guided_*`` / ``structured_outputs``, llama-server's
+``grammar`` in GBNF and ``json_schema``) becomes an llguidance grammar over the model's own
+tokenizer. :class:`GrammarCompiler` validates it up front (:class:`StructuredOutputError` names
+the request field and says what is wrong, in one line of ours: never the Rust side's backtrace
+or paths) within :class:`GrammarLimits` (schema bytes, property count; integer bounds must fit
+64 bits, since llguidance clamps wider ones) and makes one :class:`TokenConstraint` per request.
 
 The sampler asks the constraint for the mask of the next token, commits the chosen token, and
 ends the sequence once the grammar is complete. The next mask is filled in a worker thread right
