@@ -26,12 +26,12 @@ from types import FrameType
 from typing import Any
 
 import anyio
-from litestar import Litestar, Response, get
+from litestar import Litestar, Response, Router, get
 from litestar.config.allowed_hosts import AllowedHostsConfig
 from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig, ResponseSpec
-from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
+from litestar.openapi.plugins import JsonRenderPlugin
 
 from cachesvc import __version__
 from cachesvc.config import ServeConfig, cli_message
@@ -39,8 +39,10 @@ from cachesvc.entry import open_cache
 from cachesvc.errors import CacheError, ConfigError, QualityGateError
 from cachesvc.fleet import NodeAgent
 from cachesvc.http.admin import admin_router
+from cachesvc.http.auth import admin_guard
 from cachesvc.http.dashboard import dashboard_router
 from cachesvc.http.engines import engines_router
+from cachesvc.http.errors import admin_exception_handlers
 from cachesvc.http.metrics import MetricsState, metrics_route
 from cachesvc.manager import BundleLease, CacheManager, CombinedLease
 from cachesvc.records import PrepareResult
@@ -51,6 +53,7 @@ from inference.openai import OpenAIServing, ServingOptions, load_tokenizer, open
 from inference.openai.pool import HandleFactory, ModelPool, ModelRef, PoolLimits
 from inference.runtime.protocol import Engine
 from inference.speculative import ProposerFactory
+from inference.structured import GrammarLimits
 
 log = logging.getLogger("cachesvc.app")
 
@@ -187,6 +190,11 @@ def build_serving(
             enable_auto_tool_choice=config.enable_auto_tool_choice,
             check_model_name=check_model_name,
             model_type=info.model_type,
+            grammar_limits=GrammarLimits(
+                max_schema_bytes=config.max_schema_bytes,
+                max_schema_properties=config.max_schema_properties,
+                compile_timeout=config.grammar_compile_timeout,
+            ),
             capabilities={
                 "bundle_id": bundle_id,
                 "backend": info.backend,
@@ -424,7 +432,16 @@ def create_app(
             version=__version__,
             description="Engine-bundle cache admin API, cache metrics and OpenAI-style completions.",
             path="/schema",
-            render_plugins=[SwaggerRenderPlugin(), ScalarRenderPlugin()],
+            # The JSON only: the HTML viewers load their scripts from a CDN (blank offline, and
+            # a third party learns who reads the docs). With an admin key, the schema needs it.
+            render_plugins=[JsonRenderPlugin()],
+            openapi_router=Router(
+                path="/schema",
+                route_handlers=[],
+                include_in_schema=False,
+                guards=[admin_guard(config.admin_api_key)] if config.admin_api_key else [],
+                exception_handlers=admin_exception_handlers(),
+            ),
         ),
     )
 

@@ -290,6 +290,9 @@ _RULES: dict[str, Callable[[object], Any]] = {
     "enable_auto_tool_choice": _bool_rule,
     "max_queued_requests": _non_negative_int,
     "queue_timeout": _positive_float,
+    "max_schema_bytes": _positive_int,
+    "max_schema_properties": _positive_int,
+    "grammar_compile_timeout": _positive_float,
     "max_loaded_models": _positive_int,
     "memory_budget_gb": _optional(_positive_float),
     "keep_alive": _keep_alive,
@@ -444,6 +447,9 @@ class ServeConfig:
     enable_auto_tool_choice: bool = False
     max_queued_requests: int = 16
     queue_timeout: float = 600.0
+    max_schema_bytes: int = 256 * 1024
+    max_schema_properties: int = 2048
+    grammar_compile_timeout: float = 10.0
     max_loaded_models: int = 3
     memory_budget_gb: float | None = None
     keep_alive: float = 300.0
@@ -881,6 +887,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser, *, include_http: bool =
     _add(http, "enable_auto_tool_choice", "let the model decide when to call tools", action="store_true")
     _add(http, "max_queued_requests", "requests waiting for a slot before 429 (non-negative integer)")
     _add(http, "queue_timeout", "seconds a request may wait in the queue before 429", metavar="SECONDS")
+    _add(
+        http,
+        "max_schema_bytes",
+        "largest JSON schema / regex / grammar a request may constrain its output with, in bytes (else 400)",
+    )
+    _add(
+        http, "max_schema_properties", "most properties (over all nested objects) of a request's JSON schema"
+    )
+    _add(
+        http,
+        "grammar_compile_timeout",
+        "seconds a request's structured-output grammar may take to compile before a 400",
+        metavar="SECONDS",
+    )
     pool = parser.add_argument_group("model pool")
     _add(pool, "max_loaded_models", "engines kept loaded at once; least recently used idle ones unload first")
     _add(

@@ -5,7 +5,14 @@ A name resolves, first match wins, through:
 1. the names ``serve`` was started with (``--served-model-name`` and the model argument);
 2. the alias table operators manage (``PUT /admin/models/{name}``, ``cachesvc models alias``);
 3. a bundle id;
-4. a checkpoint id or path in the catalog: its most recently used ready bundle.
+4. a checkpoint id or path in the catalog: its most recently used ready bundle;
+5. the last component of a local checkpoint's path (``qwen3-tiny`` for ``/data/qwen3-tiny``),
+   when exactly one ready checkpoint has it: the name ``/v1/models`` lists for such a model.
+
+``/v1/models`` lists one entry per servable model: the served names and aliases, and for a
+ready checkpoint that has neither its hub id or the last component of its path. Bundle ids
+and checkpoint paths stay accepted but are never listed (a client's model menu must not show
+server paths).
 
 ``/v1`` never builds: a name whose bundles are not ready is 404 with a hint to
 ``POST /admin/builds``; an unknown name is 404 naming up to five close names.
@@ -13,7 +20,8 @@ A name resolves, first match wins, through:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +74,25 @@ class CatalogModels:
             ref = self._latest(name, model)
             if ref is not None:
                 return ref
+        ref = self._by_short_name(name)
+        if ref is not None:
+            return ref
         raise not_found(name, [r.name for r in self.servable()])
+
+    def _by_short_name(self, name: str) -> ModelRef | None:
+        """The checkpoint whose path ends in ``name`` (the name ``/v1/models`` lists for it),
+        when exactly one ready checkpoint does."""
+        if not name or "/" in name or os.sep in name:
+            return None
+        models = {b.model for b in self._ready_bundles() if _is_path(b.model) and _short(b.model) == name}
+        if len(models) != 1:
+            return None
+        return self._latest(name, models.pop())
+
+    def _ready_bundles(self) -> Sequence[BundleInfo]:
+        return self.manager.list_bundles(  # this node's bundles: their files are on this disk
+            state="ready", node=self.manager.node, sort="last_used", order="desc", limit=LIST_LIMIT
+        ).items
 
     def _alias(self, alias: AliasInfo) -> ModelRef:
         if alias.bundle_id is not None:
@@ -134,21 +160,24 @@ class CatalogModels:
     # -- listing -------------------------------------------------------------------------------
 
     def servable(self) -> list[ModelRef]:
-        """Every servable name: startup names, aliases, each checkpoint, each ready bundle id."""
-        ready = self.manager.list_bundles(  # this node's bundles: their files are on this disk
-            state="ready", node=self.manager.node, sort="last_used", order="desc", limit=LIST_LIMIT
-        ).items
+        """One entry per servable model: the startup names and aliases, then each ready
+        checkpoint no such name covers (by its hub id or the last component of its path).
+        Checkpoint paths and bundle ids resolve but are not listed."""
+        ready = self._ready_bundles()
         by_id = {b.id: b for b in ready}
         refs: list[ModelRef] = []
         seen: set[str] = set()
+        covered: set[str] = set()  # checkpoints that have an entry already
 
         def add(name: str, info: BundleInfo | None) -> None:
             if info is not None and name not in seen:
                 seen.add(name)
+                covered.add(info.model)
                 refs.append(self._ref(name, info))
 
         for name, bid in self.startup.items():
-            add(name, by_id.get(bid))
+            if not _is_path(name):  # the model argument given as a directory
+                add(name, by_id.get(bid))
         for name, model in self.defaults.items():
             add(name, next((b for b in ready if b.model == model), None))
         for alias in self.manager.aliases():
@@ -156,10 +185,17 @@ class CatalogModels:
                 add(alias.name, by_id.get(alias.bundle_id))
             else:
                 add(alias.name, next((b for b in ready if b.model == alias.model), None))
-        for b in ready:  # most recently used first: a checkpoint names its latest bundle
-            add(b.model, b)
+        shorts: dict[str, set[str]] = {}
         for b in ready:
-            add(b.id, b)
+            if _is_path(b.model):
+                shorts.setdefault(_short(b.model), set()).add(b.model)
+        for b in ready:  # most recently used first: a checkpoint names its latest bundle
+            if b.model in covered:
+                continue
+            if not _is_path(b.model):
+                add(b.model, b)
+            elif len(shorts[_short(b.model)]) == 1:  # else only its path (or an alias) names it
+                add(_short(b.model), b)
         return refs
 
     # -- leases and events ---------------------------------------------------------------------
@@ -199,10 +235,22 @@ def _spellings(name: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _is_path(model: str) -> bool:
+    """Whether a checkpoint name is a local path (not a hub id such as ``org/model``)."""
+    return os.path.isabs(model) or model.startswith(("~", "./", "../"))
+
+
+def _short(model: str) -> str:
+    """The last component of a checkpoint path (``/data/qwen3-tiny/`` -> ``qwen3-tiny``)."""
+    return Path(model.rstrip("/" + os.sep)).name or model
+
+
 def _unbuilt(name: str, model: str) -> ModelNotFoundError:
+    # A local checkpoint's path stays out of a /v1 body: the operator knows where it is.
+    shown = "its checkpoint" if _is_path(model) else model
     return ModelNotFoundError(
-        f"the model {name!r} ({model}) has no ready bundle: /v1 never builds; build it with "
-        f'POST /admin/builds {{"model": "{model}"}} (or cachesvc prepare)',
+        f"the model {name!r} ({shown}) has no ready bundle: /v1 never builds; build it with "
+        f'POST /admin/builds {{"model": ...}} (or cachesvc prepare)',
         param="model",
     )
 

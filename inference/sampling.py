@@ -1,18 +1,19 @@
 """Logits processors and the per-request sampler.
 
-Order per step: penalties (over the tokens generated so far) and ``logit_bias`` change the
-logits; temperature 0 takes the argmax of those; otherwise temperature, top-k and top-p shape
-the distribution and a per-request ``numpy.random.Generator`` (seeded from ``seed`` when given)
-draws the token, so one seed gives one output. A structured-output constraint
-(:class:`~inference.structured.TokenConstraint`) removes every token its grammar forbids (as if
-its logit were -inf) before temperature, top-k and top-p, and learns the chosen token right after.
-Reported logprobs are the model's own distribution (log-softmax of the raw logits), as OpenAI
-and vLLM report them.
+Order per step: penalties (``repetition_penalty`` over the prompt and the tokens generated so
+far, the OpenAI penalties over the generated ones) and ``logit_bias`` change the logits;
+temperature 0 (or below :data:`MIN_TEMPERATURE`) takes the argmax of those; otherwise
+temperature, top-k, top-p and min-p shape the distribution and a per-request
+``numpy.random.Generator`` (seeded from ``seed`` when given) draws the token, so one seed gives
+one output. A structured-output constraint (:class:`~inference.structured.TokenConstraint`)
+removes every token its grammar forbids (as if its logit were -inf) before temperature, top-k,
+top-p and min-p, and learns the chosen token right after. Reported logprobs are the model's own
+distribution (log-softmax of the raw logits), as OpenAI and vLLM report them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,17 +23,24 @@ if TYPE_CHECKING:
     from inference.structured import TokenConstraint
 
 __all__ = [
+    "MIN_TEMPERATURE",
     "SampleResult",
     "Sampler",
     "SamplingParams",
     "apply_logit_bias",
     "apply_penalties",
+    "apply_repetition_penalty",
     "log_softmax",
     "nucleus_indices",
     "top_k_indices",
     "top_k_mask",
     "top_p_mask",
 ]
+
+
+#: Temperatures below this are greedy (as vLLM's ``_SAMPLING_EPS``): dividing logits by 1e-38
+#: overflows float32 to inf, and the draw over inf - inf = nan picks garbage.
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,11 @@ class SamplingParams:
     presence_penalty: float = 0.0
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     top_logprobs: int | None = None  # None = no logprobs; 0 = only the chosen token's
+    # vLLM's extensions: tokens less likely than min_p x the top token's probability are dropped;
+    # logits of tokens seen in the prompt or the output are divided (positive) or multiplied
+    # (negative) by repetition_penalty (1 = off), as vLLM and transformers do.
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,17 @@ def apply_penalties(
         return logits
     out: np.ndarray = logits - counts * frequency_penalty - (counts > 0) * presence_penalty
     return out.astype(logits.dtype, copy=False)
+
+
+def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
+    """Divide the positive and multiply the negative logits of the ``seen`` tokens (a boolean
+    mask) by ``penalty`` (new array); > 1 makes repeating less likely."""
+    if penalty == 1.0 or not seen.any():
+        return logits
+    out = logits.copy()
+    sel = out[seen]
+    out[seen] = np.where(sel > 0, sel / np.float32(penalty), sel * np.float32(penalty))
+    return out
 
 
 def apply_logit_bias(logits: np.ndarray, bias: Mapping[int, float]) -> np.ndarray:
@@ -146,13 +170,18 @@ class Sampler:
     """Per-request sampling state: RNG and the counts of generated tokens (for penalties)."""
 
     def __init__(
-        self, params: SamplingParams, vocab_size: int, constraint: TokenConstraint | None = None
+        self,
+        params: SamplingParams,
+        vocab_size: int,
+        constraint: TokenConstraint | None = None,
+        prompt_ids: Sequence[int] = (),
     ) -> None:
         """Create the sampler for tokens ``[0, vocab_size)``.
 
         Wider logits are cut to ``vocab_size``: engines pad their embedding beyond what the
         tokenizer can decode, and those ids must never be sampled. ``constraint``: only tokens
-        its grammar allows are sampled.
+        its grammar allows are sampled. ``prompt_ids``: what ``repetition_penalty`` counts as
+        seen before the first sample (vLLM penalises prompt tokens too).
         """
         self.params = params
         self.vocab_size = vocab_size
@@ -160,6 +189,11 @@ class Sampler:
         self._rng = np.random.default_rng(params.seed)
         self._counts = np.zeros(vocab_size, dtype=np.float32)
         self._penalised = params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
+        self._seen: np.ndarray | None = None
+        if params.repetition_penalty != 1.0:
+            ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
+            self._seen = np.zeros(vocab_size, dtype=bool)
+            self._seen[ids[(ids >= 0) & (ids < vocab_size)]] = True
 
     def _candidates(self, x: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         """Temperature, top-k and top-p over processed logits ``x``: the surviving ids (None =
@@ -175,7 +209,13 @@ class Sampler:
             x = x[keep]
         # Work on the surviving candidates only: exp over masked -inf entries is slow, and
         # float32 exp is several times faster than float64 on a 150k vocabulary.
-        return idx, np.exp(x - np.max(x))
+        weights = np.exp(x - np.max(x))
+        if p.min_p > 0.0:
+            # The top weight is 1, so a weight is the ratio to the top token's probability.
+            keep = np.flatnonzero(weights >= np.float32(p.min_p))
+            idx = keep if idx is None else idx[keep]
+            weights = weights[keep]
+        return idx, weights
 
     def _draw(self, x: np.ndarray) -> int:
         idx, weights = self._candidates(x)
@@ -189,12 +229,14 @@ class Sampler:
         x = raw
         if self._penalised:
             x = apply_penalties(x, self._counts, p.frequency_penalty, p.presence_penalty)
+        if self._seen is not None:
+            x = apply_repetition_penalty(x, self._seen, p.repetition_penalty)
         return raw, apply_logit_bias(x, p.logit_bias)
 
     @property
     def greedy(self) -> bool:
-        """Whether this request takes the argmax (temperature 0)."""
-        return self.params.temperature <= 0.0
+        """Whether this request takes the argmax (temperature 0 or below :data:`MIN_TEMPERATURE`)."""
+        return self.params.temperature < MIN_TEMPERATURE
 
     @property
     def rng(self) -> np.random.Generator:
@@ -259,6 +301,8 @@ class Sampler:
             self.constraint.commit(token)
             done = self.constraint.done
         self._counts[token] += 1
+        if self._seen is not None:
+            self._seen[token] = True
         if p.top_logprobs is None:
             return SampleResult(token, grammar_done=done)
         m = float(np.max(raw))

@@ -1,9 +1,13 @@
-"""Structured output: JSON schemas and forced tool calls compiled into llguidance token masks.
+"""Structured output: JSON schemas, regexes, choices, grammars and forced tool calls compiled
+into llguidance token masks.
 
 A request's constraint (``response_format`` json_object / json_schema, a named ``tool_choice``
-or ``tool_choice="required"``) becomes an llguidance grammar over the model's own tokenizer.
-:class:`GrammarCompiler` validates it up front (:class:`StructuredOutputError` names the
-request field and says what is wrong) and makes one :class:`TokenConstraint` per request.
+or ``tool_choice="required"``, vLLM's ``guided_*`` / ``structured_outputs``, llama-server's
+``grammar`` in GBNF and ``json_schema``) becomes an llguidance grammar over the model's own
+tokenizer. :class:`GrammarCompiler` validates it up front (:class:`StructuredOutputError` names
+the request field and says what is wrong, in one line of ours: never the Rust side's backtrace
+or paths) within :class:`GrammarLimits` (schema bytes, property count; integer bounds must fit
+64 bits, since llguidance clamps wider ones) and makes one :class:`TokenConstraint` per request.
 
 The sampler asks the constraint for the mask of the next token, commits the chosen token, and
 ends the sequence once the grammar is complete. The next mask is filled in a worker thread right
@@ -20,6 +24,8 @@ with arguments valid per each tool's ``parameters`` schema.
 from __future__ import annotations
 
 import json
+import math
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -30,15 +36,20 @@ from typing import Any
 
 import llguidance
 import numpy as np
+from llguidance.gbnf_to_lark import gbnf_to_lark, is_lark_syntax
 
 from inference.tokenizer import Tokenizer
 
 __all__ = [
     "CALL_FORMATS",
+    "INT64_MAX",
     "ConstraintStats",
     "GrammarCompiler",
+    "GrammarLimits",
     "StructuredOutputError",
     "TokenConstraint",
+    "check_schema",
+    "clean_error",
     "json_call_prefix",
 ]
 
@@ -52,6 +63,15 @@ _JSON_OPTIONS: dict[str, Any] = {"whitespace_pattern": " ?"}
 #: Validated grammars remembered per model.
 _VALID_GRAMMARS = 256
 
+#: The widest integer bound llguidance represents: beyond it a bound is silently clamped, and
+#: output that obeys the clamped grammar breaks the client's schema.
+INT64_MAX = (1 << 63) - 1
+_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+# Parser limits of every grammar we validate or run: terse errors (no parser state or grammar
+# dump in a message a client reads), llguidance's own resource caps otherwise.
+_PARSER_LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+
 # Mask fills run here, off the scheduler thread; llguidance releases the GIL while it works.
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="grammar-mask")
 
@@ -63,6 +83,29 @@ class StructuredOutputError(ValueError):
         """``message`` says what is wrong with ``param``."""
         super().__init__(message)
         self.param = param
+
+
+@dataclass(frozen=True)
+class GrammarLimits:
+    """What one request's constraint may cost: schema size, property count, compile time.
+
+    A 1.2 MB schema of 16,000 properties compiles for tens of seconds of CPU while every other
+    request slows down; the size limits refuse it before any grammar work, the deadline is the
+    backstop for what stays small but is still expensive (the handle enforces it).
+    """
+
+    #: Bytes of one schema, as compact JSON.
+    max_schema_bytes: int = 256 * 1024
+    #: Properties over all objects of one schema (nested ones included).
+    max_schema_properties: int = 2048
+    #: Seconds a grammar may take to compile and validate before the request gets a 400.
+    compile_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.max_schema_bytes < 1 or self.max_schema_properties < 1:
+            raise ValueError("schema limits must be at least 1")
+        if not self.compile_timeout > 0:
+            raise ValueError("compile_timeout must be positive")
 
 
 @dataclass
@@ -78,6 +121,85 @@ class ConstraintStats:
 def json_call_prefix(name: str) -> str:
     """The text of a JSON tool call up to its arguments (``generic`` and ``hermes``)."""
     return '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
+
+
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][\w.@+~-]+){2,}[/\\]?")
+
+
+def clean_error(error: object, limit: int = 300) -> str:
+    """llguidance's complaint in a form fit for a client: its first line (and the ``error:``
+    line of a regex error), no backtrace, no file paths of the build, at most ``limit`` chars."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    kept: list[str] = []
+    for i, line in enumerate(lines):
+        if "backtrace" in line.lower() or "panicked at" in line.lower():
+            break
+        if i == 0 or line.startswith("error:"):
+            kept.append(line)
+    text = _PATH.sub("<path>", " ".join(kept)) or "the grammar engine refused it"
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def _guarded(what: str, param: str, make: Any) -> Any:
+    # A Rust panic surfaces as pyo3's PanicException, a BaseException; it must become a 400 with
+    # our words, never a backtrace in the body nor a dead worker.
+    try:
+        return make()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except StructuredOutputError:
+        raise
+    except BaseException as exc:
+        message = f"{param}: the {what} cannot be enforced: {clean_error(exc)}"
+        raise StructuredOutputError(message, param) from None
+
+
+def check_schema(schema: Mapping[str, Any], param: str, limits: GrammarLimits) -> str:
+    """The schema as compact JSON, after the checks llguidance does not make: its size, its
+    property count and integer bounds it can represent (each error names the field)."""
+    text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+    size = len(text.encode("utf-8"))
+    if size > limits.max_schema_bytes:
+        raise StructuredOutputError(
+            f"{param} is {size} bytes; this server compiles schemas of at most "
+            f"{limits.max_schema_bytes} bytes",
+            param,
+        )
+    properties = 0
+    # Iterative walk: a schema may nest as deep as the body allows.
+    stack: list[tuple[object, str]] = [(schema, param)]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, list):
+            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(node))
+            continue
+        if not isinstance(node, Mapping):
+            continue
+        props = node.get("properties")
+        if isinstance(props, Mapping):
+            properties += len(props)
+            if properties > limits.max_schema_properties:
+                raise StructuredOutputError(
+                    f"{param} has more than {limits.max_schema_properties} properties; this server "
+                    "compiles schemas with at most that many",
+                    param,
+                )
+        kind = node.get("type")
+        if kind == "integer" or (isinstance(kind, list) and "integer" in kind):
+            for key in _BOUND_KEYS:
+                bound = node.get(key)
+                if isinstance(bound, bool) or not isinstance(bound, int | float):
+                    continue
+                if not math.isfinite(bound) or abs(bound) > INT64_MAX:
+                    raise StructuredOutputError(
+                        f"{where}.{key} is {bound!r}; integer bounds must lie within "
+                        f"\u00b1{INT64_MAX} (64-bit)",
+                        f"{where}.{key}",
+                    )
+        for key, value in node.items():
+            if isinstance(value, Mapping | list) and key != "enum" and key != "const":
+                stack.append((value, f"{where}.{key}"))
+    return text
 
 
 def _lark_string(text: str) -> str:
@@ -164,8 +286,16 @@ class TokenConstraint:
 class GrammarCompiler:
     """Builds constraints over one model's tokenizer (the llguidance tokenizer is built once)."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
-        """``vocab_size``: the ids the sampler may choose; ``eos_token_ids`` end a sequence."""
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        limits: GrammarLimits | None = None,
+    ) -> None:
+        """``vocab_size``: the ids the sampler may choose; ``eos_token_ids`` end a sequence;
+        ``limits``: what one request's schema may cost (defaults: :class:`GrammarLimits`)."""
+        self.limits = limits or GrammarLimits()
         self._tokenizer = tokenizer
         self._vocab = vocab_size
         self._eos = list(dict.fromkeys(eos_token_ids))
@@ -191,14 +321,66 @@ class GrammarCompiler:
         """Grammar for JSON valid per ``schema`` (a JSON Schema object)."""
         if not isinstance(schema, Mapping):
             raise StructuredOutputError(f"{param} must be a JSON Schema object", param)
+        text = check_schema(schema, param, self.limits)
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                json.dumps(schema), overrides=_JSON_OPTIONS  # type: ignore[arg-type]
+            grammar: str = llguidance.LLMatcher.grammar_from_json_schema(
+                text, overrides=_JSON_OPTIONS  # type: ignore[arg-type]
             )
-        except (ValueError, TypeError) as exc:
-            raise StructuredOutputError(f"{param} is not a usable JSON Schema: {exc}", param) from exc
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # a Rust panic is a BaseException
+            message = f"{param} is not a usable JSON Schema: {clean_error(exc)}"
+            raise StructuredOutputError(message, param) from None
         self._validate(grammar, param, what="JSON Schema")
         return grammar
+
+    def regex_grammar(self, pattern: object, *, param: str) -> str:
+        """Grammar for text matching ``pattern`` (a Rust ``regex`` pattern, as vLLM's ``guided_regex``)."""
+        if not isinstance(pattern, str) or not pattern:
+            raise StructuredOutputError(f"{param} must be a non-empty regular expression", param)
+        self._check_text_size(pattern, param)
+        grammar: str = _guarded(
+            "regular expression", param, lambda: llguidance.LLMatcher.grammar_from_regex(pattern)
+        )
+        self._validate(grammar, param, what="regular expression")
+        return grammar
+
+    def choice_grammar(self, choices: object, *, param: str) -> str:
+        """Grammar for exactly one of ``choices`` (strings; vLLM's ``guided_choice``)."""
+        if (
+            not isinstance(choices, list)
+            or not choices
+            or not all(isinstance(c, str) and c for c in choices)
+        ):
+            raise StructuredOutputError(f"{param} must be a non-empty list of non-empty strings", param)
+        self._check_text_size(json.dumps(choices), param)
+        lark = "start: " + " | ".join(_lark_string(c) for c in dict.fromkeys(choices)) + "\n"
+        grammar: str = _guarded("choice", param, lambda: llguidance.LLMatcher.grammar_from_lark(lark))
+        self._validate(grammar, param, what="choice")
+        return grammar
+
+    def lark_grammar(self, text: object, *, param: str) -> str:
+        """Grammar from a context-free grammar: llguidance's Lark dialect, or llama.cpp's GBNF
+        (``root ::= ...``), which llguidance translates to Lark."""
+        if not isinstance(text, str) or not text.strip():
+            raise StructuredOutputError(f"{param} must be a non-empty grammar", param)
+        self._check_text_size(text, param)
+
+        def make() -> str:
+            lark = text if is_lark_syntax(text) else gbnf_to_lark(text)
+            return str(llguidance.LLMatcher.grammar_from_lark(lark))
+
+        grammar: str = _guarded("grammar", param, make)
+        self._validate(grammar, param, what="grammar")
+        return grammar
+
+    def _check_text_size(self, text: str, param: str) -> None:
+        size = len(text.encode("utf-8"))
+        if size > self.limits.max_schema_bytes:
+            raise StructuredOutputError(
+                f"{param} is {size} bytes; this server compiles at most {self.limits.max_schema_bytes}",
+                param,
+            )
 
     def json_object_grammar(self) -> str:
         """Grammar for any JSON object (``response_format`` ``json_object``)."""
@@ -291,9 +473,13 @@ class GrammarCompiler:
             if grammar in self._valid:
                 self._valid.move_to_end(grammar)
                 return
-        error = llguidance.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
+        tok = self.ll_tokenizer
+        error = _guarded(
+            what, param, lambda: llguidance.LLMatcher.validate_grammar(grammar, tok, limits=_PARSER_LIMITS)
+        )
         if error:
-            raise StructuredOutputError(f"{param}: the {what} cannot be enforced: {error}", param)
+            message = f"{param}: the {what} cannot be enforced: {clean_error(error)}"
+            raise StructuredOutputError(message, param)
         with self._lock:
             self._valid[grammar] = None
             while len(self._valid) > _VALID_GRAMMARS:
@@ -304,9 +490,13 @@ class GrammarCompiler:
     def constraint(self, grammar: str) -> TokenConstraint:
         """A fresh constraint for one request (its first mask starts filling at once)."""
         tok = self.ll_tokenizer
-        matcher = llguidance.LLMatcher(tok, grammar, log_level=0)
+        matcher = _guarded(
+            "grammar",
+            "response_format",
+            lambda: llguidance.LLMatcher(tok, grammar, log_level=0, limits=_PARSER_LIMITS),
+        )
         if matcher.is_error():
-            error = matcher.get_error()
+            error = clean_error(matcher.get_error())
             raise StructuredOutputError(f"the grammar cannot be enforced: {error}", "response_format")
         words = (tok.vocab_size + 31) // 32
         return TokenConstraint(matcher, self._vocab, words)

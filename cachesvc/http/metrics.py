@@ -9,6 +9,7 @@ scrape, so the numbers agree across processes sharing the catalog and survive re
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Protocol
@@ -219,6 +220,7 @@ class ServingMetrics:
         for gauge in (self._queued, self._active):
             with contextlib.suppress(KeyError):
                 gauge.remove(model)
+        self._context.forget(model)
 
 
 class ModelServingMetrics:
@@ -250,8 +252,9 @@ class ModelServingMetrics:
         self._m._emitted.labels(self.model).inc(emitted)
 
     def context_cache_changed(self, stats: Any) -> None:
-        """Keep the latest context-reuse counters (a ``ContextCacheStats``) for the next scrape."""
-        self._m._context.latest = stats
+        """Keep this model's latest context-reuse counters (a ``ContextCacheStats``) for the next
+        scrape."""
+        self._m._context.update(self.model, stats)
 
 
 class PoolMetrics:
@@ -285,37 +288,68 @@ class PoolMetrics:
 
 
 class ContextCacheCollector(Collector):
-    """Context reuse (``--enable-context-reuse``): lookups, hits, tokens reused, records, bytes."""
+    """Context reuse (``--enable-context-reuse``) per model (label ``model``): lookups, hits,
+    tokens reused, records, bytes.
+
+    Each loaded model's scheduler reports its own prefix store; one model's figures never
+    replace another's. Counters are totals over the process: a model unloaded and loaded again
+    continues from what its earlier engines counted; the gauges of an unloaded model go away.
+    """
+
+    _COUNTERS = (
+        ("lookups", "Requests that looked for a cached prompt prefix."),
+        ("hits", "Requests that resumed from a cached prompt prefix."),
+        ("tokens_reused", "Prompt tokens not prefilled thanks to context reuse."),
+        ("record_hits", "Prefix records copied back into a slot."),
+        ("evictions", "Prefix records evicted (LRU) for the record or byte limit."),
+    )
+    _GAUGES = (
+        ("records", "Prefix records held."),
+        ("bytes", "KV bytes held by prefix records."),
+        ("max_records", "Configured record limit."),
+        ("max_bytes", "Configured byte limit of the prefix records."),
+    )
 
     def __init__(self) -> None:
-        self.latest: Any = None
+        # Schedulers report from their own threads; scrapes read from the event loop's.
+        self._lock = threading.Lock()
+        self._latest: dict[str, Any] = {}
+        self._base: dict[str, dict[str, float]] = {}
+
+    def update(self, model: str, stats: Any) -> None:
+        """``model``'s latest ``ContextCacheStats``."""
+        with self._lock:
+            self._latest[model] = stats
+
+    def forget(self, model: str) -> None:
+        """``model`` unloaded: its counters so far become the base of its next engine's."""
+        with self._lock:
+            stats = self._latest.pop(model, None)
+            if stats is not None:
+                base = self._base.setdefault(model, {})
+                for name, _ in self._COUNTERS:
+                    base[name] = base.get(name, 0.0) + float(getattr(stats, name))
 
     def describe(self) -> list[Metric]:
         return []
 
     def collect(self) -> list[Metric]:
-        s = self.latest
-        if s is None:
+        with self._lock:
+            latest = dict(self._latest)
+            base = {m: dict(b) for m, b in self._base.items()}
+        if not latest and not base:
             return []
         out: list[Metric] = []
-        for name, value, text in (
-            ("lookups", s.lookups, "Requests that looked for a cached prompt prefix."),
-            ("hits", s.hits, "Requests that resumed from a cached prompt prefix."),
-            ("tokens_reused", s.tokens_reused, "Prompt tokens not prefilled thanks to context reuse."),
-            ("record_hits", s.record_hits, "Prefix records copied back into a slot."),
-            ("evictions", s.evictions, "Prefix records evicted (LRU) for the record or byte limit."),
-        ):
-            fam = CounterMetricFamily(f"cachesvc_context_cache_{name}", text)
-            fam.add_metric([], float(value))
+        for name, text in self._COUNTERS:
+            fam = CounterMetricFamily(f"cachesvc_context_cache_{name}", text, labels=["model"])
+            for model in sorted(latest.keys() | base.keys()):
+                now = float(getattr(latest[model], name)) if model in latest else 0.0
+                fam.add_metric([model], base.get(model, {}).get(name, 0.0) + now)
             out.append(fam)
-        for name, value, text in (
-            ("records", s.records, "Prefix records held."),
-            ("bytes", s.bytes, "KV bytes held by prefix records."),
-            ("max_records", s.max_records, "Configured record limit."),
-            ("max_bytes", s.max_bytes, "Configured byte limit of the prefix records."),
-        ):
-            gauge = GaugeMetricFamily(f"cachesvc_context_cache_{name}", text)
-            gauge.add_metric([], float(value))
+        for name, text in self._GAUGES:
+            gauge = GaugeMetricFamily(f"cachesvc_context_cache_{name}", text, labels=["model"])
+            for model in sorted(latest):
+                gauge.add_metric([model], float(getattr(latest[model], name)))
             out.append(gauge)
         return out
 

@@ -1,8 +1,10 @@
 """Anthropic Messages API wire types (msgspec Structs): ``POST /v1/messages`` and
 ``POST /v1/messages/count_tokens`` as Anthropic clients send them, and our answers.
 
-Unknown request fields are accepted and ignored (``metadata``, ``service_tier``...); the
-endpoint (:mod:`inference.openai.messages`) checks what the types cannot.
+A request holds every field of Anthropic's API reference (those without meaning here, such as
+``metadata``, ``service_tier`` or ``cache_control``, are accepted with no effect: see
+``protocol.NO_EFFECT_FIELDS``) plus Ollama's ``keep_alive``; any other field is a 400 naming it.
+The endpoint (:mod:`inference.openai.messages`) checks what the types cannot.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class AnthropicToolChoice(msgspec.Struct, kw_only=True):
     disable_parallel_tool_use: bool | None = None
 
 
-class _Conversation(msgspec.Struct, kw_only=True):
+class _Conversation(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     messages: list[AnthropicMessage]
     system: str | list[AnthropicBlock] | None = None
@@ -80,6 +82,13 @@ class _Conversation(msgspec.Struct, kw_only=True):
     tool_choice: AnthropicToolChoice | None = None
     # As Ollama: seconds the model stays loaded after this request.
     keep_alive: float | None = None
+    # ``output_config.format`` (``json_schema``) constrains the output; ``effort`` has no effect.
+    output_config: dict[str, Any] | None = None
+    # Anthropic's reference, no effect here: prompt caching is automatic (context reuse), the
+    # reasoning parser decides what is thinking, and the rest configures Anthropic's platform.
+    cache_control: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    speed: str | None = None
 
 
 class AnthropicMessagesRequest(_Conversation, kw_only=True):
@@ -92,10 +101,16 @@ class AnthropicMessagesRequest(_Conversation, kw_only=True):
     top_p: float | None = None
     top_k: int | None = None
     metadata: dict[str, Any] | None = None
+    container: Any = None
+    diagnostics: Any = None
+    inference_geo: str | None = None
+    service_tier: str | None = None
 
 
 class AnthropicCountTokensRequest(_Conversation, kw_only=True):
     """``POST /v1/messages/count_tokens``: the prompt a messages request would have."""
+
+    output_format: dict[str, Any] | None = None
 
 
 # -- responses --------------------------------------------------------------------------------

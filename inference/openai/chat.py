@@ -235,17 +235,21 @@ class ChatEndpoints(ModelHandle):
 
     async def _output_grammar(self, req: ChatCompletionRequest, plan: _ToolPlan) -> str | None:
         """The grammar the output must follow: a forced tool call, or ``response_format``."""
+        rf = req.response_format
         if not plan.forced or plan.parser is None:
-            return await self._response_format_grammar(req.response_format)
-        if req.response_format is not None and req.response_format.type != "text":
+            taken = "response_format" if rf is not None and rf.type != "text" else None
+            return await self._guided_grammar(req, taken) or await self._response_format_grammar(rf)
+        if rf is not None and rf.type != "text":
             raise InvalidRequestError(
                 "response_format cannot constrain the output when tool_choice forces a tool call",
                 param="response_format",
             )
+        await self._guided_grammar(req, "tool_choice")  # refuses a second constraint
         tools, fmt, name = plan.tools or [], plan.parser.name, plan.name
         parallel = name is None and req.parallel_tool_calls is not False
         grammar: str = await self._compile(
-            lambda: self._grammars.tool_call_grammar(tools, call_format=fmt, name=name, parallel=parallel)
+            lambda: self._grammars.tool_call_grammar(tools, call_format=fmt, name=name, parallel=parallel),
+            param="tool_choice",
         )
         return grammar
 
@@ -257,6 +261,7 @@ class ChatEndpoints(ModelHandle):
         """
         self.check_admitting()
         self._check_model(req.model)
+        _check_unsupported(req)
         if (
             req.max_tokens is not None
             and req.max_completion_tokens is not None
@@ -465,6 +470,22 @@ class ChatEndpoints(ModelHandle):
             for run in turn.runs:
                 run.close()
         yield _DONE
+
+
+def _check_unsupported(req: ChatCompletionRequest) -> None:
+    """400 for fields of OpenAI's reference that ask for what this server cannot do (text-only
+    models, no web access); accepted when they ask for nothing."""
+    if req.audio is not None:
+        raise InvalidRequestError("audio output is not supported: the models here write text", param="audio")
+    if req.modalities is not None and any(m != "text" for m in req.modalities):
+        raise InvalidRequestError("only the 'text' modality is supported", param="modalities")
+    if req.web_search_options is not None:
+        raise InvalidRequestError("web search is not supported by this server", param="web_search_options")
+    for name in ("functions", "function_call"):
+        if getattr(req, name) is not None:
+            raise InvalidRequestError(
+                f"{name} (deprecated by OpenAI) is not supported: send tools and tool_choice", param=name
+            )
 
 
 def _chat_logprobs(lps: Sequence[TokenLogprob]) -> ChatLogprobs:

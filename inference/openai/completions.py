@@ -90,7 +90,9 @@ class CompletionEndpoints(ModelHandle):
             raise InvalidRequestError("only best_of=1 is supported", param="best_of")
         if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
-        grammar = await self._response_format_grammar(req.response_format)
+        fmt = req.response_format
+        taken = "response_format" if fmt is not None and fmt.type != "text" else None
+        grammar = await self._guided_grammar(req, taken) or await self._response_format_grammar(fmt)
         ids, text = await self._completion_prompt(req)
         plan = self._plan(
             req,

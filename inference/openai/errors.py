@@ -10,6 +10,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -39,6 +40,7 @@ __all__ = [
     "anthropic_exception_handler",
     "error_body",
     "openai_exception_handler",
+    "public_message",
     "renamed_params",
     "to_openai_error",
 ]
@@ -152,17 +154,41 @@ def renamed_params(names: Mapping[str, str]) -> Iterator[None]:
     try:
         yield
     except OpenAIError as exc:
-        if exc.param is not None:
-            head, dot, tail = exc.param.partition("[")
-            if head in names:
-                exc.message = exc.message.replace(head, names[head])
-                exc.param = names[head] + dot + tail
+        param = exc.param
+        if param is not None:
+            # The longest name that heads the param (``a.b`` heads ``a.b.c`` and ``a.b[0]``).
+            for key in sorted(names, key=len, reverse=True):
+                if param == key or param.startswith((key + ".", key + "[")):
+                    exc.message = exc.message.replace(key, names[key])
+                    exc.param = names[key] + param[len(key) :]
+                    break
         raise
 
 
+# An absolute path in a message: up to whitespace, a quote or punctuation that ends a phrase.
+_ABS_PATH = re.compile(r"(?<![\w.:/~])/[^\s'\"`,;()\[\]{}<>]+")
+
+
+def _on_this_machine(candidate: str) -> bool:
+    # A path of two or more parts whose top directory exists here (/tmp/..., /home/...);
+    # route names (/v1/models, /admin/builds) have no such directory.
+    parts = Path(candidate.rstrip(".:")).parts
+    try:
+        return len(parts) > 2 and Path(parts[0], parts[1]).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def public_message(message: str) -> str:
+    """``message`` without this machine's paths: an absolute path under a directory that exists
+    here becomes ``<server path>``. Route names such as ``/v1/models`` stay."""
+    return _ABS_PATH.sub(lambda m: "<server path>" if _on_this_machine(m.group(0)) else m.group(0), message)
+
+
 def error_body(exc: OpenAIError) -> dict[str, Any]:
-    """The OpenAI error object for ``exc``."""
-    return {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
+    """The OpenAI error object for ``exc`` (no server path in its message)."""
+    message = public_message(exc.message)
+    return {"error": {"message": message, "type": exc.type, "param": exc.param, "code": exc.code}}
 
 
 #: HTTP status -> Anthropic error ``type`` (anything else: ``api_error``).
@@ -181,11 +207,12 @@ _ANTHROPIC_TYPES = {
 def anthropic_error_body(exc: OpenAIError) -> dict[str, Any]:
     """The Anthropic error object for ``exc``: ``{"type": "error", "error": {"type", "message"}}``."""
     kind = _ANTHROPIC_TYPES.get(exc.status_code, "api_error")
-    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+    return {"type": "error", "error": {"type": kind, "message": public_message(exc.message)}}
 
 
 _MSGSPEC_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
-_MSGSPEC_MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
+_MSGSPEC_MISSING = re.compile(r"(?:missing required|contains unknown) field `(?P<field>[^`]+)`")
+_MSGSPEC_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`")
 
 
 def _param_from_msgspec(message: str) -> tuple[str, str | None]:
@@ -205,6 +232,14 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return exc
     if isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
         message, param = _param_from_msgspec(str(exc))
+        if _MSGSPEC_UNKNOWN.search(message) and param is not None:
+            # As OpenAI answers an unknown argument: name it, say it is not recognised.
+            return InvalidRequestError(
+                f"Unrecognized request argument supplied: {param} (this server accepts the fields of "
+                "the API reference and its documented extensions)",
+                param=param,
+                code="unknown_parameter",
+            )
         return InvalidRequestError(f"invalid request body: {message}", param=param)
     if isinstance(exc, ValidationException):
         return _from_litestar_validation(exc)

@@ -42,7 +42,7 @@ from inference.runtime.protocol import Engine
 from inference.sampling import Sampler, SamplingParams
 from inference.scheduler import AsyncOutputStream, GenerationRequest, Scheduler, SchedulerObserver
 from inference.speculative import ProposerFactory
-from inference.structured import GrammarCompiler, StructuredOutputError, TokenConstraint
+from inference.structured import GrammarCompiler, GrammarLimits, StructuredOutputError, TokenConstraint
 from inference.tokenizer import Tokenizer
 
 __all__ = ["AUTO_PARSERS", "ModelHandle", "ServingObserver", "ServingOptions", "resolve_parsers"]
@@ -51,6 +51,8 @@ __all__ = ["AUTO_PARSERS", "ModelHandle", "ServingObserver", "ServingOptions", "
 ServingObserver = SchedulerObserver
 
 MAX_TOP_LOGPROBS = 20
+#: Largest ``repetition_penalty`` (vLLM only asks > 0; past this the output is noise anyway).
+MAX_REPETITION_PENALTY = 10.0
 #: Most choices one request may ask for (``n``); they share one prefill of the prompt.
 MAX_N = 8
 #: Safety factor on the cheap "too long to tokenize" bound (normalizers may fold characters).
@@ -98,6 +100,8 @@ class ServingOptions:
     check_model_name: bool = True
     model_type: str = ""
     capabilities: Mapping[str, object] = field(default_factory=dict)
+    #: What one request's structured-output constraint may cost (schema size, compile time).
+    grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -121,6 +125,17 @@ def _json(value: msgspec.Struct | dict[str, Any]) -> str:
 def _check_range(value: float | None, param: str, lo: float, hi: float) -> None:
     if value is not None and not lo <= value <= hi:
         raise InvalidRequestError(f"{param} must be between {lo:g} and {hi:g}; got {value:g}", param=param)
+
+
+def _schema_object(value: object, param: str) -> object:
+    """A JSON Schema given as an object or (vLLM's ``guided_json``) as JSON text."""
+    if isinstance(value, str):
+        try:
+            return msgspec.json.decode(value)
+        except msgspec.DecodeError:
+            message = f"{param} is neither a JSON Schema object nor its JSON text"
+            raise StructuredOutputError(message, param) from None
+    return value
 
 
 def _stop_list(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -148,6 +163,8 @@ class _Plan:
     include_usage: bool
     cache_prompt: bool = True
     n: int = 1
+    #: vLLM's ``ignore_eos``: end-of-sequence tokens do not end the choice.
+    ignore_eos: bool = False
 
 
 class _Run:
@@ -211,7 +228,7 @@ class ModelHandle:
         # Ids the engine can emit but the tokenizer cannot decode (embedding padding) are out.
         self._vocab_size = min(engine.info.vocab_size, tokenizer.vocab_size)
         self._eos_ids = tuple(dict.fromkeys((*tokenizer.eos_token_ids, *engine.info.eos_token_ids)))
-        self._grammars = GrammarCompiler(tokenizer, self._vocab_size, self._eos_ids)
+        self._grammars = GrammarCompiler(tokenizer, self._vocab_size, self._eos_ids, options.grammar_limits)
         self._scheduler = Scheduler(
             engine,
             max_batch_size=options.max_batch_size,
@@ -376,6 +393,13 @@ class ModelHandle:
             raise InvalidRequestError(f"top_p must be in (0, 1]; got {req.top_p:g}", param="top_p")
         if req.top_k is not None and req.top_k < -1:
             raise InvalidRequestError("top_k must be -1 or 0 (off) or a positive count", param="top_k")
+        _check_range(req.min_p, "min_p", 0.0, 1.0)
+        rep = req.repetition_penalty
+        if rep is not None and not (0.0 < rep <= MAX_REPETITION_PENALTY):
+            raise InvalidRequestError(
+                f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}] (1 = off); got {rep:g}",
+                param="repetition_penalty",
+            )
         bias: dict[int, float] = {}
         for key, value in (req.logit_bias or {}).items():
             try:
@@ -400,6 +424,8 @@ class ModelHandle:
             presence_penalty=req.presence_penalty,
             logit_bias=bias,
             top_logprobs=top_logprobs,
+            min_p=req.min_p or 0.0,
+            repetition_penalty=1.0 if rep is None else rep,
         )
 
     def _plan(
@@ -463,6 +489,7 @@ class ModelHandle:
             include_usage=include_usage,
             cache_prompt=req.cache_prompt,
             n=req.n,
+            ignore_eos=req.ignore_eos,
         )
 
     async def _response_format_grammar(self, fmt: ResponseFormat | None) -> str | None:
@@ -483,16 +510,85 @@ class ModelHandle:
                 param="response_format.json_schema" + (".schema" if spec is not None else ""),
             )
         schema = spec.schema
+        where = "response_format.json_schema.schema"
         return await self._compile(
-            lambda: self._grammars.json_schema_grammar(schema, param="response_format.json_schema.schema")
+            lambda: self._grammars.json_schema_grammar(schema, param=where), param=where
         )
 
-    async def _compile(self, make: Any) -> Any:
-        """Run a grammar step off the event loop; turn its complaint into a 400 naming the field."""
+    async def _guided_grammar(
+        self, req: CompletionRequest | ChatCompletionRequest, taken: str | None
+    ) -> str | None:
+        """The grammar of the extension constraint the request names (vLLM's ``guided_*`` and
+        ``structured_outputs``, llama-server's ``grammar`` and ``json_schema``), None without one.
+
+        ``taken``: the field that already constrains the output (``response_format``, a forcing
+        ``tool_choice``); one request takes one constraint, so a second is a 400 naming it.
+        """
+        g = self._grammars
+        asked: list[tuple[str, Callable[[], str]]] = []
+
+        def schema(param: str, value: object) -> None:
+            asked.append((param, lambda: g.json_schema_grammar(_schema_object(value, param), param=param)))
+
+        def regex(param: str, value: object) -> None:
+            asked.append((param, lambda: g.regex_grammar(value, param=param)))
+
+        def choice(param: str, value: object) -> None:
+            asked.append((param, lambda: g.choice_grammar(value, param=param)))
+
+        def lark(param: str, value: object) -> None:
+            asked.append((param, lambda: g.lark_grammar(value, param=param)))
+
+        for name, value, add in (
+            ("guided_json", req.guided_json, schema),
+            ("guided_regex", req.guided_regex, regex),
+            ("guided_choice", req.guided_choice, choice),
+            ("guided_grammar", req.guided_grammar, lark),
+            ("grammar", req.grammar, lark),
+            ("json_schema", req.json_schema, schema),
+        ):
+            if value is not None:
+                add(name, value)
+        so = req.structured_outputs
+        if so is not None:
+            for name, value, add in (
+                ("json", so.json, schema),
+                ("regex", so.regex, regex),
+                ("choice", so.choice, choice),
+                ("grammar", so.grammar, lark),
+            ):
+                if value is not None:
+                    add(f"structured_outputs.{name}", value)
+            if so.json_object:
+                asked.append(("structured_outputs.json_object", g.json_object_grammar))
+        if not asked:
+            return None
+        first = asked[0][0]
+        if taken is not None or len(asked) > 1:
+            other, param = (taken, first) if taken is not None else (first, asked[1][0])
+            raise InvalidRequestError(
+                f"{param} cannot be combined with {other}: a request takes one output constraint",
+                param=param,
+            )
+        grammar: str = await self._compile(asked[0][1], param=first)
+        return grammar
+
+    async def _compile(self, make: Any, *, param: str = "response_format") -> Any:
+        """Run a grammar step off the event loop under the compile deadline; turn its complaint
+        into a 400 naming the field.
+
+        A compile past the deadline answers 400 at once; its thread cannot be interrupted and
+        finishes in the background (the size limits keep that rare and short)."""
+        timeout = self._grammars.limits.compile_timeout
         try:
-            return await asyncio.to_thread(make)
+            return await asyncio.wait_for(asyncio.to_thread(make), timeout)
         except StructuredOutputError as exc:
             raise InvalidRequestError(str(exc), param=exc.param) from None
+        except TimeoutError:
+            raise InvalidRequestError(
+                f"{param}: the constraint took longer than {timeout:g} s to compile; simplify it",
+                param=param,
+            ) from None
 
     async def _constraint(self, grammar: str | None) -> TokenConstraint | None:
         """A request's own matcher for ``grammar`` (its first mask starts filling at once)."""
@@ -526,7 +622,7 @@ class ModelHandle:
                 max_new_tokens=plan.max_new_tokens,
                 stop=plan.stop,
                 stop_token_ids=plan.stop_token_ids,
-                eos_token_ids=self._eos_ids,
+                eos_token_ids=() if plan.ignore_eos else self._eos_ids,
                 want_logprobs=plan.want_logprobs,
             )
             params = plan.params
@@ -536,7 +632,7 @@ class ModelHandle:
             constraint = constraints[i] if constraints is not None else None
             greq = GenerationRequest(
                 plan.prompt_ids,
-                Sampler(params, self._vocab_size, constraint),
+                Sampler(params, self._vocab_size, constraint, prompt_ids=plan.prompt_ids),
                 state,
                 sink,
                 cache_prompt=plan.cache_prompt,

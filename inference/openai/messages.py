@@ -42,7 +42,9 @@ from inference.openai.protocol import (
     ChatMessage,
     FunctionCall,
     FunctionDefinition,
+    JsonSchemaFormat,
     NamedToolChoice,
+    ResponseFormat,
     Tool,
     ToolCall,
 )
@@ -157,6 +159,22 @@ def _tools(
     return tools or None, mapped
 
 
+def _output_format(config: dict[str, Any] | None) -> ResponseFormat | None:
+    """``output_config.format`` (``{"type": "json_schema", "schema": ...}``) as the chat
+    request's ``response_format``; ``effort`` has no effect here."""
+    fmt = (config or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise InvalidRequestError(
+            "output_config.format must be {'type': 'json_schema', 'schema': {...}}",
+            param="output_config.format.type",
+        )
+    schema = fmt.get("schema")
+    spec = JsonSchemaFormat(name=None, schema=schema if isinstance(schema, dict) else None)
+    return ResponseFormat(type="json_schema", json_schema=spec)
+
+
 def _event(kind: str, **data: Any) -> ServerSentEventMessage:
     return ServerSentEventMessage(event=kind, data=msgspec.json.encode({"type": kind, **data}).decode())
 
@@ -184,13 +202,22 @@ class MessagesEndpoints(ChatEndpoints):
             tools=tools,
             tool_choice=choice,
             keep_alive=req.keep_alive,
+            response_format=_output_format(req.output_config),
         )
 
     async def create_message(
         self, req: AnthropicMessagesRequest
     ) -> AnthropicMessagesResponse | AsyncIterator[ServerSentEventMessage]:
         """``POST /v1/messages``: a message, or Anthropic's event stream."""
-        with renamed_params({"stop": "stop_sequences"}):
+        with renamed_params(
+            {
+                "stop": "stop_sequences",
+                "response_format": "output_config.format",
+                "response_format.type": "output_config.format.type",
+                "response_format.json_schema": "output_config.format.schema",
+                "response_format.json_schema.schema": "output_config.format.schema",
+            }
+        ):
             turn = await self._start_chat(self._as_chat(req))
         mid = f"msg_{uuid.uuid4().hex}"
         if turn.plan.stream:

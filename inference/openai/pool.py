@@ -665,14 +665,20 @@ class ModelPool:
         primary = None
         if self.primary is not None:
             primary = next((e for e in self._loaded.values() if self.primary in e.names), None)
-        models = [
-            {
+        models: list[dict[str, Any]] = []
+        for e in self._loaded.values():
+            own = e.serving.health()
+            entry: dict[str, Any] = {
                 "bundle_id": e.ref.bundle_id,
                 "names": sorted(e.names),
-                "status": e.serving.health()["status"],
+                "status": own["status"],
+                "active_requests": own["active_requests"],
+                "queued_requests": own["queued_requests"],
             }
-            for e in self._loaded.values()
-        ]
+            # Each model's own prefix store, loaded at start or on demand alike.
+            if "context_cache" in own:
+                entry["context_cache"] = own["context_cache"]
+            models.append(entry)
         if primary is not None:
             body = primary.serving.health()
             body["model"] = self.primary

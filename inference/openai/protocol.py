@@ -1,7 +1,12 @@
 """OpenAI wire types (msgspec Structs): requests as clients send them, responses as we answer.
 
-Request structs accept unknown fields (clients send extras such as ``user`` or ``store``); the
-ranges and combinations are checked in ``serving`` so that every error names its field.
+A request struct holds every field of OpenAI's API reference for its route (those without
+meaning here are accepted and have no effect: :data:`NO_EFFECT_FIELDS`) and the extensions we
+implement (vLLM's sampling and guided-decoding fields, llama-server's ``grammar`` /
+``json_schema`` / ``cache_prompt``, Ollama's ``keep_alive``). Anything else is refused
+(``forbid_unknown_fields``): a misspelled ``max_token`` or a constraint we lack must be a 400
+naming it, never silently ignored. Nested objects (messages, tools) stay lenient. Ranges and
+combinations are checked in the handle so that every error names its field.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "NO_EFFECT_FIELDS",
     "ChatCompletionChoice",
     "ChatCompletionRequest",
     "ChatCompletionResponse",
@@ -40,6 +46,7 @@ __all__ = [
     "ResponseFormat",
     "ResponseMessage",
     "StreamOptions",
+    "StructuredOutputs",
     "TokenizeRequest",
     "TokenizeResponse",
     "Tool",
@@ -74,7 +81,75 @@ class ResponseFormat(msgspec.Struct, kw_only=True):
     json_schema: JsonSchemaFormat | None = None
 
 
-class _SamplingFields(msgspec.Struct, kw_only=True):
+class StructuredOutputs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's ``structured_outputs``: exactly one of ``json``, ``regex``, ``choice``, ``grammar``,
+    ``json_object``; the ``disable_*`` switches are accepted and change nothing here (JSON is
+    always written with at most one space, and nothing falls back to unconstrained output)."""
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_fallback: bool | None = None
+    disable_any_whitespace: bool | None = None
+
+
+#: Fields of OpenAI's (and Anthropic's) API references that are accepted with no effect here,
+#: per route: they configure the vendor's platform (storage, billing, moderation, caching
+#: hints, effort of models we do not run), not the output of this server.
+NO_EFFECT_FIELDS: dict[str, tuple[str, ...]] = {
+    "completions": ("user",),
+    "chat/completions": (
+        "metadata",
+        "moderation",
+        "prediction",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "reasoning_effort",
+        "safety_identifier",
+        "service_tier",
+        "store",
+        "user",
+        "verbosity",
+    ),
+    "responses": (
+        "access_programs",
+        "background_options",
+        "context_management",
+        "image",
+        "include",
+        "max_tool_calls",
+        "metadata",
+        "moderation",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "reasoning",
+        "safety_identifier",
+        "service_tier",
+        "store",
+        "stream_options",
+        "top_logprobs",
+        "truncation",
+        "user",
+    ),
+    "messages": (
+        "cache_control",
+        "container",
+        "diagnostics",
+        "inference_geo",
+        "metadata",
+        "output_format",
+        "service_tier",
+        "speed",
+        "thinking",
+    ),
+}
+
+
+class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     max_tokens: int | None = None
     temperature: float | None = None
@@ -94,6 +169,19 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     cache_prompt: bool = True
     # As Ollama: seconds the model stays loaded after this request (-1 forever, 0 unload when idle).
     keep_alive: float | None = None
+    # vLLM's sampling extensions.
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    # vLLM's guided decoding (the older flat fields and the ``structured_outputs`` object) and
+    # llama-server's ``grammar`` (GBNF) / ``json_schema``: all compiled by llguidance.
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: StructuredOutputs | None = None
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -180,6 +268,24 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's reference: what this server cannot do is a 400 when asked for (audio output,
+    # web search, the deprecated functions); the rest is accepted with no effect.
+    audio: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    web_search_options: dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+    moderation: Any = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: str | None = None
+    reasoning_effort: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    verbosity: str | None = None
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):

@@ -27,6 +27,8 @@ from inference.openai.protocol import (
     ChatMessage,
     FunctionCall,
     FunctionDefinition,
+    JsonSchemaFormat,
+    ResponseFormat,
     Tool,
     ToolCall,
     Usage,
@@ -42,6 +44,28 @@ from inference.openai.responses_protocol import (
 )
 
 __all__ = ["ResponsesEndpoints"]
+
+# The chat request's field names in errors, as this surface names them.
+_RENAMED = {
+    "max_completion_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "response_format.type": "text.format.type",
+    "response_format.json_schema": "text.format.schema",
+    "response_format.json_schema.schema": "text.format.schema",
+}
+
+
+def _response_format(req: ResponsesRequest) -> ResponseFormat | None:
+    """``text.format`` as the chat request's ``response_format`` (a grammar enforces it)."""
+    fmt = req.text.format if req.text is not None else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_schema":
+        spec = JsonSchemaFormat(
+            name=fmt.name, description=fmt.description, schema=fmt.schema, strict=fmt.strict
+        )
+        return ResponseFormat(type="json_schema", json_schema=spec)
+    return ResponseFormat(type=fmt.type)
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -169,11 +193,13 @@ class ResponsesEndpoints(ChatEndpoints):
                 "supported); send the whole conversation in input",
                 param="previous_response_id",
             )
-        if req.text is not None and req.text.format is not None and req.text.format.type != "text":
-            raise InvalidRequestError(
-                f"text.format type {req.text.format.type!r} is not supported; only 'text'",
-                param="text.format.type",
-            )
+        for name in ("background", "conversation", "prompt"):
+            if getattr(req, name) not in (None, False):
+                raise InvalidRequestError(
+                    f"{name} is not supported: this server stores no responses, conversations or "
+                    "prompts; send the whole request",
+                    param=name,
+                )
         if req.max_output_tokens is not None and req.max_output_tokens < 1:
             raise InvalidRequestError("max_output_tokens must be at least 1", param="max_output_tokens")
         tools, choice = _tools(req)
@@ -187,6 +213,7 @@ class ResponsesEndpoints(ChatEndpoints):
             tools=tools,
             tool_choice=choice,
             keep_alive=req.keep_alive,
+            response_format=_response_format(req),
         )
 
     def _response(self, req: ResponsesRequest, rid: str, created: int, **fields: Any) -> ResponseObject:
@@ -210,7 +237,7 @@ class ResponsesEndpoints(ChatEndpoints):
         self, req: ResponsesRequest
     ) -> ResponseObject | AsyncIterator[ServerSentEventMessage]:
         """``POST /v1/responses``: a response object, or the Responses event stream."""
-        with renamed_params({"max_completion_tokens": "max_output_tokens"}):
+        with renamed_params(_RENAMED):
             turn = await self._start_chat(self._responses_chat(req))
         rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
         if turn.plan.stream:

@@ -54,19 +54,27 @@ class ResponsesTool(msgspec.Struct, kw_only=True):
 
 
 class ResponseTextFormat(msgspec.Struct, kw_only=True):
-    """``text.format``; only ``text`` is supported."""
+    """``text.format``: ``text``, ``json_object`` or ``json_schema`` (``name``, ``schema``,
+    ``strict``; enforced by a grammar)."""
 
     type: str = "text"
+    name: str | None = None
+    description: str | None = None
+    schema: dict[str, Any] | None = msgspec.field(default=None, name="schema")
+    strict: bool | None = None
 
 
 class ResponseTextConfig(msgspec.Struct, kw_only=True):
-    """``text``: the output format."""
+    """``text``: the output format (``verbosity`` has no effect)."""
 
     format: ResponseTextFormat | None = None
+    verbosity: str | None = None
 
 
-class ResponsesRequest(msgspec.Struct, kw_only=True):
-    """``POST /v1/responses``."""
+class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/responses``: every field of OpenAI's reference (``background``, ``conversation``
+    and ``prompt`` need stored state and are a 400 when set; ``protocol.NO_EFFECT_FIELDS`` lists
+    those accepted with no effect) plus Ollama's ``keep_alive``; any other field is a 400."""
 
     model: str
     input: str | list[ResponseInputItem]
@@ -85,6 +93,25 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     user: str | None = None
     # As Ollama: seconds the model stays loaded after this request.
     keep_alive: float | None = None
+    background: bool | None = None
+    conversation: Any = None
+    prompt: Any = None
+    access_programs: Any = None
+    background_options: Any = None
+    context_management: Any = None
+    image: Any = None
+    include: list[str] | None = None
+    max_tool_calls: int | None = None
+    moderation: Any = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: str | None = None
+    reasoning: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    stream_options: dict[str, Any] | None = None
+    top_logprobs: int | None = None
+    truncation: str | None = None
 
 
 # -- responses --------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from inference.openai.errors import (
     AuthenticationError,
     ClientDisconnectedError,
     InvalidRequestError,
+    ModelNotFoundError,
     ServerUnavailableError,
     UnsupportedMediaTypeError,
     anthropic_exception_handler,
@@ -232,8 +233,19 @@ def openai_router(
 
     @get("/models/{model_id:path}", responses=documented(401, 404, 503))
     async def retrieve_model(model_id: FromPath[str]) -> ModelCard:
-        # A path parameter, because served names may hold a slash (``org/model``).
-        return await current().model_card(model_id.lstrip("/"))
+        # A path parameter, because served names may hold a slash (``org/model``). Litestar
+        # gives it with one leading "/" (and folds "//"), so an absolute checkpoint path and a
+        # relative name look alike: the name first, then the path.
+        models = current()
+        name = model_id.lstrip("/")
+        try:
+            return await models.model_card(name)
+        except ModelNotFoundError:
+            try:
+                return await models.model_card("/" + name)
+            except ModelNotFoundError:
+                pass
+            raise
 
     async def until_disconnect(request: Request[Any, Any, Any]) -> None:
         # After the body is read, the only message left is the client's disconnect.

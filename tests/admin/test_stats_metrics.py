@@ -11,13 +11,15 @@ from typing import Any
 
 import pytest
 from litestar.testing import TestClient
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cachesvc.builders import ProgressFn
 from cachesvc.errors import BuildError
-from cachesvc.http.metrics import build_duration_buckets
+from cachesvc.http.metrics import ServingMetrics, build_duration_buckets
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import BuildOptions
+from inference.context_cache import ContextCacheStats
 from tests.admin.conftest import build_app, open_manager
 from tests.support.apps import LOOPBACK_URL
 from tests.support.cache import REPO_ROOT, FileBuilder, child_env, make_checkpoint
@@ -249,3 +251,32 @@ def test_each_app_has_its_own_registry(manager: CacheManager) -> None:
     a.serving.for_model("m").tokens_generated(4)
     assert b'cachesvc_generated_tokens_total{model="m"}' not in b.exposition()
     assert b'cachesvc_generated_tokens_total{model="m"} 4.0' in a.exposition()
+
+
+def test_context_cache_metrics_are_per_model_and_survive_a_reload() -> None:
+    registry = CollectorRegistry()
+    serving = ServingMetrics(registry)
+    first, second = serving.for_model("a"), serving.for_model("b")
+    first.context_cache_changed(ContextCacheStats(lookups=230, hits=200, records=5, bytes=50))
+    second.context_cache_changed(ContextCacheStats(lookups=12, hits=1, records=1, bytes=10))
+
+    def samples() -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        for family in text_string_to_metric_families(generate_latest(registry).decode()):
+            for s in family.samples:
+                if s.name.startswith("cachesvc_context_cache_"):
+                    out[(s.name, s.labels["model"])] = s.value
+        return out
+
+    got = samples()
+    assert got[("cachesvc_context_cache_lookups_total", "a")] == 230
+    assert got[("cachesvc_context_cache_lookups_total", "b")] == 12
+    # "a" unloads: its gauges go, its counters stay; loaded again, its new engine counts on.
+    serving.forget("a")
+    got = samples()
+    assert ("cachesvc_context_cache_records", "a") not in got
+    assert got[("cachesvc_context_cache_lookups_total", "a")] == 230
+    serving.for_model("a").context_cache_changed(ContextCacheStats(lookups=3, records=1))
+    got = samples()
+    assert got[("cachesvc_context_cache_lookups_total", "a")] == 233
+    assert got[("cachesvc_context_cache_records", "a")] == 1

@@ -384,13 +384,12 @@ def test_responses_refuses_previous_response_id(oai: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         oai.responses.create(model=MODEL, input="hi", previous_response_id="resp_123")
     assert "previous_response_id" in info.value.message and "not supported" in info.value.message
+    # text.format json_schema is enforced (tests/e2e/test_request_fields.py); other types are 400.
     with pytest.raises(openai.BadRequestError) as fmt:
-        oai.responses.create(
-            model=MODEL,
-            input="hi",
-            text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
-        )
-    assert "text.format" in fmt.value.message
+        yaml: Any = {"format": {"type": "yaml"}}
+        oai.responses.create(model=MODEL, input="hi", text=yaml)
+    assert "text.format.type" in fmt.value.message
+    assert fmt.value.response.json()["error"]["param"] == "text.format.type"
 
 
 def test_http_client_statuses(server: ServerProcess) -> None:

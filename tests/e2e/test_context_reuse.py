@@ -1,33 +1,33 @@
 """``--enable-context-reuse`` on a real server: same greedy text, counters in /health and
-/metrics, ``cache_prompt: false`` opts out."""
+/metrics (per model, for models loaded on demand too), ``cache_prompt: false`` opts out."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from tests.e2e.conftest import MODEL, running_server, serve_args
+from inference.demo import write_demo_checkpoint
+from tests.e2e.conftest import MODEL, run_cli, running_server, serve_args
+
+PROFILE = {"max_batch_size": 2, "max_input_len": 256, "max_kv_cache_capacity": 512}
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 12  # well over one 64-token block
 
 
-def _metric(text: str, name: str) -> float:
+def _metric(text: str, name: str, model: str = MODEL) -> float:
+    key = f'{name}{{model="{model}"}}'
     for line in text.splitlines():
-        if line.startswith(name + " "):
+        if line.startswith(key + " "):
             return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics")
+    raise AssertionError(f"{key} not in /metrics")
 
 
 def test_reuse_on_a_real_server(demo_dir: Path, cache_dir: Path, log_dir: Path) -> None:
-    args = serve_args(
-        enable_context_reuse=True,
-        context_cache_max_records=32,
-        max_batch_size=2,
-        max_input_len=256,
-        max_kv_cache_capacity=512,
-    )
+    args = serve_args(enable_context_reuse=True, context_cache_max_records=32, **PROFILE)
     with running_server(demo_dir, cache_dir, log_dir, *args) as server:
         health = server.health()
         assert health["capabilities"]["context_reuse"] is True
         client = server.client()
-        prompt = "The quick brown fox jumps over the lazy dog. " * 12  # well over one 64-token block
+        prompt = PROMPT
 
         def complete(**extra: object) -> str:
             out = client.completions.create(
@@ -48,3 +48,41 @@ def test_reuse_on_a_real_server(demo_dir: Path, cache_dir: Path, log_dir: Path) 
         assert _metric(text, "cachesvc_context_cache_hits_total") == 1
         assert _metric(text, "cachesvc_context_cache_tokens_reused_total") == stats["tokens_reused"]
         assert _metric(text, "cachesvc_context_cache_bytes") == stats["bytes"]
+
+
+def test_a_model_loaded_on_demand_has_its_own_counters(
+    demo_dir: Path, cache_dir: Path, log_dir: Path, tmp_path: Path
+) -> None:
+    # A second checkpoint built with the server's profile: the pool loads it on first request.
+    other = write_demo_checkpoint(tmp_path / "reuse-second", arch="qwen2", size="tiny", seed=11)
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in PROFILE.items()]
+    done = run_cli(cache_dir, "prepare", str(other), *flags, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    args = serve_args(enable_context_reuse=True, context_cache_max_records=32, **PROFILE)
+    with running_server(demo_dir, cache_dir, log_dir, *args) as server:
+        client = server.client()
+
+        def complete(model: str) -> str:
+            out = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0)
+            return out.choices[0].text
+
+        for _ in range(3):
+            complete(MODEL)
+        # Listed by its directory's name, and that name answers (loads it on demand).
+        assert "reuse-second" in {m.id for m in client.models.list().data}
+        for _ in range(2):
+            complete("reuse-second")
+        health = server.health()
+        entries: dict[str, dict[str, Any]] = {
+            name: entry for entry in health["models"] for name in entry["names"]
+        }
+        assert entries[MODEL]["context_cache"]["hits"] == 2, health
+        assert entries["reuse-second"]["context_cache"]["hits"] == 1, health
+        assert entries["reuse-second"]["context_cache"]["lookups"] == 2
+        with server.http() as h:
+            text = h.get("/metrics").text
+        # One model's figures never replace another's.
+        assert _metric(text, "cachesvc_context_cache_hits_total") == 2
+        assert _metric(text, "cachesvc_context_cache_hits_total", "reuse-second") == 1
+        assert _metric(text, "cachesvc_context_cache_lookups_total") == 3
+        assert _metric(text, "cachesvc_context_cache_records", "reuse-second") >= 1

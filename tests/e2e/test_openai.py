@@ -112,14 +112,15 @@ def _context(server: ServerProcess) -> str:
 
 def test_models_list(client: openai.OpenAI) -> None:
     models = client.models.list()
-    # The startup name first, then the other names of what the catalog holds ready (here the
-    # same bundle by checkpoint path and by bundle id).
+    # One entry per model: the startup name; its checkpoint path and bundle id answer too but
+    # are not listed.
     assert models.data[0].id == MODEL
     card = models.data[0].model_dump()
     assert card["max_model_len"] == REAL_MAX_KV
     assert card["object"] == "model"
     assert card["loaded"] is True and card["backend"] == "onnxruntime"
-    assert card["bundle_id"] in {m.id for m in models.data}
+    assert card["bundle_id"] not in {m.id for m in models.data}
+    assert not any(m.id.startswith("/") for m in models.data)
 
 
 def test_chat_completion(client: openai.OpenAI, reference: Reference) -> None:

@@ -152,8 +152,12 @@ def test_each_name_answers_with_its_model(
     assert _complete(pool_server, catalog.bundles["qwen3"]) == expected["qwen3"]
     assert _loaded(pool_server) == set(catalog.bundles.values())
     cards = {m.id: m for m in pool_server.client().models.list().data}
+    # One entry per model, named by the last part of its checkpoint path (which also answers);
+    # no server path and no bundle id is listed.
+    assert sorted(cards) == sorted(f"{arch}-tiny" for arch in ARCHS)
+    assert _complete(pool_server, "qwen3-tiny") == expected["qwen3"]
     for arch in ARCHS:
-        card = cards[catalog.name(arch)].model_dump()
+        card = cards[f"{arch}-tiny"].model_dump()
         assert card["bundle_id"] == catalog.bundles[arch] and card["loaded"] is True
         assert card["backend"] == "onnxruntime" and card["max_model_len"] == 128
 

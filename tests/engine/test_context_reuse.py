@@ -148,6 +148,26 @@ def test_cache_prompt_false_neither_uses_nor_leaves_records(bundle: Callable[[st
     runner.stop()
 
 
+def test_cache_prompt_false_never_takes_a_slot_holding_a_cached_prefix(bundle: Callable[[str], Path]) -> None:
+    # Slot 0 ends up holding prompt a, slot 1 prompt b. An opted-out request for b must take the
+    # lowest free slot like any request without a prefix, not b's slot: landing there would
+    # wipe the prefix b's next request resumes from (it would fall back to copying records).
+    store = PrefixStore("test", max_records=16)
+    runner = _Runner(load_engine(bundle("mistral"), threads=1), store, batch=2)
+    a, b = _rand(150, 21), _rand(150, 22)
+    first, second = runner.submit(a, 24), runner.submit(b, 4)
+    first.tokens(), second.tokens()
+    held = runner.sched._slot_tokens  # precondition: the layout this test is about
+    assert held[0][:150] == a and held[1][:150] == b, "a and b did not run side by side"
+    want = runner.submit(b, 4, cache_prompt=False).tokens()
+    before = store.stats()
+    assert runner.submit(b, 4).tokens() == want
+    after = store.stats()
+    assert after.tokens_reused - before.tokens_reused == 149  # all but the last prompt token
+    assert after.record_hits == before.record_hits  # from b's own slot, no record copied back
+    runner.stop()
+
+
 def test_records_are_namespaced_by_bundle() -> None:
     tokens = _rand(128, 12)
     a, b = PrefixStore("bundle:a", max_records=8), PrefixStore("bundle:b", max_records=8)

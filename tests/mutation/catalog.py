@@ -268,6 +268,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         replace='prev = b""',
         tests=("tests/engine/test_context_reuse.py::test_records_are_namespaced_by_bundle",),
     ),
+    Mutation(
+        name="slot-choice-ignores-cache-prompt",
+        why="a cache_prompt=false request may take the slot holding a cached prefix (and wipe it)",
+        path="inference/scheduler.py",
+        function="Scheduler._pick_slot",
+        find=r"if self\._store is None or not req\.cache_prompt:",
+        replace="if self._store is None:",
+        tests=(
+            "tests/engine/test_context_reuse.py::"
+            "test_cache_prompt_false_never_takes_a_slot_holding_a_cached_prefix",
+        ),
+    ),
     # -- request checks and sampling ------------------------------------------------------
     Mutation(
         name="max-tokens-past-context",

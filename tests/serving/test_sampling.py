@@ -10,6 +10,7 @@ from inference.sampling import (
     SamplingParams,
     apply_logit_bias,
     apply_penalties,
+    apply_repetition_penalty,
     log_softmax,
     top_k_mask,
     top_p_mask,
@@ -110,3 +111,30 @@ def test_padding_ids_beyond_the_tokenizer_are_never_sampled() -> None:
     assert all(s.sample(x).token_id < 1000 for _ in range(50))
     g = Sampler(SamplingParams(temperature=0.0), 1000)
     assert g.sample(x).token_id < 1000
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_seen_logits() -> None:
+    logits = np.array([2.0, -1.0, 3.0, 0.5], dtype=np.float32)
+    seen = np.array([True, True, False, False])
+    out = apply_repetition_penalty(logits, seen, 2.0)
+    assert out.tolist() == [1.0, -2.0, 3.0, 0.5]
+    assert apply_repetition_penalty(logits, seen, 1.0) is logits
+
+
+def test_repetition_penalty_counts_the_prompt_and_the_output() -> None:
+    # Token 0 leads; the prompt holds it, so a penalty of 4 hands the lead to token 1, and once
+    # token 1 is generated it is penalised too and token 2 leads.
+    logits = np.array([4.0, 3.0, 2.0, -5.0], dtype=np.float32)
+    sampler = Sampler(SamplingParams(temperature=0.0, repetition_penalty=4.0), 4, prompt_ids=[0, 99])
+    assert [sampler.sample(logits).token_id for _ in range(2)] == [1, 2]
+    plain = Sampler(SamplingParams(temperature=0.0), 4, prompt_ids=[0])
+    assert plain.sample(logits).token_id == 0
+
+
+def test_min_p_drops_tokens_below_a_share_of_the_top_probability() -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
+    dist = Sampler(SamplingParams(temperature=1.0, min_p=0.5), 4).distribution(logits)
+    assert dist[2] == 0.0 and dist[3] == 0.0
+    assert dist[0] == pytest.approx(0.5 / 0.8) and dist[1] == pytest.approx(0.3 / 0.8)
+    only_top = Sampler(SamplingParams(temperature=1.0, min_p=1.0, seed=3), 4)
+    assert {only_top.sample(logits).token_id for _ in range(30)} == {0}

@@ -17,8 +17,14 @@ from litestar.testing import AsyncTestClient
 from inference.generation import GenerationState
 from inference.openai import OpenAIServing
 from inference.openai.tool_parsers import TOOL_PARSERS, forced_call_stream
-from inference.sampling import Sampler, SamplingParams
-from inference.structured import GrammarCompiler, StructuredOutputError, TokenConstraint
+from inference.sampling import MIN_TEMPERATURE, Sampler, SamplingParams
+from inference.structured import (
+    GrammarCompiler,
+    GrammarLimits,
+    StructuredOutputError,
+    TokenConstraint,
+    clean_error,
+)
 from inference.tokenizer import Tokenizer
 from tests.serving.conftest import MODEL, TableEngine, make_app, make_options
 
@@ -323,3 +329,78 @@ def test_sampled_tokens_stay_in_the_grammar(
                 break
         assert out.finish_reason == "stop", text
         jsonschema.validate(json.loads(text), ORDER)
+
+
+# -- limits and our own error messages -----------------------------------------------------------
+
+
+def test_schema_limits_refuse_before_compiling(tokenizer: Tokenizer) -> None:
+    limits = GrammarLimits(max_schema_bytes=2000, max_schema_properties=10)
+    small = GrammarCompiler(tokenizer, tokenizer.vocab_size, tokenizer.eos_token_ids, limits)
+    nested = {"type": "object", "properties": {"a": {"type": "object", "properties": {
+        f"p{i}": {"type": "string"} for i in range(10)}}}}
+    with pytest.raises(StructuredOutputError, match="more than 10 properties") as info:
+        small.json_schema_grammar(nested, param="s")
+    assert info.value.param == "s"
+    with pytest.raises(StructuredOutputError, match="at most 2000 bytes"):
+        small.json_schema_grammar({"type": "string", "description": "x" * 2000}, param="s")
+    with pytest.raises(StructuredOutputError, match="at most 2000"):
+        small.regex_grammar("a" * 2001, param="guided_regex")
+
+
+@pytest.mark.parametrize(
+    ("node", "where"),
+    [
+        ({"type": "integer", "minimum": 2**63}, "s.minimum"),
+        ({"type": ["integer", "null"], "exclusiveMaximum": -(2**64)}, "s.exclusiveMaximum"),
+        ({"type": "array", "items": [{"type": "integer", "maximum": 1e19}]}, "s.items[0].maximum"),
+        ({"anyOf": [{"type": "integer", "minimum": 1e30}]}, "s.anyOf[0].minimum"),
+    ],
+)
+def test_integer_bounds_past_int64_name_the_bound(compiler: GrammarCompiler, node: Any, where: str) -> None:
+    with pytest.raises(StructuredOutputError, match="64-bit") as info:
+        compiler.json_schema_grammar(node, param="s")
+    assert info.value.param == where
+
+
+def test_integer_bounds_within_int64_and_number_bounds_pass(compiler: GrammarCompiler) -> None:
+    compiler.json_schema_grammar({"type": "integer", "minimum": -(10**18), "maximum": 10**18}, param="s")
+    compiler.json_schema_grammar({"type": "number", "maximum": 1e6}, param="s")
+
+
+def test_clean_error_keeps_one_line_without_paths() -> None:
+    panic = (
+        "thread '<unnamed>' panicked at /home/runner/.cargo/registry/src/derivre-0.3/src/ast.rs:12:5\n"
+        "stack backtrace:\n   0: rust_begin_unwind\n      at /rustc/abc/library/std/src/panicking.rs:665"
+    )
+    assert clean_error(panic) == "the grammar engine refused it"
+    regex = 'at 1(8): invalid regex "[a-": regex parse error:\n    [a-\n    ^\nerror: unclosed class\n'
+    assert clean_error(regex) == 'at 1(8): invalid regex "[a-": regex parse error: error: unclosed class'
+    assert "<path>" in clean_error("failed reading /usr/lib/x/y.json here")
+    assert len(clean_error("x" * 1000)) == 300
+
+
+@pytest.mark.anyio
+async def test_http_compile_deadline_is_a_400(tokenizer: Tokenizer) -> None:
+    # 2,000 optional properties compile in a fraction of a second: past a 1 ms deadline.
+    limits = GrammarLimits(compile_timeout=0.001)
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2000)}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": wide}}
+    async with AsyncTestClient(app=make_app(_serving(tokenizer, grammar_limits=limits))) as c:
+        r = await c.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": fmt},
+        )
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "response_format.json_schema.schema" and "longer than" in err["message"]
+
+
+def test_temperature_below_the_floor_samples_greedily() -> None:
+    logits = np.array([0.0, 3.0, 2.9, -1.0], dtype=np.float32)
+    for temperature in (1e-38, 1e-6, 0.0):
+        sampler = Sampler(SamplingParams(temperature=temperature, seed=0), 4)
+        assert sampler.greedy
+        assert [sampler.sample(logits).token_id for _ in range(20)] == [1] * 20
+        assert sampler.distribution(logits).tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert not Sampler(SamplingParams(temperature=MIN_TEMPERATURE), 4).greedy
