@@ -226,7 +226,7 @@ def stale_reason(backend: str, engine: Mapping[str, Any]) -> str | None:
     tensorrt and pycuda are imported for TensorRT bundles only.
     """
     if backend == "onnxruntime":
-        from inference.runtime.loader import cpu_class_mismatch
+        from inference.cpu_class import cpu_class_mismatch
 
         return cpu_class_mismatch(engine)
     if backend != "tensorrt":

@@ -662,8 +662,8 @@ class CacheManager:
 
     def _stale_reason(self, info: BundleInfo) -> str | None:
         """Why ``info``'s engine cannot run on this node now (see ``builders.stale_reason``)."""
-        if info.backend != "tensorrt":
-            return None
+        if info.backend != "tensorrt" and info.profile.get("cpu_class") is None:
+            return None  # fp32 CPU bundles run anywhere: no manifest read on the hit path
         try:
             manifest = read_manifest(self.bundle_dir(info))
         except CorruptBundleError as exc:

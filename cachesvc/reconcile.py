@@ -124,14 +124,14 @@ class Reconciler:
     def _recheck_environment(self, manifests: dict[str, Manifest]) -> tuple[list[str], list[str]]:
         """Flag ready bundles that cannot run here ``stale`` and stale ones that can ``ready``.
 
-        Only TensorRT bundles are checked (nothing GPU-related is imported without one). A
-        bundle whose lease lock is held is being served on this node right now, so it runs
-        here: it is not flagged."""
+        TensorRT bundles (GPU and TensorRT version) and quantized CPU bundles (CPU class) are
+        checked; nothing GPU-related is imported without a TensorRT bundle. A bundle whose lease
+        lock is held is being served on this node right now, so it runs here: it is not flagged."""
         stale: list[str] = []
         restored: list[str] = []
         for info in self.catalog.all_bundles(states=("ready", "stale")):
             manifest = manifests.get(info.id)
-            if info.backend != "tensorrt" or manifest is None:
+            if manifest is None:
                 continue
             why = stale_reason(info.backend, manifest.engine)
             if why is not None and info.state == "ready":

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import functools
 import platform
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 #: Every class, from the plainest to the richest x86 set, then the others.
 CPU_CLASSES: tuple[str, ...] = (
@@ -56,3 +57,17 @@ def cpu_class() -> str:
     except OSError:  # not Linux: only the machine name is known
         text = ""
     return classify_flags(_cpuinfo_flags(text), machine)
+
+
+def cpu_class_mismatch(engine_meta: Mapping[str, Any]) -> str | None:
+    """Why a bundle (its ``engine.json``) must not run on this CPU, or None.
+
+    A quantized CPU bundle records under ``kernels.cpu_class`` the class its int8 kernels were
+    chosen and gated for; another class runs other kernels whose answers were never checked.
+    """
+    kernels = engine_meta.get("kernels")
+    built_for = kernels.get("cpu_class") if isinstance(kernels, Mapping) else None
+    if built_for is None or built_for == cpu_class():
+        return None
+    return (f"built for CPU class {built_for} but this CPU is {cpu_class()}: its quantized kernels "
+            "were chosen and checked for that class; rebuild it on this machine")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
 
-from inference.cpu_class import cpu_class
+from inference.cpu_class import cpu_class_mismatch
 from inference.runtime.errors import EngineLoadError
 from inference.runtime.kv_engine import KV_LAYOUT, GqaEngine
 from inference.runtime.ort_engine import OrtEngine
@@ -24,20 +23,6 @@ KNOWN_FORMAT_VERSIONS = (2,)
 
 def _major_minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
-
-
-def cpu_class_mismatch(meta: Mapping[str, Any]) -> str | None:
-    """Why a quantized bundle (its ``engine.json`` ``meta``) must not run on this CPU, or None.
-
-    Its graph holds the int8 kernels chosen for, and gated on, the CPU class it was built on;
-    another class runs other kernels whose answers were never checked.
-    """
-    kernels = meta.get("kernels")
-    built_for = kernels.get("cpu_class") if isinstance(kernels, Mapping) else None
-    if built_for is None or built_for == cpu_class():
-        return None
-    return (f"built for CPU class {built_for} but this CPU is {cpu_class()}: its quantized kernels "
-            "were chosen and checked for that class; rebuild it on this machine")
 
 
 def read_engine_meta(bundle_dir: Path) -> dict[str, Any]:

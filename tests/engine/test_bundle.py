@@ -66,18 +66,28 @@ def test_bundle_has_manifest_files_and_tokenizer(
     assert memory_estimate(out) == meta["memory_bytes"]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_portable_graph_uses_only_default_domain_ops(
-    precision: str, hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]
+    hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]
 ) -> None:
-    bundle = built_bundle(hf_checkpoint("qwen3", "fp32", False), precision=precision)
+    bundle = built_bundle(hf_checkpoint("qwen3", "fp32", False))
     model = onnx.load(str(bundle / "model.onnx"), load_external_data=False)
     domains = {(node.op_type, node.domain) for node in model.graph.node}
     assert domains, "empty graph"
     assert {d for _, d in domains} <= {"", "ai.onnx"}, sorted(domains)
     assert {imp.domain for imp in model.opset_import} <= {"", "ai.onnx"}
-    if precision == "int8":
-        assert any(op == "MatMulInteger" for op, _ in domains)
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_quantized_bundles_hold_the_cpu_graph_only(
+    precision: str, hf_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    # MatMulNBits is an onnxruntime (com.microsoft) op: no portable graph a TensorRT could read.
+    spec = EngineBuildSpec(precision=precision, max_kv_cache_capacity=256, max_input_len=64)
+    meta = build_bundle(hf_checkpoint("qwen3", "fp32", False), tmp_path, spec, min_agreement=0.0)
+    assert meta["portable_model"] is None and not (tmp_path / "model.onnx").exists()
+    graph = onnx.load(str(tmp_path / "model.ort.onnx"), load_external_data=False).graph
+    ops = {n.op_type for n in graph.node}
+    assert "MatMulNBits" in ops and "MatMulInteger" not in ops
 
 
 def test_bundle_runs_the_same_in_a_fresh_process(

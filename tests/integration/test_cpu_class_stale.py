@@ -1,0 +1,93 @@
+"""A quantized bundle is keyed by the CPU class that built it: moved to a machine of another
+class (a shared cache directory, a fleet's shared catalog), it is stale, refused at load and
+evicted first; fp32 bundles run anywhere. Also: a quantized build that fails the quality gate
+publishes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import inference.cpu_class as cpu
+from cachesvc.builders import OnnxRuntimeBuilder
+from cachesvc.errors import QualityGateError
+from cachesvc.manager import CacheManager
+from cachesvc.profiles import ProfileRequest
+from inference.demo import write_demo_checkpoint
+from inference.runtime import load_engine
+from inference.runtime.errors import EngineLoadError
+
+AVX2_CPUINFO = "processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma f16c\n"
+SMALL: dict[str, Any] = {"max_input_len": 64, "max_kv_cache_capacity": 256}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_demo_checkpoint(tmp_path_factory.mktemp("classes") / "demo", arch="llama", size="tiny")
+
+
+@pytest.fixture
+def another_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """After it is called, this process reads its CPU class as a plain AVX2 machine's."""
+    fake = tmp_path / "cpuinfo"
+    fake.write_text(AVX2_CPUINFO)
+
+    def move() -> str:
+        monkeypatch.setattr(cpu, "_CPUINFO", fake)
+        monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
+        cpu.cpu_class.cache_clear()
+        return cpu.cpu_class()
+
+    yield move  # type: ignore[misc]
+    cpu.cpu_class.cache_clear()
+
+
+def test_a_bundle_built_for_another_cpu_class_is_stale_refused_and_evicted_first(
+    demo: Path, tmp_path: Path, another_machine: object
+) -> None:
+    here = cpu.cpu_class()
+    # Random demo weights: what is tested is the keying, not how well they survive 8 bits.
+    builders = {"onnxruntime": OnnxRuntimeBuilder(min_agreement=0.0)}
+    manager = CacheManager.open(tmp_path / "cache", max_size_bytes=10**12, builders=builders)
+    try:
+        fp32 = manager.prepare(str(demo), ProfileRequest(precision="fp32", **SMALL))
+        int8 = manager.prepare(str(demo), ProfileRequest(precision="int8", **SMALL))  # used last
+        info = manager.catalog.require_bundle(int8.bundle_id)
+        assert info.profile["cpu_class"] == here and f"-{here.replace('-', '')}-int8-" in info.profile_name
+        assert manager.catalog.require_bundle(fp32.bundle_id).profile["cpu_class"] is None
+
+        moved_to = another_machine()  # type: ignore[operator]
+        assert moved_to == "avx2" != here
+        report = manager.reconcile()
+        assert report.stale == (int8.bundle_id,)  # fp32 runs the same float kernels everywhere
+        assert manager.catalog.require_bundle(int8.bundle_id).state == "stale"
+        with pytest.raises(EngineLoadError, match=f"built for CPU class {here} but this CPU is avx2"):
+            load_engine(int8.bundle_dir, threads=1)
+        engine = load_engine(fp32.bundle_dir, threads=1)
+        engine.close()
+        # Stale first, although it was used last: planned before the LRU order.
+        sizes = {b.id: b.size_bytes for b in manager.list_bundles(limit=10).items}
+        plan = manager.prune(sum(sizes.values()) - 1, dry_run=True)
+        assert plan.evicted == (int8.bundle_id,)
+        # Asking for int8 here keys (and builds) this class's own bundle beside it.
+        again = manager.prepare(str(demo), ProfileRequest(precision="int8", **SMALL))
+        assert again.bundle_id != int8.bundle_id and again.built
+    finally:
+        manager.close()
+
+
+def test_a_quantized_build_that_fails_the_gate_publishes_nothing(demo: Path, tmp_path: Path) -> None:
+    # A bad kernel choice forced (int8 activations in every layer) and exact agreement asked.
+    builders = {"onnxruntime": OnnxRuntimeBuilder(min_agreement=1.0, accuracy_level=4)}
+    manager = CacheManager.open(tmp_path / "cache", max_size_bytes=10**12, builders=builders)
+    try:
+        with pytest.raises(QualityGateError, match=r"^the int8 build failed the quality gate on this CPU"):
+            manager.prepare(str(demo), ProfileRequest(precision="int8", **SMALL))
+        assert manager.list_bundles(state="ready", limit=10).items == ()
+        assert list((tmp_path / "cache" / "engines").rglob("engine.json")) == []
+        assert list((tmp_path / "cache" / ".staging").iterdir()) == []
+    finally:
+        manager.close()
