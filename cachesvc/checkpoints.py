@@ -4,8 +4,8 @@ The identity digest is what the cache keys bundles on, so it must be the same fo
 checkpoint wherever it lives (a copy, a move, an HF cache snapshot made of symlinks into
 blobs) and whatever its mtimes, and it must be cheap: a 10 GB shard costs the same reads as a
 10 MB one. For that it hashes every checkpoint file's relative path and size, small metadata
-files in full, and for weights only the safetensors header plus three fixed 64-byte samples
-(start, middle, end). The trade-off, on purpose: an in-place edit of a weight byte outside the
+files in full, and for weights only the safetensors (or GGUF) header plus three fixed 64-byte
+samples (start, middle, end). The trade-off, on purpose: an in-place edit of a weight byte outside the
 samples that keeps the file size does not change the digest. Real checkpoint changes (a new
 revision, a re-export, a different dtype or shape) change sizes, headers or metadata.
 """
@@ -23,14 +23,22 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from cachesvc.errors import CheckpointError, HubUnreachableError
-from cachesvc.gguf_checkpoints import convert_once, download_gguf, local_gguf, split_hub_gguf
+from cachesvc.gguf_checkpoints import (
+    GGUF_SUFFIX,
+    convert_once,
+    download_gguf,
+    gguf_digest,
+    local_gguf,
+    split_hub_gguf,
+)
 from cachesvc.hub_errors import at_revision, hub_refused, is_connection_error, is_server_error, unreachable
 
 #: Bumped whenever the digest recipe changes, so old and new digests can never be equal.
 DIGEST_VERSION = 1
 
-#: Weight files: hashed by size plus bounded samples.
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+#: Weight files: hashed by size plus bounded samples. ``.gguf``: the ``model.gguf`` of a converted
+#: GGUF checkpoint (see ``cachesvc.gguf_checkpoints``), which the builder reads its weights from.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 #: Metadata files: hashed in full. ``.txt`` (BPE merges) and ``.jinja`` (chat templates) change
 #: what a served model does just like ``tokenizer.json`` does, so they are part of the identity.
 METADATA_SUFFIXES = (".json", ".model", ".txt", ".jinja")
@@ -95,7 +103,8 @@ def checkpoint_digest(path: Path, *, read_counter: ReadCounter | None = None) ->
     Covers every checkpoint file (``CHECKPOINT_SUFFIXES``, recursive, hidden entries such as
     ``.git`` and ``.cache`` skipped, symlinks followed) in sorted relative-path order: its
     relative POSIX path, its size, and its content (metadata files in full; safetensors:
-    header plus three 64-byte payload samples; other weights: three 64-byte samples).
+    header plus three 64-byte payload samples; GGUF: ``gguf_digest``, its header plus three
+    64-byte data samples; other weights: three 64-byte samples).
     ``read_counter`` is called with the byte count of every read. Raises ``CheckpointError``
     for a directory without checkpoint files, a broken symlink, an oversized metadata file or
     a malformed safetensors file.
@@ -200,6 +209,8 @@ def _content_chunks(f: _CheckpointFile, count: ReadCounter) -> list[bytes]:
     with open(f.path, "rb") as fh:
         if f.relpath.endswith(".safetensors"):
             return _safetensors_chunks(f, fh, count)
+        if f.relpath.endswith(GGUF_SUFFIX):
+            return [_tag(b"gguf", 0) + bytes.fromhex(gguf_digest(f.path, read_counter=count))]
         return [
             _tag(b"sample", off) + _read_at(fh, off, SAMPLE_BYTES, count) for off in _sample_offsets(f.size)
         ]

@@ -31,8 +31,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from inference.builder.checkpoint_reader import CheckpointReader
 from inference.builder.model_config import ModelConfig
-from inference.builder.safetensors_reader import SafetensorsCheckpoint
 
 FUSED_OPSET = 23
 MS_DOMAIN = "com.microsoft"
@@ -135,7 +135,7 @@ class _Emitter:
 
 
 class _DecoderBuilder:
-    def __init__(self, cfg: ModelConfig, ckpt: SafetensorsCheckpoint, em: _Emitter, *,
+    def __init__(self, cfg: ModelConfig, ckpt: CheckpointReader, em: _Emitter, *,
                  max_positions: int, fused_ops: bool, kv_layout: str = "portable") -> None:
         self.cfg, self.ckpt, self.em = cfg, ckpt, em
         self.max_positions = max_positions
@@ -325,7 +325,7 @@ class _DecoderBuilder:
         return self.em.op("Reshape", [logits2, shape], outputs=["logits"])[0], True
 
 
-def build_decoder_graph(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, model_path: Path, *,
+def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Path, *,
                         max_positions: int, fused_ops: bool, untie_lm_head: bool = False,
                         progress: Progress | None = None, kv_layout: str = "portable") -> GraphIO:
     """Write ``model_path`` (+ ``<name>.data``) for ``cfg``; return the graph's I/O names.

@@ -20,8 +20,8 @@ The lm_head stays float32 (tied: the embedding table read by a Gemm): at 4 bits 
 SmolLM2-135M its answers (logits cosine 0.98, "La femme de France..." for "Paris"), and
 llama.cpp's Q4 files keep it at 6-8 bits for the same reason.
 
-The raw GGUF blocks reach the builder through ``gguf_q4_blocks.safetensors`` in the converted
-checkpoint directory (see ``gguf_convert``), rows already in Hugging Face order.
+The raw GGUF blocks come from the checkpoint reader's ``blocks()`` (the converted directory's
+``model.gguf``, see ``gguf_reader``), rows already in Hugging Face order.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from inference.builder.gguf_convert import Q4_BLOCKS_FILE, Q4_TYPES
-from inference.builder.safetensors_reader import SafetensorsCheckpoint
+from inference.builder.checkpoint_reader import open_checkpoint
+from inference.builder.gguf_reader import Q4_TYPES
 
 BLOCK = 32
 MS_DOMAIN = "com.microsoft"
@@ -103,24 +103,16 @@ def quantize_weight(w: np.ndarray) -> Q4Weight:
 
 
 class _Q4Source:
-    """The raw GGUF blocks of a converted checkpoint, by Hugging Face weight name."""
+    """The raw GGUF Q4 blocks of a checkpoint, by Hugging Face weight name (None: not Q4)."""
 
     def __init__(self, checkpoint_dir: Path) -> None:
-        self._blocks: SafetensorsCheckpoint | None = None
-        self._types: dict[str, str] = {}
-        path = checkpoint_dir / Q4_BLOCKS_FILE
-        if path.is_file():
-            self._blocks = SafetensorsCheckpoint.from_file(path)
-            for stored in self._blocks.names():
-                name, _, kind = stored.rpartition(".")
-                if kind in Q4_TYPES:
-                    self._types[name] = kind
+        self._ckpt = open_checkpoint(checkpoint_dir)
 
     def get(self, name: str, n: int, k: int) -> Q4Weight | None:
-        kind = self._types.get(name)
-        if kind is None or self._blocks is None:
+        raw = self._ckpt.blocks(name) if name in self._ckpt else None
+        if raw is None or raw.type_name not in Q4_TYPES:  # Q8_0 blocks are quantized afresh
             return None
-        return from_gguf_blocks(np.asarray(self._blocks.get_raw(f"{name}.{kind}")), kind, n, k)
+        return from_gguf_blocks(np.asarray(raw.rows), raw.type_name, n, k)
 
 
 def quantize_int4(fp32_model: Path, out_model: Path, checkpoint_dir: Path) -> dict[str, int]:

@@ -20,12 +20,12 @@ from inference.builder.bundle_files import (
     memory_fields,
     onnx_weight_bytes,
 )
+from inference.builder.checkpoint_reader import open_checkpoint
 from inference.builder.errors import BuildInputError
 from inference.builder.external_data import share_external_data
 from inference.builder.graph import GraphIO, Progress, build_decoder_graph
 from inference.builder.int4 import quantize_int4
 from inference.builder.model_config import ModelConfig, load_model_config
-from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.builder.spec import EngineBuildSpec
 
 # Bump whenever the files a build produces change (graph layout, names, engine.json fields).
@@ -145,7 +145,7 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
 
     report("read", 0.0)
     cfg = load_model_config(checkpoint_dir)
-    ckpt = SafetensorsCheckpoint(checkpoint_dir)
+    ckpt = open_checkpoint(checkpoint_dir)
     fused = fused_ops_supported()
     model_path = out_dir / PORTABLE_MODEL
     optimized_path = out_dir / OPTIMIZED_MODEL

@@ -1,5 +1,6 @@
 """Small GGUF files written by the ``gguf`` package: round trips against the safetensors path,
-the cache's conversion (once, atomically, listed), and one clear error for bad files."""
+the reader's values and raw blocks, the cache's conversion (once, atomically, listed), and one
+clear error for bad files."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from cachesvc.cli import main as cli_main
 from cachesvc.errors import CheckpointError
 from cachesvc.gguf_checkpoints import gguf_digest
 from inference.builder import gguf_convert
+from inference.builder.checkpoint_reader import open_checkpoint
 from inference.builder.gguf_convert import convert_gguf
+from inference.builder.gguf_reader import GGUF_FILE, GgufCheckpoint, open_gguf
+from inference.builder.int4 import BLOCK, _Q4Source
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.runtime.loader import load_engine
 from inference.tokenizer import load_tokenizer
@@ -42,18 +46,69 @@ def test_converted_weights_equal_the_reference(small_gguf: SmallGguf, family: st
                                                tmp_path: Path) -> None:
     path, reference = small_gguf(family, qtype)
     config = convert_gguf(path, tmp_path)
-    ours, ref = SafetensorsCheckpoint(tmp_path), SafetensorsCheckpoint(reference)
+    ours, ref = open_checkpoint(tmp_path), SafetensorsCheckpoint(reference)
+    assert isinstance(ours, GgufCheckpoint)
     ref_names = set(ref.names()) - ({"lm_head.weight"} if config["tie_word_embeddings"] else set())
     assert set(ours.names()) == ref_names
+    # The reference is gguf's dequantize(quantize(w)) with the Q/K rows unpermuted by the test's
+    # own code: exactly what gguf-1 stored in model.safetensors.
     for name in ref_names:
         np.testing.assert_array_equal(ours.get_f32(name), ref.get_f32(name), err_msg=name)
+        assert ours.shape(name) == ref.shape(name), name
     ref_config = json.loads((reference / "config.json").read_text())
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "vocab_size", "tie_word_embeddings"):
         assert config[key] == ref_config[key], key
     assert config["head_dim"] == (ref_config.get("head_dim") or 16)
     assert config["model_type"] == family
-    assert (tmp_path / gguf_convert.Q4_BLOCKS_FILE).exists() == qtype.startswith("Q4")
+    # The weights stay as the file has them: a byte-for-byte copy, no float32 expansion.
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".json")) == [GGUF_FILE]
+    assert (tmp_path / GGUF_FILE).read_bytes() == path.read_bytes()
+    assert ours.source_dtypes() == ({"F32", qtype} if qtype != "F32" else {"F32"})
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "F16"])
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_raw_blocks_are_the_files_rows_in_hf_order(small_gguf: SmallGguf, family: str, qtype: str,
+                                                   tmp_path: Path) -> None:
+    path, reference = small_gguf(family, qtype)
+    convert_gguf(path, tmp_path)
+    ckpt = GgufCheckpoint(tmp_path)
+    weights = [n for n in ckpt.names() if len(ckpt.shape(n)) == 2]
+    for name in weights:
+        raw = ckpt.blocks(name)
+        if qtype not in ("Q4_0", "Q4_1", "Q8_0"):
+            assert raw is None, name
+            continue
+        assert raw is not None and raw.type_name == qtype, name
+        n, k = ckpt.shape(name)
+        assert raw.rows.dtype == np.uint8 and raw.rows.shape == (n, k // 32 * gguf.GGML_QUANT_SIZES[
+            gguf.GGMLQuantizationType[qtype]][1]), name
+        # Whole rows moved (llama's Q/K), blocks untouched: dequantizing them gives the weight.
+        values = gguf.quants.dequantize(np.asarray(raw.rows), gguf.GGMLQuantizationType[qtype])
+        np.testing.assert_array_equal(values.reshape(n, k), ckpt.get_f32(name), err_msg=name)
+    assert all(ckpt.blocks(n) is None for n in ckpt.names() if len(ckpt.shape(n)) == 1)  # F32 norms
+    ref = SafetensorsCheckpoint(reference)
+    assert all(ref.blocks(n) is None for n in ref.names())
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_int4_takes_the_q4_blocks_of_the_reader(small_gguf: SmallGguf, qtype: str, tmp_path: Path) -> None:
+    """int4's weights from the file's blocks decode to the reader's float32 values (llama: Q/K permuted)."""
+    path, _ = small_gguf("llama", qtype)
+    convert_gguf(path, tmp_path)
+    ckpt, source = GgufCheckpoint(tmp_path), _Q4Source(tmp_path)
+    for name in (n for n in ckpt.names() if n.startswith("model.layers.") and n.endswith("proj.weight")):
+        n, k = ckpt.shape(name)
+        q = source.get(name, n, k)
+        assert q is not None, name
+        codes = np.stack([q.packed & 0x0F, q.packed >> 4], axis=-1).reshape(n, k // BLOCK, BLOCK)
+        zero = 8.0 if qtype == "Q4_0" else 0.0
+        w = (codes.astype(np.float32) - zero) * q.scales.reshape(n, k // BLOCK, 1)
+        if q.block_min is not None:
+            w = w + q.block_min.reshape(n, k // BLOCK, 1)
+        np.testing.assert_allclose(w.reshape(n, k), ckpt.get_f32(name), rtol=1e-6, atol=1e-7, err_msg=name)
+    assert source.get("lm_head.weight", 1, BLOCK) is None  # tied: not in the file, so no blocks
 
 
 @pytest.mark.parametrize("qtype", ["F32", "Q4_1"])
@@ -147,7 +202,6 @@ def test_sentencepiece_tokenizer_matches_transformers(tmp_path: Path) -> None:
     writer.write_tensors_to_file()
     writer.close()
 
-    from inference.builder.gguf_convert import open_gguf
     from inference.builder.gguf_tokenizer import write_tokenizer_files
 
     out = tmp_path / "tok"
@@ -258,8 +312,6 @@ def _bad_files(small_gguf: SmallGguf, tmp_path: Path) -> dict[str, tuple[Path, s
     iq = gguf.GGMLQuantizationType.IQ4_NL
     unsupported = tmp_path / "type.gguf"
     # A qwen2 file whose one tensor is IQ4_NL (raw bytes of the right size).
-    from inference.builder.gguf_convert import open_gguf
-
     reader = open_gguf(with_tok)
     writer = gguf.GGUFWriter(unsupported, "qwen2")
     for field in reader.fields.values():
