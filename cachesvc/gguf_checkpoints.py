@@ -37,6 +37,9 @@ from cachesvc.store.locks import BundleLocks
 log = logging.getLogger("cachesvc.checkpoints")
 
 GGUF_SUFFIX = ".gguf"
+#: The GGUF inside a converted checkpoint directory (``inference.builder.gguf_reader.GGUF_FILE``,
+#: named again here so that resolving a checkpoint imports no builder).
+CONVERTED_GGUF_FILE = "model.gguf"
 GGUF_DIGEST_VERSION = 1
 #: Where converted checkpoints live, under the cache's ``checkpoints/``.
 GGUF_SUBDIR = "gguf"
@@ -247,9 +250,7 @@ def _convert(gguf_path: Path, out_dir: Path) -> None:
 
 def _check_copy(gguf_path: Path, staging: Path, digest: str) -> None:
     """The copied file must be the one the key names (the source may change while it is copied)."""
-    from inference.builder.gguf_reader import GGUF_FILE
-
-    if gguf_digest(staging / GGUF_FILE) != digest:
+    if gguf_digest(staging / CONVERTED_GGUF_FILE) != digest:
         raise CheckpointError(
             f"{gguf_path} changed while it was being converted; retry once the file is complete"
         )

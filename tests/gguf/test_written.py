@@ -379,3 +379,24 @@ def test_concurrent_resolves_convert_once(small_gguf: SmallGguf, tmp_path: Path,
     assert len(calls) == 1
     assert results[0].path == results[1].path
     assert _cache_leftovers(checkpoints) == [results[0].path.name]
+
+
+def test_a_file_changed_while_it_is_copied_is_not_published(
+    small_gguf: SmallGguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy must be the file the key was computed from; a writer racing the copy is refused."""
+    path, _ = small_gguf("qwen2", "Q8_0")
+    real = gguf_convert.convert_gguf
+
+    def racing_convert(gguf_path: Path, out_dir: Path) -> object:
+        config = real(gguf_path, out_dir)
+        with (out_dir / GGUF_FILE).open("r+b") as fh:  # as if the source grew a byte mid-copy
+            fh.seek(0, os.SEEK_END)
+            fh.write(b"\0")
+        return config
+
+    monkeypatch.setattr(gguf_convert, "convert_gguf", racing_convert)
+    checkpoints = tmp_path / "checkpoints"
+    with pytest.raises(CheckpointError, match="changed while it was being converted"):
+        resolve_checkpoint(str(path), checkpoints)
+    assert _cache_leftovers(checkpoints) == []
