@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inference.builder.gguf_reader import GGUF_FILE, gguf_config, open_gguf, tensor_plan
+from inference.builder.gguf_reader import GGUF_FILE, gguf_config, open_gguf, read_gguf_header, tensor_plan
 from inference.builder.gguf_tokenizer import write_tokenizer_files
 
 #: Bump whenever the converted files change for the same GGUF. gguf-2: the GGUF is kept as
@@ -42,11 +42,11 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
     """
     report = progress or (lambda stage, fraction: None)
     out_dir = Path(out_dir)
-    reader = open_gguf(gguf_path)
-    config = gguf_config(reader)
-    tensor_plan(reader, config)  # refuses unknown tensor names and types before the copy
+    header = read_gguf_header(gguf_path)
+    config = gguf_config(header)
+    tensor_plan(header, config)  # what GgufCheckpoint checks: names, types, complete data
     # The tokenizer before the copy: it is cheap, and a file without one fails early.
-    write_tokenizer_files(reader, out_dir)
+    write_tokenizer_files(open_gguf(gguf_path), out_dir)
     report("copy", 0.0)
     _copy_synced(Path(gguf_path), out_dir / GGUF_FILE)
     report("copy", 1.0)

@@ -15,6 +15,8 @@ and raw block rows come out in Hugging Face order.
 
 from __future__ import annotations
 
+import mmap
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,7 +88,12 @@ def unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def open_gguf(path: Path) -> Any:
-    """Open ``path`` with ``gguf.GGUFReader``; a truncated or foreign file -> ``BuildInputError``."""
+    """Open ``path`` with ``gguf.GGUFReader`` (every field, arrays too: what the tokenizer needs).
+
+    A truncated or foreign file -> ``BuildInputError``. The weights are read through the much
+    cheaper :func:`read_gguf_header` instead: ``GGUFReader`` decodes every vocabulary entry and
+    merge (seconds for a 49k-token vocabulary), which a build has no use for.
+    """
     from gguf import GGUFReader
 
     path = Path(path)
@@ -97,26 +104,135 @@ def open_gguf(path: Path) -> Any:
             f"{path.name} is not a readable GGUF file ({type(exc).__name__}: {exc}); the file is truncated "
             "or corrupt, download it again"
         ) from exc
-    size = path.stat().st_size
-    for t in reader.tensors:
-        end = int(t.data_offset) + int(t.n_bytes)
-        if end > size:
-            raise BuildInputError(
-                f"{path.name} is truncated: tensor {t.name!r} ends at byte {end} "
-                f"but the file has {size} bytes; download it again"
-            )
     return reader
 
 
-def gguf_metadata(reader: Any, key: str, default: Any = None) -> Any:
-    """The value of one metadata key (strings decoded, arrays as lists)."""
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+# GGUF metadata value types: fixed-size scalars by struct format; 8 = string, 9 = array.
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+#: GGML tensors have at most four dimensions; more means a corrupt tensor table.
+_MAX_DIMS = 4
+_DEFAULT_ALIGNMENT = 32
 
 
-def gguf_architecture(reader: Any) -> tuple[str, str, str, bool]:
+@dataclass(frozen=True)
+class GgufTensorInfo:
+    """One entry of a GGUF's tensor table."""
+
+    name: str  # GGUF name
+    dims: tuple[int, ...]  # GGML order: the row (innermost) dimension first
+    type_id: int  # GGMLQuantizationType value
+    start: int  # absolute byte offset of the data in the file
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    """What a GGUF's header says: scalar metadata and the tensor table (no tensor data read)."""
+
+    path: Path
+    size: int  # bytes in the file
+    metadata: dict[str, Any]  # numbers, bools and strings; array values are skipped, not kept
+    tensors: tuple[GgufTensorInfo, ...]
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from the header bytes."""
+
+    def __init__(self, buf: mmap.mmap, path: Path) -> None:
+        self.buf, self.path, self.pos = buf, path, 0
+
+    def take(self, n: int) -> int:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise BuildInputError(
+                f"{self.path.name} is not a readable GGUF file: its header is cut short (needs byte "
+                f"{self.pos + n}, the file has {len(self.buf)}); the file is truncated or corrupt, "
+                "download it again"
+            )
+        start, self.pos = self.pos, self.pos + n
+        return start
+
+    def unpack(self, fmt: str) -> Any:
+        return struct.unpack_from(fmt, self.buf, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        n = self.unpack("<Q")
+        start = self.take(n)
+        return bytes(self.buf[start:start + n]).decode("utf-8", errors="replace")
+
+    def value(self, kind: int) -> Any:
+        """Read one value of type ``kind``; arrays are skipped over (returns None for them)."""
+        if kind in _SCALARS:
+            return self.unpack(_SCALARS[kind])
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            elem, count = self.unpack("<I"), self.unpack("<Q")
+            if elem in _SCALARS:
+                self.take(struct.calcsize(_SCALARS[elem]) * count)
+            else:  # strings (vocabularies, merges) or nested arrays: each has its own length
+                for _ in range(count):
+                    self.value(elem)
+            return None
+        raise BuildInputError(
+            f"{self.path.name} has an unknown GGUF metadata type {kind}; the file is corrupt"
+        )
+
+
+def read_gguf_header(path: Path) -> GgufHeader:
+    """Parse the header (metadata scalars and tensor table) of the GGUF file ``path``.
+
+    Raises ``BuildInputError`` for a file that is not GGUF (or is big-endian, or of version 1)
+    or whose header is cut short.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    if size < 24:
+        raise BuildInputError(f"{path.name} is not a readable GGUF file ({size} bytes); it is truncated")
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        cur = _Cursor(buf, path)
+        if bytes(buf[:4]) != b"GGUF":
+            raise BuildInputError(f"{path.name} is not a GGUF file (no GGUF magic)")
+        cur.take(4)
+        version = cur.unpack("<I")
+        if version not in (2, 3):
+            endian = " (a big-endian file?)" if version & 0xFFFF == 0 else ""
+            raise BuildInputError(f"{path.name} is GGUF version {version}{endian}; little-endian versions 2 "
+                                  "and 3 are supported")
+        n_tensors, n_kv = cur.unpack("<Q"), cur.unpack("<Q")
+        metadata: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = cur.string()
+            value = cur.value(cur.unpack("<I"))
+            if value is not None:
+                metadata[key] = value
+        table: list[tuple[str, tuple[int, ...], int, int]] = []
+        for _ in range(n_tensors):
+            name = cur.string()
+            n_dims = cur.unpack("<I")
+            if n_dims > _MAX_DIMS:
+                raise BuildInputError(
+                    f"{path.name}: tensor {name!r} has {n_dims} dimensions; the file is corrupt"
+                )
+            dims = tuple(cur.unpack("<Q") for _ in range(n_dims))
+            table.append((name, dims, cur.unpack("<I"), cur.unpack("<Q")))
+    alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment < 1:
+        raise BuildInputError(f"{path.name}: general.alignment {alignment!r} is invalid; the file is corrupt")
+    data_start = cur.pos + (-cur.pos) % alignment
+    tensors = tuple(GgufTensorInfo(name, dims, type_id, data_start + offset)
+                    for name, dims, type_id, offset in table)
+    return GgufHeader(path, size, metadata, tensors)
+
+
+def gguf_metadata(header: GgufHeader, key: str, default: Any = None) -> Any:
+    """The value of one scalar or string metadata key (``default`` when absent or an array)."""
+    return header.metadata.get(key, default)
+
+
+def gguf_architecture(header: GgufHeader) -> tuple[str, str, str, bool]:
     """(GGUF architecture, transformers class, model_type, Q/K rows permuted); unknown -> error."""
-    arch = gguf_metadata(reader, "general.architecture")
+    arch = gguf_metadata(header, "general.architecture")
     if arch not in ARCHITECTURES:
         raise BuildInputError(
             f"unsupported GGUF architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}"
@@ -125,25 +241,25 @@ def gguf_architecture(reader: Any) -> tuple[str, str, str, bool]:
     return arch, cls, model_type, permuted
 
 
-def _required(reader: Any, key: str) -> int:
-    value = gguf_metadata(reader, key)
+def _required(header: GgufHeader, key: str) -> int:
+    value = gguf_metadata(header, key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise BuildInputError(f"GGUF metadata {key!r} is missing or not a positive integer (got {value!r})")
     return value
 
 
-def gguf_config(reader: Any) -> dict[str, Any]:
+def gguf_config(header: GgufHeader) -> dict[str, Any]:
     """``config.json`` contents from the GGUF metadata and tensor list."""
-    arch, cls, model_type, _ = gguf_architecture(reader)
-    names = {t.name for t in reader.tensors}
-    heads = _required(reader, f"{arch}.attention.head_count")
-    kv_heads = gguf_metadata(reader, f"{arch}.attention.head_count_kv") or heads
-    hidden = _required(reader, f"{arch}.embedding_length")
-    head_dim = gguf_metadata(reader, f"{arch}.attention.key_length") or hidden // heads
-    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    arch, cls, model_type, _ = gguf_architecture(header)
+    names = {t.name for t in header.tensors}
+    heads = _required(header, f"{arch}.attention.head_count")
+    kv_heads = gguf_metadata(header, f"{arch}.attention.head_count_kv") or heads
+    hidden = _required(header, f"{arch}.embedding_length")
+    head_dim = gguf_metadata(header, f"{arch}.attention.key_length") or hidden // heads
+    embd = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
     if embd is None:
         raise BuildInputError("the GGUF has no token_embd.weight tensor; it is not a complete model")
-    vocab = gguf_metadata(reader, f"{arch}.vocab_size") or int(embd.shape[1])
+    vocab = gguf_metadata(header, f"{arch}.vocab_size") or int(embd.dims[-1])
     if "rope_freqs.weight" in names:
         raise BuildInputError(
             "this GGUF carries rope_freqs (llama3-style rope scaling), which the converter does not "
@@ -154,36 +270,36 @@ def gguf_config(reader: Any) -> dict[str, Any]:
         "model_type": model_type,
         "vocab_size": int(vocab),
         "hidden_size": hidden,
-        "intermediate_size": _required(reader, f"{arch}.feed_forward_length"),
-        "num_hidden_layers": _required(reader, f"{arch}.block_count"),
+        "intermediate_size": _required(header, f"{arch}.feed_forward_length"),
+        "num_hidden_layers": _required(header, f"{arch}.block_count"),
         "num_attention_heads": heads,
         "num_key_value_heads": int(kv_heads),
         "head_dim": int(head_dim),
         "hidden_act": "silu",
-        "rms_norm_eps": float(gguf_metadata(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(gguf_metadata(reader, f"{arch}.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(gguf_metadata(reader, f"{arch}.context_length", 4096)),
+        "rms_norm_eps": float(gguf_metadata(header, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(gguf_metadata(header, f"{arch}.rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(gguf_metadata(header, f"{arch}.context_length", 4096)),
         "tie_word_embeddings": "output.weight" not in names,
         "torch_dtype": "float32",
     }
-    scaling = gguf_metadata(reader, f"{arch}.rope.scaling.type")
+    scaling = gguf_metadata(header, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         if scaling != "linear":
             raise BuildInputError(f"unsupported GGUF rope scaling {scaling!r}; supported: linear")
         config["rope_scaling"] = {
             "rope_type": "linear",
-            "factor": float(gguf_metadata(reader, f"{arch}.rope.scaling.factor", 1.0)),
+            "factor": float(gguf_metadata(header, f"{arch}.rope.scaling.factor", 1.0)),
         }
     if model_type in ("llama", "mistral"):
         config["attention_bias"] = "blk.0.attn_q.bias" in names
         config["mlp_bias"] = "blk.0.ffn_up.bias" in names
     if model_type == "mistral":
-        config["sliding_window"] = gguf_metadata(reader, f"{arch}.attention.sliding_window")
+        config["sliding_window"] = gguf_metadata(header, f"{arch}.attention.sliding_window")
     if model_type in ("qwen2", "qwen3"):
         config["use_sliding_window"] = False
     for key, meta in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                       ("pad_token_id", "padding_token_id")):
-        value = gguf_metadata(reader, f"tokenizer.ggml.{meta}")
+        value = gguf_metadata(header, f"tokenizer.ggml.{meta}")
         if isinstance(value, int):
             config[key] = value
     return config
@@ -191,61 +307,61 @@ def gguf_config(reader: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class GgufTensor:
-    """One GGUF tensor as a Hugging Face tensor."""
+    """One GGUF tensor as a Hugging Face tensor, and where its bytes are."""
 
-    gguf: Any  # gguf.ReaderTensor (its data is a view into the read-only memory map)
     name: str  # Hugging Face name
     shape: tuple[int, ...]  # Hugging Face order
     type_name: str  # GGML type: F32, Q4_1, ...
     permute_heads: int | None  # llama.cpp permuted these rows in groups of this many heads
+    start: int  # absolute byte offset in the file
+    rows: int  # rows as stored: every dimension but the innermost
+    row_bytes: int
 
 
-def tensor_plan(reader: Any, config: dict[str, Any]) -> list[GgufTensor]:
-    """Every tensor of ``reader`` under its Hugging Face name, shape and row permutation.
+def tensor_plan(header: GgufHeader, config: dict[str, Any]) -> list[GgufTensor]:
+    """Every tensor of ``header`` under its Hugging Face name, shape and row permutation.
 
-    Raises ``BuildInputError`` for a tensor name of no supported architecture or a tensor type
-    not in ``SUPPORTED_TYPES``, before any tensor data is read.
+    Raises ``BuildInputError`` for a tensor name of no supported architecture, a tensor type
+    not in ``SUPPORTED_TYPES`` or a tensor whose data lies past the end of the file, before
+    any tensor data is read.
     """
-    from gguf import GGMLQuantizationType
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    _, _, _, permuted = gguf_architecture(reader)
+    _, _, _, permuted = gguf_architecture(header)
     plan: list[GgufTensor] = []
-    for t in reader.tensors:
+    for t in header.tensors:
         name = hf_tensor_name(t.name)
-        type_name = GGMLQuantizationType(t.tensor_type).name
-        if type_name not in SUPPORTED_TYPES:
+        try:
+            qtype = GGMLQuantizationType(t.type_id)
+        except ValueError:  # a type number newer than this gguf package
+            qtype = None
+        type_name = qtype.name if qtype is not None else f"#{t.type_id}"
+        if qtype is None or type_name not in SUPPORTED_TYPES:
             raise BuildInputError(
                 f"GGUF tensor {t.name!r} has type {type_name}, which is not supported; "
                 f"supported types: {', '.join(SUPPORTED_TYPES)}"
             )
-        shape = tuple(int(d) for d in reversed([int(x) for x in t.shape]))
+        block, block_bytes = GGML_QUANT_SIZES[qtype]
+        if not t.dims or t.dims[0] % block:
+            raise BuildInputError(
+                f"GGUF tensor {t.name!r} has shape {list(t.dims)}, not whole {type_name} blocks of {block}; "
+                "the file is corrupt"
+            )
+        row_bytes = t.dims[0] // block * block_bytes
+        rows = int(np.prod(t.dims[1:], dtype=np.int64))
+        end = t.start + rows * row_bytes
+        if end > header.size:
+            raise BuildInputError(
+                f"{header.path.name} is truncated: tensor {t.name!r} ends at byte {end} "
+                f"but the file has {header.size} bytes; download it again"
+            )
         heads: int | None = None
         if permuted and name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
             heads = config["num_attention_heads"]
         elif permuted and name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
             heads = config["num_key_value_heads"]
-        plan.append(GgufTensor(t, name, shape, type_name, heads))
+        plan.append(GgufTensor(name, tuple(reversed(t.dims)), type_name, heads, t.start, rows, row_bytes))
     return plan
-
-
-def tensor_f32(t: GgufTensor) -> np.ndarray:
-    """Dequantize one tensor to a new float32 array in Hugging Face shape and row order."""
-    from gguf.quants import dequantize
-
-    raw = np.asarray(t.gguf.data)
-    if t.type_name == "F32":
-        arr = np.array(raw, dtype=np.float32)  # a copy: never hand out the read-only map
-    elif t.type_name == "F16":
-        arr = raw.view("<f2").astype(np.float32)
-    elif t.type_name == "BF16":
-        # bf16 is the top half of an fp32: shifting the 16-bit pattern up is exact.
-        arr = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
-    else:
-        arr = dequantize(raw, t.gguf.tensor_type).astype(np.float32, copy=False)
-    arr = arr.reshape(t.shape)
-    if t.permute_heads is not None:
-        arr = unpermute_rows(arr, t.permute_heads)
-    return arr
 
 
 @dataclass(frozen=True)
@@ -264,8 +380,9 @@ class GgufCheckpoint:
     """The tensors of a GGUF file under Hugging Face names, dequantized one at a time on request.
 
     Same reading surface as ``SafetensorsCheckpoint``; ``checkpoint_dir`` holds ``model.gguf``
-    (a converted checkpoint, see ``gguf_convert``). Opening reads the header only: refuses a
-    truncated file, an unknown architecture or tensor name, or an unsupported tensor type.
+    (a converted checkpoint, see ``gguf_convert``). Opening reads the header only (metadata
+    scalars and the tensor table; the vocabulary is skipped over) and memory-maps the file:
+    refuses a truncated file, an unknown architecture or tensor name, or an unsupported type.
     """
 
     def __init__(self, checkpoint_dir: Path) -> None:
@@ -273,9 +390,12 @@ class GgufCheckpoint:
         path = self.dir / GGUF_FILE
         if not path.is_file():
             raise BuildInputError(f"no {GGUF_FILE} in {self.dir}; it is not a converted GGUF checkpoint")
-        reader = open_gguf(path)
+        header = read_gguf_header(path)
         self.files = (path,)
-        self._tensors = {t.name: t for t in tensor_plan(reader, gguf_config(reader))}
+        self._tensors = {t.name: t for t in tensor_plan(header, gguf_config(header))}
+        # A plain ndarray view of the map: np.memmap slices pay a Python hook per view, and the
+        # gguf dequantizers make one per 16 rows.
+        self._map = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
 
     def __contains__(self, name: str) -> bool:
         return name in self._tensors
@@ -301,23 +421,42 @@ class GgufCheckpoint:
                 "architecture its metadata names"
             ) from None
 
+    def _rows(self, t: GgufTensor) -> np.ndarray:
+        """The stored bytes of ``t`` as ``[rows, row_bytes]`` (read-only, in the file's row order)."""
+        return self._map[t.start:t.start + t.rows * t.row_bytes].reshape(t.rows, t.row_bytes)
+
     def get_f32(self, name: str, expected_shape: tuple[int, ...] | None = None) -> np.ndarray:
         """Dequantize ``name`` to a new float32 array, checking its shape first."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
         t = self._tensor(name)
         if expected_shape is not None and t.shape != tuple(expected_shape):
             raise BuildInputError(
                 f"weight {name!r} has shape {list(t.shape)}, expected {list(expected_shape)} "
                 "from config.json; the config and the weights do not match"
             )
-        return tensor_f32(t)
+        raw = self._rows(t)
+        if t.type_name == "F32":
+            arr = raw.view("<f4").astype(np.float32)  # a copy: never hand out the read-only map
+        elif t.type_name == "F16":
+            arr = raw.view("<f2").astype(np.float32)
+        elif t.type_name == "BF16":
+            # bf16 is the top half of an fp32: shifting the 16-bit pattern up is exact.
+            arr = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            arr = dequantize(raw, GGMLQuantizationType[t.type_name]).astype(np.float32, copy=False)
+        arr = arr.reshape(t.shape)
+        if t.permute_heads is not None:
+            arr = unpermute_rows(arr, t.permute_heads)
+        return arr
 
     def blocks(self, name: str) -> RawBlocks | None:
         """The raw blocks of ``name`` when it is stored as Q4_0, Q4_1 or Q8_0, else None."""
         t = self._tensor(name)
         if t.type_name not in RAW_BLOCK_TYPES:
             return None
-        raw = np.asarray(t.gguf.data)
-        rows = raw.reshape(-1, raw.shape[-1]).view(np.uint8)
+        rows = self._rows(t)
         if t.permute_heads is not None:
             rows = unpermute_rows(rows, t.permute_heads)
         return RawBlocks(t.type_name, rows)

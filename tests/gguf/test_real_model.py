@@ -58,6 +58,12 @@ def test_the_checkpoint_keeps_the_gguf_as_it_is(smollm2_gguf: Path, smollm2_dir:
     assert sum(files.values()) < smollm2_gguf.stat().st_size + 8 * 2**20
 
 
+def test_header_parser_agrees_with_the_gguf_package(smollm2_gguf: Path) -> None:
+    from tests.gguf.test_written import assert_header_matches_gguf_reader
+
+    assert_header_matches_gguf_reader(smollm2_gguf)  # vocabulary and merges arrays skipped over
+
+
 def test_reader_values_equal_transformers_reading_of_the_gguf(
     smollm2_dir: Path, hf_smollm2: tuple[Any, Any]
 ) -> None:

@@ -20,7 +20,14 @@ from cachesvc.gguf_checkpoints import gguf_digest
 from inference.builder import gguf_convert
 from inference.builder.checkpoint_reader import open_checkpoint
 from inference.builder.gguf_convert import convert_gguf
-from inference.builder.gguf_reader import GGUF_FILE, GgufCheckpoint, open_gguf
+from inference.builder.gguf_reader import (
+    GGUF_FILE,
+    GgufCheckpoint,
+    gguf_config,
+    open_gguf,
+    read_gguf_header,
+    tensor_plan,
+)
 from inference.builder.int4 import BLOCK, _Q4Source
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.runtime.loader import load_engine
@@ -65,6 +72,26 @@ def test_converted_weights_equal_the_reference(small_gguf: SmallGguf, family: st
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".json")) == [GGUF_FILE]
     assert (tmp_path / GGUF_FILE).read_bytes() == path.read_bytes()
     assert ours.source_dtypes() == ({"F32", qtype} if qtype != "F32" else {"F32"})
+
+
+def assert_header_matches_gguf_reader(path: Path) -> None:
+    """Our header parser reads what the gguf package's reader reads (scalars, tensor table)."""
+    reader, header = open_gguf(path), read_gguf_header(path)
+    scalars = {name: f.contents() for name, f in reader.fields.items()
+               if f.types and f.types[0] != gguf.GGUFValueType.ARRAY and not name.startswith("GGUF.")}
+    assert header.metadata == scalars
+    assert [(t.name, t.dims, t.type_id, t.start) for t in header.tensors] == [
+        (t.name, tuple(int(d) for d in t.shape), int(t.tensor_type), int(t.data_offset))
+        for t in reader.tensors
+    ]
+    plan = tensor_plan(header, gguf_config(header))
+    assert [p.rows * p.row_bytes for p in plan] == [int(t.n_bytes) for t in reader.tensors]
+
+
+@pytest.mark.parametrize("qtype", ["F32", "BF16", "Q5_1", "Q4_1"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_header_parser_agrees_with_the_gguf_package(small_gguf: SmallGguf, family: str, qtype: str) -> None:
+    assert_header_matches_gguf_reader(small_gguf(family, qtype)[0])
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "F16"])
