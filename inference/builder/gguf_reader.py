@@ -4,9 +4,11 @@ llama.cpp's GGUF holds the model config as ``<arch>.*`` metadata, the tokenizer 
 ``tokenizer.*`` metadata, and the weights in its own tensor names and block-quantized types.
 This module says what such a file means in Hugging Face terms (the config of
 :func:`gguf_config`, the tensor names of :func:`hf_tensor_name`) and reads its tensors:
-:class:`GgufCheckpoint` memory-maps the file and dequantizes one tensor per ``get_f32`` call
-with the ``gguf`` package (numpy only), so a build never holds more than one float32 tensor
-of it at a time, and the file on disk stays as compact as llama.cpp made it.
+:class:`GgufCheckpoint` parses the header (:func:`read_gguf_header`), memory-maps the file
+and dequantizes one tensor per ``get_f32`` call with the ``gguf`` package (numpy only), so a
+build never holds more than one float32 tensor of it at a time, and the file on disk stays as
+compact as llama.cpp made it. The tokenizer (``gguf_tokenizer``) reads the vocabulary arrays
+through ``gguf.GGUFReader`` (:func:`open_gguf`).
 
 llama.cpp's converter permutes the Q/K rows of llama-family attention (its RoPE pairs
 neighbouring features; transformers rotates halves): every read here undoes that, so values
