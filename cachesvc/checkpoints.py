@@ -5,8 +5,8 @@ checkpoint wherever it lives (a copy, a move, an HF cache snapshot made of symli
 blobs) and whatever its mtimes, and it must be cheap: a 10 GB shard costs the same reads as a
 10 MB one. For that it hashes every checkpoint file's relative path and size, small metadata
 files in full, and for weights only the safetensors (or GGUF) header plus three fixed 64-byte
-samples (start, middle, end). The trade-off, on purpose: an in-place edit of a weight byte outside the
-samples that keeps the file size does not change the digest. Real checkpoint changes (a new
+samples (start, middle, end). The trade-off, on purpose: an in-place edit of a weight byte
+outside the samples that keeps the file size does not change the digest. Real checkpoint changes (a new
 revision, a re-export, a different dtype or shape) change sizes, headers or metadata.
 """
 
