@@ -4,9 +4,9 @@ The identity digest is what the cache keys bundles on, so it must be the same fo
 checkpoint wherever it lives (a copy, a move, an HF cache snapshot made of symlinks into
 blobs) and whatever its mtimes, and it must be cheap: a 10 GB shard costs the same reads as a
 10 MB one. For that it hashes every checkpoint file's relative path and size, small metadata
-files in full, and for weights only the safetensors header plus three fixed 64-byte samples
-(start, middle, end). The trade-off, on purpose: an in-place edit of a weight byte outside the
-samples that keeps the file size does not change the digest. Real checkpoint changes (a new
+files in full, and for weights only the safetensors (or GGUF) header plus three fixed 64-byte
+samples (start, middle, end). The trade-off, on purpose: an in-place edit of a weight byte
+outside the samples that keeps the file size does not change the digest. Real checkpoint changes (a new
 revision, a re-export, a different dtype or shape) change sizes, headers or metadata.
 """
 
@@ -23,13 +23,22 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from cachesvc.errors import CheckpointError, HubUnreachableError
-from cachesvc.gguf_checkpoints import convert_once, download_gguf, local_gguf, split_hub_gguf
+from cachesvc.gguf_checkpoints import (
+    CONVERTED_GGUF_FILE,
+    convert_once,
+    download_gguf,
+    gguf_digest,
+    local_gguf,
+    split_hub_gguf,
+)
 from cachesvc.hub_errors import at_revision, hub_refused, is_connection_error, is_server_error, unreachable
 
 #: Bumped whenever the digest recipe changes, so old and new digests can never be equal.
 DIGEST_VERSION = 1
 
-#: Weight files: hashed by size plus bounded samples.
+#: Weight files: hashed by size plus bounded samples. A converted GGUF checkpoint's weights are
+#: its ``CONVERTED_GGUF_FILE`` (hashed by ``gguf_digest``): the one GGUF file a build reads, so
+#: the only one that is part of the identity (any other ``.gguf`` in a directory is not).
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 #: Metadata files: hashed in full. ``.txt`` (BPE merges) and ``.jinja`` (chat templates) change
 #: what a served model does just like ``tokenizer.json`` does, so they are part of the identity.
@@ -95,7 +104,8 @@ def checkpoint_digest(path: Path, *, read_counter: ReadCounter | None = None) ->
     Covers every checkpoint file (``CHECKPOINT_SUFFIXES``, recursive, hidden entries such as
     ``.git`` and ``.cache`` skipped, symlinks followed) in sorted relative-path order: its
     relative POSIX path, its size, and its content (metadata files in full; safetensors:
-    header plus three 64-byte payload samples; other weights: three 64-byte samples).
+    header plus three 64-byte payload samples; a converted GGUF's ``model.gguf``: ``gguf_digest``,
+    its header plus three 64-byte data samples; other weights: three 64-byte samples).
     ``read_counter`` is called with the byte count of every read. Raises ``CheckpointError``
     for a directory without checkpoint files, a broken symlink, an oversized metadata file or
     a malformed safetensors file.
@@ -139,7 +149,8 @@ def _checkpoint_files(root: Path) -> list[_CheckpointFile]:
         raise CheckpointError(f"{root} is not a directory; pass the checkpoint directory")
     files: list[_CheckpointFile] = []
     for file_path in _walk(root):
-        if not file_path.name.endswith(CHECKPOINT_SUFFIXES):
+        rel = PurePosixPath(*file_path.relative_to(root).parts).as_posix()
+        if not file_path.name.endswith(CHECKPOINT_SUFFIXES) and rel != CONVERTED_GGUF_FILE:
             continue
         try:
             size = file_path.stat().st_size  # follows symlinks: HF snapshots link into blobs/
@@ -148,7 +159,6 @@ def _checkpoint_files(root: Path) -> list[_CheckpointFile]:
                 f"{file_path} is a broken symlink (its target is missing); the download is incomplete, "
                 "download the checkpoint again"
             ) from None
-        rel = PurePosixPath(*file_path.relative_to(root).parts).as_posix()
         files.append(_CheckpointFile(rel, file_path, size))
     if not files:
         raise CheckpointError(
@@ -197,6 +207,8 @@ def _inside(path: str, top: str) -> bool:
 def _content_chunks(f: _CheckpointFile, count: ReadCounter) -> list[bytes]:
     if f.relpath.endswith(METADATA_SUFFIXES):
         return [_read_metadata(f, count)]
+    if f.relpath == CONVERTED_GGUF_FILE:
+        return [_tag(b"gguf", 0) + bytes.fromhex(gguf_digest(f.path, read_counter=count))]
     with open(f.path, "rb") as fh:
         if f.relpath.endswith(".safetensors"):
             return _safetensors_chunks(f, fh, count)
@@ -363,6 +375,7 @@ def _check_local_checkpoint(directory: Path, *, source: str | None = None) -> No
         )
     names = [p.name for p in _walk(directory)]
     has_weights = any(n.endswith(WEIGHT_SUFFIXES) for n in names)
+    has_weights = has_weights or (directory / CONVERTED_GGUF_FILE).is_file()
     if not has_weights and any(n.endswith(".onnx") for n in names):
         raise CheckpointError(
             f"{where} is an ONNX export (.onnx files, no .safetensors/.bin weights); pass the original "

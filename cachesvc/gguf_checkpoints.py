@@ -4,14 +4,16 @@ Three ways to name one: a ``.gguf`` file, a directory holding exactly one ``.ggu
 ``config.json``), or a hub file ``org/name/FILE.gguf`` (what ``--gguf-file FILE`` builds from
 ``org/name``), downloaded with ``huggingface_hub.hf_hub_download``.
 
-Conversion (``inference.builder.gguf_convert``) writes a plain Hugging Face checkpoint
-directory. It is keyed by the GGUF's digest (header, metadata and tensor table in full, plus
-fixed samples of the tensor data: bounded reads, independent of the file's name and place)
-and the converter version, built in a unique hidden staging directory next to its final place,
-flushed, and renamed into ``checkpoints/gguf/<digest16>-<converter>/`` in one ``os.replace``
-under an exclusive per-key lock. A second resolve of the same file finds that directory and
-reads no tensor; a crash leaves at most a stale staging directory, removed by the next
-conversion of that key.
+Conversion (``inference.builder.gguf_convert``) writes a Hugging Face-style checkpoint
+directory: config and tokenizer files next to a copy of the GGUF (``model.gguf``, its tensors
+in their own types; the builder dequantizes them while it reads). It is keyed by the GGUF's
+digest (header, metadata and tensor table in full, plus fixed samples of the tensor data:
+bounded reads, independent of the file's name and place) and the converter version, built in
+a unique hidden staging directory next to its final place, checked (the copy has the digest
+of the key), flushed, and renamed into ``checkpoints/gguf/<digest16>-<converter>/`` in one
+``os.replace`` under an exclusive per-key lock. A second resolve of the same file finds that
+directory and reads no tensor; a crash leaves at most a stale staging directory, removed by
+the next conversion of that key.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import os
 import shutil
 import struct
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from cachesvc.errors import CheckpointError
@@ -34,6 +37,9 @@ from cachesvc.store.locks import BundleLocks
 log = logging.getLogger("cachesvc.checkpoints")
 
 GGUF_SUFFIX = ".gguf"
+#: The GGUF inside a converted checkpoint directory (``inference.builder.gguf_reader.GGUF_FILE``,
+#: named again here so that resolving a checkpoint imports no builder).
+CONVERTED_GGUF_FILE = "model.gguf"
 GGUF_DIGEST_VERSION = 1
 #: Where converted checkpoints live, under the cache's ``checkpoints/``.
 GGUF_SUBDIR = "gguf"
@@ -91,9 +97,10 @@ def local_gguf(path: Path) -> Path | None:
 # --------------------------------------------------------------------------- identity
 
 
-def gguf_digest(path: Path) -> str:
+def gguf_digest(path: Path, *, read_counter: Callable[[int], None] | None = None) -> str:
     """SHA-256 identity of a GGUF file: header, metadata and tensor table, plus data samples.
 
+    ``read_counter`` is called with the number of bytes hashed (the header and the samples).
     Raises ``CheckpointError`` for a file that is not GGUF or whose header is cut short.
     """
     size = path.stat().st_size
@@ -110,6 +117,8 @@ def gguf_digest(path: Path) -> str:
             for off in (0, last // 2, last):
                 start = data_start + off
                 h.update(struct.pack("<Q", off) + mm[start:start + SAMPLE_BYTES])
+    if read_counter is not None:
+        read_counter(data_start + 3 * min(SAMPLE_BYTES, size - data_start))
     return h.hexdigest()
 
 
@@ -215,6 +224,7 @@ def convert_once(
         try:
             log.info("converting %s into %s", gguf_path, final)
             _convert(gguf_path, staging)
+            _check_copy(gguf_path, staging, digest)
             mode = _cache_mode(Path(checkpoints_dir))
             fix_modes_and_fsync(staging, mode, mode & 0o666)
             if final.exists():  # a directory without config.json: a broken leftover
@@ -236,6 +246,14 @@ def _convert(gguf_path: Path, out_dir: Path) -> None:
         convert_gguf(gguf_path, out_dir)
     except BuildInputError as exc:
         raise CheckpointError(f"cannot use {gguf_path.name}: {exc}") from exc
+
+
+def _check_copy(gguf_path: Path, staging: Path, digest: str) -> None:
+    """The copied file must be the one the key names (the source may change while it is copied)."""
+    if gguf_digest(staging / CONVERTED_GGUF_FILE) != digest:
+        raise CheckpointError(
+            f"{gguf_path} changed while it was being converted; retry once the file is complete"
+        )
 
 
 def _cache_mode(checkpoints_dir: Path) -> int:

@@ -31,10 +31,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from inference.builder.checkpoint_reader import CheckpointReader
 from inference.builder.kernel_plan import KernelPlan
 from inference.builder.model_config import ModelConfig
-from inference.builder.quantized import Q4Source, QuantizedEmitter, Table8
-from inference.builder.safetensors_reader import SafetensorsCheckpoint
+from inference.builder.quantized import GgufBlocks, QuantizedEmitter, Table8
 
 FUSED_OPSET = 23
 MS_DOMAIN = "com.microsoft"
@@ -137,7 +137,7 @@ class _Emitter:
 
 
 class _DecoderBuilder:
-    def __init__(self, cfg: ModelConfig, ckpt: SafetensorsCheckpoint, em: _Emitter, *,
+    def __init__(self, cfg: ModelConfig, ckpt: CheckpointReader, em: _Emitter, *,
                  max_positions: int, fused_ops: bool, kv_layout: str = "portable",
                  quant: QuantizedEmitter | None = None) -> None:
         self.cfg, self.ckpt, self.em = cfg, ckpt, em
@@ -351,16 +351,16 @@ class _DecoderBuilder:
         return self.em.op("Reshape", [logits2, shape], outputs=["logits"])[0], True
 
 
-def build_decoder_graph(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, model_path: Path, *,
+def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Path, *,
                         max_positions: int, fused_ops: bool, untie_lm_head: bool = False,
                         progress: Progress | None = None, kv_layout: str = "portable",
-                        kernels: KernelPlan | None = None, q4: Q4Source | None = None) -> GraphIO:
+                        kernels: KernelPlan | None = None) -> GraphIO:
     """Write ``model_path`` (+ ``<name>.data``) for ``cfg``; return the graph's I/O names.
 
     ``kv_layout`` "portable" writes the standard-op graph; "gqa" the ONNX Runtime CPU variant
     with in-place KV buffers (see the module docstring). ``kernels`` (gqa only) writes the
-    quantized weights it names (:mod:`inference.builder.quantized`), taking 4-bit GGUF blocks
-    from ``q4`` where it has them.
+    quantized weights it names (:mod:`inference.builder.quantized`), taking the GGUF's own
+    blocks where the checkpoint has them.
     """
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
@@ -372,7 +372,7 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, model_pat
     quant = None if kernels is None else QuantizedEmitter(
         em, bits=kernels.weight_bits, accuracy_level=kernels.accuracy_level,
         head_accuracy_level=kernels.head_accuracy_level, rescore_top_k=kernels.rescore_top_k,
-        q4=q4 or Q4Source(None))
+        q4=GgufBlocks(ckpt))
     b = _DecoderBuilder(cfg, ckpt, em, max_positions=max_positions, fused_ops=fused_ops, kv_layout=kv_layout,
                         quant=quant)
     try:

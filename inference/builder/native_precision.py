@@ -11,25 +11,25 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from inference.build_profile import GGUF_TYPE_PRECISION
+import numpy as np
 
-#: The GGUF file inside a converted checkpoint directory.
-GGUF_WEIGHTS = "model.gguf"
+from inference.build_profile import GGUF_TYPE_PRECISION
+from inference.builder.gguf_reader import GGUF_FILE, read_gguf_header
 
 
 def native_precision(checkpoint_dir: Path) -> str:
     """``int4``, ``int8`` or ``fp32`` for the checkpoint in ``checkpoint_dir`` (reads only the
     GGUF's tensor table, memory-mapped)."""
-    path = Path(checkpoint_dir) / GGUF_WEIGHTS
+    path = Path(checkpoint_dir) / GGUF_FILE
     if not path.is_file():
         return "fp32"
-    from gguf import GGUFReader
+    from gguf import GGMLQuantizationType
 
     elements: Counter[str] = Counter()
-    for tensor in GGUFReader(path).tensors:
+    for tensor in read_gguf_header(path).tensors:
         # The linear layers decide; the embedding and norms are often kept at other types.
-        if tensor.name.startswith("blk.") and tensor.name.endswith(".weight") and len(tensor.shape) == 2:
-            elements[tensor.tensor_type.name] += int(tensor.n_elements)
+        if tensor.name.startswith("blk.") and tensor.name.endswith(".weight") and len(tensor.dims) == 2:
+            elements[GGMLQuantizationType(tensor.type_id).name] += int(np.prod(tensor.dims))
     if not elements:
         return "fp32"
     dominant = elements.most_common(1)[0][0]

@@ -20,14 +20,13 @@ from inference.builder.bundle_files import (
     memory_fields,
     onnx_weight_bytes,
 )
+from inference.builder.checkpoint_reader import open_checkpoint
 from inference.builder.errors import BuildInputError
 from inference.builder.external_data import share_external_data
 from inference.builder.graph import GraphIO, Progress, build_decoder_graph
 from inference.builder.kernel_plan import KernelPlan, kernel_plan
 from inference.builder.model_config import ModelConfig, load_model_config
 from inference.builder.quality import MIN_AGREEMENT, Quality, run_gate
-from inference.builder.quantized import Q4Source
-from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.builder.spec import EngineBuildSpec
 from inference.cpu_class import cpu_class
 from inference.runtime.ort_session import available_cores
@@ -141,7 +140,7 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
 
     report("read", 0.0)
     cfg = load_model_config(checkpoint_dir)
-    ckpt = SafetensorsCheckpoint(checkpoint_dir)
+    ckpt = open_checkpoint(checkpoint_dir)
     fused = fused_ops_supported()
     model_path = out_dir / PORTABLE_MODEL
     optimized_path = out_dir / OPTIMIZED_MODEL
@@ -165,7 +164,7 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
             report("quantize", 0.0)
             cpu_io = io = build_decoder_graph(
                 cfg, ckpt, cpu_src, max_positions=spec.max_kv_cache_capacity, fused_ops=fused,
-                kv_layout="gqa", kernels=kernels, q4=Q4Source(checkpoint_dir), progress=report)
+                kv_layout="gqa", kernels=kernels, progress=report)
         report("optimize", 0.0)
         _optimize(cpu_src, optimized_path)
         if kernels is not None:

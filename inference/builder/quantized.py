@@ -33,16 +33,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 from onnx import TensorProto
 
-from inference.builder.gguf_convert import Q4_BLOCKS_FILE, Q4_TYPES
-from inference.builder.safetensors_reader import SafetensorsCheckpoint
+from inference.builder.gguf_reader import Q4_TYPES, RawBlocks
 
 if TYPE_CHECKING:
+    from inference.builder.checkpoint_reader import CheckpointReader
     from inference.builder.graph import _Emitter
 
 BLOCK = 32
@@ -131,33 +130,44 @@ def quantize_8bit(w: np.ndarray) -> BlockWeight:
     return BlockWeight(8, (q + 128).astype(np.uint8), scale, None)
 
 
-class Q4Source:
-    """The raw GGUF Q4 blocks of a converted checkpoint, by Hugging Face weight name."""
+def q8_0_as_8bit(rows: np.ndarray, n: int, k: int) -> BlockWeight:
+    """GGUF Q8_0 rows (``d``, 32 int8 codes per block) as the 8-bit layout: codes + 128, scale ``d``."""
+    blocks = rows.reshape(n, k // BLOCK, 34)
+    d = blocks[..., :2].copy().view("<f2")[..., 0].astype(np.float32)
+    codes = blocks[..., 2:].copy().view(np.int8).astype(np.int16) + 128
+    return BlockWeight(8, codes.astype(np.uint8), d, None)
 
-    def __init__(self, checkpoint_dir: Path | None) -> None:
-        self._blocks: SafetensorsCheckpoint | None = None
-        self._types: dict[str, str] = {}
-        path = None if checkpoint_dir is None else Path(checkpoint_dir) / Q4_BLOCKS_FILE
-        if path is not None and path.is_file():
-            self._blocks = SafetensorsCheckpoint.from_file(path)
-            for stored in self._blocks.names():
-                name, _, kind = stored.rpartition(".")
-                if kind in Q4_TYPES:
-                    self._types[name] = kind
+
+class GgufBlocks:
+    """A checkpoint's weights as the GGUF file stores them, where that helps (by Hugging Face
+    name; a safetensors checkpoint has none)."""
+
+    def __init__(self, ckpt: CheckpointReader | None) -> None:
+        self._ckpt = ckpt
+
+    def _raw(self, name: str) -> RawBlocks | None:
+        if self._ckpt is None or name not in self._ckpt:
+            return None
+        return self._ckpt.blocks(name)
 
     def get(self, name: str, n: int, k: int) -> BlockWeight | None:
         """The file's own 4-bit blocks of ``name`` ([N, K] weight), or None."""
-        kind = self._types.get(name)
-        if kind is None or self._blocks is None:
+        raw = self._raw(name)
+        if raw is None or raw.type_name not in Q4_TYPES:
             return None
-        return from_q4_blocks(np.asarray(self._blocks.get_raw(f"{name}.{kind}")), kind, n, k)
+        return from_q4_blocks(raw.rows, raw.type_name, n, k)
 
     def get_8bit(self, name: str, n: int, k: int) -> BlockWeight | None:
-        """``name`` in the 8-bit layout without loss where the file stores it as Q4_0, or None
-        (Q4_1's ``d*q + m`` has no exact symmetric 8-bit form)."""
-        if self._types.get(name) != "Q4_0" or self._blocks is None:
+        """``name`` in the 8-bit layout without loss where the file stores it as Q8_0 or Q4_0,
+        or None (Q4_1's ``d*q + m`` has no exact symmetric 8-bit form)."""
+        raw = self._raw(name)
+        if raw is None:
             return None
-        return q4_0_as_8bit(np.asarray(self._blocks.get_raw(f"{name}.Q4_0")), n, k)
+        if raw.type_name == "Q8_0":
+            return q8_0_as_8bit(raw.rows, n, k)
+        if raw.type_name == "Q4_0":
+            return q4_0_as_8bit(raw.rows, n, k)
+        return None
 
 
 @dataclass(frozen=True)
@@ -176,7 +186,7 @@ class QuantizedEmitter:
     """Writes quantized linear layers, embedding and lm_head into a graph being built."""
 
     def __init__(self, em: _Emitter, *, bits: int, accuracy_level: int, head_accuracy_level: int,
-                 rescore_top_k: int, q4: Q4Source) -> None:
+                 rescore_top_k: int, q4: GgufBlocks) -> None:
         self.em = em
         self.bits = bits
         self.level = accuracy_level
@@ -204,8 +214,9 @@ class QuantizedEmitter:
         return quantize_8bit(load())
 
     def _weight_8bit(self, name: str, w: np.ndarray) -> BlockWeight:
-        """An 8-bit table of ``w`` (the checkpoint's ``name``): exact for Q8_0 (re-quantizing
-        its values gives back its codes) and for Q4_0 blocks; else quantized here."""
+        """An 8-bit table of ``w`` (the checkpoint's ``name``): the file's own codes for Q8_0
+        and Q4_0 blocks; else quantized here (for a Q8_0 tensor's float values that gives back
+        the same codes)."""
         n, k = w.shape
         return self.q4.get_8bit(name, n, k) or quantize_8bit(w)
 

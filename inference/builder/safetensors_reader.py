@@ -10,10 +10,14 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from inference.builder.errors import BuildInputError
+
+if TYPE_CHECKING:
+    from inference.builder.gguf_reader import RawBlocks
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -157,6 +161,11 @@ class SafetensorsCheckpoint:
         else:
             out = raw.astype(np.float32)
         return out.reshape(entry.shape)
+
+    def blocks(self, name: str) -> RawBlocks | None:
+        """Always None: safetensors holds no GGUF blocks (the surface shared with ``GgufCheckpoint``)."""
+        self._entry(name)  # a missing name fails here as it does in the GGUF reader
+        return None
 
     def get_raw(self, name: str) -> np.ndarray:
         """Memory-map a ``U8`` tensor as stored (e.g. raw quantized blocks)."""

@@ -52,10 +52,10 @@ from inference.builder.bundle_files import (
     file_sha256,
     memory_fields,
 )
+from inference.builder.checkpoint_reader import CheckpointReader, open_checkpoint
 from inference.builder.errors import BuildInputError
 from inference.builder.graph import Progress, build_decoder_graph
 from inference.builder.model_config import ModelConfig, load_model_config
-from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.cuda_device import CudaDevice, cuda_device
 
 log = logging.getLogger("inference.builder.trt")
@@ -133,7 +133,7 @@ def _quantize_weights_int8(model: onnx.ModelProto) -> int:
 
 def write_trt_graph(
     cfg: ModelConfig,
-    ckpt: SafetensorsCheckpoint,
+    ckpt: CheckpointReader,
     work_dir: Path,
     *,
     fused_ops: bool,
@@ -384,7 +384,7 @@ def build_trt_bundle(
     version = str(trt.__version__)
     report("read", 0.0)
     cfg = load_model_config(checkpoint_dir)
-    ckpt = SafetensorsCheckpoint(checkpoint_dir)
+    ckpt = open_checkpoint(checkpoint_dir)
     fused = parses_fused_ops(version)
     shapes = _profile_shapes(cfg, spec)
     cache_path = None

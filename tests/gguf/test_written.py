@@ -1,5 +1,6 @@
 """Small GGUF files written by the ``gguf`` package: round trips against the safetensors path,
-the cache's conversion (once, atomically, listed), and one clear error for bad files."""
+the reader's values and raw blocks, the cache's conversion (once, atomically, listed), and one
+clear error for bad files."""
 
 from __future__ import annotations
 
@@ -17,7 +18,17 @@ from cachesvc.cli import main as cli_main
 from cachesvc.errors import CheckpointError
 from cachesvc.gguf_checkpoints import gguf_digest
 from inference.builder import gguf_convert
+from inference.builder.checkpoint_reader import open_checkpoint
 from inference.builder.gguf_convert import convert_gguf
+from inference.builder.gguf_reader import (
+    GGUF_FILE,
+    GgufCheckpoint,
+    gguf_config,
+    open_gguf,
+    read_gguf_header,
+    tensor_plan,
+)
+from inference.builder.quantized import BLOCK, GgufBlocks
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.runtime.loader import load_engine
 from inference.tokenizer import load_tokenizer
@@ -42,18 +53,111 @@ def test_converted_weights_equal_the_reference(small_gguf: SmallGguf, family: st
                                                tmp_path: Path) -> None:
     path, reference = small_gguf(family, qtype)
     config = convert_gguf(path, tmp_path)
-    ours, ref = SafetensorsCheckpoint(tmp_path), SafetensorsCheckpoint(reference)
+    ours, ref = open_checkpoint(tmp_path), SafetensorsCheckpoint(reference)
+    assert isinstance(ours, GgufCheckpoint)
     ref_names = set(ref.names()) - ({"lm_head.weight"} if config["tie_word_embeddings"] else set())
     assert set(ours.names()) == ref_names
+    # The reference is gguf's dequantize(quantize(w)) with the Q/K rows unpermuted by the test's
+    # own code: exactly what gguf-1 stored in model.safetensors.
     for name in ref_names:
         np.testing.assert_array_equal(ours.get_f32(name), ref.get_f32(name), err_msg=name)
+        assert ours.shape(name) == ref.shape(name), name
     ref_config = json.loads((reference / "config.json").read_text())
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "vocab_size", "tie_word_embeddings"):
         assert config[key] == ref_config[key], key
     assert config["head_dim"] == (ref_config.get("head_dim") or 16)
     assert config["model_type"] == family
-    assert (tmp_path / gguf_convert.Q4_BLOCKS_FILE).exists() == qtype.startswith("Q4")
+    # The weights stay as the file has them: a byte-for-byte copy, no float32 expansion.
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".json")) == [GGUF_FILE]
+    assert (tmp_path / GGUF_FILE).read_bytes() == path.read_bytes()
+    assert ours.source_dtypes() == ({"F32", qtype} if qtype != "F32" else {"F32"})
+
+
+def assert_header_matches_gguf_reader(path: Path) -> None:
+    """Our header parser reads what the gguf package's reader reads (scalars, tensor table)."""
+    reader, header = open_gguf(path), read_gguf_header(path)
+    scalars = {name: f.contents() for name, f in reader.fields.items()
+               if f.types and f.types[0] != gguf.GGUFValueType.ARRAY and not name.startswith("GGUF.")}
+    assert header.metadata == scalars
+    assert [(t.name, t.dims, t.type_id, t.start) for t in header.tensors] == [
+        (t.name, tuple(int(d) for d in t.shape), int(t.tensor_type), int(t.data_offset))
+        for t in reader.tensors
+    ]
+    plan = tensor_plan(header, gguf_config(header))
+    assert [p.rows * p.row_bytes for p in plan] == [int(t.n_bytes) for t in reader.tensors]
+
+
+@pytest.mark.parametrize("qtype", ["F32", "BF16", "Q5_1", "Q4_1"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_header_parser_agrees_with_the_gguf_package(small_gguf: SmallGguf, family: str, qtype: str) -> None:
+    assert_header_matches_gguf_reader(small_gguf(family, qtype)[0])
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "F16"])
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_raw_blocks_are_the_files_rows_in_hf_order(small_gguf: SmallGguf, family: str, qtype: str,
+                                                   tmp_path: Path) -> None:
+    path, reference = small_gguf(family, qtype)
+    convert_gguf(path, tmp_path)
+    ckpt = GgufCheckpoint(tmp_path)
+    weights = [n for n in ckpt.names() if len(ckpt.shape(n)) == 2]
+    for name in weights:
+        raw = ckpt.blocks(name)
+        if qtype not in ("Q4_0", "Q4_1", "Q8_0"):
+            assert raw is None, name
+            continue
+        assert raw is not None and raw.type_name == qtype, name
+        n, k = ckpt.shape(name)
+        assert raw.rows.dtype == np.uint8 and raw.rows.shape == (n, k // 32 * gguf.GGML_QUANT_SIZES[
+            gguf.GGMLQuantizationType[qtype]][1]), name
+        # Whole rows moved (llama's Q/K), blocks untouched: dequantizing them gives the weight.
+        values = gguf.quants.dequantize(np.asarray(raw.rows), gguf.GGMLQuantizationType[qtype])
+        np.testing.assert_array_equal(values.reshape(n, k), ckpt.get_f32(name), err_msg=name)
+    assert all(ckpt.blocks(n) is None for n in ckpt.names() if len(ckpt.shape(n)) == 1)  # F32 norms
+    ref = SafetensorsCheckpoint(reference)
+    assert all(ref.blocks(n) is None for n in ref.names())
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_int4_takes_the_q4_blocks_of_the_reader(small_gguf: SmallGguf, qtype: str, tmp_path: Path) -> None:
+    """int4's weights from the file's blocks decode to the reader's float32 values (llama: Q/K permuted)."""
+    path, _ = small_gguf("llama", qtype)
+    convert_gguf(path, tmp_path)
+    ckpt = GgufCheckpoint(tmp_path)
+    source = GgufBlocks(ckpt)
+    for name in (n for n in ckpt.names() if n.startswith("model.layers.") and n.endswith("proj.weight")):
+        n, k = ckpt.shape(name)
+        q = source.get(name, n, k)
+        assert q is not None, name
+        codes = np.stack([q.codes & 0x0F, q.codes >> 4], axis=-1).reshape(n, k // BLOCK, BLOCK)
+        # Both with the default zero point 8; Q4_1's d*q + m as d*(q - 8) + (m + 8d).
+        w = (codes.astype(np.float32) - 8.0) * q.scales.reshape(n, k // BLOCK, 1)
+        if q.block_min is not None:
+            w = w + q.block_min.reshape(n, k // BLOCK, 1)
+        np.testing.assert_allclose(w.reshape(n, k), ckpt.get_f32(name), rtol=1e-6, atol=1e-6, err_msg=name)
+        eight = source.get_8bit(name, n, k)  # exact for Q4_0 only
+        assert (eight is not None) == (qtype == "Q4_0")
+        if eight is not None:
+            w8 = (eight.codes.astype(np.float32) - 128.0) * eight.scales[..., None]
+            np.testing.assert_array_equal(w8.reshape(n, k), ckpt.get_f32(name))
+    assert source.get("lm_head.weight", 1, BLOCK) is None  # tied: not in the file, so no blocks
+
+
+def test_q8_0_blocks_are_the_8bit_tables_as_they_are(small_gguf: SmallGguf, tmp_path: Path) -> None:
+    from inference.builder.quantized import quantize_8bit
+
+    path, _ = small_gguf("qwen2", "Q8_0")
+    convert_gguf(path, tmp_path)
+    ckpt = GgufCheckpoint(tmp_path)
+    source = GgufBlocks(ckpt)
+    name = "model.layers.0.mlp.up_proj.weight"
+    n, k = ckpt.shape(name)
+    own = source.get_8bit(name, n, k)
+    assert own is not None
+    again = quantize_8bit(ckpt.get_f32(name))  # re-quantizing Q8_0's values gives its codes back
+    np.testing.assert_array_equal(own.codes, again.codes)
+    np.testing.assert_array_equal(own.scales, again.scales)
 
 
 @pytest.mark.parametrize("qtype", ["F32", "Q4_1"])
@@ -172,7 +276,6 @@ def test_sentencepiece_tokenizer_matches_transformers(tmp_path: Path) -> None:
     writer.write_tensors_to_file()
     writer.close()
 
-    from inference.builder.gguf_convert import open_gguf
     from inference.builder.gguf_tokenizer import write_tokenizer_files
 
     out = tmp_path / "tok"
@@ -283,8 +386,6 @@ def _bad_files(small_gguf: SmallGguf, tmp_path: Path) -> dict[str, tuple[Path, s
     iq = gguf.GGMLQuantizationType.IQ4_NL
     unsupported = tmp_path / "type.gguf"
     # A qwen2 file whose one tensor is IQ4_NL (raw bytes of the right size).
-    from inference.builder.gguf_convert import open_gguf
-
     reader = open_gguf(with_tok)
     writer = gguf.GGUFWriter(unsupported, "qwen2")
     for field in reader.fields.values():
@@ -352,3 +453,24 @@ def test_concurrent_resolves_convert_once(small_gguf: SmallGguf, tmp_path: Path,
     assert len(calls) == 1
     assert results[0].path == results[1].path
     assert _cache_leftovers(checkpoints) == [results[0].path.name]
+
+
+def test_a_file_changed_while_it_is_copied_is_not_published(
+    small_gguf: SmallGguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy must be the file the key was computed from; a writer racing the copy is refused."""
+    path, _ = small_gguf("qwen2", "Q8_0")
+    real = gguf_convert.convert_gguf
+
+    def racing_convert(gguf_path: Path, out_dir: Path) -> object:
+        config = real(gguf_path, out_dir)
+        with (out_dir / GGUF_FILE).open("r+b") as fh:  # as if the source grew a byte mid-copy
+            fh.seek(0, os.SEEK_END)
+            fh.write(b"\0")
+        return config
+
+    monkeypatch.setattr(gguf_convert, "convert_gguf", racing_convert)
+    checkpoints = tmp_path / "checkpoints"
+    with pytest.raises(CheckpointError, match="changed while it was being converted"):
+        resolve_checkpoint(str(path), checkpoints)
+    assert _cache_leftovers(checkpoints) == []

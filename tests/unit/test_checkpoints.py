@@ -334,6 +334,46 @@ def test_checkpoint_size_counts_checkpoint_files_only(ckpt: Path) -> None:
     assert checkpoint_size(ckpt) == (sum(p.stat().st_size for p in files), len(files))
 
 
+def _converted_gguf_dir(root: Path) -> Path:
+    """A converted GGUF checkpoint's shape: config and tokenizer files next to ``model.gguf``."""
+    import gguf
+
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps(CONFIG))
+    (root / "tokenizer.json").write_text("{}")
+    writer = gguf.GGUFWriter(root / "model.gguf", "llama")
+    writer.add_tensor("token_embd.weight", np.random.default_rng(0).standard_normal((128, 64), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return root
+
+
+def test_a_converted_ggufs_model_gguf_is_its_weights(tmp_path: Path) -> None:
+    from cachesvc.gguf_checkpoints import CONVERTED_GGUF_FILE, gguf_digest
+    from inference.builder.gguf_reader import GGUF_FILE
+
+    assert CONVERTED_GGUF_FILE == GGUF_FILE  # one name on both sides
+    d = _converted_gguf_dir(tmp_path / "gguf-2")
+    gguf_file = d / "model.gguf"
+    files = [gguf_file, d / "config.json", d / "tokenizer.json"]
+    assert checkpoint_size(d) == (sum(p.stat().st_size for p in files), 3)
+    before, _, nbytes = counted_digest(d)
+    gguf_reads: list[int] = []
+    gguf_digest(gguf_file, read_counter=gguf_reads.append)
+    # The GGUF costs its header and three samples, never its tensors.
+    assert nbytes == len(json.dumps(CONFIG)) + 2 + sum(gguf_reads)
+    assert sum(gguf_reads) < 1024 < 128 * 64 * 4 < gguf_file.stat().st_size
+    # Another .gguf next to it is not read by a build, so it is not part of the identity.
+    (d / "other.Q4_0.gguf").write_bytes(gguf_file.read_bytes())
+    assert checkpoint_digest(d) == before
+    flip_byte(gguf_file, gguf_file.stat().st_size - 1)  # the last data sample
+    assert checkpoint_digest(d) != before
+    r = resolve_checkpoint(str(d), tmp_path / "cache")
+    assert (r.digest, r.file_count) == (checkpoint_digest(d), 3)
+
+
 # --------------------------------------------------------------------------- resolve: local
 
 
