@@ -18,7 +18,10 @@ request yields ``max_tokens``). Figures:
 
 Servers: ours (``cachesvc serve CHECKPOINT --precision P --max-batch-size 8
 --enable-context-reuse``) for each ``--precision``, and ``llama-server -m GGUF -np 8 -t T`` for
-each ``--gguf``. llama.cpp is not part of this repository: build its ``llama-server`` yourself,
+each ``--gguf``. Our checkpoint may be the GGUF file itself (``--checkpoint model.Q4_1.gguf``):
+our fp32 bundle then holds its dequantized values, int8 re-quantizes them to 8 bits as
+``llama-quantize`` does for Q8_0, and int4 keeps the file's own 4-bit blocks, so each pair runs
+the same weights. llama.cpp is not part of this repository: build its ``llama-server`` yourself,
 e.g. from the ``llama-cpp-python`` source distribution (its ``vendor/llama.cpp`` folder, CMake
 Release build of the ``llama-server`` and ``llama-quantize`` targets; about 13 minutes on 2
 cores), and pass its path with ``--llama-server`` or ``LLAMA_SERVER``. ``llama-quantize
@@ -26,8 +29,8 @@ cores), and pass its path with ``--llama-server`` or ``LLAMA_SERVER``. ``llama-q
 weights. A checkpoint directory for our side can be made from the GGUF with ``transformers``
 (``from_pretrained(dir, gguf_file=...)``, then ``save_pretrained`` of a plain copy).
 
-    PYTHONPATH=. .venv/bin/python bench/peers.py --checkpoint CKPT_DIR --precision fp32,int8 \\
-        --gguf F32=model-f32.gguf,Q8_0=model-q8_0.gguf --llama-server PATH [--threads 2]
+    PYTHONPATH=. .venv/bin/python bench/peers.py --checkpoint model-q4_1.gguf --precision fp32,int8,int4 \\
+        --gguf F32=model-f32.gguf,Q8_0=model-q8_0.gguf,Q4_1=model-q4_1.gguf --llama-server PATH
 
 Not a test: the numbers depend on the machine and on what else runs on it.
 """
@@ -331,12 +334,12 @@ def _cpu_list(spec: str) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", type=Path, help="our side: a safetensors checkpoint directory")
+    p.add_argument("--checkpoint", type=Path, help="our side: a checkpoint directory or GGUF file")
     p.add_argument("--precision", default="fp32", help="comma-separated precisions of ours")
     p.add_argument("--gguf", default="", help="comma-separated LABEL=path.gguf for llama-server")
     p.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"), help="path of llama-server")
     p.add_argument("--llama-args", default="", help="extra llama-server arguments, e.g. '--poll 0'")
-    p.add_argument("--pairs", default="fp32=F32,int8=Q8_0", help="ours=theirs precision pairs for ratios")
+    p.add_argument("--pairs", default="fp32=F32,int8=Q8_0,int4=Q4_1", help="ours=theirs pairs for ratios")
     p.add_argument(
         "--threads",
         type=int,

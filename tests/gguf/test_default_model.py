@@ -46,3 +46,46 @@ def test_gguf_file_flag_names_a_hub_file() -> None:
     assert cli._serve_config(args).model == "org/m-GGUF/m.Q4_0.gguf"
     with pytest.raises(cli.CheckpointError, match="give the repo id"):
         cli._serve_config(_parse(["prepare", "--gguf-file", "m.gguf"]))
+
+
+def test_the_default_model_runs_at_its_files_precision_only_where_the_gate_passes(
+    smollm2_gguf: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from cachesvc import app
+    from cachesvc.builders import OnnxRuntimeBuilder
+    from cachesvc.config import ServeConfig
+    from cachesvc.http.metrics import MetricsState
+    from cachesvc.manager import CacheManager
+
+    config = ServeConfig(model=str(smollm2_gguf), served_model_name=DEFAULT_SERVED_NAME,
+                         max_input_len=256, max_kv_cache_capacity=512)
+    assert config.precision == "auto"
+    # A bad kernel choice (int8 activations in every layer) and exact agreement asked: the Q4_1
+    # file's int4 cannot pass, so the default model falls back to fp32 and says why in one line.
+    strict = {"onnxruntime": OnnxRuntimeBuilder(min_agreement=1.0, accuracy_level=4)}
+    manager = CacheManager.open(tmp_path / "cache", max_size_bytes=10**12, builders=strict)
+    try:
+        with caplog.at_level(logging.WARNING, logger="cachesvc.app"):
+            runtime = app._load_startup_runtime(config, manager, None, MetricsState(manager), default=True)
+        try:
+            assert runtime.engine.info.precision == "fp32"
+        finally:
+            runtime.close()
+        lines = [r.getMessage() for r in caplog.records if "quality gate" in r.getMessage()]
+        assert len(lines) == 1 and "the int4 build failed the quality gate on this CPU" in lines[0]
+        assert lines[0].endswith("serving the default model at fp32 instead")
+        # A model the user named is not swapped behind their back: the gate's error stands.
+        with pytest.raises(app.QualityGateError):
+            app._load_startup_runtime(config, manager, None, MetricsState(manager), default=False)
+    finally:
+        manager.close()
+    # With the real gate the file's own precision passes here: int4, answers as fp32.
+    manager = CacheManager.open(tmp_path / "cache2", max_size_bytes=10**12)
+    try:
+        runtime = app._load_startup_runtime(config, manager, None, MetricsState(manager), default=True)
+        try:
+            assert runtime.engine.info.precision == "int4"
+        finally:
+            runtime.close()
+    finally:
+        manager.close()
