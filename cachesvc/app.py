@@ -36,7 +36,7 @@ from litestar.openapi.plugins import ScalarRenderPlugin, SwaggerRenderPlugin
 from cachesvc import __version__
 from cachesvc.config import ServeConfig, cli_message
 from cachesvc.entry import open_cache
-from cachesvc.errors import CacheError, ConfigError
+from cachesvc.errors import CacheError, CatalogUnavailableError, ConfigError
 from cachesvc.fleet import NodeAgent
 from cachesvc.http.admin import admin_router
 from cachesvc.http.dashboard import dashboard_router
@@ -318,7 +318,9 @@ def create_app(
 
     @get("/health", sync_to_thread=False, tags=["health"], summary="Liveness, load and capabilities")
     def health() -> dict[str, Any]:
-        return pool.health()
+        body = pool.health()
+        body["catalog"] = manager.catalog_state().to_dict()  # last known: /health never waits on it
+        return body
 
     @get(
         "/health/ready",
@@ -503,6 +505,8 @@ class _BundleWatch:
                 bid = status.bundle_id
                 try:
                     info = await asyncio.to_thread(self.manager.catalog.get_bundle, bid)
+                except CatalogUnavailableError:
+                    continue  # logged once per outage by the catalog's health tracker
                 except Exception:  # a busy or broken catalog must not take the model down
                     log.warning("could not read the state of bundle %s", bid, exc_info=True)
                     continue

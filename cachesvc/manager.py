@@ -44,6 +44,7 @@ from cachesvc.crashpoints import crash_point
 from cachesvc.errors import (
     BuildError,
     CacheError,
+    CatalogUnavailableError,
     CheckpointError,
     ConfigError,
     CorruptBundleError,
@@ -63,6 +64,7 @@ from cachesvc.records import (
     BundleInfo,
     BundlePage,
     CacheStats,
+    CatalogState,
     CheckpointInfo,
     EventInfo,
     EvictionPlan,
@@ -108,6 +110,8 @@ class BundleLease:
         self._lease.release()
         try:
             self._manager.catalog.remove_lease(self.bundle_id, os.getpid())
+        except CatalogUnavailableError:
+            pass  # the catalog's health logs the outage; reconcile drops the stale row later
         except Exception:  # the lock is the truth; a stale row is cleaned by reconcile
             log.warning("could not remove the lease row of %s", self.bundle_id, exc_info=True)
 
@@ -442,7 +446,11 @@ class CacheManager:
         if not (bundle_dir / "manifest.json").exists():
             lease.release()
             raise NotFoundError(f"bundle {bid} was evicted before it could be leased; prepare it again")
-        self.catalog.add_lease(bid, os.getpid())
+        try:
+            self.catalog.add_lease(bid, os.getpid())
+        except BaseException:
+            lease.release()  # a catalog outage here must not leave the bundle locked
+            raise
         return BundleLease(self, info, lease)
 
     def prepare_and_lease(
@@ -620,6 +628,15 @@ class CacheManager:
         """The audit log, newest first (every node's unless ``node`` is given)."""
         return self.catalog.events(kind=kind, since=since, limit=limit, bundle_id=bundle_id, node=node)
 
+    def catalog_state(self) -> CatalogState:
+        """Whether the catalog database answers (``/health``)."""
+        return self.catalog.state()
+
+    def check_catalog(self) -> None:
+        """Raise :class:`CatalogUnavailableError` unless the catalog takes a write now (a build
+        is refused up front instead of being accepted and then failing)."""
+        self.catalog.ping()
+
     @property
     def node(self) -> str:
         """This process's node name (on every bundle, lease and event row it writes)."""
@@ -751,6 +768,7 @@ class CacheManager:
         for name, value in (("model", model), ("draft_model", request.draft_model)):
             if value is not None:
                 _check_model_name(name, value, allowed_roots)
+        self.check_catalog()
         return self.builds.start(model, request)
 
     def check_model(self, field: str, model: str, allowed_roots: tuple[Path, ...] | None) -> None:

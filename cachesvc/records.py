@@ -281,3 +281,24 @@ class BundleDetail:
     files: tuple[dict[str, Any], ...]
     holders: tuple[LeaseHolder, ...]
     events: tuple[EventInfo, ...]
+
+
+@dataclass(frozen=True)
+class CatalogState:
+    """What ``/health`` shows of the catalog."""
+
+    available: bool
+    backend: str
+    reason: str | None = None
+    since: datetime | None = None
+    failures: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON form (``/health`` ``catalog``)."""
+        status = "ok" if self.available else "unavailable"
+        body: dict[str, object] = {"status": status, "backend": self.backend}
+        if not self.available:
+            body["reason"] = self.reason
+            body["since"] = self.since.isoformat() if self.since else None
+            body["failed_operations"] = self.failures
+        return body

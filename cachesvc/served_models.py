@@ -8,19 +8,22 @@ A name resolves, first match wins, through:
 4. a checkpoint id or path in the catalog: its most recently used ready bundle.
 
 ``/v1`` never builds: a name whose bundles are not ready is 404 with a hint to
-``POST /admin/builds``; an unknown name is 404 naming up to five close names.
+``POST /admin/builds``; an unknown name is 404 naming up to five close names. While the
+catalog cannot be reached, a name that needs it (not an already loaded model) is 503
+``catalog_unavailable`` with ``Retry-After``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from cachesvc.errors import NotFoundError
+from cachesvc.errors import CatalogUnavailableError, NotFoundError
 from cachesvc.manager import BundleLease, CacheManager, CombinedLease
 from cachesvc.records import AliasInfo, BundleInfo
-from inference.openai.errors import ModelNotFoundError
+from inference.openai.errors import ModelNotFoundError, ServerUnavailableError
 from inference.openai.pool import ModelRef, not_found
 
 #: Ready bundles /v1/models looks at (most recently used first).
@@ -45,6 +48,10 @@ class CatalogModels:
 
     def resolve(self, name: str) -> ModelRef:
         """The bundle ``name`` means (404 ``model_not_found`` when none is ready)."""
+        with _catalog_guard():
+            return self._resolve(name)
+
+    def _resolve(self, name: str) -> ModelRef:
         bid = self.startup.get(name)
         if bid is not None:
             return self._ready(name, self._bundle(name, bid))
@@ -135,6 +142,10 @@ class CatalogModels:
 
     def servable(self) -> list[ModelRef]:
         """Every servable name: startup names, aliases, each checkpoint, each ready bundle id."""
+        with _catalog_guard():
+            return self._servable()
+
+    def _servable(self) -> list[ModelRef]:
         ready = self.manager.list_bundles(  # this node's bundles: their files are on this disk
             state="ready", node=self.manager.node, sort="last_used", order="desc", limit=LIST_LIMIT
         ).items
@@ -167,6 +178,10 @@ class CatalogModels:
     def lease(self, bundle_id: str) -> BundleLease:
         """The bundle's shared lease (blocks eviction until the engine unloads), with its draft
         bundle's when it speculates with one."""
+        with _catalog_guard():
+            return self._lease(bundle_id)
+
+    def _lease(self, bundle_id: str) -> BundleLease:
         lease = self.manager.lease(bundle_id)
         try:
             draft = self.manager.draft_bundle(lease.bundle)
@@ -176,15 +191,29 @@ class CatalogModels:
             raise
 
     def record(self, kind: str, bundle_id: str, detail: Mapping[str, Any]) -> None:
-        """Append a load/unload event to the catalog's audit log."""
-        self.manager.record_engine_event(
-            kind,
-            bundle_id,
-            model=detail.get("model"),
-            reason=detail.get("reason"),
-            seconds=detail.get("seconds"),
-            nbytes=detail.get("memory_bytes"),
-        )
+        """Append a load/unload event to the catalog's audit log (skipped while the catalog is
+        down: the outage is logged once by its health tracker, serving goes on)."""
+        with suppress(CatalogUnavailableError):
+            self.manager.record_engine_event(
+                kind,
+                bundle_id,
+                model=detail.get("model"),
+                reason=detail.get("reason"),
+                seconds=detail.get("seconds"),
+                nbytes=detail.get("memory_bytes"),
+            )
+
+
+@contextmanager
+def _catalog_guard() -> Iterator[None]:
+    """The pool speaks ``/v1`` errors: a catalog outage is its 503 with ``Retry-After`` (the
+    inference side never sees the cache's exception tree)."""
+    try:
+        yield
+    except CatalogUnavailableError as exc:
+        raise ServerUnavailableError(
+            str(exc), code="catalog_unavailable", headers={"Retry-After": str(exc.retry_after)}
+        ) from None
 
 
 def _spellings(name: str) -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cachesvc.catalog import utcnow
+from cachesvc.errors import CatalogUnavailableError
 from cachesvc.fleet.converge import Converger
 from cachesvc.manager import CacheManager
 
@@ -64,6 +65,8 @@ class NodeAgent:
                 desired_status=status,
                 report_status=True,
             )
+        except CatalogUnavailableError:
+            pass  # logged once per outage by the catalog's health tracker; the next beat retries
         except Exception:
             log.warning("heartbeat of node %s failed", self.manager.node, exc_info=True)
 
@@ -89,6 +92,8 @@ class NodeAgent:
         while not self._stop.is_set():
             try:
                 self.converger.run_once()
+            except CatalogUnavailableError:
+                pass  # logged once per outage by the catalog's health tracker
             except Exception:
                 log.warning("desired-state pass on node %s failed", self.manager.node, exc_info=True)
             if self._stop.wait(self.interval):

@@ -46,9 +46,10 @@ class App:
         return httpx.Client(base_url=self.url, timeout=30, **kwargs)
 
 
-def start_app(root: Path, **config: Any) -> tuple[App, LiveServer]:
-    """Build the cache, a runtime over the table engine and the app; serve it on loopback."""
-    manager = open_manager(root / "cache")
+def start_app(root: Path, *, manager: CacheManager | None = None, **config: Any) -> tuple[App, LiveServer]:
+    """Build the cache (or use ``manager``'s), a runtime over the table engine and the app;
+    serve it on loopback."""
+    manager = manager or open_manager(root / "cache")
     checkpoint = make_checkpoint(root / "models" / "tiny", seed=3)
     tokenizer = load_tokenizer(write_demo_checkpoint(root / "demo", size="tiny"))
     prepared = manager.prepare(str(checkpoint), ProfileRequest(max_input_len=256, max_kv_cache_capacity=256))
@@ -75,9 +76,9 @@ def start_app(root: Path, **config: Any) -> tuple[App, LiveServer]:
 
 
 @contextmanager
-def running_app(root: Path, **config: Any) -> Iterator[App]:
+def running_app(root: Path, *, manager: CacheManager | None = None, **config: Any) -> Iterator[App]:
     """:func:`start_app` for a ``with`` block; the server, runtime and cache close after it."""
-    running, server = start_app(root, **config)
+    running, server = start_app(root, manager=manager, **config)
     try:
         yield running
     finally:
