@@ -332,14 +332,7 @@ class CacheManager:
                 return None
             info = self.catalog.set_stale(bid, None)
         if info is not None and info.state == "ready":
-            try:
-                report = quick_verify_bundle(final, read_manifest(final))
-                detail = "; ".join(f"{m.path}: {m.reason}" for m in report.mismatches[:10]) or None
-            except CorruptBundleError as exc:
-                detail = str(exc)
-            if detail is not None:
-                log.error("bundle %s failed the load check and will be rebuilt: %s", bid, detail)
-                self._mark_corrupt(bid, detail)
+            if self._load_check(bid, final) is not None:
                 return None
             self.catalog.record_hit(bid)
             return final
@@ -353,6 +346,20 @@ class CacheManager:
                 self.catalog.record_hit(bid)
                 return final
         return None
+
+    def _load_check(self, bid: str, final: Path) -> str | None:
+        """The quick check of a hit and of every engine load: every file's size and a sampled
+        hash against the manifest. A mismatch marks the bundle corrupt (rebuilt by the next
+        prepare, never served) and is returned; None when the bundle passes."""
+        try:
+            report = quick_verify_bundle(final, read_manifest(final))
+            detail = "; ".join(f"{m.path}: {m.reason}" for m in report.mismatches[:10]) or None
+        except CorruptBundleError as exc:
+            detail = str(exc)
+        if detail is not None:
+            log.error("bundle %s failed the load check and will be rebuilt: %s", bid, detail)
+            self._mark_corrupt(bid, detail)
+        return detail
 
     def _build_locked(
         self,
@@ -436,7 +443,12 @@ class CacheManager:
     # -- leases ----------------------------------------------------------------------------
 
     def lease(self, bid: str, *, timeout: float | None = None) -> BundleLease:
-        """Take a shared lease on a ready bundle (blocks eviction by any process until released)."""
+        """Take a shared lease on a ready bundle (blocks eviction by any process until released)
+        for an engine to load it.
+
+        Under the lease, the bundle gets the quick check of a cache hit (sizes and sampled
+        hashes against its manifest): a bundle whose bytes changed since it was published is
+        marked corrupt and refused here, so no engine ever loads it."""
         info = self.catalog.require_bundle(bid)
         if info.state != "ready":
             raise CorruptBundleError(f"bundle {bid} is {info.state}, not ready; prepare it again")
@@ -446,6 +458,17 @@ class CacheManager:
         if not (bundle_dir / "manifest.json").exists():
             lease.release()
             raise NotFoundError(f"bundle {bid} was evicted before it could be leased; prepare it again")
+        try:
+            detail = self._load_check(bid, bundle_dir)
+        except BaseException:
+            lease.release()
+            raise
+        if detail is not None:
+            lease.release()
+            raise CorruptBundleError(
+                f"bundle {bid} does not match its manifest ({detail}); it is marked corrupt and "
+                "the next prepare (POST /admin/builds, or a restart with this model) rebuilds it"
+            )
         try:
             self.catalog.add_lease(bid, os.getpid())
         except BaseException:

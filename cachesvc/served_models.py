@@ -20,7 +20,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from cachesvc.errors import CatalogUnavailableError, NotFoundError
+from cachesvc.errors import CatalogUnavailableError, CorruptBundleError, NotFoundError
 from cachesvc.manager import BundleLease, CacheManager, CombinedLease
 from cachesvc.records import AliasInfo, BundleInfo
 from inference.openai.errors import ModelNotFoundError, ServerUnavailableError
@@ -206,14 +206,18 @@ class CatalogModels:
 
 @contextmanager
 def _catalog_guard() -> Iterator[None]:
-    """The pool speaks ``/v1`` errors: a catalog outage is its 503 with ``Retry-After`` (the
-    inference side never sees the cache's exception tree)."""
+    """The pool speaks ``/v1`` errors: a catalog outage is its 503 with ``Retry-After``, a bundle
+    the load check refuses a 503 naming it (the inference side never sees the cache's
+    exception tree)."""
     try:
         yield
     except CatalogUnavailableError as exc:
         raise ServerUnavailableError(
             str(exc), code="catalog_unavailable", headers={"Retry-After": str(exc.retry_after)}
         ) from None
+    except CorruptBundleError as exc:
+        # The load check refused the bundle (marked corrupt; the next prepare rebuilds it).
+        raise ServerUnavailableError(str(exc), code="bundle_corrupt") from None
 
 
 def _spellings(name: str) -> list[str]:

@@ -7,18 +7,24 @@ loaded bundle that a verify finds corrupt is taken out of service (``/health/rea
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 from cachesvc.store.manifest import SAMPLE_BYTES
+from inference.demo import write_demo_checkpoint
+from inference.openai import load_tokenizer
 from tests.admin.conftest import open_manager
 from tests.hardening.conftest import App, running_app
 from tests.support.cache import FileBuilder, make_checkpoint
+from tests.support.engines import TableEngine
 
 BIG = 4 * SAMPLE_BYTES  # larger than the three samples: its middle quarter is not sampled
 
@@ -125,3 +131,61 @@ def test_corruption_found_by_another_process_is_noticed(doomed_app: App) -> None
     with app.http() as h:
         assert _wait_for(lambda: h.get("/health/ready").status_code == 503, timeout=15)
         assert h.get("/v1/models").status_code == 503
+
+
+class _TokenizerBuilder(FileBuilder):
+    """The file builder plus the demo tokenizer, so the pool can load its bundles (over the
+    table engine) like real ones."""
+
+    def __init__(self, tokenizer_dir: Path) -> None:
+        super().__init__(files=2, file_size=BIG)
+        self.tokenizer_dir = tokenizer_dir
+
+    def build(
+        self, checkpoint_dir: Path, draft_dir: Path | None, options: Any, out_dir: Path, progress: Any
+    ) -> dict[str, Any]:
+        engine = super().build(checkpoint_dir, draft_dir, options, out_dir, progress)
+        for name in (
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "generation_config.json",
+            "chat_template.jinja",
+        ):
+            if (self.tokenizer_dir / name).is_file():
+                shutil.copy2(self.tokenizer_dir / name, out_dir / name)
+        (out_dir / "engine.json").write_text(json.dumps({"backend": "onnxruntime"}))
+        return engine
+
+
+def test_an_unloaded_model_with_a_flipped_byte_is_refused_at_load_and_rebuilt(tmp_path: Path) -> None:
+    demo = write_demo_checkpoint(tmp_path / "demo", size="tiny")
+    vocab = load_tokenizer(demo).vocab_size
+    manager = open_manager(tmp_path / "cache", _TokenizerBuilder(demo))
+    intact = str(make_checkpoint(tmp_path / "models" / "intact", seed=21))
+    flipped = str(make_checkpoint(tmp_path / "models" / "flipped", seed=22))
+
+    def engines(bundle_dir: Path, *, max_slots: int) -> TableEngine:
+        return TableEngine(vocab_size=vocab, capacity=256, max_slots=max_slots)
+
+    with running_app(tmp_path, manager=manager, engine_factory=engines) as app:
+        good = manager.prepare(intact)
+        bad = manager.prepare(flipped)
+        _flip(bad.bundle_dir / "part-000.bin", 10)  # a weights file, inside its first sample
+        body = {"prompt": "hi", "max_tokens": 1}
+        with app.http() as h:
+            # The same path loads an intact bundle (the check is what refuses the other one).
+            assert h.post("/v1/completions", json={**body, "model": intact}).status_code == 200
+            r = h.post("/v1/completions", json={**body, "model": flipped})
+            assert r.status_code == 503, r.text
+            error = r.json()["error"]
+            assert bad.bundle_id in error["message"] and "manifest" in error["message"], error
+            assert error["code"] == "bundle_corrupt"
+            assert bad.bundle_id not in {e["bundle_id"] for e in h.get("/admin/engines").json()["engines"]}
+        assert manager.get_bundle(bad.bundle_id).state == "corrupt"
+        assert not manager.store.locks.is_locked(bad.bundle_id), "the refused load kept its lease"
+        again = manager.prepare(flipped)  # the next prepare rebuilds it
+        assert again.built and again.bundle_id == bad.bundle_id
+        assert manager.get_bundle(bad.bundle_id).state == "ready"
+        with app.http() as h:
+            assert h.post("/v1/completions", json={**body, "model": flipped}).status_code == 200
+        assert good.bundle_id != bad.bundle_id
