@@ -567,7 +567,7 @@ def serve(
         if given:
             log.warning("%s is accepted for compatibility but has no effect in this version", flag)
     try:
-        manager = open_cache(config)
+        manager = open_cache(config, serving=True)
     except CacheError as exc:
         log.error("cannot open the cache: %s", _describe(exc))
         return 1

@@ -182,11 +182,19 @@ class CacheManager:
         lock_timeout: float | None = None,
         offline: bool | None = None,
         upgrade: bool = True,
+        claim_node: bool = False,
     ) -> CacheManager:
-        """Open (creating if needed) the cache at ``cache_dir`` and upgrade the catalog schema."""
+        """Open (creating if needed) the cache at ``cache_dir`` and upgrade the catalog schema.
+
+        One node per cache directory (its bundle rows describe this disk): the root records the
+        node that owns it. ``claim_node`` (a server starting) records ``node`` (default: the host
+        name) when none is recorded and refuses any other name; without it (commands run on the
+        directory) the process acts as the recorded node, and a ``node`` given that is not the
+        recorded one is refused. A refusal changes nothing on disk or in the catalog."""
         layout = CacheLayout(Path(cache_dir).expanduser().absolute())
         layout.ensure()
-        catalog = Catalog(catalog_url or default_catalog_url(layout.root), node=node or socket.gethostname())
+        node = _owning_node(layout, node, claim=claim_node)
+        catalog = Catalog(catalog_url or default_catalog_url(layout.root), node=node)
         if upgrade:
             catalog.upgrade()
         return cls(
@@ -809,6 +817,28 @@ class CacheManager:
     def wait_for_build(self, build_id: str, timeout: float = 600.0, poll: float = 0.05) -> BuildStatus:
         """Block until a background build finishes (tests and the CLI use this)."""
         return self.builds.wait(build_id, timeout, poll)
+
+
+def _owning_node(layout: CacheLayout, node: str | None, *, claim: bool) -> str:
+    """The node this process acts as on ``layout`` (see ``CacheManager.open``)."""
+    recorded = layout.recorded_node()
+    if recorded is None:
+        wanted = node or socket.gethostname()
+        if not claim:
+            return wanted  # a command on a directory no server owns yet records nothing
+        recorded = layout.record_node(wanted)
+    elif node is None and not claim:
+        return recorded  # commands on the directory act as its node
+    else:
+        wanted = node or socket.gethostname()
+    if wanted != recorded:
+        raise ConfigError(
+            "node_name",
+            f"the cache directory {layout.root} belongs to node {recorded!r} (recorded in "
+            f"{layout.node_file}), not {wanted!r}; run as node {recorded!r} or use another cache "
+            "directory (two nodes on one directory would delete each other's bundles)",
+        )
+    return recorded
 
 
 def _check_model_name(field: str, model: str, allowed_roots: tuple[Path, ...] | None) -> None:
