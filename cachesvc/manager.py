@@ -74,7 +74,15 @@ from cachesvc.records import (
     ReconcileReport,
     VerifyResult,
 )
-from cachesvc.store import BundleStore, CacheLayout, Lease, quick_verify_bundle, read_manifest, verify_bundle
+from cachesvc.store import (
+    BundleStore,
+    CacheLayout,
+    Lease,
+    dir_size,
+    quick_verify_bundle,
+    read_manifest,
+    verify_bundle,
+)
 from inference.build_profile import (
     METHODS_NEEDING_DRAFT_MODEL,
     METHODS_REFUSING_DRAFT_MODEL,
@@ -685,12 +693,17 @@ class CacheManager:
         cap = self.max_size_bytes if node == self.node else (self.fleet.node_cap(node) or 0)
         key = (self.catalog.version(), self.catalog.checkpoint_count(), cap, node)
         with self._stats_lock:
+            stats = None
             if self._stats_cache is not None and self._stats_cache[0] == key:
-                return self._stats_cache[1]
-        stats = self.catalog.stats(max_size_bytes=cap, node=node)
-        with self._stats_lock:
-            self._stats_cache = (key, stats)
-        return stats
+                stats = self._stats_cache[1]
+        if stats is None:
+            stats = self.catalog.stats(max_size_bytes=cap, node=node)
+            with self._stats_lock:
+                self._stats_cache = (key, stats)
+        if node != self.node:
+            return stats
+        # On disk, not in the catalog: a conversion's leftovers have no row (reconcile removes them).
+        return replace(stats, checkpoint_bytes=dir_size(self.layout.checkpoints))
 
     # -- pin / verify / remove -------------------------------------------------------------
 

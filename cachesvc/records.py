@@ -259,6 +259,9 @@ class CacheStats:
     #: Cumulative ``(upper_bound, count)`` pairs over BUILD_SECONDS_BUCKETS, then ``(inf, total)``.
     build_buckets: tuple[tuple[float, int], ...] = field(default=(), repr=False)
     build_seconds_sum: float = 0.0
+    #: Bytes under the cache's ``checkpoints/`` (downloads, GGUF conversions and any leftovers
+    #: of a conversion that did not finish); counted on disk, so only for the answering node.
+    checkpoint_bytes: int = 0
 
 
 @dataclass(frozen=True)

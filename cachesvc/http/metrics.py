@@ -133,6 +133,9 @@ class CacheStatsCollector(Collector):
         max_size = GaugeMetricFamily("cachesvc_cache_max_size_bytes", "Configured cache size cap in bytes.")
         bundles = GaugeMetricFamily("cachesvc_bundles", "Bundles in the catalog, by state.", labels=["state"])
         checkpoints = GaugeMetricFamily("cachesvc_checkpoints", "Resolved checkpoints in the catalog.")
+        checkpoint_bytes = GaugeMetricFamily(
+            "cachesvc_checkpoint_bytes", "Bytes under the cache's checkpoints/ (downloads, conversions)."
+        )
         families: list[Metric] = [
             hits,
             misses,
@@ -143,6 +146,7 @@ class CacheStatsCollector(Collector):
             max_size,
             bundles,
             checkpoints,
+            checkpoint_bytes,
         ]
         if stats is None:
             families.append(
@@ -163,6 +167,7 @@ class CacheStatsCollector(Collector):
         for state in sorted(set(BUNDLE_STATES) | set(stats.bundles_by_state)):
             bundles.add_metric([state], stats.bundles_by_state.get(state, 0))
         checkpoints.add_metric([], stats.checkpoints)
+        checkpoint_bytes.add_metric([], stats.checkpoint_bytes)
         families.append(
             HistogramMetricFamily(
                 "cachesvc_build_duration_seconds",
