@@ -357,6 +357,7 @@ def create_app(
         loaded_models=pool.loaded_names,
         allowed_roots=config.model_roots(),
         load_model=load_desired,
+        event_retention=(config.event_retention_days, config.event_retention_rows),
     )
 
     @asynccontextmanager

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from cachesvc.builders import (
     resolve_precision,
     stale_reason,
 )
-from cachesvc.catalog import Catalog, default_catalog_url
+from cachesvc.catalog import Catalog, default_catalog_url, utcnow
 from cachesvc.catalog.fleet import FleetCatalog
 from cachesvc.checkpoints import ResolvedCheckpoint, is_hub_id, looks_like_path, resolve_checkpoint
 from cachesvc.crashpoints import crash_point
@@ -675,6 +675,15 @@ class CacheManager:
         """Raise :class:`CatalogUnavailableError` unless the catalog takes a write now (a build
         is refused up front instead of being accepted and then failing)."""
         self.catalog.ping()
+
+    def prune_events(self, *, max_age_days: float, max_rows: int) -> int:
+        """Apply the audit log's retention to this node's events (0 disables a limit); the
+        running totals behind stats and metrics are kept. Returns how many events went."""
+        older_than = utcnow() - timedelta(days=max_age_days) if max_age_days > 0 else None
+        removed = self.catalog.prune_events(older_than=older_than, keep_rows=max_rows or None)
+        if removed:
+            log.info("event retention: removed %d old events of node %s", removed, self.node)
+        return removed
 
     @property
     def node(self) -> str:

@@ -210,6 +210,24 @@ class Catalog:
         with self._tx() as session:
             self._add_event(session, kind, **fields)
 
+    def prune_events(self, *, older_than: datetime | None, keep_rows: int | None) -> int:
+        """Delete this node's events older than ``older_than`` and all but its ``keep_rows``
+        newest; the running totals (counters, stats) stay. Returns how many rows went."""
+        removed = 0
+        with self._tx() as session:
+            mine = EventRow.node == self.node
+            if older_than is not None:
+                result = session.execute(delete(EventRow).where(mine, EventRow.at < older_than))
+                removed += int(getattr(result, "rowcount", 0) or 0)
+            if keep_rows is not None:
+                # The id of the oldest row to keep; everything of this node before it goes.
+                newest_first = select(EventRow.id).where(mine).order_by(EventRow.id.desc())
+                boundary = session.scalar(newest_first.offset(max(keep_rows, 1) - 1).limit(1))
+                if boundary is not None:
+                    result = session.execute(delete(EventRow).where(mine, EventRow.id < boundary))
+                    removed += int(getattr(result, "rowcount", 0) or 0)
+        return removed
+
     def events(
         self,
         *,

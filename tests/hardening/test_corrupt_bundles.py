@@ -7,12 +7,9 @@ loaded bundle that a verify finds corrupt is taken out of service (``/health/rea
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,7 +20,7 @@ from inference.demo import write_demo_checkpoint
 from inference.openai import load_tokenizer
 from tests.admin.conftest import open_manager
 from tests.hardening.conftest import App, running_app
-from tests.support.cache import FileBuilder, make_checkpoint
+from tests.support.cache import FileBuilder, ServableFileBuilder, make_checkpoint
 from tests.support.engines import TableEngine
 
 BIG = 4 * SAMPLE_BYTES  # larger than the three samples: its middle quarter is not sampled
@@ -133,34 +130,10 @@ def test_corruption_found_by_another_process_is_noticed(doomed_app: App) -> None
         assert h.get("/v1/models").status_code == 503
 
 
-class _TokenizerBuilder(FileBuilder):
-    """The file builder plus the demo tokenizer, so the pool can load its bundles (over the
-    table engine) like real ones."""
-
-    def __init__(self, tokenizer_dir: Path) -> None:
-        super().__init__(files=2, file_size=BIG)
-        self.tokenizer_dir = tokenizer_dir
-
-    def build(
-        self, checkpoint_dir: Path, draft_dir: Path | None, options: Any, out_dir: Path, progress: Any
-    ) -> dict[str, Any]:
-        engine = super().build(checkpoint_dir, draft_dir, options, out_dir, progress)
-        for name in (
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "generation_config.json",
-            "chat_template.jinja",
-        ):
-            if (self.tokenizer_dir / name).is_file():
-                shutil.copy2(self.tokenizer_dir / name, out_dir / name)
-        (out_dir / "engine.json").write_text(json.dumps({"backend": "onnxruntime"}))
-        return engine
-
-
 def test_an_unloaded_model_with_a_flipped_byte_is_refused_at_load_and_rebuilt(tmp_path: Path) -> None:
     demo = write_demo_checkpoint(tmp_path / "demo", size="tiny")
     vocab = load_tokenizer(demo).vocab_size
-    manager = open_manager(tmp_path / "cache", _TokenizerBuilder(demo))
+    manager = open_manager(tmp_path / "cache", ServableFileBuilder(demo, file_size=BIG))
     intact = str(make_checkpoint(tmp_path / "models" / "intact", seed=21))
     flipped = str(make_checkpoint(tmp_path / "models" / "flipped", seed=22))
 
