@@ -102,6 +102,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         replace="if False:",
         tests=(STALE,),
     ),
+    Mutation(
+        name="all-bundles-every-node",
+        why="the catalog's all_bundles drops its node filter: reconcile and the stale-first "
+        "eviction see other nodes' rows (on a shared catalog)",
+        path="cachesvc/catalog/repository.py",
+        function="Catalog.all_bundles",
+        find=r"\.where\(BundleRow\.node == self\.node\)",
+        replace="",
+        tests=("tests/fleet/test_own_rows.py",),
+    ),
     # -- corrupt bundles ------------------------------------------------------------------
     Mutation(
         name="lease-corrupt-bundle",
