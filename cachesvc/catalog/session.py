@@ -67,8 +67,18 @@ def _unavailable(backend: str, health: CatalogHealth | None) -> Any:
         wrapped = context.sqlalchemy_exception
         if not (context.is_disconnect or isinstance(wrapped, exc.OperationalError | exc.InterfaceError)):
             return
+        if backend == "sqlite" and not _sqlite_unavailable(str(context.original_exception)):
+            return  # e.g. "no such table": a catalog that needs `cachesvc db upgrade`, not an outage
         reason = _short_reason(backend, context)
-        if health is not None:
+        outage = (
+            backend == "sqlite"
+            or context.connection is None
+            or context.is_disconnect
+            or isinstance(wrapped, exc.InterfaceError)
+        )
+        if health is not None and outage:
+            # A server that refuses one statement (a serialization failure, a lock timeout)
+            # is busy, not down: that request gets its 503, /health stays "ok".
             health.failed(reason)
         raise CatalogUnavailableError(reason) from context.original_exception
 
@@ -79,19 +89,23 @@ def _short_reason(backend: str, context: ExceptionContext) -> str:
     """What went wrong, in our words: the driver's text may name hosts, users, paths and SQL."""
     original = context.original_exception
     if backend == "sqlite":
-        message = str(original)
-        if "locked" in message or "busy" in message:
-            return (
-                f"the SQLite file is locked by another process (waited {SQLITE_BUSY_TIMEOUT_MS / 1000:g} s)"
-            )
-        if "unable to open" in message:
+        if "unable to open" in str(original):
             return "the SQLite file cannot be opened"
-        return f"the SQLite file failed the operation ({type(original).__name__})"
+        waited = SQLITE_BUSY_TIMEOUT_MS / 1000
+        return f"the SQLite file is locked by another process (waited {waited:g} s)"
     if context.connection is None:
         return "cannot connect to the database server"
     if context.is_disconnect:
         return "lost the connection to the database server"
     return f"the database server failed the operation ({type(original).__name__})"
+
+
+#: SQLite errors that go away by themselves: another writer's lock, a file not reachable now.
+_SQLITE_UNAVAILABLE = ("database is locked", "database table is locked", "busy", "unable to open")
+
+
+def _sqlite_unavailable(message: str) -> bool:
+    return any(text in message for text in _SQLITE_UNAVAILABLE)
 
 
 def _available(backend: str, health: CatalogHealth) -> Any:

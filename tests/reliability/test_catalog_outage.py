@@ -18,9 +18,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
+from cachesvc.catalog import Catalog
 from cachesvc.catalog import session as catalog_session
+from cachesvc.errors import CatalogUnavailableError
 from cachesvc.manager import CacheManager
+from tests.admin.conftest import open_manager
 from tests.hardening.conftest import App, running_app
 from tests.support.cache import FileBuilder, make_checkpoint
 from tests.support.pg_cluster import PgCluster, own_cluster
@@ -185,3 +190,30 @@ def test_sqlite_locked_past_its_timeout(
             assert h.put(f"/admin/bundles/{cold.bundle_id}/pin").status_code == 200
             assert h.get("/health").json()["catalog"]["status"] == "ok"
     _logged_once(logs)
+
+
+def test_a_statement_refused_by_a_running_server_is_503_but_no_outage(
+    tmp_path: Path, catalog_db: str
+) -> None:
+    if catalog_db != "postgresql":
+        pytest.skip("a lock timeout of a running server: PostgreSQL")
+    manager = open_manager(tmp_path / "cache")
+    bid = manager.prepare(str(make_checkpoint(tmp_path / "ckpt", seed=8))).bundle_id
+    url = make_url(manager.catalog.url).update_query_dict({"options": "-c lock_timeout=200"})
+    impatient = Catalog(url.render_as_string(hide_password=False), node=manager.node)
+    holder = create_engine(manager.catalog.url)
+    try:
+        with holder.begin() as conn:  # another writer holds the bundle's row
+            conn.execute(text("SELECT 1 FROM bundles WHERE id = :id FOR UPDATE"), {"id": bid})
+            with pytest.raises(CatalogUnavailableError) as caught:
+                impatient.set_pinned(bid, True)
+        # The error class names the cause; the driver's sentence ("canceling statement ...") stays out.
+        assert str(caught.value) == (
+            "catalog unavailable: the database server failed the operation (LockNotAvailable)"
+        )
+        assert impatient.state().available, "one refused statement is not an outage"
+        assert impatient.set_pinned(bid, True).pinned
+    finally:
+        holder.dispose()
+        impatient.close()
+        manager.close()
