@@ -71,6 +71,8 @@ def _outage_checks(app: App, cold_model: str, bundle_id: str) -> list[str]:
         messages.append(_assert_catalog_503(h.get("/admin/stats"), openai=False))
         messages.append(_assert_catalog_503(h.get("/admin/events"), openai=False))
         messages.append(_assert_catalog_503(h.get("/admin/models"), openai=False))
+        messages.append(_assert_catalog_503(h.get("/admin/nodes"), openai=False))
+        messages.append(_assert_catalog_503(h.get("/metrics", params={"node": "other"}), openai=False))
         r = h.post("/admin/builds", json={"model": cold_model})
         messages.append(_assert_catalog_503(r, openai=False))  # refused, not 202 then failed
         assert h.get("/admin/builds").json()["items"] == []
