@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cachesvc.errors import CorruptBundleError
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 from cachesvc.store.manifest import SAMPLE_BYTES
@@ -162,3 +163,18 @@ def test_an_unloaded_model_with_a_flipped_byte_is_refused_at_load_and_rebuilt(tm
         with app.http() as h:
             assert h.post("/v1/completions", json={**body, "model": flipped}).status_code == 200
         assert good.bundle_id != bad.bundle_id
+
+
+def test_the_row_state_alone_refuses_a_lease(big_manager: CacheManager, tmp_path: Path) -> None:
+    """A bundle another process marked corrupt, or flagged stale, is not leased even though its
+    files pass the load check: the row is the verdict until a verify or a prepare changes it."""
+    result = big_manager.prepare(str(make_checkpoint(tmp_path / "ckpt", seed=9)))
+    bid = result.bundle_id
+    big_manager.catalog.set_verified(bid, ok=False, detail="found corrupt elsewhere")
+    with pytest.raises(CorruptBundleError):
+        big_manager.lease(bid)
+    big_manager.catalog.set_verified(bid, ok=True, detail=None, stale="built for another GPU")
+    assert big_manager.get_bundle(bid).state == "stale"
+    with pytest.raises(CorruptBundleError):
+        big_manager.lease(bid)
+    assert not big_manager.store.locks.is_locked(bid)
