@@ -36,7 +36,7 @@ from litestar.openapi.plugins import JsonRenderPlugin
 from cachesvc import __version__
 from cachesvc.config import ServeConfig, cli_message
 from cachesvc.entry import open_cache
-from cachesvc.errors import CacheError, ConfigError, QualityGateError
+from cachesvc.errors import CacheError, CatalogUnavailableError, ConfigError, QualityGateError
 from cachesvc.fleet import NodeAgent
 from cachesvc.http.admin import admin_router
 from cachesvc.http.auth import admin_guard
@@ -342,7 +342,9 @@ def create_app(
 
     @get("/health", sync_to_thread=False, tags=["health"], summary="Liveness, load and capabilities")
     def health() -> dict[str, Any]:
-        return pool.health()
+        body = pool.health()
+        body["catalog"] = manager.catalog_state().to_dict()  # last known: /health never waits on it
+        return body
 
     @get(
         "/health/ready",
@@ -379,6 +381,7 @@ def create_app(
         loaded_models=pool.loaded_names,
         allowed_roots=config.model_roots(),
         load_model=load_desired,
+        event_retention=(config.event_retention_days, config.event_retention_rows),
     )
 
     @asynccontextmanager
@@ -536,6 +539,8 @@ class _BundleWatch:
                 bid = status.bundle_id
                 try:
                     info = await asyncio.to_thread(self.manager.catalog.get_bundle, bid)
+                except CatalogUnavailableError:
+                    continue  # logged once per outage by the catalog's health tracker
                 except Exception:  # a busy or broken catalog must not take the model down
                     log.warning("could not read the state of bundle %s", bid, exc_info=True)
                     continue
@@ -596,7 +601,7 @@ def serve(
         if given:
             log.warning("%s is accepted for compatibility but has no effect in this version", flag)
     try:
-        manager = open_cache(config)
+        manager = open_cache(config, serving=True)
     except CacheError as exc:
         log.error("cannot open the cache: %s", _describe(exc))
         return 1

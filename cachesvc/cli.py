@@ -365,7 +365,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     rows = [
         ("size", f"{human_size(s.size_bytes)} of {human_size(s.max_size_bytes)}"),
         ("bundles", f"{s.bundles} " + " ".join(f"{k}={v}" for k, v in sorted(s.bundles_by_state.items()))),
-        ("checkpoints", s.checkpoints),
+        ("checkpoints", f"{s.checkpoints} ({human_size(s.checkpoint_bytes)} under checkpoints/)"),
         ("hits / misses", f"{s.hits} / {s.misses} (hit rate {rate})"),
         ("builds ok / failed", f"{s.builds_ok} / {s.builds_failed} (median {median})"),
         (

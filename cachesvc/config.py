@@ -190,6 +190,15 @@ def _positive_float(value: object) -> float:
     return number
 
 
+def _non_negative_float(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _Invalid(f"must be a finite number, 0 or more, got {value!r} ({type(value).__name__})")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise _Invalid(f"must be a finite number, 0 or more, got {value!r}")
+    return number
+
+
 def _choice_rule(choices: tuple[str, ...]) -> Callable[[object], str]:
     def check(value: object) -> str:
         if not isinstance(value, str) or value not in choices:
@@ -315,6 +324,8 @@ _RULES: dict[str, Callable[[object], Any]] = {
     "catalog_url": _catalog_url_rule,
     "node_name": _text_rule("a non-blank node name", optional=True),
     "heartbeat_seconds": _positive_float,
+    "event_retention_days": _non_negative_float,
+    "event_retention_rows": _int_rule(0, INT64_MAX),
     "admin_api_key": _text_rule("a non-blank key", optional=True),
     "allowed_hosts": _list_rule("host names or IP addresses (comma-separated; '*' allows any)"),
     "allowed_model_roots": _list_rule("directories (comma-separated)"),
@@ -474,6 +485,8 @@ class ServeConfig:
     catalog_url: str | None = None
     node_name: str | None = None
     heartbeat_seconds: float = 5.0
+    event_retention_days: float = 7.0
+    event_retention_rows: int = 100_000
     admin_api_key: str | None = None
     allowed_hosts: str | None = None
     allowed_model_roots: str | None = None
@@ -849,6 +862,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser, *, include_http: bool =
         metavar="NAME",
     )
     _add(http, "heartbeat_seconds", "seconds between this node's fleet heartbeats and desired-state checks")
+    _add(
+        http,
+        "event_retention_days",
+        "drop this node's audit events older than this many days, checked every heartbeat (0: no age limit)",
+    )
+    _add(
+        http,
+        "event_retention_rows",
+        "keep at most this many of this node's newest audit events (0: no cap); totals are kept",
+    )
     _add(
         http,
         "admin_api_key",

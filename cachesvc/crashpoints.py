@@ -11,6 +11,8 @@ name, so a test can stop a build or a publish exactly between two steps whose or
 - ``publish:renamed``: the staging directory was renamed onto the final path; its parent is not
   fsynced yet.
 - ``build:published``: the bundle is published; the catalog row is not marked ready yet.
+- ``gguf:converted``: a GGUF file is converted into its staging directory (under
+  ``checkpoints/gguf/``), which is not published yet.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import signal
 
 ENV_VAR = "CACHESVC_CRASH_AT"
-POINTS = ("publish:staged", "publish:moved-aside", "publish:renamed", "build:published")
+POINTS = ("publish:staged", "publish:moved-aside", "publish:renamed", "build:published", "gguf:converted")
 
 
 def crash_point(name: str) -> None:

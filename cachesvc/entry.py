@@ -12,11 +12,15 @@ from cachesvc.config import ServeConfig
 from cachesvc.manager import CacheManager
 
 
-def open_cache(config: ServeConfig) -> CacheManager:
-    """Open (creating if needed) the cache ``config`` names: dir, catalog URL and size cap."""
+def open_cache(config: ServeConfig, *, serving: bool = False) -> CacheManager:
+    """Open (creating if needed) the cache ``config`` names: dir, catalog URL and size cap.
+
+    ``serving`` (``cachesvc serve``): the directory is claimed for ``--node-name`` (default: the
+    host name) and refused when another node owns it; commands act as the node that owns it."""
     return CacheManager.open(
         config.cache_dir,
         catalog_url=config.catalog_url_resolved,
         max_size_bytes=config.engine_cache_max_size_bytes,
-        node=config.node_name_resolved,
+        node=config.node_name_resolved if serving else config.node_name,
+        claim_node=serving,
     )

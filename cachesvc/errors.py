@@ -77,3 +77,17 @@ class InsufficientStorageError(CacheError):
 
 class CatalogError(CacheError):
     """The catalog database cannot be used (unreadable, corrupt, or its disk is full)."""
+
+
+class CatalogUnavailableError(CatalogError):
+    """The catalog database cannot be reached now (server down, connection lost, or a SQLite file
+    locked past its busy timeout). Nothing was changed; retry after ``retry_after`` seconds.
+
+    The message is one line, ``catalog unavailable: <reason>``, with a reason of our own (never
+    the driver's text, which may carry host names, paths or SQL).
+    """
+
+    def __init__(self, reason: str, *, retry_after: int = 5) -> None:
+        super().__init__(f"catalog unavailable: {reason}")
+        self.reason = reason
+        self.retry_after = retry_after

@@ -23,12 +23,14 @@ import hashlib
 import logging
 import mmap
 import os
+import re
 import shutil
 import struct
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from cachesvc.crashpoints import crash_point
 from cachesvc.errors import CheckpointError
 from cachesvc.store.bundles import fix_modes_and_fsync
 from cachesvc.store.layout import fsync_dir, make_dirs
@@ -225,6 +227,7 @@ def convert_once(
             log.info("converting %s into %s", gguf_path, final)
             _convert(gguf_path, staging)
             _check_copy(gguf_path, staging, digest)
+            crash_point("gguf:converted")
             mode = _cache_mode(Path(checkpoints_dir))
             fix_modes_and_fsync(staging, mode, mode & 0o666)
             if final.exists():  # a directory without config.json: a broken leftover
@@ -260,6 +263,37 @@ def _cache_mode(checkpoints_dir: Path) -> int:
     # Published directories take the cache's permissions, as bundles do.
     probe = checkpoints_dir if checkpoints_dir.is_dir() else checkpoints_dir.parent
     return probe.stat().st_mode & 0o7777
+
+
+#: A conversion's staging directory: ``.<digest16>-<converter>.<mkdtemp suffix>`` (see above).
+_STAGING_NAME = re.compile(r"^\.(?P<key>[0-9a-f]{16}-gguf-[0-9]+)\.[A-Za-z0-9_]+$")
+
+
+def remove_orphaned_conversions(checkpoints_dir: Path) -> list[str]:
+    """Delete the staging directories of conversions whose process died (reconcile calls this).
+
+    Only names of our own pattern are touched, and only while nobody holds their key's lock: a
+    conversion running now holds it for as long as its staging directory exists. Returns the
+    removed paths relative to ``checkpoints_dir``."""
+    root = Path(checkpoints_dir) / GGUF_SUBDIR
+    try:
+        entries = sorted(root.iterdir())
+    except FileNotFoundError:
+        return []
+    locks = BundleLocks(root / ".locks")
+    removed: list[str] = []
+    for entry in entries:
+        match = _STAGING_NAME.match(entry.name)
+        if match is None or entry.is_symlink() or not entry.is_dir():
+            continue
+        with locks.try_exclusive(f"gguf-{match['key']}") as got:
+            if not got:  # a conversion is running
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            if not entry.exists():
+                removed.append(f"{GGUF_SUBDIR}/{entry.name}")
+                log.info("removed %s, left by a conversion that did not finish", entry)
+    return removed
 
 
 def _remove_stale_staging(root: Path, name: str) -> None:

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +37,14 @@ from cachesvc.builders import (
     resolve_precision,
     stale_reason,
 )
-from cachesvc.catalog import Catalog, default_catalog_url
+from cachesvc.catalog import Catalog, default_catalog_url, utcnow
 from cachesvc.catalog.fleet import FleetCatalog
 from cachesvc.checkpoints import ResolvedCheckpoint, is_hub_id, looks_like_path, resolve_checkpoint
 from cachesvc.crashpoints import crash_point
 from cachesvc.errors import (
     BuildError,
     CacheError,
+    CatalogUnavailableError,
     CheckpointError,
     ConfigError,
     CorruptBundleError,
@@ -63,6 +64,7 @@ from cachesvc.records import (
     BundleInfo,
     BundlePage,
     CacheStats,
+    CatalogState,
     CheckpointInfo,
     EventInfo,
     EvictionPlan,
@@ -72,7 +74,15 @@ from cachesvc.records import (
     ReconcileReport,
     VerifyResult,
 )
-from cachesvc.store import BundleStore, CacheLayout, Lease, quick_verify_bundle, read_manifest, verify_bundle
+from cachesvc.store import (
+    BundleStore,
+    CacheLayout,
+    Lease,
+    dir_size,
+    quick_verify_bundle,
+    read_manifest,
+    verify_bundle,
+)
 from inference.build_profile import (
     METHODS_NEEDING_DRAFT_MODEL,
     METHODS_REFUSING_DRAFT_MODEL,
@@ -110,6 +120,8 @@ class BundleLease:
         self._lease.release()
         try:
             self._manager.catalog.remove_lease(self.bundle_id, os.getpid())
+        except CatalogUnavailableError:
+            pass  # the catalog's health logs the outage; reconcile drops the stale row later
         except Exception:  # the lock is the truth; a stale row is cleaned by reconcile
             log.warning("could not remove the lease row of %s", self.bundle_id, exc_info=True)
 
@@ -180,11 +192,19 @@ class CacheManager:
         lock_timeout: float | None = None,
         offline: bool | None = None,
         upgrade: bool = True,
+        claim_node: bool = False,
     ) -> CacheManager:
-        """Open (creating if needed) the cache at ``cache_dir`` and upgrade the catalog schema."""
+        """Open (creating if needed) the cache at ``cache_dir`` and upgrade the catalog schema.
+
+        One node per cache directory (its bundle rows describe this disk): the root records the
+        node that owns it. ``claim_node`` (a server starting) records ``node`` (default: the host
+        name) when none is recorded and refuses any other name; without it (commands run on the
+        directory) the process acts as the recorded node, and a ``node`` given that is not the
+        recorded one is refused. A refusal changes nothing on disk or in the catalog."""
         layout = CacheLayout(Path(cache_dir).expanduser().absolute())
         layout.ensure()
-        catalog = Catalog(catalog_url or default_catalog_url(layout.root), node=node or socket.gethostname())
+        node = _owning_node(layout, node, claim=claim_node)
+        catalog = Catalog(catalog_url or default_catalog_url(layout.root), node=node)
         if upgrade:
             catalog.upgrade()
         return cls(
@@ -334,14 +354,7 @@ class CacheManager:
                 return None
             info = self.catalog.set_stale(bid, None)
         if info is not None and info.state == "ready":
-            try:
-                report = quick_verify_bundle(final, read_manifest(final))
-                detail = "; ".join(f"{m.path}: {m.reason}" for m in report.mismatches[:10]) or None
-            except CorruptBundleError as exc:
-                detail = str(exc)
-            if detail is not None:
-                log.error("bundle %s failed the load check and will be rebuilt: %s", bid, detail)
-                self._mark_corrupt(bid, detail)
+            if self._load_check(bid, final) is not None:
                 return None
             self.catalog.record_hit(bid)
             return final
@@ -355,6 +368,20 @@ class CacheManager:
                 self.catalog.record_hit(bid)
                 return final
         return None
+
+    def _load_check(self, bid: str, final: Path) -> str | None:
+        """The quick check of a hit and of every engine load: every file's size and a sampled
+        hash against the manifest. A mismatch marks the bundle corrupt (rebuilt by the next
+        prepare, never served) and is returned; None when the bundle passes."""
+        try:
+            report = quick_verify_bundle(final, read_manifest(final))
+            detail = "; ".join(f"{m.path}: {m.reason}" for m in report.mismatches[:10]) or None
+        except CorruptBundleError as exc:
+            detail = str(exc)
+        if detail is not None:
+            log.error("bundle %s failed the load check and will be rebuilt: %s", bid, detail)
+            self._mark_corrupt(bid, detail)
+        return detail
 
     def _build_locked(
         self,
@@ -438,7 +465,12 @@ class CacheManager:
     # -- leases ----------------------------------------------------------------------------
 
     def lease(self, bid: str, *, timeout: float | None = None) -> BundleLease:
-        """Take a shared lease on a ready bundle (blocks eviction by any process until released)."""
+        """Take a shared lease on a ready bundle (blocks eviction by any process until released)
+        for an engine to load it.
+
+        Under the lease, the bundle gets the quick check of a cache hit (sizes and sampled
+        hashes against its manifest): a bundle whose bytes changed since it was published is
+        marked corrupt and refused here, so no engine ever loads it."""
         info = self.catalog.require_bundle(bid)
         if info.state != "ready":
             raise CorruptBundleError(f"bundle {bid} is {info.state}, not ready; prepare it again")
@@ -448,7 +480,22 @@ class CacheManager:
         if not (bundle_dir / "manifest.json").exists():
             lease.release()
             raise NotFoundError(f"bundle {bid} was evicted before it could be leased; prepare it again")
-        self.catalog.add_lease(bid, os.getpid())
+        try:
+            detail = self._load_check(bid, bundle_dir)
+        except BaseException:
+            lease.release()
+            raise
+        if detail is not None:
+            lease.release()
+            raise CorruptBundleError(
+                f"bundle {bid} does not match its manifest ({detail}); it is marked corrupt and "
+                "the next prepare (POST /admin/builds, or a restart with this model) rebuilds it"
+            )
+        try:
+            self.catalog.add_lease(bid, os.getpid())
+        except BaseException:
+            lease.release()  # a catalog outage here must not leave the bundle locked
+            raise
         return BundleLease(self, info, lease)
 
     def prepare_and_lease(
@@ -626,6 +673,24 @@ class CacheManager:
         """The audit log, newest first (every node's unless ``node`` is given)."""
         return self.catalog.events(kind=kind, since=since, limit=limit, bundle_id=bundle_id, node=node)
 
+    def catalog_state(self) -> CatalogState:
+        """Whether the catalog database answers (``/health``)."""
+        return self.catalog.state()
+
+    def check_catalog(self) -> None:
+        """Raise :class:`CatalogUnavailableError` unless the catalog takes a write now (a build
+        is refused up front instead of being accepted and then failing)."""
+        self.catalog.ping()
+
+    def prune_events(self, *, max_age_days: float, max_rows: int) -> int:
+        """Apply the audit log's retention to this node's events (0 disables a limit); the
+        running totals behind stats and metrics are kept. Returns how many events went."""
+        older_than = utcnow() - timedelta(days=max_age_days) if max_age_days > 0 else None
+        removed = self.catalog.prune_events(older_than=older_than, keep_rows=max_rows or None)
+        if removed:
+            log.info("event retention: removed %d old events of node %s", removed, self.node)
+        return removed
+
     @property
     def node(self) -> str:
         """This process's node name (on every bundle, lease and event row it writes)."""
@@ -643,12 +708,17 @@ class CacheManager:
         cap = self.max_size_bytes if node == self.node else (self.fleet.node_cap(node) or 0)
         key = (self.catalog.version(), self.catalog.checkpoint_count(), cap, node)
         with self._stats_lock:
+            stats = None
             if self._stats_cache is not None and self._stats_cache[0] == key:
-                return self._stats_cache[1]
-        stats = self.catalog.stats(max_size_bytes=cap, node=node)
-        with self._stats_lock:
-            self._stats_cache = (key, stats)
-        return stats
+                stats = self._stats_cache[1]
+        if stats is None:
+            stats = self.catalog.stats(max_size_bytes=cap, node=node)
+            with self._stats_lock:
+                self._stats_cache = (key, stats)
+        if node != self.node:
+            return stats
+        # On disk, not in the catalog: a conversion's leftovers have no row (reconcile removes them).
+        return replace(stats, checkpoint_bytes=dir_size(self.layout.checkpoints))
 
     # -- pin / verify / remove -------------------------------------------------------------
 
@@ -757,6 +827,7 @@ class CacheManager:
         for name, value in (("model", model), ("draft_model", request.draft_model)):
             if value is not None:
                 _check_model_name(name, value, allowed_roots)
+        self.check_catalog()
         return self.builds.start(model, request)
 
     def check_model(self, field: str, model: str, allowed_roots: tuple[Path, ...] | None) -> None:
@@ -776,10 +847,45 @@ class CacheManager:
         return self.builds.wait(build_id, timeout, poll)
 
 
+def _owning_node(layout: CacheLayout, node: str | None, *, claim: bool) -> str:
+    """The node this process acts as on ``layout`` (see ``CacheManager.open``)."""
+    recorded = layout.recorded_node()
+    if recorded is None:
+        wanted = node or socket.gethostname()
+        if not claim:
+            return wanted  # a command on a directory no server owns yet records nothing
+        recorded = layout.record_node(wanted)
+    elif node is None and not claim:
+        return recorded  # commands on the directory act as its node
+    else:
+        wanted = node or socket.gethostname()
+    if wanted != recorded:
+        raise ConfigError(
+            "node_name",
+            f"the cache directory {layout.root} belongs to node {recorded!r} (recorded in "
+            f"{layout.node_file}), not {wanted!r}; run as node {recorded!r} or use another cache "
+            "directory (two nodes on one directory would delete each other's bundles)",
+        )
+    return recorded
+
+
+#: Entries a local checkpoint directory may hold for the allowed-roots check (a checkpoint has
+#: tens of files; bounding the walk keeps a request from listing a huge tree).
+MAX_CHECKPOINT_ENTRIES = 10_000
+
+
 def _check_model_name(field: str, model: str, allowed_roots: tuple[Path, ...] | None) -> None:
     """A hub id (or ``org/name/FILE.gguf``), or a local checkpoint under an allowed root: a
-    directory with ``config.json``, a ``.gguf`` file, or a directory holding one."""
+    directory with ``config.json``, a ``.gguf`` file, or a directory holding one.
+
+    Paths are compared resolved (``..`` and links followed): the path given and, for a
+    directory, every file and link in it, since the build opens them; a link inside an allowed
+    root that leads out of every root is refused like a path outside."""
     if not looks_like_path(model):
+        if any(part in ("", ".", "..") or "\\" in part for part in model.split("/")):
+            raise ConfigError(
+                field, f"{model!r} has an empty, '.' or '..' component; name a hub model or file plainly"
+            )
         hub_gguf = split_hub_gguf(model)
         if not is_hub_id(hub_gguf[0] if hub_gguf else model):
             raise ConfigError(
@@ -789,13 +895,19 @@ def _check_model_name(field: str, model: str, allowed_roots: tuple[Path, ...] | 
             )
         return
     path = Path(model).expanduser().resolve()
-    if allowed_roots is not None and not any(path.is_relative_to(root.resolve()) for root in allowed_roots):
-        roots = ", ".join(str(r) for r in allowed_roots)
-        raise ConfigError(
-            field,
-            f"{model!r} is outside the directories builds may read ({roots}); move the checkpoint "
-            "there or start the server with --allowed-model-roots",
-        )
+    if allowed_roots is not None:
+        roots = tuple(root.resolve() for root in allowed_roots)
+        listed = ", ".join(str(r) for r in allowed_roots)
+        if not _inside(path, roots):
+            raise ConfigError(
+                field,
+                f"{model!r} is outside the directories builds may read ({listed}); move the checkpoint "
+                "there or start the server with --allowed-model-roots",
+            )
+        if path.is_dir():
+            escaping = _link_out_of(path, roots)
+            if escaping is not None:
+                raise ConfigError(field, f"{model!r} holds {escaping} ({listed})")
     if path.is_file() and path.name.endswith(GGUF_SUFFIX):
         return
     if not path.is_dir():
@@ -805,3 +917,29 @@ def _check_model_name(field: str, model: str, allowed_roots: tuple[Path, ...] | 
             f"{model} has no config.json and no .gguf file; pass a Hugging Face checkpoint directory "
             "(config.json next to the weights) or a GGUF file"
         )
+
+
+def _inside(path: Path, roots: tuple[Path, ...]) -> bool:
+    return any(path.is_relative_to(root) for root in roots)
+
+
+def _link_out_of(directory: Path, roots: tuple[Path, ...]) -> str | None:
+    """Why ``directory`` cannot be read within ``roots``: its first link that resolves outside
+    them (or too many entries to check); None when every entry is inside. Links to
+    directories are checked, not descended into."""
+    seen = 0
+    for parent, dirs, files in os.walk(directory, followlinks=False):
+        for name in (*dirs, *files):
+            seen += 1
+            if seen > MAX_CHECKPOINT_ENTRIES:
+                return (
+                    f"more than {MAX_CHECKPOINT_ENTRIES} files: not a checkpoint directory, and too "
+                    "many to check against the directories builds may read"
+                )
+            entry = Path(parent, name)
+            if entry.is_symlink() and not _inside(entry.resolve(), roots):
+                return (
+                    f"{entry.relative_to(directory)}, a link leading outside the directories builds "
+                    "may read; replace the link with the file itself"
+                )
+    return None

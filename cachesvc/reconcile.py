@@ -1,7 +1,7 @@
 """Reconcile: make the catalog and the disk agree again (at every start and on demand).
 
 Disk holds the bytes, the catalog the index. Reconcile empties the trash, removes staging
-directories whose build died (their lock is free), adopts published bundles whose manifest
+directories whose build or GGUF conversion died (their lock is free), adopts published bundles whose manifest
 verifies, finishes builds that died between publishing and marking the row ready, forgets rows
 whose directory vanished and marks interrupted builds failed. A directory that is being built
 or served (its lock is held) is never touched.
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from cachesvc.builders import stale_reason
 from cachesvc.catalog import Catalog, utcnow
+from cachesvc.gguf_checkpoints import remove_orphaned_conversions
 from cachesvc.profiles import BundleKey
 from cachesvc.records import LeaseHolder, ReconcileReport
 from cachesvc.store import BundleStore, Manifest, verify_bundle
@@ -46,6 +47,10 @@ class Reconciler:
                 if got:  # no build holds it: a crashed build's leftovers
                     self.store.remove_staging(path)
                     staging_removed.append(path.name)
+        # A GGUF conversion killed half way leaves its staging directory under checkpoints/.
+        staging_removed.extend(
+            f"checkpoints/{name}" for name in remove_orphaned_conversions(self.store.layout.checkpoints)
+        )
         adopted: list[str] = []
         corrupt: list[str] = []
         known = {b.id: b for b in self.catalog.all_bundles()}

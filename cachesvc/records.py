@@ -259,6 +259,9 @@ class CacheStats:
     #: Cumulative ``(upper_bound, count)`` pairs over BUILD_SECONDS_BUCKETS, then ``(inf, total)``.
     build_buckets: tuple[tuple[float, int], ...] = field(default=(), repr=False)
     build_seconds_sum: float = 0.0
+    #: Bytes under the cache's ``checkpoints/`` (downloads, GGUF conversions and any leftovers
+    #: of a conversion that did not finish); counted on disk, so only for the answering node.
+    checkpoint_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -281,3 +284,24 @@ class BundleDetail:
     files: tuple[dict[str, Any], ...]
     holders: tuple[LeaseHolder, ...]
     events: tuple[EventInfo, ...]
+
+
+@dataclass(frozen=True)
+class CatalogState:
+    """What ``/health`` shows of the catalog."""
+
+    available: bool
+    backend: str
+    reason: str | None = None
+    since: datetime | None = None
+    failures: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON form (``/health`` ``catalog``)."""
+        status = "ok" if self.available else "unavailable"
+        body: dict[str, object] = {"status": status, "backend": self.backend}
+        if not self.available:
+            body["reason"] = self.reason
+            body["since"] = self.since.isoformat() if self.since else None
+            body["failed_operations"] = self.failures
+        return body

@@ -15,20 +15,23 @@ and checkpoint paths stay accepted but are never listed (a client's model menu m
 server paths).
 
 ``/v1`` never builds: a name whose bundles are not ready is 404 with a hint to
-``POST /admin/builds``; an unknown name is 404 naming up to five close names.
+``POST /admin/builds``; an unknown name is 404 naming up to five close names. While the
+catalog cannot be reached, a name that needs it (not an already loaded model) is 503
+``catalog_unavailable`` with ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from cachesvc.errors import NotFoundError
+from cachesvc.errors import CatalogUnavailableError, CorruptBundleError, NotFoundError
 from cachesvc.manager import BundleLease, CacheManager, CombinedLease
 from cachesvc.records import AliasInfo, BundleInfo
-from inference.openai.errors import ModelNotFoundError
+from inference.openai.errors import ModelNotFoundError, ServerUnavailableError
 from inference.openai.pool import ModelRef, not_found
 
 #: Ready bundles /v1/models looks at (most recently used first).
@@ -53,6 +56,10 @@ class CatalogModels:
 
     def resolve(self, name: str) -> ModelRef:
         """The bundle ``name`` means (404 ``model_not_found`` when none is ready)."""
+        with _catalog_guard():
+            return self._resolve(name)
+
+    def _resolve(self, name: str) -> ModelRef:
         bid = self.startup.get(name)
         if bid is not None:
             return self._ready(name, self._bundle(name, bid))
@@ -163,6 +170,10 @@ class CatalogModels:
         """One entry per servable model: the startup names and aliases, then each ready
         checkpoint no such name covers (by its hub id or the last component of its path).
         Checkpoint paths and bundle ids resolve but are not listed."""
+        with _catalog_guard():
+            return self._servable()
+
+    def _servable(self) -> list[ModelRef]:
         ready = self._ready_bundles()
         by_id = {b.id: b for b in ready}
         refs: list[ModelRef] = []
@@ -203,6 +214,10 @@ class CatalogModels:
     def lease(self, bundle_id: str) -> BundleLease:
         """The bundle's shared lease (blocks eviction until the engine unloads), with its draft
         bundle's when it speculates with one."""
+        with _catalog_guard():
+            return self._lease(bundle_id)
+
+    def _lease(self, bundle_id: str) -> BundleLease:
         lease = self.manager.lease(bundle_id)
         try:
             draft = self.manager.draft_bundle(lease.bundle)
@@ -212,15 +227,33 @@ class CatalogModels:
             raise
 
     def record(self, kind: str, bundle_id: str, detail: Mapping[str, Any]) -> None:
-        """Append a load/unload event to the catalog's audit log."""
-        self.manager.record_engine_event(
-            kind,
-            bundle_id,
-            model=detail.get("model"),
-            reason=detail.get("reason"),
-            seconds=detail.get("seconds"),
-            nbytes=detail.get("memory_bytes"),
-        )
+        """Append a load/unload event to the catalog's audit log (skipped while the catalog is
+        down: the outage is logged once by its health tracker, serving goes on)."""
+        with suppress(CatalogUnavailableError):
+            self.manager.record_engine_event(
+                kind,
+                bundle_id,
+                model=detail.get("model"),
+                reason=detail.get("reason"),
+                seconds=detail.get("seconds"),
+                nbytes=detail.get("memory_bytes"),
+            )
+
+
+@contextmanager
+def _catalog_guard() -> Iterator[None]:
+    """The pool speaks ``/v1`` errors: a catalog outage is its 503 with ``Retry-After``, a bundle
+    the load check refuses a 503 naming it (the inference side never sees the cache's
+    exception tree)."""
+    try:
+        yield
+    except CatalogUnavailableError as exc:
+        raise ServerUnavailableError(
+            str(exc), code="catalog_unavailable", headers={"Retry-After": str(exc.retry_after)}
+        ) from None
+    except CorruptBundleError as exc:
+        # The load check refused the bundle (marked corrupt; the next prepare rebuilds it).
+        raise ServerUnavailableError(str(exc), code="bundle_corrupt") from None
 
 
 def _spellings(name: str) -> list[str]:

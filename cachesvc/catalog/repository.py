@@ -13,8 +13,10 @@ from typing import Any
 
 from sqlalchemy import Select, Table, and_, delete, func, insert, literal, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from cachesvc.catalog.health import CatalogHealth
 from cachesvc.catalog.models import (
     AliasRow,
     BundleRow,
@@ -36,6 +38,7 @@ from cachesvc.records import (
     BundleInfo,
     BundlePage,
     CacheStats,
+    CatalogState,
     CheckpointInfo,
     EventInfo,
     LeaseHolder,
@@ -72,7 +75,9 @@ class Catalog:
     def __init__(self, url: str, *, node: str) -> None:
         self.url = url
         self.node = node
-        self.engine = create_catalog_engine(url)
+        #: Up/down state of the database (``/health``); fed by the engine's error hooks.
+        self.health = CatalogHealth(self.backend_name(url))
+        self.engine = create_catalog_engine(url, self.health)
         self._read = sessionmaker(self.engine, expire_on_commit=False)
         self._write_engine = self.engine.execution_options(sqlite_immediate=True)
         self._write = sessionmaker(self._write_engine, expire_on_commit=False)
@@ -96,6 +101,22 @@ class Catalog:
     def close(self) -> None:
         """Dispose of pooled connections."""
         self.engine.dispose()
+
+    @staticmethod
+    def backend_name(url: str) -> str:
+        """``sqlite`` or ``postgresql`` (the SQLAlchemy backend of ``url``)."""
+        return make_url(url).get_backend_name()
+
+    def ping(self) -> None:
+        """One write transaction that changes nothing: raises :class:`CatalogUnavailableError`
+        when the database cannot take a write now (a server down, or on SQLite another process
+        holding the write lock past the busy timeout)."""
+        with self._tx() as session:
+            session.execute(select(literal(1)))
+
+    def state(self) -> CatalogState:
+        """Whether the database answered the last operation (``/health``)."""
+        return self.health.state()
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
@@ -188,6 +209,24 @@ class Catalog:
         """Append one event (and its running total) in its own transaction."""
         with self._tx() as session:
             self._add_event(session, kind, **fields)
+
+    def prune_events(self, *, older_than: datetime | None, keep_rows: int | None) -> int:
+        """Delete this node's events older than ``older_than`` and all but its ``keep_rows``
+        newest; the running totals (counters, stats) stay. Returns how many rows went."""
+        removed = 0
+        with self._tx() as session:
+            mine = EventRow.node == self.node
+            if older_than is not None:
+                result = session.execute(delete(EventRow).where(mine, EventRow.at < older_than))
+                removed += int(getattr(result, "rowcount", 0) or 0)
+            if keep_rows is not None:
+                # The id of the oldest row to keep; everything of this node before it goes.
+                newest_first = select(EventRow.id).where(mine).order_by(EventRow.id.desc())
+                boundary = session.scalar(newest_first.offset(max(keep_rows, 1) - 1).limit(1))
+                if boundary is not None:
+                    result = session.execute(delete(EventRow).where(mine, EventRow.id < boundary))
+                    removed += int(getattr(result, "rowcount", 0) or 0)
+        return removed
 
     def events(
         self,

@@ -8,10 +8,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.engine import ExceptionContext, make_url
 
-from cachesvc.errors import CatalogError, InsufficientStorageError
+from cachesvc.catalog.health import CatalogHealth
+from cachesvc.errors import CatalogError, CatalogUnavailableError, InsufficientStorageError
 
 #: How long a SQLite writer waits for another process's write lock before failing.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -22,8 +23,12 @@ def default_catalog_url(cache_dir: Path) -> str:
     return f"sqlite:///{(cache_dir / 'catalog.sqlite3').as_posix()}"
 
 
-def create_catalog_engine(url: str) -> Engine:
-    """Create the SQLAlchemy engine; per-connection pragmas for SQLite."""
+def create_catalog_engine(url: str, health: CatalogHealth | None = None) -> Engine:
+    """Create the SQLAlchemy engine; per-connection pragmas for SQLite.
+
+    Every error that means "the database cannot be reached now" becomes one
+    :class:`CatalogUnavailableError` (reported to ``health``); connections are pinged before
+    use on a server, so the pool recovers by itself once the server is back."""
     parsed = make_url(url)
     kwargs: dict[str, Any] = {"future": True}
     if parsed.get_backend_name() == "sqlite":
@@ -41,7 +46,79 @@ def create_catalog_engine(url: str) -> Engine:
         # (engine.execution_options(sqlite_immediate=True)) take the write lock up front and two
         # processes never deadlock upgrading read locks (SQLITE_BUSY without waiting).
         event.listen(engine, "begin", _sqlite_begin)
+    # After the SQLite hook: its disk-full and unreadable-file errors win over "unavailable".
+    event.listen(engine, "handle_error", _unavailable(parsed.get_backend_name(), health))
+    if health is not None:
+        event.listen(engine, "after_cursor_execute", _available(parsed.get_backend_name(), health))
     return engine
+
+
+def _unavailable(backend: str, health: CatalogHealth | None) -> Any:
+    """A ``handle_error`` hook: connection failures, lost connections and a SQLite file locked
+    past its busy timeout become :class:`CatalogUnavailableError` with a reason of our own.
+
+    Integrity and programming errors are left alone (they are bugs or conflicts, not outages).
+    A failed pre-ping is left to the pool, which then opens a fresh connection.
+    """
+
+    def handle(context: ExceptionContext) -> None:
+        if context.is_pre_ping:
+            return
+        wrapped = context.sqlalchemy_exception
+        if not (context.is_disconnect or isinstance(wrapped, exc.OperationalError | exc.InterfaceError)):
+            return
+        if backend == "sqlite" and not _sqlite_unavailable(str(context.original_exception)):
+            return  # e.g. "no such table": a catalog that needs `cachesvc db upgrade`, not an outage
+        reason = _short_reason(backend, context)
+        outage = (
+            backend == "sqlite"
+            or context.connection is None
+            or context.is_disconnect
+            or isinstance(wrapped, exc.InterfaceError)
+        )
+        if health is not None and outage:
+            # A server that refuses one statement (a serialization failure, a lock timeout)
+            # is busy, not down: that request gets its 503, /health stays "ok".
+            health.failed(reason)
+        raise CatalogUnavailableError(reason) from context.original_exception
+
+    return handle
+
+
+def _short_reason(backend: str, context: ExceptionContext) -> str:
+    """What went wrong, in our words: the driver's text may name hosts, users, paths and SQL."""
+    original = context.original_exception
+    if backend == "sqlite":
+        if "unable to open" in str(original):
+            return "the SQLite file cannot be opened"
+        waited = SQLITE_BUSY_TIMEOUT_MS / 1000
+        return f"the SQLite file is locked by another process (waited {waited:g} s)"
+    if context.connection is None:
+        return "cannot connect to the database server"
+    if context.is_disconnect:
+        return "lost the connection to the database server"
+    return f"the database server failed the operation ({type(original).__name__})"
+
+
+#: SQLite errors that go away by themselves: another writer's lock, a file not reachable now.
+_SQLITE_UNAVAILABLE = ("database is locked", "database table is locked", "busy", "unable to open")
+
+
+def _sqlite_unavailable(message: str) -> bool:
+    return any(text in message for text in _SQLITE_UNAVAILABLE)
+
+
+def _available(backend: str, health: CatalogHealth) -> Any:
+    """An ``after_cursor_execute`` hook: a statement that went through ends an outage. On SQLite
+    only a write transaction's ``BEGIN IMMEDIATE`` counts (reads go on while a writer holds the
+    lock, so a read proves nothing about the outage writes see)."""
+
+    def after(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if backend == "sqlite" and not statement.startswith("BEGIN IMMEDIATE"):
+            return
+        health.succeeded()
+
+    return after
 
 
 #: SQLite messages that mean the file is not a usable database (not a busy or locked one).

@@ -15,10 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from cachesvc.catalog import utcnow
+from cachesvc.errors import CatalogUnavailableError
 from cachesvc.fleet.converge import Converger
 from cachesvc.manager import CacheManager
 
 log = logging.getLogger("cachesvc.fleet")
+
+#: The audit log's retention runs on the heartbeat thread at start and every this many beats
+#: (about a minute at the default 5 s): a model-swap storm writes rows fast, a DELETE each
+#: beat would be wasted work.
+RETENTION_BEATS = 12
 
 
 class NodeAgent:
@@ -32,8 +38,12 @@ class NodeAgent:
         loaded_models: Callable[[], list[str]] = list,
         allowed_roots: tuple[Path, ...] | None = None,
         load_model: Callable[[str], None] | None = None,
+        event_retention: tuple[float, int] | None = None,
     ) -> None:
+        """``event_retention``: (max age in days, max rows) of this node's events; None keeps all."""
         self.manager = manager
+        self._retention = event_retention
+        self._beats = 0
         self.interval = interval
         self._loaded_models = loaded_models
         self._started_at = utcnow()
@@ -64,6 +74,8 @@ class NodeAgent:
                 desired_status=status,
                 report_status=True,
             )
+        except CatalogUnavailableError:
+            pass  # logged once per outage by the catalog's health tracker; the next beat retries
         except Exception:
             log.warning("heartbeat of node %s failed", self.manager.node, exc_info=True)
 
@@ -82,13 +94,31 @@ class NodeAgent:
             thread.join(timeout)
 
     def _beat_loop(self) -> None:
+        self.apply_retention()
         while not self._stop.wait(self.interval):
             self.beat()
+            self._beats += 1
+            if self._beats % RETENTION_BEATS == 0:
+                self.apply_retention()
+
+    def apply_retention(self) -> None:
+        """Drop this node's events past the retention (errors are logged; the next run retries)."""
+        if self._retention is None:
+            return
+        days, rows = self._retention
+        try:
+            self.manager.prune_events(max_age_days=days, max_rows=rows)
+        except CatalogUnavailableError:
+            pass  # logged once per outage by the catalog's health tracker
+        except Exception:
+            log.warning("event retention on node %s failed", self.manager.node, exc_info=True)
 
     def _converge_loop(self) -> None:
         while not self._stop.is_set():
             try:
                 self.converger.run_once()
+            except CatalogUnavailableError:
+                pass  # logged once per outage by the catalog's health tracker
             except Exception:
                 log.warning("desired-state pass on node %s failed", self.manager.node, exc_info=True)
             if self._stop.wait(self.interval):

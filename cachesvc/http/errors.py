@@ -21,6 +21,7 @@ from cachesvc.errors import (
     BuildError,
     CacheError,
     CatalogError,
+    CatalogUnavailableError,
     CheckpointError,
     ConfigError,
     ConflictError,
@@ -67,7 +68,8 @@ _KINDS: Mapping[type[BaseException], ProblemKind] = {
     CorruptBundleError: ProblemKind(409, "corrupt-bundle", "Bundle is corrupt"),
     InsufficientStorageError: ProblemKind(507, "insufficient-storage", "Cache disk budget exceeded"),
     BuildError: ProblemKind(500, "build-failed", "Build failed"),
-    CatalogError: ProblemKind(503, "catalog-unavailable", "Catalog cannot be read"),
+    CatalogUnavailableError: ProblemKind(503, "catalog-unavailable", "Catalog unavailable"),
+    CatalogError: ProblemKind(503, "catalog-error", "Catalog cannot be read"),
     CacheError: ProblemKind(500, "cache-error", "Cache error"),
 }
 
@@ -212,9 +214,12 @@ def problem_response(problem: Problem, headers: Mapping[str, str] | None = None)
 def handle_admin_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[Problem]:
     """Litestar exception handler: every admin error becomes a problem response."""
     problem = problem_for(exc, _wire_names(request))
+    headers = exc.headers if isinstance(exc, HTTPException) and exc.headers else None
+    if isinstance(exc, CatalogUnavailableError):
+        # An outage is logged once by the catalog's health tracker, not once per request.
+        return problem_response(problem, {"Retry-After": str(exc.retry_after)})
     if problem.status >= 500:
         log.error("admin %s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
-    headers = exc.headers if isinstance(exc, HTTPException) and exc.headers else None
     return problem_response(problem, headers)
 
 
@@ -226,7 +231,10 @@ _STATUS_DESCRIPTIONS: Mapping[int, str] = {
     404: "No such bundle, build or checkpoint",
     415: "The body is not declared `application/json`",
     429: "Every loaded model is busy and the model cannot be loaded yet (`Retry-After`)",
-    503: "The model could not be loaded, does not fit the memory budget, or the server is draining",
+    503: (
+        "The model could not be loaded, does not fit the memory budget, the server is draining, "
+        "or the catalog database is unavailable (`Retry-After`)"
+    ),
     409: "The bundle is leased, pinned, locked or corrupt; `reason` and `holders` say which",
     500: "Build failed or server bug (never bad input)",
     502: "The Hugging Face hub could not be reached",
@@ -235,7 +243,8 @@ _STATUS_DESCRIPTIONS: Mapping[int, str] = {
 
 
 def problem_responses(*statuses: int) -> dict[int, ResponseSpec]:
-    """OpenAPI response specs for the given error statuses, plus the guard's 401 and 403."""
+    """OpenAPI response specs for the given error statuses, plus the guard's 401 and 403 and the
+    503 of a catalog outage (every admin route reads the catalog)."""
     return {
         status: ResponseSpec(
             data_container=Problem,
@@ -243,7 +252,7 @@ def problem_responses(*statuses: int) -> dict[int, ResponseSpec]:
             description=_STATUS_DESCRIPTIONS[status],
             generate_examples=False,
         )
-        for status in sorted({401, 403, 500, *statuses})
+        for status in sorted({401, 403, 500, 503, *statuses})
     }
 
 

@@ -36,9 +36,10 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
+from cachesvc.errors import CatalogUnavailableError
 from cachesvc.http.auth import admin_guard
 from cachesvc.http.errors import admin_exception_handlers, problem_responses
-from cachesvc.records import BUILD_SECONDS_BUCKETS, BUNDLE_STATES, EVICT_REASONS, CacheStats
+from cachesvc.records import BUILD_SECONDS_BUCKETS, BUNDLE_STATES, EVICT_REASONS, CacheStats, CatalogState
 
 TTFT_SECONDS_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 REQUEST_SECONDS_BUCKETS: tuple[float, ...] = (
@@ -56,6 +57,10 @@ class StatsSource(Protocol):
 
     def stats(self, node: str | None = None) -> CacheStats:
         """Cache statistics computed from the catalog (of ``node``; default this process's node)."""
+        ...
+
+    def catalog_state(self) -> CatalogState:
+        """Whether the catalog took the last operation (a locked SQLite file still reads)."""
         ...
 
 
@@ -91,8 +96,18 @@ class CacheStatsCollector(Collector):
         return self._families(None)
 
     def collect(self) -> list[Metric]:
-        """Read the catalog and return every cache family."""
-        return self._families(self._source.stats(self._node))
+        """Read the catalog and return every cache family (without samples while the catalog
+        is down, so a scrape of this node still gets its serving metrics), and
+        ``cachesvc_catalog_up``."""
+        up = GaugeMetricFamily("cachesvc_catalog_up", "1 while the catalog database answers, else 0.")
+        try:
+            stats: CacheStats | None = self._source.stats(self._node)
+        except CatalogUnavailableError:
+            if self._node is not None:
+                raise  # ?node= asks for nothing but the catalog: 503
+            stats = None
+        up.add_metric([], 1.0 if stats is not None and self._source.catalog_state().available else 0.0)
+        return [*self._families(stats), up]
 
     @staticmethod
     def _families(stats: CacheStats | None) -> list[Metric]:
@@ -119,6 +134,9 @@ class CacheStatsCollector(Collector):
         max_size = GaugeMetricFamily("cachesvc_cache_max_size_bytes", "Configured cache size cap in bytes.")
         bundles = GaugeMetricFamily("cachesvc_bundles", "Bundles in the catalog, by state.", labels=["state"])
         checkpoints = GaugeMetricFamily("cachesvc_checkpoints", "Resolved checkpoints in the catalog.")
+        checkpoint_bytes = GaugeMetricFamily(
+            "cachesvc_checkpoint_bytes", "Bytes under the cache's checkpoints/ (downloads, conversions)."
+        )
         families: list[Metric] = [
             hits,
             misses,
@@ -129,6 +147,7 @@ class CacheStatsCollector(Collector):
             max_size,
             bundles,
             checkpoints,
+            checkpoint_bytes,
         ]
         if stats is None:
             families.append(
@@ -149,6 +168,7 @@ class CacheStatsCollector(Collector):
         for state in sorted(set(BUNDLE_STATES) | set(stats.bundles_by_state)):
             bundles.add_metric([state], stats.bundles_by_state.get(state, 0))
         checkpoints.add_metric([], stats.checkpoints)
+        checkpoint_bytes.add_metric([], stats.checkpoint_bytes)
         families.append(
             HistogramMetricFamily(
                 "cachesvc_build_duration_seconds",

@@ -351,6 +351,7 @@ class StatsOut(Struct, frozen=True):
     evicted_bytes_by_reason: dict[str, int]
     per_model: list[ModelStatsOut]
     since: datetime | None
+    checkpoint_bytes: int = 0
 
 
 class CheckpointOut(Struct, frozen=True):

@@ -27,6 +27,9 @@ CACHEDIR_TAG_CONTENT = (
     "# For information about cache directory tags see https://bford.info/cachedir/\n"
 )
 
+#: The node that owns a cache directory: its rows in a shared catalog describe this disk.
+NODE_FILE_NAME = "cachesvc-node"
+
 # No dots: staging dirs are named "<bundle_id>.<random>", and the id must parse back unambiguously.
 _BUNDLE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 
@@ -85,6 +88,41 @@ class CacheLayout:
     def cachedir_tag(self) -> Path:
         """The ``CACHEDIR.TAG`` file at the root."""
         return self.root / CACHEDIR_TAG_NAME
+
+    @property
+    def node_file(self) -> Path:
+        """The file recording the node that owns this directory (one line: its name)."""
+        return self.root / NODE_FILE_NAME
+
+    def recorded_node(self) -> str | None:
+        """The node that owns this directory, or None when none is recorded yet."""
+        try:
+            name = self.node_file.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return None
+        return name or None
+
+    def record_node(self, node: str) -> str:
+        """Record ``node`` as the owner unless one is recorded already; the owner either way.
+
+        Create-if-absent in one step (a complete temp file hard-linked to the final name), so
+        two processes starting at once with different names never both own the directory:
+        the loser reads the winner's name."""
+        existing = self.recorded_node()
+        if existing is not None:
+            return existing
+        tmp = self.node_file.with_name(f".{NODE_FILE_NAME}.{secrets.token_hex(6)}.tmp")
+        write_atomic(tmp, f"{node}\n".encode(), self.file_mode())
+        try:
+            os.link(tmp, self.node_file)
+        except FileExistsError:
+            pass  # another process recorded its node first; it owns the directory
+        finally:
+            tmp.unlink()
+        fsync_dir(self.root)
+        owner = self.recorded_node()
+        assert owner is not None
+        return owner
 
     def dir_mode(self) -> int:
         """Permission bits for directories the store creates: the root's own bits."""

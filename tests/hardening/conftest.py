@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cachesvc.app import Runtime, create_app
+from cachesvc.app import EngineFactory, Runtime, create_app
 from cachesvc.config import ServeConfig
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
@@ -46,9 +46,16 @@ class App:
         return httpx.Client(base_url=self.url, timeout=30, **kwargs)
 
 
-def start_app(root: Path, **config: Any) -> tuple[App, LiveServer]:
-    """Build the cache, a runtime over the table engine and the app; serve it on loopback."""
-    manager = open_manager(root / "cache")
+def start_app(
+    root: Path,
+    *,
+    manager: CacheManager | None = None,
+    engine_factory: EngineFactory | None = None,
+    **config: Any,
+) -> tuple[App, LiveServer]:
+    """Build the cache (or use ``manager``'s), a runtime over the table engine and the app;
+    serve it on loopback. ``engine_factory`` loads the models the pool loads on demand."""
+    manager = manager or open_manager(root / "cache")
     checkpoint = make_checkpoint(root / "models" / "tiny", seed=3)
     tokenizer = load_tokenizer(write_demo_checkpoint(root / "demo", size="tiny"))
     prepared = manager.prepare(str(checkpoint), ProfileRequest(max_input_len=256, max_kv_cache_capacity=256))
@@ -70,14 +77,21 @@ def start_app(root: Path, **config: Any) -> tuple[App, LiveServer]:
             **config,
         }
     )
-    server = LiveServer(create_app(cfg, manager, runtime=runtime), port=port).__enter__()
+    app = create_app(cfg, manager, runtime=runtime, engine_factory=engine_factory)
+    server = LiveServer(app, port=port).__enter__()
     return App(server.url, port, manager, serving, runtime, checkpoint), server
 
 
 @contextmanager
-def running_app(root: Path, **config: Any) -> Iterator[App]:
+def running_app(
+    root: Path,
+    *,
+    manager: CacheManager | None = None,
+    engine_factory: EngineFactory | None = None,
+    **config: Any,
+) -> Iterator[App]:
     """:func:`start_app` for a ``with`` block; the server, runtime and cache close after it."""
-    running, server = start_app(root, **config)
+    running, server = start_app(root, manager=manager, engine_factory=engine_factory, **config)
     try:
         yield running
     finally:

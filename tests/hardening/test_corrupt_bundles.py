@@ -13,12 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from cachesvc.errors import CorruptBundleError
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 from cachesvc.store.manifest import SAMPLE_BYTES
+from inference.demo import write_demo_checkpoint
+from inference.openai import load_tokenizer
 from tests.admin.conftest import open_manager
 from tests.hardening.conftest import App, running_app
-from tests.support.cache import FileBuilder, make_checkpoint
+from tests.support.cache import FileBuilder, ServableFileBuilder, make_checkpoint
+from tests.support.engines import TableEngine
 
 BIG = 4 * SAMPLE_BYTES  # larger than the three samples: its middle quarter is not sampled
 
@@ -125,3 +129,52 @@ def test_corruption_found_by_another_process_is_noticed(doomed_app: App) -> None
     with app.http() as h:
         assert _wait_for(lambda: h.get("/health/ready").status_code == 503, timeout=15)
         assert h.get("/v1/models").status_code == 503
+
+
+def test_an_unloaded_model_with_a_flipped_byte_is_refused_at_load_and_rebuilt(tmp_path: Path) -> None:
+    demo = write_demo_checkpoint(tmp_path / "demo", size="tiny")
+    vocab = load_tokenizer(demo).vocab_size
+    manager = open_manager(tmp_path / "cache", ServableFileBuilder(demo, file_size=BIG))
+    intact = str(make_checkpoint(tmp_path / "models" / "intact", seed=21))
+    flipped = str(make_checkpoint(tmp_path / "models" / "flipped", seed=22))
+
+    def engines(bundle_dir: Path, *, max_slots: int) -> TableEngine:
+        return TableEngine(vocab_size=vocab, capacity=256, max_slots=max_slots)
+
+    with running_app(tmp_path, manager=manager, engine_factory=engines) as app:
+        good = manager.prepare(intact)
+        bad = manager.prepare(flipped)
+        _flip(bad.bundle_dir / "part-000.bin", 10)  # a weights file, inside its first sample
+        body = {"prompt": "hi", "max_tokens": 1}
+        with app.http() as h:
+            # The same path loads an intact bundle (the check is what refuses the other one).
+            assert h.post("/v1/completions", json={**body, "model": intact}).status_code == 200
+            r = h.post("/v1/completions", json={**body, "model": flipped})
+            assert r.status_code == 503, r.text
+            error = r.json()["error"]
+            assert bad.bundle_id in error["message"] and "manifest" in error["message"], error
+            assert error["code"] == "bundle_corrupt"
+            assert bad.bundle_id not in {e["bundle_id"] for e in h.get("/admin/engines").json()["engines"]}
+        assert manager.get_bundle(bad.bundle_id).state == "corrupt"
+        assert not manager.store.locks.is_locked(bad.bundle_id), "the refused load kept its lease"
+        again = manager.prepare(flipped)  # the next prepare rebuilds it
+        assert again.built and again.bundle_id == bad.bundle_id
+        assert manager.get_bundle(bad.bundle_id).state == "ready"
+        with app.http() as h:
+            assert h.post("/v1/completions", json={**body, "model": flipped}).status_code == 200
+        assert good.bundle_id != bad.bundle_id
+
+
+def test_the_row_state_alone_refuses_a_lease(big_manager: CacheManager, tmp_path: Path) -> None:
+    """A bundle another process marked corrupt, or flagged stale, is not leased even though its
+    files pass the load check: the row is the verdict until a verify or a prepare changes it."""
+    result = big_manager.prepare(str(make_checkpoint(tmp_path / "ckpt", seed=9)))
+    bid = result.bundle_id
+    big_manager.catalog.set_verified(bid, ok=False, detail="found corrupt elsewhere")
+    with pytest.raises(CorruptBundleError):
+        big_manager.lease(bid)
+    big_manager.catalog.set_verified(bid, ok=True, detail=None, stale="built for another GPU")
+    assert big_manager.get_bundle(bid).state == "stale"
+    with pytest.raises(CorruptBundleError):
+        big_manager.lease(bid)
+    assert not big_manager.store.locks.is_locked(bid)

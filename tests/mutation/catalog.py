@@ -102,6 +102,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         replace="if False:",
         tests=(STALE,),
     ),
+    Mutation(
+        name="all-bundles-every-node",
+        why="the catalog's all_bundles drops its node filter: reconcile and the stale-first "
+        "eviction see other nodes' rows (on a shared catalog)",
+        path="cachesvc/catalog/repository.py",
+        function="Catalog.all_bundles",
+        find=r"\.where\(BundleRow\.node == self\.node\)",
+        replace="",
+        tests=("tests/fleet/test_own_rows.py",),
+    ),
     # -- corrupt bundles ------------------------------------------------------------------
     Mutation(
         name="lease-corrupt-bundle",
@@ -110,7 +120,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         function="CacheManager.lease",
         find=r'if info\.state != "ready":',
         replace="if False:",
-        tests=(f"{MANAGER}::test_bit_flip_caught_by_verify_and_never_served",),
+        tests=(
+            f"{MANAGER}::test_bit_flip_caught_by_verify_and_never_served",
+            # The load check refuses changed files too; this one's files are intact.
+            "tests/hardening/test_corrupt_bundles.py::test_the_row_state_alone_refuses_a_lease",
+        ),
     ),
     Mutation(
         name="verify-ignores-content",
@@ -123,12 +137,17 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="hit-skips-quick-check",
-        why="a cache hit serves a bundle whose sampled bytes no longer match its manifest",
+        why="a cache hit or an engine load takes a bundle whose sampled bytes no longer match its "
+        "manifest (the quick check always passes)",
         path="cachesvc/manager.py",
-        function="CacheManager._try_hit",
-        find=r"if detail is not None:",
-        replace="if False:",
-        tests=("tests/hardening/test_corrupt_bundles.py::test_a_hit_with_flipped_sampled_bytes_is_rebuilt_not_served",),
+        function="CacheManager._load_check",
+        find=r"return detail",
+        replace="return None",
+        tests=(
+            "tests/hardening/test_corrupt_bundles.py::test_a_hit_with_flipped_sampled_bytes_is_rebuilt_not_served",
+            "tests/hardening/test_corrupt_bundles.py::"
+            "test_an_unloaded_model_with_a_flipped_byte_is_refused_at_load_and_rebuilt",
+        ),
     ),
     Mutation(
         name="foreign-root-adopted",

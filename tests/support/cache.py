@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -93,3 +94,32 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env
+
+
+class ServableFileBuilder(FileBuilder):
+    """The file builder plus a tokenizer and an ``engine.json``, so the model pool can load its
+    bundles (over a test engine given as the engine factory) like real ones."""
+
+    def __init__(self, tokenizer_dir: Path, *, files: int = 2, file_size: int = 256) -> None:
+        super().__init__(files=files, file_size=file_size)
+        self.tokenizer_dir = tokenizer_dir
+
+    def build(
+        self,
+        checkpoint_dir: Path,
+        draft_dir: Path | None,
+        options: BuildOptions,
+        out_dir: Path,
+        progress: ProgressFn,
+    ) -> dict[str, Any]:
+        engine = super().build(checkpoint_dir, draft_dir, options, out_dir, progress)
+        for name in (
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "generation_config.json",
+            "chat_template.jinja",
+        ):
+            if (self.tokenizer_dir / name).is_file():
+                shutil.copy2(self.tokenizer_dir / name, out_dir / name)
+        (out_dir / "engine.json").write_text(json.dumps({"backend": "onnxruntime"}))
+        return engine

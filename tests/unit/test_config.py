@@ -60,6 +60,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "catalog_url": None,
     "node_name": None,
     "heartbeat_seconds": 5.0,
+    "event_retention_days": 7.0,
+    "event_retention_rows": 100_000,
     "admin_api_key": None,
     "allowed_hosts": None,
     "allowed_model_roots": None,

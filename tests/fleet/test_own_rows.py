@@ -1,0 +1,52 @@
+"""Own rows only: reconcile and the stale-first eviction of one node never see another node's rows.
+
+Two nodes share a catalog, each with its own disk; both built bundle X (one id, a row per node),
+and node B's copy of X is stale (built for a GPU B no longer has). Node A must still adopt its
+own X when its row is lost, never report B's bundles as forgotten, and a prune on A must take
+A's own least recently used bundle, not A's ready X because B's X is stale. Run on SQLite and
+PostgreSQL (the ``catalog_db`` parameter of ``fleet_url``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from cachesvc.catalog import utcnow
+from cachesvc.manager import CacheManager
+from tests.support.cache import make_checkpoint
+
+
+def test_reconcile_and_the_stale_sweep_see_only_their_own_node(
+    tmp_path: Path, open_node: Callable[..., CacheManager]
+) -> None:
+    a, b = open_node("node-a"), open_node("node-b")
+    shared, only_a, only_b = (
+        str(make_checkpoint(tmp_path / "models" / name, seed=seed))
+        for name, seed in (("shared", 61), ("only-a", 62), ("only-b", 63))
+    )
+    y = a.prepare(only_a).bundle_id  # A's least recently used bundle
+    x = a.prepare(shared).bundle_id
+    assert b.prepare(shared).bundle_id == x  # the same bundle, a row per node
+    z = b.prepare(only_b).bundle_id
+    b.catalog.set_stale(x, "built for a GPU this node no longer has")
+
+    # Reconcile on A: B's bundles are not A's to forget, and A's own X is adopted back.
+    a.catalog.forget_bundle(x)  # A's row lost (e.g. a catalog restored from an old backup)
+    report = a.reconcile()
+    assert x in report.adopted, report
+    assert z not in report.forgotten and x not in report.forgotten, report
+    assert a.get_bundle(x).state == "ready"
+    assert {(r.id, r.state) for r in b.list_bundles(node="node-b", limit=10).items} == {
+        (x, "stale"),
+        (z, "ready"),
+    }
+
+    a.catalog.touch(x, utcnow())  # X is A's most recently used bundle
+    # A prune on A frees one bundle's bytes: A's LRU one (Y), never A's ready X for B's stale X.
+    total = sum(r.size_bytes for r in a.list_bundles(node="node-a", limit=10).items)
+    result = a.prune(total - 1)
+    assert result.evicted == (y,), result
+    assert a.get_bundle(x).state == "ready"
+    assert (a.layout.root / a.get_bundle(x).path / "manifest.json").exists()
+    assert b.get_bundle(x).state == "stale"
