@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import FrameType
@@ -456,12 +456,9 @@ def make_pool(
     runtime: Runtime | None = None,
     metrics: MetricsState | None = None,
     engine_factory: EngineFactory | None = None,
-    default_names: Mapping[str, str] | None = None,
 ) -> ModelPool:
-    """The model pool over the catalog, with the startup model (``runtime``) adopted and kept;
-    ``default_names`` (name -> checkpoint) keep the default model's name on model-less runs."""
+    """The model pool over the catalog, with the startup model (``runtime``) adopted and kept."""
     source = CatalogModels(manager, max_slots=config.max_batch_size)
-    source.defaults.update(default_names or {})
     pool = ModelPool(
         source,
         handle_factory(config, engine_factory, metrics),
@@ -569,8 +566,8 @@ def serve(
     """Run ``cachesvc serve``: reconcile, prepare and load the startup model (if any), then serve
     the whole catalog until SIGTERM/SIGINT.
 
-    Without a model the catalog's ready bundles are served on demand; when the catalog has none
-    (a first run), ``default_model()`` names the model to prepare and keep loaded."""
+    Without a model, ``default_model()`` names the model to prepare (a hit after the first run)
+    and keep loaded, beside the catalog's other ready bundles, served on demand."""
     import uvicorn
 
     logging.basicConfig(
@@ -607,8 +604,7 @@ def serve(
         return 1
     metrics = MetricsState(manager)
     runtime: Runtime | None = None
-    default_names: dict[str, str] = {}
-    first_default = False
+    is_default = False
     try:
         report = manager.reconcile()
         log.info(
@@ -623,19 +619,17 @@ def serve(
             cleared = manager.clear()
             log.info("--clear-engine-cache: removed %d bundles", len(cleared.evicted))
         if config.model is None and default_model is not None:
+            # The default model is the startup model of every model-less run (the rest of the
+            # catalog is served too): it is loaded before /health/ready says 200, and the build
+            # flags given (--max-input-len, --speculative-config, ...) apply to its bundle (a
+            # cache hit when they name the profile it already has).
             model, name = default_model()
-            if not manager.list_bundles(state="ready", limit=1).items:
-                log.info("the catalog has no ready bundle: preparing the default model %s", model)
-                first_default = True
-                config = dataclasses.replace(
-                    config, model=model, served_model_name=config.served_model_name or name
-                )
-            else:
-                # Later runs serve the catalog; the default model keeps the name it had.
-                default_names[config.served_model_name or name] = model
+            log.info("no model given: serving the default model %s and the catalog", model)
+            is_default = True
+            config = dataclasses.replace(config, model=model,
+                                         served_model_name=config.served_model_name or name)
         if config.model is not None:
-            runtime = _load_startup_runtime(config, manager, engine_factory, metrics,
-                                            default=first_default)
+            runtime = _load_startup_runtime(config, manager, engine_factory, metrics, default=is_default)
     except (CacheError, ValueError, OSError, ImportError, AttributeError) as exc:
         log.error("cannot serve %s: %s", config.model or "the catalog", _describe(exc))
         manager.close()
@@ -646,7 +640,6 @@ def serve(
         runtime=runtime,
         metrics=metrics,
         engine_factory=engine_factory,
-        default_names=default_names,
     )
     app = create_app(config, manager, runtime=runtime, metrics=metrics, pool=pool, close_manager=True)
     server = _Server(

@@ -48,9 +48,6 @@ class CatalogModels:
         self.max_slots = max_slots
         #: name -> bundle id of the startup model (set by ``serve`` after it prepared it).
         self.startup: dict[str, str] = dict(startup or {})
-        #: name -> checkpoint of the default model on runs without a model argument, so the
-        #: name a first run served (``smollm2-135m-instruct``) keeps answering.
-        self.defaults: dict[str, str] = {}
 
     # -- resolution ----------------------------------------------------------------------------
 
@@ -63,11 +60,6 @@ class CatalogModels:
         bid = self.startup.get(name)
         if bid is not None:
             return self._ready(name, self._bundle(name, bid))
-        default = self.defaults.get(name)
-        if default is not None:
-            ref = self._latest(name, default)
-            if ref is not None:
-                return ref
         alias = next((a for a in self.manager.aliases() if a.name == name), None)
         if alias is not None:
             return self._alias(alias)
@@ -189,8 +181,6 @@ class CatalogModels:
         for name, bid in self.startup.items():
             if not _is_path(name):  # the model argument given as a directory
                 add(name, by_id.get(bid))
-        for name, model in self.defaults.items():
-            add(name, next((b for b in ready if b.model == model), None))
         for alias in self.manager.aliases():
             if alias.bundle_id is not None:
                 add(alias.name, by_id.get(alias.bundle_id))

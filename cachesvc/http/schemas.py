@@ -94,6 +94,8 @@ class ProfileOut(Struct, frozen=True):
     draft_digest: str | None = None
     builder_version: str = ""
     device_arch: str | None = None
+    #: The CPU class an int8/int4 CPU bundle was built for (its kernels depend on it).
+    cpu_class: str | None = None
 
 
 class BundleOut(Struct, frozen=True):

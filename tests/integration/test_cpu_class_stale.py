@@ -13,6 +13,7 @@ import pytest
 
 import inference.cpu_class as cpu
 from cachesvc.builders import OnnxRuntimeBuilder
+from cachesvc.cli import main as cli_main
 from cachesvc.errors import QualityGateError
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
@@ -46,7 +47,7 @@ def another_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
 
 
 def test_a_bundle_built_for_another_cpu_class_is_stale_refused_and_evicted_first(
-    demo: Path, tmp_path: Path, another_machine: object
+    demo: Path, tmp_path: Path, another_machine: object, capsys: pytest.CaptureFixture[str]
 ) -> None:
     here = cpu.cpu_class()
     # Random demo weights: what is tested is the keying, not how well they survive 8 bits.
@@ -58,6 +59,15 @@ def test_a_bundle_built_for_another_cpu_class_is_stale_refused_and_evicted_first
         info = manager.catalog.require_bundle(int8.bundle_id)
         assert info.profile["cpu_class"] == here and f"-{here.replace('-', '')}-int8-" in info.profile_name
         assert manager.catalog.require_bundle(fp32.bundle_id).profile["cpu_class"] is None
+        # The gate's figures are shown with the bundle (GET /admin/bundles/{id} returns this detail).
+        detail = manager.bundle_detail(int8.bundle_id)
+        assert detail.manifest is not None
+        quality = detail.manifest["engine"]["quality"]
+        assert quality["cpu_class"] == here and quality["prompts"] == 8
+        assert cli_main(["bundles", "show", int8.bundle_id, "--cache-dir", str(tmp_path / "cache")]) == 0
+        shown = capsys.readouterr().out
+        assert f"greedy agreement {quality['greedy_agreement']} with fp32" in shown
+        assert f"CPU class {here}" in shown
 
         moved_to = another_machine()  # type: ignore[operator]
         assert moved_to == "avx2" != here
