@@ -233,7 +233,9 @@ class _DecoderBuilder:
 
     def gqa_attention(self, q: str, k: str, v: str, q_norm: str | None, k_norm: str | None,
                       layer: int) -> str:
-        """q/k/v [B,S,heads*hd] -> [B,S,H*hd] via GroupQueryAttention; K/V buffers updated in place."""
+        """q/k/v [B,S,heads*hd] -> [B,S,H*hd] via GroupQueryAttention; K/V buffers updated in place.
+
+        ``k`` and ``v`` empty: ``q`` is the packed [q | k | v] of one fused projection."""
         cfg = self.cfg
         if q_norm is not None:
             q = self.head_norm(q, cfg.num_heads, q_norm)
@@ -287,30 +289,58 @@ class _DecoderBuilder:
             self.cos_full = self.em.op1("Unsqueeze", [self.em.op1("Concat", [cos_g, cos_g], axis=-1), axes])
             self.sin_full = self.em.op1("Unsqueeze", [self.em.op1("Concat", [sin_g, sin_g], axis=-1), axes])
 
+    def projections(self, x: str, prefix: str, parts: list[tuple[str, int]], in_dim: int,
+                    bias: bool, *, split: bool = True) -> list[str]:
+        """``x`` through several linear layers of the same input. In a quantized graph they run as
+        one MatMulNBits of the concatenated weights (one kernel call instead of several: the
+        step of a small model is dominated by per-op overhead), split afterwards unless
+        ``split`` is False (then one output, the parts side by side)."""
+        names = [f"{prefix}.{part}" for part, _ in parts]
+        if self.quant is None or not self.quant.fits(in_dim):
+            return [self.linear(x, name, n, in_dim, bias) for name, (_, n) in zip(names, parts, strict=True)]
+        sizes = [n for _, n in parts]
+        fused = self.quant.linear_group(
+            x, [(f"{name}.weight", n) for name, n in zip(names, sizes, strict=True)], in_dim,
+            lambda name, n: self.ckpt.get_f32(name, (n, in_dim)))
+        if bias:
+            vectors = [self.ckpt.get_f32(f"{name}.bias", (n,)) for name, n in zip(names, sizes, strict=True)]
+            fused_bias = self.em.weight(f"{names[0]}.fused_bias", np.concatenate(vectors))
+            fused = self.em.op1("Add", [fused, fused_bias])
+        if len(parts) == 1 or not split:
+            return [fused]
+        return self.em.op("Split", [fused, self.em.const(np.array(sizes, np.int64))], n_out=len(parts),
+                          axis=-1)
+
     def layer(self, x: str, i: int) -> str:
         cfg = self.cfg
         p = f"model.layers.{i}"
         hd, h, kvh = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
         normed = self.rms_norm(x, self.vector(f"{p}.input_layernorm.weight", cfg.hidden_size))
-        q = self.linear(normed, f"{p}.self_attn.q_proj", h * hd, cfg.hidden_size, cfg.attention_bias)
-        k = self.linear(normed, f"{p}.self_attn.k_proj", kvh * hd, cfg.hidden_size, cfg.attention_bias)
-        v = self.linear(normed, f"{p}.self_attn.v_proj", kvh * hd, cfg.hidden_size, cfg.attention_bias)
         q_norm = self.vector(f"{p}.self_attn.q_norm.weight", hd) if cfg.qk_norm else None
         k_norm = self.vector(f"{p}.self_attn.k_norm.weight", hd) if cfg.qk_norm else None
-        if self.gqa:
-            y = self.gqa_attention(q, k, v, q_norm, k_norm, i)
+        qkv = [("q_proj", h * hd), ("k_proj", kvh * hd), ("v_proj", kvh * hd)]
+        if self.gqa and self.quant is not None and not cfg.qk_norm and self.quant.fits(cfg.hidden_size):
+            # GroupQueryAttention takes the packed [q | k | v] as is: no split.
+            packed = self.projections(normed, f"{p}.self_attn", qkv, cfg.hidden_size, cfg.attention_bias,
+                                      split=False)[0]
+            y = self.gqa_attention(packed, "", "", None, None, i)
         else:
-            q4 = self.rope(self.heads(q, h, q_norm))
-            k4 = self.rope(self.heads(k, kvh, k_norm))
-            v4 = self.heads(v, kvh, None)
-            y = self.attention(q4, k4, v4, i)
-            y = self.em.op1("Transpose", [y], perm=[0, 2, 1, 3])
-            y = self.em.op1("Reshape", [y, self.em.const(np.array([0, 0, h * hd], dtype=np.int64))])
+            q, k, v = self.projections(normed, f"{p}.self_attn", qkv, cfg.hidden_size, cfg.attention_bias)
+            if self.gqa:
+                y = self.gqa_attention(q, k, v, q_norm, k_norm, i)
+            else:
+                q4 = self.rope(self.heads(q, h, q_norm))
+                k4 = self.rope(self.heads(k, kvh, k_norm))
+                v4 = self.heads(v, kvh, None)
+                y = self.attention(q4, k4, v4, i)
+                y = self.em.op1("Transpose", [y], perm=[0, 2, 1, 3])
+                y = self.em.op1("Reshape", [y, self.em.const(np.array([0, 0, h * hd], dtype=np.int64))])
         y = self.linear(y, f"{p}.self_attn.o_proj", cfg.hidden_size, h * hd, cfg.o_bias)
         x = self.em.op1("Add", [x, y])
         normed = self.rms_norm(x, self.vector(f"{p}.post_attention_layernorm.weight", cfg.hidden_size))
-        gate = self.linear(normed, f"{p}.mlp.gate_proj", cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
-        up = self.linear(normed, f"{p}.mlp.up_proj", cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
+        gate, up = self.projections(normed, f"{p}.mlp", [("gate_proj", cfg.intermediate_size),
+                                                         ("up_proj", cfg.intermediate_size)],
+                                    cfg.hidden_size, cfg.mlp_bias)
         act = self.em.op1("Mul", [self.em.op1("Mul", [gate, self.em.op1("Sigmoid", [gate])]), up])
         down = self.linear(act, f"{p}.mlp.down_proj", cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
         return self.em.op1("Add", [x, down])

@@ -31,6 +31,7 @@ float scale per block: ``w = (q - zero_point) * scale``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -170,6 +171,28 @@ class GgufBlocks:
         return None
 
 
+def _concat(weights: list[BlockWeight]) -> BlockWeight:
+    """Weights of the same input dimension as one, their rows (outputs) one after another."""
+    if len(weights) == 1:
+        return weights[0]
+    bits = weights[0].bits
+    if any(w.bits != bits for w in weights):
+        raise ValueError("cannot fuse weights of different bit widths")
+    kb = weights[0].codes.shape[1]
+    zero_points = None
+    if any(w.zero_points is not None for w in weights):  # the op's default (8 for 4 bits) spelled out
+        zero_points = np.concatenate([
+            w.zero_points if w.zero_points is not None else _packed_zero_points(8, w.codes.shape[0], kb)
+            for w in weights])
+    block_min = None
+    if any(w.block_min is not None for w in weights):
+        block_min = np.concatenate([
+            w.block_min if w.block_min is not None else np.zeros(w.scales.shape, np.float32)
+            for w in weights])
+    return BlockWeight(bits, np.concatenate([w.codes for w in weights]),
+                       np.concatenate([w.scales for w in weights]), zero_points, block_min)
+
+
 @dataclass(frozen=True)
 class Table8:
     """An 8-bit weight ``[n, k]`` written into the graph, in one of two layouts: ``codes`` (one
@@ -258,6 +281,23 @@ class QuantizedEmitter:
         """
         base = name.removesuffix(".weight")
         q = self._weight(name, n, k, load)
+        if q.bits == 8:
+            return self._table_matmul(x, self._table(base, q, "planes" if self.level == 0 else "codes"),
+                                      self.level)
+        y = self._matmul_nbits(x, self._store(base, q), n, k, 4, self.level)
+        if q.block_min is None:
+            return y
+        return self.em.op1("Add", [y, self._min_term(x, base, q, k)])
+
+    def linear_group(self, x: str, parts: list[tuple[str, int]], k: int,
+                     load: Callable[[str, int], np.ndarray]) -> str:
+        """``x @ [w1; w2; ...].T`` for checkpoint weights ``parts`` ((name, N) each, same K) as
+        one op: their blocks concatenated along N (``load(name, n)`` reads one as float32)."""
+        weights = [self._weight(name, n, k, functools.partial(load, name, n)) for name, n in parts]
+        base = parts[0][0].removesuffix(".weight") + "+" + "+".join(
+            name.rsplit(".", 2)[-2] for name, _ in parts[1:])
+        q = _concat(weights)
+        n = sum(size for _, size in parts)
         if q.bits == 8:
             return self._table_matmul(x, self._table(base, q, "planes" if self.level == 0 else "codes"),
                                       self.level)

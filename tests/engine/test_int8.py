@@ -12,7 +12,7 @@ import pytest
 from inference.runtime import generate, load_engine
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3", "mistral"])
 def test_int8_bundle_stays_close_to_fp32(
     family: str, hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]
 ) -> None:
