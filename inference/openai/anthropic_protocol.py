@@ -82,6 +82,8 @@ class _Conversation(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tool_choice: AnthropicToolChoice | None = None
     # As Ollama: seconds the model stays loaded after this request.
     keep_alive: float | None = None
+    # As vLLM's cache_salt on its OpenAI routes: cached prefixes shared only within one salt.
+    cache_salt: str | None = None
     # ``output_config.format`` (``json_schema``) constrains the output; ``effort`` has no effect.
     output_config: dict[str, Any] | None = None
     # Anthropic's reference, no effect here: prompt caching is automatic (context reuse), the

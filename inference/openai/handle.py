@@ -55,6 +55,8 @@ MAX_TOP_LOGPROBS = 20
 MAX_REPETITION_PENALTY = 10.0
 #: Most choices one request may ask for (``n``); they share one prefill of the prompt.
 MAX_N = 8
+#: Longest ``cache_salt``: a tenant id or a secret fits; it is hashed once per request.
+MAX_CACHE_SALT_CHARS = 1024
 #: Safety factor on the cheap "too long to tokenize" bound (normalizers may fold characters).
 _CHARS_MARGIN = 2
 #: ``apply_chat_template`` arguments a client may not override through ``chat_template_kwargs``.
@@ -138,6 +140,20 @@ def _schema_object(value: object, param: str) -> object:
     return value
 
 
+def _cache_salt(salt: str | None) -> str | None:
+    """vLLM's ``cache_salt``: a non-empty string of bounded length, or None."""
+    if salt is None:
+        return None
+    if not salt:
+        raise InvalidRequestError("cache_salt must be a non-empty string when given", param="cache_salt")
+    if len(salt) > MAX_CACHE_SALT_CHARS:
+        raise InvalidRequestError(
+            f"cache_salt has {len(salt)} characters; at most {MAX_CACHE_SALT_CHARS} are allowed",
+            param="cache_salt",
+        )
+    return salt
+
+
 def _stop_list(stop: str | list[str] | None) -> tuple[str, ...]:
     if stop is None:
         return ()
@@ -162,6 +178,8 @@ class _Plan:
     stream: bool
     include_usage: bool
     cache_prompt: bool = True
+    #: vLLM's ``cache_salt``: seeds the context cache's hash chain (None: unsalted).
+    cache_salt: str | None = None
     n: int = 1
     #: vLLM's ``ignore_eos``: end-of-sequence tokens do not end the choice.
     ignore_eos: bool = False
@@ -488,6 +506,7 @@ class ModelHandle:
             stream=req.stream,
             include_usage=include_usage,
             cache_prompt=req.cache_prompt,
+            cache_salt=_cache_salt(req.cache_salt),
             n=req.n,
             ignore_eos=req.ignore_eos,
         )
@@ -638,6 +657,7 @@ class ModelHandle:
                 cache_prompt=plan.cache_prompt,
                 prefix_from=reqs[0] if reqs else None,
                 speculative=constraint is None,
+                cache_salt=plan.cache_salt,
             )
             reqs.append(greq)
             sinks.append(sink)

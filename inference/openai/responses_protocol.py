@@ -93,6 +93,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     user: str | None = None
     # As Ollama: seconds the model stays loaded after this request.
     keep_alive: float | None = None
+    # As vLLM's cache_salt: cached prefixes shared only within one salt.
+    cache_salt: str | None = None
     background: bool | None = None
     conversation: Any = None
     prompt: Any = None
