@@ -187,7 +187,8 @@ class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
-    """``POST /v1/completions``. ``prompt``: a string, a list of one string, or token ids."""
+    """``POST /v1/completions``. ``prompt``: a string, a list of strings, a list of token ids or
+    a list of lists of token ids (several prompts: choices indexed prompt-major)."""
 
     prompt: str | list[str | int | list[int]]
     logprobs: int | None = None
