@@ -120,6 +120,22 @@ def test_defaults_reuse_context_and_cache_salt_separates_tenants(
         assert reused("tenant-a") > 64  # the same salt finds it
         assert reused("tenant-a", chat=True) == 0
         assert reused("tenant-a", chat=True) > 64  # chat: the same rule
+
+        def reused_via(route: str, body: dict[str, Any]) -> int:
+            before = server.health()["context_cache"]["tokens_reused"]
+            with server.http(timeout=60) as h:
+                r = h.post(route, json=body)
+                assert r.status_code == 200, r.text
+            after: int = server.health()["context_cache"]["tokens_reused"]
+            return after - before
+
+        # /v1/responses and /v1/messages run the chat path: their cache_salt is honoured too.
+        messages = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": PROMPT}]}
+        responses = {"model": MODEL, "max_output_tokens": 2, "input": PROMPT}
+        assert reused_via("/v1/messages", {**messages, "cache_salt": "tenant-c"}) == 0
+        assert reused_via("/v1/messages", {**messages, "cache_salt": "tenant-c"}) > 64
+        assert reused_via("/v1/responses", {**responses, "cache_salt": "tenant-d"}) == 0
+        assert reused_via("/v1/responses", {**responses, "cache_salt": "tenant-d"}) > 64
         for route, body in (
             ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1}),
             ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
