@@ -3,7 +3,8 @@
 
 A request holds every field of Anthropic's API reference (those without meaning here, such as
 ``metadata``, ``service_tier`` or ``cache_control``, are accepted with no effect: see
-``protocol.NO_EFFECT_FIELDS``) plus Ollama's ``keep_alive``; any other field is a 400 naming it.
+``protocol.NO_EFFECT_FIELDS``) plus Ollama's ``keep_alive`` and vLLM's ``cache_salt``; any other
+field is a 400 naming it.
 The endpoint (:mod:`inference.openai.messages`) checks what the types cannot.
 """
 
