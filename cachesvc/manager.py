@@ -655,7 +655,8 @@ class CacheManager:
                           ) -> CheckpointRemoval:
         """Remove a checkpoint from the cache: its catalog row, its files when they are the
         cache's own (a hub download or converted GGUF under ``checkpoints/``; a user's directory
-        is only forgotten) and, with ``with_bundles``, this node's bundles of it.
+        is only forgotten) and, with ``with_bundles``, this node's bundles of it (those built
+        from it and those that use it as their speculative draft).
 
         Refused (ConflictError, nothing changed) while a bundle of it is pinned or leased, when
         it has bundles and ``with_bundles`` is false, or when other nodes hold bundles of it

@@ -312,10 +312,12 @@ class Catalog:
             return info, r.node
 
     def checkpoint_bundles(self, digest: str) -> list[BundleInfo]:
-        """Every node's bundles built from checkpoint ``digest``."""
+        """Every node's bundles built from checkpoint ``digest``, or with it as their draft."""
         with self._read() as session:
             rows = session.scalars(
-                select(BundleRow).where(BundleRow.checkpoint_digest == digest).order_by(BundleRow.id)
+                select(BundleRow)
+                .where(or_(BundleRow.checkpoint_digest == digest, BundleRow.draft_digest == digest))
+                .order_by(BundleRow.id)
             ).all()
             return [_bundle_info(r) for r in rows]
 

@@ -246,3 +246,20 @@ def test_checkpoint_row_of_another_nodes_bundles_is_refused(
     assert body["reason"] == "other_nodes" and "other-node" in body["detail"]
     assert _state(client) == before
     shutil.rmtree(cache_dir.parent / "other-node-cache", ignore_errors=True)
+
+
+def test_a_draft_checkpoint_counts_the_bundles_that_use_it(
+    client: Client, manager: CacheManager, checkpoint: Path, tmp_path: Path
+) -> None:
+    draft = make_checkpoint(tmp_path / "models" / "draft", seed=7)
+    spec = ProfileRequest(max_input_len=128, speculative_method="draft_model", draft_model=str(draft))
+    target = manager.prepare(str(checkpoint), spec)
+    digest = manager.resolve(str(draft)).digest
+    ids = {b["id"] for b in client.get("/admin/bundles").json()["items"]}
+    assert target.bundle_id in ids and len(ids) == 2  # the target and its draft's own bundle
+    r = client.delete(f"/admin/checkpoints/{digest}")
+    assert r.status_code == 409 and "2 bundle(s)" in problem(r)["detail"], r.text
+    r = client.delete(f"/admin/checkpoints/{digest}", params={"with_bundles": "true"})
+    assert r.status_code == 200, r.text
+    assert set(r.json()["bundles_removed"]) == ids  # no target is left without its draft
+    assert client.get("/admin/bundles").json()["items"] == []
