@@ -69,7 +69,8 @@ class CompletionEndpoints(ModelHandle):
                 f"prompt lists {len(prompts)} prompts; at most {MAX_PROMPTS} are allowed per request",
                 param="prompt",
             )
-        if n_seqs > capacity:
+        if len(prompts) > 1 and n_seqs > capacity:
+            # One prompt's n choices keep the scheduler's answer (429 when they do not fit now).
             raise InvalidRequestError(
                 f"prompt lists {len(prompts)} prompts with n={req.n}: {n_seqs} sequences, more than "
                 f"this server runs or queues at once ({capacity}); send fewer prompts per request",
