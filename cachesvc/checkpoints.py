@@ -16,7 +16,9 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import struct
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -515,3 +517,70 @@ def _cached_selection(model: str, cache_dir: Path, revision: str | None) -> list
         # completeness either, so the generic patterns are as good as any.
         return list(HUB_ALLOW_PATTERNS)
     return select_hub_files(listing) or list(HUB_ALLOW_PATTERNS)
+
+
+# -- removal ----------------------------------------------------------------------------------
+
+
+def owned_checkpoint_path(checkpoints_dir: Path, path: Path) -> bool:
+    """Whether ``path`` is one of the cache's own checkpoints: strictly inside ``checkpoints_dir``
+    (hub downloads, converted GGUFs), reached without a symbolic link on the way.
+
+    A link anywhere from ``checkpoints_dir`` down could point at a user's files, so a path
+    through one is never ours; nor is anything outside (a user's local checkpoint directory).
+    """
+    top = Path(os.path.abspath(checkpoints_dir))
+    target = Path(os.path.abspath(path))
+    if target == top or not target.is_relative_to(top) or top.is_symlink():
+        return False
+    current = top
+    for part in target.relative_to(top).parts:
+        if part in ("", ".", ".."):
+            return False
+        current = current / part
+        if current.is_symlink():
+            return False
+    return True
+
+
+def remove_checkpoint_files(checkpoints_dir: Path, trash_dir: Path, path: Path) -> int:
+    """Delete one of the cache's own checkpoints (see :func:`owned_checkpoint_path`, which the
+    caller checks first); returns the bytes freed (0 when it is already gone).
+
+    A hub snapshot (``models--org--name/snapshots/<commit>``) is deleted with huggingface_hub's
+    own cache API, which frees the blobs no other revision uses and drops the repo folder when
+    it was the last revision; any other directory (a converted GGUF) is renamed into the
+    cache's trash (it vanishes at once) and then deleted.
+    """
+    if not owned_checkpoint_path(checkpoints_dir, path):
+        raise ValueError(f"{path} is not a checkpoint of this cache")
+    target = Path(os.path.abspath(path))
+    if not os.path.lexists(target):
+        return 0
+    parts = target.relative_to(Path(os.path.abspath(checkpoints_dir))).parts
+    if len(parts) == 3 and parts[0].startswith("models--") and parts[1] == "snapshots":
+        freed = _remove_hub_revision(checkpoints_dir, target, parts[2])
+        if freed is not None:
+            return freed
+    size = sum(
+        (Path(root) / name).lstat().st_size for root, _, names in os.walk(target) for name in names
+    )
+    trash_dir.mkdir(exist_ok=True)
+    aside = trash_dir / f"checkpoint-{target.name}-{uuid.uuid4().hex[:8]}"
+    os.rename(target, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+    return size
+
+
+def _remove_hub_revision(checkpoints_dir: Path, snapshot: Path, commit: str) -> int | None:
+    """Delete one revision of a hub repo in the cache; None when huggingface_hub does not list it."""
+    import huggingface_hub
+
+    info = huggingface_hub.scan_cache_dir(checkpoints_dir)
+    for repo in info.repos:
+        for revision in repo.revisions:
+            if Path(os.path.abspath(revision.snapshot_path)) == snapshot and revision.commit_hash == commit:
+                strategy = info.delete_revisions(commit)
+                strategy.execute()
+                return int(strategy.expected_freed_size)
+    return None

@@ -442,6 +442,20 @@ def cmd_checkpoints_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_checkpoints_rm(args: argparse.Namespace) -> int:
+    done = _manager(args).remove_checkpoint(args.ref, with_bundles=args.with_bundles)
+    if args.json:
+        emit_json(done)
+        return 0
+    if done.bundles_removed:
+        print(f"removed {len(done.bundles_removed)} bundle(s), freed {human_size(done.bundle_bytes)}")
+    if done.files_deleted:
+        print(f"removed checkpoint {done.digest[:16]} ({done.path}), freed {human_size(done.file_bytes)}")
+    else:
+        print(f"forgot checkpoint {done.digest[:16]}; its files at {done.path} are not the cache's and stay")
+    return 0
+
+
 def cmd_db_repair(args: argparse.Namespace) -> int:
     """Move an unreadable catalog aside, open a fresh one and re-adopt the bundles on disk."""
     from cachesvc.catalog import Catalog
@@ -720,6 +734,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = csub.add_parser("ls", help="list resolved checkpoints", parents=[cache_opts])
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_checkpoints_ls)
+    p = csub.add_parser(
+        "rm",
+        help="remove a checkpoint: its catalog row, and its files when the cache downloaded or "
+        "converted it (a local directory of yours is only forgotten)",
+        parents=[cache_opts],
+    )
+    p.add_argument("ref", metavar="ID|PATH", help="digest (or its first 8+ characters), path or model id")
+    p.add_argument(
+        "--with-bundles",
+        action="store_true",
+        help="also remove this node's idle bundles built from it (refused without it when it has some)",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_checkpoints_rm)
 
     models = sub.add_parser("models", help="served model names (aliases)")
     msub = models.add_subparsers(dest="models_command", metavar="COMMAND")

@@ -1,8 +1,11 @@
 """Launch configuration of ``cachesvc serve`` (and of the app): every flag, validated, frozen.
 
-The flags keep the names and defaults of the OpenAI-compatible server cachesvc replaces, so
-existing launch scripts keep working; a few flags of our own (``--catalog-url``,
-``--admin-api-key``, ``--backend``, ``--precision``) configure the cache and the builder.
+The flags keep the names of the OpenAI-compatible server cachesvc replaces, so existing launch
+scripts keep working, and its defaults except two that suit a server rather than a demo:
+``--max-batch-size`` is 4 (was 1) and context reuse is on (``--no-enable-context-reuse`` turns
+it off; ``--enable-context-reuse`` still parses). ``--help`` says why at each. A few flags of our
+own (``--catalog-url``, ``--admin-api-key``, ``--backend``, ``--precision``) configure the cache
+and the builder.
 
 Three ways in, one set of rules:
 
@@ -20,7 +23,7 @@ Every error is a :class:`cachesvc.errors.ConfigError` whose ``field`` is the CLI
 is not a number, a choice that does not exist, a value out of range) name the flag too:
 ``argument --port: must be an integer between 1 and 65535, got 0``. Rules that span several
 flags (``--max-input-len`` <= ``--max-kv-cache-capacity``, the context-cache flags needing
-``--enable-context-reuse``) are checked when the config is built.
+context reuse on) are checked when the config is built.
 
 Speculative decoding: ``--speculative-config`` is a JSON object with only the keys ``method``
 (required; eagle3, mtp, dflash, jetspec, dspark, ngram, draft_model), ``model`` (the draft
@@ -71,6 +74,7 @@ from inference.build_profile import (
     check_shape,
     check_shapes,
 )
+from inference.context_cache import DEFAULT_MAX_BYTES as DEFAULT_RECORD_POOL_BYTES
 from inference.openai.reasoning import REASONING_PARSER_CHOICES as REASONING_PARSERS
 from inference.openai.tool_parsers import TOOL_PARSER_CHOICES as TOOL_CALL_PARSERS
 
@@ -477,7 +481,8 @@ class ServeConfig:
     draft_step: int | None = None
     verify_tree_size: int | None = None
     speculative_config: SpeculativeConfig | None = None
-    enable_context_reuse: bool = False
+    # On by default, unlike the replaced server: see the "runtime" group of ``--help``.
+    enable_context_reuse: bool = True
     context_cache_max_records: int = 1024
     context_cache_recurrent_snapshot_pool_bytes: int = 0
     context_cache_partial_kv_snapshot_pool_bytes: int = 0
@@ -528,8 +533,9 @@ class ServeConfig:
                 if getattr(self, name) != default:
                     raise ConfigError(
                         flag_for(name),
-                        f"applies only with --enable-context-reuse (got {getattr(self, name)}, "
-                        f"default {default}); add --enable-context-reuse or drop {flag_for(name)}",
+                        f"applies only with context reuse (got {getattr(self, name)}, default "
+                        f"{default}), which --no-enable-context-reuse turns off; drop "
+                        f"--no-enable-context-reuse or drop {flag_for(name)}",
                     )
 
     def __repr__(self) -> str:
@@ -790,7 +796,13 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
         choices=PRECISION_CHOICES,
     )
     _add(build, "max_input_len", "longest prompt in tokens (<= --max-kv-cache-capacity)")
-    _add(build, "max_batch_size", "sequences decoded together")
+    _add(
+        build,
+        "max_batch_size",
+        "sequences decoded together; 4, not the replaced server's 1, so concurrent clients "
+        "share decode steps instead of queueing (llama-server also picks 4 slots; vLLM's 256 "
+        "suits a GPU, not a CPU)",
+    )
     _add(build, "max_kv_cache_capacity", "KV cache tokens per sequence (prompt + generated)")
     _add(
         build,
@@ -822,17 +834,28 @@ def add_serve_arguments(parser: argparse.ArgumentParser, *, include_http: bool =
 
     runtime = parser.add_argument_group("runtime")
     _add(runtime, "clear_engine_cache", "remove all idle engine bundles at startup", action="store_true")
-    _add(runtime, "enable_context_reuse", "reuse cached prompt prefixes across requests", action="store_true")
-    _add(runtime, "context_cache_max_records", "prefix records kept (needs --enable-context-reuse)")
+    _add(
+        runtime,
+        "enable_context_reuse",
+        "reuse cached prompt prefixes across requests (default: on; --no-enable-context-reuse "
+        "turns it off). The replaced server kept it off; on matches llama-server's prompt cache "
+        "and vLLM's prefix caching, and outputs are identical either way. A request's cache_salt "
+        "keeps its prefixes from other tenants (the time to first token shows a cache hit)",
+        show_default=False,
+        action=argparse.BooleanOptionalAction,
+    )
+    _add(runtime, "context_cache_max_records", "prefix records kept (64-token KV blocks, LRU)")
     _add(
         runtime,
         "context_cache_recurrent_snapshot_pool_bytes",
-        "bytes for recurrent-state snapshots (needs --enable-context-reuse)",
+        "bytes for recurrent-state snapshots (no effect on attention-only models)",
     )
     _add(
         runtime,
         "context_cache_partial_kv_snapshot_pool_bytes",
-        "bytes for partial KV-block snapshots (needs --enable-context-reuse)",
+        f"bytes of KV the prefix records may hold; 0 = {DEFAULT_RECORD_POOL_BYTES >> 20} MiB "
+        "(llama-server's --cache-ram defaults to 8 GiB; this default keeps a default server "
+        "on a small machine within a few GiB)",
     )
     if not include_http:
         return

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -39,7 +40,14 @@ from cachesvc.builders import (
 )
 from cachesvc.catalog import Catalog, default_catalog_url, utcnow
 from cachesvc.catalog.fleet import FleetCatalog
-from cachesvc.checkpoints import ResolvedCheckpoint, is_hub_id, looks_like_path, resolve_checkpoint
+from cachesvc.checkpoints import (
+    ResolvedCheckpoint,
+    is_hub_id,
+    looks_like_path,
+    owned_checkpoint_path,
+    remove_checkpoint_files,
+    resolve_checkpoint,
+)
 from cachesvc.crashpoints import crash_point
 from cachesvc.errors import (
     BuildError,
@@ -47,10 +55,12 @@ from cachesvc.errors import (
     CatalogUnavailableError,
     CheckpointError,
     ConfigError,
+    ConflictError,
     CorruptBundleError,
     InsufficientStorageError,
     LeasedError,
     NotFoundError,
+    PinnedError,
 )
 from cachesvc.eviction import Evictor
 from cachesvc.gguf_checkpoints import GGUF_SUFFIX, local_gguf, split_hub_gguf
@@ -66,6 +76,7 @@ from cachesvc.records import (
     CacheStats,
     CatalogState,
     CheckpointInfo,
+    CheckpointRemoval,
     EventInfo,
     EvictionPlan,
     EvictionResult,
@@ -660,6 +671,110 @@ class CacheManager:
     def list_checkpoints(self) -> list[CheckpointInfo]:
         """Resolved checkpoints with their bundle ids."""
         return self.catalog.list_checkpoints()
+
+    def find_checkpoint(self, ref: str, *, by_path: bool = True) -> CheckpointInfo:
+        """The catalog's checkpoint named by ``ref``: its digest or a unique prefix of it (at least
+        8 hex characters) or, with ``by_path``, its path or the model string it was resolved
+        from. NotFoundError when none matches; ConfigError (field ``checkpoint``) when a prefix
+        matches several."""
+        wanted = ref.strip()
+        known = self.catalog.list_checkpoints()
+        if re.fullmatch(r"[0-9a-f]{8,64}", wanted):
+            matches = [c for c in known if c.digest.startswith(wanted)]
+            if len(matches) == 1:
+                return matches[0]
+            if len(matches) > 1:
+                raise ConfigError(
+                    "checkpoint",
+                    f"{wanted!r} is the start of {len(matches)} checkpoint digests; give more characters",
+                )
+        if by_path and wanted:
+            as_path = os.path.abspath(os.path.expanduser(wanted))
+            for c in known:
+                if wanted.rstrip("/") == c.source.rstrip("/") or as_path == os.path.abspath(c.path):
+                    return c
+        raise NotFoundError(
+            f"no checkpoint {ref!r} in the catalog (`cachesvc checkpoints ls` / GET /admin/checkpoints "
+            "list them by digest)"
+        )
+
+    def remove_checkpoint(self, ref: str, *, with_bundles: bool = False, by_path: bool = True
+                          ) -> CheckpointRemoval:
+        """Remove a checkpoint from the cache: its catalog row, its files when they are the
+        cache's own (a hub download or converted GGUF under ``checkpoints/``; a user's directory
+        is only forgotten) and, with ``with_bundles``, this node's bundles of it (those built
+        from it and those that use it as their speculative draft).
+
+        Refused (ConflictError, nothing changed) while a bundle of it is pinned or leased, when
+        it has bundles and ``with_bundles`` is false, or when other nodes hold bundles of it
+        (their files are on their disks: remove those there first). Events: ``evict`` (reason
+        ``manual``) per bundle, then ``checkpoint_rm`` with the bytes deleted.
+        """
+        ckpt = self.find_checkpoint(ref, by_path=by_path)
+        digest, short = ckpt.digest, ckpt.digest[:16]
+        bundles = self.catalog.checkpoint_bundles(digest)
+        mine = [b for b in bundles if b.node == self.node]
+        others = sorted({b.node for b in bundles if b.node != self.node})
+        pinned = [b.id for b in mine if b.pinned]
+        if pinned:
+            raise PinnedError(
+                f"checkpoint {short} has {len(pinned)} pinned bundle(s) ({', '.join(pinned)}); "
+                "unpin them first (`cachesvc bundles unpin ID`)"
+            )
+        leased = [b.id for b in mine if self.store.locks.is_locked(b.id)]
+        if leased:
+            holders = [h for bid in leased for h in self.holders(bid)]
+            who = ", ".join(f"pid {h.pid} on {h.host}" for h in holders) or "another process"
+            raise LeasedError(
+                f"checkpoint {short} has bundle(s) in use ({', '.join(leased)}) by {who}; "
+                "stop serving them first",
+                holders=[{"pid": h.pid, "host": h.host, "since": h.since} for h in holders],
+            )
+        if others:
+            raise ConflictError(
+                f"checkpoint {short} has bundles on other nodes ({', '.join(others)}); remove them "
+                "there first (a node only deletes files on its own disk)",
+                reason="other_nodes",
+            )
+        if mine and not with_bundles:
+            raise ConflictError(
+                f"checkpoint {short} has {len(mine)} bundle(s) ({', '.join(b.id for b in mine)}); "
+                "remove them with it: --with-bundles (CLI) or ?with_bundles=true (HTTP)",
+                reason="has_bundles",
+            )
+        removed: list[str] = []
+        bundle_bytes = 0
+        for b in mine:
+            # Re-checks pin and lease under the bundle's exclusive lock (a lease may have
+            # started since): a conflict stops here with the checkpoint row still in place.
+            bundle_bytes += self.evictor.remove(b.id)
+            removed.append(b.id)
+        row = self.catalog.checkpoint_row(digest)
+        owned = (
+            row is not None
+            and row[1] == self.node
+            and owned_checkpoint_path(self.layout.checkpoints, ckpt.path)
+        )
+        file_bytes = 0
+        if owned:
+            try:
+                file_bytes = remove_checkpoint_files(self.layout.checkpoints, self.layout.trash, ckpt.path)
+            except OSError as exc:
+                raise CacheError(f"could not delete checkpoint {short} at {ckpt.path}: {exc}") from exc
+            detail = f"deleted {ckpt.path}"
+        else:
+            detail = f"forgotten; files at {ckpt.path} left in place (not the cache's own)"
+        self.catalog.delete_checkpoint(digest, nbytes=file_bytes, detail=detail)
+        log.info("checkpoint %s removed (%s; %d bundle(s))", short, detail, len(removed))
+        return CheckpointRemoval(
+            digest=digest,
+            source=ckpt.source,
+            path=ckpt.path,
+            bundles_removed=tuple(removed),
+            bundle_bytes=bundle_bytes,
+            files_deleted=owned,
+            file_bytes=file_bytes,
+        )
 
     def events(
         self,

@@ -25,6 +25,8 @@ EVENT_KINDS = (
     "reconcile",
     "load",
     "unload",
+    # A checkpoint removed (``cachesvc checkpoints rm``): its row, and its files when ours.
+    "checkpoint_rm",
 )
 #: Why a serving process unloaded an engine (the ``reason`` of ``unload`` events).
 UNLOAD_REASONS = ("idle", "memory", "admin", "evict", "shutdown")
@@ -98,6 +100,22 @@ class CheckpointInfo:
     file_count: int
     resolved_at: datetime
     bundle_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckpointRemoval:
+    """What ``checkpoints rm`` did: the catalog row is gone; files only when they were ours."""
+
+    digest: str
+    source: str
+    path: Path
+    #: This node's bundles of the checkpoint removed with it (``with_bundles``), and their bytes.
+    bundles_removed: tuple[str, ...]
+    bundle_bytes: int
+    #: True when the files were the cache's own (downloaded or converted under ``checkpoints/``)
+    #: and were deleted; False when the checkpoint was only forgotten (a user's directory).
+    files_deleted: bool
+    file_bytes: int
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,10 @@ BACKEND_SPECULATIVE_METHODS: dict[str, tuple[str, ...]] = {
 }
 
 DEFAULT_MAX_INPUT_LEN = 4096
-DEFAULT_MAX_BATCH_SIZE = 1
+#: Sequences decoded together. 4, not the replaced server's 1: our users are apps and fleets
+#: with concurrent clients, and llama-server also picks 4 slots on its own defaults. KV pages
+#: are committed only as positions are written, so idle slots cost address space, not memory.
+DEFAULT_MAX_BATCH_SIZE = 4
 DEFAULT_MAX_KV_CACHE_CAPACITY = 8192
 #: Upper bounds keep absurd values out before they reach a builder (and keep int64 in range).
 MAX_TOKENS_LIMIT = 1_048_576

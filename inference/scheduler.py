@@ -16,7 +16,9 @@ and its complete 64-token blocks as records in the store. A new request takes th
 whose content shares the longest prefix with its prompt (token granular: the slot is truncated
 to it), then extends that prefix with records copied back block by block, and prefills only
 the rest. At least the last prompt token is always prefilled (its logits pick the first token).
-Requests with ``cache_prompt=False`` neither reuse nor leave anything behind. Outputs are the
+Requests with ``cache_prompt=False`` neither reuse nor leave anything behind; a request's
+``cache_salt`` seeds the records' hash chain and tags its slot, so only requests with the same
+salt reuse what it left. Outputs are the
 same with and without reuse (the KV is the same numbers; see the tests).
 
 Speculative decoding (when a :data:`~inference.speculative.ProposerFactory` is given and the
@@ -155,6 +157,8 @@ class GenerationRequest:
     prefix_from: GenerationRequest | None = None
     # False: never decoded speculatively (constraints that must process every token's logits).
     speculative: bool = True
+    # vLLM's cache_salt: cached prefixes are shared only between requests with the same salt.
+    cache_salt: str | None = None
 
 
 @dataclass(eq=False)
@@ -209,6 +213,8 @@ class Scheduler:
         self._kv: KVEngine | None = engine if self._store is not None else None  # type: ignore[assignment]
         # Per slot: the tokens whose KV the slot holds, when that KV may serve other requests.
         self._slot_tokens: list[list[int]] = [[] for _ in range(self.max_batch_size)]
+        # Per slot: the cache_salt of the request that left that KV (only the same salt reuses it).
+        self._slot_salt: list[str | None] = [None] * self.max_batch_size
         # n choices of one prompt share its prefill by copying KV between slots.
         self._fork_kv: KVEngine | None = engine if isinstance(engine, KVEngine) else None
         self._proposer: Proposer | None = None
@@ -332,6 +338,8 @@ class Scheduler:
             return lowest
         best, best_len = lowest, self._store.block_tokens - 1
         for slot in self._free_slots:
+            if self._slot_salt[slot] != req.cache_salt:
+                continue
             n = _common_prefix(self._slot_tokens[slot], req.prompt_ids, len(req.prompt_ids) - 1)
             if n > best_len or (n == best_len and slot < best):
                 best, best_len = slot, n
@@ -346,11 +354,15 @@ class Scheduler:
             self._slot_tokens[slot] = []
             self._engine.reset(slot)
             return
+        salt = run.req.cache_salt
         held = self._slot_tokens[slot][: kv.slot_length(slot)]  # the engine may have emptied it
+        if self._slot_salt[slot] != salt:
+            held = []  # another tenant's KV: never reused, only overwritten
+        self._slot_salt[slot] = salt
         limit = len(prompt) - 1  # the last prompt token is always prefilled
         reused = _common_prefix(held, prompt, limit)
         block = store.block_tokens
-        keys = store.block_keys(prompt[: (limit // block) * block])
+        keys = store.block_keys(prompt[: (limit // block) * block], salt)
         found = store.fetch(keys, prompt, reused // block)
         start = (reused // block) * block
         if found and start + len(found) * block > reused:
@@ -374,7 +386,7 @@ class Scheduler:
         tokens = self._slot_tokens[run.slot]
         block = store.block_tokens
         try:
-            for i, key in enumerate(store.block_keys(tokens)):
+            for i, key in enumerate(store.block_keys(tokens, run.req.cache_salt)):
                 if not store.touch(key):
                     records = kv.export_kv(run.slot, i * block, block)
                     store.insert(key, tokens[i * block:(i + 1) * block], records)
@@ -528,6 +540,7 @@ class Scheduler:
             run.prefilled = n
             if self._store is not None:
                 self._slot_tokens[run.slot] = list(prompt[:n])
+                self._slot_salt[run.slot] = run.req.cache_salt
 
     def _decode(self, runs: list[_Running]) -> None:
         batch: list[_Running] = []

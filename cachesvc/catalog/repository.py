@@ -334,6 +334,46 @@ class Catalog:
                 for r in rows
             ]
 
+    def checkpoint_row(self, digest: str) -> tuple[CheckpointInfo, str] | None:
+        """One checkpoint (without bundle ids) and the node whose disk its path is on, or None."""
+        with self._read() as session:
+            r = session.get(CheckpointRow, digest)
+            if r is None:
+                return None
+            info = CheckpointInfo(
+                digest=r.digest,
+                source=r.source,
+                path=Path(r.path),
+                size_bytes=r.size_bytes,
+                file_count=r.file_count,
+                resolved_at=r.resolved_at,
+            )
+            return info, r.node
+
+    def checkpoint_bundles(self, digest: str) -> list[BundleInfo]:
+        """Every node's bundles built from checkpoint ``digest``, or with it as their draft."""
+        with self._read() as session:
+            rows = session.scalars(
+                select(BundleRow)
+                .where(or_(BundleRow.checkpoint_digest == digest, BundleRow.draft_digest == digest))
+                .order_by(BundleRow.id)
+            ).all()
+            return [_bundle_info(r) for r in rows]
+
+    def delete_checkpoint(self, digest: str, *, nbytes: int, detail: str) -> bool:
+        """Forget checkpoint ``digest`` (its files are the caller's business); a ``checkpoint_rm``
+        event with the bytes deleted and what happened to the files. False when it was gone."""
+        with self._tx() as session:
+            row = session.get(CheckpointRow, digest, with_for_update=True)
+            if row is None:
+                return False
+            self._add_event(
+                session, "checkpoint_rm", checkpoint_digest=digest, model=row.source, nbytes=nbytes,
+                detail=detail,
+            )
+            session.delete(row)
+            return True
+
     def checkpoint_count(self) -> int:
         """Number of resolved checkpoints."""
         with self._read() as session:

@@ -33,6 +33,7 @@ from cachesvc.http.schemas import (
     BundleOut,
     BundleState,
     CheckpointListOut,
+    CheckpointRemovalOut,
     ClearRequest,
     EventKind,
     EventListOut,
@@ -408,6 +409,37 @@ def list_checkpoints(manager: Manager) -> CheckpointListOut:
     return to_body({"items": manager.list_checkpoints()}, CheckpointListOut)
 
 
+CheckpointId = Annotated[
+    str,
+    PathParameter(
+        min_length=1, max_length=128, description="Checkpoint digest, or its first 8 or more characters"
+    ),
+]
+
+
+@delete(
+    "/checkpoints/{checkpoint_id:str}",
+    status_code=200,
+    sync_to_thread=True,
+    operation_id="removeCheckpoint",
+    tags=["checkpoints"],
+    responses=problem_responses(400, 404, 409),
+)
+def remove_checkpoint(
+    manager: Manager,
+    checkpoint_id: CheckpointId,
+    with_bundles: Annotated[
+        bool, QueryParameter(description="also remove this node's idle bundles built from it")
+    ] = False,
+) -> CheckpointRemovalOut:
+    """Remove a checkpoint: its catalog row, and its files when the cache downloaded or converted
+    them (a local directory outside the cache is only forgotten). 409 while a bundle of it is
+    leased or pinned, when it has bundles and ``with_bundles`` is not true, or when other nodes
+    hold bundles of it; 404 for an unknown id."""
+    done = manager.remove_checkpoint(checkpoint_id, with_bundles=with_bundles, by_path=False)
+    return to_body(done, CheckpointRemovalOut)
+
+
 async def _reject_deep_json(request: Request) -> None:
     """``before_request``: 400 for a body nested too deep (msgspec would raise RecursionError)."""
     if not has_body(request.headers):
@@ -435,6 +467,7 @@ def admin_router(*, admin_api_key: str | None, model_roots: tuple[Path, ...] | N
             get_stats,
             list_events,
             list_checkpoints,
+            remove_checkpoint,
             *FLEET_HANDLERS,
         ],
         guards=[admin_guard(admin_api_key)],

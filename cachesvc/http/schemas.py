@@ -44,6 +44,7 @@ EventKind = Literal[
     "reconcile",
     "load",
     "unload",
+    "checkpoint_rm",
 ]
 EvictReason = Literal["lru", "manual", "clear", "stale", "corrupt"]
 BuildState = Literal["queued", "running", "done", "failed"]
@@ -372,6 +373,19 @@ class CheckpointListOut(Struct, frozen=True):
     """Every resolved checkpoint."""
 
     items: list[CheckpointOut]
+
+
+class CheckpointRemovalOut(Struct, frozen=True):
+    """What removing a checkpoint did: its row is gone; ``files_deleted`` says whether its files
+    were the cache's own and deleted (else only forgotten); bundles removed with it."""
+
+    digest: str
+    source: str
+    path: str
+    bundles_removed: list[str]
+    bundle_bytes: int
+    files_deleted: bool
+    file_bytes: int
 
 
 class Problem(Struct, frozen=True, omit_defaults=True):

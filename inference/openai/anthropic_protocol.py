@@ -3,7 +3,8 @@
 
 A request holds every field of Anthropic's API reference (those without meaning here, such as
 ``metadata``, ``service_tier`` or ``cache_control``, are accepted with no effect: see
-``protocol.NO_EFFECT_FIELDS``) plus Ollama's ``keep_alive``; any other field is a 400 naming it.
+``protocol.NO_EFFECT_FIELDS``) plus Ollama's ``keep_alive`` and vLLM's ``cache_salt``; any other
+field is a 400 naming it.
 The endpoint (:mod:`inference.openai.messages`) checks what the types cannot.
 """
 
@@ -82,6 +83,8 @@ class _Conversation(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tool_choice: AnthropicToolChoice | None = None
     # As Ollama: seconds the model stays loaded after this request.
     keep_alive: float | None = None
+    # As vLLM's cache_salt on its OpenAI routes: cached prefixes shared only within one salt.
+    cache_salt: str | None = None
     # ``output_config.format`` (``json_schema``) constrains the output; ``effort`` has no effect.
     output_config: dict[str, Any] | None = None
     # Anthropic's reference, no effect here: prompt caching is automatic (context reuse), the

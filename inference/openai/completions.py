@@ -1,4 +1,4 @@
-"""``/v1/completions`` on one model's handle: prompt (text or token ids) -> response or SSE."""
+"""``/v1/completions`` on one model's handle: prompt(s) (text or token ids) -> response or SSE."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ from inference.openai.errors import (
     error_body,
 )
 from inference.openai.handle import (
+    _CHARS_MARGIN,
     _DONE,
+    MAX_PROMPT_LIST_TOKENS,
+    MAX_PROMPTS,
     MAX_TOP_LOGPROBS,
     ModelHandle,
     _closing,
@@ -41,38 +44,106 @@ __all__ = ["CompletionEndpoints"]
 class CompletionEndpoints(ModelHandle):
     """``POST /v1/completions``."""
 
-    async def _completion_prompt(self, req: CompletionRequest) -> tuple[list[int], str]:
+    def _prompt_list(self, req: CompletionRequest) -> list[str | list[int]]:
+        """``prompt`` in each form OpenAI accepts, as a list of prompts: a string, a list of
+        strings, a list of token ids (one prompt), or a list of lists of token ids."""
         prompt = req.prompt
         if isinstance(prompt, str):
-            return await self._encode(prompt, add_special_tokens=True, param="prompt"), prompt
-        if len(prompt) == 1 and isinstance(prompt[0], str):
-            return await self._encode(prompt[0], add_special_tokens=True, param="prompt"), prompt[0]
-        if len(prompt) > self.options.max_input_len or (
-            len(prompt) == 1 and isinstance(prompt[0], list) and len(prompt[0]) > self.options.max_input_len
-        ):
-            n = len(prompt) if len(prompt) > 1 else len(prompt[0])  # type: ignore[arg-type]
-            raise ContextLengthExceededError(
-                f"the prompt has {n} tokens; this model accepts at most {self.options.max_input_len} "
-                "input tokens",
-                param="prompt",
-            )
-        if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = [int(t) for t in prompt]  # type: ignore[arg-type]
-        elif len(prompt) == 1 and isinstance(prompt[0], list):
-            ids = list(prompt[0])
+            return [prompt]
+        if not prompt:
+            raise InvalidRequestError("prompt must not be an empty list", param="prompt")
+        if all(isinstance(p, int) for p in prompt):
+            return [[int(t) for t in prompt]]  # type: ignore[arg-type]
+        if all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
+            prompts: list[str | list[int]] = list(prompt)  # type: ignore[arg-type]
         else:
             raise InvalidRequestError(
-                "prompt must be a string, a list with exactly one string, or a list of token ids "
-                "(batched prompts are not supported)",
+                "prompt must be a string, a list of strings, a list of token ids or a list of lists "
+                "of token ids; a list may not mix these",
                 param="prompt",
             )
-        for t in ids:
-            if not 0 <= t < self._vocab_size:
-                raise InvalidRequestError(f"prompt token id {t} is outside the vocabulary", param="prompt")
-        return ids, await asyncio.to_thread(self.tokenizer.decode, ids)
+        n_seqs = len(prompts) * req.n
+        capacity = self._scheduler.max_batch_size + self._scheduler.max_queued_requests
+        if len(prompts) > MAX_PROMPTS:
+            raise InvalidRequestError(
+                f"prompt lists {len(prompts)} prompts; at most {MAX_PROMPTS} are allowed per request",
+                param="prompt",
+            )
+        if len(prompts) > 1 and n_seqs > capacity:
+            # One prompt's n choices keep the scheduler's answer (429 when they do not fit now).
+            raise InvalidRequestError(
+                f"prompt lists {len(prompts)} prompts with n={req.n}: {n_seqs} sequences, more than "
+                f"this server runs or queues at once ({capacity}); send fewer prompts per request",
+                param="prompt",
+            )
+        return prompts
+
+    async def _completion_prompts(self, req: CompletionRequest) -> list[tuple[list[int], str]]:
+        """Every prompt of the request as (token ids, text), checked: each within the model's
+        input length and vocabulary, all together within :data:`MAX_PROMPT_LIST_TOKENS`."""
+        prompts = self._prompt_list(req)
+        limit = self.options.max_input_len
+        texts = [p for p in prompts if isinstance(p, str)]
+        if len(prompts) > 1:
+            # Refuse before tokenizing: the cost of a len(), not seconds of work.
+            chars = sum(len(t) for t in texts)
+            budget = MAX_PROMPT_LIST_TOKENS * self.tokenizer.max_token_chars * _CHARS_MARGIN
+            if chars > budget:
+                raise InvalidRequestError(
+                    f"prompt lists {chars} characters, more than {MAX_PROMPT_LIST_TOKENS} tokens can "
+                    f"hold over all prompts (at most {budget} characters); send fewer or shorter prompts",
+                    param="prompt",
+                )
+        for i, p in enumerate(prompts):
+            where = f"prompt[{i}]" if len(prompts) > 1 else "prompt"
+            if isinstance(p, str):
+                self._check_text_length(len(p), "prompt")
+            elif len(p) > limit:
+                raise ContextLengthExceededError(
+                    f"{where} has {len(p)} tokens; this model accepts at most {limit} input tokens",
+                    param="prompt",
+                )
+            elif not p:
+                raise InvalidRequestError(f"{where} is empty", param="prompt")
+        encoded = await asyncio.gather(
+            *(
+                asyncio.to_thread(self.tokenizer.encode, p, add_special_tokens=True)
+                for p in texts
+            )
+        )
+        out: list[tuple[list[int], str]] = []
+        by_text = iter(encoded)
+        for p in prompts:
+            if isinstance(p, str):
+                out.append((next(by_text), p))
+                continue
+            for t in p:
+                if not 0 <= t < self._vocab_size:
+                    raise InvalidRequestError(
+                        f"prompt token id {t} is outside the vocabulary", param="prompt"
+                    )
+            out.append((p, ""))
+        total = sum(len(ids) for ids, _ in out)
+        if total > MAX_PROMPT_LIST_TOKENS:
+            raise InvalidRequestError(
+                f"prompt lists {total} tokens over {len(out)} prompts; at most {MAX_PROMPT_LIST_TOKENS} "
+                "are allowed per request",
+                param="prompt",
+            )
+        # Token-id prompts are decoded for echo only (text prompts keep their own text).
+        decoded = await asyncio.gather(
+            *(asyncio.to_thread(self.tokenizer.decode, ids) for ids, text in out if not text and req.echo)
+        )
+        texts_out = iter(decoded)
+        return [(ids, text or (next(texts_out) if req.echo else "")) for ids, text in out]
 
     async def create_completion(self, req: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
         """``POST /v1/completions``: a response, or an iterator of SSE data strings.
+
+        ``prompt`` may list several prompts (strings, or lists of token ids): their choices are
+        submitted together (the scheduler batches them) and indexed as OpenAI does, prompt-major:
+        choice ``j`` of prompt ``i`` is ``index = i * n + j``; ``usage`` counts every prompt once
+        and sums the completions.
 
         ``echo`` puts the prompt text before each choice's text; with ``logprobs`` the prompt's
         tokens are listed too, with ``null`` logprobs (the engine computes logits for the last
@@ -93,25 +164,36 @@ class CompletionEndpoints(ModelHandle):
         fmt = req.response_format
         taken = "response_format" if fmt is not None and fmt.type != "text" else None
         grammar = await self._guided_grammar(req, taken) or await self._response_format_grammar(fmt)
-        ids, text = await self._completion_prompt(req)
-        plan = self._plan(
-            req,
-            prompt_ids=ids,
-            prompt_text=text,
-            prompt_param="prompt",
-            max_tokens=req.max_tokens,
-            max_tokens_param="max_tokens",
-            top_logprobs=req.logprobs,
-        )
-        echo = _Echo(text, self._prompt_logprobs(ids) if plan.want_logprobs else None) if req.echo else None
+        prompts = await self._completion_prompts(req)
+        plans = [
+            self._plan(
+                req,
+                prompt_ids=ids,
+                prompt_text=text,
+                prompt_param="prompt",
+                max_tokens=req.max_tokens,
+                max_tokens_param="max_tokens",
+                top_logprobs=req.logprobs,
+            )
+            for ids, text in prompts
+        ]
+        plan = plans[0]
+        echoes: list[_Echo | None] = []
+        for p in plans:
+            echo = None
+            if req.echo:
+                echo = _Echo(p.prompt_text, self._prompt_logprobs(p.prompt_ids) if p.want_logprobs else None)
+            echoes += [echo] * p.n
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        runs = self._submit(plan, await self._constraints(grammar, plan.n))
+        groups = self._submit_many([(p, await self._constraints(grammar, p.n)) for p in plans])
+        runs = [run for group in groups for run in group]  # prompt-major: index = i * n + j
         if plan.stream:
             firsts = await self._first(runs)
-            return _closing(runs, self._completion_stream(runs, firsts, plan, rid, created, req.model, echo))
+            stream = self._completion_stream(runs, firsts, plan, rid, created, req.model, echoes)
+            return _closing(runs, stream)
         choices: list[CompletionChoice] = []
         outcomes = await self._collect_all(runs)
-        for index, (text_out, lps, last) in enumerate(outcomes):
+        for index, ((text_out, lps, last), echo) in enumerate(zip(outcomes, echoes, strict=True)):
             logprobs = None
             if plan.want_logprobs:
                 logprobs = _completion_logprobs(lps, len(echo.text) if echo else 0)
@@ -125,7 +207,7 @@ class CompletionEndpoints(ModelHandle):
                     logprobs=logprobs,
                 )
             )
-        usage = _usage(*(last for _, _, last in outcomes))
+        usage = _usage(*(last for _, _, last in outcomes), n=plan.n)
         return CompletionResponse(id=rid, created=created, model=req.model, choices=choices, usage=usage)
 
     def _prompt_logprobs(self, ids: Sequence[int]) -> CompletionLogprobs:
@@ -151,17 +233,17 @@ class CompletionEndpoints(ModelHandle):
         rid: str,
         created: int,
         model: str,
-        echo: _Echo | None,
+        echoes: Sequence[_Echo | None],
     ) -> AsyncIterator[str]:
         def chunk(index: int, text: str, finish: str | None, lps: CompletionLogprobs | None) -> str:
             choice = CompletionStreamChoice(index=index, text=text, finish_reason=finish, logprobs=lps)
             return _json(CompletionStreamResponse(id=rid, created=created, model=model, choices=[choice]))
 
-        offsets = [len(echo.text) if echo else 0] * len(runs)
+        offsets = [len(echo.text) if echo else 0 for echo in echoes]
         lasts = list(firsts)
         try:
-            if echo is not None:
-                for index in range(len(runs)):
+            for index, echo in enumerate(echoes):
+                if echo is not None:
                     yield chunk(index, echo.text, None, echo.logprobs)
             async for index, out in _interleave(runs, firsts):
                 lasts[index] = out
@@ -171,7 +253,7 @@ class CompletionEndpoints(ModelHandle):
                     yield chunk(index, out.text, out.finish_reason, lps)
             if plan.include_usage:
                 usage = CompletionStreamResponse(
-                    id=rid, created=created, model=model, choices=[], usage=_usage(*lasts)
+                    id=rid, created=created, model=model, choices=[], usage=_usage(*lasts, n=plan.n)
                 )
                 yield _json(usage)
         except OpenAIError as exc:

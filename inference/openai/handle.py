@@ -55,6 +55,16 @@ MAX_TOP_LOGPROBS = 20
 MAX_REPETITION_PENALTY = 10.0
 #: Most choices one request may ask for (``n``); they share one prefill of the prompt.
 MAX_N = 8
+#: Longest ``cache_salt``: a tenant id or a secret fits; it is hashed once per request.
+MAX_CACHE_SALT_CHARS = 1024
+#: Most prompts one ``/v1/completions`` request may list (OpenAI's own limit is 2048 for
+#: embeddings-style batches; a generating server holds every choice of every prompt at once,
+#: and the scheduler's slots and queue bound that further).
+MAX_PROMPTS = 64
+#: Most prompt tokens one ``/v1/completions`` request may list over all its prompts (each one
+#: is also bounded by the model's ``max_input_len``): tokenizing and holding them is work done
+#: before anything is admitted.
+MAX_PROMPT_LIST_TOKENS = 65536
 #: Safety factor on the cheap "too long to tokenize" bound (normalizers may fold characters).
 _CHARS_MARGIN = 2
 #: ``apply_chat_template`` arguments a client may not override through ``chat_template_kwargs``.
@@ -138,6 +148,20 @@ def _schema_object(value: object, param: str) -> object:
     return value
 
 
+def _cache_salt(salt: str | None) -> str | None:
+    """vLLM's ``cache_salt``: a non-empty string of bounded length, or None."""
+    if salt is None:
+        return None
+    if not salt:
+        raise InvalidRequestError("cache_salt must be a non-empty string when given", param="cache_salt")
+    if len(salt) > MAX_CACHE_SALT_CHARS:
+        raise InvalidRequestError(
+            f"cache_salt has {len(salt)} characters; at most {MAX_CACHE_SALT_CHARS} are allowed",
+            param="cache_salt",
+        )
+    return salt
+
+
 def _stop_list(stop: str | list[str] | None) -> tuple[str, ...]:
     if stop is None:
         return ()
@@ -162,6 +186,8 @@ class _Plan:
     stream: bool
     include_usage: bool
     cache_prompt: bool = True
+    #: vLLM's ``cache_salt``: seeds the context cache's hash chain (None: unsalted).
+    cache_salt: str | None = None
     n: int = 1
     #: vLLM's ``ignore_eos``: end-of-sequence tokens do not end the choice.
     ignore_eos: bool = False
@@ -488,6 +514,7 @@ class ModelHandle:
             stream=req.stream,
             include_usage=include_usage,
             cache_prompt=req.cache_prompt,
+            cache_salt=_cache_salt(req.cache_salt),
             n=req.n,
             ignore_eos=req.ignore_eos,
         )
@@ -611,7 +638,31 @@ class ModelHandle:
         Choices after the first start from a copy of the first one's prompt KV (the scheduler's
         ``prefix_from``), so the prompt is prefilled once.
         """
+        return self._submit_many([(plan, constraints)])[0]
+
+    def _submit_many(
+        self, plans: Sequence[tuple[_Plan, Sequence[TokenConstraint | None] | None]]
+    ) -> list[list[_Run]]:
+        """Queue the choices of several plans (a list of prompts) as one group, all or none, so
+        the scheduler batches them; the runs of each plan, in order (see :meth:`_submit`)."""
         self.check_admitting()
+        groups = [self._requests(plan, constraints) for plan, constraints in plans]
+        reqs = [req for group in groups for req, _ in group]
+        try:
+            if len(reqs) == 1:
+                self._scheduler.submit(reqs[0])
+            else:
+                self._scheduler.submit_group(reqs)
+        except Exception as exc:
+            raise to_openai_error(exc) from exc
+        self._in_flight += len(reqs)
+        self._idle.clear()
+        return [[_Run(self, greq, sink) for greq, sink in group] for group in groups]
+
+    def _requests(
+        self, plan: _Plan, constraints: Sequence[TokenConstraint | None] | None
+    ) -> list[tuple[GenerationRequest, AsyncOutputStream]]:
+        """The scheduler requests of one plan's ``n`` choices and their output streams."""
         loop = asyncio.get_running_loop()
         reqs: list[GenerationRequest] = []
         sinks: list[AsyncOutputStream] = []
@@ -638,19 +689,11 @@ class ModelHandle:
                 cache_prompt=plan.cache_prompt,
                 prefix_from=reqs[0] if reqs else None,
                 speculative=constraint is None,
+                cache_salt=plan.cache_salt,
             )
             reqs.append(greq)
             sinks.append(sink)
-        try:
-            if len(reqs) == 1:
-                self._scheduler.submit(reqs[0])
-            else:
-                self._scheduler.submit_group(reqs)
-        except Exception as exc:
-            raise to_openai_error(exc) from exc
-        self._in_flight += len(reqs)
-        self._idle.clear()
-        return [_Run(self, greq, sink) for greq, sink in zip(reqs, sinks, strict=True)]
+        return list(zip(reqs, sinks, strict=True))
 
     async def _first(self, runs: Sequence[_Run]) -> list[StepOutput]:
         """The first output of every choice."""
@@ -745,8 +788,12 @@ async def _interleave(
             run.close()
 
 
-def _usage(*outs: StepOutput) -> Usage:
-    """Usage of a request's choices: the prompt counted once, the completions summed."""
-    prompt = outs[0].prompt_tokens
+def _usage(*outs: StepOutput, n: int | None = None) -> Usage:
+    """Usage of a request's choices: each prompt counted once, the completions summed.
+
+    ``outs`` are the choices in order; with ``n``, every ``n`` of them share one prompt (a
+    list of prompts, prompt-major), else all of them do."""
+    per = n or len(outs)
+    prompt = sum(out.prompt_tokens for out in outs[::per])
     completion = sum(out.completion_tokens for out in outs)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)

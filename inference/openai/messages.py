@@ -202,6 +202,7 @@ class MessagesEndpoints(ChatEndpoints):
             tools=tools,
             tool_choice=choice,
             keep_alive=req.keep_alive,
+            cache_salt=req.cache_salt,
             response_format=_output_format(req.output_config),
         )
 

@@ -169,6 +169,8 @@ class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cache_prompt: bool = True
     # As Ollama: seconds the model stays loaded after this request (-1 forever, 0 unload when idle).
     keep_alive: float | None = None
+    # As vLLM: cached prompt prefixes are shared only between requests with the same salt.
+    cache_salt: str | None = None
     # vLLM's sampling extensions.
     min_p: float | None = None
     repetition_penalty: float | None = None
@@ -185,7 +187,8 @@ class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
-    """``POST /v1/completions``. ``prompt``: a string, a list of one string, or token ids."""
+    """``POST /v1/completions``. ``prompt``: a string, a list of strings, a list of token ids or
+    a list of lists of token ids (several prompts: choices indexed prompt-major)."""
 
     prompt: str | list[str | int | list[int]]
     logprobs: int | None = None

@@ -213,6 +213,7 @@ class ResponsesEndpoints(ChatEndpoints):
             tools=tools,
             tool_choice=choice,
             keep_alive=req.keep_alive,
+            cache_salt=req.cache_salt,
             response_format=_response_format(req),
         )
 

@@ -74,7 +74,8 @@ class ResponseTextConfig(msgspec.Struct, kw_only=True):
 class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """``POST /v1/responses``: every field of OpenAI's reference (``background``, ``conversation``
     and ``prompt`` need stored state and are a 400 when set; ``protocol.NO_EFFECT_FIELDS`` lists
-    those accepted with no effect) plus Ollama's ``keep_alive``; any other field is a 400."""
+    those accepted with no effect) plus Ollama's ``keep_alive`` and vLLM's ``cache_salt``; any
+    other field is a 400."""
 
     model: str
     input: str | list[ResponseInputItem]
@@ -93,6 +94,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     user: str | None = None
     # As Ollama: seconds the model stays loaded after this request.
     keep_alive: float | None = None
+    # As vLLM's cache_salt: cached prefixes shared only within one salt.
+    cache_salt: str | None = None
     background: bool | None = None
     conversation: Any = None
     prompt: Any = None

@@ -35,9 +35,9 @@ def _operations(manager: CacheManager) -> list[tuple[str, str]]:
             continue  # a static page without data, open by design; its API calls are guarded
         path = template.replace("{bundle_id}", BUNDLE_ID).replace("{build_id}", "build-0")
         path = path.replace("{node}", "node-x")
-        path = path.replace("{name}", "some-alias")
+        path = path.replace("{name}", "some-alias").replace("{checkpoint_id}", "0123456789abcdef")
         ops += [(method.upper(), path) for method in item]
-    assert len(ops) == 28
+    assert len(ops) == 29
     return sorted(ops)
 
 

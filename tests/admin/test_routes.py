@@ -382,6 +382,7 @@ def test_openapi_describes_every_route_and_docs_ui_is_served(client: Client) -> 
         ("GET", "/admin/stats"),
         ("GET", "/admin/events"),
         ("GET", "/admin/checkpoints"),
+        ("DELETE", "/admin/checkpoints/{checkpoint_id}"),
         ("GET", "/admin/nodes"),
         ("GET", "/admin/nodes/{node}/desired"),
         ("PUT", "/admin/nodes/{node}/desired"),

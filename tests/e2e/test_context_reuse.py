@@ -86,3 +86,65 @@ def test_a_model_loaded_on_demand_has_its_own_counters(
         assert _metric(text, "cachesvc_context_cache_hits_total", "reuse-second") == 1
         assert _metric(text, "cachesvc_context_cache_lookups_total") == 3
         assert _metric(text, "cachesvc_context_cache_records", "reuse-second") >= 1
+
+
+def test_defaults_reuse_context_and_cache_salt_separates_tenants(
+    demo_dir: Path, cache_dir: Path, log_dir: Path
+) -> None:
+    # No reuse or batch flags: the serving defaults (4 slots, context reuse on).
+    args = serve_args(max_input_len=256, max_kv_cache_capacity=512)
+    with running_server(demo_dir, cache_dir, log_dir, *args) as server:
+        caps = server.health()["capabilities"]
+        assert caps["context_reuse"] is True and caps["max_batch_size"] == 4
+        assert server.health()["context_cache"]["max_bytes"] == 512 << 20
+        client = server.client()
+
+        def reused(salt: str | None, *, chat: bool = False) -> int:
+            before = server.health()["context_cache"]["tokens_reused"]
+            extra = {"cache_salt": salt} if salt is not None else None
+            if chat:
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=2,
+                    temperature=0, extra_body=extra,
+                )
+            else:
+                client.completions.create(
+                    model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0, extra_body=extra
+                )
+            after: int = server.health()["context_cache"]["tokens_reused"]
+            return after - before
+
+        assert reused("tenant-a") == 0
+        assert reused("tenant-b") == 0  # tenant-a's prefix is not found without its salt
+        assert reused(None) == 0  # nor by a request without a salt
+        assert reused("tenant-a") > 64  # the same salt finds it
+        assert reused("tenant-a", chat=True) == 0
+        assert reused("tenant-a", chat=True) > 64  # chat: the same rule
+
+        def reused_via(route: str, body: dict[str, Any]) -> int:
+            before = server.health()["context_cache"]["tokens_reused"]
+            with server.http(timeout=60) as h:
+                r = h.post(route, json=body)
+                assert r.status_code == 200, r.text
+            after: int = server.health()["context_cache"]["tokens_reused"]
+            return after - before
+
+        # /v1/responses and /v1/messages run the chat path: their cache_salt is honoured too.
+        messages = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": PROMPT}]}
+        responses = {"model": MODEL, "max_output_tokens": 2, "input": PROMPT}
+        assert reused_via("/v1/messages", {**messages, "cache_salt": "tenant-c"}) == 0
+        assert reused_via("/v1/messages", {**messages, "cache_salt": "tenant-c"}) > 64
+        assert reused_via("/v1/responses", {**responses, "cache_salt": "tenant-d"}) == 0
+        assert reused_via("/v1/responses", {**responses, "cache_salt": "tenant-d"}) > 64
+        for route, body in (
+            ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1}),
+            ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+        ):
+            with server.http() as h:
+                stats = server.health()["context_cache"]
+                r = h.post(route, json={**body, "cache_salt": ""})
+                assert r.status_code == 400, r.text
+                assert r.json()["error"]["param"] == "cache_salt"
+                r = h.post(route, json={**body, "cache_salt": 7})
+                assert r.status_code == 400 and "cache_salt" in r.text, r.text
+                assert server.health()["context_cache"]["lookups"] == stats["lookups"]  # nothing ran

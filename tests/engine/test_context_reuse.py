@@ -35,11 +35,13 @@ class _Runner:
         )
         self.sched.start()
 
-    def submit(self, prompt: list[int], steps: int, cache_prompt: bool = True) -> CollectingSink:
+    def submit(self, prompt: list[int], steps: int, cache_prompt: bool = True,
+               cache_salt: str | None = None) -> CollectingSink:
         sink = CollectingSink()
         state = GenerationState(IdTokens(), prompt_ids=prompt, max_new_tokens=steps)  # type: ignore[arg-type]
         sampler = Sampler(SamplingParams(temperature=0.0), self.engine.info.vocab_size)
-        self.sched.submit(GenerationRequest(prompt, sampler, state, sink, cache_prompt=cache_prompt))
+        self.sched.submit(GenerationRequest(prompt, sampler, state, sink, cache_prompt=cache_prompt,
+                                            cache_salt=cache_salt))
         return sink
 
     def one_by_one(self, prompts: list[list[int]], steps: int) -> list[list[int]]:
@@ -166,6 +168,42 @@ def test_cache_prompt_false_never_takes_a_slot_holding_a_cached_prefix(bundle: C
     assert after.tokens_reused - before.tokens_reused == 149  # all but the last prompt token
     assert after.record_hits == before.record_hits  # from b's own slot, no record copied back
     runner.stop()
+
+
+def test_cache_salt_separates_slots_and_records(bundle: Callable[[str], Path]) -> None:
+    # Two slots so that a salted request could land on the slot an unsalted one left (and the
+    # other way round): neither the slot's KV nor the records may serve across salts.
+    store = PrefixStore("test", max_records=32)
+    runner = _Runner(load_engine(bundle("llama"), threads=1), store, batch=2)
+    prompt = _rand(150, 31)
+    want = runner.submit(prompt, 6).tokens()
+    assert store.stats().tokens_reused == 0
+
+    def reused(**kw: Any) -> int:
+        before = store.stats().tokens_reused
+        assert runner.submit(prompt, 6, **kw).tokens() == want  # same tokens whatever is reused
+        return store.stats().tokens_reused - before
+
+    assert reused(cache_salt="tenant-a") == 0  # the unsalted slot and records stay unseen
+    assert reused(cache_salt="tenant-b") == 0  # and so do tenant-a's
+    # The same salt finds its own prefix: from its slot (149) or, when another salt's request
+    # took that slot since, from its records (two whole blocks, 128).
+    assert reused(cache_salt="tenant-a") in (128, 149)
+    assert reused() in (128, 149)  # the unsalted prefix is still there for unsalted requests
+    assert reused(cache_salt="tenant-b") in (128, 149)
+    assert reused(cache_salt="tenant-b") == 149  # now from the slot it just left
+    runner.stop()
+
+
+def test_salted_block_keys_differ_per_salt_and_from_unsalted() -> None:
+    tokens = _rand(128, 13)
+    store = PrefixStore("bundle:a", max_records=8)
+    plain, a, b = store.block_keys(tokens), store.block_keys(tokens, "a"), store.block_keys(tokens, "b")
+    assert len({*plain, *a, *b}) == 6  # no key of one chain appears in another
+    assert store.block_keys(tokens, "a") == a  # deterministic: a restart finds the same keys
+    store.insert(a[0], tokens[:64], np.zeros((4, 2, 64, 16), np.float32))
+    assert store.fetch(plain, tokens, 0) == [] and store.fetch(b, tokens, 0) == []
+    assert len(store.fetch(a, tokens, 0)) == 1
 
 
 def test_records_are_namespaced_by_bundle() -> None:

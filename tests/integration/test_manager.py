@@ -72,7 +72,7 @@ def test_different_profiles_are_different_bundles(cache: Path, tmp_path: Path) -
     b = m.prepare(str(ckpt), ProfileRequest(max_input_len=256))
     assert a.bundle_id != b.bundle_id and a.bundle_dir != b.bundle_dir
     assert a.bundle_dir.parent == b.bundle_dir.parent  # engines/<model-digest16>/
-    assert "i128-b1-kv8192-none-onnxruntime-fp32-" in a.bundle_dir.name
+    assert "i128-b4-kv8192-none-onnxruntime-fp32-" in a.bundle_dir.name
 
 
 def test_build_failure_publishes_nothing(cache: Path, tmp_path: Path) -> None:

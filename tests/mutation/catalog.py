@@ -299,6 +299,24 @@ MUTATIONS: tuple[Mutation, ...] = (
             "test_cache_prompt_false_never_takes_a_slot_holding_a_cached_prefix",
         ),
     ),
+    Mutation(
+        name="slot-reuse-ignores-cache-salt",
+        why="a request resumes from a slot another tenant's salt left: the TTFT side channel is open",
+        path="inference/scheduler.py",
+        function="Scheduler._prepare",
+        find=r"if self\._slot_salt\[slot\] != salt:",
+        replace="if False:",
+        tests=("tests/engine/test_context_reuse.py::test_cache_salt_separates_slots_and_records",),
+    ),
+    Mutation(
+        name="cache-salt-not-in-the-chain",
+        why="salted requests' records are keyed as unsalted ones, so any tenant finds them",
+        path="inference/context_cache.py",
+        function="PrefixStore.block_keys",
+        find=r"if cache_salt is not None:",
+        replace="if False:",
+        tests=("tests/engine/test_context_reuse.py::test_salted_block_keys_differ_per_salt_and_from_unsalted",),
+    ),
     # -- request checks and sampling ------------------------------------------------------
     Mutation(
         name="max-tokens-past-context",

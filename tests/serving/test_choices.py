@@ -209,3 +209,46 @@ async def test_a_failed_copy_falls_back_to_a_full_prefill(tokenizer: Tokenizer) 
     expected = tokenizer.decode(engine.greedy(ids, 4))
     assert [ch["text"] for ch in r.json()["choices"]] == [expected, expected]
     assert engine.prefill_chunks == [len(ids), len(ids)]
+
+
+async def test_a_prompt_list_is_one_batch_indexed_prompt_major(tokenizer: Tokenizer) -> None:
+    prompts = [PROMPT, "The cat sat", "A long way from home"]
+    engine = KVTableEngine(max_slots=8)
+    async for c in _client(engine, tokenizer):
+        r = await c.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": prompts, "max_tokens": 12, "temperature": 0, "n": 2},
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+    ids = [tokenizer.encode(p, add_special_tokens=True) for p in prompts]
+    want = [tokenizer.decode(engine.greedy(i, 12)) for i in ids]
+    assert [(ch["index"], ch["text"]) for ch in body["choices"]] == [
+        (p * 2 + j, want[p]) for p in range(3) for j in range(2)
+    ]
+    assert body["usage"] == {
+        "prompt_tokens": sum(map(len, ids)),
+        "completion_tokens": 72,
+        "total_tokens": sum(map(len, ids)) + 72,
+    }
+    # Submitted together: once prefilled (one chunk per step), the six sequences decode in one
+    # batch; run one prompt after another, at most two (one prompt's choices) would.
+    assert max(engine.decode_batches) == 6
+    # Each prompt is prefilled once; its second choice gets the KV (one token of its own).
+    assert sorted(engine.prefill_chunks) == sorted([*map(len, ids), 1, 1, 1])
+
+
+async def test_the_prompt_list_token_budget_is_a_400_before_anything_runs(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("inference.openai.completions.MAX_PROMPT_LIST_TOKENS", 10)
+    engine = KVTableEngine(max_slots=8)
+    async for c in _client(engine, tokenizer):
+        body = {"model": MODEL, "prompt": [[5] * 6, [7] * 5], "max_tokens": 2}
+        r = await c.post("/v1/completions", json=body)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "prompt" and "11 tokens" in error["message"] and "10" in error["message"]
+        ok = await c.post("/v1/completions", json={**body, "prompt": [[5] * 5, [7] * 5]})
+        assert ok.status_code == 200, ok.text
+    assert sorted(engine.prefill_chunks) == [5, 5]  # the refused request prefilled nothing

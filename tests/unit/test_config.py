@@ -47,13 +47,13 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "engine_cache_max_size_gb": 50.0,
     "clear_engine_cache": False,
     "max_input_len": 4096,
-    "max_batch_size": 1,
+    "max_batch_size": 4,
     "max_kv_cache_capacity": 8192,
     "draft_top_k": None,
     "draft_step": None,
     "verify_tree_size": None,
     "speculative_config": None,
-    "enable_context_reuse": False,
+    "enable_context_reuse": True,
     "context_cache_max_records": 1024,
     "context_cache_recurrent_snapshot_pool_bytes": 0,
     "context_cache_partial_kv_snapshot_pool_bytes": 0,
@@ -238,14 +238,30 @@ def test_valid_value_via_mapping(name: str, text: str, expected: Any) -> None:
     assert getattr(ServeConfig.from_mapping({name: expected}), name) == expected
 
 
-@pytest.mark.parametrize(
-    "flag", ["--enable-auto-tool-choice", "--clear-engine-cache", "--enable-context-reuse"]
-)
+@pytest.mark.parametrize("flag", ["--enable-auto-tool-choice", "--clear-engine-cache"])
 def test_bool_flags(flag: str) -> None:
     name = flag[2:].replace("-", "_")
     assert getattr(from_argv([flag]), name) is True
     assert getattr(from_argv([]), name) is False
     assert getattr(ServeConfig.from_mapping({name: True}), name) is True
+
+
+def test_context_reuse_is_on_by_default_and_both_spellings_parse() -> None:
+    assert from_argv([]).enable_context_reuse is True
+    assert ServeConfig().enable_context_reuse is True
+    # The replaced server's opt-in flag keeps working (a no-op now), the new one opts out.
+    assert from_argv(["--enable-context-reuse"]).enable_context_reuse is True
+    assert from_argv(["--no-enable-context-reuse"]).enable_context_reuse is False
+    assert ServeConfig.from_mapping({"enable-context-reuse": False}).enable_context_reuse is False
+    help_text = serve_parser().format_help()
+    assert "--no-enable-context-reuse" in help_text and "llama-server" in help_text
+
+
+def test_help_says_where_the_serving_defaults_differ_and_why() -> None:
+    text = " ".join(serve_parser().format_help().split())
+    assert "4, not the replaced server's 1" in text and "(default: 4)" in text
+    assert "The replaced server kept it off" in text and "cache_salt" in text
+    assert "0 = 512 MiB" in text
 
 
 @pytest.mark.parametrize(
@@ -504,13 +520,16 @@ def test_max_input_len_must_fit_kv_capacity(capsys: pytest.CaptureFixture[str]) 
 @pytest.mark.parametrize("name", CONTEXT_FIELDS)
 def test_context_cache_flags_need_context_reuse(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     changed = 7 if EXPECTED_DEFAULTS[name] != 7 else 8
-    message = argv_error([f"{flag_for(name)}={changed}"], capsys)
-    assert message.startswith(f"{flag_for(name)}: ") and "--enable-context-reuse" in message
+    message = argv_error(["--no-enable-context-reuse", f"{flag_for(name)}={changed}"], capsys)
+    assert message.startswith(f"{flag_for(name)}: ") and "--no-enable-context-reuse" in message
     with pytest.raises(ConfigError) as info:
-        ServeConfig.from_mapping({name: changed})
+        ServeConfig.from_mapping({"enable_context_reuse": False, name: changed})
     assert_config_error(info.value, flag_for(name))
     # Restating the default is not a change.
-    assert getattr(ServeConfig.from_mapping({name: EXPECTED_DEFAULTS[name]}), name) == EXPECTED_DEFAULTS[name]
+    off = ServeConfig.from_mapping({"enable_context_reuse": False, name: EXPECTED_DEFAULTS[name]})
+    assert getattr(off, name) == EXPECTED_DEFAULTS[name]
+    # Reuse is on by default: the flag alone is fine, and so is it next to the old opt-in flag.
+    assert getattr(from_argv([f"{flag_for(name)}={changed}"]), name) == changed
     assert getattr(from_argv(["--enable-context-reuse", f"{flag_for(name)}={changed}"]), name) == changed
 
 
