@@ -619,15 +619,18 @@ def serve(
             cleared = manager.clear()
             log.info("--clear-engine-cache: removed %d bundles", len(cleared.evicted))
         if config.model is None and default_model is not None:
-            # The default model is the startup model of every model-less run (the rest of the
-            # catalog is served too): it is loaded before /health/ready says 200, and the build
-            # flags given (--max-input-len, --speculative-config, ...) apply to its bundle (a
-            # cache hit when they name the profile it already has).
+            # A first run (no ready bundle) prepares the default model; a later run whose catalog
+            # holds it starts with it again: it is loaded before /health/ready says 200, and the
+            # build flags given (--max-input-len, --speculative-config, ...) apply to its bundle
+            # (a hit when they name the profile it has). A catalog without it is served as it is.
             model, name = default_model()
-            log.info("no model given: serving the default model %s and the catalog", model)
-            is_default = True
-            config = dataclasses.replace(config, model=model,
-                                         served_model_name=config.served_model_name or name)
+            empty = not manager.list_bundles(state="ready", limit=1).items
+            if empty or manager.list_bundles(state="ready", model=model, limit=1).items:
+                log.info("no model given: serving the default model %s%s", model,
+                         "" if empty else " and the catalog")
+                is_default = True
+                config = dataclasses.replace(config, model=model,
+                                             served_model_name=config.served_model_name or name)
         if config.model is not None:
             runtime = _load_startup_runtime(config, manager, engine_factory, metrics, default=is_default)
     except (CacheError, ValueError, OSError, ImportError, AttributeError) as exc:
