@@ -15,6 +15,11 @@ STALE = (
     "test_another_gpu_flags_stale_never_serves_evicts_first_and_the_gpu_back_restores[sqlite]"
 )
 
+CPU_CLASS = (
+    "tests/integration/test_cpu_class_stale.py::"
+    "test_a_bundle_built_for_another_cpu_class_is_stale_refused_and_evicted_first"
+)
+
 MUTATIONS: tuple[Mutation, ...] = (
     # -- atomic publish and crash safety --------------------------------------------------
     Mutation(
@@ -101,6 +106,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         find=r'if why is not None and info\.state == "ready":',
         replace="if False:",
         tests=(STALE,),
+    ),
+    Mutation(
+        name="cpu-class-never-stale",
+        why="a quantized bundle built for another CPU class runs here (its int8 kernels unchecked)",
+        path="inference/cpu_class.py",
+        function="cpu_class_mismatch",
+        find=r"if built_for is None or built_for == cpu_class\(\):",
+        replace="if True:",
+        tests=(CPU_CLASS,),
+    ),
+    Mutation(
+        name="quality-gate-never-fails",
+        why="a quantized build that answers unlike fp32 is published anyway",
+        path="inference/builder/quality.py",
+        function="run_gate",
+        find=r"if agreement < threshold:",
+        replace="if False:",
+        tests=(f"{CPU_CLASS.split('::')[0]}::test_a_quantized_build_that_fails_the_gate_publishes_nothing",),
     ),
     Mutation(
         name="all-bundles-every-node",
