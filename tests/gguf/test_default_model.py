@@ -71,7 +71,9 @@ def test_the_default_model_runs_at_its_files_precision_only_where_the_gate_passe
             assert runtime.engine.info.precision == "fp32"
         finally:
             runtime.close()
-        lines = [r.getMessage() for r in caplog.records if "quality gate" in r.getMessage()]
+        # The build's own failure is logged by the manager; serve adds the one line of the fallback.
+        lines = [r.getMessage() for r in caplog.records
+                 if r.name == "cachesvc.app" and "quality gate" in r.getMessage()]
         assert len(lines) == 1 and "the int4 build failed the quality gate on this CPU" in lines[0]
         assert lines[0].endswith("serving the default model at fp32 instead")
         # A model the user named is not swapped behind their back: the gate's error stands.

@@ -75,7 +75,7 @@ def test_a_later_model_less_run_loads_the_default_model_before_ready_and_applies
     second = _start(cache_dir, tmp_path / "second.log", "--max-input-len", "256")
     try:
         loaded = _loaded(second)
-        assert [e["names"] for e in loaded] == [[DEFAULT_SERVED_NAME]], loaded
+        assert len(loaded) == 1 and DEFAULT_SERVED_NAME in loaded[0]["names"], loaded
         profile = loaded[0]["profile"]
         assert profile["max_input_len"] == 256
         assert profile["precision"] == "int4"  # the Q4_1 file's own precision, gate passed
