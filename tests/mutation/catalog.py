@@ -240,9 +240,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="serving-metrics-unwired",
         why="serve does not hand the metrics observer to the scheduler (no TTFT, tokens, queue depth)",
         path="cachesvc/app.py",
-        function="serve",
-        find=r"observer=metrics\.serving",
-        replace="observer=None",
+        function="_load_startup_runtime",
+        find=r"observer = metrics\.serving\.for_model\(config\.served_name\)",
+        replace="observer = None",
         tests=("tests/e2e/test_wiring.py::test_serving_metrics_move_with_a_real_request",),
     ),
     Mutation(
