@@ -279,15 +279,7 @@ class QuantizedEmitter:
         + s*(b - 0)``: two 4-bit products, summed, are the 8-bit weights' exact products (the
         planes share one scale table: the high one reads ``16x``).
         """
-        base = name.removesuffix(".weight")
-        q = self._weight(name, n, k, load)
-        if q.bits == 8:
-            return self._table_matmul(x, self._table(base, q, "planes" if self.level == 0 else "codes"),
-                                      self.level)
-        y = self._matmul_nbits(x, self._store(base, q), n, k, 4, self.level)
-        if q.block_min is None:
-            return y
-        return self.em.op1("Add", [y, self._min_term(x, base, q, k)])
+        return self._weight_matmul(x, name.removesuffix(".weight"), self._weight(name, n, k, load), n, k)
 
     def linear_group(self, x: str, parts: list[tuple[str, int]], k: int,
                      load: Callable[[str, int], np.ndarray]) -> str:
@@ -296,8 +288,11 @@ class QuantizedEmitter:
         weights = [self._weight(name, n, k, functools.partial(load, name, n)) for name, n in parts]
         base = parts[0][0].removesuffix(".weight") + "+" + "+".join(
             name.rsplit(".", 2)[-2] for name, _ in parts[1:])
-        q = _concat(weights)
-        n = sum(size for _, size in parts)
+        return self._weight_matmul(x, base, _concat(weights), sum(size for _, size in parts), k)
+
+    def _weight_matmul(self, x: str, base: str, q: BlockWeight, n: int, k: int) -> str:
+        """``x`` times the weight ``q`` [N, K] written under ``base``: 8 bits as a table (two
+        planes in float32), 4 bits as one MatMulNBits plus Q4_1's minimum term."""
         if q.bits == 8:
             return self._table_matmul(x, self._table(base, q, "planes" if self.level == 0 else "codes"),
                                       self.level)
