@@ -8,6 +8,7 @@ quantizing them is the user's choice (``--precision int8|int4``).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from pathlib import Path
 
@@ -21,12 +22,20 @@ def native_precision(checkpoint_dir: Path) -> str:
     """``int4``, ``int8`` or ``fp32`` for the checkpoint in ``checkpoint_dir`` (reads only the
     GGUF's tensor table, memory-mapped)."""
     path = Path(checkpoint_dir) / GGUF_FILE
-    if not path.is_file():
+    try:
+        stat = path.stat()
+    except OSError:
         return "fp32"
+    # Asked on every prepare, cache hits included: read the header once per file version.
+    return _gguf_precision(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _gguf_precision(path: str, size: int, mtime_ns: int) -> str:
     from gguf import GGMLQuantizationType
 
     elements: Counter[str] = Counter()
-    for tensor in read_gguf_header(path).tensors:
+    for tensor in read_gguf_header(Path(path)).tensors:
         # The linear layers decide; the embedding and norms are often kept at other types.
         if tensor.name.startswith("blk.") and tensor.name.endswith(".weight") and len(tensor.dims) == 2:
             elements[GGMLQuantizationType(tensor.type_id).name] += int(np.prod(tensor.dims))

@@ -26,7 +26,8 @@ float scale per block: ``w = (q - zero_point) * scale``.
   tokens, recomputes their logits exactly (their dequantized rows, gathered, times the hidden
   state in float32) and scatters them back: the greedy token and the head of the distribution
   are those of the float32 weights; only the tail keeps the fast path's small error.
-* ``accuracy_level`` of the linear layers comes from the CPU class (:mod:`.kernel_plan`).
+* What depends on the CPU class (the lm_head's path) is chosen in :mod:`.kernel_plan`; the
+  linear layers compute in float32 on every class.
 """
 
 from __future__ import annotations
