@@ -69,6 +69,18 @@ BACKEND_SPECULATIVE_METHODS: dict[str, tuple[str, ...]] = {
     "tensorrt": (),
 }
 
+#: What a bundle is for: ``generate`` (a causal LM: logits, KV cache) or ``embed`` (the final
+#: hidden states pooled into one L2-normalised vector per input, ``/v1/embeddings``).
+TASKS: tuple[str, ...] = ("generate", "embed")
+DEFAULT_TASK = "generate"
+#: How an embedding bundle pools over the sequence: ``last`` (the last token's state, as
+#: Qwen3-Embedding and other decoder embedders are trained) or ``mean`` (over the real tokens).
+POOLING_METHODS: tuple[str, ...] = ("last", "mean")
+DEFAULT_POOLING = "last"
+#: Backend x precision an embedding bundle is built with: the fp32 graph on onnxruntime (no
+#: KV cache, no quality gate; embeddings are compared by cosine, where quantization shows).
+EMBED_BACKEND_PRECISIONS: dict[str, tuple[str, ...]] = {"onnxruntime": ("fp32",), "tensorrt": ()}
+
 DEFAULT_MAX_INPUT_LEN = 4096
 #: Sequences decoded together. 4, not the replaced server's 1: our users are apps and fleets
 #: with concurrent clients, and llama-server also picks 4 slots on its own defaults. KV pages
@@ -161,3 +173,18 @@ def check_backend_speculative(backend: str, method: str | None) -> None:
     runs = f"it runs {', '.join(allowed)}" if allowed else "it runs no speculative method yet"
     raise ProfileError("speculative_method", f"speculative method {method!r} is not supported by the "
                        f"{backend} backend: {why}; {runs}")
+
+
+def check_task(task: str, pooling: str | None, backend: str, precision: str) -> None:
+    """Raise unless ``task`` (with ``pooling`` for embeddings) fits ``backend`` x ``precision``."""
+    check_choice("task", task, TASKS)
+    if task != "embed":
+        if pooling is not None:
+            raise ProfileError("pooling", f"applies only to task 'embed', got task {task!r}")
+        return
+    check_choice("pooling", pooling, POOLING_METHODS)
+    allowed = EMBED_BACKEND_PRECISIONS.get(backend, ())
+    if precision not in allowed:
+        builds = (f"the {backend} backend builds embeddings at {', '.join(allowed)}" if allowed
+                  else f"the {backend} backend builds no embedding bundles; use onnxruntime")
+        raise ProfileError("task", f"task 'embed' at precision {precision!r}: {builds}")

@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from inference.build_profile import POOLING_METHODS
 from inference.builder.checkpoint_reader import CheckpointReader
 from inference.builder.kernel_plan import KernelPlan
 from inference.builder.model_config import ModelConfig
@@ -355,6 +356,22 @@ class _DecoderBuilder:
         embed = self.em.weight("model.embed_tokens.weight", table)
         return self.em.op1("Gather", [embed, "input_ids"]), embed
 
+    def pool(self, h: str, pooling: str) -> str:
+        """``embeddings [B, hidden]``: ``h [B, T, hidden]`` pooled, then L2-normalised."""
+        em = self.em
+        if pooling == "last":
+            last = em.op1("Slice", [h, em.const(np.array([-1])), em.const(np.array([np.iinfo(np.int64).max])),
+                                    em.const(np.array([1]))])
+            pooled = em.op1("Squeeze", [last, em.const(np.array([1]))])
+        else:
+            # The mask covers past + new positions; an embedding graph has no past, so T == S.
+            mask = em.op1("Unsqueeze", [em.op1("Cast", ["attention_mask"], to=TensorProto.FLOAT),
+                                        em.const(np.array([-1]))])
+            summed = em.op1("ReduceSum", [em.op1("Mul", [h, mask]), em.const(np.array([1]))], keepdims=0)
+            count = em.op1("ReduceSum", [mask, em.const(np.array([1]))], keepdims=0)
+            pooled = em.op1("Div", [summed, em.op1("Max", [count, em.const(np.array(1.0, np.float32))])])
+        return em.op("LpNormalization", [pooled], outputs=["embeddings"], axis=-1, p=2)[0]
+
     def lm_head(self, h: str, embed: str, untie: bool) -> tuple[str, bool]:
         cfg = self.cfg
         tied = cfg.tie_word_embeddings or "lm_head.weight" not in self.ckpt
@@ -384,19 +401,26 @@ class _DecoderBuilder:
 def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Path, *,
                         max_positions: int, fused_ops: bool, untie_lm_head: bool = False,
                         progress: Progress | None = None, kv_layout: str = "portable",
-                        kernels: KernelPlan | None = None) -> GraphIO:
+                        kernels: KernelPlan | None = None, pooling: str | None = None) -> GraphIO:
     """Write ``model_path`` (+ ``<name>.data``) for ``cfg``; return the graph's I/O names.
 
     ``kv_layout`` "portable" writes the standard-op graph; "gqa" the ONNX Runtime CPU variant
     with in-place KV buffers (see the module docstring). ``kernels`` (gqa only) writes the
     quantized weights it names (:mod:`inference.builder.quantized`), taking the GGUF's own
     blocks where the checkpoint has them.
+
+    ``pooling`` (portable only) writes an embedding graph instead: the final hidden states are
+    pooled over the sequence ("last": the last position, real for every row since padding is on
+    the left; "mean": the mean over ``attention_mask``), L2-normalised and returned as
+    ``embeddings [B, hidden]``; no ``logits_to_keep`` input, no lm_head, no present outputs.
     """
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
     gqa = kv_layout == "gqa"
     if kernels is not None and not gqa:
         raise ValueError("quantized weights are onnxruntime ops: only the gqa graph can hold them")
+    if pooling is not None and (gqa or pooling not in POOLING_METHODS):
+        raise ValueError(f"pooling must be one of {POOLING_METHODS} on the portable graph, got {pooling!r}")
     weights = _ExternalWeights(model_path.with_name(model_path.name + ".data"))
     em = _Emitter(weights)
     quant = None if kernels is None else QuantizedEmitter(
@@ -415,10 +439,14 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
             if progress is not None:
                 progress("graph", (i + 1) / (cfg.num_layers + 1))
         x = b.rms_norm(x, b.vector("model.norm.weight", cfg.hidden_size))
-        starts = em.op1("Neg", ["logits_to_keep"])
-        x = em.op1("Slice", [x, starts, em.const(np.array([np.iinfo(np.int64).max])),
-                             em.const(np.array([1]))])
-        _, tied = b.lm_head(x, embed, untie_lm_head)
+        if pooling is not None:
+            b.pool(x, pooling)
+            tied = False
+        else:
+            starts = em.op1("Neg", ["logits_to_keep"])
+            x = em.op1("Slice", [x, starts, em.const(np.array([np.iinfo(np.int64).max])),
+                                 em.const(np.array([1]))])
+            _, tied = b.lm_head(x, embed, untie_lm_head)
     finally:
         weights.close()
 
@@ -442,11 +470,15 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         ]
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "logits_length",
                                                                            cfg.vocab_size])]
+    if pooling is not None:
+        inputs.pop()  # logits_to_keep
+        outputs = [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", cfg.hidden_size])]
     for i in range(cfg.num_layers):
         for name in past_names(i):
             inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_in))
-        for name in present_names(i):
-            outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_out))
+        if pooling is None:
+            for name in present_names(i):
+                outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_out))
     opset = FUSED_OPSET if fused_ops else DECOMPOSED_OPSET
     graph = helper.make_graph(em.nodes, f"{cfg.model_type}_decoder", inputs, outputs, em.initializers)
     opsets = [helper.make_opsetid("", opset)]

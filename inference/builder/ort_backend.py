@@ -20,7 +20,7 @@ from inference.builder.bundle_files import (
     memory_fields,
     onnx_weight_bytes,
 )
-from inference.builder.checkpoint_reader import open_checkpoint
+from inference.builder.checkpoint_reader import CheckpointReader, open_checkpoint
 from inference.builder.errors import BuildInputError
 from inference.builder.external_data import share_external_data
 from inference.builder.graph import GraphIO, Progress, build_decoder_graph
@@ -118,6 +118,50 @@ def _metadata(cfg: ModelConfig, io: GraphIO, spec: EngineBuildSpec, source_dtype
     }
 
 
+def _build_embedding(cfg: ModelConfig, ckpt: CheckpointReader, checkpoint_dir: Path, out_dir: Path,
+                     spec: EngineBuildSpec, report: Progress, started: float, fused: bool) -> dict[str, Any]:
+    """An embedding bundle: the portable fp32 graph pooled by ``spec.pooling`` (``model.onnx``),
+    the tokenizer files and ``engine.json`` (``task`` ``embed``; no KV cache)."""
+    model_path = out_dir / PORTABLE_MODEL
+    io = build_decoder_graph(cfg, ckpt, model_path, max_positions=spec.max_kv_cache_capacity,
+                             fused_ops=fused, pooling=spec.pooling, progress=report)
+    copied = copy_tokenizer_files(checkpoint_dir, out_dir)
+    report("hash", 0.0)
+    files = {path.name: {"size": path.stat().st_size, "sha256": file_sha256(path)}
+             for path in sorted(out_dir.iterdir()) if path.is_file() and path.name.startswith("model.")}
+    meta = _metadata(cfg, io, spec, ckpt.source_dtypes(), files, copied, time.monotonic() - started, {})
+    del meta["kv_cache"]
+    meta.update(
+        optimized_model=None,
+        task="embed",
+        pooling=spec.pooling,
+        embedding_dim=cfg.hidden_size,
+        # Matryoshka-trained models embed well in their leading slices too: ``dimensions``
+        # below the full size is allowed for them only (at the listed sizes where they list some).
+        matryoshka=_matryoshka(checkpoint_dir, cfg.hidden_size),
+        **memory_fields(weight_bytes=onnx_weight_bytes(model_path), kv_bytes_per_token=0,
+                        capacity=spec.max_kv_cache_capacity, slots=spec.max_batch_size),
+    )
+    (out_dir / ENGINE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    report("done", 1.0)
+    return meta
+
+
+def _matryoshka(checkpoint_dir: Path, hidden: int) -> dict[str, Any] | None:
+    """What the checkpoint's config says of truncation, as vLLM reads it: ``matryoshka_dimensions``
+    (the sizes allowed) or ``is_matryoshka`` (any size); None when it says neither."""
+    try:
+        raw = json.loads((checkpoint_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    dims = raw.get("matryoshka_dimensions")
+    if isinstance(dims, list) and dims and all(isinstance(d, int) and 0 < d <= hidden for d in dims):
+        return {"dimensions": sorted(set(dims))}
+    if raw.get("is_matryoshka") is True:
+        return {"dimensions": None}
+    return None
+
+
 def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                  progress: Progress | None = None, *, kernels_override: KernelPlan | None = None,
                  min_agreement: float = MIN_AGREEMENT) -> dict[str, Any]:
@@ -142,6 +186,8 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     cfg = load_model_config(checkpoint_dir)
     ckpt = open_checkpoint(checkpoint_dir)
     fused = fused_ops_supported()
+    if spec.task == "embed":
+        return _build_embedding(cfg, ckpt, checkpoint_dir, out_dir, spec, report, started, fused)
     model_path = out_dir / PORTABLE_MODEL
     optimized_path = out_dir / OPTIMIZED_MODEL
     kernels: KernelPlan | None = None

@@ -13,11 +13,13 @@ from inference.build_profile import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_INPUT_LEN,
     DEFAULT_MAX_KV_CACHE_CAPACITY,
+    DEFAULT_TASK,
     METHODS_WITH_DRAFT_BUNDLE,
     ProfileError,
     check_backend_precision,
     check_backend_speculative,
     check_shapes,
+    check_task,
 )
 from inference.builder.errors import BuildInputError
 from inference.cpu_class import CPU_CLASSES
@@ -39,10 +41,16 @@ class EngineBuildSpec:
     draft_digest: str | None = None
     #: The CPU class a quantized graph is written for (None: this machine's); fp32 ignores it.
     cpu_class: str | None = None
+    #: ``generate`` or ``embed`` (an embedding graph pooled by ``pooling``; fp32 only).
+    task: str = DEFAULT_TASK
+    pooling: str | None = None
 
     def __post_init__(self) -> None:
         try:
             check_backend_precision("onnxruntime", self.precision)
+            check_task(self.task, self.pooling, "onnxruntime", self.precision)
+            if self.task == "embed" and self.speculative_method is not None:
+                raise ProfileError("speculative_method", "applies only to task 'generate'")
             check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
             check_backend_speculative("onnxruntime", self.speculative_method)
         except ProfileError as exc:

@@ -1,0 +1,108 @@
+"""The engine of an embedding bundle (``engine.json`` ``task`` ``embed``): token ids -> vectors.
+
+The bundle's graph (``model.onnx``) is the checkpoint's decoder up to the final norm, pooled
+over each sequence (``pooling`` ``last`` or ``mean``) and L2-normalised in the graph. A batch is
+left-padded to its longest input (the graph's mask convention), position ids count real tokens
+only, and there is no KV cache: each call runs its inputs from the first token.
+
+``embed`` runs on the caller's thread (the HTTP layer calls it from a worker thread) and holds
+a lock, so one session serves one batch at a time; inputs longer than the bundle's
+``max_input_len`` are refused, never cut.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from inference.runtime.ort_session import cpu_session
+
+#: The model file of an embedding bundle.
+EMBEDDING_MODEL = "model.onnx"
+
+
+class EmbeddingInputError(ValueError):
+    """An input the engine cannot embed (empty, too long, ids outside the vocabulary)."""
+
+
+class EmbeddingEngine:
+    """One onnxruntime session of an embedding graph."""
+
+    def __init__(self, model_path: Path, meta: dict[str, Any], *, threads: int, max_batch: int = 32) -> None:
+        if meta.get("task") != "embed":
+            raise ValueError(f"{model_path.parent} is not an embedding bundle (engine.json task "
+                             f"{meta.get('task', 'generate')!r})")
+        self._session: ort.InferenceSession | None = cpu_session(model_path, threads=threads, optimized=False)
+        self._past = [n for n in meta["inputs"] if n.startswith("past_key_values.")]
+        self._kv_heads = int(meta["num_kv_heads"])
+        self._head_dim = int(meta["head_dim"])
+        self.vocab_size = int(meta["vocab_size"])
+        self.dimensions = int(meta["embedding_dim"])
+        self.max_input_len = int(meta["max_input_len"])
+        self.pooling = str(meta["pooling"])
+        matryoshka = meta.get("matryoshka")
+        #: None: no truncation; []: any size; else the sizes allowed.
+        self.truncations: list[int] | None = (
+            None if matryoshka is None else list(matryoshka.get("dimensions") or []))
+        self._max_batch = max(1, max_batch)
+        self._lock = threading.Lock()
+
+    def check(self, inputs: Sequence[Sequence[int]]) -> None:
+        """Raise :class:`EmbeddingInputError` for an input ``embed`` would refuse."""
+        for i, ids in enumerate(inputs):
+            if len(ids) == 0:
+                raise EmbeddingInputError(f"input {i} is empty: give at least one token")
+            if len(ids) > self.max_input_len:
+                raise EmbeddingInputError(f"input {i} has {len(ids)} tokens; this model embeds at most "
+                                          f"{self.max_input_len} (its bundle's max_input_len)")
+            low, high = min(ids), max(ids)
+            if low < 0 or high >= self.vocab_size:
+                raise EmbeddingInputError(f"input {i} has token ids outside [0, {self.vocab_size})")
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """Unit vectors ``[len(inputs), dimensions]`` float32, one per input, in order."""
+        self.check(inputs)
+        out = np.empty((len(inputs), self.dimensions), dtype=np.float32)
+        # Similar lengths together: less padding to run through the model.
+        order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
+        for start in range(0, len(order), self._max_batch):
+            rows = order[start:start + self._max_batch]
+            out[rows] = self._run([inputs[i] for i in rows])
+        return out
+
+    def _run(self, batch: Sequence[Sequence[int]]) -> np.ndarray:
+        width = max(len(ids) for ids in batch)
+        ids = np.zeros((len(batch), width), dtype=np.int64)
+        mask = np.zeros((len(batch), width), dtype=np.int64)
+        for row, tokens in enumerate(batch):
+            ids[row, width - len(tokens):] = tokens
+            mask[row, width - len(tokens):] = 1
+        empty = np.zeros((len(batch), self._kv_heads, 0, self._head_dim), dtype=np.float32)
+        feed: dict[str, np.ndarray] = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": np.maximum(np.cumsum(mask, axis=1) - 1, 0),
+            **dict.fromkeys(self._past, empty),
+        }
+        with self._lock:
+            if self._session is None:
+                raise RuntimeError("engine is closed")
+            (vectors,) = self._session.run(["embeddings"], feed)
+        return np.asarray(vectors, dtype=np.float32)
+
+    def close(self) -> None:
+        """Release the session (further calls raise)."""
+        with self._lock:
+            self._session = None
+
+
+def truncate(vectors: np.ndarray, dimensions: int) -> np.ndarray:
+    """The leading ``dimensions`` of each unit vector, L2-normalised again (Matryoshka)."""
+    cut = vectors[:, :dimensions]
+    norms = np.linalg.norm(cut, axis=1, keepdims=True)
+    return (cut / np.maximum(norms, 1e-12)).astype(np.float32)
