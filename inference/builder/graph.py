@@ -140,8 +140,11 @@ class _Emitter:
 class _DecoderBuilder:
     def __init__(self, cfg: ModelConfig, ckpt: CheckpointReader, em: _Emitter, *,
                  max_positions: int, fused_ops: bool, kv_layout: str = "portable",
-                 quant: QuantizedEmitter | None = None) -> None:
+                 quant: QuantizedEmitter | None = None, lora: bool = False) -> None:
         self.cfg, self.ckpt, self.em = cfg, ckpt, em
+        self.lora = lora
+        #: The LoRA inputs (overridable initializers), in the order they were added.
+        self.lora_inputs: list[onnx.ValueInfoProto] = []
         self.max_positions = max_positions
         self.fused = fused_ops
         self.gqa = kv_layout == "gqa"
@@ -157,6 +160,19 @@ class _DecoderBuilder:
     def vector(self, name: str, dim: int) -> str:
         return self.em.weight(name, self.ckpt.get_f32(name, (dim,)))
 
+    def lora_delta(self, x: str, prefix: str, out_dim: int, in_dim: int) -> str:
+        """``x @ A @ B`` of the adapter active in a run (``<prefix>.lora_A [in, r]``, ``.lora_B
+        [r, out]``, the adapter's scale folded into B): graph inputs whose default is rank 0,
+        so with no adapter active the delta is an empty product, zero."""
+        em = self.em
+        names = (f"{prefix}.lora_A", f"{prefix}.lora_B")
+        shapes: tuple[list[int | str], list[int | str]] = ([in_dim, "lora_rank"], ["lora_rank", out_dim])
+        defaults = (np.zeros((in_dim, 0), np.float32), np.zeros((0, out_dim), np.float32))
+        for name, shape, default in zip(names, shapes, defaults, strict=True):
+            em.initializers.append(numpy_helper.from_array(default, name))
+            self.lora_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+        return em.op1("MatMul", [em.op1("MatMul", [x, names[0]]), names[1]])
+
     def linear(self, x: str, prefix: str, out_dim: int, in_dim: int, bias: bool) -> str:
         name = f"{prefix}.weight"
         if self.quant is not None and self.quant.fits(in_dim):
@@ -164,6 +180,8 @@ class _DecoderBuilder:
                                   lambda: self.ckpt.get_f32(name, (out_dim, in_dim)))
         else:
             y = self.em.op1("MatMul", [x, self.linear_weight(name, out_dim, in_dim)])
+        if self.lora:
+            y = self.em.op1("Add", [y, self.lora_delta(x, prefix, out_dim, in_dim)])
         if bias:
             y = self.em.op1("Add", [y, self.vector(f"{prefix}.bias", out_dim)])
         return y
@@ -303,6 +321,10 @@ class _DecoderBuilder:
         fused = self.quant.linear_group(
             x, [(f"{name}.weight", n) for name, n in zip(names, sizes, strict=True)], in_dim,
             lambda name, n: self.ckpt.get_f32(name, (n, in_dim)))
+        if self.lora:
+            deltas = [self.lora_delta(x, name, n, in_dim) for name, n in zip(names, sizes, strict=True)]
+            fused = self.em.op1("Add", [fused, self.em.op1("Concat", deltas, axis=-1) if len(deltas) > 1
+                                        else deltas[0]])
         if bias:
             vectors = [self.ckpt.get_f32(f"{name}.bias", (n,)) for name, n in zip(names, sizes, strict=True)]
             fused_bias = self.em.weight(f"{names[0]}.fused_bias", np.concatenate(vectors))
@@ -401,7 +423,8 @@ class _DecoderBuilder:
 def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Path, *,
                         max_positions: int, fused_ops: bool, untie_lm_head: bool = False,
                         progress: Progress | None = None, kv_layout: str = "portable",
-                        kernels: KernelPlan | None = None, pooling: str | None = None) -> GraphIO:
+                        kernels: KernelPlan | None = None, pooling: str | None = None,
+                        lora: bool = False) -> GraphIO:
     """Write ``model_path`` (+ ``<name>.data``) for ``cfg``; return the graph's I/O names.
 
     ``kv_layout`` "portable" writes the standard-op graph; "gqa" the ONNX Runtime CPU variant
@@ -413,12 +436,18 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
     pooled over the sequence ("last": the last position, real for every row since padding is on
     the left; "mean": the mean over ``attention_mask``), L2-normalised and returned as
     ``embeddings [B, hidden]``; no ``logits_to_keep`` input, no lm_head, no present outputs.
+
+    ``lora`` (gqa only) adds a LoRA input pair to every projection of every layer (q/k/v/o,
+    gate/up/down: ``model.layers.{i}.self_attn.q_proj.lora_A`` ...), overridable initializers
+    of rank 0 that an onnxruntime adapter (:mod:`inference.builder.lora`) replaces per run.
     """
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
     gqa = kv_layout == "gqa"
     if kernels is not None and not gqa:
         raise ValueError("quantized weights are onnxruntime ops: only the gqa graph can hold them")
+    if lora and not gqa:
+        raise ValueError("LoRA inputs are written into the gqa graph only")
     if pooling is not None and (gqa or pooling not in POOLING_METHODS):
         raise ValueError(f"pooling must be one of {POOLING_METHODS} on the portable graph, got {pooling!r}")
     weights = _ExternalWeights(model_path.with_name(model_path.name + ".data"))
@@ -428,7 +457,7 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         head_accuracy_level=kernels.head_accuracy_level, rescore_top_k=kernels.rescore_top_k,
         q4=GgufBlocks(ckpt))
     b = _DecoderBuilder(cfg, ckpt, em, max_positions=max_positions, fused_ops=fused_ops, kv_layout=kv_layout,
-                        quant=quant)
+                        quant=quant, lora=lora)
     try:
         b.build_rope_tables()
         if not gqa:
@@ -479,6 +508,7 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         if pooling is None:
             for name in present_names(i):
                 outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_out))
+    inputs.extend(b.lora_inputs)
     opset = FUSED_OPSET if fused_ops else DECOMPOSED_OPSET
     graph = helper.make_graph(em.nodes, f"{cfg.model_type}_decoder", inputs, outputs, em.initializers)
     opsets = [helper.make_opsetid("", opset)]

@@ -205,12 +205,12 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
             io = build_decoder_graph(cfg, ckpt, model_path, max_positions=spec.max_kv_cache_capacity,
                                      fused_ops=fused, progress=report)
             cpu_io = build_decoder_graph(cfg, ckpt, cpu_src, max_positions=spec.max_kv_cache_capacity,
-                                         fused_ops=fused, kv_layout="gqa")
+                                         fused_ops=fused, kv_layout="gqa", lora=spec.lora)
         else:
             report("quantize", 0.0)
             cpu_io = io = build_decoder_graph(
                 cfg, ckpt, cpu_src, max_positions=spec.max_kv_cache_capacity, fused_ops=fused,
-                kv_layout="gqa", kernels=kernels, progress=report)
+                kv_layout="gqa", kernels=kernels, progress=report, lora=spec.lora)
         report("optimize", 0.0)
         _optimize(cpu_src, optimized_path)
         if kernels is not None:
@@ -244,6 +244,8 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     if kernels is not None and quality is not None:
         meta["kernels"] = kernels.record()
         meta["quality"] = quality.record()
+    if spec.lora:  # absent otherwise, as speculative below
+        meta["lora"] = True
     speculative = spec.speculative_record()
     if speculative is not None:  # absent otherwise: bundles without speculation stay as they were
         meta["speculative"] = speculative

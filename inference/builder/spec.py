@@ -44,6 +44,8 @@ class EngineBuildSpec:
     #: ``generate`` or ``embed`` (an embedding graph pooled by ``pooling``; fp32 only).
     task: str = DEFAULT_TASK
     pooling: str | None = None
+    #: LoRA inputs on every projection (:mod:`inference.builder.lora`): adapters per request.
+    lora: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -51,6 +53,8 @@ class EngineBuildSpec:
             check_task(self.task, self.pooling, "onnxruntime", self.precision)
             if self.task == "embed" and self.speculative_method is not None:
                 raise ProfileError("speculative_method", "applies only to task 'generate'")
+            if self.task == "embed" and self.lora:
+                raise ProfileError("lora", "applies only to task 'generate'")
             check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
             check_backend_speculative("onnxruntime", self.speculative_method)
         except ProfileError as exc:

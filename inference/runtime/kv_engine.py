@@ -84,6 +84,22 @@ class GqaEngine:
         self._binding = self._session.io_binding()
         self._bound: tuple[int, int, int] | None = None  # (first row, batch, kept logits) bound
         self._logits: dict[tuple[int, int], np.ndarray] = {}
+        #: LoRA: bundles built with adapter inputs (engine.json ``lora``) run one adapter per
+        #: session run; each slot names the adapter its sequence uses (None: the base model).
+        self.lora = bool(meta.get("lora"))
+        # onnxruntime applies RunOptions' active adapters to plain runs only, not to runs with an
+        # IO binding (ours), so the engine binds an adapter's parameters itself: every LoRA
+        # input gets the adapter's value or, where it targets nothing, the rank-0 default.
+        self._lora_defaults: dict[str, ort.OrtValue] = {}
+        if self.lora:
+            for arg in self._session.get_overridable_initializers():
+                if ".lora_" in arg.name:
+                    dims = [0 if isinstance(d, str) else int(d) for d in arg.shape]
+                    self._lora_defaults[arg.name] = ort.OrtValue.ortvalue_from_numpy(
+                        np.zeros(dims, dtype=np.float32))
+        self._adapters: dict[str, dict[str, ort.OrtValue]] = {}
+        self._bound_adapter: str | None = None
+        self._slot_adapter: list[str | None] = [None] * max_slots
         self._info = EngineInfo(
             model_type=str(meta["model_type"]),
             vocab_size=self._vocab,
@@ -176,6 +192,44 @@ class GqaEngine:
             buf[slot, :, start:start + n] = kv[j]
         self._lengths[slot] = start + n
 
+    # --- LoRA adapters ---------------------------------------------------------------------
+    def load_adapter(self, name: str, path: Path) -> None:
+        """Load the onnxruntime adapter file ``path`` (:mod:`inference.builder.lora`) as ``name``."""
+        if not self.lora:
+            raise ValueError("this bundle was built without LoRA inputs; build it with lora enabled")
+        params = ort.AdapterFormat.read_adapter(str(path)).get_parameters()
+        unknown = sorted(set(params) - set(self._lora_defaults))
+        if unknown:
+            raise ValueError(f"adapter {name!r} sets {unknown[0]}, which this bundle has no input for")
+        if name == self._bound_adapter:
+            self._bound_adapter = ""  # rebind on the next run: the values changed
+        self._adapters[name] = dict(params)
+
+    def unload_adapter(self, name: str) -> None:
+        """Forget adapter ``name``; refused while a slot's sequence uses it."""
+        users = [s for s, a in enumerate(self._slot_adapter) if a == name]
+        if users:
+            raise ValueError(f"adapter {name!r} is in use by slot(s) {users}")
+        self._adapters.pop(name, None)
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """Names of the loaded adapters."""
+        return tuple(self._adapters)
+
+    def set_adapter(self, slot: int, name: str | None) -> None:
+        """Run ``slot``'s sequence with adapter ``name`` (None: the base model) from now on."""
+        self._check_slot(slot)
+        if name is not None and name not in self._adapters:
+            loaded = ", ".join(self._adapters) or "none"
+            raise ValueError(f"adapter {name!r} is not loaded (loaded: {loaded})")
+        self._slot_adapter[slot] = name
+
+    def slot_adapter(self, slot: int) -> str | None:
+        """The adapter ``slot`` runs with."""
+        self._check_slot(slot)
+        return self._slot_adapter[slot]
+
     # --- running ---------------------------------------------------------------------------
     def _bind_kv(self, lo: int, batch: int, keep: int) -> None:
         if self._bound == (lo, batch, keep):
@@ -192,9 +246,10 @@ class GqaEngine:
         self._binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         self._bound = (lo, batch, keep)
 
-    def _run(self, lo: int, ids: np.ndarray, past: np.ndarray, keep: int = 1) -> np.ndarray:
+    def _run(self, lo: int, ids: np.ndarray, past: np.ndarray, keep: int = 1,
+             adapter: str | None = None) -> np.ndarray:
         """Append ``ids`` [B,S] to rows ``lo..lo+B-1`` holding ``past`` [B] positions; logits of
-        the last ``keep`` positions of each row, [B,keep,V]."""
+        the last ``keep`` positions of each row, [B,keep,V]; with ``adapter`` active."""
         if self._session is None:
             raise RuntimeError("engine is closed")
         batch, new = ids.shape
@@ -205,6 +260,11 @@ class GqaEngine:
         total = np.array(int(past.max()) + new, dtype=np.int32)
         self._binding.bind_cpu_input("total_sequence_length", total)
         self._binding.bind_cpu_input("logits_to_keep", np.array([keep], dtype=np.int64))
+        if adapter != self._bound_adapter:
+            values = {} if adapter is None else self._adapters[adapter]
+            for name, default in self._lora_defaults.items():
+                self._binding.bind_ortvalue_input(name, values.get(name, default))
+            self._bound_adapter = adapter
         self._session.run_with_iobinding(self._binding)
         return self._logits[batch, keep].copy()
 
@@ -217,7 +277,8 @@ class GqaEngine:
         logits = np.empty(0, dtype=np.float32)
         for start in range(0, ids.size, self._chunk):
             part = ids[start:start + self._chunk]
-            logits = self._run(slot, part[None, :], np.array([self._lengths[slot]]))[0, 0]
+            logits = self._run(slot, part[None, :], np.array([self._lengths[slot]]),
+                               adapter=self._slot_adapter[slot])[0, 0]
             self._lengths[slot] += part.size
         return logits
 
@@ -230,7 +291,8 @@ class GqaEngine:
         rows = []
         for start in range(0, ids.size, self._chunk):
             part = ids[start:start + self._chunk]
-            rows.append(self._run(slot, part[None, :], np.array([self._lengths[slot]]), part.size)[0])
+            rows.append(self._run(slot, part[None, :], np.array([self._lengths[slot]]), part.size,
+                                  adapter=self._slot_adapter[slot])[0])
             self._lengths[slot] += part.size
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
@@ -239,6 +301,20 @@ class GqaEngine:
         check_decode(slots, len(token_ids), self._slots)
         ids = self._check_tokens(token_ids)
         check_decode_lengths(slots, [self._lengths[s] for s in slots], self._cap)
+        groups: dict[str | None, list[int]] = {}
+        for s in slots:
+            groups.setdefault(self._slot_adapter[s], []).append(s)
+        if len(groups) == 1:
+            return self._decode(slots, ids, next(iter(groups)))
+        # One adapter per run: slots of different adapters decode in one run per adapter.
+        out = np.empty((len(slots), self._vocab), dtype=np.float32)
+        index = {s: i for i, s in enumerate(slots)}
+        for adapter, group in groups.items():
+            rows = self._decode(group, ids[[index[s] for s in group]], adapter)
+            out[[index[s] for s in group]] = rows
+        return out
+
+    def _decode(self, slots: Sequence[int], ids: np.ndarray, adapter: str | None) -> np.ndarray:
         lo, hi = min(slots), max(slots)
         batch = hi - lo + 1
         row_ids = np.zeros((batch, 1), dtype=np.int64)
@@ -251,7 +327,7 @@ class GqaEngine:
                 # A full passenger has no room past its content: empty it and write at 0.
                 self._lengths[s] = 0
                 past[s - lo] = 0
-        logits = self._run(lo, row_ids, past)[:, 0]
+        logits = self._run(lo, row_ids, past, adapter=adapter)[:, 0]
         for s in slots:
             self._lengths[s] += 1
         return np.ascontiguousarray(logits[[s - lo for s in slots]])
@@ -262,3 +338,4 @@ class GqaEngine:
         self._kv = []
         self._logits = {}
         self._lengths = [0] * self._slots
+        self._adapters = {}

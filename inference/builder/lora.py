@@ -1,0 +1,168 @@
+"""PEFT LoRA adapters -> onnxruntime adapter files for a LoRA-capable bundle.
+
+A bundle built with ``lora`` (:func:`inference.builder.graph.build_decoder_graph`) has, for
+every layer and every projection (q/k/v/o, gate/up/down), two graph inputs
+``<prefix>.lora_A [in, r]`` and ``<prefix>.lora_B [r, out]`` whose defaults are rank 0 (no
+adapter: no change). An adapter file (onnxruntime's ``AdapterFormat``) holds the values of the
+pairs an adapter targets; the engine activates one per run (``RunOptions.add_active_adapter``),
+so one loaded bundle serves many adapters with its base weights shared.
+
+:func:`convert_peft_adapter` reads a PEFT adapter directory (``adapter_config.json`` +
+``adapter_model.safetensors``), checks it against the base model's shapes, folds the scale
+(``lora_alpha / r``, or ``/ sqrt(r)`` with rsLoRA) into B, and writes the file. What PEFT can
+express that this graph cannot (DoRA, biases, extra trained modules, embedding or lm_head
+targets, per-module rank patterns) is refused with one line naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from inference.builder.errors import BuildInputError
+from inference.builder.model_config import ModelConfig
+from inference.builder.safetensors_reader import SafetensorsCheckpoint
+
+#: The projections a LoRA-capable graph has inputs for: module name -> parent module.
+PROJECTIONS: dict[str, str] = {
+    "q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+    "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp",
+}
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+_KEY = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\."
+                  r"lora_([AB])(?:\.default)?\.weight$")
+
+
+class LoraAdapterError(BuildInputError):
+    """An adapter this bundle cannot run (with what to fix)."""
+
+
+@dataclass(frozen=True)
+class LoraInfo:
+    """What an adapter file holds: rank, scale, targeted modules, layers, parameter count."""
+
+    rank: int
+    scale: float
+    targets: tuple[str, ...]
+    layers: int
+    parameters: int
+
+    def record(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {"rank": self.rank, "scale": self.scale, "targets": list(self.targets),
+                "layers": self.layers, "parameters": self.parameters}
+
+
+def _dims(cfg: ModelConfig, module: str) -> tuple[int, int]:
+    """(in, out) of a projection."""
+    h, hd = cfg.hidden_size, cfg.head_dim
+    return {
+        "q_proj": (h, cfg.num_heads * hd), "k_proj": (h, cfg.num_kv_heads * hd),
+        "v_proj": (h, cfg.num_kv_heads * hd), "o_proj": (cfg.num_heads * hd, h),
+        "gate_proj": (h, cfg.intermediate_size), "up_proj": (h, cfg.intermediate_size),
+        "down_proj": (cfg.intermediate_size, h),
+    }[module]
+
+
+def read_adapter_config(adapter_dir: Path) -> dict[str, Any]:
+    """``adapter_config.json``, checked for what the graph can run."""
+    path = Path(adapter_dir) / ADAPTER_CONFIG
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LoraAdapterError(f"{adapter_dir} has no {ADAPTER_CONFIG}: give a PEFT LoRA adapter directory "
+                               "(adapter_config.json + adapter_model.safetensors)") from None
+    except ValueError as exc:
+        raise LoraAdapterError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise LoraAdapterError(f"{path} must hold a JSON object")
+    kind = raw.get("peft_type", "LORA")
+    if kind != "LORA":
+        raise LoraAdapterError(f"peft_type {kind!r} is not supported: only LORA adapters are")
+    refusals = {
+        "use_dora": (bool(raw.get("use_dora")), "DoRA adapters are not supported"),
+        "bias": (raw.get("bias", "none") != "none", "adapters that train biases are not supported"),
+        "modules_to_save": (bool(raw.get("modules_to_save")), "extra trained modules are not supported"),
+        "fan_in_fan_out": (bool(raw.get("fan_in_fan_out")), "Conv1D (GPT-2) adapters are not supported"),
+        "rank_pattern": (bool(raw.get("rank_pattern")), "per-module ranks are not supported"),
+        "alpha_pattern": (bool(raw.get("alpha_pattern")), "per-module alphas are not supported"),
+    }
+    for field, (bad, why) in refusals.items():
+        if bad:
+            raise LoraAdapterError(f"{path}: {field}: {why}")
+    rank = raw.get("r")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise LoraAdapterError(f"{path}: r must be a positive integer, got {rank!r}")
+    return raw
+
+
+def adapter_scale(config: dict[str, Any]) -> float:
+    """PEFT's scale: ``lora_alpha / r``, or ``lora_alpha / sqrt(r)`` with ``use_rslora``."""
+    rank = int(config["r"])
+    alpha = float(config.get("lora_alpha", rank))
+    return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+
+
+def adapter_arrays(adapter_dir: Path, cfg: ModelConfig) -> tuple[dict[str, np.ndarray], LoraInfo]:
+    """The graph inputs an adapter sets (``<prefix>.lora_A [in, r]``, ``.lora_B [r, out]``,
+    scale folded into B) and what it holds."""
+    config = read_adapter_config(adapter_dir)
+    weights_path = Path(adapter_dir) / ADAPTER_WEIGHTS
+    if not weights_path.is_file():
+        raise LoraAdapterError(f"{adapter_dir} has no {ADAPTER_WEIGHTS} (PEFT's safetensors weights)")
+    reader = SafetensorsCheckpoint.from_file(weights_path)
+    scale = adapter_scale(config)
+    pairs: dict[tuple[int, str, str], dict[str, np.ndarray]] = {}
+    for key in reader.names():
+        match = _KEY.match(key)
+        if match is None:
+            raise LoraAdapterError(f"{weights_path}: tensor {key!r} targets no projection of a decoder "
+                                   f"layer ({', '.join(PROJECTIONS)}); embedding/lm_head adapters are "
+                                   "not supported")
+        layer, parent, module, side = int(match[1]), match[2], match[3], match[4]
+        if PROJECTIONS.get(module) != parent:
+            raise LoraAdapterError(f"{weights_path}: {key!r}: module {parent}.{module} is not one of "
+                                   f"{', '.join(f'{p}.{m}' for m, p in PROJECTIONS.items())}")
+        if layer >= cfg.num_layers:
+            raise LoraAdapterError(f"{weights_path}: {key!r}: layer {layer} but the base model has "
+                                   f"{cfg.num_layers} layers (an adapter of another model?)")
+        pairs.setdefault((layer, parent, module), {})[side] = reader.get_f32(key)
+    if not pairs:
+        raise LoraAdapterError(f"{weights_path} holds no LoRA weights")
+    rank = int(config["r"])
+    out: dict[str, np.ndarray] = {}
+    for (layer, parent, module), sides in sorted(pairs.items()):
+        prefix = f"model.layers.{layer}.{parent}.{module}"
+        if set(sides) != {"A", "B"}:
+            raise LoraAdapterError(f"{weights_path}: {prefix} has lora_{''.join(sides)} only; both A and B "
+                                   "are needed")
+        d_in, d_out = _dims(cfg, module)
+        a, b = sides["A"], sides["B"]
+        if a.shape != (rank, d_in) or b.shape != (d_out, rank):
+            raise LoraAdapterError(
+                f"{weights_path}: {prefix}: lora_A {list(a.shape)} / lora_B {list(b.shape)} do not fit the "
+                f"base model (expected [{rank}, {d_in}] / [{d_out}, {rank}]): an adapter of another model?")
+        out[f"{prefix}.lora_A"] = np.ascontiguousarray(a.T)
+        out[f"{prefix}.lora_B"] = np.ascontiguousarray(b.T * np.float32(scale))
+    info = LoraInfo(rank=rank, scale=scale, targets=tuple(sorted({m for _, _, m in pairs})),
+                    layers=len({layer for layer, _, _ in pairs}),
+                    parameters=int(sum(v.size for v in out.values())))
+    return out, info
+
+
+def convert_peft_adapter(adapter_dir: Path, cfg: ModelConfig, out_path: Path) -> LoraInfo:
+    """Write ``out_path`` (onnxruntime adapter format) from the PEFT adapter in ``adapter_dir``."""
+    arrays, info = adapter_arrays(adapter_dir, cfg)
+    fmt = ort.AdapterFormat()
+    fmt.set_adapter_version(1)
+    fmt.set_parameters({name: ort.OrtValue.ortvalue_from_numpy(a) for name, a in arrays.items()})
+    fmt.export_adapter(str(out_path))
+    return info

@@ -1,0 +1,193 @@
+"""LoRA adapters on a LoRA-capable bundle against transformers + peft (greedy tokens, logits)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import peft
+import pytest
+import torch
+
+from inference.builder.errors import BuildInputError
+from inference.builder.lora import LoraAdapterError, convert_peft_adapter
+from inference.builder.model_config import load_model_config
+from inference.runtime.kv_engine import GqaEngine
+from tests.engine.conftest import load_reference
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PROMPT = [5, 17, 99, 3, 250, 42, 7, 8, 300, 11, 12, 13]
+STEPS = 16
+
+
+def write_adapter(checkpoint: Path, out: Path, *, seed: int, targets: list[str] = ALL, rank: int = 4,
+                  rslora: bool = False) -> Path:
+    """A random PEFT adapter of ``checkpoint`` (A and B both random, so it changes the output)."""
+    torch.manual_seed(seed)
+    base = load_reference(checkpoint)
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, init_lora_weights=False,
+                             use_rslora=rslora)
+    model = peft.get_peft_model(base, config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.copy_(0.3 * torch.randn_like(param))
+    model.save_pretrained(str(out))
+    return out
+
+
+def peft_logits(checkpoint: Path, adapter: Path | None, tokens: list[int]) -> np.ndarray:
+    """transformers (+ peft) logits ``[len(tokens), vocab]`` of one forward over ``tokens``."""
+    model: Any = load_reference(checkpoint)
+    if adapter is not None:
+        model = peft.PeftModel.from_pretrained(model, adapter).eval()
+    with torch.no_grad():
+        return np.asarray(model(input_ids=torch.tensor([tokens])).logits[0].numpy())
+
+
+def assert_greedy_matches(checkpoint: Path, adapter: Path | None, prompt: list[int], got: list[int]) -> None:
+    """``got`` is the reference's greedy continuation of ``prompt``: at every step the reference
+    (teacher-forced on ``got``) picks the same token, or the two tokens tie within float noise."""
+    logits = peft_logits(checkpoint, adapter, prompt + got[:-1])[len(prompt) - 1:]
+    for step, (row, token) in enumerate(zip(logits, got, strict=True)):
+        best = int(row.argmax())
+        assert best == token or row[best] - row[token] < 1e-4, (
+            f"step {step}: reference picks {best} ({row[best]:.5f}), engine {token} ({row[token]:.5f})")
+
+
+def engine_of(bundle: Path, slots: int = 3) -> GqaEngine:
+    meta = json.loads((bundle / "engine.json").read_text())
+    return GqaEngine(bundle / meta["optimized_model"], meta, max_slots=slots, threads=1)
+
+
+def greedy(engine: GqaEngine, slot: int, prompt: list[int], steps: int) -> list[int]:
+    engine.reset(slot)
+    row = engine.prefill(slot, prompt)
+    out = [int(row.argmax())]
+    for _ in range(steps - 1):
+        out.append(int(engine.decode([slot], [out[-1]])[0].argmax()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapters(hf_checkpoint: Callable[..., Path],
+             tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    cache: dict[tuple[str, int, str], Path] = {}
+
+    def make(family: str, seed: int, **kw: Any) -> Path:
+        key = (family, seed, json.dumps(kw, sort_keys=True))
+        if key not in cache:
+            out = tmp_path_factory.mktemp("adapter")
+            cache[key] = write_adapter(hf_checkpoint(family), out, seed=seed, **kw)
+        return cache[key]
+
+    return make
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_adapter_greedy_tokens_match_peft(family: str, hf_checkpoint: Callable[..., Path],
+                                          built_bundle: Callable[..., Path], adapters: Callable[..., Path],
+                                          tmp_path: Path) -> None:
+    checkpoint = hf_checkpoint(family)
+    bundle = built_bundle(checkpoint, lora=True)
+    cfg = load_model_config(checkpoint)
+    adapter = adapters(family, 1)
+    info = convert_peft_adapter(adapter, cfg, tmp_path / "a.onnx_adapter")
+    assert info.rank == 4 and info.targets == tuple(sorted(ALL)) and info.layers == cfg.num_layers
+    engine = engine_of(bundle)
+    try:
+        base = greedy(engine, 0, PROMPT, STEPS)
+        engine.load_adapter("a", tmp_path / "a.onnx_adapter")
+        engine.set_adapter(1, "a")
+        tuned = greedy(engine, 1, PROMPT, STEPS)
+    finally:
+        engine.close()
+    assert_greedy_matches(checkpoint, None, PROMPT, base)
+    assert_greedy_matches(checkpoint, adapter, PROMPT, tuned)
+    assert tuned != base  # the adapter matters on these weights
+
+
+def test_mixed_adapters_in_one_decode(hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path],
+                                      adapters: Callable[..., Path], tmp_path: Path) -> None:
+    """Slots of two adapters and the base model decode together: each as it would alone."""
+    checkpoint = hf_checkpoint("llama")
+    cfg = load_model_config(checkpoint)
+    qv_kw: dict[str, Any] = {"seed": 3, "targets": ["q_proj", "v_proj"], "rslora": True, "rank": 8}
+    sources = {"all": adapters("llama", seed=2), "qv": adapters("llama", **qv_kw)}
+    files = {name: tmp_path / f"{name}.onnx_adapter" for name in sources}
+    for name, source in sources.items():
+        convert_peft_adapter(source, cfg, files[name])
+    engine = engine_of(built_bundle(checkpoint, lora=True))
+    try:
+        for name, path in files.items():
+            engine.load_adapter(name, path)
+        names: list[str | None] = [None, "all", "qv"]
+        alone = []
+        for slot, adapter in enumerate(names):
+            engine.set_adapter(slot, adapter)
+            alone.append(greedy(engine, slot, PROMPT, 6))
+        for slot in range(3):
+            engine.reset(slot)
+            engine.prefill(slot, PROMPT)
+        together: list[list[int]] = [[], [], []]
+        last = [0, 0, 0]
+        for slot in range(3):
+            engine.reset(slot)
+            row = engine.prefill(slot, PROMPT)
+            last[slot] = int(row.argmax())
+            together[slot].append(last[slot])
+        for _ in range(5):
+            rows = engine.decode([0, 1, 2], last)
+            last = [int(r.argmax()) for r in rows]
+            for slot in range(3):
+                together[slot].append(last[slot])
+        with pytest.raises(ValueError, match="in use by slot"):
+            engine.unload_adapter("all")
+    finally:
+        engine.close()
+    assert together == alone
+    assert alone[0] != alone[1] and alone[0] != alone[2]
+    assert_greedy_matches(checkpoint, sources["qv"], PROMPT, alone[2])
+
+
+def test_bundle_without_lora_refuses_adapters(hf_checkpoint: Callable[..., Path],
+                                              built_bundle: Callable[..., Path], tmp_path: Path) -> None:
+    engine = engine_of(built_bundle(hf_checkpoint("llama")))
+    try:
+        with pytest.raises(ValueError, match="built without LoRA inputs"):
+            engine.load_adapter("a", tmp_path / "missing")
+    finally:
+        engine.close()
+
+
+def test_bad_adapters_refused_in_one_line(hf_checkpoint: Callable[..., Path], adapters: Callable[..., Path],
+                                          tmp_path: Path) -> None:
+    cfg = load_model_config(hf_checkpoint("llama"))
+    with pytest.raises(LoraAdapterError, match=r"has no adapter_config\.json"):
+        convert_peft_adapter(tmp_path, cfg, tmp_path / "x")
+    qwen = adapters("qwen2", 1)
+    other = load_model_config(hf_checkpoint("qwen3"))  # head_dim 32: other shapes
+    with pytest.raises(LoraAdapterError, match="do not fit the base model"):
+        convert_peft_adapter(qwen, other, tmp_path / "x")
+    dora = tmp_path / "dora"
+    dora.mkdir()
+    (dora / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "use_dora": True}))
+    with pytest.raises(LoraAdapterError, match="use_dora: DoRA adapters are not supported"):
+        convert_peft_adapter(dora, cfg, tmp_path / "x")
+    assert issubclass(LoraAdapterError, BuildInputError)
+
+
+def test_lora_inputs_cost_nothing_without_an_adapter(hf_checkpoint: Callable[..., Path],
+                                                     built_bundle: Callable[..., Path]) -> None:
+    """A LoRA-capable bundle with no adapter active answers exactly like the plain one."""
+    checkpoint = hf_checkpoint("qwen2")
+    plain, capable = engine_of(built_bundle(checkpoint)), engine_of(built_bundle(checkpoint, lora=True))
+    try:
+        a, b = plain.prefill(0, PROMPT), capable.prefill(0, PROMPT)
+    finally:
+        plain.close()
+        capable.close()
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
