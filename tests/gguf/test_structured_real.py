@@ -20,7 +20,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from inference.openai import OpenAIServing, ServingOptions
-from inference.runtime.loader import load_engine
+from inference.runtime.onnxruntime_loader import load_engine
 from inference.tokenizer import load_tokenizer
 from tests.serving.conftest import LiveServer, make_app
 

@@ -295,7 +295,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="kv-length-off-by-one",
         why="the in-place engine tells attention one position too many (every token attends to a gap)",
-        path="inference/runtime/kv_engine.py",
+        path="inference/runtime/onnxruntime_engine.py",
         function="GqaEngine._run",
         find=r"seqlens = \(past \+ new - 1\)",
         replace="seqlens = (past + new)",
