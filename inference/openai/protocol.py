@@ -5,8 +5,10 @@ meaning here are accepted and have no effect: :data:`NO_EFFECT_FIELDS`) and the 
 implement (vLLM's sampling and guided-decoding fields, llama-server's ``grammar`` /
 ``json_schema`` / ``cache_prompt``, Ollama's ``keep_alive``). Anything else is refused
 (``forbid_unknown_fields``): a misspelled ``max_token`` or a constraint we lack must be a 400
-naming it, never silently ignored. Nested objects (messages, tools) stay lenient. Ranges and
-combinations are checked in the handle so that every error names its field.
+naming it, never silently ignored. Nested objects (messages, tools) stay lenient. A request
+checks its own ranges as it turns into sampling parameters (:meth:`to_sampling`, as vLLM's
+``to_sampling_params``); what needs the model (prompt length, tokenizer) is checked by the
+model's handle. Every error names its field.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
+
+from inference.openai.errors import InvalidRequestError
+from inference.sampling import SamplingParams
 
 __all__ = [
     "NO_EFFECT_FIELDS",
@@ -54,6 +59,19 @@ __all__ = [
     "TopLogprobEntry",
     "Usage",
 ]
+
+
+#: Largest ``repetition_penalty`` (vLLM only asks > 0; past this the output is noise anyway).
+MAX_REPETITION_PENALTY = 10.0
+#: Most choices one request may ask for (``n``); they share one prefill of the prompt.
+MAX_N = 8
+#: Longest ``cache_salt``: a tenant id or a secret fits; it is hashed once per request.
+MAX_CACHE_SALT_CHARS = 1024
+
+
+def _check_range(value: float | None, param: str, lo: float, hi: float) -> None:
+    if value is not None and not lo <= value <= hi:
+        raise InvalidRequestError(f"{param} must be between {lo:g} and {hi:g}; got {value:g}", param=param)
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -184,6 +202,78 @@ class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     structured_outputs: StructuredOutputs | None = None
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
+
+    def to_sampling(self, vocab_size: int, top_logprobs: int | None) -> SamplingParams:
+        """The sampling parameters this request asks for, every range checked (400 naming the
+        field); ``logit_bias`` keys must be token ids below ``vocab_size``."""
+        req = self
+        if not 1 <= req.n <= MAX_N:
+            raise InvalidRequestError(f"n must be between 1 and {MAX_N}; got n={req.n}", param="n")
+        _check_range(req.temperature, "temperature", 0.0, 2.0)
+        _check_range(req.frequency_penalty, "frequency_penalty", -2.0, 2.0)
+        _check_range(req.presence_penalty, "presence_penalty", -2.0, 2.0)
+        if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1]; got {req.top_p:g}", param="top_p")
+        if req.top_k is not None and req.top_k < -1:
+            raise InvalidRequestError("top_k must be -1 or 0 (off) or a positive count", param="top_k")
+        _check_range(req.min_p, "min_p", 0.0, 1.0)
+        rep = req.repetition_penalty
+        if rep is not None and not (0.0 < rep <= MAX_REPETITION_PENALTY):
+            raise InvalidRequestError(
+                f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}] (1 = off); got {rep:g}",
+                param="repetition_penalty",
+            )
+        bias: dict[int, float] = {}
+        for key, value in (req.logit_bias or {}).items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise InvalidRequestError(
+                    f"logit_bias keys must be token ids; got {key!r}", param="logit_bias"
+                ) from None
+            if not 0 <= token < vocab_size:
+                raise InvalidRequestError(
+                    f"logit_bias token {token} is outside the vocabulary (0..{vocab_size - 1})",
+                    param="logit_bias",
+                )
+            _check_range(value, "logit_bias", -100.0, 100.0)
+            bias[token] = float(value)
+        return SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or 0,
+            seed=None if req.seed is None else req.seed % (1 << 64),
+            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty,
+            logit_bias=bias,
+            top_logprobs=top_logprobs,
+            min_p=req.min_p or 0.0,
+            repetition_penalty=1.0 if rep is None else rep,
+        )
+
+    def stop_strings(self) -> tuple[str, ...]:
+        """``stop`` as a tuple (400 for an empty string)."""
+        if self.stop is None:
+            return ()
+        items = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        for i, s in enumerate(items):
+            if not s:
+                raise InvalidRequestError("stop strings must not be empty", param=f"stop[{i}]")
+        return tuple(items)
+
+    def checked_cache_salt(self) -> str | None:
+        """vLLM's ``cache_salt``: a non-empty string of bounded length, or None."""
+        salt = self.cache_salt
+        if salt is None:
+            return None
+        if not salt:
+            raise InvalidRequestError("cache_salt must be a non-empty string when given", param="cache_salt")
+        if len(salt) > MAX_CACHE_SALT_CHARS:
+            raise InvalidRequestError(
+                f"cache_salt has {len(salt)} characters; at most {MAX_CACHE_SALT_CHARS} are allowed",
+                param="cache_salt",
+            )
+        return salt
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
