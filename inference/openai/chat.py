@@ -23,7 +23,6 @@ from inference.openai.errors import (
 )
 from inference.openai.handle import (
     DONE,
-    MAX_TOP_LOGPROBS,
     ChoiceRun,
     ModelHandle,
     Plan,
@@ -169,28 +168,9 @@ class ChatEndpoint:
         ``/v1/responses``); a streamed turn has waited for every choice's first output already.
         """
         handle.check_admitting()
-        _check_unsupported(req)
-        if (
-            req.max_tokens is not None
-            and req.max_completion_tokens is not None
-            and req.max_tokens != req.max_completion_tokens
-        ):
-            raise InvalidRequestError(
-                "max_tokens and max_completion_tokens differ; send only max_completion_tokens",
-                param="max_completion_tokens",
-            )
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        top: int | None = None
-        if req.top_logprobs is not None:
-            if not req.logprobs:
-                raise InvalidRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
-            if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
-                raise InvalidRequestError(
-                    f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs"
-                )
-        if req.logprobs:
-            top = req.top_logprobs or 0
+        req.check_supported()
+        max_tokens, param = req.output_limit()
+        top = req.top_logprobs_asked()
         self.check_size(handle, req.messages)
         tool_plan = _tool_setup(handle, req)
         tools = tool_plan.tools
@@ -495,22 +475,6 @@ async def _output_grammar(handle: ModelHandle, req: ChatCompletionRequest, plan:
         param="tool_choice",
     )
     return grammar
-
-
-def _check_unsupported(req: ChatCompletionRequest) -> None:
-    """400 for fields of OpenAI's reference that ask for what this server cannot do (text-only
-    models, no web access); accepted when they ask for nothing."""
-    if req.audio is not None:
-        raise InvalidRequestError("audio output is not supported: the models here write text", param="audio")
-    if req.modalities is not None and any(m != "text" for m in req.modalities):
-        raise InvalidRequestError("only the 'text' modality is supported", param="modalities")
-    if req.web_search_options is not None:
-        raise InvalidRequestError("web search is not supported by this server", param="web_search_options")
-    for name in ("functions", "function_call"):
-        if getattr(req, name) is not None:
-            raise InvalidRequestError(
-                f"{name} (deprecated by OpenAI) is not supported: send tools and tool_choice", param=name
-            )
 
 
 def _chat_logprobs(lps: Sequence[TokenLogprob]) -> ChatLogprobs:

@@ -21,7 +21,6 @@ from inference.openai.handle import (
     DONE,
     MAX_PROMPT_LIST_TOKENS,
     MAX_PROMPTS,
-    MAX_TOP_LOGPROBS,
     ChoiceRun,
     ModelHandle,
     Plan,
@@ -163,16 +162,7 @@ class CompletionEndpoint:
     ) -> CompletionResponse | AsyncIterator[str]:
         handle = lease.handle
         handle.check_admitting()
-        if req.suffix:
-            raise InvalidRequestError(
-                f"suffix is not supported: the model {req.model!r} on this server does not do insertion "
-                "(fill-in-the-middle); send the whole prompt without suffix",
-                param="suffix",
-            )
-        if req.best_of not in (None, 1):
-            raise InvalidRequestError("only best_of=1 is supported", param="best_of")
-        if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
+        req.check_supported()
         fmt = req.response_format
         taken = "response_format" if fmt is not None and fmt.type != "text" else None
         grammar = await handle.guided_grammar(req, taken) or await handle.response_format_grammar(fmt)

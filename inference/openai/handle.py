@@ -47,7 +47,6 @@ __all__ = ["AUTO_PARSERS", "ModelHandle", "ServingObserver", "ServingOptions", "
 # Metrics hooks: the scheduler calls them from its thread.
 ServingObserver = SchedulerObserver
 
-MAX_TOP_LOGPROBS = 20
 #: Most prompts one ``/v1/completions`` request may list (OpenAI's own limit is 2048 for
 #: embeddings-style batches; a generating server holds every choice of every prompt at once,
 #: and the scheduler's slots and queue bound that further).

@@ -67,6 +67,8 @@ MAX_REPETITION_PENALTY = 10.0
 MAX_N = 8
 #: Longest ``cache_salt``: a tenant id or a secret fits; it is hashed once per request.
 MAX_CACHE_SALT_CHARS = 1024
+#: Most alternatives per token ``logprobs`` / ``top_logprobs`` may ask for.
+MAX_TOP_LOGPROBS = 20
 
 
 def _check_range(value: float | None, param: str, lo: float, hi: float) -> None:
@@ -287,6 +289,20 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     suffix: str | None = None
     response_format: ResponseFormat | None = None
 
+    def check_supported(self) -> None:
+        """400 for what this server cannot do: ``suffix`` (insertion), ``best_of`` > 1, more
+        ``logprobs`` alternatives than :data:`MAX_TOP_LOGPROBS`."""
+        if self.suffix:
+            raise InvalidRequestError(
+                f"suffix is not supported: the model {self.model!r} on this server does not do insertion "
+                "(fill-in-the-middle); send the whole prompt without suffix",
+                param="suffix",
+            )
+        if self.best_of not in (None, 1):
+            raise InvalidRequestError("only best_of=1 is supported", param="best_of")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
+
 
 class ContentPart(msgspec.Struct):
     """One part of a message's content; only ``{"type": "text", "text": ...}`` is supported."""
@@ -380,6 +396,52 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     store: bool | None = None
     verbosity: str | None = None
 
+
+    def check_supported(self) -> None:
+        """400 for fields of OpenAI's reference that ask for what this server cannot do (text-only
+        models, no web access); accepted when they ask for nothing."""
+        if self.audio is not None:
+            raise InvalidRequestError(
+                "audio output is not supported: the models here write text", param="audio"
+            )
+        if self.modalities is not None and any(m != "text" for m in self.modalities):
+            raise InvalidRequestError("only the 'text' modality is supported", param="modalities")
+        if self.web_search_options is not None:
+            raise InvalidRequestError(
+                "web search is not supported by this server", param="web_search_options"
+            )
+        for name in ("functions", "function_call"):
+            if getattr(self, name) is not None:
+                raise InvalidRequestError(
+                    f"{name} (deprecated by OpenAI) is not supported: send tools and tool_choice", param=name
+                )
+
+    def output_limit(self) -> tuple[int | None, str]:
+        """The most tokens to generate (None: what the context leaves) and the field that said so:
+        ``max_completion_tokens``, or the older ``max_tokens`` (400 when both differ)."""
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise InvalidRequestError(
+                "max_tokens and max_completion_tokens differ; send only max_completion_tokens",
+                param="max_completion_tokens",
+            )
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    def top_logprobs_asked(self) -> int | None:
+        """How many alternatives per token to return (None: no logprobs)."""
+        if self.top_logprobs is not None:
+            if not self.logprobs:
+                raise InvalidRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+            if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+                raise InvalidRequestError(
+                    f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs"
+                )
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
     """``POST /tokenize`` (vLLM's shape): ``prompt``, or ``messages`` rendered by the chat template.
