@@ -72,6 +72,7 @@ from inference.openai.tokenize import TokenizeEndpoint
 __all__ = [
     "ANTHROPIC",
     "OPENAI",
+    "TOKENIZER",
     "ErrorSurface",
     "Route",
     "any_key_matches",
