@@ -39,7 +39,7 @@ from inference.builder import EngineBuildSpec, build_bundle  # noqa: E402
 from inference.builder.kernel_plan import KernelPlan, kernel_plan  # noqa: E402
 from inference.cpu_class import cpu_class  # noqa: E402
 from inference.runtime.generate import generate  # noqa: E402
-from inference.runtime.loader import load_ort_engine  # noqa: E402
+from inference.runtime.onnxruntime_loader import load_ort_engine  # noqa: E402
 from inference.tokenizer import load_tokenizer  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

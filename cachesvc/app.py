@@ -3,7 +3,7 @@
 ``serve(config)`` does the heavy, failure-prone work before the HTTP server starts (schema
 upgrade, reconcile, and with a model argument: prepare, lease, engine load), so a bad model or a
 failed build exits non-zero with the reason and nothing listens. ``create_app`` wires one app
-around a :class:`~inference.openai.pool.ModelPool` that serves every ready bundle of the catalog,
+around a :class:`~inference.model_pool.ModelPool` that serves every ready bundle of the catalog,
 loading engines on demand through the injected ``engine_factory``; the startup model (if any)
 stays loaded. On shutdown the pool drains every loaded model, closes the engines and releases
 every bundle lease.
@@ -49,8 +49,8 @@ from cachesvc.records import PrepareResult
 from cachesvc.served_models import CatalogModels
 from inference.build_profile import CHAIN_SPECULATIVE_METHODS, METHODS_WITH_DRAFT_BUNDLE
 from inference.context_cache import PrefixStore
-from inference.openai import OpenAIServing, ServingOptions, load_tokenizer, openai_router
-from inference.openai.pool import HandleFactory, ModelPool, ModelRef, PoolLimits
+from inference.model_pool import HandleFactory, ModelPool, ModelRef, PoolLimits
+from inference.openai import ModelHandle, ServingOptions, load_tokenizer, openai_router
 from inference.runtime.protocol import Engine
 from inference.speculative import ProposerFactory
 from inference.structured import GrammarLimits
@@ -78,7 +78,7 @@ class Runtime:
     prepared: PrepareResult
     lease: BundleLease
     engine: Engine
-    serving: OpenAIServing
+    serving: ModelHandle
 
     closed: bool = False
 
@@ -123,7 +123,6 @@ def load_runtime(
             prepared.bundle_id,
             name=config.served_name,
             observer=observer,
-            check_model_name=False,
             draft_dir=prepared.draft_bundle_dir,
         )
         engine = serving.engine
@@ -164,9 +163,8 @@ def build_serving(
     *,
     name: str,
     observer: Any = None,
-    check_model_name: bool = False,
     draft_dir: Any = None,
-) -> OpenAIServing:
+) -> ModelHandle:
     """Load one bundle's engine and wrap it in its per-model handle (tokenizer, scheduler,
     parsers) with this server's limits; the engine is closed again when that fails.
 
@@ -188,7 +186,6 @@ def build_serving(
             reasoning_parser=config.reasoning_parser,
             tool_call_parser=config.tool_call_parser,
             enable_auto_tool_choice=config.enable_auto_tool_choice,
-            check_model_name=check_model_name,
             model_type=info.model_type,
             grammar_limits=GrammarLimits(
                 max_schema_bytes=config.max_schema_bytes,
@@ -203,7 +200,7 @@ def build_serving(
                 "memory_bytes": info.memory_bytes,
             },
         )
-        return OpenAIServing(
+        return ModelHandle(
             engine,
             tokenizer,
             options,
@@ -259,7 +256,7 @@ def handle_factory(
     """The pool's loader: a model's handle from its bundle, with its own metrics label."""
     factory = engine_factory or _default_engine_factory
 
-    def build(ref: ModelRef) -> OpenAIServing:
+    def build(ref: ModelRef) -> ModelHandle:
         observer = metrics.serving.for_model(ref.name) if metrics is not None else None
         return build_serving(
             config,

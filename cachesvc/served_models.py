@@ -31,8 +31,8 @@ from typing import Any
 from cachesvc.errors import CatalogUnavailableError, CorruptBundleError, NotFoundError
 from cachesvc.manager import BundleLease, CacheManager, CombinedLease
 from cachesvc.records import AliasInfo, BundleInfo
+from inference.model_pool import ModelRef, not_found
 from inference.openai.errors import ModelNotFoundError, ServerUnavailableError
-from inference.openai.pool import ModelRef, not_found
 
 #: Ready bundles /v1/models looks at (most recently used first).
 LIST_LIMIT = 500

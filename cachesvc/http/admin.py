@@ -50,8 +50,8 @@ from cachesvc.http.schemas import (
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 from cachesvc.records import EvictionResult
+from inference.model_pool import ModelPool
 from inference.openai.body_checks import LARGE_BODY_BYTES, has_body, json_nesting_error
-from inference.openai.pool import ModelPool
 
 Manager = NamedDependency[CacheManager]
 #: This server's model pool (engines loaded here); ``unload_idle`` unloads through it.

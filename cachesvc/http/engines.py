@@ -32,8 +32,8 @@ from cachesvc.http.schemas import (
 )
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import PROFILE_FIELDS, ProfileRequest
+from inference.model_pool import EngineStatus, ModelPool
 from inference.openai.errors import OpenAIError
-from inference.openai.pool import EngineStatus, ModelPool
 
 Manager = NamedDependency[CacheManager]
 Pool = NamedDependency[ModelPool]

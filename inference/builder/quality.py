@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from inference.builder.errors import BuildInputError
-from inference.runtime.kv_engine import GqaEngine
+from inference.runtime.onnxruntime_engine import GqaEngine
 from inference.tokenizer import load_tokenizer
 
 #: Greedy agreement a quantized bundle needs (share of the reference's tokens it also picks).

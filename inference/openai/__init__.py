@@ -1,15 +1,20 @@
-"""OpenAI-style serving: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
+"""OpenAI-style serving: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
+``/v1/responses``, Anthropic's ``/v1/messages``, vLLM's ``/tokenize`` and ``/detokenize``.
 
-Split as in vLLM: ``protocol`` (msgspec wire types), ``serving`` (request -> engine ->
-response/SSE, through the ``Engine`` protocol only), ``routes`` (thin Litestar handlers),
-``errors`` (one mapping to the OpenAI error body), ``reasoning`` and ``tool_parsers``.
+Split as in vLLM: wire types (``protocol``, ``anthropic_protocol``, ``responses_protocol``;
+requests check their own fields), one model's handle (``handle``: engine through the
+``Engine`` protocol only, tokenizer, scheduler, parsers), one endpoint object per API surface
+(``completions`` and ``chat`` hold the model pool; ``messages``, ``responses`` and ``tokenize``
+hold the chat endpoint), ``routes`` (a table of thin Litestar routes), ``errors`` (one mapping
+to the OpenAI and Anthropic error bodies), ``reasoning`` and ``tool_parsers``.
 
 Use from the app::
 
-    serving = OpenAIServing(engine, load_tokenizer(bundle_dir), ServingOptions(...), observer=metrics)
-    await serving.start()
-    app = Litestar([openai_router(lambda: serving), ...])
-    # shutdown: serving.begin_drain(); await serving.drain(grace); await serving.stop()
+    handle = ModelHandle(engine, load_tokenizer(bundle_dir), ServingOptions(...), observer=metrics)
+    pool = ModelPool(source, factory, PoolLimits())  # inference.model_pool
+    pool.adopt(ref, handle, lease)
+    app = Litestar([openai_router(pool, api_key=key), ...], on_startup=[pool.start])
+    # shutdown: await pool.drain(grace); await pool.stop(); await pool.close()
 """
 
 from __future__ import annotations
@@ -19,15 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from inference.openai.errors import OpenAIError
-    from inference.openai.pool import ModelPool, ModelRef, ModelSource, PoolLimits
-    from inference.openai.routes import ServingProvider, check_api_key, openai_router
-    from inference.openai.serving import (
+    from inference.openai.handle import (
         AUTO_PARSERS,
-        OpenAIServing,
+        ModelHandle,
         ServingObserver,
         ServingOptions,
         resolve_parsers,
     )
+    from inference.openai.routes import check_api_key, openai_router
     from inference.tokenizer import Tokenizer, load_tokenizer
 
 # Imported on first use (PEP 562), so that importing a light submodule such as
@@ -35,18 +39,13 @@ if TYPE_CHECKING:
 # Litestar, the scheduler and the tokenizer.
 _LAZY = {
     "OpenAIError": "inference.openai.errors",
-    "ModelPool": "inference.openai.pool",
-    "ModelRef": "inference.openai.pool",
-    "ModelSource": "inference.openai.pool",
-    "PoolLimits": "inference.openai.pool",
-    "ServingProvider": "inference.openai.routes",
     "check_api_key": "inference.openai.routes",
     "openai_router": "inference.openai.routes",
-    "AUTO_PARSERS": "inference.openai.serving",
-    "OpenAIServing": "inference.openai.serving",
-    "ServingObserver": "inference.openai.serving",
-    "ServingOptions": "inference.openai.serving",
-    "resolve_parsers": "inference.openai.serving",
+    "AUTO_PARSERS": "inference.openai.handle",
+    "ModelHandle": "inference.openai.handle",
+    "ServingObserver": "inference.openai.handle",
+    "ServingOptions": "inference.openai.handle",
+    "resolve_parsers": "inference.openai.handle",
     "Tokenizer": "inference.tokenizer",
     "load_tokenizer": "inference.tokenizer",
 }
@@ -61,15 +60,10 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AUTO_PARSERS",
-    "ModelPool",
-    "ModelRef",
-    "ModelSource",
+    "ModelHandle",
     "OpenAIError",
-    "OpenAIServing",
-    "PoolLimits",
     "ServingObserver",
     "ServingOptions",
-    "ServingProvider",
     "Tokenizer",
     "check_api_key",
     "load_tokenizer",

@@ -1,5 +1,5 @@
-"""``/v1/chat/completions`` on one model's handle: messages -> chat template -> response or SSE,
-with the reasoning and tool-call parsers."""
+"""``/v1/chat/completions`` over the model pool: messages -> chat template -> response or SSE,
+with the reasoning and tool-call parsers of the model's handle."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from inference.generation import StepOutput, TokenLogprob
+from inference.model_pool import ModelPool
 from inference.openai.errors import (
     ContextLengthExceededError,
     InvalidRequestError,
@@ -21,16 +22,14 @@ from inference.openai.errors import (
     error_body,
 )
 from inference.openai.handle import (
-    _DONE,
-    _RESERVED_TEMPLATE_KWARGS,
-    MAX_TOP_LOGPROBS,
+    DONE,
+    ChoiceRun,
     ModelHandle,
-    _closing,
-    _interleave,
-    _json,
-    _Plan,
-    _Run,
-    _usage,
+    Plan,
+    closing,
+    interleave,
+    to_json,
+    usage_of,
 )
 from inference.openai.protocol import (
     ChatCompletionChoice,
@@ -60,18 +59,22 @@ from inference.openai.tool_parsers import (
     forced_call_stream,
 )
 
-__all__ = ["ChatDelta", "ChatEndpoints", "ChatResult", "ChatTurn"]
+__all__ = ["ChatDelta", "ChatEndpoint", "ChatResult", "ChatTurn"]
+
+#: ``apply_chat_template`` arguments a client may not override through ``chat_template_kwargs``.
+_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "self"})
 
 
 @dataclass
 class ChatTurn:
-    """A submitted chat request: its plan, rendered prompt, tool parsing and running choices."""
+    """A submitted chat request: its model, plan, rendered prompt, tool parsing and running choices."""
 
-    plan: _Plan
+    handle: ModelHandle
+    plan: Plan
     prompt: str
     tools: list[dict[str, Any]]
     tool_parser: ToolParser | None
-    runs: list[_Run]
+    runs: list[ChoiceRun]
     #: A grammar forces tool calls (named ``tool_choice`` or ``required``): parse them as such.
     forced: bool = False
     #: Streamed turns: every choice's first output (awaited before the answer starts).
@@ -119,16 +122,20 @@ class _ToolPlan:
     name: str | None = None  # the one function a named tool_choice forces
 
 
-class ChatEndpoints(ModelHandle):
-    """``POST /v1/chat/completions``."""
+class ChatEndpoint:
+    """``POST /v1/chat/completions`` over the model pool; also the chat turn (template, submit,
+    parsed results and deltas) that ``/v1/messages``, ``/v1/responses`` and ``/tokenize`` share."""
 
-    def _check_chat_size(self, messages: Sequence[ChatMessage]) -> None:
+    def __init__(self, pool: ModelPool) -> None:
+        self.pool = pool
+
+    def check_size(self, handle: ModelHandle, messages: Sequence[ChatMessage]) -> None:
         """Refuse, before any template work, a conversation that cannot fit the input limit.
 
         Every chat template renders at least one token (a role marker) per message, and the
         text of the messages at most ``max_token_chars`` characters per token.
         """
-        limit = self.options.max_input_len
+        limit = handle.options.max_input_len
         if len(messages) > limit:
             raise ContextLengthExceededError(
                 f"the conversation has {len(messages)} messages; this model accepts at most {limit} "
@@ -141,160 +148,42 @@ class ChatEndpoints(ModelHandle):
                 chars += len(m.content)
             elif isinstance(m.content, list):
                 chars += sum(len(p.text or "") for p in m.content)
-        self._check_text_length(chars, "messages")
+        handle.check_text_length(chars, "messages")
 
-    def _chat_messages(self, messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-        if not messages:
-            raise InvalidRequestError("messages must contain at least one message", param="messages")
-        out: list[dict[str, Any]] = []
-        for i, m in enumerate(messages):
-            role = "system" if m.role == "developer" else m.role
-            if role not in ("system", "user", "assistant", "tool"):
-                raise InvalidRequestError(
-                    f"messages[{i}].role must be system, developer, user, assistant or tool; got {m.role!r}",
-                    param=f"messages[{i}].role",
-                )
-            content: str | None
-            if isinstance(m.content, list):
-                parts: list[str] = []
-                for j, part in enumerate(m.content):
-                    if part.type != "text" or part.text is None:
-                        raise InvalidRequestError(
-                            f"messages[{i}].content[{j}] has type {part.type!r}; only text parts "
-                            "({'type': 'text', 'text': ...}) are supported",
-                            param=f"messages[{i}].content[{j}].type",
-                        )
-                    parts.append(part.text)
-                content = "\n".join(parts)
-            else:
-                content = m.content
-            if content is None and not (role == "assistant" and m.tool_calls):
-                raise InvalidRequestError(
-                    f"messages[{i}].content is required", param=f"messages[{i}].content"
-                )
-            msg: dict[str, Any] = {"role": role, "content": content if content is not None else ""}
-            if m.name is not None:
-                msg["name"] = m.name
-            if m.tool_call_id is not None:
-                msg["tool_call_id"] = m.tool_call_id
-            if m.reasoning_content is not None:
-                msg["reasoning_content"] = m.reasoning_content
-            if m.tool_calls:
-                calls = []
-                for tc in m.tool_calls:
-                    # Templates expect arguments as a mapping (they tojson it themselves).
-                    try:
-                        args: Any = json.loads(tc.function.arguments)
-                    except ValueError:
-                        args = tc.function.arguments
-                    calls.append(
-                        {
-                            "id": tc.id,
-                            "type": "function",
-                            "function": {"name": tc.function.name, "arguments": args},
-                        }
-                    )
-                msg["tool_calls"] = calls
-            out.append(msg)
-        return out
+    async def create_chat_completion(
+        self, req: ChatCompletionRequest
+    ) -> ChatCompletionResponse | AsyncIterator[str]:
+        """``POST /v1/chat/completions``: a response, or an iterator of SSE data strings."""
+        async with self.pool.lease(req.model, keep_alive=req.keep_alive) as lease:
+            turn = await self.start_turn(lease.handle, req)
+            rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+            if turn.plan.stream:
+                return lease.held_by(closing(turn.runs, self._chat_stream(turn, rid, created, req.model)))
+            return await self._chat_response(turn, req, rid, created)
 
-    def _tool_setup(self, req: ChatCompletionRequest) -> _ToolPlan:
-        """Tools for the template, the parser of the output, and whether a call is forced.
-
-        As in vLLM, a named ``tool_choice`` and ``required`` are enforced by a grammar and need
-        no ``--enable-auto-tool-choice``; without a configured parser the forced call is written
-        (and parsed) in the ``generic`` JSON format.
-        """
-        tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
-        choice = req.tool_choice
-        if choice is None:
-            choice = "auto" if tools else "none"
-        if isinstance(choice, NamedToolChoice):
-            if not tools:
-                raise InvalidRequestError("a named tool_choice needs tools", param="tool_choice")
-            parser = self._tools or TOOL_PARSERS["generic"]
-            return _ToolPlan(tools, parser, forced=True, name=choice.function.name)
-        if choice not in ("none", "auto", "required"):
-            raise InvalidRequestError(
-                f"tool_choice must be 'none', 'auto', 'required' or a named function; got {choice!r}",
-                param="tool_choice",
-            )
-        if choice == "none":
-            return _ToolPlan(tools, None)
-        if not tools:
-            raise InvalidRequestError(f"tool_choice={choice!r} needs tools", param="tool_choice")
-        if choice == "required":
-            return _ToolPlan(tools, self._tools or TOOL_PARSERS["generic"], forced=True)
-        if not self.options.enable_auto_tool_choice or self._tools is None:
-            raise InvalidRequestError(
-                f"tool_choice={choice!r} needs the server to run with --enable-auto-tool-choice and a "
-                f"--tool-call-parser (this one: {self.tool_call_parser_name})",
-                param="tool_choice",
-            )
-        return _ToolPlan(tools, self._tools)
-
-    async def _output_grammar(self, req: ChatCompletionRequest, plan: _ToolPlan) -> str | None:
-        """The grammar the output must follow: a forced tool call, or ``response_format``."""
-        rf = req.response_format
-        if not plan.forced or plan.parser is None:
-            taken = "response_format" if rf is not None and rf.type != "text" else None
-            return await self._guided_grammar(req, taken) or await self._response_format_grammar(rf)
-        if rf is not None and rf.type != "text":
-            raise InvalidRequestError(
-                "response_format cannot constrain the output when tool_choice forces a tool call",
-                param="response_format",
-            )
-        await self._guided_grammar(req, "tool_choice")  # refuses a second constraint
-        tools, fmt, name = plan.tools or [], plan.parser.name, plan.name
-        parallel = name is None and req.parallel_tool_calls is not False
-        grammar: str = await self._compile(
-            lambda: self._grammars.tool_call_grammar(tools, call_format=fmt, name=name, parallel=parallel),
-            param="tool_choice",
-        )
-        return grammar
-
-    async def _start_chat(self, req: ChatCompletionRequest) -> ChatTurn:
+    async def start_turn(self, handle: ModelHandle, req: ChatCompletionRequest) -> ChatTurn:
         """Validate, render the template, tokenize and submit the request's ``n`` choices.
 
         Shared by every chat-shaped surface (``/v1/chat/completions``, ``/v1/messages``,
         ``/v1/responses``); a streamed turn has waited for every choice's first output already.
         """
-        self.check_admitting()
-        self._check_model(req.model)
-        _check_unsupported(req)
-        if (
-            req.max_tokens is not None
-            and req.max_completion_tokens is not None
-            and req.max_tokens != req.max_completion_tokens
-        ):
-            raise InvalidRequestError(
-                "max_tokens and max_completion_tokens differ; send only max_completion_tokens",
-                param="max_completion_tokens",
-            )
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        top: int | None = None
-        if req.top_logprobs is not None:
-            if not req.logprobs:
-                raise InvalidRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
-            if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
-                raise InvalidRequestError(
-                    f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs"
-                )
-        if req.logprobs:
-            top = req.top_logprobs or 0
-        self._check_chat_size(req.messages)
-        tool_plan = self._tool_setup(req)
+        handle.check_admitting()
+        req.check_supported()
+        max_tokens, param = req.output_limit()
+        top = req.top_logprobs_asked()
+        self.check_size(handle, req.messages)
+        tool_plan = _tool_setup(handle, req)
         tools = tool_plan.tools
-        grammar = await self._output_grammar(req, tool_plan)
-        prompt = await self._render_chat(
+        grammar = await _output_grammar(handle, req, tool_plan)
+        prompt = await self.render(
+            handle,
             req.messages,
             tools=tools,
             add_generation_prompt=req.add_generation_prompt,
             chat_template_kwargs=req.chat_template_kwargs,
         )
-        ids = await self._encode(prompt, add_special_tokens=False, param="messages")
-        plan = self._plan(
+        ids = await handle.encode(prompt, add_special_tokens=False, param="messages")
+        plan = handle.plan(
             req,
             prompt_ids=ids,
             prompt_text=prompt,
@@ -304,19 +193,21 @@ class ChatEndpoints(ModelHandle):
             top_logprobs=top,
         )
         turn = ChatTurn(
+            handle=handle,
             plan=plan,
             prompt=prompt,
             tools=tools or [],
             tool_parser=tool_plan.parser,
-            runs=self._submit(plan, await self._constraints(grammar, plan.n)),
+            runs=handle.submit(plan, await handle.constraints(grammar, plan.n)),
             forced=tool_plan.forced,
         )
         if plan.stream:
-            turn.firsts = await self._first(turn.runs)
+            turn.firsts = await handle.first_outputs(turn.runs)
         return turn
 
-    async def _render_chat(
+    async def render(
         self,
+        handle: ModelHandle,
         messages: Sequence[ChatMessage],
         *,
         tools: list[dict[str, Any]] | None,
@@ -332,24 +223,25 @@ class ChatEndpoints(ModelHandle):
                 "own fields (messages, tools, add_generation_prompt)",
                 param="chat_template_kwargs",
             )
-        converted = self._chat_messages(messages)
+        converted = _template_messages(messages)
 
         def render() -> str:
-            return self.tokenizer.apply_chat_template(
+            return handle.tokenizer.apply_chat_template(
                 converted, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
             )
 
         return await asyncio.to_thread(render)
 
-    async def _chat_results(self, turn: ChatTurn) -> tuple[list[ChatResult], Usage]:
+    async def results(self, turn: ChatTurn) -> tuple[list[ChatResult], Usage]:
         """Every choice of a non-streamed turn, parsed (reasoning, tool calls), and the usage."""
-        outcomes = await self._collect_all(turn.runs)
+        handle = turn.handle
+        outcomes = await handle.collect_all(turn.runs)
         results: list[ChatResult] = []
         for index, (text, lps, last) in enumerate(outcomes):
             reasoning: str | None = None
             content: str | None = text
-            if self._reasoning is not None:
-                reasoning, content = self._reasoning.extract(text, turn.prompt)
+            if handle.reasoning is not None:
+                reasoning, content = handle.reasoning.extract(text, turn.prompt)
             calls: list[ParsedToolCall] = []
             if turn.forced and turn.tool_parser is not None and content is not None:
                 forced = forced_call_stream(turn.tool_parser, turn.tools)
@@ -362,15 +254,16 @@ class ChatEndpoints(ModelHandle):
             if calls and finish == "stop":
                 finish = "tool_calls"
             results.append(ChatResult(index, content, reasoning, calls, finish, last.stop_string, lps, last))
-        return results, _usage(*(r.last for r in results))
+        return results, usage_of(*(r.last for r in results))
 
-    async def _chat_deltas(self, turn: ChatTurn) -> AsyncIterator[ChatDelta]:
+    async def deltas(self, turn: ChatTurn) -> AsyncIterator[ChatDelta]:
         """The deltas of a streamed turn, choice by choice as they arrive; each choice's last
         delta carries its finish reason (``tool_calls`` when it called one) and ``turn.usage``
         is set once all ended. Raises the OpenAI error that ended a choice."""
         assert turn.firsts is not None
+        parser = turn.handle.reasoning
         reasonings = [
-            self._reasoning.stream(turn.plan.prompt_text) if self._reasoning is not None else None
+            parser.stream(turn.plan.prompt_text) if parser is not None else None
             for _ in turn.runs
         ]
         maker = forced_call_stream if turn.forced else ToolParser.stream
@@ -379,7 +272,7 @@ class ChatEndpoints(ModelHandle):
         ]
         called = [False] * len(turn.runs)
         lasts: list[StepOutput] = list(turn.firsts)
-        async for i, out in _interleave(turn.runs, turn.firsts):
+        async for i, out in interleave(turn.runs, turn.firsts):
             reasoning, tool_stream = reasonings[i], tool_streams[i]
             r, c = reasoning.feed(out.text) if reasoning is not None else ("", out.text)
             if out.finished and reasoning is not None:
@@ -399,17 +292,12 @@ class ChatEndpoints(ModelHandle):
             lasts[i] = out
             if r or c or events or lps or finish is not None:
                 yield ChatDelta(i, c, r, tuple(events), tuple(lps), finish, out.stop_string)
-        turn.usage = _usage(*lasts)
+        turn.usage = usage_of(*lasts)
 
-    async def create_chat_completion(
-        self, req: ChatCompletionRequest
-    ) -> ChatCompletionResponse | AsyncIterator[str]:
-        """``POST /v1/chat/completions``: a response, or an iterator of SSE data strings."""
-        turn = await self._start_chat(req)
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        if turn.plan.stream:
-            return _closing(turn.runs, self._chat_stream(turn, rid, created, req.model))
-        results, usage = await self._chat_results(turn)
+    async def _chat_response(
+        self, turn: ChatTurn, req: ChatCompletionRequest, rid: str, created: int
+    ) -> ChatCompletionResponse:
+        results, usage = await self.results(turn)
         choices = [
             ChatCompletionChoice(
                 index=r.index,
@@ -434,12 +322,13 @@ class ChatEndpoints(ModelHandle):
             index: int, delta: DeltaMessage, finish: str | None = None, lps: ChatLogprobs | None = None
         ) -> str:
             choice = ChatCompletionStreamChoice(index=index, delta=delta, finish_reason=finish, logprobs=lps)
-            return _json(ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[choice]))
+            response = ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[choice])
+            return to_json(response)
 
         try:
             for index in range(len(turn.runs)):
                 yield chunk(index, DeltaMessage(role="assistant", content=""))
-            async for d in self._chat_deltas(turn):
+            async for d in self.deltas(turn):
                 lps = _chat_logprobs(d.logprobs) if d.logprobs else None
                 if d.reasoning or d.content or lps is not None:
                     yield chunk(
@@ -458,34 +347,134 @@ class ChatEndpoints(ModelHandle):
                 if d.finish_reason is not None:
                     yield chunk(d.index, DeltaMessage(), finish=d.finish_reason)
             if turn.plan.include_usage and turn.usage is not None:
-                yield _json(
+                yield to_json(
                     ChatCompletionStreamResponse(
                         id=rid, created=created, model=model, choices=[], usage=turn.usage
                     )
                 )
         except OpenAIError as exc:
             # Headers are sent: a failure mid-stream can only be reported in the stream.
-            yield _json(error_body(exc))
+            yield to_json(error_body(exc))
         finally:
             for run in turn.runs:
                 run.close()
-        yield _DONE
+        yield DONE
 
 
-def _check_unsupported(req: ChatCompletionRequest) -> None:
-    """400 for fields of OpenAI's reference that ask for what this server cannot do (text-only
-    models, no web access); accepted when they ask for nothing."""
-    if req.audio is not None:
-        raise InvalidRequestError("audio output is not supported: the models here write text", param="audio")
-    if req.modalities is not None and any(m != "text" for m in req.modalities):
-        raise InvalidRequestError("only the 'text' modality is supported", param="modalities")
-    if req.web_search_options is not None:
-        raise InvalidRequestError("web search is not supported by this server", param="web_search_options")
-    for name in ("functions", "function_call"):
-        if getattr(req, name) is not None:
+def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """The messages as the chat template takes them (text parts joined, tool-call arguments as mappings)."""
+    if not messages:
+        raise InvalidRequestError("messages must contain at least one message", param="messages")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        role = "system" if m.role == "developer" else m.role
+        if role not in ("system", "user", "assistant", "tool"):
             raise InvalidRequestError(
-                f"{name} (deprecated by OpenAI) is not supported: send tools and tool_choice", param=name
+                f"messages[{i}].role must be system, developer, user, assistant or tool; got {m.role!r}",
+                param=f"messages[{i}].role",
             )
+        content: str | None
+        if isinstance(m.content, list):
+            parts: list[str] = []
+            for j, part in enumerate(m.content):
+                if part.type != "text" or part.text is None:
+                    raise InvalidRequestError(
+                        f"messages[{i}].content[{j}] has type {part.type!r}; only text parts "
+                        "({'type': 'text', 'text': ...}) are supported",
+                        param=f"messages[{i}].content[{j}].type",
+                    )
+                parts.append(part.text)
+            content = "\n".join(parts)
+        else:
+            content = m.content
+        if content is None and not (role == "assistant" and m.tool_calls):
+            raise InvalidRequestError(
+                f"messages[{i}].content is required", param=f"messages[{i}].content"
+            )
+        msg: dict[str, Any] = {"role": role, "content": content if content is not None else ""}
+        if m.name is not None:
+            msg["name"] = m.name
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content is not None:
+            msg["reasoning_content"] = m.reasoning_content
+        if m.tool_calls:
+            calls = []
+            for tc in m.tool_calls:
+                # Templates expect arguments as a mapping (they tojson it themselves).
+                try:
+                    args: Any = json.loads(tc.function.arguments)
+                except ValueError:
+                    args = tc.function.arguments
+                calls.append(
+                    {
+                        "id": tc.id,
+                        "type": "function",
+                        "function": {"name": tc.function.name, "arguments": args},
+                    }
+                )
+            msg["tool_calls"] = calls
+        out.append(msg)
+    return out
+
+
+
+def _tool_setup(handle: ModelHandle, req: ChatCompletionRequest) -> _ToolPlan:
+    """Tools for the template, the parser of the output, and whether a call is forced.
+
+    As in vLLM, a named ``tool_choice`` and ``required`` are enforced by a grammar and need
+    no ``--enable-auto-tool-choice``; without a configured parser the forced call is written
+    (and parsed) in the ``generic`` JSON format.
+    """
+    tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
+    choice = req.tool_choice
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if isinstance(choice, NamedToolChoice):
+        if not tools:
+            raise InvalidRequestError("a named tool_choice needs tools", param="tool_choice")
+        parser = handle.tool_parser or TOOL_PARSERS["generic"]
+        return _ToolPlan(tools, parser, forced=True, name=choice.function.name)
+    if choice not in ("none", "auto", "required"):
+        raise InvalidRequestError(
+            f"tool_choice must be 'none', 'auto', 'required' or a named function; got {choice!r}",
+            param="tool_choice",
+        )
+    if choice == "none":
+        return _ToolPlan(tools, None)
+    if not tools:
+        raise InvalidRequestError(f"tool_choice={choice!r} needs tools", param="tool_choice")
+    if choice == "required":
+        return _ToolPlan(tools, handle.tool_parser or TOOL_PARSERS["generic"], forced=True)
+    if not handle.options.enable_auto_tool_choice or handle.tool_parser is None:
+        raise InvalidRequestError(
+            f"tool_choice={choice!r} needs the server to run with --enable-auto-tool-choice and a "
+            f"--tool-call-parser (this one: {handle.tool_call_parser_name})",
+            param="tool_choice",
+        )
+    return _ToolPlan(tools, handle.tool_parser)
+
+
+
+async def _output_grammar(handle: ModelHandle, req: ChatCompletionRequest, plan: _ToolPlan) -> str | None:
+    """The grammar the output must follow: a forced tool call, or ``response_format``."""
+    rf = req.response_format
+    if not plan.forced or plan.parser is None:
+        taken = "response_format" if rf is not None and rf.type != "text" else None
+        return await handle.guided_grammar(req, taken) or await handle.response_format_grammar(rf)
+    if rf is not None and rf.type != "text":
+        raise InvalidRequestError(
+            "response_format cannot constrain the output when tool_choice forces a tool call",
+            param="response_format",
+        )
+    await handle.guided_grammar(req, "tool_choice")  # refuses a second constraint
+    tools, fmt, name = plan.tools or [], plan.parser.name, plan.name
+    parallel = name is None and req.parallel_tool_calls is not False
+    grammar: str = await handle.compile_grammar(
+        lambda: handle.grammars.tool_call_grammar(tools, call_format=fmt, name=name, parallel=parallel),
+        param="tool_choice",
+    )
+    return grammar
 
 
 def _chat_logprobs(lps: Sequence[TokenLogprob]) -> ChatLogprobs:

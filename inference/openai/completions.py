@@ -1,4 +1,4 @@
-"""``/v1/completions`` on one model's handle: prompt(s) (text or token ids) -> response or SSE."""
+"""``/v1/completions`` over the model pool: prompt(s) (text or token ids) -> response or SSE."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from inference.generation import StepOutput, TokenLogprob
+from inference.model_pool import ModelLease, ModelPool
 from inference.openai.errors import (
     ContextLengthExceededError,
     InvalidRequestError,
@@ -16,18 +17,17 @@ from inference.openai.errors import (
     error_body,
 )
 from inference.openai.handle import (
-    _CHARS_MARGIN,
-    _DONE,
+    CHARS_MARGIN,
+    DONE,
     MAX_PROMPT_LIST_TOKENS,
     MAX_PROMPTS,
-    MAX_TOP_LOGPROBS,
+    ChoiceRun,
     ModelHandle,
-    _closing,
-    _interleave,
-    _json,
-    _Plan,
-    _Run,
-    _usage,
+    Plan,
+    closing,
+    interleave,
+    to_json,
+    usage_of,
 )
 from inference.openai.protocol import (
     CompletionChoice,
@@ -38,13 +38,31 @@ from inference.openai.protocol import (
     CompletionStreamResponse,
 )
 
-__all__ = ["CompletionEndpoints"]
+__all__ = ["CompletionEndpoint"]
 
 
-class CompletionEndpoints(ModelHandle):
-    """``POST /v1/completions``."""
+class CompletionEndpoint:
+    """``POST /v1/completions`` over the model pool."""
 
-    def _prompt_list(self, req: CompletionRequest) -> list[str | list[int]]:
+    def __init__(self, pool: ModelPool) -> None:
+        self.pool = pool
+
+    async def create_completion(self, req: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
+        """``POST /v1/completions``: a response, or an iterator of SSE data strings.
+
+        ``prompt`` may list several prompts (strings, or lists of token ids): their choices are
+        submitted together (the scheduler batches them) and indexed as OpenAI does, prompt-major:
+        choice ``j`` of prompt ``i`` is ``index = i * n + j``; ``usage`` counts every prompt once
+        and sums the completions.
+
+        ``echo`` puts the prompt text before each choice's text; with ``logprobs`` the prompt's
+        tokens are listed too, with ``null`` logprobs (the engine computes logits for the last
+        prompt position only).
+        """
+        async with self.pool.lease(req.model, keep_alive=req.keep_alive) as lease:
+            return await self._complete(lease, req)
+
+    def _prompt_list(self, handle: ModelHandle, req: CompletionRequest) -> list[str | list[int]]:
         """``prompt`` in each form OpenAI accepts, as a list of prompts: a string, a list of
         strings, a list of token ids (one prompt), or a list of lists of token ids."""
         prompt = req.prompt
@@ -63,7 +81,7 @@ class CompletionEndpoints(ModelHandle):
                 param="prompt",
             )
         n_seqs = len(prompts) * req.n
-        capacity = self._scheduler.max_batch_size + self._scheduler.max_queued_requests
+        capacity = handle.scheduler.max_batch_size + handle.scheduler.max_queued_requests
         if len(prompts) > MAX_PROMPTS:
             raise InvalidRequestError(
                 f"prompt lists {len(prompts)} prompts; at most {MAX_PROMPTS} are allowed per request",
@@ -78,16 +96,18 @@ class CompletionEndpoints(ModelHandle):
             )
         return prompts
 
-    async def _completion_prompts(self, req: CompletionRequest) -> list[tuple[list[int], str]]:
+    async def _completion_prompts(
+        self, handle: ModelHandle, req: CompletionRequest
+    ) -> list[tuple[list[int], str]]:
         """Every prompt of the request as (token ids, text), checked: each within the model's
         input length and vocabulary, all together within :data:`MAX_PROMPT_LIST_TOKENS`."""
-        prompts = self._prompt_list(req)
-        limit = self.options.max_input_len
+        prompts = self._prompt_list(handle, req)
+        limit = handle.options.max_input_len
         texts = [p for p in prompts if isinstance(p, str)]
         if len(prompts) > 1:
             # Refuse before tokenizing: the cost of a len(), not seconds of work.
             chars = sum(len(t) for t in texts)
-            budget = MAX_PROMPT_LIST_TOKENS * self.tokenizer.max_token_chars * _CHARS_MARGIN
+            budget = MAX_PROMPT_LIST_TOKENS * handle.tokenizer.max_token_chars * CHARS_MARGIN
             if chars > budget:
                 raise InvalidRequestError(
                     f"prompt lists {chars} characters, more than {MAX_PROMPT_LIST_TOKENS} tokens can "
@@ -97,7 +117,7 @@ class CompletionEndpoints(ModelHandle):
         for i, p in enumerate(prompts):
             where = f"prompt[{i}]" if len(prompts) > 1 else "prompt"
             if isinstance(p, str):
-                self._check_text_length(len(p), "prompt")
+                handle.check_text_length(len(p), "prompt")
             elif len(p) > limit:
                 raise ContextLengthExceededError(
                     f"{where} has {len(p)} tokens; this model accepts at most {limit} input tokens",
@@ -107,7 +127,7 @@ class CompletionEndpoints(ModelHandle):
                 raise InvalidRequestError(f"{where} is empty", param="prompt")
         encoded = await asyncio.gather(
             *(
-                asyncio.to_thread(self.tokenizer.encode, p, add_special_tokens=True)
+                asyncio.to_thread(handle.tokenizer.encode, p, add_special_tokens=True)
                 for p in texts
             )
         )
@@ -118,7 +138,7 @@ class CompletionEndpoints(ModelHandle):
                 out.append((next(by_text), p))
                 continue
             for t in p:
-                if not 0 <= t < self._vocab_size:
+                if not 0 <= t < handle.vocab_size:
                     raise InvalidRequestError(
                         f"prompt token id {t} is outside the vocabulary", param="prompt"
                     )
@@ -132,41 +152,23 @@ class CompletionEndpoints(ModelHandle):
             )
         # Token-id prompts are decoded for echo only (text prompts keep their own text).
         decoded = await asyncio.gather(
-            *(asyncio.to_thread(self.tokenizer.decode, ids) for ids, text in out if not text and req.echo)
+            *(asyncio.to_thread(handle.tokenizer.decode, ids) for ids, text in out if not text and req.echo)
         )
         texts_out = iter(decoded)
         return [(ids, text or (next(texts_out) if req.echo else "")) for ids, text in out]
 
-    async def create_completion(self, req: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
-        """``POST /v1/completions``: a response, or an iterator of SSE data strings.
-
-        ``prompt`` may list several prompts (strings, or lists of token ids): their choices are
-        submitted together (the scheduler batches them) and indexed as OpenAI does, prompt-major:
-        choice ``j`` of prompt ``i`` is ``index = i * n + j``; ``usage`` counts every prompt once
-        and sums the completions.
-
-        ``echo`` puts the prompt text before each choice's text; with ``logprobs`` the prompt's
-        tokens are listed too, with ``null`` logprobs (the engine computes logits for the last
-        prompt position only).
-        """
-        self.check_admitting()
-        self._check_model(req.model)
-        if req.suffix:
-            raise InvalidRequestError(
-                f"suffix is not supported: the model {req.model!r} on this server does not do insertion "
-                "(fill-in-the-middle); send the whole prompt without suffix",
-                param="suffix",
-            )
-        if req.best_of not in (None, 1):
-            raise InvalidRequestError("only best_of=1 is supported", param="best_of")
-        if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
+    async def _complete(
+        self, lease: ModelLease, req: CompletionRequest
+    ) -> CompletionResponse | AsyncIterator[str]:
+        handle = lease.handle
+        handle.check_admitting()
+        req.check_supported()
         fmt = req.response_format
         taken = "response_format" if fmt is not None and fmt.type != "text" else None
-        grammar = await self._guided_grammar(req, taken) or await self._response_format_grammar(fmt)
-        prompts = await self._completion_prompts(req)
+        grammar = await handle.guided_grammar(req, taken) or await handle.response_format_grammar(fmt)
+        prompts = await self._completion_prompts(handle, req)
         plans = [
-            self._plan(
+            handle.plan(
                 req,
                 prompt_ids=ids,
                 prompt_text=text,
@@ -182,17 +184,18 @@ class CompletionEndpoints(ModelHandle):
         for p in plans:
             echo = None
             if req.echo:
-                echo = _Echo(p.prompt_text, self._prompt_logprobs(p.prompt_ids) if p.want_logprobs else None)
+                prompt_lps = _prompt_logprobs(handle, p.prompt_ids) if p.want_logprobs else None
+                echo = _Echo(p.prompt_text, prompt_lps)
             echoes += [echo] * p.n
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        groups = self._submit_many([(p, await self._constraints(grammar, p.n)) for p in plans])
+        groups = handle.submit_many([(p, await handle.constraints(grammar, p.n)) for p in plans])
         runs = [run for group in groups for run in group]  # prompt-major: index = i * n + j
         if plan.stream:
-            firsts = await self._first(runs)
+            firsts = await handle.first_outputs(runs)
             stream = self._completion_stream(runs, firsts, plan, rid, created, req.model, echoes)
-            return _closing(runs, stream)
+            return lease.held_by(closing(runs, stream))
         choices: list[CompletionChoice] = []
-        outcomes = await self._collect_all(runs)
+        outcomes = await handle.collect_all(runs)
         for index, ((text_out, lps, last), echo) in enumerate(zip(outcomes, echoes, strict=True)):
             logprobs = None
             if plan.want_logprobs:
@@ -207,29 +210,14 @@ class CompletionEndpoints(ModelHandle):
                     logprobs=logprobs,
                 )
             )
-        usage = _usage(*(last for _, _, last in outcomes), n=plan.n)
+        usage = usage_of(*(last for _, _, last in outcomes), n=plan.n)
         return CompletionResponse(id=rid, created=created, model=req.model, choices=choices, usage=usage)
-
-    def _prompt_logprobs(self, ids: Sequence[int]) -> CompletionLogprobs:
-        """The prompt's tokens for an echo with logprobs: texts and offsets, no logprobs."""
-        tokens = [self.tokenizer.token_text(t) for t in ids]
-        offsets: list[int] = []
-        pos = 0
-        for tok in tokens:
-            offsets.append(pos)
-            pos += len(tok)
-        return CompletionLogprobs(
-            tokens=tokens,
-            token_logprobs=[None] * len(tokens),
-            top_logprobs=[None] * len(tokens),
-            text_offset=offsets,
-        )
 
     async def _completion_stream(
         self,
-        runs: list[_Run],
+        runs: list[ChoiceRun],
         firsts: list[StepOutput],
-        plan: _Plan,
+        plan: Plan,
         rid: str,
         created: int,
         model: str,
@@ -237,7 +225,7 @@ class CompletionEndpoints(ModelHandle):
     ) -> AsyncIterator[str]:
         def chunk(index: int, text: str, finish: str | None, lps: CompletionLogprobs | None) -> str:
             choice = CompletionStreamChoice(index=index, text=text, finish_reason=finish, logprobs=lps)
-            return _json(CompletionStreamResponse(id=rid, created=created, model=model, choices=[choice]))
+            return to_json(CompletionStreamResponse(id=rid, created=created, model=model, choices=[choice]))
 
         offsets = [len(echo.text) if echo else 0 for echo in echoes]
         lasts = list(firsts)
@@ -245,7 +233,7 @@ class CompletionEndpoints(ModelHandle):
             for index, echo in enumerate(echoes):
                 if echo is not None:
                     yield chunk(index, echo.text, None, echo.logprobs)
-            async for index, out in _interleave(runs, firsts):
+            async for index, out in interleave(runs, firsts):
                 lasts[index] = out
                 if out.text or out.logprobs or out.finished:
                     lps = _completion_logprobs(out.logprobs, offsets[index]) if plan.want_logprobs else None
@@ -253,15 +241,15 @@ class CompletionEndpoints(ModelHandle):
                     yield chunk(index, out.text, out.finish_reason, lps)
             if plan.include_usage:
                 usage = CompletionStreamResponse(
-                    id=rid, created=created, model=model, choices=[], usage=_usage(*lasts, n=plan.n)
+                    id=rid, created=created, model=model, choices=[], usage=usage_of(*lasts, n=plan.n)
                 )
-                yield _json(usage)
+                yield to_json(usage)
         except OpenAIError as exc:
-            yield _json(error_body(exc))
+            yield to_json(error_body(exc))
         finally:
             for run in runs:
                 run.close()
-        yield _DONE
+        yield DONE
 
 
 @dataclass(frozen=True)
@@ -271,6 +259,22 @@ class _Echo:
     text: str
     #: The prompt's tokens, when logprobs are asked for.
     logprobs: CompletionLogprobs | None
+
+
+def _prompt_logprobs(handle: ModelHandle, ids: Sequence[int]) -> CompletionLogprobs:
+    """The prompt's tokens for an echo with logprobs: texts and offsets, no logprobs."""
+    tokens = [handle.tokenizer.token_text(t) for t in ids]
+    offsets: list[int] = []
+    pos = 0
+    for tok in tokens:
+        offsets.append(pos)
+        pos += len(tok)
+    return CompletionLogprobs(
+        tokens=tokens,
+        token_logprobs=[None] * len(tokens),
+        top_logprobs=[None] * len(tokens),
+        text_offset=offsets,
+    )
 
 
 def _joined(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionLogprobs:

@@ -2,16 +2,16 @@
 
 :class:`ModelHandle` owns what every endpoint of one model shares: the scheduler thread that
 drives the engine (through the ``Engine`` protocol only), the reasoning and tool-call parsers,
-admission (ready, draining, unavailable), request validation and submission. The endpoints
-build on it: ``completions`` (``/v1/completions``), ``chat`` (``/v1/chat/completions``); the
-model pool (``pool``) holds one handle per loaded model.
+admission (ready, draining, unavailable), the checks that need the model (prompt length,
+vocabulary, grammars) and submission. The model pool (:mod:`inference.model_pool`) holds one
+handle per loaded model; the endpoints (``completions``, ``chat`` and the surfaces built on
+chat) lease a handle from the pool for each request and call it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,15 +24,12 @@ from inference.generation import GenerationState, StepOutput, TokenLogprob
 from inference.openai.errors import (
     ContextLengthExceededError,
     InvalidRequestError,
-    ModelNotFoundError,
     ServerUnavailableError,
     to_openai_error,
 )
 from inference.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    ModelCard,
-    ModelList,
     ResponseFormat,
     Usage,
 )
@@ -50,13 +47,6 @@ __all__ = ["AUTO_PARSERS", "ModelHandle", "ServingObserver", "ServingOptions", "
 # Metrics hooks: the scheduler calls them from its thread.
 ServingObserver = SchedulerObserver
 
-MAX_TOP_LOGPROBS = 20
-#: Largest ``repetition_penalty`` (vLLM only asks > 0; past this the output is noise anyway).
-MAX_REPETITION_PENALTY = 10.0
-#: Most choices one request may ask for (``n``); they share one prefill of the prompt.
-MAX_N = 8
-#: Longest ``cache_salt``: a tenant id or a secret fits; it is hashed once per request.
-MAX_CACHE_SALT_CHARS = 1024
 #: Most prompts one ``/v1/completions`` request may list (OpenAI's own limit is 2048 for
 #: embeddings-style batches; a generating server holds every choice of every prompt at once,
 #: and the scheduler's slots and queue bound that further).
@@ -66,10 +56,8 @@ MAX_PROMPTS = 64
 #: before anything is admitted.
 MAX_PROMPT_LIST_TOKENS = 65536
 #: Safety factor on the cheap "too long to tokenize" bound (normalizers may fold characters).
-_CHARS_MARGIN = 2
-#: ``apply_chat_template`` arguments a client may not override through ``chat_template_kwargs``.
-_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "self"})
-_DONE = "[DONE]"
+CHARS_MARGIN = 2
+DONE = "[DONE]"
 
 # ``auto`` parser choice by config.json ``model_type``: (reasoning parser, tool-call parser).
 # Qwen2/2.5 and Qwen3 write hermes-style <tool_call>{json}</tool_call>; Qwen3 thinks in
@@ -106,8 +94,6 @@ class ServingOptions:
     reasoning_parser: str = "auto"
     tool_call_parser: str = "auto"
     enable_auto_tool_choice: bool = False
-    #: False when a pool resolved the request's name already (aliases answer as themselves).
-    check_model_name: bool = True
     model_type: str = ""
     capabilities: Mapping[str, object] = field(default_factory=dict)
     #: What one request's structured-output constraint may cost (schema size, compile time).
@@ -125,16 +111,11 @@ class ServingOptions:
             raise ValueError("queue_timeout must be positive")
 
 
-def _json(value: msgspec.Struct | dict[str, Any]) -> str:
+def to_json(value: msgspec.Struct | dict[str, Any]) -> str:
     return msgspec.json.encode(value).decode("utf-8")
 
 
 # -- request checks -----------------------------------------------------------------------------
-
-
-def _check_range(value: float | None, param: str, lo: float, hi: float) -> None:
-    if value is not None and not lo <= value <= hi:
-        raise InvalidRequestError(f"{param} must be between {lo:g} and {hi:g}; got {value:g}", param=param)
 
 
 def _schema_object(value: object, param: str) -> object:
@@ -148,32 +129,8 @@ def _schema_object(value: object, param: str) -> object:
     return value
 
 
-def _cache_salt(salt: str | None) -> str | None:
-    """vLLM's ``cache_salt``: a non-empty string of bounded length, or None."""
-    if salt is None:
-        return None
-    if not salt:
-        raise InvalidRequestError("cache_salt must be a non-empty string when given", param="cache_salt")
-    if len(salt) > MAX_CACHE_SALT_CHARS:
-        raise InvalidRequestError(
-            f"cache_salt has {len(salt)} characters; at most {MAX_CACHE_SALT_CHARS} are allowed",
-            param="cache_salt",
-        )
-    return salt
-
-
-def _stop_list(stop: str | list[str] | None) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    items = [stop] if isinstance(stop, str) else list(stop)
-    for i, s in enumerate(items):
-        if not s:
-            raise InvalidRequestError("stop strings must not be empty", param=f"stop[{i}]")
-    return tuple(items)
-
-
 @dataclass(frozen=True)
-class _Plan:
+class Plan:
     """A validated request, ready for the scheduler."""
 
     prompt_ids: list[int]
@@ -193,11 +150,11 @@ class _Plan:
     ignore_eos: bool = False
 
 
-class _Run:
+class ChoiceRun:
     """One submitted request as seen from the event loop: outputs in order, then closed."""
 
-    def __init__(self, serving: ModelHandle, req: GenerationRequest, sink: AsyncOutputStream) -> None:
-        self._serving = serving
+    def __init__(self, handle: ModelHandle, req: GenerationRequest, sink: AsyncOutputStream) -> None:
+        self._handle = handle
         self._req = req
         self._sink = sink
         self._closed = False
@@ -218,8 +175,8 @@ class _Run:
             return
         self._closed = True
         self._sink.close()
-        self._serving._scheduler.cancel(self._req)
-        self._serving._request_done()
+        self._handle.scheduler.cancel(self._req)
+        self._handle._request_done()
 
 
 class ModelHandle:
@@ -249,13 +206,13 @@ class ModelHandle:
         )
         self.reasoning_parser_name = reasoning_name
         self.tool_call_parser_name = tool_name
-        self._reasoning: ReasoningParser | None = get_reasoning_parser(reasoning_name)
-        self._tools: ToolParser | None = get_tool_parser(tool_name)
+        self.reasoning: ReasoningParser | None = get_reasoning_parser(reasoning_name)
+        self.tool_parser: ToolParser | None = get_tool_parser(tool_name)
         # Ids the engine can emit but the tokenizer cannot decode (embedding padding) are out.
-        self._vocab_size = min(engine.info.vocab_size, tokenizer.vocab_size)
+        self.vocab_size = min(engine.info.vocab_size, tokenizer.vocab_size)
         self._eos_ids = tuple(dict.fromkeys((*tokenizer.eos_token_ids, *engine.info.eos_token_ids)))
-        self._grammars = GrammarCompiler(tokenizer, self._vocab_size, self._eos_ids, options.grammar_limits)
-        self._scheduler = Scheduler(
+        self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self._eos_ids, options.grammar_limits)
+        self.scheduler = Scheduler(
             engine,
             max_batch_size=options.max_batch_size,
             max_queued_requests=options.max_queued_requests,
@@ -266,7 +223,6 @@ class ModelHandle:
             proposer=proposer,
         )
         self._closers = tuple(closers)
-        self._created = int(time.time())
         self._started = False
         self._draining = False
         self._stopped = False
@@ -279,7 +235,7 @@ class ModelHandle:
 
     async def start(self) -> None:
         """Start the scheduler thread."""
-        self._scheduler.start()
+        self.scheduler.start()
         self._started = True
 
     @property
@@ -321,7 +277,7 @@ class ModelHandle:
             return
         self._draining = True
         self._stopped = True
-        await asyncio.to_thread(self._scheduler.stop)
+        await asyncio.to_thread(self.scheduler.stop)
 
     def health(self) -> dict[str, Any]:
         """Status for ``/health``: ok | draining | stopped (stopped also before start)."""
@@ -341,8 +297,8 @@ class ModelHandle:
             "tool_call_parser": self.tool_call_parser_name,
             "auto_tool_choice": self.options.enable_auto_tool_choice,
             "max_model_len": self.options.max_model_len,
-            "max_batch_size": self._scheduler.max_batch_size,
-            "context_reuse": self._scheduler.context_reuse,
+            "max_batch_size": self.scheduler.max_batch_size,
+            "context_reuse": self.scheduler.context_reuse,
         }
         caps.update(self.options.capabilities)
         extra = {"reason": self._unavailable} if self._unavailable is not None else {}
@@ -350,11 +306,11 @@ class ModelHandle:
             **extra,
             "status": status,
             "model": self.options.served_model_name,
-            "active_requests": self._scheduler.active,
-            "queued_requests": self._scheduler.queued,
+            "active_requests": self.scheduler.active,
+            "queued_requests": self.scheduler.queued,
             "capabilities": caps,
         }
-        cache = self._scheduler.context_cache_stats()
+        cache = self.scheduler.context_cache_stats()
         if cache is not None:
             health["context_cache"] = cache.as_dict()
         return health
@@ -362,7 +318,7 @@ class ModelHandle:
     @property
     def queued(self) -> int:
         """Requests of this model waiting for a slot."""
-        return int(self._scheduler.queued)
+        return int(self.scheduler.queued)
 
     def check_admitting(self) -> None:
         """Raise 503 unless requests are admitted now."""
@@ -378,83 +334,9 @@ class ModelHandle:
         if self._in_flight == 0:
             self._idle.set()
 
-    # -- models --------------------------------------------------------------------------------
-
-    def list_models(self) -> ModelList:
-        """``GET /v1/models``."""
-        self.check_admitting()
-        name = self.options.served_model_name
-        card = ModelCard(
-            id=name,
-            created=self._created,
-            owned_by="cachesvc",
-            max_model_len=self.options.max_model_len,
-            root=name,
-        )
-        return ModelList(data=[card])
-
-    def model_card(self, name: str) -> ModelCard:
-        """``GET /v1/models/{name}`` (404 ``model_not_found`` unless it is this model)."""
-        self._check_model(name)
-        return self.list_models().data[0]
-
-    def _check_model(self, model: str) -> None:
-        if self.options.check_model_name and model != self.options.served_model_name:
-            raise ModelNotFoundError(
-                f"the model {model!r} does not exist; this server serves {self.options.served_model_name!r}",
-                param="model",
-            )
-
     # -- shared request handling ---------------------------------------------------------------
 
-    def _sampling(
-        self, req: CompletionRequest | ChatCompletionRequest, top_logprobs: int | None
-    ) -> SamplingParams:
-        if not 1 <= req.n <= MAX_N:
-            raise InvalidRequestError(f"n must be between 1 and {MAX_N}; got n={req.n}", param="n")
-        _check_range(req.temperature, "temperature", 0.0, 2.0)
-        _check_range(req.frequency_penalty, "frequency_penalty", -2.0, 2.0)
-        _check_range(req.presence_penalty, "presence_penalty", -2.0, 2.0)
-        if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
-            raise InvalidRequestError(f"top_p must be in (0, 1]; got {req.top_p:g}", param="top_p")
-        if req.top_k is not None and req.top_k < -1:
-            raise InvalidRequestError("top_k must be -1 or 0 (off) or a positive count", param="top_k")
-        _check_range(req.min_p, "min_p", 0.0, 1.0)
-        rep = req.repetition_penalty
-        if rep is not None and not (0.0 < rep <= MAX_REPETITION_PENALTY):
-            raise InvalidRequestError(
-                f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}] (1 = off); got {rep:g}",
-                param="repetition_penalty",
-            )
-        bias: dict[int, float] = {}
-        for key, value in (req.logit_bias or {}).items():
-            try:
-                token = int(key)
-            except ValueError:
-                raise InvalidRequestError(
-                    f"logit_bias keys must be token ids; got {key!r}", param="logit_bias"
-                ) from None
-            if not 0 <= token < self._vocab_size:
-                raise InvalidRequestError(
-                    f"logit_bias token {token} is outside the vocabulary (0..{self._vocab_size - 1})",
-                    param="logit_bias",
-                )
-            _check_range(value, "logit_bias", -100.0, 100.0)
-            bias[token] = float(value)
-        return SamplingParams(
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=req.top_k or 0,
-            seed=None if req.seed is None else req.seed % (1 << 64),
-            frequency_penalty=req.frequency_penalty,
-            presence_penalty=req.presence_penalty,
-            logit_bias=bias,
-            top_logprobs=top_logprobs,
-            min_p=req.min_p or 0.0,
-            repetition_penalty=1.0 if rep is None else rep,
-        )
-
-    def _plan(
+    def plan(
         self,
         req: CompletionRequest | ChatCompletionRequest,
         *,
@@ -464,13 +346,13 @@ class ModelHandle:
         max_tokens: int | None,
         max_tokens_param: str,
         top_logprobs: int | None,
-    ) -> _Plan:
+    ) -> Plan:
         opts = self.options
-        params = self._sampling(req, top_logprobs)
-        stop = _stop_list(req.stop)
+        params = req.to_sampling(self.vocab_size, top_logprobs)
+        stop = req.stop_strings()
         stop_ids = tuple(req.stop_token_ids or ())
         for i, t in enumerate(stop_ids):
-            if not 0 <= t < self._vocab_size:
+            if not 0 <= t < self.vocab_size:
                 raise InvalidRequestError(
                     f"stop token id {t} is outside the vocabulary", param=f"stop_token_ids[{i}]"
                 )
@@ -503,7 +385,7 @@ class ModelHandle:
             raise InvalidRequestError(
                 "stream_options is only allowed with stream=true", param="stream_options"
             )
-        return _Plan(
+        return Plan(
             prompt_ids=prompt_ids,
             prompt_text=prompt_text,
             params=params,
@@ -514,17 +396,17 @@ class ModelHandle:
             stream=req.stream,
             include_usage=include_usage,
             cache_prompt=req.cache_prompt,
-            cache_salt=_cache_salt(req.cache_salt),
+            cache_salt=req.checked_cache_salt(),
             n=req.n,
             ignore_eos=req.ignore_eos,
         )
 
-    async def _response_format_grammar(self, fmt: ResponseFormat | None) -> str | None:
+    async def response_format_grammar(self, fmt: ResponseFormat | None) -> str | None:
         """The grammar ``response_format`` asks for (None for plain text); 400 when it is bad."""
         if fmt is None or fmt.type == "text":
             return None
         if fmt.type == "json_object":
-            return await self._compile(self._grammars.json_object_grammar)
+            return await self.compile_grammar(self.grammars.json_object_grammar)
         if fmt.type != "json_schema":
             raise InvalidRequestError(
                 f"response_format.type must be 'text', 'json_object' or 'json_schema'; got {fmt.type!r}",
@@ -538,11 +420,11 @@ class ModelHandle:
             )
         schema = spec.schema
         where = "response_format.json_schema.schema"
-        return await self._compile(
-            lambda: self._grammars.json_schema_grammar(schema, param=where), param=where
+        return await self.compile_grammar(
+            lambda: self.grammars.json_schema_grammar(schema, param=where), param=where
         )
 
-    async def _guided_grammar(
+    async def guided_grammar(
         self, req: CompletionRequest | ChatCompletionRequest, taken: str | None
     ) -> str | None:
         """The grammar of the extension constraint the request names (vLLM's ``guided_*`` and
@@ -551,7 +433,7 @@ class ModelHandle:
         ``taken``: the field that already constrains the output (``response_format``, a forcing
         ``tool_choice``); one request takes one constraint, so a second is a 400 naming it.
         """
-        g = self._grammars
+        g = self.grammars
         asked: list[tuple[str, Callable[[], str]]] = []
 
         def schema(param: str, value: object) -> None:
@@ -597,16 +479,16 @@ class ModelHandle:
                 f"{param} cannot be combined with {other}: a request takes one output constraint",
                 param=param,
             )
-        grammar: str = await self._compile(asked[0][1], param=first)
+        grammar: str = await self.compile_grammar(asked[0][1], param=first)
         return grammar
 
-    async def _compile(self, make: Any, *, param: str = "response_format") -> Any:
+    async def compile_grammar(self, make: Any, *, param: str = "response_format") -> Any:
         """Run a grammar step off the event loop under the compile deadline; turn its complaint
         into a 400 naming the field.
 
         A compile past the deadline answers 400 at once; its thread cannot be interrupted and
         finishes in the background (the size limits keep that rare and short)."""
-        timeout = self._grammars.limits.compile_timeout
+        timeout = self.grammars.limits.compile_timeout
         try:
             return await asyncio.wait_for(asyncio.to_thread(make), timeout)
         except StructuredOutputError as exc:
@@ -621,16 +503,18 @@ class ModelHandle:
         """A request's own matcher for ``grammar`` (its first mask starts filling at once)."""
         if grammar is None:
             return None
-        constraint: TokenConstraint = await self._compile(lambda: self._grammars.constraint(grammar))
+        constraint: TokenConstraint = await self.compile_grammar(lambda: self.grammars.constraint(grammar))
         return constraint
 
-    async def _constraints(self, grammar: str | None, n: int) -> list[TokenConstraint | None] | None:
+    async def constraints(self, grammar: str | None, n: int) -> list[TokenConstraint | None] | None:
         """One matcher of ``grammar`` per choice (each follows its own tokens); None without one."""
         if grammar is None:
             return None
         return [await self._constraint(grammar) for _ in range(n)]
 
-    def _submit(self, plan: _Plan, constraints: Sequence[TokenConstraint | None] | None = None) -> list[_Run]:
+    def submit(
+        self, plan: Plan, constraints: Sequence[TokenConstraint | None] | None = None
+    ) -> list[ChoiceRun]:
         """Queue the plan's ``n`` choices (all or none); choice ``i`` samples with ``seed + i``
         and, with ``constraints``, follows ``constraints[i]`` (then it never speculates: every
         token must pass its grammar's mask).
@@ -638,11 +522,11 @@ class ModelHandle:
         Choices after the first start from a copy of the first one's prompt KV (the scheduler's
         ``prefix_from``), so the prompt is prefilled once.
         """
-        return self._submit_many([(plan, constraints)])[0]
+        return self.submit_many([(plan, constraints)])[0]
 
-    def _submit_many(
-        self, plans: Sequence[tuple[_Plan, Sequence[TokenConstraint | None] | None]]
-    ) -> list[list[_Run]]:
+    def submit_many(
+        self, plans: Sequence[tuple[Plan, Sequence[TokenConstraint | None] | None]]
+    ) -> list[list[ChoiceRun]]:
         """Queue the choices of several plans (a list of prompts) as one group, all or none, so
         the scheduler batches them; the runs of each plan, in order (see :meth:`_submit`)."""
         self.check_admitting()
@@ -650,17 +534,17 @@ class ModelHandle:
         reqs = [req for group in groups for req, _ in group]
         try:
             if len(reqs) == 1:
-                self._scheduler.submit(reqs[0])
+                self.scheduler.submit(reqs[0])
             else:
-                self._scheduler.submit_group(reqs)
+                self.scheduler.submit_group(reqs)
         except Exception as exc:
             raise to_openai_error(exc) from exc
         self._in_flight += len(reqs)
         self._idle.clear()
-        return [[_Run(self, greq, sink) for greq, sink in group] for group in groups]
+        return [[ChoiceRun(self, greq, sink) for greq, sink in group] for group in groups]
 
     def _requests(
-        self, plan: _Plan, constraints: Sequence[TokenConstraint | None] | None
+        self, plan: Plan, constraints: Sequence[TokenConstraint | None] | None
     ) -> list[tuple[GenerationRequest, AsyncOutputStream]]:
         """The scheduler requests of one plan's ``n`` choices and their output streams."""
         loop = asyncio.get_running_loop()
@@ -683,7 +567,7 @@ class ModelHandle:
             constraint = constraints[i] if constraints is not None else None
             greq = GenerationRequest(
                 plan.prompt_ids,
-                Sampler(params, self._vocab_size, constraint, prompt_ids=plan.prompt_ids),
+                Sampler(params, self.vocab_size, constraint, prompt_ids=plan.prompt_ids),
                 state,
                 sink,
                 cache_prompt=plan.cache_prompt,
@@ -695,7 +579,7 @@ class ModelHandle:
             sinks.append(sink)
         return list(zip(reqs, sinks, strict=True))
 
-    async def _first(self, runs: Sequence[_Run]) -> list[StepOutput]:
+    async def first_outputs(self, runs: Sequence[ChoiceRun]) -> list[StepOutput]:
         """The first output of every choice."""
         # Waiting for the first output before answering lets queue errors (429) and engine
         # failures still become HTTP statuses, also for streamed requests.
@@ -706,7 +590,9 @@ class ModelHandle:
                 run.close()
             raise
 
-    async def _collect_all(self, runs: Sequence[_Run]) -> list[tuple[str, list[TokenLogprob], StepOutput]]:
+    async def collect_all(
+        self, runs: Sequence[ChoiceRun]
+    ) -> list[tuple[str, list[TokenLogprob], StepOutput]]:
         """Every choice to its end: (text, logprobs, last output) per choice."""
         try:
             return list(await asyncio.gather(*(self._collect(run) for run in runs)))
@@ -714,7 +600,7 @@ class ModelHandle:
             for run in runs:
                 run.close()
 
-    async def _collect(self, run: _Run) -> tuple[str, list[TokenLogprob], StepOutput]:
+    async def _collect(self, run: ChoiceRun) -> tuple[str, list[TokenLogprob], StepOutput]:
         texts: list[str] = []
         lps: list[TokenLogprob] = []
         try:
@@ -729,13 +615,13 @@ class ModelHandle:
 
     # -- prompt checks shared by the endpoints ---------------------------------------------------
 
-    def _check_text_length(self, chars: int, param: str) -> None:
+    def check_text_length(self, chars: int, param: str) -> None:
         """Refuse, before tokenizing, text that cannot fit ``max_input_len`` tokens.
 
         Tokenizing takes time proportional to the text; a prompt of many megabytes must be
         refused at the cost of a ``len``, not after seconds of work.
         """
-        limit = self.options.max_input_len * self.tokenizer.max_token_chars * _CHARS_MARGIN
+        limit = self.options.max_input_len * self.tokenizer.max_token_chars * CHARS_MARGIN
         if chars > limit:
             raise ContextLengthExceededError(
                 f"the prompt has {chars} characters, more than this model's {self.options.max_input_len} "
@@ -743,13 +629,13 @@ class ModelHandle:
                 param=param,
             )
 
-    async def _encode(self, text: str, *, add_special_tokens: bool, param: str) -> list[int]:
+    async def encode(self, text: str, *, add_special_tokens: bool, param: str) -> list[int]:
         """Length check, then tokenize in a worker thread (the event loop keeps serving)."""
-        self._check_text_length(len(text), param)
+        self.check_text_length(len(text), param)
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
 
 
-def _closing(runs: Sequence[_Run], stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+def closing(runs: Sequence[ChoiceRun], stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
     # A stream that is dropped before its first iteration never runs its ``finally``; tie the
     # requests' release to the generator's lifetime as well, so the slots and the in-flight
     # count are freed either way (close() is idempotent).
@@ -758,8 +644,8 @@ def _closing(runs: Sequence[_Run], stream: AsyncIterator[Any]) -> AsyncIterator[
     return stream
 
 
-async def _interleave(
-    runs: Sequence[_Run], firsts: Sequence[StepOutput]
+async def interleave(
+    runs: Sequence[ChoiceRun], firsts: Sequence[StepOutput]
 ) -> AsyncIterator[tuple[int, StepOutput]]:
     """``(choice index, output)`` of every choice as they arrive, starting with ``firsts``.
 
@@ -788,7 +674,7 @@ async def _interleave(
             run.close()
 
 
-def _usage(*outs: StepOutput, n: int | None = None) -> Usage:
+def usage_of(*outs: StepOutput, n: int | None = None) -> Usage:
     """Usage of a request's choices: each prompt counted once, the completions summed.
 
     ``outs`` are the choices in order; with ``n``, every ``n`` of them share one prompt (a

@@ -1,4 +1,4 @@
-"""``/v1/messages`` and ``/v1/messages/count_tokens`` (Anthropic Messages API) on one model's handle.
+"""``/v1/messages`` and ``/v1/messages/count_tokens`` (Anthropic Messages API) over the chat endpoint.
 
 A messages request becomes a chat request (system, text, ``tool_use`` / ``tool_result`` history,
 tools) and runs through the same chat turn as ``/v1/chat/completions``: template, scheduler,
@@ -34,9 +34,9 @@ from inference.openai.anthropic_protocol import (
     AnthropicToolUseBlock,
     AnthropicUsage,
 )
-from inference.openai.chat import ChatEndpoints, ChatTurn
+from inference.openai.chat import ChatEndpoint, ChatTurn
 from inference.openai.errors import InvalidRequestError, OpenAIError, anthropic_error_body, renamed_params
-from inference.openai.handle import _closing
+from inference.openai.handle import closing
 from inference.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -49,7 +49,16 @@ from inference.openai.protocol import (
     ToolCall,
 )
 
-__all__ = ["MessagesEndpoints", "anthropic_stop_reason"]
+__all__ = ["MessagesEndpoint", "anthropic_stop_reason"]
+
+#: Chat request fields -> the Anthropic fields they came from (for the ``param`` of a 400).
+_RENAMED = {
+    "stop": "stop_sequences",
+    "response_format": "output_config.format",
+    "response_format.type": "output_config.format.type",
+    "response_format.json_schema": "output_config.format.schema",
+    "response_format.json_schema.schema": "output_config.format.schema",
+}
 
 #: chat finish reason -> Anthropic stop_reason (``stop`` by a stop string is ``stop_sequence``).
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -179,8 +188,12 @@ def _event(kind: str, **data: Any) -> ServerSentEventMessage:
     return ServerSentEventMessage(event=kind, data=msgspec.json.encode({"type": kind, **data}).decode())
 
 
-class MessagesEndpoints(ChatEndpoints):
-    """``POST /v1/messages``, ``POST /v1/messages/count_tokens``."""
+class MessagesEndpoint:
+    """``POST /v1/messages``, ``POST /v1/messages/count_tokens``: a chat turn of the chat
+    endpoint, answered in Anthropic's shapes."""
+
+    def __init__(self, chat: ChatEndpoint) -> None:
+        self.chat = chat
 
     def _as_chat(self, req: AnthropicMessagesRequest) -> ChatCompletionRequest:
         if req.max_tokens < 1:
@@ -210,20 +223,18 @@ class MessagesEndpoints(ChatEndpoints):
         self, req: AnthropicMessagesRequest
     ) -> AnthropicMessagesResponse | AsyncIterator[ServerSentEventMessage]:
         """``POST /v1/messages``: a message, or Anthropic's event stream."""
-        with renamed_params(
-            {
-                "stop": "stop_sequences",
-                "response_format": "output_config.format",
-                "response_format.type": "output_config.format.type",
-                "response_format.json_schema": "output_config.format.schema",
-                "response_format.json_schema.schema": "output_config.format.schema",
-            }
-        ):
-            turn = await self._start_chat(self._as_chat(req))
-        mid = f"msg_{uuid.uuid4().hex}"
-        if turn.plan.stream:
-            return _closing(turn.runs, self._message_stream(turn, mid, req.model))
-        (result,), usage = await self._chat_results(turn)
+        async with self.chat.pool.lease(req.model, keep_alive=req.keep_alive) as lease:
+            with renamed_params(_RENAMED):
+                turn = await self.chat.start_turn(lease.handle, self._as_chat(req))
+            mid = f"msg_{uuid.uuid4().hex}"
+            if turn.plan.stream:
+                return lease.held_by(closing(turn.runs, self._message_stream(turn, mid, req.model)))
+            return await self._message(turn, req, mid)
+
+    async def _message(
+        self, turn: ChatTurn, req: AnthropicMessagesRequest, mid: str
+    ) -> AnthropicMessagesResponse:
+        (result,), usage = await self.chat.results(turn)
         content: list[AnthropicThinkingBlock | AnthropicTextBlock | AnthropicToolUseBlock] = []
         if result.reasoning:
             content.append(AnthropicThinkingBlock(thinking=result.reasoning))
@@ -244,19 +255,21 @@ class MessagesEndpoints(ChatEndpoints):
 
     async def count_message_tokens(self, req: AnthropicCountTokensRequest) -> AnthropicCountTokensResponse:
         """``POST /v1/messages/count_tokens``: the prompt's tokens as ``/v1/messages`` renders it."""
-        self.check_admitting()
-        self._check_model(req.model)
-        messages = _chat_messages(req)
-        tools, _ = _tools(req)
-        self._check_chat_size(messages)
-        prompt = await self._render_chat(
-            messages,
-            tools=[msgspec.to_builtins(t) for t in tools] if tools else None,
-            add_generation_prompt=True,
-            chat_template_kwargs=None,
-        )
-        ids = await self._encode(prompt, add_special_tokens=False, param="messages")
-        return AnthropicCountTokensResponse(input_tokens=len(ids))
+        async with self.chat.pool.lease(req.model, keep_alive=req.keep_alive) as lease:
+            handle = lease.handle
+            handle.check_admitting()
+            messages = _chat_messages(req)
+            tools, _ = _tools(req)
+            self.chat.check_size(handle, messages)
+            prompt = await self.chat.render(
+                handle,
+                messages,
+                tools=[msgspec.to_builtins(t) for t in tools] if tools else None,
+                add_generation_prompt=True,
+                chat_template_kwargs=None,
+            )
+            ids = await handle.encode(prompt, add_special_tokens=False, param="messages")
+            return AnthropicCountTokensResponse(input_tokens=len(ids))
 
     async def _message_stream(
         self, turn: ChatTurn, mid: str, model: str
@@ -289,7 +302,7 @@ class MessagesEndpoints(ChatEndpoints):
 
         try:
             yield _event("message_start", message=started)
-            async for d in self._chat_deltas(turn):
+            async for d in self.chat.deltas(turn):
                 if d.reasoning:
                     if open_kind != "thinking":
                         for e in open_block(

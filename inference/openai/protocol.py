@@ -5,8 +5,10 @@ meaning here are accepted and have no effect: :data:`NO_EFFECT_FIELDS`) and the 
 implement (vLLM's sampling and guided-decoding fields, llama-server's ``grammar`` /
 ``json_schema`` / ``cache_prompt``, Ollama's ``keep_alive``). Anything else is refused
 (``forbid_unknown_fields``): a misspelled ``max_token`` or a constraint we lack must be a 400
-naming it, never silently ignored. Nested objects (messages, tools) stay lenient. Ranges and
-combinations are checked in the handle so that every error names its field.
+naming it, never silently ignored. Nested objects (messages, tools) stay lenient. A request
+checks its own ranges as it turns into sampling parameters (:meth:`to_sampling`, as vLLM's
+``to_sampling_params``); what needs the model (prompt length, tokenizer) is checked by the
+model's handle. Every error names its field.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
+
+from inference.openai.errors import InvalidRequestError
+from inference.sampling import SamplingParams
 
 __all__ = [
     "NO_EFFECT_FIELDS",
@@ -54,6 +59,21 @@ __all__ = [
     "TopLogprobEntry",
     "Usage",
 ]
+
+
+#: Largest ``repetition_penalty`` (vLLM only asks > 0; past this the output is noise anyway).
+MAX_REPETITION_PENALTY = 10.0
+#: Most choices one request may ask for (``n``); they share one prefill of the prompt.
+MAX_N = 8
+#: Longest ``cache_salt``: a tenant id or a secret fits; it is hashed once per request.
+MAX_CACHE_SALT_CHARS = 1024
+#: Most alternatives per token ``logprobs`` / ``top_logprobs`` may ask for.
+MAX_TOP_LOGPROBS = 20
+
+
+def _check_range(value: float | None, param: str, lo: float, hi: float) -> None:
+    if value is not None and not lo <= value <= hi:
+        raise InvalidRequestError(f"{param} must be between {lo:g} and {hi:g}; got {value:g}", param=param)
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -185,6 +205,78 @@ class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
 
+    def to_sampling(self, vocab_size: int, top_logprobs: int | None) -> SamplingParams:
+        """The sampling parameters this request asks for, every range checked (400 naming the
+        field); ``logit_bias`` keys must be token ids below ``vocab_size``."""
+        req = self
+        if not 1 <= req.n <= MAX_N:
+            raise InvalidRequestError(f"n must be between 1 and {MAX_N}; got n={req.n}", param="n")
+        _check_range(req.temperature, "temperature", 0.0, 2.0)
+        _check_range(req.frequency_penalty, "frequency_penalty", -2.0, 2.0)
+        _check_range(req.presence_penalty, "presence_penalty", -2.0, 2.0)
+        if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1]; got {req.top_p:g}", param="top_p")
+        if req.top_k is not None and req.top_k < -1:
+            raise InvalidRequestError("top_k must be -1 or 0 (off) or a positive count", param="top_k")
+        _check_range(req.min_p, "min_p", 0.0, 1.0)
+        rep = req.repetition_penalty
+        if rep is not None and not (0.0 < rep <= MAX_REPETITION_PENALTY):
+            raise InvalidRequestError(
+                f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}] (1 = off); got {rep:g}",
+                param="repetition_penalty",
+            )
+        bias: dict[int, float] = {}
+        for key, value in (req.logit_bias or {}).items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise InvalidRequestError(
+                    f"logit_bias keys must be token ids; got {key!r}", param="logit_bias"
+                ) from None
+            if not 0 <= token < vocab_size:
+                raise InvalidRequestError(
+                    f"logit_bias token {token} is outside the vocabulary (0..{vocab_size - 1})",
+                    param="logit_bias",
+                )
+            _check_range(value, "logit_bias", -100.0, 100.0)
+            bias[token] = float(value)
+        return SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or 0,
+            seed=None if req.seed is None else req.seed % (1 << 64),
+            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty,
+            logit_bias=bias,
+            top_logprobs=top_logprobs,
+            min_p=req.min_p or 0.0,
+            repetition_penalty=1.0 if rep is None else rep,
+        )
+
+    def stop_strings(self) -> tuple[str, ...]:
+        """``stop`` as a tuple (400 for an empty string)."""
+        if self.stop is None:
+            return ()
+        items = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        for i, s in enumerate(items):
+            if not s:
+                raise InvalidRequestError("stop strings must not be empty", param=f"stop[{i}]")
+        return tuple(items)
+
+    def checked_cache_salt(self) -> str | None:
+        """vLLM's ``cache_salt``: a non-empty string of bounded length, or None."""
+        salt = self.cache_salt
+        if salt is None:
+            return None
+        if not salt:
+            raise InvalidRequestError("cache_salt must be a non-empty string when given", param="cache_salt")
+        if len(salt) > MAX_CACHE_SALT_CHARS:
+            raise InvalidRequestError(
+                f"cache_salt has {len(salt)} characters; at most {MAX_CACHE_SALT_CHARS} are allowed",
+                param="cache_salt",
+            )
+        return salt
+
 
 class CompletionRequest(_SamplingFields, kw_only=True):
     """``POST /v1/completions``. ``prompt``: a string, a list of strings, a list of token ids or
@@ -196,6 +288,20 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     best_of: int | None = None
     suffix: str | None = None
     response_format: ResponseFormat | None = None
+
+    def check_supported(self) -> None:
+        """400 for what this server cannot do: ``suffix`` (insertion), ``best_of`` > 1, more
+        ``logprobs`` alternatives than :data:`MAX_TOP_LOGPROBS`."""
+        if self.suffix:
+            raise InvalidRequestError(
+                f"suffix is not supported: the model {self.model!r} on this server does not do insertion "
+                "(fill-in-the-middle); send the whole prompt without suffix",
+                param="suffix",
+            )
+        if self.best_of not in (None, 1):
+            raise InvalidRequestError("only best_of=1 is supported", param="best_of")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
 
 
 class ContentPart(msgspec.Struct):
@@ -290,6 +396,52 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     store: bool | None = None
     verbosity: str | None = None
 
+
+    def check_supported(self) -> None:
+        """400 for fields of OpenAI's reference that ask for what this server cannot do (text-only
+        models, no web access); accepted when they ask for nothing."""
+        if self.audio is not None:
+            raise InvalidRequestError(
+                "audio output is not supported: the models here write text", param="audio"
+            )
+        if self.modalities is not None and any(m != "text" for m in self.modalities):
+            raise InvalidRequestError("only the 'text' modality is supported", param="modalities")
+        if self.web_search_options is not None:
+            raise InvalidRequestError(
+                "web search is not supported by this server", param="web_search_options"
+            )
+        for name in ("functions", "function_call"):
+            if getattr(self, name) is not None:
+                raise InvalidRequestError(
+                    f"{name} (deprecated by OpenAI) is not supported: send tools and tool_choice", param=name
+                )
+
+    def output_limit(self) -> tuple[int | None, str]:
+        """The most tokens to generate (None: what the context leaves) and the field that said so:
+        ``max_completion_tokens``, or the older ``max_tokens`` (400 when both differ)."""
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise InvalidRequestError(
+                "max_tokens and max_completion_tokens differ; send only max_completion_tokens",
+                param="max_completion_tokens",
+            )
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    def top_logprobs_asked(self) -> int | None:
+        """How many alternatives per token to return (None: no logprobs)."""
+        if self.top_logprobs is not None:
+            if not self.logprobs:
+                raise InvalidRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+            if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+                raise InvalidRequestError(
+                    f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs"
+                )
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
     """``POST /tokenize`` (vLLM's shape): ``prompt``, or ``messages`` rendered by the chat template.

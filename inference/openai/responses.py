@@ -1,4 +1,4 @@
-"""``/v1/responses`` (OpenAI Responses API) on one model's handle.
+"""``/v1/responses`` (OpenAI Responses API) over the chat endpoint.
 
 The input (a string, or message / ``function_call`` / ``function_call_output`` items) and the
 ``instructions`` become a chat conversation and run through the same chat turn as
@@ -19,9 +19,9 @@ from typing import Any
 import msgspec
 from litestar.response import ServerSentEventMessage
 
-from inference.openai.chat import ChatEndpoints, ChatTurn
+from inference.openai.chat import ChatEndpoint, ChatTurn
 from inference.openai.errors import InvalidRequestError, OpenAIError, renamed_params
-from inference.openai.handle import _closing
+from inference.openai.handle import closing
 from inference.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -43,7 +43,7 @@ from inference.openai.responses_protocol import (
     ResponseUsage,
 )
 
-__all__ = ["ResponsesEndpoints"]
+__all__ = ["ResponsesEndpoint"]
 
 # The chat request's field names in errors, as this surface names them.
 _RENAMED = {
@@ -183,8 +183,12 @@ def _usage(usage: Usage | None) -> ResponseUsage | None:
     )
 
 
-class ResponsesEndpoints(ChatEndpoints):
-    """``POST /v1/responses``."""
+class ResponsesEndpoint:
+    """``POST /v1/responses``: a chat turn of the chat endpoint, answered as a Responses object
+    or event stream."""
+
+    def __init__(self, chat: ChatEndpoint) -> None:
+        self.chat = chat
 
     def _responses_chat(self, req: ResponsesRequest) -> ChatCompletionRequest:
         if req.previous_response_id is not None:
@@ -238,12 +242,18 @@ class ResponsesEndpoints(ChatEndpoints):
         self, req: ResponsesRequest
     ) -> ResponseObject | AsyncIterator[ServerSentEventMessage]:
         """``POST /v1/responses``: a response object, or the Responses event stream."""
-        with renamed_params(_RENAMED):
-            turn = await self._start_chat(self._responses_chat(req))
-        rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
-        if turn.plan.stream:
-            return _closing(turn.runs, self._response_stream(turn, req, rid, created))
-        (result,), usage = await self._chat_results(turn)
+        async with self.chat.pool.lease(req.model, keep_alive=req.keep_alive) as lease:
+            with renamed_params(_RENAMED):
+                turn = await self.chat.start_turn(lease.handle, self._responses_chat(req))
+            rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
+            if turn.plan.stream:
+                return lease.held_by(closing(turn.runs, self._response_stream(turn, req, rid, created)))
+            return await self._response_object(turn, req, rid, created)
+
+    async def _response_object(
+        self, turn: ChatTurn, req: ResponsesRequest, rid: str, created: int
+    ) -> ResponseObject:
+        (result,), usage = await self.chat.results(turn)
         output: list[ResponseReasoningItem | ResponseMessageItem | ResponseFunctionCallItem] = []
         if result.reasoning:
             output.append(_reasoning_item(result.reasoning))
@@ -324,7 +334,7 @@ class ResponsesEndpoints(ChatEndpoints):
             started = self._response(req, rid, created, status="in_progress", output=[])
             yield event("response.created", response=started)
             yield event("response.in_progress", response=started)
-            async for d in self._chat_deltas(turn):
+            async for d in self.chat.deltas(turn):
                 if d.reasoning:
                     if thinking is None:
                         for e in close_open():

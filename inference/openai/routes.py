@@ -1,14 +1,15 @@
-"""Thin Litestar routes: auth and admission guard, then hand over to a model.
+"""Thin Litestar routes: auth and admission guard, then hand over to an endpoint.
 
 Under ``/v1``: ``GET /models``, ``GET /models/{id}``, ``POST /completions``,
 ``POST /chat/completions``, ``POST /responses`` (OpenAI error body) and ``POST /messages``,
 ``POST /messages/count_tokens`` (Anthropic error body); at the root: ``POST /tokenize`` and
 ``POST /detokenize`` (vLLM's, OpenAI error body).
 
-:func:`openai_router` takes the models: a :class:`~inference.openai.pool.ModelPool` (every
-request ``acquire``s its model's handle and releases it when the answer or stream ends), an
-:class:`OpenAIServing` (one model), or a zero-argument callable returning either (None while
-loading). The API key is the router's, not a model's.
+:func:`openai_router` takes the model pool (the only model source) and builds one endpoint
+object per API surface over it. The POST routes are a table (:class:`Route`: path, body type,
+error surface, the endpoint method that answers) served by one handler shape: check the body,
+call the method (it leases the model from the pool and releases it when the answer or stream
+ends), cancel it when the client hangs up. The API key is the router's, not a model's.
 """
 
 from __future__ import annotations
@@ -16,19 +17,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from litestar import Request, Response, Router, get, post
 from litestar.connection import ASGIConnection
+from litestar.handlers import HTTPRouteHandler
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 from litestar.response import ServerSentEvent
-from litestar.types import ExceptionHandlersMap
+from litestar.types import ExceptionHandler
 
+from inference.model_pool import ModelPool
 from inference.openai.anthropic_protocol import (
     AnthropicCountTokensRequest,
     AnthropicErrorResponse,
@@ -40,18 +43,19 @@ from inference.openai.body_checks import (
     is_json_media_type,
     json_nesting_error,
 )
+from inference.openai.chat import ChatEndpoint
+from inference.openai.completions import CompletionEndpoint
 from inference.openai.errors import (
     AuthenticationError,
     ClientDisconnectedError,
     InvalidRequestError,
     ModelNotFoundError,
-    ServerUnavailableError,
     UnsupportedMediaTypeError,
     anthropic_exception_handler,
     openai_exception_handler,
     to_openai_error,
 )
-from inference.openai.pool import ModelLease, ModelPool
+from inference.openai.messages import MessagesEndpoint
 from inference.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -61,62 +65,23 @@ from inference.openai.protocol import (
     ModelList,
     TokenizeRequest,
 )
+from inference.openai.responses import ResponsesEndpoint
 from inference.openai.responses_protocol import ResponsesRequest
-from inference.openai.serving import OpenAIServing
+from inference.openai.tokenize import TokenizeEndpoint
 
 __all__ = [
-    "Models",
-    "ServingProvider",
-    "SingleModel",
+    "ANTHROPIC",
+    "OPENAI",
+    "TOKENIZER",
+    "ErrorSurface",
+    "Route",
     "any_key_matches",
     "check_api_key",
     "openai_router",
     "presented_keys",
 ]
 
-
-class _Held:
-    """A one-model lease: nothing to release."""
-
-    def __init__(self, serving: OpenAIServing) -> None:
-        self.serving = serving
-
-    def release(self) -> None:
-        return None
-
-
-class SingleModel:
-    """One always-loaded model behind the same interface as the pool."""
-
-    def __init__(self, serving: OpenAIServing) -> None:
-        self.serving = serving
-
-    def check_admitting(self) -> None:
-        """503 unless the model admits requests."""
-        self.serving.check_admitting()
-
-    async def acquire(self, name: str, *, keep_alive: float | None = None) -> _Held:
-        """The model itself (its own name check answers 404 for others)."""
-        return _Held(self.serving)
-
-    async def list_models(self) -> ModelList:
-        """``GET /v1/models``."""
-        return self.serving.list_models()
-
-    async def model_card(self, name: str) -> ModelCard:
-        """``GET /v1/models/{name}``."""
-        return self.serving.model_card(name)
-
-    @property
-    def primary(self) -> str:
-        """The model a request without ``model`` means."""
-        return self.serving.options.served_model_name
-
-
-Models = ModelPool | SingleModel
-ServingProvider = Callable[[], "OpenAIServing | ModelPool | None"]
-
-# OpenAPI descriptions of the error statuses /v1 answers (all with the OpenAI error body).
+# OpenAPI descriptions of the error statuses /v1 answers.
 _ERRORS = {
     400: "Invalid request; `param` names the field (code `context_length_exceeded` for long prompts)",
     401: "Missing or wrong API key",
@@ -125,6 +90,38 @@ _ERRORS = {
     429: "Queue full or waited past --queue-timeout (`server_overloaded`, with Retry-After)",
     503: "Model loading or server shutting down (`server_unavailable`)",
 }
+_POST_STATUSES = (400, 401, 404, 415, 429, 503)
+
+
+@dataclass(frozen=True)
+class ErrorSurface:
+    """How a family of routes reports errors: its exception handler, error body and OpenAPI tag."""
+
+    tag: str
+    handler: ExceptionHandler
+    body: type[Any]
+
+    def documented(self, *statuses: int) -> dict[int, ResponseSpec]:
+        """The OpenAPI responses of ``statuses``, each with this surface's error body."""
+        return {code: ResponseSpec(data_container=self.body, description=_ERRORS[code]) for code in statuses}
+
+
+OPENAI = ErrorSurface("openai", openai_exception_handler, ErrorResponse)
+ANTHROPIC = ErrorSurface("anthropic", anthropic_exception_handler, AnthropicErrorResponse)
+TOKENIZER = ErrorSurface("tokenizer", openai_exception_handler, ErrorResponse)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One POST route that a model answers."""
+
+    #: The operation's name (OpenAPI summary and operation id).
+    name: str
+    path: str
+    body: type[msgspec.Struct]
+    surface: ErrorSurface
+    #: The endpoint method: the body in, a response or an iterator of SSE events out.
+    answer: Callable[[Any], Awaitable[Any]]
 
 
 def presented_keys(authorization: str | None, x_api_key: str | None) -> list[str]:
@@ -158,27 +155,36 @@ def check_api_key(expected: str | None, authorization: str | None, x_api_key: st
         raise AuthenticationError(f"{detail}: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
 
 
-def openai_router(
-    models: ServingProvider | OpenAIServing | ModelPool,
-    *,
-    api_key: str | None = None,
-    path: str = "/v1",
-) -> Router:
+def openai_router(pool: ModelPool, *, api_key: str | None = None, path: str = "/v1") -> Router:
     """The OpenAI routes under ``path`` (the Anthropic ones too), ``/tokenize`` and ``/detokenize``
-    at the root (see the module docstring); ``api_key`` (when set) is required on every one."""
-    if isinstance(models, OpenAIServing | ModelPool):
-        instance = models
-
-        def provider() -> OpenAIServing | ModelPool | None:
-            return instance
-    else:
-        provider = models
-
-    def current() -> Models:
-        found = provider()
-        if found is None:
-            raise ServerUnavailableError("the model is still loading; retry shortly")
-        return SingleModel(found) if isinstance(found, OpenAIServing) else found
+    at the root (see the module docstring), answered from ``pool``; ``api_key`` (when set) is
+    required on every one."""
+    chat = ChatEndpoint(pool)
+    completions = CompletionEndpoint(pool)
+    messages = MessagesEndpoint(chat)
+    responses = ResponsesEndpoint(chat)
+    tokenizer = TokenizeEndpoint(chat)
+    routes = (
+        Route("completions", f"{path}/completions", CompletionRequest, OPENAI, completions.create_completion),
+        Route(
+            "chat_completions",
+            f"{path}/chat/completions",
+            ChatCompletionRequest,
+            OPENAI,
+            chat.create_chat_completion,
+        ),
+        Route("responses", f"{path}/responses", ResponsesRequest, OPENAI, responses.create_response),
+        Route("messages", f"{path}/messages", AnthropicMessagesRequest, ANTHROPIC, messages.create_message),
+        Route(
+            "count_tokens",
+            f"{path}/messages/count_tokens",
+            AnthropicCountTokensRequest,
+            ANTHROPIC,
+            messages.count_message_tokens,
+        ),
+        Route("tokenize", "/tokenize", TokenizeRequest, TOKENIZER, tokenizer.tokenize),
+        Route("detokenize", "/detokenize", DetokenizeRequest, TOKENIZER, tokenizer.detokenize),
+    )
 
     def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         check_api_key(
@@ -186,238 +192,119 @@ def openai_router(
             connection.headers.get("authorization"),
             connection.headers.get("x-api-key"),
         )
-        current().check_admitting()
+        pool.check_admitting()
         if has_body(connection.headers) and not is_json_media_type(connection.headers.get("content-type")):
             raise UnsupportedMediaTypeError(
                 "request bodies must be JSON: send 'Content-Type: application/json' "
                 f"(got {connection.headers.get('content-type')!r})"
             )
 
-    async def strict_body(request: Request[Any, Any, Any]) -> None:
-        """``before_request``: bound the nesting and check the body with OpenAI's strict types.
-
-        Litestar converts bodies leniently (``"max_tokens": "10"`` would become 10); OpenAI
-        answers 400, and so do we. The handler's own conversion then runs on a valid body.
-        """
-        body_type = request.route_handler.opt.get("body_type")
-        if body_type is None:
-            return
-        body = await request.body()
-
-        def check() -> None:
-            problem = json_nesting_error(body)
-            if problem is not None:
-                raise InvalidRequestError(problem)
-            try:
-                msgspec.json.decode(body, type=body_type)
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                raise to_openai_error(exc) from None
-
-        if len(body) > LARGE_BODY_BYTES:
-            await asyncio.to_thread(check)
-        else:
-            check()
-
-    def respond(result: Any, lease: ModelLease | _Held) -> Response[Any]:
-        if isinstance(result, AsyncIterator):
-            return ServerSentEvent(_releasing(result, lease))
-        lease.release()
-        return Response(content=result)
-
-    def documented(*statuses: int, body: type[Any] = ErrorResponse) -> dict[int, ResponseSpec]:
-        return {code: ResponseSpec(data_container=body, description=_ERRORS[code]) for code in statuses}
-
-    @get("/models", responses=documented(401, 503))
+    @get("/models", responses=OPENAI.documented(401, 503))
     async def list_models() -> ModelList:
-        return await current().list_models()
+        return await pool.list_models()
 
-    @get("/models/{model_id:path}", responses=documented(401, 404, 503))
+    @get("/models/{model_id:path}", responses=OPENAI.documented(401, 404, 503))
     async def retrieve_model(model_id: FromPath[str]) -> ModelCard:
         # A path parameter, because served names may hold a slash (``org/model``). Litestar
         # gives it with one leading "/" (and folds "//"), so an absolute checkpoint path and a
         # relative name look alike: the name first, then the path.
-        models = current()
         name = model_id.lstrip("/")
         try:
-            return await models.model_card(name)
+            return await pool.model_card(name)
         except ModelNotFoundError:
             try:
-                return await models.model_card("/" + name)
+                return await pool.model_card("/" + name)
             except ModelNotFoundError:
                 pass
             raise
 
-    async def until_disconnect(request: Request[Any, Any, Any]) -> None:
-        # After the body is read, the only message left is the client's disconnect.
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    async def answer(
-        request: Request[Any, Any, Any],
-        body: _Routed,
-        work: Callable[[OpenAIServing], Awaitable[Any]],
-    ) -> Response[Any]:
-        """Acquire the model, run ``work`` on it and release it when the answer is written.
-
-        If the client hangs up first, cancel the work so its slot frees at once. Streams watch
-        for disconnects themselves; this covers the wait for the model's load, a non-streamed
-        answer and a stream's first token, which would otherwise run to max_tokens.
-        """
-        task = asyncio.ensure_future(_run(current(), body, work))
-        watcher = asyncio.ensure_future(until_disconnect(request))
-        try:
-            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            raise ClientDisconnectedError("the client closed the connection; generation was cancelled")
-        result, lease = task.result()
-        return respond(result, lease)
-
-    @post(
-        "/completions",
-        status_code=200,
-        responses=documented(400, 401, 404, 415, 429, 503),
-        opt={"body_type": CompletionRequest},
-    )
-    async def completions(
-        request: Request[Any, Any, Any], data: JSONBody[CompletionRequest]
-    ) -> Response[Any]:
-        return await answer(request, data, lambda s: s.create_completion(data))
-
-    @post(
-        "/chat/completions",
-        status_code=200,
-        responses=documented(400, 401, 404, 415, 429, 503),
-        opt={"body_type": ChatCompletionRequest},
-    )
-    async def chat_completions(
-        request: Request[Any, Any, Any], data: JSONBody[ChatCompletionRequest]
-    ) -> Response[Any]:
-        return await answer(request, data, lambda s: s.create_chat_completion(data))
-
-    @post(
-        "/responses",
-        status_code=200,
-        responses=documented(400, 401, 404, 415, 429, 503),
-        opt={"body_type": ResponsesRequest},
-    )
-    async def responses(request: Request[Any, Any, Any], data: JSONBody[ResponsesRequest]) -> Response[Any]:
-        return await answer(request, data, lambda s: s.create_response(data))
-
-    @post(
-        "/messages",
-        status_code=200,
-        responses=documented(400, 401, 404, 415, 429, 503, body=AnthropicErrorResponse),
-        opt={"body_type": AnthropicMessagesRequest},
-    )
-    async def messages(
-        request: Request[Any, Any, Any], data: JSONBody[AnthropicMessagesRequest]
-    ) -> Response[Any]:
-        return await answer(request, data, lambda s: s.create_message(data))
-
-    @post(
-        "/messages/count_tokens",
-        status_code=200,
-        responses=documented(400, 401, 404, 415, 429, 503, body=AnthropicErrorResponse),
-        opt={"body_type": AnthropicCountTokensRequest},
-    )
-    async def count_tokens(
-        request: Request[Any, Any, Any], data: JSONBody[AnthropicCountTokensRequest]
-    ) -> Response[Any]:
-        return await answer(request, data, lambda s: s.count_message_tokens(data))
-
-    @post(
-        "/tokenize",
-        status_code=200,
-        responses=documented(400, 401, 404, 415, 429, 503),
-        opt={"body_type": TokenizeRequest},
-    )
-    async def tokenize(request: Request[Any, Any, Any], data: JSONBody[TokenizeRequest]) -> Response[Any]:
-        return await answer(request, data, lambda s: s.tokenize(data))
-
-    @post(
-        "/detokenize",
-        status_code=200,
-        responses=documented(400, 401, 404, 415, 429, 503),
-        opt={"body_type": DetokenizeRequest},
-    )
-    async def detokenize(request: Request[Any, Any, Any], data: JSONBody[DetokenizeRequest]) -> Response[Any]:
-        return await answer(request, data, lambda s: s.detokenize(data))
-
-    shared: dict[str, Any] = {"guards": [guard], "before_request": strict_body}
-    openai_errors: ExceptionHandlersMap = {Exception: openai_exception_handler}
     return Router(
         path="/",
         route_handlers=[
             Router(
                 path=path,
-                route_handlers=[list_models, retrieve_model, completions, chat_completions, responses],
-                exception_handlers=openai_errors,
-                tags=["openai"],
-                **shared,
+                route_handlers=[list_models, retrieve_model],
+                exception_handlers={Exception: OPENAI.handler},
+                tags=[OPENAI.tag],
             ),
-            Router(
-                path=path,
-                route_handlers=[messages, count_tokens],
-                exception_handlers={Exception: anthropic_exception_handler},
-                tags=["anthropic"],
-                **shared,
-            ),
-            Router(
-                path="/",
-                route_handlers=[tokenize, detokenize],
-                exception_handlers=openai_errors,
-                tags=["tokenizer"],
-                **shared,
-            ),
+            *(_handler(route) for route in routes),
         ],
+        guards=[guard],
+        before_request=_strict_body,
     )
 
 
-_Routed = (
-    CompletionRequest
-    | ChatCompletionRequest
-    | ResponsesRequest
-    | AnthropicMessagesRequest
-    | AnthropicCountTokensRequest
-    | TokenizeRequest
-    | DetokenizeRequest
-)
+def _handler(route: Route) -> HTTPRouteHandler:
+    """The one shape of every POST route: ``route.answer(body)``, cancelled when the client
+    hangs up first; a stream becomes Server-Sent Events."""
+
+    async def handler(request: Request[Any, Any, Any], data: Any) -> Response[Any]:
+        result = await _until_answered(request, route.answer(data))
+        if isinstance(result, AsyncIterator):
+            return ServerSentEvent(result)
+        return Response(content=result)
+
+    # Litestar reads the body type (validation, OpenAPI) from the annotations.
+    body = JSONBody[route.body]  # type: ignore[name-defined]  # a type built at runtime
+    handler.__annotations__ = {"request": Request[Any, Any, Any], "data": body, "return": Response[Any]}
+    handler.__name__ = handler.__qualname__ = route.name
+    return post(
+        route.path,
+        status_code=200,
+        responses=route.surface.documented(*_POST_STATUSES),
+        opt={"body_type": route.body},
+        exception_handlers={Exception: route.surface.handler},
+        tags=[route.surface.tag],
+    )(handler)
 
 
-async def _run(
-    models: Models,
-    body: _Routed,
-    work: Callable[[OpenAIServing], Awaitable[Any]],
-) -> tuple[Any, ModelLease | _Held]:
-    name = body.model
-    if name is None:
-        # /tokenize and /detokenize may leave the model out (vLLM): the server's own model.
-        name = models.primary
-        if name is None:
-            raise InvalidRequestError("model is required: this server has no default model", param="model")
-    lease = await models.acquire(name, keep_alive=body.keep_alive)
-    try:
-        return await work(lease.serving), lease
-    except BaseException:
-        lease.release()
-        raise
+async def _strict_body(request: Request[Any, Any, Any]) -> None:
+    """``before_request``: bound the nesting and check the body with OpenAI's strict types.
 
+    Litestar converts bodies leniently (``"max_tokens": "10"`` would become 10); OpenAI
+    answers 400, and so do we. The handler's own conversion then runs on a valid body.
+    """
+    body_type = request.route_handler.opt.get("body_type")
+    if body_type is None:
+        return
+    body = await request.body()
 
-def _releasing(stream: AsyncIterator[Any], lease: ModelLease | _Held) -> AsyncIterator[Any]:
-    """``stream``, releasing the model's lease when it ends or is dropped unstarted."""
-
-    async def wrapped() -> AsyncIterator[Any]:
+    def check() -> None:
+        problem = json_nesting_error(body)
+        if problem is not None:
+            raise InvalidRequestError(problem)
         try:
-            async for item in stream:
-                yield item
-        finally:
-            lease.release()
+            msgspec.json.decode(body, type=body_type)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise to_openai_error(exc) from None
 
-    gen = wrapped()
-    weakref.finalize(gen, lease.release)
-    return gen
+    if len(body) > LARGE_BODY_BYTES:
+        await asyncio.to_thread(check)
+    else:
+        check()
+
+
+async def _until_disconnect(request: Request[Any, Any, Any]) -> None:
+    # After the body is read, the only message left is the client's disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _until_answered(request: Request[Any, Any, Any], answer: Awaitable[Any]) -> Any:
+    """``answer``'s result; if the client hangs up first, cancel it so its slot frees at once.
+
+    Streams watch for disconnects themselves; this covers the wait for the model's load, a
+    non-streamed answer and a stream's first token, which would otherwise run to max_tokens.
+    """
+    task = asyncio.ensure_future(answer)
+    watcher = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientDisconnectedError("the client closed the connection; generation was cancelled")
+    return task.result()

@@ -1,13 +1,16 @@
-"""``/tokenize`` and ``/detokenize`` on one model's handle (vLLM's request and response shapes)."""
+"""``/tokenize`` and ``/detokenize`` over the model pool (vLLM's request and response shapes)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import msgspec
 
-from inference.openai.chat import ChatEndpoints
+from inference.openai.chat import ChatEndpoint
 from inference.openai.errors import InvalidRequestError
+from inference.openai.handle import ModelHandle
 from inference.openai.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -15,50 +18,59 @@ from inference.openai.protocol import (
     TokenizeResponse,
 )
 
-__all__ = ["TokenizeEndpoints"]
+__all__ = ["TokenizeEndpoint"]
 
 
-class TokenizeEndpoints(ChatEndpoints):
-    """``POST /tokenize``, ``POST /detokenize``: the model's own tokenizer and chat template."""
+class TokenizeEndpoint:
+    """``POST /tokenize``, ``POST /detokenize``: the model's own tokenizer, and its chat template
+    as the chat endpoint renders it. ``model`` may be left out: the pool's default model."""
+
+    def __init__(self, chat: ChatEndpoint) -> None:
+        self.chat = chat
+
+    @contextlib.asynccontextmanager
+    async def _model(self, name: str | None, keep_alive: float | None) -> AsyncIterator[ModelHandle]:
+        """The handle of the model ``name`` (the pool's default one when None), leased for the block."""
+        pool = self.chat.pool
+        name = name if name is not None else pool.default_model()
+        async with pool.lease(name, keep_alive=keep_alive) as lease:
+            lease.handle.check_admitting()
+            yield lease.handle
 
     async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         """A prompt, or messages through the chat template (as chat requests render them), to ids."""
-        self.check_admitting()
-        if req.model is not None:
-            self._check_model(req.model)
-        if (req.prompt is None) == (req.messages is None):
-            raise InvalidRequestError("send exactly one of prompt or messages", param="prompt")
-        if req.prompt is not None:
-            special = True if req.add_special_tokens is None else req.add_special_tokens
-            ids = await self._encode(req.prompt, add_special_tokens=special, param="prompt")
-        else:
-            assert req.messages is not None
-            self._check_chat_size(req.messages)
-            tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
-            prompt = await self._render_chat(
-                req.messages,
-                tools=tools,
-                add_generation_prompt=req.add_generation_prompt,
-                chat_template_kwargs=req.chat_template_kwargs,
+        async with self._model(req.model, req.keep_alive) as handle:
+            if (req.prompt is None) == (req.messages is None):
+                raise InvalidRequestError("send exactly one of prompt or messages", param="prompt")
+            if req.prompt is not None:
+                special = True if req.add_special_tokens is None else req.add_special_tokens
+                ids = await handle.encode(req.prompt, add_special_tokens=special, param="prompt")
+            else:
+                assert req.messages is not None
+                self.chat.check_size(handle, req.messages)
+                tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
+                prompt = await self.chat.render(
+                    handle,
+                    req.messages,
+                    tools=tools,
+                    add_generation_prompt=req.add_generation_prompt,
+                    chat_template_kwargs=req.chat_template_kwargs,
+                )
+                special = bool(req.add_special_tokens)
+                ids = await handle.encode(prompt, add_special_tokens=special, param="messages")
+            strs = [handle.tokenizer.token_text(t) for t in ids] if req.return_token_strs else None
+            return TokenizeResponse(
+                count=len(ids), max_model_len=handle.options.max_model_len, tokens=ids, token_strs=strs
             )
-            ids = await self._encode(
-                prompt, add_special_tokens=bool(req.add_special_tokens), param="messages"
-            )
-        strs = [self.tokenizer.token_text(t) for t in ids] if req.return_token_strs else None
-        return TokenizeResponse(
-            count=len(ids), max_model_len=self.options.max_model_len, tokens=ids, token_strs=strs
-        )
 
     async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         """Token ids back to text (special tokens dropped, as in generated text)."""
-        self.check_admitting()
-        if req.model is not None:
-            self._check_model(req.model)
-        for i, t in enumerate(req.tokens):
-            if not 0 <= t < self._vocab_size:
-                raise InvalidRequestError(
-                    f"token id {t} is outside the vocabulary (0..{self._vocab_size - 1})",
-                    param=f"tokens[{i}]",
-                )
-        text = await asyncio.to_thread(self.tokenizer.decode, req.tokens)
-        return DetokenizeResponse(prompt=text)
+        async with self._model(req.model, req.keep_alive) as handle:
+            for i, t in enumerate(req.tokens):
+                if not 0 <= t < handle.vocab_size:
+                    raise InvalidRequestError(
+                        f"token id {t} is outside the vocabulary (0..{handle.vocab_size - 1})",
+                        param=f"tokens[{i}]",
+                    )
+            text = await asyncio.to_thread(handle.tokenizer.decode, req.tokens)
+            return DetokenizeResponse(prompt=text)

@@ -17,11 +17,10 @@ from inference.runtime.protocol import Engine, EngineInfo, KVEngine, VerifyingEn
 from inference.runtime.registry import load_engine
 
 if TYPE_CHECKING:
-    from inference.runtime.loader import load_portable_engine, read_engine_meta
+    from inference.runtime.onnxruntime_loader import read_engine_meta
 
 _LAZY = {
-    "load_portable_engine": "inference.runtime.loader",
-    "read_engine_meta": "inference.runtime.loader",
+    "read_engine_meta": "inference.runtime.onnxruntime_loader",
 }
 
 
@@ -40,6 +39,5 @@ __all__ = [
     "VerifyingEngine",
     "generate",
     "load_engine",
-    "load_portable_engine",
     "read_engine_meta",
 ]

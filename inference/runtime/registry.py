@@ -21,7 +21,7 @@ ENGINE_FILE = "engine.json"
 
 #: backend -> "module:callable"; the callable takes ``(bundle_dir, *, max_slots, threads)``.
 LOADERS: dict[str, str] = {
-    "onnxruntime": "inference.runtime.loader:load_ort_engine",
+    "onnxruntime": "inference.runtime.onnxruntime_loader:load_ort_engine",
     "tensorrt": "inference.runtime.trt_engine:load_trt_engine",
 }
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from inference.runtime.errors import EngineLoadError
-from inference.runtime.loader import KNOWN_FORMAT_VERSIONS as _FORMAT_VERSIONS
+from inference.runtime.onnxruntime_loader import KNOWN_FORMAT_VERSIONS as _FORMAT_VERSIONS
 from inference.runtime.protocol import EngineInfo
 from inference.runtime.slot_checks import (
     check_decode,

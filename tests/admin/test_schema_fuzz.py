@@ -27,7 +27,7 @@ from cachesvc.app import Runtime, create_app
 from cachesvc.config import ServeConfig
 from cachesvc.profiles import ProfileRequest
 from inference.demo import write_demo_checkpoint
-from inference.openai import OpenAIServing, ServingOptions, load_tokenizer
+from inference.openai import ModelHandle, ServingOptions, load_tokenizer
 from tests.admin.conftest import open_manager
 from tests.serving.conftest import LiveServer, TableEngine
 from tests.support.cache import make_checkpoint
@@ -46,7 +46,7 @@ _manager.prepare(str(_checkpoint), ProfileRequest(max_input_len=64, max_kv_cache
 _tokenizer = load_tokenizer(write_demo_checkpoint(_root / "demo", size="tiny"))
 _prepared = _manager.prepare(str(_checkpoint), ProfileRequest(max_input_len=256, max_kv_cache_capacity=256))
 _engine = TableEngine(vocab_size=_tokenizer.vocab_size, capacity=256)
-_serving = OpenAIServing(
+_serving = ModelHandle(
     _engine,
     _tokenizer,
     ServingOptions(served_model_name="tiny", max_model_len=256, max_input_len=256, max_batch_size=4),

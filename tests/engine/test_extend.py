@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference.runtime import VerifyingEngine, load_engine, load_portable_engine
+from inference.runtime import VerifyingEngine, load_engine
 from inference.runtime.protocol import Engine
+from tests.support.reference_engine import load_portable_engine
 
 PROMPT = [5, 17, 99, 3, 42, 7, 8, 9, 10, 11, 250, 31]
 DRAFT = [12, 13, 14, 15, 16, 200, 201, 202, 203, 204]  # 10 > max_input_len 8: extend chunks too

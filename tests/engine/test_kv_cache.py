@@ -12,7 +12,8 @@ import numpy as np
 import onnx
 import pytest
 
-from inference.runtime import KVEngine, generate, load_engine, load_portable_engine
+from inference.runtime import KVEngine, generate, load_engine
+from tests.support.reference_engine import load_portable_engine
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
 STEPS = 12

@@ -14,7 +14,7 @@ import torch
 
 from inference.cpu_class import cpu_class
 from inference.runtime.generate import generate
-from inference.runtime.loader import load_engine
+from inference.runtime.onnxruntime_loader import load_engine
 from inference.tokenizer import load_tokenizer
 
 TEXTS = [

@@ -19,8 +19,8 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from inference.openai import OpenAIServing, ServingOptions
-from inference.runtime.loader import load_engine
+from inference.openai import ModelHandle, ServingOptions
+from inference.runtime.onnxruntime_loader import load_engine
 from inference.tokenizer import load_tokenizer
 from tests.serving.conftest import LiveServer, make_app
 
@@ -122,7 +122,7 @@ def client(smollm2_bundle: Callable[[str], Path]) -> Iterator[openai.OpenAI]:
     engine = load_engine(bundle, threads=2)
     options = ServingOptions(served_model_name=MODEL, max_model_len=1024, max_input_len=512, max_batch_size=8,
                              max_queued_requests=256, queue_timeout=900.0)
-    serving = OpenAIServing(engine, load_tokenizer(bundle), options)
+    serving = ModelHandle(engine, load_tokenizer(bundle), options)
     try:
         with LiveServer(make_app(serving)) as server:
             yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=900)

@@ -30,7 +30,7 @@ from inference.builder.gguf_reader import (
 )
 from inference.builder.quantized import BLOCK, GgufBlocks
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
-from inference.runtime.loader import load_engine
+from inference.runtime.onnxruntime_loader import load_engine
 from inference.tokenizer import load_tokenizer
 from tests.gguf.ggufs import FAMILIES, TYPES, write_pair, write_raw_gguf
 

@@ -21,7 +21,7 @@ from cachesvc.config import ServeConfig
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 from inference.demo import write_demo_checkpoint
-from inference.openai import OpenAIServing, ServingOptions, load_tokenizer
+from inference.openai import ModelHandle, ServingOptions, load_tokenizer
 from tests.admin.conftest import open_manager
 from tests.serving.conftest import LiveServer, TableEngine
 from tests.support.cache import make_checkpoint
@@ -37,7 +37,7 @@ class App:
     url: str
     port: int
     manager: CacheManager
-    serving: OpenAIServing
+    serving: ModelHandle
     runtime: Runtime
     checkpoint: Path
 
@@ -60,7 +60,7 @@ def start_app(
     tokenizer = load_tokenizer(write_demo_checkpoint(root / "demo", size="tiny"))
     prepared = manager.prepare(str(checkpoint), ProfileRequest(max_input_len=256, max_kv_cache_capacity=256))
     engine = TableEngine(vocab_size=tokenizer.vocab_size, capacity=256)
-    serving = OpenAIServing(
+    serving = ModelHandle(
         engine,
         tokenizer,
         ServingOptions(served_model_name=MODEL, max_model_len=256, max_input_len=256, max_batch_size=4),

@@ -17,12 +17,14 @@ import uvicorn
 from litestar import Litestar
 
 from inference.demo import write_demo_checkpoint
-from inference.openai import OpenAIServing, ServingOptions, openai_router
+from inference.model_pool import ModelPool
+from inference.openai import ModelHandle, ServingOptions, openai_router
 from inference.tokenizer import Tokenizer, load_tokenizer
+from tests.support.apps import one_model_pool
 from tests.support.engines import TableEngine, TokenScriptEngine
 from tests.support.net import free_port
 
-__all__ = ["MODEL", "LiveServer", "TableEngine", "TokenScriptEngine", "make_app", "make_options"]
+__all__ = ["MODEL", "LiveServer", "TableEngine", "TokenScriptEngine", "make_app", "make_options", "pool_app"]
 
 MODEL = "demo-tiny"
 
@@ -50,14 +52,17 @@ def make_options(**overrides: Any) -> ServingOptions:
     return ServingOptions(**base)
 
 
-def make_app(serving: OpenAIServing, *, api_key: str | None = None) -> Litestar:
-    async def stop() -> None:
-        await serving.stop()
+def make_app(handle: ModelHandle, *, api_key: str | None = None) -> Litestar:
+    """The ``/v1`` routes over a pool of ``handle`` alone."""
+    return pool_app(one_model_pool(handle), api_key=api_key)
 
+
+def pool_app(pool: ModelPool, *, api_key: str | None = None) -> Litestar:
+    """The ``/v1`` routes over ``pool``, started and stopped with the app."""
     return Litestar(
-        route_handlers=[openai_router(lambda: serving, api_key=api_key)],
-        on_startup=[serving.start],
-        on_shutdown=[stop],
+        route_handlers=[openai_router(pool, api_key=api_key)],
+        on_startup=[pool.start],
+        on_shutdown=[pool.stop],
     )
 
 

@@ -11,7 +11,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from inference.context_cache import PrefixStore
-from inference.openai import OpenAIServing
+from inference.openai import ModelHandle
 from inference.tokenizer import Tokenizer
 from tests.serving.conftest import MODEL, TableEngine, make_app, make_options
 from tests.support.engines import KVTableEngine
@@ -22,7 +22,7 @@ PROMPT = "Once upon a time there was"
 
 
 async def _client(engine: Any, tokenizer: Tokenizer) -> AsyncIterator[AsyncTestClient[Any]]:
-    serving = OpenAIServing(engine, tokenizer, make_options(max_batch_size=8, max_queued_requests=8))
+    serving = ModelHandle(engine, tokenizer, make_options(max_batch_size=8, max_queued_requests=8))
     async with AsyncTestClient(app=make_app(serving)) as client:
         yield client
 
@@ -176,7 +176,7 @@ async def test_n_choices_with_context_reuse_and_fewer_slots(tokenizer: Tokenizer
     engine = KVTableEngine(max_slots=2, capacity=512)
     store = PrefixStore("test", max_records=64) if reuse else None
     options = make_options(max_batch_size=2, max_queued_requests=8)
-    serving = OpenAIServing(engine, tokenizer, options, context_cache=store)
+    serving = ModelHandle(engine, tokenizer, options, context_cache=store)
     prompt = " ".join(f"word{i}" for i in range(40))
     ids = tokenizer.encode(prompt, add_special_tokens=True)
     assert 64 < len(ids) < 128

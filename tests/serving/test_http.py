@@ -14,18 +14,19 @@ import httpx
 import pytest
 from litestar.testing import AsyncTestClient
 
-from inference.openai import OpenAIServing
+from inference.openai import ModelHandle
 from inference.tokenizer import Tokenizer
-from tests.serving.conftest import MODEL, TableEngine, TokenScriptEngine, make_app, make_options
+from tests.serving.conftest import MODEL, TableEngine, TokenScriptEngine, make_app, make_options, pool_app
+from tests.support.apps import one_model_pool
 
 pytestmark = pytest.mark.anyio
 
 
-def _serving(tokenizer: Tokenizer, engine: Any = None, **opts: Any) -> OpenAIServing:
-    return OpenAIServing(engine or TableEngine(), tokenizer, make_options(**opts))
+def _serving(tokenizer: Tokenizer, engine: Any = None, **opts: Any) -> ModelHandle:
+    return ModelHandle(engine or TableEngine(), tokenizer, make_options(**opts))
 
 
-async def _client(serving: OpenAIServing, api_key: str | None = None) -> AsyncIterator[AsyncTestClient[Any]]:
+async def _client(serving: ModelHandle, api_key: str | None = None) -> AsyncIterator[AsyncTestClient[Any]]:
     async with AsyncTestClient(app=make_app(serving, api_key=api_key)) as client:
         yield client
 
@@ -276,23 +277,15 @@ async def test_api_key(tokenizer: Tokenizer) -> None:
 
 async def test_draining_gives_503(tokenizer: Tokenizer) -> None:
     serving = _serving(tokenizer)
-    async for c in _client(serving):
-        serving.begin_drain()
+    pool = one_model_pool(serving)
+    async with AsyncTestClient(app=pool_app(pool)) as c:
+        pool.begin_drain()
         assert serving.health()["status"] == "draining" and not serving.ready
         _error(
             await c.post("/v1/completions", json={"model": MODEL, "prompt": "x"}), 503, "server_unavailable"
         )
         _error(await c.get("/v1/models"), 503, "server_unavailable")
-        assert await serving.drain(0.5)
-
-
-async def test_not_loaded_gives_503(tokenizer: Tokenizer) -> None:
-    from litestar import Litestar
-
-    from inference.openai import openai_router
-
-    async with AsyncTestClient(app=Litestar([openai_router(lambda: None)])) as c:
-        _error(await c.get("/v1/models"), 503, "server_unavailable")
+        assert await pool.drain(0.5)
 
 
 THINK_TOOL = (
@@ -363,18 +356,22 @@ async def test_reasoning_only_and_eos(tokenizer: Tokenizer) -> None:
 async def test_stream_dropped_before_iteration_is_released(tokenizer: Tokenizer) -> None:
     import gc
 
+    from inference.openai.completions import CompletionEndpoint
     from inference.openai.protocol import CompletionRequest
 
     engine = TableEngine(delay=0.01)
     serving = _serving(tokenizer, engine)
-    await serving.start()
+    pool = one_model_pool(serving)
+    await pool.start()
     try:
-        stream = await serving.create_completion(
+        stream = await CompletionEndpoint(pool).create_completion(
             CompletionRequest(model=MODEL, prompt="x", max_tokens=200, stream=True)
         )
         assert serving.health()["active_requests"] == 1
+        assert pool.engines()[0].references == 1  # the stream holds the model's lease
         del stream
         gc.collect()
+        assert pool.engines()[0].references == 0
         assert await serving.drain(2.0)  # in-flight count back to zero at once
         for _ in range(200):
             if serving.health()["active_requests"] == 0:
@@ -383,7 +380,7 @@ async def test_stream_dropped_before_iteration_is_released(tokenizer: Tokenizer)
         assert serving.health()["active_requests"] == 0
         assert len(engine.decode_batches) < 150
     finally:
-        await serving.stop()
+        await pool.stop()
 
 
 async def test_model_without_chat_template_gives_400(
@@ -401,7 +398,7 @@ async def test_model_without_chat_template_gives_400(
     cfg = _json.loads((d / "tokenizer_config.json").read_text())
     del cfg["chat_template"]
     (d / "tokenizer_config.json").write_text(_json.dumps(cfg))
-    serving = OpenAIServing(TableEngine(), load_tokenizer(d), make_options())
+    serving = ModelHandle(TableEngine(), load_tokenizer(d), make_options())
     assert serving.health()["capabilities"]["chat"] is False
     async for c in _client(serving):
         r = await c.post(

@@ -12,15 +12,15 @@ import httpx
 import openai
 import pytest
 
-from inference.openai import OpenAIServing
+from inference.openai import ModelHandle
 from inference.tokenizer import Tokenizer
 from tests.serving.conftest import MODEL, LiveServer, TableEngine, TokenScriptEngine, make_app, make_options
 
 pytestmark = pytest.mark.anyio
 
 
-def _serving(tokenizer: Tokenizer, engine: Any, **opts: Any) -> OpenAIServing:
-    return OpenAIServing(engine, tokenizer, make_options(**opts))
+def _serving(tokenizer: Tokenizer, engine: Any, **opts: Any) -> ModelHandle:
+    return ModelHandle(engine, tokenizer, make_options(**opts))
 
 
 async def _wait_for(cond: Any, timeout: float = 5.0) -> None:

@@ -15,7 +15,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from inference.generation import GenerationState
-from inference.openai import OpenAIServing
+from inference.openai import ModelHandle
 from inference.openai.tool_parsers import TOOL_PARSERS, forced_call_stream
 from inference.sampling import MIN_TEMPERATURE, Sampler, SamplingParams
 from inference.structured import (
@@ -211,9 +211,9 @@ def test_sampler_masks_before_sampling_and_ends_with_the_grammar(
 # -- over HTTP ---------------------------------------------------------------------------------
 
 
-def _serving(tokenizer: Tokenizer, **opts: Any) -> OpenAIServing:
+def _serving(tokenizer: Tokenizer, **opts: Any) -> ModelHandle:
     options = make_options(max_model_len=1400, max_input_len=1000, **opts)
-    return OpenAIServing(TableEngine(capacity=2048), tokenizer, options)
+    return ModelHandle(TableEngine(capacity=2048), tokenizer, options)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cachesvc.records import UNLOAD_REASONS
-from inference.openai import pool
+from inference import model_pool
 from inference.runtime import registry
 from inference.runtime.errors import EngineLoadError
 
@@ -26,7 +26,7 @@ def test_importing_the_service_and_admin_api_does_not_import_onnxruntime() -> No
 
 
 def test_unload_reasons_agree() -> None:
-    assert pool.UNLOAD_REASONS == UNLOAD_REASONS
+    assert model_pool.UNLOAD_REASONS == UNLOAD_REASONS
 
 
 def test_registry_dispatches_by_backend_and_names_unknown_ones(tmp_path: Path) -> None:

@@ -10,9 +10,13 @@ become idle, then gets 429 with ``Retry-After``. Idle models stay for their keep
 (``-1`` forever, ``0`` unloaded at once when idle).
 
 The pool is the inference side: it knows the cache only through :class:`ModelSource` (name ->
-bundle, leases, audit events) and builds per-model handles (:class:`OpenAIServing`, which owns
+bundle, leases, audit events) and builds per-model handles (:class:`ModelHandle`, which owns
 the engine, tokenizer, scheduler and parsers) with an injected :data:`HandleFactory`. Every
 method runs on the event loop; blocking work (catalog reads, engine loads) goes to threads.
+
+It is the only model source of every serving surface (OpenAI, Anthropic, Responses, tokenize):
+an endpoint holds the pool and answers inside ``async with pool.lease(name) as lease``; a
+streamed answer takes the lease over (:meth:`ModelLease.held_by`) and releases it when it ends.
 """
 
 from __future__ import annotations
@@ -21,21 +25,25 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from inference.openai.errors import (
+    InvalidRequestError,
     ModelNotFoundError,
     OpenAIError,
     ServerOverloadedError,
     ServerUnavailableError,
 )
+from inference.openai.handle import ModelHandle
 from inference.openai.protocol import ModelCard, ModelList
-from inference.openai.serving import OpenAIServing
 
 log = logging.getLogger("inference.pool")
+
+_Item = TypeVar("_Item")
 
 #: Why a model left memory (the ``reason`` of unload events and metrics).
 UNLOAD_REASONS = ("idle", "memory", "admin", "evict", "shutdown")
@@ -96,7 +104,7 @@ class PoolObserver(Protocol):
 
 
 #: Builds the handle of a model (loads its engine); runs in a worker thread.
-HandleFactory = Callable[[ModelRef], OpenAIServing]
+HandleFactory = Callable[[ModelRef], ModelHandle]
 
 
 @dataclass(frozen=True)
@@ -117,7 +125,7 @@ class PoolLimits:
 @dataclass
 class _Entry:
     ref: ModelRef
-    serving: OpenAIServing
+    handle: ModelHandle
     lease: Releasable
     keep_alive: float
     loaded_at: float = field(default_factory=time.time)
@@ -162,11 +170,12 @@ class ModelLease:
         self._pool = pool
         self._entry = entry
         self._released = False
+        self._handed_over = False
 
     @property
-    def serving(self) -> OpenAIServing:
+    def handle(self) -> ModelHandle:
         """The model's handle."""
-        return self._entry.serving
+        return self._entry.handle
 
     @property
     def bundle_id(self) -> str:
@@ -179,6 +188,23 @@ class ModelLease:
             return
         self._released = True
         self._pool._release(self._entry)
+
+    def held_by(self, stream: AsyncIterator[_Item]) -> AsyncIterator[_Item]:
+        """``stream``, holding this lease until it ends (or is dropped unstarted): a streamed
+        answer outlives the ``async with pool.lease(...)`` block that made it."""
+        self._handed_over = True
+
+        async def holding() -> AsyncIterator[_Item]:
+            try:
+                async for item in stream:
+                    yield item
+            finally:
+                self.release()
+
+        held = holding()
+        # A stream dropped before its first iteration never runs its ``finally``.
+        weakref.finalize(held, self.release)
+        return held
 
 
 class ModelPool:
@@ -215,14 +241,14 @@ class ModelPool:
     def adopt(
         self,
         ref: ModelRef,
-        serving: OpenAIServing,
+        handle: ModelHandle,
         lease: Releasable,
         *,
         keep_alive: float = -1,
         names: Sequence[str] = (),
     ) -> None:
         """Add a model loaded before the pool (``serve MODEL``); :meth:`start` starts it."""
-        entry = _Entry(ref=ref, serving=serving, lease=lease, keep_alive=keep_alive, names={ref.name, *names})
+        entry = _Entry(ref=ref, handle=handle, lease=lease, keep_alive=keep_alive, names={ref.name, *names})
         entry.idle.set()
         self._loaded[ref.bundle_id] = entry
         self._adopted.append(entry)
@@ -230,7 +256,7 @@ class ModelPool:
     async def start(self) -> None:
         """Start the schedulers of adopted models (in the server's event loop)."""
         for entry in self._adopted:
-            await entry.serving.start()
+            await entry.handle.start()
         self._adopted.clear()
 
     def forget_name(self, name: str) -> None:
@@ -244,6 +270,24 @@ class ModelPool:
         """Raise 503 while the server drains."""
         if self._draining:
             raise ServerUnavailableError("the server is shutting down and admits no new requests")
+
+    @contextlib.asynccontextmanager
+    async def lease(self, name: str, *, keep_alive: float | None = None) -> AsyncIterator[ModelLease]:
+        """:meth:`acquire` for an ``async with`` block: the lease is released when the block
+        ends, unless a stream took it over (:meth:`ModelLease.held_by`)."""
+        lease = await self.acquire(name, keep_alive=keep_alive)
+        try:
+            yield lease
+        finally:
+            if not lease._handed_over:
+                lease.release()
+
+    def default_model(self) -> str:
+        """The model a request that leaves ``model`` out means (``/tokenize``, as vLLM): the
+        server's startup model; 400 when it has none."""
+        if self.primary is None:
+            raise InvalidRequestError("model is required: this server has no default model", param="model")
+        return self.primary
 
     async def acquire(self, name: str, *, keep_alive: float | None = None) -> ModelLease:
         """A lease on the model ``name`` means, loading it first when needed.
@@ -318,7 +362,7 @@ class ModelPool:
         limit = self.limits.max_queued
         if limit is None:
             return
-        queued = sum(e.serving.queued for e in self._loaded.values())
+        queued = sum(e.handle.queued for e in self._loaded.values())
         # Each model's scheduler still decides whether this request gets a slot at once; the
         # pool only refuses when the server-wide queue is already full.
         if queued and queued >= limit:
@@ -430,11 +474,11 @@ class ModelPool:
         lease: Releasable | None = None
         try:
             lease = await asyncio.to_thread(self.source.lease, ref.bundle_id)
-            serving = await asyncio.to_thread(self.factory, ref)
+            handle = await asyncio.to_thread(self.factory, ref)
             try:
-                await serving.start()
+                await handle.start()
             except BaseException:
-                await asyncio.to_thread(serving.close_engine)
+                await asyncio.to_thread(handle.close_engine)
                 raise
         except BaseException as exc:
             if lease is not None:
@@ -453,12 +497,12 @@ class ModelPool:
             self._notify()
             return
         seconds = time.monotonic() - started
-        info = serving.engine.info
+        info = handle.engine.info
         memory = info.memory_bytes or ref.memory_bytes
         ref = ModelRef(**{**ref.__dict__, "memory_bytes": memory})
         entry = _Entry(
             ref=ref,
-            serving=serving,
+            handle=handle,
             lease=lease,
             keep_alive=self.limits.keep_alive if keep_alive is None else keep_alive,
             names={ref.name, name},
@@ -524,7 +568,7 @@ class ModelPool:
                 self._notify()
                 return False
             # Cut what is left: queued requests get 503, running streams an error chunk.
-            await entry.serving.stop()
+            await entry.handle.stop()
             try:
                 await asyncio.wait_for(entry.idle.wait(), timeout=10.0)
             except TimeoutError:
@@ -534,8 +578,8 @@ class ModelPool:
 
     async def _close(self, entry: _Entry, reason: str) -> None:
         try:
-            await entry.serving.stop()
-            await asyncio.to_thread(entry.serving.close_engine)
+            await entry.handle.stop()
+            await asyncio.to_thread(entry.handle.close_engine)
         finally:
             entry.lease.release()
             self._loaded.pop(entry.ref.bundle_id, None)
@@ -556,7 +600,7 @@ class ModelPool:
         entry = self._loaded.get(bundle_id)
         if entry is None or entry.unloading:
             return
-        entry.serving.mark_unavailable(reason)
+        entry.handle.mark_unavailable(reason)
         for name in entry.names:
             self._down[name] = reason
         self._spawn(self._unload(entry, "evict", grace=self.limits.unload_grace, force=True))
@@ -567,19 +611,19 @@ class ModelPool:
         """Stop admitting (a plain flag: safe from a signal handler)."""
         self._draining = True
         for entry in list(self._loaded.values()):
-            entry.serving.begin_drain()
+            entry.handle.begin_drain()
 
     async def drain(self, grace_seconds: float) -> bool:
         """Wait up to ``grace_seconds`` for every loaded model's requests; True when all ended."""
         self.begin_drain()
-        waits = [e.serving.drain(grace_seconds) for e in list(self._loaded.values())]
+        waits = [e.handle.drain(grace_seconds) for e in list(self._loaded.values())]
         results = await asyncio.gather(*waits)
         return all(results)
 
     async def stop(self) -> None:
         """Fail what is left on every model (queued: 503, streams: an error chunk)."""
         self._draining = True
-        await asyncio.gather(*(e.serving.stop() for e in list(self._loaded.values())))
+        await asyncio.gather(*(e.handle.stop() for e in list(self._loaded.values())))
 
     async def close(self) -> None:
         """Unload every model (reason ``shutdown``) and release every lease."""
@@ -596,8 +640,8 @@ class ModelPool:
     # -- views ---------------------------------------------------------------------------------
 
     def _status(self, entry: _Entry) -> EngineStatus:
-        info = entry.serving.engine.info
-        health = entry.serving.health()
+        info = entry.handle.engine.info
+        health = entry.handle.health()
         return EngineStatus(
             bundle_id=entry.ref.bundle_id,
             names=tuple(sorted(entry.names)),
@@ -649,7 +693,7 @@ class ModelPool:
             created=int(time.time()),
             owned_by="cachesvc",
             max_model_len=(
-                self._loaded[r.bundle_id].serving.options.max_model_len
+                self._loaded[r.bundle_id].handle.options.max_model_len
                 if r.bundle_id in self._loaded
                 else r.max_model_len
             ),
@@ -667,7 +711,7 @@ class ModelPool:
             primary = next((e for e in self._loaded.values() if self.primary in e.names), None)
         models: list[dict[str, Any]] = []
         for e in self._loaded.values():
-            own = e.serving.health()
+            own = e.handle.health()
             entry: dict[str, Any] = {
                 "bundle_id": e.ref.bundle_id,
                 "names": sorted(e.names),
@@ -680,7 +724,7 @@ class ModelPool:
                 entry["context_cache"] = own["context_cache"]
             models.append(entry)
         if primary is not None:
-            body = primary.serving.health()
+            body = primary.handle.health()
             body["model"] = self.primary
         else:
             body = {
@@ -689,10 +733,10 @@ class ModelPool:
                 "capabilities": {},
             }
         body["active_requests"] = sum(
-            int(e.serving.health()["active_requests"]) for e in self._loaded.values()
+            int(e.handle.health()["active_requests"]) for e in self._loaded.values()
         )
         body["queued_requests"] = sum(
-            int(e.serving.health()["queued_requests"]) for e in self._loaded.values()
+            int(e.handle.health()["queued_requests"]) for e in self._loaded.values()
         )
         body["models"] = models
         if self._draining and body["status"] == "ok":
@@ -709,7 +753,7 @@ class ModelPool:
             return False
         if self.primary is None:
             return True
-        return any(self.primary in e.names and e.serving.ready for e in self._loaded.values())
+        return any(self.primary in e.names and e.handle.ready for e in self._loaded.values())
 
 
 def close_names(name: str, candidates: Sequence[str], n: int = 5) -> list[str]:

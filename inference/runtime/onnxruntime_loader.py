@@ -10,8 +10,7 @@ import onnxruntime as ort
 
 from inference.cpu_class import cpu_class_mismatch
 from inference.runtime.errors import EngineLoadError
-from inference.runtime.kv_engine import KV_LAYOUT, GqaEngine
-from inference.runtime.ort_engine import OrtEngine
+from inference.runtime.onnxruntime_engine import KV_LAYOUT, GqaEngine
 from inference.runtime.ort_session import available_cores
 from inference.runtime.registry import load_engine, memory_estimate
 
@@ -92,20 +91,4 @@ def load_ort_engine(
     return engine
 
 
-def load_portable_engine(bundle_dir: Path, *, max_slots: int = 1, threads: int | None = None) -> OrtEngine:
-    """The reference engine over the portable graph (``model.onnx``): KV copied every step.
-
-    For comparisons and tests; serving uses :func:`load_engine`.
-    """
-    bundle_dir = Path(bundle_dir)
-    meta = read_engine_meta(bundle_dir)
-    portable = meta.get("portable_model", "model.onnx")
-    if not portable:
-        raise EngineLoadError(f"bundle {bundle_dir} has no portable graph ({meta.get('precision')} bundles "
-                              "keep only the CPU graph)")
-    model = bundle_dir / str(portable)
-    n_threads = available_cores() if threads is None else threads
-    return OrtEngine(model, meta, max_slots=max_slots, threads=n_threads)
-
-
-__all__ = ["ENGINE_FILE", "load_engine", "load_ort_engine", "load_portable_engine", "read_engine_meta"]
+__all__ = ["ENGINE_FILE", "load_engine", "load_ort_engine", "read_engine_meta"]

@@ -1,7 +1,7 @@
-"""The reference Engine over a bundle's portable graph (``model.onnx``, standard ops).
+"""The reference Engine over a bundle's portable graph (``model.onnx``, standard ops), for tests.
 
-Serving uses :mod:`inference.runtime.kv_engine` (KV written in place); this one stays for
-comparisons and tests (``load_portable_engine``): it copies the whole KV every step.
+Serving uses :mod:`inference.runtime.onnxruntime_engine` (KV written in place); the engine tests
+compare it with this one (:func:`load_portable_engine`), which copies the whole KV every step.
 
 Each slot keeps its own per-layer K/V arrays ``[1, kv_heads, length, head_dim]`` holding
 positions ``[0, length)`` with no padding; the graph's ``present`` outputs become the next
@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from inference.runtime.ort_session import cpu_session
+from inference.runtime.errors import EngineLoadError
+from inference.runtime.onnxruntime_loader import read_engine_meta
+from inference.runtime.ort_session import available_cores, cpu_session
 from inference.runtime.protocol import EngineInfo
 from inference.runtime.slot_checks import check_extend, check_prefill
 
@@ -195,3 +197,19 @@ class OrtEngine:
         """Release the session and all KV."""
         self._session = None
         self._kv = [None] * self._info.max_slots
+
+
+def load_portable_engine(bundle_dir: Path, *, max_slots: int = 1, threads: int | None = None) -> OrtEngine:
+    """The reference engine over a bundle's portable graph (``model.onnx``): KV copied every step."""
+    bundle_dir = Path(bundle_dir)
+    meta = read_engine_meta(bundle_dir)
+    portable = meta.get("portable_model", "model.onnx")
+    if not portable:
+        raise EngineLoadError(f"bundle {bundle_dir} has no portable graph ({meta.get('precision')} bundles "
+                              "keep only the CPU graph)")
+    model = bundle_dir / str(portable)
+    n_threads = available_cores() if threads is None else threads
+    return OrtEngine(model, meta, max_slots=max_slots, threads=n_threads)
+
+
+__all__ = ["OrtEngine", "load_portable_engine"]
