@@ -15,7 +15,7 @@ import torch
 from inference.builder.errors import BuildInputError
 from inference.builder.lora import LoraAdapterError, convert_peft_adapter
 from inference.builder.model_config import load_model_config
-from inference.runtime.kv_engine import GqaEngine
+from inference.runtime.onnxruntime_engine import GqaEngine
 from tests.engine.conftest import load_reference
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
