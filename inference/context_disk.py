@@ -52,8 +52,9 @@ MAGIC = b"CSVCCTX1"
 FORMAT_VERSION = 1
 #: What ``--context-cache-disk-bytes`` defaults to: 1 GiB (~350 SmolLM2-135M blocks, ~22k tokens).
 DEFAULT_DISK_BYTES = 1 << 30
-#: Records waiting for the writer; a full queue skips writes rather than block decode.
-WRITE_QUEUE = 256
+#: Records waiting for the writer (64 SmolLM2 blocks: ~190 MB, ~4,000 prompt tokens); a full
+#: queue skips writes rather than block decode, and a shutdown writes at most this many.
+WRITE_QUEUE = 64
 SUFFIX = ".kv"
 KEY_BYTES = 20
 
@@ -278,7 +279,7 @@ class DiskRecords:
         threading.Thread(target=wait, daemon=True).start()
         done.wait(timeout)
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = 10.0) -> None:
         """Write what is queued (up to ``timeout`` s), then stop the writer; later puts are skipped."""
         with self._lock:
             if self._closed:
