@@ -47,7 +47,7 @@ from cachesvc.http.metrics import MetricsState, metrics_route
 from cachesvc.manager import BundleLease, CacheManager, CombinedLease
 from cachesvc.records import PrepareResult
 from cachesvc.served_models import CatalogModels
-from cachesvc.store.layout import CacheLayout, make_dirs
+from cachesvc.store.layout import CacheLayout
 from inference.build_profile import CHAIN_SPECULATIVE_METHODS, METHODS_WITH_DRAFT_BUNDLE
 from inference.context_cache import PrefixStore
 from inference.context_disk import DiskRecords
@@ -306,14 +306,14 @@ def _context_cache(config: ServeConfig, bundle_id: str) -> PrefixStore | None:
 
 def context_disk(config: ServeConfig, bundle_id: str) -> DiskRecords | None:
     """The bundle's records on disk (``<cache-dir>/context/<bundle_id>/``, removed with the
-    bundle), or None with ``--context-cache-disk-bytes 0``. A directory that cannot be made
-    (read-only cache) leaves the records in memory only."""
+    bundle), or None with ``--context-cache-disk-bytes 0``. A cache root that cannot be read
+    leaves the records in memory only (and a failed write, the record it was for)."""
     if config.context_cache_disk_bytes <= 0:
         return None
     layout = CacheLayout(config.cache_dir)
     try:
-        make_dirs(layout.context_dir(bundle_id), layout.root, layout.dir_mode())
-        return DiskRecords(layout.context_dir(bundle_id), max_bytes=config.context_cache_disk_bytes)
+        return DiskRecords(layout.context_dir(bundle_id), max_bytes=config.context_cache_disk_bytes,
+                           dir_mode=layout.dir_mode())  # made on the first write
     except (OSError, CacheError, ValueError) as exc:
         log.warning("context records stay in memory only (no record directory: %s)", exc)
         return None

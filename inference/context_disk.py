@@ -143,11 +143,12 @@ class DiskRecords:
     """One bundle's records in ``directory``; see the module docstring."""
 
     def __init__(self, directory: Path | str, *, max_bytes: int = DEFAULT_DISK_BYTES,
-                 queue_size: int = WRITE_QUEUE) -> None:
+                 queue_size: int = WRITE_QUEUE, dir_mode: int = 0o755) -> None:
+        """``directory`` (and its parent) are made on the first write, with ``dir_mode``."""
         if max_bytes < 1:
             raise ValueError("max_bytes must be at least 1 (leave the disk store out for none)")
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self._dir_mode = dir_mode
         self._lock = threading.Lock()
         self._index: OrderedDict[bytes, int] = OrderedDict()  # key -> file bytes, LRU first
         self._pending: set[bytes] = set()
@@ -170,7 +171,11 @@ class DiskRecords:
     def _open(self) -> None:
         """Index the records already there (oldest mtime first), drop temp files, apply the cap."""
         found: list[tuple[int, bytes, int]] = []
-        for entry in os.scandir(self.directory):
+        try:
+            entries = list(os.scandir(self.directory))
+        except FileNotFoundError:
+            entries = []
+        for entry in entries:
             if entry.name.endswith(".tmp"):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
@@ -326,6 +331,11 @@ class DiskRecords:
         parts = encode(key, tokens, kv)
         size = sum(len(p) for p in parts)
         path = self._path(key)
+        for directory in (self.directory.parent, self.directory):
+            if not directory.is_dir():
+                with contextlib.suppress(FileExistsError):
+                    directory.mkdir()
+                    os.chmod(directory, self._dir_mode)  # umask does not apply
         tmp = self.directory / f".{path.name}.{secrets.token_hex(6)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:

@@ -347,7 +347,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         function="decode",
         find=r"if digest\.digest\(\) != bytes\(view\[shape_end:tok_start\]\):",
         replace="if False:",
-        tests=("tests/unit/test_context_disk.py::test_a_damaged_record_is_dropped_and_never_used",),
+        tests=("tests/unit/test_context_records_on_disk.py::test_a_damaged_record_is_dropped_and_never_used",),
     ),
     Mutation(
         name="context-disk-cap-ignored",
@@ -356,7 +356,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         function="DiskRecords._evict_locked",
         find=r"while self\._index and self\._bytes \+ incoming > self\.max_bytes:",
         replace="while False:",
-        tests=("tests/unit/test_context_disk.py::test_the_cap_holds_lru_across_a_restart",),
+        tests=("tests/unit/test_context_records_on_disk.py::test_the_cap_holds_lru_across_a_restart",),
     ),
     Mutation(
         name="context-records-outlive-their-bundle",

@@ -215,3 +215,13 @@ def test_temp_files_of_a_crash_are_removed_at_open(tmp_path: Path) -> None:
     assert not (tmp_path / ".abc.kv.123.tmp").exists() and (tmp_path / "notes.txt").exists()
     assert disk.stats().disk_records == 0
     assert os.listdir(tmp_path) == ["notes.txt"]
+
+
+def test_the_directory_is_made_on_the_first_write(tmp_path: Path) -> None:
+    directory = tmp_path / "context" / "b1"
+    disk = DiskRecords(directory, dir_mode=0o750)
+    assert not (tmp_path / "context").exists()  # a server that never writes leaves nothing
+    assert disk.put(bytes(20), _tokens(BLOCK, 8), _kv(8))
+    disk.close()
+    assert len(_files(directory)) == 1
+    assert (directory.stat().st_mode & 0o777) == (directory.parent.stat().st_mode & 0o777) == 0o750
