@@ -32,6 +32,15 @@ and p95) and the server's resident memory (``VmRSS``) idle after start and after
 its peak (``VmHWM``).
 
     PYTHONPATH=. .venv/bin/python bench/serve.py --compare-defaults [--clients 4] [--requests 3]
+
+``--context-restart`` measures context records on disk (``--context-cache-disk-bytes``): the
+default model (SmolLM2) served on the defaults answers ``--repeats`` prompts of ``--prefix-len``
+random tokens (one token generated, non-streamed, so the time is the time to the answer) cold,
+then again warm from memory, then again after a restart of the server on the same cache, where
+the records come back from ``<cache>/context/<bundle_id>/``. It prints the median of each and
+the ratios (targets: after a restart <= 3x the warm time and >= 20x faster than cold).
+
+    PYTHONPATH=. .venv/bin/python bench/serve.py --context-restart [--repeats 3] [--prefix-len 1500]
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -526,6 +536,87 @@ def compare_defaults(args: argparse.Namespace) -> int:
     return 0
 
 
+def _answer_s(base_url: str, model: str, prompt: list[int]) -> float:
+    """Seconds until the one-token answer to ``prompt`` (token ids) is back."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    t0 = time.perf_counter()
+    r = httpx.post(f"{base_url}/v1/completions", json=body, timeout=600)
+    elapsed = time.perf_counter() - t0
+    if r.status_code != 200:
+        raise SystemExit(f"HTTP {r.status_code}: {r.text[:500]}")
+    return elapsed
+
+
+def _context_stats(base_url: str) -> dict[str, int]:
+    health = httpx.get(f"{base_url}/health", timeout=30).json()
+    return next((m.get("context_cache") or {} for m in health.get("models", [])), {})
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def context_restart(args: argparse.Namespace) -> int:
+    """Cold vs warm (memory) vs after a restart (disk records) for the same long prefixes."""
+    cache_dir = args.work / "cache-context"
+    if not (cache_dir / "catalog.sqlite3").exists():
+        print("first start on an empty cache (builds the bundle) ...", file=sys.stderr)
+        _stop(_start_default_server(cache_dir, free_port(), (), args.work / "serve-context-first.log"))
+    shutil.rmtree(cache_dir / "context", ignore_errors=True)  # cold means cold: no records yet
+    rng = np.random.default_rng(int(time.time()))  # new prompts each run: never seen by this cache
+    prompts = [[int(t) for t in rng.integers(1000, 40000, size=args.prefix_len + 1)]
+               for _ in range(args.repeats)]
+    warmup = [int(t) for t in rng.integers(1000, 40000, size=16)]
+    times: dict[str, list[float]] = {"cold": [], "warm": [], "restart": []}
+    stats: dict[str, dict[str, int]] = {}
+    for phase in ("first", "restart"):
+        log_path = args.work / f"serve-context-{phase}.log"
+        print(f"{phase}: starting cachesvc serve (log: {log_path}) ...", file=sys.stderr)
+        port = free_port()
+        proc = _start_default_server(cache_dir, port, (), log_path)
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            model = str(httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"][0]["id"])
+            _answer_s(base_url, model, warmup)  # loads the model; first-request paths
+            if phase == "first":
+                times["cold"] = [_answer_s(base_url, model, p) for p in prompts]
+                times["warm"] = [_answer_s(base_url, model, p) for p in prompts]
+                deadline = time.monotonic() + 120  # the writer thread: let it finish before the stop
+                while time.monotonic() < deadline:
+                    before = _context_stats(base_url)
+                    time.sleep(0.5)
+                    if _context_stats(base_url) == before:
+                        break
+            else:
+                times["restart"] = [_answer_s(base_url, model, p) for p in prompts]
+            stats[phase] = _context_stats(base_url)
+        finally:
+            _stop(proc)
+    cold, warm, restart = (statistics.median(times[k]) for k in ("cold", "warm", "restart"))
+    print(f"SmolLM2-135M (default server), {args.repeats} prompts of {args.prefix_len} random tokens, "
+          "one token each; median seconds to the answer")
+    header = f"{'case':<34} {'median ms':>9} {'each ms':>24}"
+    print(header)
+    print("-" * len(header))
+    for name, label in (("cold", "cold (no records)"), ("warm", "warm (records in memory)"),
+                        ("restart", "after a restart (records on disk)")):
+        each = " ".join(f"{t * 1e3:.0f}" for t in times[name])
+        print(f"{label:<34} {statistics.median(times[name]) * 1e3:>9.1f} {each:>24}")
+    s = stats.get("restart", {})
+    print(f"\nafter restart / warm: {restart / warm:.2f}x (target <= 3x); cold / after restart: "
+          f"{cold / restart:.1f}x (target >= 20x)")
+    print(f"first server: {stats.get('first', {}).get('disk_writes', 0)} records written, "
+          f"{stats.get('first', {}).get('disk_bytes', 0) / 2**20:.0f} MiB on disk; after the restart: "
+          f"{s.get('disk_hits', 0)} disk hits, {s.get('tokens_reused', 0)} tokens reused, "
+          f"{s.get('disk_dropped', 0)} dropped")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(
@@ -550,9 +641,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="serve SmolLM2 on the defaults and on --max-batch-size 1 --no-enable-context-reuse (see above)",
     )
+    parser.add_argument(
+        "--context-restart",
+        action="store_true",
+        help="cold vs warm vs after-restart answers for long prefixes on SmolLM2 (see above)",
+    )
+    parser.add_argument("--prefix-len", type=int, default=1500, help="prompt tokens (--context-restart)")
     parser.add_argument("--requests", type=int, default=3, help="requests per client (--compare-defaults)")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request (--compare-defaults)")
     args = parser.parse_args(argv)
+    if args.context_restart:
+        if args.repeats < 1 or args.prefix_len < 64:
+            parser.error("--repeats must be positive and --prefix-len at least 64")
+        args.work.mkdir(parents=True, exist_ok=True)
+        return context_restart(args)
     if args.compare_defaults:
         if min(args.clients, args.requests, args.max_tokens) < 1:
             parser.error("--clients, --requests and --max-tokens must be positive")

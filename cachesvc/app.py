@@ -47,8 +47,10 @@ from cachesvc.http.metrics import MetricsState, metrics_route
 from cachesvc.manager import BundleLease, CacheManager, CombinedLease
 from cachesvc.records import PrepareResult
 from cachesvc.served_models import CatalogModels
+from cachesvc.store.layout import CacheLayout
 from inference.build_profile import CHAIN_SPECULATIVE_METHODS, METHODS_WITH_DRAFT_BUNDLE
 from inference.context_cache import PrefixStore
+from inference.context_disk import DiskRecords
 from inference.model_pool import HandleFactory, ModelPool, ModelRef, PoolLimits
 from inference.openai import ModelHandle, ServingOptions, load_tokenizer, openai_router
 from inference.runtime.protocol import Engine
@@ -295,7 +297,23 @@ def _context_cache(config: ServeConfig, bundle_id: str) -> PrefixStore | None:
         f"bundle:{bundle_id}",
         max_records=config.context_cache_max_records,
         max_bytes=config.context_cache_partial_kv_snapshot_pool_bytes,
+        disk=context_disk(config, bundle_id),
     )
+
+
+def context_disk(config: ServeConfig, bundle_id: str) -> DiskRecords | None:
+    """The bundle's records on disk (``<cache-dir>/context/<bundle_id>/``, removed with the
+    bundle), or None with ``--context-cache-disk-bytes 0``. A cache root that cannot be read
+    leaves the records in memory only (and a failed write, the record it was for)."""
+    if config.context_cache_disk_bytes <= 0:
+        return None
+    layout = CacheLayout(config.cache_dir)
+    try:
+        return DiskRecords(layout.context_dir(bundle_id), max_bytes=config.context_cache_disk_bytes,
+                           dir_mode=layout.dir_mode())  # made on the first write
+    except (OSError, CacheError, ValueError) as exc:
+        log.warning("context records stay in memory only (no record directory: %s)", exc)
+        return None
 
 
 def engine_factory_from_env() -> EngineFactory | None:

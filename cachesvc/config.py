@@ -75,6 +75,7 @@ from inference.build_profile import (
     check_shapes,
 )
 from inference.context_cache import DEFAULT_MAX_BYTES as DEFAULT_RECORD_POOL_BYTES
+from inference.context_disk import DEFAULT_DISK_BYTES
 from inference.openai.reasoning import REASONING_PARSER_CHOICES as REASONING_PARSERS
 from inference.openai.tool_parsers import TOOL_PARSER_CHOICES as TOOL_CALL_PARSERS
 
@@ -99,6 +100,7 @@ _CONTEXT_CACHE_FIELDS = (
     "context_cache_max_records",
     "context_cache_recurrent_snapshot_pool_bytes",
     "context_cache_partial_kv_snapshot_pool_bytes",
+    "context_cache_disk_bytes",
 )
 
 
@@ -325,6 +327,7 @@ _RULES: dict[str, Callable[[object], Any]] = {
     "context_cache_max_records": _int_rule(0, INT32_MAX),
     "context_cache_recurrent_snapshot_pool_bytes": _int_rule(0, INT64_MAX),
     "context_cache_partial_kv_snapshot_pool_bytes": _int_rule(0, INT64_MAX),
+    "context_cache_disk_bytes": _int_rule(0, INT64_MAX),
     "catalog_url": _catalog_url_rule,
     "node_name": _text_rule("a non-blank node name", optional=True),
     "heartbeat_seconds": _positive_float,
@@ -486,6 +489,7 @@ class ServeConfig:
     context_cache_max_records: int = 1024
     context_cache_recurrent_snapshot_pool_bytes: int = 0
     context_cache_partial_kv_snapshot_pool_bytes: int = 0
+    context_cache_disk_bytes: int = DEFAULT_DISK_BYTES  # ours: records kept across restarts
     # ours
     catalog_url: str | None = None
     node_name: str | None = None
@@ -856,6 +860,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser, *, include_http: bool =
         f"bytes of KV the prefix records may hold; 0 = {DEFAULT_RECORD_POOL_BYTES >> 20} MiB "
         "(llama-server's --cache-ram defaults to 8 GiB; this default keeps a default server "
         "on a small machine within a few GiB)",
+    )
+    _add(
+        runtime,
+        "context_cache_disk_bytes",
+        "bytes of prefix records kept on disk under <cache-dir>/context/<bundle_id>/ so that they "
+        "survive a restart (LRU; counted in the cache size, removed with their bundle; 0 = off)",
     )
     if not include_http:
         return

@@ -63,9 +63,11 @@ class Evictor:
                     f"bundle {bid} is in use by {who}; stop that server first",
                     holders=[{"pid": h.pid, "host": h.host, "since": h.since} for h in holders],
                 )
+            context = self.store.layout.context_bytes(bid)
             self.store.remove(info.path)
+            self.store.layout.remove_context(bid)  # its context records go with it
             self.catalog.delete_bundle(bid, reason="manual", nbytes=info.size_bytes)
-        return info.size_bytes
+        return info.size_bytes + context
 
     def plan(
         self, max_bytes: int | None = None, *, exclude: frozenset[str] = frozenset(), reason: str = "lru"
@@ -75,7 +77,8 @@ class Evictor:
         cap = self.max_size_bytes if max_bytes is None else max_bytes
         if cap < 0:
             raise ConfigError("max_size_bytes", f"must not be negative, got {cap}")
-        total = self.catalog.total_size()
+        # Context records (context/<bundle_id>/) count in the cache's size and go with their bundle.
+        total = self.catalog.total_size() + self.store.layout.context_bytes()
         remaining = total
         evict: list[PlannedEviction] = []
         skipped: list[SkippedBundle] = []
@@ -90,6 +93,7 @@ class Evictor:
                 # Checked only for bundles that would go, so planning reads few locks.
                 skipped.append(SkippedBundle(bid, size, "leased", stale=stale))
             else:
+                size += self.store.layout.context_bytes(bid)
                 why = "stale" if stale else reason
                 evict.append(PlannedEviction(bid, size, last_used, Path(path), reason=why))
                 remaining -= size
@@ -135,7 +139,9 @@ class Evictor:
                 if not got:
                     skipped.append(SkippedBundle(item.bundle_id, item.size_bytes, "leased"))
                     continue
+                context = self.store.layout.context_bytes(item.bundle_id)
                 self.store.remove(info.path)
+                self.store.layout.remove_context(item.bundle_id)
                 self.catalog.delete_bundle(
                     item.bundle_id,
                     reason=item.reason,
@@ -143,13 +149,13 @@ class Evictor:
                     detail=info.error if item.reason == "stale" else None,
                 )
             evicted.append(item.bundle_id)
-            freed += info.size_bytes
+            freed += info.size_bytes + context
         return EvictionResult(
             plan=plan,
             evicted=tuple(evicted),
             skipped=tuple(skipped),
             freed_bytes=freed,
-            total_after=self.catalog.total_size(),
+            total_after=self.catalog.total_size() + self.store.layout.context_bytes(),
             dry_run=False,
         )
 

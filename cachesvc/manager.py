@@ -411,6 +411,7 @@ class CacheManager:
         if old is not None and old.state in ("corrupt", "stale") and final.exists():
             # Never served: rebuilt in place (a stale bundle's builder says if this GPU cannot).
             self.store.remove(rel)
+            self.layout.remove_context(bid)  # KV of the old build is not the new one's
             self.catalog.add_event(
                 "evict",
                 bundle_id=bid,
@@ -832,8 +833,10 @@ class CacheManager:
                 self._stats_cache = (key, stats)
         if node != self.node:
             return stats
-        # On disk, not in the catalog: a conversion's leftovers have no row (reconcile removes them).
-        return replace(stats, checkpoint_bytes=dir_size(self.layout.checkpoints))
+        # On disk, not in the catalog: a conversion's leftovers have no row (reconcile removes them);
+        # the bundles' context records (context/<bundle_id>/) count in the cache's size.
+        return replace(stats, checkpoint_bytes=dir_size(self.layout.checkpoints),
+                       size_bytes=stats.size_bytes + self.layout.context_bytes())
 
     # -- pin / verify / remove -------------------------------------------------------------
 

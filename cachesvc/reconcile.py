@@ -113,6 +113,7 @@ class Reconciler:
         for info in self.catalog.all_bundles():
             live = {h.pid for h in self._holders(info.id) if h.host == self.catalog.node}
             self.catalog.drop_stale_leases(info.id, live)
+        self._drop_orphaned_context()
         stale, restored = self._recheck_environment(manifests)
         report = ReconcileReport(
             tuple(adopted),
@@ -125,6 +126,14 @@ class Reconciler:
         if adopted or forgotten or staging_removed or corrupt or stale or restored:
             log.info("reconcile: %s", report)
         return report
+
+    def _drop_orphaned_context(self) -> None:
+        """Remove context records (``context/<bundle_id>/``) whose bundle is gone."""
+        layout = self.store.layout
+        kept = {b.id for b in self.catalog.all_bundles()}
+        for bid in layout.context_bundle_ids():
+            if bid not in kept and layout.remove_context(bid):
+                log.info("reconcile: removed the context records of bundle %s (bundle gone)", bid)
 
     def _recheck_environment(self, manifests: dict[str, Manifest]) -> tuple[list[str], list[str]]:
         """Flag ready bundles that cannot run here ``stale`` and stale ones that can ``ready``.

@@ -13,8 +13,14 @@ Limits: at most ``max_records`` records and ``max_bytes`` bytes of KV; the least
 record goes first. Lookups walk the chain from a given block and stop at the first miss, so a
 hit always extends a prefix that is complete up to it.
 
+On disk (``disk``, a :class:`~inference.context_disk.DiskRecords`): every record inserted is also
+queued for writing to the bundle's record directory, and a lookup that misses in memory reads the
+block from there (checked, then kept in memory too), so records survive a restart; disk hits are
+counted apart (``disk_hits``). The key is ready for an adapter name (``adapter``, empty today:
+the chain's seed is then exactly the bundle's).
+
 Thread-safety: the scheduler thread owns the store; :meth:`stats` may be read from any thread
-(it returns a copy taken under a lock).
+(it returns a copy taken under a lock); the disk store's writer thread updates its own figures.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from inference.context_disk import DiskRecords, DiskStats
 
 BLOCK_TOKENS = 64
 #: What the pool-bytes flag's 0 ("no explicit bound") means for the KV records. Context reuse
@@ -49,6 +57,15 @@ class ContextCacheStats:
     bytes: int = 0
     max_records: int = 0
     max_bytes: int = 0
+    # The records on disk (all 0 without a disk store): blocks read back after a memory miss,
+    # written, damaged ones dropped, evicted for the disk cap, and what the directory holds.
+    disk_hits: int = 0
+    disk_writes: int = 0
+    disk_dropped: int = 0
+    disk_evictions: int = 0
+    disk_records: int = 0
+    disk_bytes: int = 0
+    disk_max_bytes: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """Plain dict for /health."""
@@ -65,16 +82,33 @@ class PrefixStore:
     """LRU store of per-block KV records; see the module docstring."""
 
     def __init__(self, namespace: str, *, max_records: int, max_bytes: int = 0,
-                 block_tokens: int = BLOCK_TOKENS) -> None:
-        """``max_bytes`` 0 means :data:`DEFAULT_MAX_BYTES`."""
+                 block_tokens: int = BLOCK_TOKENS, disk: DiskRecords | None = None,
+                 adapter: str = "") -> None:
+        """``max_bytes`` 0 means :data:`DEFAULT_MAX_BYTES`; ``disk`` keeps records across restarts;
+        ``adapter`` names the adapter the KV was made with ("" = the bundle's own weights)."""
         if max_records < 0 or max_bytes < 0 or block_tokens < 1:
             raise ValueError("max_records and max_bytes must be >= 0 and block_tokens >= 1")
         self.block_tokens = block_tokens
-        self._salt = hashlib.blake2b(namespace.encode(), digest_size=16).digest()
+        seed = namespace if not adapter else f"{namespace}\0adapter:{adapter}"
+        self._salt = hashlib.blake2b(seed.encode(), digest_size=16).digest()
+        self._disk = disk
+        # (shape, dtype) of the engine's blocks, once one was seen: a disk record of another
+        # layout is dropped, never handed to the engine.
+        self._layout: tuple[tuple[int, ...], np.dtype] | None = None
         self._records: OrderedDict[bytes, _Record] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self._stats = ContextCacheStats(max_records=max_records, max_bytes=max_bytes or DEFAULT_MAX_BYTES)
+
+    @property
+    def disk(self) -> DiskRecords | None:
+        """The records on disk, if any."""
+        return self._disk
+
+    def set_listener(self, listener: Callable[[], None] | None) -> None:
+        """Call ``listener`` (any thread) after the disk writer changed the figures."""
+        if self._disk is not None:
+            self._disk.on_change = listener
 
     @property
     def max_records(self) -> int:
@@ -107,15 +141,43 @@ class PrefixStore:
         first miss (``keys`` from :meth:`block_keys` of ``tokens``). Hits become most recent."""
         b = self.block_tokens
         found: list[np.ndarray] = []
+        disk = self._disk
         for i in range(first_block, len(keys)):
+            block = tuple(int(t) for t in tokens[i * b:(i + 1) * b])
             rec = self._records.get(keys[i])
-            if rec is None or rec.tokens != tuple(tokens[i * b:(i + 1) * b]):
+            if rec is not None and rec.tokens == block:
+                self._records.move_to_end(keys[i])
+                if disk is not None:
+                    disk.touch(keys[i])
+                found.append(rec.kv)
+                continue
+            kv = self._read_disk(keys[i], block) if rec is None else None
+            if kv is None:
                 break
-            self._records.move_to_end(keys[i])
-            found.append(rec.kv)
+            self._keep(keys[i], block, kv)
+            found.append(kv)
         if found:
             self._update(record_hits=self._stats.record_hits + len(found))
         return found
+
+    def _read_disk(self, key: bytes, block: tuple[int, ...]) -> np.ndarray | None:
+        """Block ``key`` from disk when it is there, whole, and of this engine's layout."""
+        if self._disk is None:
+            return None
+        kv = self._disk.read(key, block)
+        if kv is None:
+            return None
+        if kv.ndim < 3 or kv.shape[2] != self.block_tokens or (
+                self._layout is not None and (kv.shape, kv.dtype) != self._layout):
+            self._disk.drop(key)
+            return None
+        self._layout = (kv.shape, kv.dtype)
+        return kv
+
+    def close(self) -> None:
+        """Write the queued records and stop the disk writer (memory records stay usable)."""
+        if self._disk is not None:
+            self._disk.close()
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._records
@@ -128,10 +190,18 @@ class PrefixStore:
         return True
 
     def insert(self, key: bytes, tokens: Sequence[int], kv: np.ndarray) -> bool:
-        """Keep ``kv`` for block ``key``, evicting least recently used records to fit."""
+        """Keep ``kv`` for block ``key``, evicting least recently used records to fit (and queue it
+        for the disk store)."""
         if key in self._records:
             self._records.move_to_end(key)
             return True
+        self._layout = (kv.shape, kv.dtype)
+        if self._disk is not None:
+            self._disk.put(key, tokens, kv)
+        return self._keep(key, tokens, kv)
+
+    def _keep(self, key: bytes, tokens: Sequence[int], kv: np.ndarray) -> bool:
+        """Hold ``kv`` in memory, evicting least recently used records to fit."""
         size = int(kv.nbytes)
         if self.max_records == 0 or size > self.max_bytes:
             return False
@@ -163,6 +233,10 @@ class PrefixStore:
             self._stats = replace(self._stats, records=len(self._records), bytes=self._bytes, **changes)
 
     def stats(self) -> ContextCacheStats:
-        """A consistent snapshot of the counters."""
+        """A consistent snapshot of the counters (the disk's taken under its own lock)."""
         with self._lock:
-            return self._stats
+            stats = self._stats
+        if self._disk is None:
+            return stats
+        disk: DiskStats = self._disk.stats()
+        return replace(stats, **disk.__dict__)

@@ -211,6 +211,8 @@ class Scheduler:
         # Context reuse needs the KV operations; a plain Engine runs without it.
         self._store = context_cache if isinstance(engine, KVEngine) else None
         self._kv: KVEngine | None = engine if self._store is not None else None  # type: ignore[assignment]
+        if self._store is not None:  # the disk writer's figures reach the observer too
+            self._store.set_listener(self._notify_cache)
         # Per slot: the tokens whose KV the slot holds, when that KV may serve other requests.
         self._slot_tokens: list[list[int]] = [[] for _ in range(self.max_batch_size)]
         # Per slot: the cache_salt of the request that left that KV (only the same salt reuses it).
@@ -301,6 +303,8 @@ class Scheduler:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        if self._store is not None:
+            self._store.close()  # the records still queued for the disk are written
 
     # -- scheduler thread ----------------------------------------------------------------------
 

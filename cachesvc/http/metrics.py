@@ -309,7 +309,7 @@ class PoolMetrics:
 
 class ContextCacheCollector(Collector):
     """Context reuse (``--enable-context-reuse``) per model (label ``model``): lookups, hits,
-    tokens reused, records, bytes.
+    tokens reused, records, bytes, and the records on disk apart (``disk_*``).
 
     Each loaded model's scheduler reports its own prefix store; one model's figures never
     replace another's. Counters are totals over the process: a model unloaded and loaded again
@@ -322,12 +322,19 @@ class ContextCacheCollector(Collector):
         ("tokens_reused", "Prompt tokens not prefilled thanks to context reuse."),
         ("record_hits", "Prefix records copied back into a slot."),
         ("evictions", "Prefix records evicted (LRU) for the record or byte limit."),
+        ("disk_hits", "Prefix records read back from disk (missed in memory, e.g. after a restart)."),
+        ("disk_writes", "Prefix records written to disk."),
+        ("disk_dropped", "Damaged prefix records found on disk and removed."),
+        ("disk_evictions", "Prefix records removed from disk (LRU) for --context-cache-disk-bytes."),
     )
     _GAUGES = (
         ("records", "Prefix records held."),
         ("bytes", "KV bytes held by prefix records."),
         ("max_records", "Configured record limit."),
         ("max_bytes", "Configured byte limit of the prefix records."),
+        ("disk_records", "Prefix records on disk."),
+        ("disk_bytes", "Bytes of the prefix records on disk."),
+        ("disk_max_bytes", "Configured byte limit of the prefix records on disk (0: off)."),
     )
 
     def __init__(self) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import secrets
+import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -83,6 +84,49 @@ class CacheLayout:
     def quarantine(self) -> Path:
         """Directories found under ``engines/`` that are not bundles: kept for a person to look at."""
         return self.root / "quarantine"
+
+    @property
+    def context(self) -> Path:
+        """Context-cache records (prompt-prefix KV blocks) that survive a restart:
+        ``context/<bundle_id>/``, one directory per bundle, removed with it."""
+        return self.root / "context"
+
+    def context_dir(self, bundle_id: str) -> Path:
+        """The record directory of one bundle (may not exist yet)."""
+        return self.context / check_bundle_id(bundle_id)
+
+    def context_bytes(self, bundle_id: str | None = None) -> int:
+        """Bytes of the context records of ``bundle_id`` (None: of every bundle); counted on disk."""
+        if bundle_id is not None:
+            return _files_bytes(self.context_dir(bundle_id))
+        return sum(_files_bytes(self.context / name) for name in self.context_bundle_ids())
+
+    def context_bundle_ids(self) -> list[str]:
+        """Bundle ids that have a record directory."""
+        try:
+            entries = list(os.scandir(self.check_subfolder(self.context)))
+        except FileNotFoundError:
+            return []
+        return sorted(
+            e.name for e in entries if e.is_dir(follow_symlinks=False) and _BUNDLE_ID_RE.match(e.name)
+        )
+
+    def remove_context(self, bundle_id: str) -> bool:
+        """Delete a bundle's context records (renamed into the trash first, so they vanish at
+        once); True when there were any. The caller holds the bundle's exclusive lock or knows
+        the bundle is gone."""
+        path = self.check_subfolder(self.context_dir(bundle_id))
+        if not path.is_dir():
+            return False
+        trashed = self.check_subfolder(self.trash) / f"context-{bundle_id}.{secrets.token_hex(6)}"
+        try:
+            os.replace(path, trashed)
+        except FileNotFoundError:
+            return False
+        except OSError:  # the trash is on another filesystem or missing: delete in place
+            trashed = path
+        shutil.rmtree(trashed, ignore_errors=True)  # what is left goes with the trash
+        return True
 
     @property
     def cachedir_tag(self) -> Path:
@@ -188,6 +232,20 @@ class CacheLayout:
         if not rel.parts or rel.parts == (".",):
             raise ValueError("bundle path is empty; expected e.g. 'engines/<model-digest16>/<profile-name>'")
         return self.root.joinpath(*rel.parts)
+
+
+def _files_bytes(directory: Path) -> int:
+    """Bytes of the regular files directly in ``directory`` (0 when it is missing)."""
+    total = 0
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+    return total
 
 
 def _has_tag(path: Path) -> bool:

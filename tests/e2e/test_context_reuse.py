@@ -22,7 +22,9 @@ def _metric(text: str, name: str, model: str = MODEL) -> float:
 
 
 def test_reuse_on_a_real_server(demo_dir: Path, cache_dir: Path, log_dir: Path) -> None:
-    args = serve_args(enable_context_reuse=True, context_cache_max_records=32, **PROFILE)
+    # Memory only: records that an earlier server of the session left on disk would count here.
+    args = serve_args(enable_context_reuse=True, context_cache_max_records=32, context_cache_disk_bytes=0,
+                      **PROFILE)
     with running_server(demo_dir, cache_dir, log_dir, *args) as server:
         health = server.health()
         assert health["capabilities"]["context_reuse"] is True
@@ -58,7 +60,9 @@ def test_a_model_loaded_on_demand_has_its_own_counters(
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in PROFILE.items()]
     done = run_cli(cache_dir, "prepare", str(other), *flags, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    args = serve_args(enable_context_reuse=True, context_cache_max_records=32, **PROFILE)
+    # Memory only: records that an earlier server of the session left on disk would count here.
+    args = serve_args(enable_context_reuse=True, context_cache_max_records=32, context_cache_disk_bytes=0,
+                      **PROFILE)
     with running_server(demo_dir, cache_dir, log_dir, *args) as server:
         client = server.client()
 

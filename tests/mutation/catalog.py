@@ -340,6 +340,36 @@ MUTATIONS: tuple[Mutation, ...] = (
         replace="if False:",
         tests=("tests/engine/test_context_reuse.py::test_salted_block_keys_differ_per_salt_and_from_unsalted",),
     ),
+    Mutation(
+        name="context-disk-checksum-unchecked",
+        why="a damaged context record on disk is handed to the engine (wrong KV, wrong answers)",
+        path="inference/context_disk.py",
+        function="decode",
+        find=r"if digest\.digest\(\) != bytes\(view\[shape_end:tok_start\]\):",
+        replace="if False:",
+        tests=("tests/unit/test_context_records_on_disk.py::test_a_damaged_record_is_dropped_and_never_used",),
+    ),
+    Mutation(
+        name="context-disk-cap-ignored",
+        why="context records on disk grow past --context-cache-disk-bytes",
+        path="inference/context_disk.py",
+        function="DiskRecords._evict_locked",
+        find=r"while self\._index and self\._bytes \+ incoming > self\.max_bytes:",
+        replace="while False:",
+        tests=("tests/unit/test_context_records_on_disk.py::test_the_cap_holds_lru_across_a_restart",),
+    ),
+    Mutation(
+        name="context-records-outlive-their-bundle",
+        why="an evicted bundle's context records stay on disk (counted in the size, never freed)",
+        path="cachesvc/eviction.py",
+        function="Evictor.execute",
+        find=r"self\.store\.layout\.remove_context\(item\.bundle_id\)",
+        replace="pass",
+        tests=(
+            "tests/integration/test_context_records.py::"
+            "test_records_count_in_the_size_and_go_with_their_bundle[sqlite]",
+        ),
+    ),
     # -- request checks and sampling ------------------------------------------------------
     Mutation(
         name="max-tokens-past-context",

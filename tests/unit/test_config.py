@@ -57,6 +57,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "context_cache_max_records": 1024,
     "context_cache_recurrent_snapshot_pool_bytes": 0,
     "context_cache_partial_kv_snapshot_pool_bytes": 0,
+    "context_cache_disk_bytes": 1 << 30,
     "catalog_url": None,
     "node_name": None,
     "heartbeat_seconds": 5.0,
@@ -73,6 +74,7 @@ CONTEXT_FIELDS = (
     "context_cache_max_records",
     "context_cache_recurrent_snapshot_pool_bytes",
     "context_cache_partial_kv_snapshot_pool_bytes",
+    "context_cache_disk_bytes",
 )
 
 

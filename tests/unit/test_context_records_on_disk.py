@@ -1,0 +1,227 @@
+"""Context-cache records on disk (``inference.context_disk``) behind the prefix store: written by
+a writer thread, found again by a new store on the same directory (a restart), damaged files
+dropped, the byte cap held LRU across restarts, salts and adapters keep their records apart."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inference.context_cache import PrefixStore
+from inference.context_disk import DiskRecords, decode, encode
+
+BLOCK = 64
+SHAPE = (4, 2, BLOCK, 8)  # [2*layers, kv_heads, block, head_dim]
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, 1000, size=n)]
+
+
+def _kv(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
+
+
+def _store(directory: Path, *, max_bytes: int = 1 << 20, salt_ns: str = "bundle:b1",
+           adapter: str = "") -> PrefixStore:
+    return PrefixStore(salt_ns, max_records=64, disk=DiskRecords(directory, max_bytes=max_bytes),
+                       adapter=adapter)
+
+
+def _fill(store: PrefixStore, tokens: list[int], salt: str | None = None) -> list[np.ndarray]:
+    """Insert every complete block of ``tokens`` as the scheduler does; the blocks' KV."""
+    keys = store.block_keys(tokens, salt)
+    kvs = [_kv(i + 100 * len(tokens)) for i in range(len(keys))]
+    for i, key in enumerate(keys):
+        assert store.insert(key, tokens[i * BLOCK:(i + 1) * BLOCK], kvs[i])
+    disk = store.disk
+    assert disk is not None
+    disk.flush(timeout=30)
+    return kvs
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.kv"))
+
+
+def test_records_survive_a_restart_and_count_as_disk_hits(tmp_path: Path) -> None:
+    tokens = _tokens(3 * BLOCK + 10, 1)
+    first = _store(tmp_path)
+    kvs = _fill(first, tokens)
+    stats = first.stats()
+    assert stats.disk_writes == 3 and stats.disk_records == 3
+    assert stats.disk_bytes == sum(p.stat().st_size for p in _files(tmp_path)) > 3 * kvs[0].nbytes
+    first.close()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+    again = _store(tmp_path)  # a restart: nothing in memory, the index rebuilt from the files
+    assert again.stats().records == 0 and again.stats().disk_records == 3
+    found = again.fetch(again.block_keys(tokens), tokens, 0)
+    assert len(found) == 3
+    for got, want in zip(found, kvs, strict=True):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    stats = again.stats()
+    assert stats.disk_hits == 3 and stats.record_hits == 3 and stats.records == 3
+    # Kept in memory now: the next lookup is a memory hit, not a disk read.
+    assert len(again.fetch(again.block_keys(tokens), tokens, 0)) == 3
+    assert again.stats().disk_hits == 3
+    # Nothing is written twice.
+    _fill(again, tokens)
+    assert again.stats().disk_writes == 0
+    again.close()
+
+
+def test_a_damaged_record_is_dropped_and_never_used(tmp_path: Path) -> None:
+    tokens = _tokens(3 * BLOCK, 2)
+    first = _store(tmp_path)
+    kvs = _fill(first, tokens)
+    first.close()
+    keys = first.block_keys(tokens)
+    middle = tmp_path / (keys[1].hex() + ".kv")
+    data = bytearray(middle.read_bytes())
+    data[-5] ^= 0x40  # one flipped bit in the KV payload
+    middle.write_bytes(bytes(data))
+
+    again = _store(tmp_path)
+    found = again.fetch(keys, tokens, 0)
+    assert len(found) == 1 and np.array_equal(found[0], kvs[0])  # the chain stops at the damage
+    assert not middle.exists()
+    stats = again.stats()
+    assert stats.disk_dropped == 1 and stats.disk_records == 2 and stats.disk_hits == 1
+
+
+@pytest.mark.parametrize("damage", ["truncated", "header", "renamed", "empty"])
+def test_every_kind_of_damage_is_refused(tmp_path: Path, damage: str) -> None:
+    tokens = _tokens(2 * BLOCK, 3)
+    first = _store(tmp_path)
+    _fill(first, tokens)
+    first.close()
+    keys = first.block_keys(tokens)
+    path = tmp_path / (keys[0].hex() + ".kv")
+    data = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "header":
+        path.write_bytes(data[:8] + b"\x07" + data[9:])  # format version 7
+    elif damage == "renamed":  # block 1's file under block 0's name: its key says otherwise
+        (tmp_path / (keys[1].hex() + ".kv")).replace(path)
+    else:
+        path.write_bytes(b"")
+    again = _store(tmp_path)
+    assert again.fetch(keys, tokens, 0) == []
+    assert not path.exists() and again.stats().disk_dropped == 1
+
+
+def test_decode_checks_tokens_key_and_checksum() -> None:
+    key = bytes(range(20))
+    kv = _kv(4)
+    toks = _tokens(BLOCK, 4)
+    data = bytearray(b"".join(bytes(p) for p in encode(key, toks, kv)))
+    got_tokens, got = decode(bytearray(data), key)
+    assert list(got_tokens) == toks and np.array_equal(got, kv)
+    with pytest.raises(ValueError, match="key"):
+        decode(bytearray(data), bytes(20))
+    data[130] ^= 1  # inside the token ids (after 120 bytes of header and digest)
+    with pytest.raises(ValueError, match="checksum"):
+        decode(data, key)
+
+
+def test_the_cap_holds_lru_across_a_restart(tmp_path: Path) -> None:
+    one = len(b"".join(bytes(p) for p in encode(bytes(20), _tokens(BLOCK, 0), _kv(0))))
+    store = _store(tmp_path, max_bytes=3 * one)
+    a, b, c, d = (_tokens(BLOCK, 10 + i) for i in range(4))
+    for t in (a, b, c):
+        _fill(store, t)
+    assert store.stats().disk_records == 3
+    time.sleep(0.02)  # mtimes apart
+    assert store.fetch(store.block_keys(a), a, 0)  # a memory hit touches a's file too
+    _fill(store, d)  # one over the cap: the least recently used (b) goes
+    stats = store.stats()
+    assert stats.disk_records == 3 and stats.disk_evictions == 1 and stats.disk_bytes <= 3 * one
+    assert sum(p.stat().st_size for p in _files(tmp_path)) <= 3 * one
+    assert store.block_keys(b)[0] not in store.disk  # type: ignore[operator]
+    store.close()
+
+    # The order survives the restart (file mtimes): a smaller cap keeps the two most recent.
+    again = _store(tmp_path, max_bytes=2 * one)
+    assert again.stats().disk_records == 2
+    assert [len(again.fetch(again.block_keys(t), t, 0)) for t in (a, c, d)] == [1, 0, 1]
+
+
+def test_salted_and_adapter_records_are_found_only_with_the_same_key(tmp_path: Path) -> None:
+    tokens = _tokens(2 * BLOCK, 5)
+    first = _store(tmp_path)
+    _fill(first, tokens, salt="tenant-a")
+    first.close()
+    again = _store(tmp_path)
+    assert again.fetch(again.block_keys(tokens), tokens, 0) == []  # no salt
+    assert again.fetch(again.block_keys(tokens, "tenant-b"), tokens, 0) == []
+    assert len(again.fetch(again.block_keys(tokens, "tenant-a"), tokens, 0)) == 2
+    # Another bundle, or the same bundle with an adapter, never finds them.
+    assert _store(tmp_path, salt_ns="bundle:b2").fetch(
+        _store(tmp_path, salt_ns="bundle:b2").block_keys(tokens, "tenant-a"), tokens, 0) == []
+    adapted = _store(tmp_path, adapter="lora-1")
+    assert adapted.fetch(adapted.block_keys(tokens, "tenant-a"), tokens, 0) == []
+    # No adapter: the chain is exactly the one without the parameter.
+    assert PrefixStore("bundle:b1", max_records=1).block_keys(tokens) == again.block_keys(tokens)
+
+
+def test_a_record_of_another_layout_is_dropped(tmp_path: Path) -> None:
+    tokens = _tokens(2 * BLOCK, 6)
+    store = _store(tmp_path)
+    keys = store.block_keys(tokens)
+    store.insert(keys[0], tokens[:BLOCK], _kv(1))
+    disk = store.disk
+    assert disk is not None
+    disk.put(keys[1], tokens[BLOCK:], _kv(2)[:, :1])  # one kv head: not this engine's blocks
+    disk.flush(timeout=30)
+    store.close()
+    again = _store(tmp_path)
+    again.insert(keys[0], tokens[:BLOCK], _kv(1))  # the engine's layout is known from here on
+    assert len(again.fetch(keys, tokens, 0)) == 1
+    assert again.stats().disk_dropped == 1
+
+
+def test_writes_never_block_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = DiskRecords(tmp_path, max_bytes=1 << 30, queue_size=2)
+    gate = threading.Event()
+    real = disk._write
+
+    def slow(*args: object) -> None:
+        gate.wait(30)
+        real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(disk, "_write", slow)
+    tokens = _tokens(BLOCK, 7)
+    started = time.monotonic()
+    queued = [disk.put(bytes([i]) * 20, tokens, _kv(i)) for i in range(6)]
+    assert time.monotonic() - started < 1.0
+    # Two fit the queue (a third when the writer already took one); then skipped, not waited for.
+    assert queued[:2] == [True, True] and sum(queued) <= 3 and not queued[-1]
+    gate.set()
+    disk.close()
+    assert len(_files(tmp_path)) == sum(queued)
+
+
+def test_temp_files_of_a_crash_are_removed_at_open(tmp_path: Path) -> None:
+    (tmp_path / ".abc.kv.123.tmp").write_bytes(b"half")
+    (tmp_path / "notes.txt").write_text("kept")
+    disk = DiskRecords(tmp_path)
+    assert not (tmp_path / ".abc.kv.123.tmp").exists() and (tmp_path / "notes.txt").exists()
+    assert disk.stats().disk_records == 0
+    assert os.listdir(tmp_path) == ["notes.txt"]
+
+
+def test_the_directory_is_made_on_the_first_write(tmp_path: Path) -> None:
+    directory = tmp_path / "context" / "b1"
+    disk = DiskRecords(directory, dir_mode=0o750)
+    assert not (tmp_path / "context").exists()  # a server that never writes leaves nothing
+    assert disk.put(bytes(20), _tokens(BLOCK, 8), _kv(8))
+    disk.close()
+    assert len(_files(directory)) == 1
+    assert (directory.stat().st_mode & 0o777) == (directory.parent.stat().st_mode & 0o777) == 0o750
