@@ -35,7 +35,7 @@ from inference.openai.protocol import (
 )
 from inference.openai.reasoning import ReasoningParser, get_reasoning_parser
 from inference.openai.tool_parsers import ToolParser, get_tool_parser
-from inference.runtime.protocol import Engine
+from inference.runtime.protocol import Embedder, Engine
 from inference.sampling import Sampler, SamplingParams
 from inference.scheduler import AsyncOutputStream, GenerationRequest, Scheduler, SchedulerObserver
 from inference.speculative import ProposerFactory
@@ -201,6 +201,9 @@ class ModelHandle:
         self.engine = engine
         self.tokenizer = tokenizer
         self.options = options
+        #: The engine's embedding side when the bundle is an embedding model (``/v1/embeddings``),
+        #: else None; an embedding model answers no generation request.
+        self.embedder: Embedder | None = engine if isinstance(engine, Embedder) else None
         reasoning_name, tool_name = resolve_parsers(
             options.model_type or engine.info.model_type, options.reasoning_parser, options.tool_call_parser
         )
@@ -348,6 +351,10 @@ class ModelHandle:
         top_logprobs: int | None,
     ) -> Plan:
         opts = self.options
+        if self.embedder is not None:
+            raise InvalidRequestError(
+                f"model {opts.served_model_name!r} is an embedding model: it computes vectors, not text; "
+                "send its inputs to POST /v1/embeddings", param="model")
         params = req.to_sampling(self.vocab_size, top_logprobs)
         stop = req.stop_strings()
         stop_ids = tuple(req.stop_token_ids or ())

@@ -8,19 +8,25 @@ only, and there is no KV cache: each call runs its inputs from the first token.
 ``embed`` runs on the caller's thread (the HTTP layer calls it from a worker thread) and holds
 a lock, so one session serves one batch at a time; inputs longer than the bundle's
 ``max_input_len`` are refused, never cut.
+
+It also answers the :class:`~inference.runtime.protocol.Engine` protocol so the model pool can
+hold it like any loaded model (info, memory, close); the generation methods refuse with one
+line, and the serving layer refuses completions for an embedding model before reaching them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import onnxruntime as ort
 
 from inference.runtime.ort_session import cpu_session
+from inference.runtime.protocol import EngineInfo
 
 #: The model file of an embedding bundle.
 EMBEDDING_MODEL = "model.onnx"
@@ -51,6 +57,45 @@ class EmbeddingEngine:
             None if matryoshka is None else list(matryoshka.get("dimensions") or []))
         self._max_batch = max(1, max_batch)
         self._lock = threading.Lock()
+        self._info = EngineInfo(
+            model_type=str(meta["model_type"]),
+            vocab_size=self.vocab_size,
+            max_slots=1,
+            max_input_len=self.max_input_len,
+            max_kv_capacity=self.max_input_len,
+            eos_token_ids=tuple(int(t) for t in meta.get("eos_token_ids", [])),
+            backend="onnxruntime",
+            precision=str(meta["precision"]),
+            extra={"task": "embed", "pooling": self.pooling, "dimensions": self.dimensions,
+                   "threads": threads, "model_file": model_path.name},
+        )
+
+    @property
+    def info(self) -> EngineInfo:
+        """Static facts about the engine (``extra["task"]`` is ``embed``)."""
+        return self._info
+
+    def set_memory_bytes(self, n: int) -> None:
+        """Record the loader's memory estimate in :attr:`info`."""
+        self._info = dataclasses.replace(self._info, memory_bytes=n)
+
+    def _refuse(self) -> NoReturn:
+        raise ValueError("this is an embedding model: it computes vectors (/v1/embeddings), not tokens")
+
+    def prefill(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
+        """Refused: an embedding model generates nothing."""
+        self._refuse()
+
+    def decode(self, slots: Sequence[int], token_ids: Sequence[int]) -> np.ndarray:
+        """Refused: an embedding model generates nothing."""
+        self._refuse()
+
+    def slot_length(self, slot: int) -> int:
+        """Always 0: there is no KV cache."""
+        return 0
+
+    def reset(self, slot: int) -> None:
+        """Nothing to reset: there is no KV cache."""
 
     def check(self, inputs: Sequence[Sequence[int]]) -> None:
         """Raise :class:`EmbeddingInputError` for an input ``embed`` would refuse."""
@@ -100,9 +145,3 @@ class EmbeddingEngine:
         with self._lock:
             self._session = None
 
-
-def truncate(vectors: np.ndarray, dimensions: int) -> np.ndarray:
-    """The leading ``dimensions`` of each unit vector, L2-normalised again (Matryoshka)."""
-    cut = vectors[:, :dimensions]
-    norms = np.linalg.norm(cut, axis=1, keepdims=True)
-    return (cut / np.maximum(norms, 1e-12)).astype(np.float32)

@@ -9,6 +9,7 @@ from typing import Any
 import onnxruntime as ort
 
 from inference.cpu_class import cpu_class_mismatch
+from inference.runtime.embedding_engine import EMBEDDING_MODEL, EmbeddingEngine
 from inference.runtime.errors import EngineLoadError
 from inference.runtime.onnxruntime_engine import KV_LAYOUT, GqaEngine
 from inference.runtime.ort_session import available_cores
@@ -51,6 +52,8 @@ def read_engine_meta(bundle_dir: Path) -> dict[str, Any]:
     mismatch = cpu_class_mismatch(meta)
     if mismatch is not None:
         raise EngineLoadError(f"bundle {bundle_dir} is {mismatch}")
+    if meta.get("task") == "embed":
+        return meta  # no KV cache: the embedding graph runs each input from its first token
     kv = meta.get("kv_cache")
     if not isinstance(kv, dict) or kv.get("layout") != KV_LAYOUT:
         layout = kv.get("layout") if isinstance(kv, dict) else None
@@ -60,10 +63,26 @@ def read_engine_meta(bundle_dir: Path) -> dict[str, Any]:
     return meta
 
 
+def _load_embedding(bundle_dir: Path, meta: dict[str, Any], threads: int) -> EmbeddingEngine:
+    model = bundle_dir / EMBEDDING_MODEL
+    if not model.is_file():
+        raise EngineLoadError(f"bundle {bundle_dir} has no model file ({model.name}); rebuild it")
+    try:
+        engine = EmbeddingEngine(model, meta, threads=threads)
+    except (KeyError, TypeError) as exc:
+        raise EngineLoadError(f"{bundle_dir}/{ENGINE_FILE} lacks a field: {exc}; rebuild the bundle") from exc
+    except Exception as exc:  # onnxruntime's load errors have no common public base class
+        raise EngineLoadError(
+            f"onnxruntime cannot load {model}: {exc}; verify or rebuild the bundle") from exc
+    engine.set_memory_bytes(memory_estimate(bundle_dir, max_slots=1))
+    return engine
+
+
 def load_ort_engine(
     bundle_dir: Path, *, max_slots: int | None = None, threads: int | None = None
-) -> GqaEngine:
-    """Load an ``onnxruntime`` bundle as an Engine (the registry's loader for that backend).
+) -> GqaEngine | EmbeddingEngine:
+    """Load an ``onnxruntime`` bundle as an Engine (the registry's loader for that backend): a
+    :class:`GqaEngine`, or an :class:`EmbeddingEngine` for an embedding bundle.
 
     ``max_slots`` defaults to the bundle's max_batch_size; ``threads`` (intra-op) defaults to
     the number of cores this process may use.
@@ -76,6 +95,8 @@ def load_ort_engine(
     n_threads = available_cores() if threads is None else threads
     if n_threads < 1:
         raise ValueError(f"threads must be at least 1, got {n_threads}")
+    if meta.get("task") == "embed":
+        return _load_embedding(bundle_dir, meta, n_threads)
     model = bundle_dir / str(meta["kv_cache"].get("model", ""))
     if not model.is_file():
         raise EngineLoadError(f"bundle {bundle_dir} has no model file ({model.name}); rebuild it")

@@ -114,3 +114,22 @@ class KVEngine(VerifyingEngine, Protocol):
     def import_kv(self, slot: int, start: int, kv: np.ndarray) -> None:
         """Write an :meth:`export_kv` result at ``start`` (``<= slot_length``); the slot ends after it."""
         ...
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """An engine that turns token ids into vectors (an embedding bundle): one per input,
+    L2-normalised. Thread-safe: calls are serialised inside."""
+
+    dimensions: int
+    max_input_len: int
+    #: Sizes ``dimensions`` may be cut to (Matryoshka): None for none, [] for any.
+    truncations: list[int] | None
+
+    def check(self, inputs: Sequence[Sequence[int]]) -> None:
+        """Raise ``ValueError`` (naming the input) for an input :meth:`embed` would refuse."""
+        ...
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """Unit vectors ``[len(inputs), dimensions]`` float32, in order."""
+        ...

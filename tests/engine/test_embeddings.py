@@ -12,7 +12,8 @@ import torch
 
 from inference.builder import EngineBuildSpec
 from inference.builder.errors import BuildInputError
-from inference.runtime.embedding_engine import EmbeddingEngine, EmbeddingInputError, truncate
+from inference.runtime.embedding_engine import EmbeddingEngine, EmbeddingInputError
+from inference.runtime.embedding_vectors import truncate
 from tests.engine.conftest import FAMILIES, load_reference
 
 #: Lengths of one batch: padding to the longest must not change the shorter ones' vectors.
