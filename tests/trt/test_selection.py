@@ -29,7 +29,7 @@ SHAPES: dict[str, Any] = {"max_input_len": 8, "max_kv_cache_capacity": 64, "max_
 _NOT_IMPORTED = """
 import sys
 from pathlib import Path
-import cachesvc.app, cachesvc.cli
+import cachesvc.app, cachesvc.cli, cachesvc.server
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 m = CacheManager.open(Path(sys.argv[1]), max_size_bytes=10**9)
