@@ -37,7 +37,7 @@ from cachesvc.http.engines import engines_router
 from cachesvc.http.errors import admin_exception_handlers
 from cachesvc.http.metrics import MetricsState, metrics_route
 from cachesvc.manager import CacheManager
-from cachesvc.model_loading import SHUTDOWN_GRACE_SECONDS, EngineFactory, Runtime, make_pool
+from cachesvc.model_loading import EngineFactory, Runtime, make_pool
 from inference.openai import openai_router
 from inference.openai.pool import ModelPool
 
@@ -122,7 +122,7 @@ def create_app(
         finally:
             await anyio.to_thread.run_sync(agent.stop)  # no desired-state load during the drain
             await watch.stop()
-            finished = await pool.drain(SHUTDOWN_GRACE_SECONDS)
+            finished = await pool.drain(config.serving.shutdown_grace_seconds)
             if not finished:
                 log.warning("shutdown grace period over; cutting in-flight requests")
             await pool.stop()

@@ -552,15 +552,16 @@ def _serve_config(args: argparse.Namespace) -> ServeConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _serve_config(args)
+    from cachesvc.config import engine_factory_spec
     from cachesvc.default_model import choose
-    from cachesvc.model_loading import engine_factory_from_env
+    from cachesvc.model_loading import engine_factory_from_spec
     from cachesvc.server import serve
 
     # Without a model the whole catalog is served; only a first run (no ready bundle) prepares
     # the default model. The environment's factory is the test-only way into the engine seam.
     return serve(
         config,
-        engine_factory=engine_factory_from_env(),
+        engine_factory=engine_factory_from_spec(engine_factory_spec()),
         default_model=lambda: choose(config.cache_dir),
     )
 

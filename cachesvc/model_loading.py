@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cachesvc.config import ServeConfig
+from cachesvc.config import ENGINE_FACTORY_ENV, ServeConfig
 from cachesvc.errors import CacheError
 from cachesvc.http.metrics import MetricsState
 from cachesvc.manager import BundleLease, CacheManager, CombinedLease
@@ -33,12 +32,6 @@ from inference.speculative import ProposerFactory
 from inference.structured import GrammarLimits
 
 log = logging.getLogger("cachesvc.app")
-
-#: Seconds in-flight requests get to finish after SIGTERM/SIGINT; then what is left is failed
-#: with a proper answer (503 ``server_unavailable``, or an error chunk and ``[DONE]`` in a
-#: stream). ``CACHESVC_SHUTDOWN_GRACE_SECONDS`` overrides it (tests, orchestrators with a
-#: shorter kill timeout).
-SHUTDOWN_GRACE_SECONDS = float(os.environ.get("CACHESVC_SHUTDOWN_GRACE_SECONDS", "30"))
 
 EngineFactory = Callable[..., Engine]
 
@@ -165,7 +158,7 @@ def build_serving(
             options,
             observer=observer,
             context_cache=_context_cache(config, bundle_id),
-            prefill_chunk=_prefill_chunk(),
+            prefill_chunk=config.serving.prefill_chunk,
             proposer=proposer,
             closers=closers,
         )
@@ -230,21 +223,6 @@ def handle_factory(
     return build
 
 
-def _prefill_chunk() -> int:
-    """``CACHESVC_PREFILL_CHUNK``: prompt tokens prefilled per scheduler step (default 256).
-
-    Smaller chunks let running streams decode more often while a long prompt is prefilled;
-    larger ones prefill that prompt a little faster."""
-    raw = os.environ.get("CACHESVC_PREFILL_CHUNK", "256")
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"CACHESVC_PREFILL_CHUNK must be a positive integer, got {raw!r}")
-    return value
-
-
 def _context_cache(config: ServeConfig, bundle_id: str) -> PrefixStore | None:
     """The prefix store of ``--enable-context-reuse``, namespaced by the bundle (so records never
     serve another model or build); None when reuse is off."""
@@ -257,24 +235,24 @@ def _context_cache(config: ServeConfig, bundle_id: str) -> PrefixStore | None:
     )
 
 
-def engine_factory_from_env() -> EngineFactory | None:
+def engine_factory_from_spec(spec: str | None) -> EngineFactory | None:
     """Test-only entry to the engine seam for a child ``cachesvc serve`` process.
 
     ``serve(config, engine_factory=...)`` and ``create_app(..., engine_factory=...)`` are the
     seam; a test that spawns the real console script cannot pass a callable, so
-    ``cachesvc serve`` (the CLI only) reads ``CACHESVC_ENGINE_FACTORY=module:callable`` and
-    injects it through the same parameter. The callable takes ``(bundle_dir, *, max_slots)``
-    and returns an ``Engine``. Backends belong in ``inference.runtime.registry``, not here.
+    ``cachesvc serve`` (the CLI only) passes ``CACHESVC_ENGINE_FACTORY=module:callable``
+    (:func:`cachesvc.config.engine_factory_spec`) here and injects the callable through the same
+    parameter. The callable takes ``(bundle_dir, *, max_slots)`` and returns an ``Engine``.
+    Backends belong in ``inference.runtime.registry``, not here. None: no spec.
     """
-    spec = os.environ.get("CACHESVC_ENGINE_FACTORY")
     if not spec:
         return None
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise CacheError(f"CACHESVC_ENGINE_FACTORY must look like 'module:callable', got {spec!r}")
+        raise CacheError(f"{ENGINE_FACTORY_ENV} must look like 'module:callable', got {spec!r}")
     factory = getattr(importlib.import_module(module_name), attr)
     if not callable(factory):
-        raise CacheError(f"CACHESVC_ENGINE_FACTORY {spec!r} is not callable")
+        raise CacheError(f"{ENGINE_FACTORY_ENV} {spec!r} is not callable")
     return factory
 
 
@@ -296,7 +274,7 @@ def make_pool(
             memory_budget=config.memory_budget_bytes,
             keep_alive=config.keep_alive,
             queue_timeout=config.queue_timeout,
-            unload_grace=SHUTDOWN_GRACE_SECONDS,
+            unload_grace=config.serving.shutdown_grace_seconds,
             max_queued=config.max_queued_requests,
         ),
         observer=metrics.pool if metrics is not None else None,
@@ -327,7 +305,7 @@ __all__ = [
     "EngineFactory",
     "Runtime",
     "build_serving",
-    "engine_factory_from_env",
+    "engine_factory_from_spec",
     "handle_factory",
     "load_runtime",
     "make_pool",

@@ -25,8 +25,7 @@ from cachesvc.entry import open_cache
 from cachesvc.errors import CacheError, ConfigError, QualityGateError
 from cachesvc.http.metrics import MetricsState
 from cachesvc.manager import CacheManager
-from cachesvc.model_loading import SHUTDOWN_GRACE_SECONDS, EngineFactory, Runtime, load_runtime, make_pool
-from inference.build_profile import CHAIN_SPECULATIVE_METHODS
+from cachesvc.model_loading import EngineFactory, Runtime, load_runtime, make_pool
 from inference.openai.pool import ModelPool
 
 log = logging.getLogger("cachesvc.app")
@@ -72,25 +71,6 @@ def serve(
     )
     logging.getLogger("alembic").setLevel(logging.WARNING)
     log.info("cachesvc %s: %s", __version__, config)
-    for flag, given in (
-        (
-            "--context-cache-recurrent-snapshot-pool-bytes (these models keep no recurrent state)",
-            config.context_cache_recurrent_snapshot_pool_bytes != 0,
-        ),
-        ("--draft-top-k", config.draft_top_k is not None),
-        (
-            "--draft-step (only ngram and draft_model speculate in this version)",
-            config.draft_step is not None
-            and (
-                config.speculative_config is None
-                or config.speculative_config.method not in CHAIN_SPECULATIVE_METHODS
-            ),
-        ),
-        ("--verify-tree-size", config.verify_tree_size is not None),
-        ("--allowed-local-media-path", config.allowed_local_media_path is not None),
-    ):
-        if given:
-            log.warning("%s is accepted for compatibility but has no effect in this version", flag)
     try:
         manager = open_cache(config, serving=True)
     except CacheError as exc:
@@ -138,10 +118,11 @@ def serve(
             port=config.port,
             log_level=config.log_level,
             # Longer than the app's drain: uvicorn only waits for the last answers to be written.
-            timeout_graceful_shutdown=int(SHUTDOWN_GRACE_SECONDS + _FLUSH_SECONDS),
+            timeout_graceful_shutdown=int(config.serving.shutdown_grace_seconds + _FLUSH_SECONDS),
             lifespan="on",
         ),
         serving=pool,
+        grace=config.serving.shutdown_grace_seconds,
     )
     # uvicorn restores the previous handlers after its graceful shutdown and re-raises the signal
     # it caught; with the defaults that kills the process (exit -15) or raises KeyboardInterrupt.
@@ -187,9 +168,10 @@ class _Server(_server_base()):  # type: ignore[misc]
     and only then let uvicorn shut down. A second signal skips the wait (uvicorn's behaviour).
     """
 
-    def __init__(self, config: Any, *, serving: ModelPool) -> None:
+    def __init__(self, config: Any, *, serving: ModelPool, grace: float) -> None:
         super().__init__(config)
         self._serving = serving
+        self._grace = grace
         self._drain: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -218,10 +200,10 @@ class _Server(_server_base()):  # type: ignore[misc]
 
     async def _drain_then_exit(self) -> None:
         try:
-            if not await self._serving.drain(SHUTDOWN_GRACE_SECONDS):
+            if not await self._serving.drain(self._grace):
                 log.warning(
                     "shutdown grace period (%.0f s) over; failing the requests still in flight with 503",
-                    SHUTDOWN_GRACE_SECONDS,
+                    self._grace,
                 )
                 # Queued requests get a 503 body, running streams an error chunk and [DONE].
                 await self._serving.stop()
