@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from cachesvc import __version__
-from cachesvc.config import ServeConfig, add_build_arguments, add_serve_arguments, cli_message, field_default
+from cachesvc.config import (
+    ServeConfig,
+    add_build_arguments,
+    add_serve_arguments,
+    cli_message,
+    engine_factory_spec,
+    field_default,
+)
 from cachesvc.errors import CacheError, CheckpointError, ConfigError, NotFoundError
 from cachesvc.gguf_checkpoints import hub_gguf_spec
 from cachesvc.records import BUNDLE_STATES, SORT_KEYS, SORT_ORDERS, BundleInfo, EvictionResult
@@ -552,13 +559,13 @@ def _serve_config(args: argparse.Namespace) -> ServeConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _serve_config(args)
-    from cachesvc.config import engine_factory_spec
     from cachesvc.default_model import choose
     from cachesvc.model_loading import engine_factory_from_spec
     from cachesvc.server import serve
 
-    # Without a model the whole catalog is served; only a first run (no ready bundle) prepares
-    # the default model. The environment's factory is the test-only way into the engine seam.
+    # Without a model the whole catalog is served, with the default model when this is a first
+    # run or the catalog holds it (cachesvc.default_model). The environment's factory
+    # (CACHESVC_ENGINE_FACTORY, read by the config) is the test-only way into the engine seam.
     return serve(
         config,
         engine_factory=engine_factory_from_spec(engine_factory_spec()),
