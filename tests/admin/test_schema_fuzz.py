@@ -23,8 +23,9 @@ from hypothesis import HealthCheck, settings
 from schemathesis.core import NotSet
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from cachesvc.app import Runtime, create_app
+from cachesvc.app import create_app
 from cachesvc.config import ServeConfig
+from cachesvc.model_loading import Runtime
 from cachesvc.profiles import ProfileRequest
 from inference.demo import write_demo_checkpoint
 from inference.openai import ModelHandle, ServingOptions, load_tokenizer

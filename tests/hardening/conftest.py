@@ -16,9 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from cachesvc.app import EngineFactory, Runtime, create_app
+from cachesvc.app import create_app
 from cachesvc.config import ServeConfig
 from cachesvc.manager import CacheManager
+from cachesvc.model_loading import EngineFactory, Runtime
 from cachesvc.profiles import ProfileRequest
 from inference.demo import write_demo_checkpoint
 from inference.openai import ModelHandle, ServingOptions, load_tokenizer

@@ -6,6 +6,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.admin.conftest import open_manager
 from tests.e2e.conftest import cachesvc_command
 from tests.support.cache import child_env, make_checkpoint
@@ -61,3 +63,37 @@ def test_a_closed_pipe_is_not_a_traceback(tmp_path: Path) -> None:
     proc.wait(timeout=120)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
     assert proc.returncode == 141
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (("serve", "--draft-top-k", "2"), {}, "--draft-top-k"),
+        (("serve", "--allowed-local-media-path", "/srv/media"), {}, "--allowed-local-media-path"),
+        (("serve", "--context-cache-recurrent-snapshot-pool-bytes", "4096"), {},
+         "--context-cache-recurrent-snapshot-pool-bytes"),
+        (("prepare", "org/model", "--verify-tree-size", "8"), {}, "--verify-tree-size"),
+        (("prepare", "org/model", "--draft-step", "3"), {}, "--draft-step"),
+        (("serve",), {"CACHESVC_PREFILL_CHUNK": "lots"}, "CACHESVC_PREFILL_CHUNK"),
+    ],
+)
+def test_a_setting_that_would_change_nothing_or_is_invalid_is_refused_in_one_line(
+    tmp_path: Path, args: tuple[str, ...], env: dict[str, str], named: str
+) -> None:
+    """A compatibility flag without effect in this version (or a bad CACHESVC_ value) is refused
+    before anything happens: exit 2, one line that names it, no cache created, nothing served."""
+    cache = tmp_path / "cache"
+    r = subprocess.run(
+        [*cachesvc_command(), "--cache-dir", str(cache), *args],
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"cachesvc: error: {named}: ")
+    if named.startswith("--"):
+        assert "has no effect in this version" in lines[0] and lines[0].endswith(f"drop {named}")
+    assert not cache.exists()

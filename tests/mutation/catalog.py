@@ -239,8 +239,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="serving-metrics-unwired",
         why="serve does not hand the metrics observer to the scheduler (no TTFT, tokens, queue depth)",
-        path="cachesvc/app.py",
-        function="_load_startup_runtime",
+        path="cachesvc/server.py",
+        function="load_startup_runtime",
         find=r"observer = metrics\.serving\.for_model\(config\.served_name\)",
         replace="observer = None",
         tests=("tests/e2e/test_wiring.py::test_serving_metrics_move_with_a_real_request",),
@@ -248,7 +248,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="drain-skipped",
         why="SIGTERM goes straight to uvicorn's shutdown: no drain, new requests are refused",
-        path="cachesvc/app.py",
+        path="cachesvc/server.py",
         function="_Server.handle_exit",
         find=r"sig in \(signal\.SIGTERM, signal\.SIGINT\)",
         replace="False",

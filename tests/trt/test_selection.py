@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from cachesvc.builders import default_builders, resolve_backend
+from cachesvc.config import ServeConfig
 from cachesvc.errors import ConfigError
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
@@ -29,7 +30,7 @@ SHAPES: dict[str, Any] = {"max_input_len": 8, "max_kv_cache_capacity": 64, "max_
 _NOT_IMPORTED = """
 import sys
 from pathlib import Path
-import cachesvc.app, cachesvc.cli
+import cachesvc.app, cachesvc.cli, cachesvc.server
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 m = CacheManager.open(Path(sys.argv[1]), max_size_bytes=10**9)
@@ -93,8 +94,10 @@ def test_no_device_is_named_as_what_is_missing(fake_trt: ModuleType, monkeypatch
         resolve_backend("tensorrt", builders)
     assert err.value.field == "backend"
     assert resolve_backend("auto", builders) == "onnxruntime"
+    # CACHESVC_DISABLE_GPU is read by the launch config and passed down (never read here).
     monkeypatch.setenv("CACHESVC_DISABLE_GPU", "1")
-    assert "tensorrt" not in default_builders()
+    assert "tensorrt" in default_builders()
+    assert "tensorrt" not in default_builders(gpu_disabled=ServeConfig().gpu_disabled)
 
 
 def test_auto_builds_a_tensorrt_bundle_keyed_by_arch(

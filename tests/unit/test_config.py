@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from cachesvc.config import (
     CACHE_DIR_ENV,
+    ENVIRONMENT,
+    SETTINGS_GROUPS,
     ServeConfig,
     SpeculativeConfig,
     add_build_arguments,
@@ -70,6 +72,22 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "backend": "auto",
     "precision": "auto",
 }
+# Settings without a flag, defaulted from the environment (unset here).
+ENV_DEFAULTS: dict[str, Any] = {
+    "gpu_disabled": False,
+    "prefill_chunk": 256,
+    "shutdown_grace_seconds": 30.0,
+}
+#: Compatibility flags that would change nothing: refused when given (see test_no_effect_*).
+NO_EFFECT_ARGV: list[tuple[list[str], str]] = [
+    (["--draft-top-k=2"], "--draft-top-k"),
+    (["--verify-tree-size=16"], "--verify-tree-size"),
+    (["--context-cache-recurrent-snapshot-pool-bytes=11"], "--context-cache-recurrent-snapshot-pool-bytes"),
+    (["--allowed-local-media-path=/srv/media"], "--allowed-local-media-path"),
+    (["--draft-step=2"], "--draft-step"),
+    (["--draft-step=2", "--speculative-config", '{"method": "mtp"}'], "--draft-step"),
+    (["--draft-step=5", "--speculative-config", '{"method": "dflash", "model": "d"}'], "--draft-step"),
+]
 CONTEXT_FIELDS = (
     "context_cache_max_records",
     "context_cache_recurrent_snapshot_pool_bytes",
@@ -81,7 +99,8 @@ CONTEXT_FIELDS = (
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     home = tmp_path / "home"
-    monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
+    for var in ENVIRONMENT:
+        monkeypatch.delenv(var.name, raising=False)
     monkeypatch.setenv("HOME", str(home))
     # Wide help output: argparse wraps at hyphens otherwise, splitting flag names in help text.
     monkeypatch.setenv("COLUMNS", "1000")
@@ -130,7 +149,7 @@ def assert_config_error(exc: ConfigError, flag: str) -> None:
 
 def test_every_field_has_an_expected_default() -> None:
     names = {f.name for f in dataclasses.fields(ServeConfig)}
-    assert names == set(EXPECTED_DEFAULTS) | {"cache_dir"}
+    assert names == set(EXPECTED_DEFAULTS) | set(ENV_DEFAULTS) | {"cache_dir"}
 
 
 @pytest.mark.parametrize("build", ["direct", "mapping", "argv"])
@@ -140,7 +159,7 @@ def test_defaults(build: str, _isolated_env: Path) -> None:
         "mapping": lambda: ServeConfig.from_mapping({}),
         "argv": lambda: from_argv([]),
     }[build]()
-    for name, expected in EXPECTED_DEFAULTS.items():
+    for name, expected in {**EXPECTED_DEFAULTS, **ENV_DEFAULTS}.items():
         value = getattr(config, name)
         assert value == expected and type(value) is type(expected), name
     assert config.cache_dir == _isolated_env / ".cache" / "cachesvc"
@@ -204,7 +223,6 @@ VALID: list[tuple[str, str, Any]] = [
     ("max_queued_requests", "1000", 1000),
     ("queue_timeout", "0.5", 0.5),
     ("queue_timeout", "1e-3", 0.001),
-    ("allowed_local_media_path", "/srv/media", "/srv/media"),
     *[("log_level", v, v) for v in ("debug", "info", "warning", "error")],
     ("cache_dir", "/var/cache/x", Path("/var/cache/x")),
     ("engine_cache_max_size_gb", "0.001", 0.001),
@@ -214,9 +232,6 @@ VALID: list[tuple[str, str, Any]] = [
     ("max_batch_size", "64", 64),
     ("max_kv_cache_capacity", "4096", 4096),
     ("max_kv_cache_capacity", "131072", 131072),
-    ("draft_top_k", "1", 1),
-    ("draft_step", "4", 4),
-    ("verify_tree_size", "64", 64),
     ("catalog_url", "sqlite:////var/lib/cachesvc/c.db", "sqlite:////var/lib/cachesvc/c.db"),
     ("catalog_url", "postgresql+psycopg://u@db:5432/cache", "postgresql+psycopg://u@db:5432/cache"),
     ("admin_api_key", "admin-secret", "admin-secret"),
@@ -271,8 +286,7 @@ def test_help_says_where_the_serving_defaults_differ_and_why() -> None:
     [
         ("context_cache_max_records", 0),
         ("context_cache_max_records", 2**31 - 1),
-        ("context_cache_recurrent_snapshot_pool_bytes", 1),
-        ("context_cache_recurrent_snapshot_pool_bytes", 2**63 - 1),
+        ("context_cache_recurrent_snapshot_pool_bytes", 0),
         ("context_cache_partial_kv_snapshot_pool_bytes", 1 << 30),
         ("context_cache_partial_kv_snapshot_pool_bytes", 2**63 - 1),
     ],
@@ -530,6 +544,8 @@ def test_context_cache_flags_need_context_reuse(name: str, capsys: pytest.Captur
     # Restating the default is not a change.
     off = ServeConfig.from_mapping({"enable_context_reuse": False, name: EXPECTED_DEFAULTS[name]})
     assert getattr(off, name) == EXPECTED_DEFAULTS[name]
+    if name == "context_cache_recurrent_snapshot_pool_bytes":
+        return  # with reuse on it has no effect: refused (test_no_effect_flags_are_refused)
     # Reuse is on by default: the flag alone is fine, and so is it next to the old opt-in flag.
     assert getattr(from_argv([f"{flag_for(name)}={changed}"]), name) == changed
     assert getattr(from_argv(["--enable-context-reuse", f"{flag_for(name)}={changed}"]), name) == changed
@@ -651,11 +667,9 @@ def test_speculative_config_round_trip(spec: SpeculativeConfig) -> None:
     ("spec", "draft_step", "expected"),
     [
         (None, None, None),
-        (None, 5, 5),
-        ('{"method": "eagle3", "model": "e", "num_speculative_tokens": 3}', 5, 3),
+        ('{"method": "eagle3", "model": "e", "num_speculative_tokens": 3}', None, 3),
         ('{"method": "mtp", "num_speculative_tokens": 2}', None, 2),
-        ('{"method": "mtp"}', 6, 6),
-        ('{"method": "dflash", "model": "d", "num_speculative_tokens": 3}', 5, 5),
+        ('{"method": "dflash", "model": "d", "num_speculative_tokens": 3}', None, None),
         ('{"method": "jetspec", "model": "j", "num_speculative_tokens": 3}', None, None),
         ('{"method": "ngram", "num_speculative_tokens": 3}', 5, 3),
         ('{"method": "ngram"}', 5, 5),
@@ -732,13 +746,10 @@ def test_full_command_line() -> None:
             "--max-input-len=512",
             "--max-batch-size=4",
             "--max-kv-cache-capacity=1024",
-            "--draft-top-k=8",
-            "--draft-step=2",
-            "--verify-tree-size=16",
             '--speculative-config={"method": "mtp"}',
             "--enable-context-reuse",
             "--context-cache-max-records=10",
-            "--context-cache-recurrent-snapshot-pool-bytes=11",
+            "--context-cache-recurrent-snapshot-pool-bytes=0",
             "--context-cache-partial-kv-snapshot-pool-bytes=12",
             "--catalog-url=sqlite:///x.db",
             "--backend=onnxruntime",
@@ -764,13 +775,10 @@ def test_full_command_line() -> None:
         max_input_len=512,
         max_batch_size=4,
         max_kv_cache_capacity=1024,
-        draft_top_k=8,
-        draft_step=2,
-        verify_tree_size=16,
         speculative_config=SpeculativeConfig("mtp"),
         enable_context_reuse=True,
         context_cache_max_records=10,
-        context_cache_recurrent_snapshot_pool_bytes=11,
+        context_cache_recurrent_snapshot_pool_bytes=0,
         context_cache_partial_kv_snapshot_pool_bytes=12,
         catalog_url="sqlite:///x.db",
         backend="onnxruntime",
@@ -916,5 +924,113 @@ def test_tree_flags_are_refused_for_chain_methods(method: str, flag: str) -> Non
     with pytest.raises(ConfigError, match="one chain") as info:
         from_argv(["--speculative-config", method, f"{flag}=2"])
     assert_config_error(info.value, flag)
-    # Tree methods keep accepting them.
-    assert from_argv(["--speculative-config", '{"method": "mtp"}', f"{flag}=2"]).speculative_config
+    # No tree method decodes in this version: with one they are refused as having no effect.
+    with pytest.raises(ConfigError, match="has no effect") as info:
+        from_argv(["--speculative-config", '{"method": "mtp"}', f"{flag}=2"])
+    assert_config_error(info.value, flag)
+
+
+# --- flags accepted for compatibility that would change nothing ----------------------------------
+
+
+@pytest.mark.parametrize(("argv", "flag"), NO_EFFECT_ARGV)
+def test_no_effect_flags_are_refused(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    message = argv_error(argv, capsys)
+    assert message.startswith(f"{flag}: has no effect in this version (")
+    assert message.endswith(f"drop {flag}")
+    name = flag[2:].replace("-", "_")
+    value = {"allowed_local_media_path": "/srv/media"}.get(name, 16)
+    with pytest.raises(ConfigError, match="has no effect") as info:
+        ServeConfig.from_mapping({name: value})
+    assert_config_error(info.value, flag)
+
+
+def test_no_effect_flags_at_their_default_and_draft_step_with_a_chain_method_are_accepted() -> None:
+    config = from_argv(["--context-cache-recurrent-snapshot-pool-bytes=0"])
+    assert config.context_cache_recurrent_snapshot_pool_bytes == 0
+    for spec in ('{"method": "ngram"}', '{"method": "draft_model", "model": "d"}'):
+        config = from_argv(["--speculative-config", spec, "--draft-step=4"])
+        assert config.draft_step == config.effective_draft_step == 4
+    # --help still documents them (CLI compatibility: the names parse, the refusal names them).
+    text = serve_parser().format_help()
+    for flag in ("--draft-top-k", "--draft-step", "--verify-tree-size", "--allowed-local-media-path",
+                 "--context-cache-recurrent-snapshot-pool-bytes"):
+        assert flag in text
+
+
+# --- groups and the environment ------------------------------------------------------------------
+
+
+def test_every_setting_is_in_exactly_one_group() -> None:
+    fields = {f.name: f for f in dataclasses.fields(ServeConfig)}
+    seen: dict[str, str] = {}
+    for group, cls in SETTINGS_GROUPS.items():
+        for f in dataclasses.fields(cls):
+            assert f.name in fields, f"{group}.{f.name} is no ServeConfig field"
+            assert f.name not in seen, f"{f.name} is in {seen[f.name]} and {group}"
+            assert f.type == fields[f.name].type, f.name
+            seen[f.name] = group
+    assert set(seen) == set(fields), f"not in any group: {sorted(set(fields) - set(seen))}"
+
+
+def test_group_views_carry_the_values() -> None:
+    config = from_argv(["org/m", "--port=9001", "--keep-alive=5", "--node-name=n1", "--cache-dir=/c",
+                        "--precision=fp32"])
+    assert (config.http.port, config.serving.keep_alive, config.fleet.node_name) == (9001, 5.0, "n1")
+    assert (config.cache.cache_dir, config.build.model) == (Path("/c"), "org/m")
+    assert config.build.precision == "fp32"
+    assert config.serving.prefill_chunk == 256 and config.serving.shutdown_grace_seconds == 30.0
+
+
+@pytest.mark.parametrize(
+    ("var", "text", "name", "expected"),
+    [
+        ("CACHESVC_PREFILL_CHUNK", "64", "prefill_chunk", 64),
+        ("CACHESVC_SHUTDOWN_GRACE_SECONDS", "2.5", "shutdown_grace_seconds", 2.5),
+        ("CACHESVC_SHUTDOWN_GRACE_SECONDS", "0", "shutdown_grace_seconds", 0.0),
+        ("CACHESVC_DISABLE_GPU", "1", "gpu_disabled", True),
+        ("CACHESVC_DISABLE_GPU", " ", "gpu_disabled", False),
+        ("CACHESVC_PREFILL_CHUNK", "", "prefill_chunk", 256),
+    ],
+)
+def test_settings_from_the_environment(
+    var: str, text: str, name: str, expected: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(var, text)
+    for config in (ServeConfig(), ServeConfig.from_mapping({}), from_argv([])):
+        assert getattr(config, name) == expected
+    # A value given in code wins over the environment; replace() keeps the value read once.
+    other = {"prefill_chunk": 8, "shutdown_grace_seconds": 1.0, "gpu_disabled": not expected}[name]
+    assert getattr(ServeConfig.from_mapping({name: other}), name) == other
+    assert getattr(dataclasses.replace(ServeConfig(), port=1), name) == expected
+
+
+@pytest.mark.parametrize(
+    ("var", "text", "fragment"),
+    [
+        ("CACHESVC_PREFILL_CHUNK", "abc", "must be a positive integer, got 'abc'"),
+        ("CACHESVC_PREFILL_CHUNK", "0", "must be a positive integer, got 0"),
+        ("CACHESVC_SHUTDOWN_GRACE_SECONDS", "soon", "must be seconds"),
+        ("CACHESVC_SHUTDOWN_GRACE_SECONDS", "-1", "must be a finite number, 0 or more"),
+    ],
+)
+def test_invalid_environment_names_the_variable(
+    var: str, text: str, fragment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(var, text)
+    with pytest.raises(ConfigError) as info:
+        ServeConfig()
+    assert info.value.field == var
+    assert str(info.value).startswith(f"{var}: ") and fragment in str(info.value)
+
+
+def test_every_variable_is_declared_with_a_default_and_help() -> None:
+    names = [var.name for var in ENVIRONMENT]
+    assert len(names) == len(set(names))
+    fields = {f.name for f in dataclasses.fields(ServeConfig)}
+    for var in ENVIRONMENT:
+        assert var.name.startswith("CACHESVC_") and var.help.strip()
+        assert var.setting is None or var.setting in fields
+        if var.setting in ENV_DEFAULTS:
+            assert flag_for(var.setting) == var.name
+    assert {var.setting for var in ENVIRONMENT if var.setting} == set(ENV_DEFAULTS) | {"cache_dir"}

@@ -1,0 +1,327 @@
+"""Model loading: the startup model's runtime, each model's serving handle, the model pool.
+
+What the app serves is built here, before and while the app runs (vLLM's ``init_app_state``):
+:func:`load_runtime` prepares (hit or build), leases and loads the model a ``serve MODEL`` starts
+with; :func:`build_serving` turns one bundle into its per-model handle (engine, tokenizer,
+speculative proposer, context cache, this server's limits); :func:`make_pool` builds the
+:class:`~inference.model_pool.ModelPool` over the catalog, whose loader
+(:func:`handle_factory`) loads every other ready bundle on demand through the injected
+``engine_factory`` (default: the backend registry).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cachesvc.config import ENGINE_FACTORY_ENV, ServeConfig
+from cachesvc.errors import CacheError
+from cachesvc.http.metrics import MetricsState
+from cachesvc.manager import BundleLease, CacheManager, CombinedLease
+from cachesvc.records import PrepareResult
+from cachesvc.served_models import CatalogModels
+from cachesvc.store.layout import CacheLayout
+from inference.build_profile import CHAIN_SPECULATIVE_METHODS, METHODS_WITH_DRAFT_BUNDLE
+from inference.context_cache import PrefixStore
+from inference.context_disk import DiskRecords
+from inference.model_pool import HandleFactory, ModelPool, ModelRef, PoolLimits
+from inference.openai import ModelHandle, ServingOptions, load_tokenizer
+from inference.runtime.protocol import Engine
+from inference.speculative import ProposerFactory
+from inference.structured import GrammarLimits
+
+log = logging.getLogger("cachesvc.app")
+
+EngineFactory = Callable[..., Engine]
+
+
+@dataclass
+class Runtime:
+    """What ``load_runtime`` loaded: the prepared bundle, its lease, the engine and its server."""
+
+    prepared: PrepareResult
+    lease: BundleLease
+    engine: Engine
+    serving: ModelHandle
+
+    closed: bool = False
+
+    def close(self) -> None:
+        """Close the engine (and a draft engine) and release the lease(s) (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.serving.close_engine()
+        finally:
+            self.lease.release()
+
+
+def load_runtime(
+    config: ServeConfig,
+    manager: CacheManager,
+    *,
+    engine_factory: EngineFactory | None = None,
+    observer: Any = None,
+) -> Runtime:
+    """Prepare (hit or build), lease, load the engine and build the OpenAI server for ``config``."""
+    if config.model is None:
+        raise CacheError("no model to serve: pass a model id or checkpoint directory")
+    # The full re-hash against the manifest happens here, once per start (every other load
+    # checks sizes and sampled hashes): a corrupt bundle is rebuilt, never loaded.
+    prepared, lease = manager.prepare_and_lease(
+        config.model,
+        config.profile_request(),
+        progress=lambda s, f: log.info("prepare: %s %3.0f%%", s, f * 100),
+        full_verify=True,
+    )
+    try:
+        if prepared.draft_bundle_id is not None:  # speculative draft_model: its own bundle, leased too
+            lease = CombinedLease(lease, manager.lease(prepared.draft_bundle_id))
+        engine_factory = engine_factory or _default_engine_factory
+        log.info("loading engine from %s", prepared.bundle_dir)
+        serving = build_serving(
+            config,
+            engine_factory,
+            prepared.bundle_dir,
+            prepared.bundle_id,
+            name=config.served_name,
+            observer=observer,
+            draft_dir=prepared.draft_bundle_dir,
+        )
+        engine = serving.engine
+    except BaseException:
+        lease.release()
+        raise
+    return Runtime(prepared, lease, engine, serving)
+
+
+def _default_engine_factory(bundle_dir: Any, *, max_slots: int) -> Engine:
+    # Imported here: the registry imports a runtime (onnxruntime) only when a bundle loads.
+    from inference.runtime.registry import load_engine
+
+    return load_engine(bundle_dir, max_slots=max_slots)
+
+
+def build_serving(
+    config: ServeConfig,
+    engine_factory: EngineFactory,
+    bundle_dir: Any,
+    bundle_id: str,
+    *,
+    name: str,
+    observer: Any = None,
+    draft_dir: Any = None,
+) -> ModelHandle:
+    """Load one bundle's engine and wrap it in its per-model handle (tokenizer, scheduler,
+    parsers) with this server's limits; the engine is closed again when that fails.
+
+    A bundle built with speculative decoding (``speculative`` in its ``engine.json``) gets its
+    proposer; ``draft_model`` loads the draft bundle ``draft_dir`` next to it."""
+    engine = engine_factory(bundle_dir, max_slots=config.max_batch_size)
+    closers: list[Callable[[], None]] = []
+    try:
+        proposer = _proposer(config, engine_factory, bundle_dir, draft_dir, closers)
+        tokenizer = load_tokenizer(bundle_dir)
+        info = engine.info
+        options = ServingOptions(
+            served_model_name=name,
+            max_model_len=min(info.max_kv_capacity, config.max_kv_cache_capacity),
+            max_input_len=min(info.max_input_len, config.max_input_len),
+            max_batch_size=min(info.max_slots, config.max_batch_size),
+            max_queued_requests=config.max_queued_requests,
+            queue_timeout=config.queue_timeout,
+            reasoning_parser=config.reasoning_parser,
+            tool_call_parser=config.tool_call_parser,
+            enable_auto_tool_choice=config.enable_auto_tool_choice,
+            model_type=info.model_type,
+            grammar_limits=GrammarLimits(
+                max_schema_bytes=config.max_schema_bytes,
+                max_schema_properties=config.max_schema_properties,
+                compile_timeout=config.grammar_compile_timeout,
+            ),
+            capabilities={
+                "bundle_id": bundle_id,
+                "backend": info.backend,
+                "precision": info.precision,
+                "device": info.device,
+                "memory_bytes": info.memory_bytes,
+            },
+        )
+        return ModelHandle(
+            engine,
+            tokenizer,
+            options,
+            observer=observer,
+            context_cache=_context_cache(config, bundle_id),
+            prefill_chunk=config.serving.prefill_chunk,
+            proposer=proposer,
+            closers=closers,
+        )
+    except BaseException:
+        engine.close()
+        for close in closers:
+            close()
+        raise
+
+
+def _proposer(
+    config: ServeConfig,
+    engine_factory: EngineFactory,
+    bundle_dir: Any,
+    draft_dir: Any,
+    closers: list[Callable[[], None]],
+) -> ProposerFactory | None:
+    """The speculative proposer of a bundle built with ``ngram`` or ``draft_model`` (None for
+    other bundles). The launch's ``--speculative-config`` options (lookup window, tokens per step)
+    apply when its method is the bundle's."""
+    from inference.runtime.registry import read_meta
+    from inference.speculative import proposer_factory
+
+    record = read_meta(bundle_dir).get("speculative")
+    if not isinstance(record, dict) or record.get("method") not in CHAIN_SPECULATIVE_METHODS:
+        return None
+    spec = config.speculative_config
+    options = dict(record)
+    steps: int | None = None
+    if spec is not None and spec.method == record["method"]:
+        options.update({k: v for k, v in spec.to_dict().items() if v is not None and k != "model"})
+        steps = config.effective_draft_step
+    draft = None
+    if record["method"] in METHODS_WITH_DRAFT_BUNDLE:
+        if draft_dir is None:
+            log.warning("bundle %s speculates with a draft model whose bundle is not ready here; "
+                        "decoding without speculation", bundle_dir)
+            return None
+        draft = engine_factory(draft_dir, max_slots=config.max_batch_size)
+        closers.append(draft.close)
+    return proposer_factory(options, num_speculative_tokens=steps, draft_engine=draft)
+
+
+def handle_factory(
+    config: ServeConfig, engine_factory: EngineFactory | None, metrics: MetricsState | None
+) -> HandleFactory:
+    """The pool's loader: a model's handle from its bundle, with its own metrics label."""
+    factory = engine_factory or _default_engine_factory
+
+    def build(ref: ModelRef) -> ModelHandle:
+        observer = metrics.serving.for_model(ref.name) if metrics is not None else None
+        return build_serving(
+            config,
+            factory,
+            ref.bundle_dir,
+            ref.bundle_id,
+            name=ref.name,
+            observer=observer,
+            draft_dir=ref.draft_bundle_dir,
+        )
+
+    return build
+
+
+def _context_cache(config: ServeConfig, bundle_id: str) -> PrefixStore | None:
+    """The prefix store of ``--enable-context-reuse``, namespaced by the bundle (so records never
+    serve another model or build); None when reuse is off."""
+    if not config.enable_context_reuse:
+        return None
+    return PrefixStore(
+        f"bundle:{bundle_id}",
+        max_records=config.context_cache_max_records,
+        max_bytes=config.context_cache_partial_kv_snapshot_pool_bytes,
+        disk=context_disk(config, bundle_id),
+    )
+
+
+def context_disk(config: ServeConfig, bundle_id: str) -> DiskRecords | None:
+    """The bundle's records on disk (``<cache-dir>/context/<bundle_id>/``, removed with the
+    bundle), or None with ``--context-cache-disk-bytes 0``. A cache root that cannot be read
+    leaves the records in memory only (and a failed write, the record it was for)."""
+    if config.context_cache_disk_bytes <= 0:
+        return None
+    layout = CacheLayout(config.cache_dir)
+    try:
+        return DiskRecords(layout.context_dir(bundle_id), max_bytes=config.context_cache_disk_bytes,
+                           dir_mode=layout.dir_mode())  # made on the first write
+    except (OSError, CacheError, ValueError) as exc:
+        log.warning("context records stay in memory only (no record directory: %s)", exc)
+        return None
+
+
+def engine_factory_from_spec(spec: str | None) -> EngineFactory | None:
+    """Test-only entry to the engine seam for a child ``cachesvc serve`` process.
+
+    ``serve(config, engine_factory=...)`` and ``create_app(..., engine_factory=...)`` are the
+    seam; a test that spawns the real console script cannot pass a callable, so
+    ``cachesvc serve`` (the CLI only) passes ``CACHESVC_ENGINE_FACTORY=module:callable``
+    (:func:`cachesvc.config.engine_factory_spec`) here and injects the callable through the same
+    parameter. The callable takes ``(bundle_dir, *, max_slots)`` and returns an ``Engine``.
+    Backends belong in ``inference.runtime.registry``, not here. None: no spec.
+    """
+    if not spec:
+        return None
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise CacheError(f"{ENGINE_FACTORY_ENV} must look like 'module:callable', got {spec!r}")
+    factory = getattr(importlib.import_module(module_name), attr)
+    if not callable(factory):
+        raise CacheError(f"{ENGINE_FACTORY_ENV} {spec!r} is not callable")
+    return factory
+
+
+def make_pool(
+    config: ServeConfig,
+    manager: CacheManager,
+    *,
+    runtime: Runtime | None = None,
+    metrics: MetricsState | None = None,
+    engine_factory: EngineFactory | None = None,
+) -> ModelPool:
+    """The model pool over the catalog, with the startup model (``runtime``) adopted and kept."""
+    source = CatalogModels(manager, max_slots=config.max_batch_size)
+    pool = ModelPool(
+        source,
+        handle_factory(config, engine_factory, metrics),
+        PoolLimits(
+            max_loaded=config.max_loaded_models,
+            memory_budget=config.memory_budget_bytes,
+            keep_alive=config.keep_alive,
+            queue_timeout=config.queue_timeout,
+            unload_grace=config.serving.shutdown_grace_seconds,
+            max_queued=config.max_queued_requests,
+        ),
+        observer=metrics.pool if metrics is not None else None,
+    )
+    if runtime is not None:
+        names = [config.served_name, runtime.serving.options.served_model_name]
+        if config.model is not None:
+            names.append(config.model)
+        names = list(dict.fromkeys(names))
+        for name in names:
+            source.startup[name] = runtime.prepared.bundle_id
+        info = runtime.engine.info
+        ref = ModelRef(
+            name=config.served_name,
+            bundle_id=runtime.prepared.bundle_id,
+            bundle_dir=runtime.prepared.bundle_dir,
+            backend=info.backend,
+            precision=info.precision,
+            max_model_len=runtime.serving.options.max_model_len,
+            memory_bytes=info.memory_bytes,
+        )
+        pool.adopt(ref, runtime.serving, runtime.lease, keep_alive=-1, names=names)
+        pool.primary = config.served_name
+    return pool
+
+
+__all__ = [
+    "EngineFactory",
+    "Runtime",
+    "build_serving",
+    "engine_factory_from_spec",
+    "handle_factory",
+    "load_runtime",
+    "make_pool",
+]
