@@ -38,8 +38,8 @@ from cachesvc.http.errors import admin_exception_handlers
 from cachesvc.http.metrics import MetricsState, metrics_route
 from cachesvc.manager import CacheManager
 from cachesvc.model_loading import EngineFactory, Runtime, make_pool
-from inference.openai import openai_router
 from inference.model_pool import ModelPool
+from inference.openai import openai_router
 
 log = logging.getLogger("cachesvc.app")
 

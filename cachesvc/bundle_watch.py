@@ -12,7 +12,7 @@ import logging
 
 from cachesvc.errors import CatalogUnavailableError
 from cachesvc.manager import CacheManager
-from inference.openai.pool import ModelPool
+from inference.model_pool import ModelPool
 
 log = logging.getLogger("cachesvc.app")
 

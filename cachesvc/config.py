@@ -955,6 +955,7 @@ class ServingSettings:
     context_cache_max_records: int
     context_cache_recurrent_snapshot_pool_bytes: int
     context_cache_partial_kv_snapshot_pool_bytes: int
+    context_cache_disk_bytes: int
     prefill_chunk: int
     shutdown_grace_seconds: float
 

@@ -26,7 +26,7 @@ from cachesvc.errors import CacheError, ConfigError, QualityGateError
 from cachesvc.http.metrics import MetricsState
 from cachesvc.manager import CacheManager
 from cachesvc.model_loading import EngineFactory, Runtime, load_runtime, make_pool
-from inference.openai.pool import ModelPool
+from inference.model_pool import ModelPool
 
 log = logging.getLogger("cachesvc.app")
 

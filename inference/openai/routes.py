@@ -1,7 +1,7 @@
 """Thin Litestar routes: auth and admission guard, then hand over to an endpoint.
 
 Under ``/v1``: ``GET /models``, ``GET /models/{id}``, ``POST /completions``,
-``POST /chat/completions``, ``POST /responses`` (OpenAI error body) and ``POST /messages``,
+``POST /chat/completions``, ``POST /responses``, ``POST /embeddings`` (OpenAI error body) and ``POST /messages``,
 ``POST /messages/count_tokens`` (Anthropic error body); at the root: ``POST /tokenize`` and
 ``POST /detokenize`` (vLLM's, OpenAI error body).
 
@@ -45,6 +45,8 @@ from inference.openai.body_checks import (
 )
 from inference.openai.chat import ChatEndpoint
 from inference.openai.completions import CompletionEndpoint
+from inference.openai.embeddings import EmbeddingsEndpoint
+from inference.openai.embeddings_protocol import EmbeddingRequest
 from inference.openai.errors import (
     AuthenticationError,
     ClientDisconnectedError,
@@ -161,6 +163,7 @@ def openai_router(pool: ModelPool, *, api_key: str | None = None, path: str = "/
     required on every one."""
     chat = ChatEndpoint(pool)
     completions = CompletionEndpoint(pool)
+    embeddings = EmbeddingsEndpoint(pool)
     messages = MessagesEndpoint(chat)
     responses = ResponsesEndpoint(chat)
     tokenizer = TokenizeEndpoint(chat)
@@ -174,6 +177,7 @@ def openai_router(pool: ModelPool, *, api_key: str | None = None, path: str = "/
             chat.create_chat_completion,
         ),
         Route("responses", f"{path}/responses", ResponsesRequest, OPENAI, responses.create_response),
+        Route("embeddings", f"{path}/embeddings", EmbeddingRequest, OPENAI, embeddings.create_embedding),
         Route("messages", f"{path}/messages", AnthropicMessagesRequest, ANTHROPIC, messages.create_message),
         Route(
             "count_tokens",
