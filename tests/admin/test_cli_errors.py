@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from tests.admin.conftest import open_manager
-from tests.e2e.conftest import cachesvc_command
+from tests.service.conftest import cachesvc_command
 from tests.support.cache import child_env, make_checkpoint
 
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from tests.admin.conftest import open_manager
-from tests.reliability.conftest import assert_consistent
+from tests.cache.conftest import assert_consistent
 from tests.support.cache import make_checkpoint
 from tests.support.prepare_child import run
 

@@ -20,9 +20,9 @@ from cachesvc.store.manifest import SAMPLE_BYTES
 from inference.demo import write_demo_checkpoint
 from inference.openai import load_tokenizer
 from tests.admin.conftest import open_manager
-from tests.hardening.conftest import App, running_app
 from tests.support.cache import FileBuilder, ServableFileBuilder, make_checkpoint
 from tests.support.engines import TableEngine
+from tests.support.whole_app import App, running_app
 
 BIG = 4 * SAMPLE_BYTES  # larger than the three samples: its middle quarter is not sampled
 

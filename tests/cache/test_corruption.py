@@ -22,8 +22,8 @@ from cachesvc.profiles import ProfileRequest
 from cachesvc.store import verify_bundle
 from inference.demo import write_demo_checkpoint
 from tests.admin.conftest import open_manager
-from tests.e2e.conftest import cachesvc_command, running_server, serve_args
-from tests.reliability.conftest import assert_consistent
+from tests.cache.conftest import assert_consistent
+from tests.service.conftest import cachesvc_command, running_server, serve_args
 from tests.support.cache import FileBuilder, child_env, make_checkpoint
 from tests.support.engines import EngineScript, Reply
 

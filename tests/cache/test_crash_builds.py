@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from tests.admin.conftest import open_manager
-from tests.reliability.conftest import assert_consistent, checkpoints
+from tests.cache.conftest import assert_consistent, checkpoints
 from tests.support.prepare_child import run
 
 BUILDS = 30

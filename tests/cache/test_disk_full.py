@@ -16,7 +16,7 @@ import pytest
 
 from cachesvc.errors import InsufficientStorageError
 from tests.admin.conftest import open_manager
-from tests.reliability.conftest import assert_consistent
+from tests.cache.conftest import assert_consistent
 from tests.support.cache import FileBuilder, make_checkpoint
 
 TMPFS_BYTES = 4 * 1024 * 1024
@@ -64,7 +64,7 @@ def test_disk_full_during_a_build(small_disk: Path, tmp_path: Path) -> None:
 
 
 def test_disk_full_through_the_cli_is_one_line(small_disk: Path, tmp_path: Path) -> None:
-    from tests.e2e.conftest import cachesvc_command
+    from tests.service.conftest import cachesvc_command
     from tests.support.cache import child_env
 
     cache = small_disk / "cache"

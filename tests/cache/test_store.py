@@ -1,7 +1,7 @@
 """Disk store: layout, manifests, publish/remove/scan, in-process lock semantics.
 
 Real files under tmp_path throughout; cross-process lock behaviour is in
-tests/integration/test_store_locks.py.
+tests/cache/test_store_locks.py.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from cachesvc.crashpoints import ENV_VAR
 from cachesvc.store.locks import BundleLocks
-from tests.e2e.conftest import REPO_ROOT, cachesvc_command, child_env
 from tests.gguf.ggufs import write_pair
+from tests.service.conftest import REPO_ROOT, cachesvc_command, child_env
 
 LEFTOVER = re.compile(r"^\.(?P<key>[0-9a-f]{16}-gguf-[0-9]+)\.[A-Za-z0-9_]+$")
 

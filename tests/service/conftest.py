@@ -26,6 +26,7 @@ import pytest
 
 from inference.demo import write_demo_checkpoint
 from tests.support.net import NotReadyError, free_port, wait_http_ok
+from tests.support.whole_app import app  # noqa: F401 - fixture: the whole app in-process on uvicorn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Served model name of every e2e server.

@@ -14,7 +14,7 @@ import anthropic
 import pytest
 
 from cachesvc.default_model import installed_default_gguf
-from tests.e2e.conftest import MODEL, ServerProcess, running_server, serve_args
+from tests.service.conftest import MODEL, ServerProcess, running_server, serve_args
 
 ARGS = serve_args(max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512)
 #: Greedy decoding (this anthropic SDK has no ``temperature`` argument; the API field is sent as is).

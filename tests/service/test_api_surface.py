@@ -22,8 +22,15 @@ import openai
 import pytest
 
 from inference.tokenizer import Tokenizer, load_tokenizer
-from tests.e2e.conftest import API_KEY, MODEL, ServerProcess, running_server, serve_args
-from tests.e2e.test_parsers import AFTER_TOOL_REPLY, ANSWER, CALL_ARGS, REASONING, THINKING_REPLY, TOOL_REPLY
+from tests.service.conftest import API_KEY, MODEL, ServerProcess, running_server, serve_args
+from tests.service.test_parsers import (
+    AFTER_TOOL_REPLY,
+    ANSWER,
+    CALL_ARGS,
+    REASONING,
+    THINKING_REPLY,
+    TOOL_REPLY,
+)
 from tests.support.engines import EngineScript, Reply
 
 PIRATE = "Arr, matey."
@@ -384,7 +391,7 @@ def test_responses_refuses_previous_response_id(oai: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         oai.responses.create(model=MODEL, input="hi", previous_response_id="resp_123")
     assert "previous_response_id" in info.value.message and "not supported" in info.value.message
-    # text.format json_schema is enforced (tests/e2e/test_request_fields.py); other types are 400.
+    # text.format json_schema is enforced (tests/service/test_request_fields.py); other types are 400.
     with pytest.raises(openai.BadRequestError) as fmt:
         yaml: Any = {"format": {"type": "yaml"}}
         oai.responses.create(model=MODEL, input="hi", text=yaml)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from cachesvc.config import ServeConfig
-from tests.hardening.conftest import MODEL, App, running_app
+from tests.support.whole_app import MODEL, App, running_app
 
 
 def test_admin_refuses_a_text_plain_body(app: App) -> None:

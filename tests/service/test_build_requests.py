@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from cachesvc.checkpoints import resolve_checkpoint
-from tests.hardening.conftest import App
 from tests.support.cache import make_checkpoint
+from tests.support.whole_app import App
 
 
 @pytest.mark.parametrize(

@@ -26,9 +26,9 @@ from cachesvc.catalog import session as catalog_session
 from cachesvc.errors import CatalogUnavailableError
 from cachesvc.manager import CacheManager
 from tests.admin.conftest import open_manager
-from tests.hardening.conftest import App, running_app
 from tests.support.cache import FileBuilder, make_checkpoint
 from tests.support.pg_cluster import PgCluster, own_cluster
+from tests.support.whole_app import App, running_app
 
 COMPLETION = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
 

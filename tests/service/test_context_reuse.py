@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.demo import write_demo_checkpoint
-from tests.e2e.conftest import MODEL, run_cli, running_server, serve_args
+from tests.service.conftest import MODEL, run_cli, running_server, serve_args
 
 PROFILE = {"max_batch_size": 2, "max_input_len": 256, "max_kv_cache_capacity": 512}
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 12  # well over one 64-token block

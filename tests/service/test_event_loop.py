@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from tests.hardening.conftest import MODEL, App
+from tests.support.whole_app import MODEL, App
 
 
 def _health_latencies(app: App, stop: threading.Event, out: list[float]) -> None:

@@ -17,9 +17,9 @@ from cachesvc.manager import CacheManager
 from inference.demo import write_demo_checkpoint
 from inference.openai import load_tokenizer
 from tests.admin.conftest import open_manager
-from tests.hardening.conftest import running_app
 from tests.support.cache import ServableFileBuilder, make_checkpoint
 from tests.support.engines import TableEngine
+from tests.support.whole_app import running_app
 
 CAP = 30
 

@@ -18,7 +18,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from cachesvc.manager import CacheManager
 from inference.tokenizer import load_tokenizer
-from tests.e2e.conftest import (
+from tests.service.conftest import (
     MODEL,
     ServerProcess,
     cachesvc_command,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from cachesvc.manager import CacheManager
 from cachesvc.store.layout import NODE_FILE_NAME
-from tests.e2e.conftest import REPO_ROOT, cachesvc_command, child_env, run_cli, running_server
+from tests.service.conftest import REPO_ROOT, cachesvc_command, child_env, run_cli, running_server
 from tests.support.cache import FileBuilder, make_checkpoint
 
 

@@ -18,7 +18,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
-from tests.e2e.conftest import API_KEY, MODEL, REAL_MAX_INPUT_LEN, REAL_MAX_KV, ServerProcess
+from tests.service.conftest import API_KEY, MODEL, REAL_MAX_INPUT_LEN, REAL_MAX_KV, ServerProcess
 
 N_TOKENS = 24
 MESSAGES: list[ChatCompletionMessageParam] = [

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from inference.demo import write_demo_checkpoint
-from tests.e2e.conftest import MODEL, running_server, serve_args
+from tests.service.conftest import MODEL, running_server, serve_args
 from tests.support.engines import EngineScript, Reply
 
 STREAMS = 64

@@ -18,7 +18,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from inference.tokenizer import load_tokenizer
-from tests.e2e.conftest import MODEL, ServerProcess, running_server, serve_args
+from tests.service.conftest import MODEL, ServerProcess, running_server, serve_args
 from tests.support.engines import EngineScript, Reply
 
 REASONING = "plan"

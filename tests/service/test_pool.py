@@ -24,7 +24,7 @@ from cachesvc.manager import CacheManager
 from inference.demo import write_demo_checkpoint
 from inference.runtime.registry import memory_estimate
 from inference.tokenizer import load_tokenizer
-from tests.e2e.conftest import ServerProcess, run_cli, running_server
+from tests.service.conftest import ServerProcess, run_cli, running_server
 from tests.support.engines import EngineScript, Reply
 
 ARCHS = ("llama", "qwen2", "qwen3")

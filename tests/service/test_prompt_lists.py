@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from inference.openai.handle import MAX_PROMPTS
-from tests.e2e.conftest import API_KEY, MODEL, REAL_MAX_INPUT_LEN, ServerProcess
+from tests.service.conftest import API_KEY, MODEL, REAL_MAX_INPUT_LEN, ServerProcess
 
 PROMPTS = ["Once upon a time", "The capital of France is", "Hello"]
 

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from cachesvc.default_model import installed_default_gguf
-from tests.e2e.conftest import MODEL, ServerProcess, run_cli, running_server, serve_args
+from tests.service.conftest import MODEL, ServerProcess, run_cli, running_server, serve_args
 
 #: SmolLM2's end-of-text and end-of-turn ids, banned so a generation runs its full length.
 NO_EOS = {"0": -100, "2": -100}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.hardening.conftest import MODEL, App
+from tests.support.whole_app import MODEL, App
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 

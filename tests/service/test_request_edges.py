@@ -17,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.e2e.conftest import API_KEY, MODEL, ServerProcess
+from tests.service.conftest import API_KEY, MODEL, ServerProcess
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Say something."}]
 

@@ -29,7 +29,7 @@ from openai.resources.completions import Completions
 from openai.resources.responses import Responses
 
 from inference.tokenizer import Tokenizer, load_tokenizer
-from tests.e2e.conftest import API_KEY, MODEL, ServerProcess, running_server, serve_args
+from tests.service.conftest import API_KEY, MODEL, ServerProcess, running_server, serve_args
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Say something."}]
 # Keyword arguments of the SDK methods that are transport options, not body fields.

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from inference.demo import write_demo_checkpoint
-from tests.e2e.conftest import MODEL, running_server, serve_args
+from tests.service.conftest import MODEL, running_server, serve_args
 from tests.support.engines import EngineScript, Reply
 
 GRACE = 2.0

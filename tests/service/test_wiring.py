@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import API_KEY, MODEL, ServerProcess, running_server
+from tests.service.conftest import API_KEY, MODEL, ServerProcess, running_server
 
 ADMIN_KEY = "e2e-admin-key"
 

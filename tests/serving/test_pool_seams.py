@@ -34,7 +34,7 @@ def test_registry_dispatches_by_backend_and_names_unknown_ones(tmp_path: Path) -
     with pytest.raises(EngineLoadError, match="nosuch"):
         registry.load_engine(tmp_path)
     assert registry.bundle_backend(tmp_path) == "nosuch"
-    registry.register_loader("nosuch", "tests.unit.test_pool_seams:_fake_loader")
+    registry.register_loader("nosuch", "tests.serving.test_pool_seams:_fake_loader")
     try:
         assert registry.load_engine(tmp_path, max_slots=2) == ("loaded", 2)
     finally:

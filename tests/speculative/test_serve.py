@@ -11,7 +11,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from cachesvc.manager import CacheManager
-from tests.e2e.conftest import run_cli, running_server
+from tests.service.conftest import run_cli, running_server
 
 PROFILE = ("--max-input-len", "64", "--max-kv-cache-capacity", "128")
 # A prompt whose greedy continuation on the tiny random demo model repeats itself, so ngram

@@ -1,4 +1,5 @@
-"""Fixtures for the hardening tests: the whole app (``create_app``) on a real loopback server.
+"""The whole app (``create_app``) on a real loopback server: the ``app`` fixture (re-exported by
+``tests/service/conftest.py``) and ``running_app`` for tests that start their own.
 
 The app is wired as ``cachesvc serve`` wires it (admin, metrics, health, ``/v1``) over a real
 cache (SQLite catalog, files, locks) and the table engine (the hardware seam) with the demo
