@@ -8,7 +8,10 @@ uvicorn on a loopback port in a child process, and drives it with a loopback loa
 
     PYTHONPATH=. .venv/bin/python bench/admin_api.py [--bundles 10000] [--events 100000]
         [--seconds 5] [--concurrency 8] [--client auto|wrk|httpx]
-        [--pg-url postgresql+psycopg://...] [--plan-rows 100000]
+        [--pg-url postgresql+psycopg://...] [--plan-rows 100000] [--quick]
+
+``--quick`` (CI, ``bench/run_quick.sh``): 200 bundles, 2,000 events, 0.5 s per route and
+concurrency (2 connections), 2,000 rows to plan over.
 
 With a PostgreSQL server (``--pg-url``, default ``$CACHESVC_TEST_PG_URL``) every measurement
 runs on SQLite and on PostgreSQL (a fresh database, dropped afterwards) and the table shows
@@ -78,7 +81,9 @@ def populate(url: str, cache_dir: Path, n_bundles: int, n_events: int, seed: int
             BuildOptions(max_input_len=2**k, max_kv_cache_capacity=2 ** (k + 1), builder_version="bench")
             for k in range(7, 12)
         ] + [
-            BuildOptions(precision="int8", max_input_len=2**k, max_kv_cache_capacity=2 ** (k + 1))
+            BuildOptions(
+                precision="int8", cpu_class="avx2", max_input_len=2**k, max_kv_cache_capacity=2 ** (k + 1)
+            )
             for k in range(7, 12)
         ]
         # Ten profiles per checkpoint; a model has several checkpoints (revisions).
@@ -184,7 +189,14 @@ def serve(cache_dir: Path, port: int, url: str) -> None:
     # The service's own app (admin API, /metrics, health), as `cachesvc serve` builds it.
     app = create_app(
         ServeConfig(
-            cache_dir=cache_dir, catalog_url=url, node_name="bench", admin_api_key=ADMIN_KEY, port=port
+            cache_dir=cache_dir,
+            catalog_url=url,
+            node_name="bench",
+            admin_api_key=ADMIN_KEY,
+            port=port,
+            # The filled events span weeks: no retention, or the heartbeat would prune them.
+            event_retention_days=0,
+            event_retention_rows=0,
         ),
         manager,
     )
@@ -370,10 +382,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="PostgreSQL server to compare with (default: $CACHESVC_TEST_PG_URL; none: SQLite only)",
     )
     parser.add_argument("--plan-rows", type=int, default=100_000, help="bundle rows for eviction planning")
+    parser.add_argument("--quick", action="store_true", help="CI: a small catalog, half a second per route")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.bundles, args.events, args.seconds, args.concurrency, args.plan_rows = 200, 2_000, 0.5, 2, 2_000
     if args.serve is not None:
         serve(args.serve, args.port, args.url)
         return 0

@@ -3,7 +3,9 @@
 Prints a table; not a test. Targets: hit latency flat in the number of bundles (within 2x from
 10 to 1,000), eviction planning <= 50 ms for 100,000 catalog rows.
 
-    .venv/bin/python bench/cache_hit.py [--repeat 200]
+    .venv/bin/python bench/cache_hit.py [--repeat 200] [--quick]
+
+``--quick`` (CI, ``bench/run_quick.sh``): 5 and 25 bundles, 20 hits, 5,000 rows.
 """
 
 from __future__ import annotations
@@ -51,7 +53,10 @@ def hit_latency(root: Path, bundles: int, repeat: int) -> tuple[float, float, fl
 
 def planning(root: Path, rows: int, repeat: int = 5) -> tuple[float, float, int]:
     """Plan an eviction over ``rows`` catalog rows (cap exceeded by 10 bundles). Returns ms."""
-    m = CacheManager.open(root / "plan", max_size_bytes=10**12, builders={"onnxruntime": FileBuilder()})
+    # The rows below are this node's: a manager plans and sums its own node's rows only.
+    m = CacheManager.open(
+        root / "plan", max_size_bytes=10**12, builders={"onnxruntime": FileBuilder()}, node="bench"
+    )
     base = utcnow() - timedelta(days=30)
     batch: list[dict[str, object]] = []
     for i in range(rows):
@@ -104,7 +109,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--sizes", default="10,100,1000")
     parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--quick", action="store_true", help="small sizes: seconds, not minutes (CI)")
     args = parser.parse_args()
+    if args.quick:
+        args.repeat, args.sizes, args.rows = 20, "5,25", 5_000
     print("cache-hit prepare latency (bundles of 20 files; median and p99 of", args.repeat, "hits)")
     print(f"{'bundles':>8} {'median ms':>10} {'p99 ms':>8} {'fill s':>8} {'vs 10':>7}")
     baseline = None

@@ -16,6 +16,10 @@ marked ``*``.
 
     PYTHONPATH=. .venv/bin/python bench/kernels.py [--context 400] [--rounds 4] [--quick]
 
+``--quick`` (CI, ``bench/run_quick.sh``): two quantized choices per precision, one short round,
+on the tiny random demo checkpoint unless ``--checkpoint`` is given (its figures mean nothing;
+it shows the script still runs).
+
 Not a test: the numbers depend on the machine and on what else runs on it.
 """
 
@@ -38,6 +42,7 @@ from cachesvc.store import CacheLayout  # noqa: E402
 from inference.builder import EngineBuildSpec, build_bundle  # noqa: E402
 from inference.builder.kernel_plan import KernelPlan, kernel_plan  # noqa: E402
 from inference.cpu_class import cpu_class  # noqa: E402
+from inference.demo import write_demo_checkpoint  # noqa: E402
 from inference.runtime.generate import generate  # noqa: E402
 from inference.runtime.onnxruntime_loader import load_ort_engine  # noqa: E402
 from inference.tokenizer import load_tokenizer  # noqa: E402
@@ -83,12 +88,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=400, help="prompt tokens before decoding")
     p.add_argument("--tokens", type=int, default=48, help="decoded tokens per round")
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--quick", action="store_true", help="two quantized choices per precision, one round")
+    p.add_argument(
+        "--quick", action="store_true", help="CI: two quantized kernels per precision, one round, tiny demo"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.tokens, args.context = 1, 8, 64
     work = Path(tempfile.mkdtemp(prefix="bench-kernels-"))
     checkpoint = args.checkpoint
+    capacity = 256 if args.quick else 2048
+    if checkpoint is None and args.quick:
+        checkpoint = write_demo_checkpoint(work / "demo", arch="llama", size="tiny")
     if checkpoint is None:
         gguf = installed_default_gguf()
         if gguf is None:
@@ -103,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = work / f"b{len(rows)}"
         out.mkdir()
         started = time.monotonic()
-        spec = EngineBuildSpec(precision=precision, max_kv_cache_capacity=2048, max_input_len=2048)
+        spec = EngineBuildSpec(precision=precision, max_kv_cache_capacity=capacity, max_input_len=capacity)
         meta = build_bundle(checkpoint, out, spec, kernels_override=plan, min_agreement=0.0)
         seconds = time.monotonic() - started
         quality: dict[str, float] = meta.get("quality") or {

@@ -32,6 +32,10 @@ weights. A checkpoint directory for our side can be made from the GGUF with ``tr
     PYTHONPATH=. .venv/bin/python bench/peers.py --checkpoint model-q4_1.gguf --precision fp32,int8,int4 \\
         --gguf F32=model-f32.gguf,Q8_0=model-q8_0.gguf,Q4_1=model-q4_1.gguf --llama-server PATH
 
+``--quick`` (CI, ``bench/run_quick.sh``): ours only, on the tiny random demo checkpoint unless
+``--checkpoint`` is given, short prompts and answers, one round; llama.cpp is skipped with one
+line when no ``llama-server`` is given.
+
 Not a test: the numbers depend on the machine and on what else runs on it.
 """
 
@@ -188,11 +192,12 @@ def start_llama(binary: str, gguf: Path, quant: str, args: argparse.Namespace, w
 class Prompts:
     """Random token-id prompts; every call gives fresh tokens unless a prefix is passed."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, high: int = 40000) -> None:
         self.rng = np.random.default_rng(seed)
+        self.high = high
 
     def make(self, n: int, prefix: Sequence[int] = ()) -> list[int]:
-        extra = self.rng.integers(100, 40000, size=n - len(prefix))
+        extra = self.rng.integers(100, self.high, size=n - len(prefix))
         return [*prefix, *(int(t) for t in extra)]
 
 
@@ -357,12 +362,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--start-timeout", type=float, default=900)
     p.add_argument("--work", type=Path, default=None, help="cache and logs (default: a temp dir)")
+    p.add_argument("--quick", action="store_true", help="CI: the tiny demo, short prompts, one round")
     args = p.parse_args(argv)
+    args.token_high = 40000  # prompts draw token ids from 100 up to this
+    if args.quick:
+        args.contexts, args.decode_tokens, args.concurrent_prompt, args.concurrent_tokens = "32,64", 4, 16, 4
+        args.ctx, args.max_input_len, args.repeats, args.start_timeout = 256, 128, 1, 300
+    if args.quick and not args.gguf:
+        print("llama.cpp: skipped (--quick without --gguf/--llama-server)")
     args.contexts = [int(x) for x in args.contexts.split(",")]
     if args.threads is None:
         args.threads = len(_cpu_list(args.cpus)) if args.cpus else len(os.sched_getaffinity(0))
     work = args.work or Path(tempfile.mkdtemp(prefix="peers-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.quick and args.checkpoint is None:
+        from inference.demo import write_demo_checkpoint
+
+        args.checkpoint = write_demo_checkpoint(work / "demo", arch="llama", size="tiny")
+        args.token_high = 1000  # the demo's vocabulary has 1024 tokens
     runs: list[tuple[str, str]] = []
     if args.checkpoint:
         runs += [("ours", prec) for prec in args.precision.split(",") if prec]
@@ -384,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in range(args.repeats):
             for server, best in zip(servers, bests, strict=True):
                 print(f"round {r + 1}: {server.label} ...", file=sys.stderr, flush=True)
-                asyncio.run(one_round(server, best, Prompts(args.seed + 1000 * r), args))
+                asyncio.run(one_round(server, best, Prompts(args.seed + 1000 * r, args.token_high), args))
                 print(json.dumps({server.label: best}), file=sys.stderr, flush=True)
         figs = [finish(server.label, best, args) for server, best in zip(servers, bests, strict=True)]
     finally:

@@ -15,6 +15,7 @@ Every number is the best (TTFT) or median (rps) of ``--repeats`` runs. Not a tes
 depend on the machine and its neighbours.
 
     PYTHONPATH=. .venv/bin/python bench/pool.py [--size 0.5b] [--work DIR] [--repeats 3]
+    PYTHONPATH=. .venv/bin/python bench/pool.py --quick   # CI: tiny, one repeat, a fresh work dir
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -107,10 +109,15 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--size", choices=SIZES, default="0.5b")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/cachesvc-bench-pool"))
+    parser.add_argument("--work", type=Path, default=None, help="default: /tmp/cachesvc-bench-pool")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--requests", type=int, default=12)
+    parser.add_argument("--quick", action="store_true", help="CI: --size tiny, one repeat, 4 requests")
     args = parser.parse_args()
+    if args.quick:
+        args.size, args.repeats, args.requests = "tiny", 1, 4
+        args.work = args.work or Path(tempfile.mkdtemp(prefix="bench-pool-"))
+    args.work = args.work or Path("/tmp/cachesvc-bench-pool")
     args.work.mkdir(parents=True, exist_ok=True)
     cache, names = prepare(args.work, args.size)
     models = sorted(names)

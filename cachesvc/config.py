@@ -49,7 +49,7 @@ new setting is a field of ``ServeConfig`` (with its rule in ``_RULES`` and its f
 
 Environment: every ``CACHESVC_*`` variable is declared in :data:`ENVIRONMENT` (name, default,
 help, the flag or setting it stands for) and read here, through :func:`env_value`, and nowhere
-else in ``cachesvc`` or ``inference`` (``tests/unit/test_settings_env.py`` checks the source), with
+else in ``cachesvc`` or ``inference`` (``tests/service/test_settings_env.py`` checks the source), with
 one exception: ``CACHESVC_CRASH_AT``, a test hook read by :mod:`cachesvc.crashpoints` at the
 bottom layer, which cannot import this module. Settings without a flag
 (``CACHESVC_SHUTDOWN_GRACE_SECONDS``, ``CACHESVC_PREFILL_CHUNK``, ``CACHESVC_DISABLE_GPU``) are
@@ -888,7 +888,7 @@ class ServeConfig:
 
 
 # --- the groups ----------------------------------------------------------------------------------
-# Each field of ServeConfig belongs to exactly one group (tests/unit/test_config.py checks it),
+# Each field of ServeConfig belongs to exactly one group (tests/service/test_config.py checks it),
 # as litestar-fullstack splits its settings (lib/settings.py) into one dataclass per concern.
 
 

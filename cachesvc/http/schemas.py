@@ -63,7 +63,7 @@ assert get_args(SortOrder) == SORT_ORDERS
 assert get_args(SkipReason) == SKIP_REASONS
 
 # The Literals below are written out because type checkers need literal text; a unit test
-# (tests/unit/test_registries.py) asserts they equal the registries in inference.build_profile.
+# (tests/service/test_registries.py) asserts they equal the registries in inference.build_profile.
 BackendChoice = Literal["auto", "onnxruntime", "tensorrt"]
 PrecisionChoice = Literal["auto", "fp32", "fp16", "bf16", "int8", "int4"]
 SpeculativeMethod = Literal["eagle3", "mtp", "dflash", "jetspec", "dspark", "ngram", "draft_model"]

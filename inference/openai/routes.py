@@ -1,9 +1,9 @@
 """Thin Litestar routes: auth and admission guard, then hand over to an endpoint.
 
 Under ``/v1``: ``GET /models``, ``GET /models/{id}``, ``POST /completions``,
-``POST /chat/completions``, ``POST /responses``, ``POST /embeddings`` (OpenAI error body) and ``POST /messages``,
-``POST /messages/count_tokens`` (Anthropic error body); at the root: ``POST /tokenize`` and
-``POST /detokenize`` (vLLM's, OpenAI error body).
+``POST /chat/completions``, ``POST /responses``, ``POST /embeddings`` (OpenAI error body) and
+``POST /messages``, ``POST /messages/count_tokens`` (Anthropic error body); at the root:
+``POST /tokenize`` and ``POST /detokenize`` (vLLM's, OpenAI error body).
 
 :func:`openai_router` takes the model pool (the only model source) and builds one endpoint
 object per API surface over it. The POST routes are a table (:class:`Route`: path, body type,

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from cachesvc.default_model import DEFAULT_SERVED_NAME
-from tests.e2e.conftest import READY_TIMEOUT, ServerProcess, cachesvc_command, child_env, free_port
+from tests.service.conftest import READY_TIMEOUT, ServerProcess, cachesvc_command, child_env, free_port
 
 
 def _start(cache_dir: Path, log_path: Path, *flags: str) -> ServerProcess:

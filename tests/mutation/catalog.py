@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tests.mutation.engine import Mutation
 
-MANAGER = "tests/integration/test_manager.py"
+MANAGER = "tests/cache/test_manager.py"
 LIVE = "tests/serving/test_live.py"
 STALE = (
     "tests/trt/test_stale.py::"
@@ -16,7 +16,7 @@ STALE = (
 )
 
 CPU_CLASS = (
-    "tests/integration/test_cpu_class_stale.py::"
+    "tests/cache/test_cpu_class_stale.py::"
     "test_a_bundle_built_for_another_cpu_class_is_stale_refused_and_evicted_first"
 )
 
@@ -146,7 +146,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         tests=(
             f"{MANAGER}::test_bit_flip_caught_by_verify_and_never_served",
             # The load check refuses changed files too; this one's files are intact.
-            "tests/hardening/test_corrupt_bundles.py::test_the_row_state_alone_refuses_a_lease",
+            "tests/cache/test_corrupt_bundles.py::test_the_row_state_alone_refuses_a_lease",
         ),
     ),
     Mutation(
@@ -167,8 +167,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         find=r"return detail",
         replace="return None",
         tests=(
-            "tests/hardening/test_corrupt_bundles.py::test_a_hit_with_flipped_sampled_bytes_is_rebuilt_not_served",
-            "tests/hardening/test_corrupt_bundles.py::"
+            "tests/cache/test_corrupt_bundles.py::test_a_hit_with_flipped_sampled_bytes_is_rebuilt_not_served",
+            "tests/cache/test_corrupt_bundles.py::"
             "test_an_unloaded_model_with_a_flipped_byte_is_refused_at_load_and_rebuilt",
         ),
     ),
@@ -179,7 +179,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         function="CacheLayout.ensure",
         find=r"if foreign:",
         replace="if False:",
-        tests=("tests/hardening/test_reconcile_safety.py::test_a_non_empty_directory_without_cachedir_tag_is_refused",),
+        tests=("tests/cache/test_reconcile_safety.py::test_a_non_empty_directory_without_cachedir_tag_is_refused",),
     ),
     Mutation(
         name="reconcile-deletes-unknown-dirs",
@@ -188,7 +188,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         function="Reconciler.reconcile",
         find=r"moved = self\.store\.quarantine\(scanned\.relpath\)",
         replace="moved = self.store.remove(scanned.relpath)",
-        tests=("tests/hardening/test_reconcile_safety.py::test_reconcile_quarantines_unknown_directories",),
+        tests=("tests/cache/test_reconcile_safety.py::test_reconcile_quarantines_unknown_directories",),
     ),
     Mutation(
         name="digest-skips-weight-samples",
@@ -197,7 +197,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         function="_sample_offsets",
         find=r'"""\n',
         replace='"""\n    return (0, 0, 0)\n',
-        tests=("tests/unit/test_checkpoints.py::test_digest_changes_when_a_sampled_weight_byte_changes",),
+        tests=("tests/cache/test_checkpoints.py::test_digest_changes_when_a_sampled_weight_byte_changes",),
     ),
     # -- keys on the real app -------------------------------------------------------------
     Mutation(
@@ -234,7 +234,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         function="create_app",
         find=r"openai_router\(pool, api_key=config\.api_key\)",
         replace="openai_router(pool, api_key=None)",
-        tests=("tests/e2e/test_openai.py::test_missing_or_wrong_api_key_is_401",),
+        tests=("tests/service/test_openai.py::test_missing_or_wrong_api_key_is_401",),
     ),
     Mutation(
         name="serving-metrics-unwired",
@@ -243,7 +243,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         function="load_startup_runtime",
         find=r"observer = metrics\.serving\.for_model\(config\.served_name\)",
         replace="observer = None",
-        tests=("tests/e2e/test_wiring.py::test_serving_metrics_move_with_a_real_request",),
+        tests=("tests/service/test_wiring.py::test_serving_metrics_move_with_a_real_request",),
     ),
     Mutation(
         name="drain-skipped",
@@ -252,7 +252,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         function="_Server.handle_exit",
         find=r"sig in \(signal\.SIGTERM, signal\.SIGINT\)",
         replace="False",
-        tests=("tests/e2e/test_real_model.py::test_sigterm_drains_a_real_generation_and_releases_the_lease",),
+        tests=("tests/service/test_real_model.py::test_sigterm_drains_a_real_generation_and_releases_the_lease",),
     ),
     Mutation(
         name="admin-accepts-foreign-origin",
@@ -261,7 +261,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         function="_check_browser_rules",
         find=r"if origin is not None:",
         replace="if False:",
-        tests=("tests/hardening/test_browser_requests.py::test_admin_refuses_a_foreign_origin",),
+        tests=("tests/service/test_browser_requests.py::test_admin_refuses_a_foreign_origin",),
     ),
     # -- admission ------------------------------------------------------------------------
     Mutation(
@@ -347,7 +347,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         function="decode",
         find=r"if digest\.digest\(\) != bytes\(view\[shape_end:tok_start\]\):",
         replace="if False:",
-        tests=("tests/unit/test_context_records_on_disk.py::test_a_damaged_record_is_dropped_and_never_used",),
+        tests=("tests/engine/test_context_records_on_disk.py::test_a_damaged_record_is_dropped_and_never_used",),
     ),
     Mutation(
         name="context-disk-cap-ignored",
@@ -356,7 +356,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         function="DiskRecords._evict_locked",
         find=r"while self\._index and self\._bytes \+ incoming > self\.max_bytes:",
         replace="while False:",
-        tests=("tests/unit/test_context_records_on_disk.py::test_the_cap_holds_lru_across_a_restart",),
+        tests=("tests/engine/test_context_records_on_disk.py::test_the_cap_holds_lru_across_a_restart",),
     ),
     Mutation(
         name="context-records-outlive-their-bundle",
@@ -366,7 +366,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         find=r"self\.store\.layout\.remove_context\(item\.bundle_id\)",
         replace="pass",
         tests=(
-            "tests/integration/test_context_records.py::"
+            "tests/cache/test_context_records.py::"
             "test_records_count_in_the_size_and_go_with_their_bundle[sqlite]",
         ),
     ),
