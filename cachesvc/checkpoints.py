@@ -34,6 +34,7 @@ from cachesvc.gguf_checkpoints import (
     split_hub_gguf,
 )
 from cachesvc.hub_errors import at_revision, hub_refused, is_connection_error, is_server_error, unreachable
+from cachesvc.store.manifest import sample_offsets
 
 #: Bumped whenever the digest recipe changes, so old and new digests can never be equal.
 DIGEST_VERSION = 1
@@ -214,9 +215,7 @@ def _content_chunks(f: _CheckpointFile, count: ReadCounter) -> list[bytes]:
     with open(f.path, "rb") as fh:
         if f.relpath.endswith(".safetensors"):
             return _safetensors_chunks(f, fh, count)
-        return [
-            _tag(b"sample", off) + _read_at(fh, off, SAMPLE_BYTES, count) for off in _sample_offsets(f.size)
-        ]
+        return _samples(fh, 0, f.size, count)
 
 
 def _read_metadata(f: _CheckpointFile, count: ReadCounter) -> bytes:
@@ -249,16 +248,15 @@ def _safetensors_chunks(f: _CheckpointFile, fh: BinaryIO, count: ReadCounter) ->
     header = _read_at(fh, 8, header_len, count)
     payload_start = 8 + header_len
     payload_len = f.size - payload_start
-    chunks = [prefix + header]
-    for off in _sample_offsets(payload_len):
-        chunks.append(_tag(b"sample", off) + _read_at(fh, payload_start + off, SAMPLE_BYTES, count))
-    return chunks
+    return [prefix + header, *_samples(fh, payload_start, payload_len, count)]
 
 
-def _sample_offsets(length: int) -> tuple[int, int, int]:
-    """Start, middle and end sample offsets within a region of ``length`` bytes."""
-    last = max(length - SAMPLE_BYTES, 0)
-    return 0, last // 2, last
+def _samples(fh: BinaryIO, start: int, length: int, count: ReadCounter) -> list[bytes]:
+    """The tagged start, middle and end samples of the ``length`` bytes at ``start``."""
+    return [
+        _tag(b"sample", off) + _read_at(fh, start + off, SAMPLE_BYTES, count)
+        for off in sample_offsets(length, SAMPLE_BYTES)
+    ]
 
 
 def _tag(name: bytes, offset: int) -> bytes:

@@ -194,9 +194,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="digest-skips-weight-samples",
         why="the checkpoint digest stops sampling weight bytes, so changed weights hit the old bundle",
         path="cachesvc/checkpoints.py",
-        function="_sample_offsets",
-        find=r'"""\n',
-        replace='"""\n    return (0, 0, 0)\n',
+        function="_samples",
+        find=r"for off in sample_offsets\(length, SAMPLE_BYTES\)",
+        replace="for off in (0, 0, 0)",
         tests=("tests/unit/test_checkpoints.py::test_digest_changes_when_a_sampled_weight_byte_changes",),
     ),
     # -- keys on the real app -------------------------------------------------------------
