@@ -129,8 +129,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="all-bundles-every-node",
         why="the catalog's all_bundles drops its node filter: reconcile and the stale-first "
         "eviction see other nodes' rows (on a shared catalog)",
-        path="cachesvc/catalog/repository.py",
-        function="Catalog.all_bundles",
+        path="cachesvc/catalog/bundles.py",
+        function="BundleTable.all_bundles",
         find=r"\.where\(BundleRow\.node == self\.node\)",
         replace="",
         tests=("tests/fleet/test_own_rows.py",),
