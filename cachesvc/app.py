@@ -337,13 +337,13 @@ def create_app(
 
     ``runtime`` is a model loaded before the app (``serve MODEL``): it joins the pool and stays
     loaded. ``engine_factory`` loads every other model on demand (default: the backend registry)."""
-    metrics = metrics or MetricsState(manager)
+    metrics = metrics or MetricsState(manager.queries)
     pool = pool or make_pool(config, manager, runtime=runtime, metrics=metrics, engine_factory=engine_factory)
 
     @get("/health", sync_to_thread=False, tags=["health"], summary="Liveness, load and capabilities")
     def health() -> dict[str, Any]:
         body = pool.health()
-        body["catalog"] = manager.catalog_state().to_dict()  # last known: /health never waits on it
+        body["catalog"] = manager.queries.catalog_state().to_dict()  # last known: /health never waits on it
         return body
 
     @get(
@@ -510,7 +510,7 @@ class _BundleWatch:
         self.interval = interval
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poller: asyncio.Task[None] | None = None
-        manager.add_corrupt_listener(self._on_corrupt)
+        manager.verifier.add_corrupt_listener(self._on_corrupt)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -602,11 +602,11 @@ def serve(
     except CacheError as exc:
         log.error("cannot open the cache: %s", _describe(exc))
         return 1
-    metrics = MetricsState(manager)
+    metrics = MetricsState(manager.queries)
     runtime: Runtime | None = None
     is_default = False
     try:
-        report = manager.reconcile()
+        report = manager.reconciler.reconcile()
         log.info(
             "reconcile: adopted %d, forgotten %d, staging removed %d, stale %d, ready again %d",
             len(report.adopted),
@@ -616,7 +616,7 @@ def serve(
             len(report.restored),
         )
         if config.clear_engine_cache:
-            cleared = manager.clear()
+            cleared = manager.evictor.clear()
             log.info("--clear-engine-cache: removed %d bundles", len(cleared.evicted))
         if config.model is None and default_model is not None:
             # A first run (no ready bundle) prepares the default model; a later run whose catalog
@@ -624,8 +624,8 @@ def serve(
             # build flags given (--max-input-len, --speculative-config, ...) apply to its bundle
             # (a hit when they name the profile it has). A catalog without it is served as it is.
             model, name = default_model()
-            empty = not manager.list_bundles(state="ready", limit=1).items
-            if empty or manager.list_bundles(state="ready", model=model, limit=1).items:
+            empty = not manager.queries.list_bundles(state="ready", limit=1).items
+            if empty or manager.queries.list_bundles(state="ready", model=model, limit=1).items:
                 log.info("no model given: serving the default model %s%s", model,
                          "" if empty else " and the catalog")
                 is_default = True

@@ -162,8 +162,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="hit-skips-quick-check",
         why="a cache hit or an engine load takes a bundle whose sampled bytes no longer match its "
         "manifest (the quick check always passes)",
-        path="cachesvc/manager.py",
-        function="CacheManager._load_check",
+        path="cachesvc/verification.py",
+        function="BundleVerifier.load_check",
         find=r"return detail",
         replace="return None",
         tests=(
