@@ -41,9 +41,9 @@ from cachesvc.fleet import NodeAgent
 from cachesvc.http.admin import admin_router
 from cachesvc.http.auth import admin_guard
 from cachesvc.http.dashboard import dashboard_router
-from cachesvc.http.engines import engines_router
 from cachesvc.http.errors import admin_exception_handlers
 from cachesvc.http.metrics import MetricsState, metrics_route
+from cachesvc.http.serving import serving_router
 from cachesvc.manager import BundleLease, CacheManager, CombinedLease
 from cachesvc.records import PrepareResult
 from cachesvc.served_models import CatalogModels
@@ -412,7 +412,7 @@ def create_app(
         ready,
         admin_router(admin_api_key=config.admin_api_key, model_roots=config.model_roots()),
         dashboard_router(),
-        engines_router(admin_api_key=config.admin_api_key),
+        serving_router(admin_api_key=config.admin_api_key),
         metrics_route(metrics, admin_api_key=config.admin_api_key),
         openai_router(pool, api_key=config.api_key),
     ]

@@ -1,4 +1,5 @@
-"""``/admin/engines`` (what is loaded in this server) and ``/admin/models`` (served names).
+"""What this server serves: ``/admin/engines`` (the engines loaded in it) and ``/admin/models``
+(the served names they answer to).
 
 As ``ollama ps`` / ``ollama run --keepalive`` / ``ollama stop``: list the loaded engines with
 their names, bundle, memory and expiry; preload one with a keep-alive; unload one (after its
@@ -262,7 +263,7 @@ class ModelController(Controller):
         pool.forget_name(name)
 
 
-def engines_router(*, admin_api_key: str | None) -> Router:
+def serving_router(*, admin_api_key: str | None) -> Router:
     """``/admin/engines`` and ``/admin/models`` with the admin guard and error mapping.
 
     The app provides the ``manager`` and ``pool`` dependencies."""
@@ -279,4 +280,4 @@ def engines_router(*, admin_api_key: str | None) -> Router:
     return router
 
 
-__all__ = ["engines_router"]
+__all__ = ["serving_router"]
