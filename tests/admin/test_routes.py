@@ -441,7 +441,7 @@ def test_unexpected_error_is_a_500_problem_not_a_crash(
     def broken(*_: object) -> None:
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(manager, "stats", broken)
+    monkeypatch.setattr(manager.queries, "stats", broken)
     body = problem(make_client().get("/admin/stats"))
     assert body["status"] == 500 and "disk on fire" in body["detail"]
 
