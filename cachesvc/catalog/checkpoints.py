@@ -71,18 +71,7 @@ class CheckpointTable(CatalogBase):
             by_digest: dict[str, list[str]] = {}
             for bid, digest in session.execute(select(BundleRow.id, BundleRow.checkpoint_digest)):
                 by_digest.setdefault(digest, []).append(bid)
-            return [
-                CheckpointInfo(
-                    digest=r.digest,
-                    source=r.source,
-                    path=Path(r.path),
-                    size_bytes=r.size_bytes,
-                    file_count=r.file_count,
-                    resolved_at=r.resolved_at,
-                    bundle_ids=tuple(sorted(by_digest.get(r.digest, []))),
-                )
-                for r in rows
-            ]
+            return [_checkpoint_info(r, tuple(sorted(by_digest.get(r.digest, [])))) for r in rows]
 
     def checkpoint_row(self, digest: str) -> tuple[CheckpointInfo, str] | None:
         """One checkpoint (without bundle ids) and the node whose disk its path is on, or None."""
@@ -90,15 +79,7 @@ class CheckpointTable(CatalogBase):
             r = session.get(CheckpointRow, digest)
             if r is None:
                 return None
-            info = CheckpointInfo(
-                digest=r.digest,
-                source=r.source,
-                path=Path(r.path),
-                size_bytes=r.size_bytes,
-                file_count=r.file_count,
-                resolved_at=r.resolved_at,
-            )
-            return info, r.node
+            return _checkpoint_info(r), r.node
 
     def checkpoint_bundles(self, digest: str) -> list[BundleInfo]:
         """Every node's bundles built from checkpoint ``digest``, or with it as their draft."""
@@ -128,3 +109,15 @@ class CheckpointTable(CatalogBase):
         """Number of resolved checkpoints."""
         with self._read() as session:
             return int(session.scalar(select(func.count()).select_from(CheckpointRow)) or 0)
+
+
+def _checkpoint_info(r: CheckpointRow, bundle_ids: tuple[str, ...] = ()) -> CheckpointInfo:
+    return CheckpointInfo(
+        digest=r.digest,
+        source=r.source,
+        path=Path(r.path),
+        size_bytes=r.size_bytes,
+        file_count=r.file_count,
+        resolved_at=r.resolved_at,
+        bundle_ids=bundle_ids,
+    )
