@@ -155,7 +155,6 @@ class CacheManager:
         )
         return ckpt
 
-
     def catalog_bundle_id(self, model: str, request: ProfileRequest) -> str:
         """The id the bundle of ``model`` built with ``request`` has, from the catalog alone: no
         hashing, no download, no row written. NotFoundError when a checkpoint (``model`` or the
@@ -205,12 +204,9 @@ class CacheManager:
         return self._prepare(model, request or ProfileRequest(), progress or _noop_progress, None)
 
     def _prepare(
-        self,
-        model: str,
-        request: ProfileRequest,
-        progress: ProgressFn,
-        track: Build | None,
+        self, model: str, request: ProfileRequest, progress: ProgressFn, track: Build | None
     ) -> PrepareResult:
+        """The bundle of ``model`` and, for a speculative method with a draft engine, the draft's."""
         result = self._prepare_bundle(model, request, progress, track)
         if request.speculative_method in METHODS_WITH_DRAFT_BUNDLE and request.draft_model is not None:
             # The draft runs as an engine of its own: a bundle of the draft checkpoint with the
@@ -220,12 +216,9 @@ class CacheManager:
         return result
 
     def _prepare_bundle(
-        self,
-        model: str,
-        request: ProfileRequest,
-        progress: ProgressFn,
-        track: Build | None,
+        self, model: str, request: ProfileRequest, progress: ProgressFn, track: Build | None
     ) -> PrepareResult:
+        """One bundle: a hit, or a build under its exclusive lock (``track``: a background build)."""
         progress("resolve", 0.0)
         ckpt = self.resolve(model)
         draft = self.resolve(request.draft_model) if request.draft_model else None

@@ -31,6 +31,7 @@ class LeaseTable(CatalogBase):
                     LeaseRow.bundle_id == bundle_id, LeaseRow.node == self.node, LeaseRow.pid == pid
                 )
             )
+
     def leases(self, bundle_id: str, *, node: str | None = None) -> list[LeaseHolder]:
         """Recorded holders of this node's (or ``node``'s) copy of a bundle (rows may be stale)."""
         with self._read() as session:
