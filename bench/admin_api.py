@@ -330,7 +330,7 @@ def plan_eviction(url: str, cache_dir: Path, rows: int, repeats: int = 5) -> tup
         times, planned = [], 0
         for _ in range(repeats):
             t0 = time.perf_counter()
-            plan = manager.plan_eviction(cap)
+            plan = manager.evictor.plan(cap)
             times.append((time.perf_counter() - t0) * 1000)
             planned = len(plan.evict)
         return statistics.median(times), planned

@@ -93,7 +93,7 @@ def planning(root: Path, rows: int, repeat: int = 5) -> tuple[float, float, int]
     plan = None
     for _ in range(repeat):
         t = time.perf_counter()
-        plan = m.plan_eviction(cap)
+        plan = m.evictor.plan(cap)
         times.append((time.perf_counter() - t) * 1000)
     assert plan is not None
     t = time.perf_counter()

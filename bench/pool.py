@@ -61,7 +61,7 @@ def prepare(work: Path, size: str) -> tuple[Path, dict[str, str]]:
         subprocess.run([*_cli(), "--cache-dir", str(cache), "prepare", str(ckpt), *PROFILE], check=True)
     manager = CacheManager.open(cache, max_size_bytes=10**13)
     try:
-        for b in manager.list_bundles(state="ready").items:
+        for b in manager.queries.list_bundles(state="ready").items:
             names[b.model] = b.id
     finally:
         manager.close()

@@ -33,9 +33,9 @@ from cachesvc.fleet import NodeAgent
 from cachesvc.http.admin import admin_router
 from cachesvc.http.auth import admin_guard
 from cachesvc.http.dashboard import dashboard_router
-from cachesvc.http.engines import engines_router
 from cachesvc.http.errors import admin_exception_handlers
 from cachesvc.http.metrics import MetricsState, metrics_route
+from cachesvc.http.serving import serving_router
 from cachesvc.manager import CacheManager
 from cachesvc.model_loading import EngineFactory, Runtime, make_pool
 from inference.model_pool import ModelPool
@@ -62,13 +62,13 @@ def create_app(
 
     ``runtime`` is a model loaded before the app (``serve MODEL``): it joins the pool and stays
     loaded. ``engine_factory`` loads every other model on demand (default: the backend registry)."""
-    metrics = metrics or MetricsState(manager)
+    metrics = metrics or MetricsState(manager.queries)
     pool = pool or make_pool(config, manager, runtime=runtime, metrics=metrics, engine_factory=engine_factory)
 
     @get("/health", sync_to_thread=False, tags=["health"], summary="Liveness, load and capabilities")
     def health() -> dict[str, Any]:
         body = pool.health()
-        body["catalog"] = manager.catalog_state().to_dict()  # last known: /health never waits on it
+        body["catalog"] = manager.queries.catalog_state().to_dict()  # last known: /health never waits on it
         return body
 
     @get(
@@ -137,7 +137,7 @@ def create_app(
         ready,
         admin_router(admin_api_key=config.admin_api_key, model_roots=config.model_roots()),
         dashboard_router(),
-        engines_router(admin_api_key=config.admin_api_key),
+        serving_router(admin_api_key=config.admin_api_key),
         metrics_route(metrics, admin_api_key=config.admin_api_key),
         openai_router(pool, api_key=config.api_key),
     ]

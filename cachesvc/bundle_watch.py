@@ -33,7 +33,7 @@ class BundleWatch:
         self.interval = interval
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poller: asyncio.Task[None] | None = None
-        manager.add_corrupt_listener(self._on_corrupt)
+        manager.verifier.add_corrupt_listener(self._on_corrupt)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from cachesvc.errors import CheckpointError, HubUnreachableError
+from cachesvc.errors import CheckpointError, ConfigError, HubUnreachableError
 from cachesvc.gguf_checkpoints import (
     CONVERTED_GGUF_FILE,
+    GGUF_SUFFIX,
     convert_once,
     download_gguf,
     gguf_digest,
@@ -34,6 +35,7 @@ from cachesvc.gguf_checkpoints import (
     split_hub_gguf,
 )
 from cachesvc.hub_errors import at_revision, hub_refused, is_connection_error, is_server_error, unreachable
+from cachesvc.store.manifest import sample_offsets
 
 #: Bumped whenever the digest recipe changes, so old and new digests can never be equal.
 DIGEST_VERSION = 1
@@ -214,9 +216,7 @@ def _content_chunks(f: _CheckpointFile, count: ReadCounter) -> list[bytes]:
     with open(f.path, "rb") as fh:
         if f.relpath.endswith(".safetensors"):
             return _safetensors_chunks(f, fh, count)
-        return [
-            _tag(b"sample", off) + _read_at(fh, off, SAMPLE_BYTES, count) for off in _sample_offsets(f.size)
-        ]
+        return _samples(fh, 0, f.size, count)
 
 
 def _read_metadata(f: _CheckpointFile, count: ReadCounter) -> bytes:
@@ -249,16 +249,15 @@ def _safetensors_chunks(f: _CheckpointFile, fh: BinaryIO, count: ReadCounter) ->
     header = _read_at(fh, 8, header_len, count)
     payload_start = 8 + header_len
     payload_len = f.size - payload_start
-    chunks = [prefix + header]
-    for off in _sample_offsets(payload_len):
-        chunks.append(_tag(b"sample", off) + _read_at(fh, payload_start + off, SAMPLE_BYTES, count))
-    return chunks
+    return [prefix + header, *_samples(fh, payload_start, payload_len, count)]
 
 
-def _sample_offsets(length: int) -> tuple[int, int, int]:
-    """Start, middle and end sample offsets within a region of ``length`` bytes."""
-    last = max(length - SAMPLE_BYTES, 0)
-    return 0, last // 2, last
+def _samples(fh: BinaryIO, start: int, length: int, count: ReadCounter) -> list[bytes]:
+    """The tagged start, middle and end samples of the ``length`` bytes at ``start``."""
+    return [
+        _tag(b"sample", off) + _read_at(fh, start + off, SAMPLE_BYTES, count)
+        for off in sample_offsets(length, SAMPLE_BYTES)
+    ]
 
 
 def _tag(name: bytes, offset: int) -> bytes:
@@ -583,4 +582,80 @@ def _remove_hub_revision(checkpoints_dir: Path, snapshot: Path, commit: str) -> 
                 strategy = info.delete_revisions(commit)
                 strategy.execute()
                 return int(strategy.expected_freed_size)
+    return None
+
+
+#: Entries a local checkpoint directory may hold for the allowed-roots check (a checkpoint has
+#: tens of files; bounding the walk keeps a request from listing a huge tree).
+MAX_CHECKPOINT_ENTRIES = 10_000
+
+
+def check_model_name(field: str, model: str, allowed_roots: tuple[Path, ...] | None) -> None:
+    """A hub id (or ``org/name/FILE.gguf``), or a local checkpoint under an allowed root: a
+    directory with ``config.json``, a ``.gguf`` file, or a directory holding one.
+
+    Paths are compared resolved (``..`` and links followed): the path given and, for a
+    directory, every file and link in it, since the build opens them; a link inside an allowed
+    root that leads out of every root is refused like a path outside."""
+    if not looks_like_path(model):
+        if any(part in ("", ".", "..") or "\\" in part for part in model.split("/")):
+            raise ConfigError(
+                field, f"{model!r} has an empty, '.' or '..' component; name a hub model or file plainly"
+            )
+        hub_gguf = split_hub_gguf(model)
+        if not is_hub_id(hub_gguf[0] if hub_gguf else model):
+            raise ConfigError(
+                field,
+                f"{model!r} is not a Hugging Face model id ('org/name': letters, digits, '-', '_', '.'; "
+                "or 'org/name/FILE.gguf') nor an existing directory",
+            )
+        return
+    path = Path(model).expanduser().resolve()
+    if allowed_roots is not None:
+        roots = tuple(root.resolve() for root in allowed_roots)
+        listed = ", ".join(str(r) for r in allowed_roots)
+        if not _inside_any(path, roots):
+            raise ConfigError(
+                field,
+                f"{model!r} is outside the directories builds may read ({listed}); move the checkpoint "
+                "there or start the server with --allowed-model-roots",
+            )
+        if path.is_dir():
+            escaping = _link_out_of(path, roots)
+            if escaping is not None:
+                raise ConfigError(field, f"{model!r} holds {escaping} ({listed})")
+    if path.is_file() and path.name.endswith(GGUF_SUFFIX):
+        return
+    if not path.is_dir():
+        raise CheckpointError(f"no such directory: {model}")
+    if not (path / "config.json").is_file() and local_gguf(path) is None:
+        raise CheckpointError(
+            f"{model} has no config.json and no .gguf file; pass a Hugging Face checkpoint directory "
+            "(config.json next to the weights) or a GGUF file"
+        )
+
+
+def _inside_any(path: Path, roots: tuple[Path, ...]) -> bool:
+    return any(path.is_relative_to(root) for root in roots)
+
+
+def _link_out_of(directory: Path, roots: tuple[Path, ...]) -> str | None:
+    """Why ``directory`` cannot be read within ``roots``: its first link that resolves outside
+    them (or too many entries to check); None when every entry is inside. Links to
+    directories are checked, not descended into."""
+    seen = 0
+    for parent, dirs, files in os.walk(directory, followlinks=False):
+        for name in (*dirs, *files):
+            seen += 1
+            if seen > MAX_CHECKPOINT_ENTRIES:
+                return (
+                    f"more than {MAX_CHECKPOINT_ENTRIES} files: not a checkpoint directory, and too "
+                    "many to check against the directories builds may read"
+                )
+            entry = Path(parent, name)
+            if entry.is_symlink() and not _inside_any(entry.resolve(), roots):
+                return (
+                    f"{entry.relative_to(directory)}, a link leading outside the directories builds "
+                    "may read; replace the link with the file itself"
+                )
     return None

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cachesvc import __version__
 from cachesvc.config import (
@@ -33,6 +33,9 @@ from cachesvc.records import BUNDLE_STATES, SORT_KEYS, SORT_ORDERS, BundleInfo, 
 from inference.build_profile import BACKENDS
 from inference.demo import ARCHS as DEMO_ARCHS
 from inference.demo import SIZES as DEMO_SIZES
+
+if TYPE_CHECKING:
+    from cachesvc.manager import CacheManager
 
 log = logging.getLogger("cachesvc.cli")
 
@@ -112,7 +115,7 @@ def _cache_config(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig.from_mapping({k: v for k, v in given.items() if v is not None})
 
 
-def _manager(args: argparse.Namespace) -> Any:
+def _manager(args: argparse.Namespace) -> CacheManager:
     from cachesvc.entry import open_cache
 
     return open_cache(_cache_config(args))
@@ -158,7 +161,7 @@ def _log_progress(stage: str, fraction: float) -> None:
 
 def cmd_bundles_ls(args: argparse.Namespace) -> int:
     m = _manager(args)
-    page = m.list_bundles(
+    page = m.queries.list_bundles(
         model=args.model,
         state=args.state,
         backend=args.backend,
@@ -200,7 +203,7 @@ def _short_model(model: str) -> str:
 
 def cmd_bundles_show(args: argparse.Namespace) -> int:
     m = _manager(args)
-    d = m.bundle_detail(args.id)
+    d = m.queries.bundle_detail(args.id)
     if args.json:
         data = to_jsonable(d)
         data["bundle"]["path"] = str(m.layout.root / d.bundle.path)
@@ -254,33 +257,36 @@ def _quality_line(q: dict[str, Any]) -> str:
 
 
 def cmd_bundles_rm(args: argparse.Namespace) -> int:
-    freed = _manager(args).remove(args.id)
+    freed = _manager(args).evictor.remove(args.id)
     print(f"removed {args.id}, freed {human_size(freed)}")
     return 0
 
 
-def cmd_bundles_pin(args: argparse.Namespace) -> int:
-    info = _manager(args).pin(args.id)
-    print(f"pinned {info.id}")
-    return 0
+def _pin_command(pinned: bool) -> Callable[[argparse.Namespace], int]:
+    """``bundles pin`` (``pinned``) or ``bundles unpin``."""
+
+    def run(args: argparse.Namespace) -> int:
+        info = _manager(args).catalog.set_pinned(args.id, pinned)
+        print(f"{'pinned' if pinned else 'unpinned'} {info.id}")
+        return 0
+
+    return run
 
 
-def cmd_bundles_unpin(args: argparse.Namespace) -> int:
-    info = _manager(args).unpin(args.id)
-    print(f"unpinned {info.id}")
-    return 0
+cmd_bundles_pin = _pin_command(True)
+cmd_bundles_unpin = _pin_command(False)
 
 
 def cmd_bundles_verify(args: argparse.Namespace) -> int:
     m = _manager(args)
-    result = m.verify(args.id)
+    result = m.verifier.verify(args.id)
     if args.json:
         emit_json(result)
     elif result.ok and result.state == "stale":
         print(
             f"{result.bundle_id}: files ok, but STALE (built for another GPU or TensorRT version; "
             "never loaded here, evicted first): "
-            f"{m.get_bundle(result.bundle_id).error}"
+            f"{m.queries.get_bundle(result.bundle_id).error}"
         )
     elif result.ok:
         print(f"{result.bundle_id}: ok ({result.files_checked} files, {human_size(result.bytes_checked)})")
@@ -339,18 +345,18 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if args.max_size_bytes is not None and args.max_size_bytes < 0:
         raise ConfigError("--max-size-bytes", f"must not be negative, got {args.max_size_bytes}")
     m = _manager(args)
-    _print_eviction(m.prune(args.max_size_bytes, dry_run=args.dry_run), args.json, m.layout.root)
+    _print_eviction(m.evictor.prune(args.max_size_bytes, dry_run=args.dry_run), args.json, m.layout.root)
     return 0
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
     m = _manager(args)
-    _print_eviction(m.clear(dry_run=args.dry_run), args.json, m.layout.root)
+    _print_eviction(m.evictor.clear(dry_run=args.dry_run), args.json, m.layout.root)
     return 0
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    report = _manager(args).reconcile()
+    report = _manager(args).reconciler.reconcile()
     if args.json:
         emit_json(report)
     else:
@@ -363,7 +369,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    s = _manager(args).stats()
+    s = _manager(args).queries.stats()
     if args.json:
         data = to_jsonable(s)
         data.pop("build_seconds", None)
@@ -404,7 +410,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_models_ls(args: argparse.Namespace) -> int:
-    items = _manager(args).aliases()
+    items = _manager(args).queries.aliases()
     if args.json:
         emit_json(items)
         return 0
@@ -417,7 +423,7 @@ def cmd_models_alias(args: argparse.Namespace) -> int:
     manager = _manager(args)
     target: str = args.target
     try:
-        manager.get_bundle(target)
+        manager.queries.get_bundle(target)
         alias = manager.set_alias(args.name, bundle_id=target)
     except NotFoundError:
         alias = manager.set_alias(args.name, model=target)
@@ -426,13 +432,13 @@ def cmd_models_alias(args: argparse.Namespace) -> int:
 
 
 def cmd_models_unalias(args: argparse.Namespace) -> int:
-    _manager(args).remove_alias(args.name)
+    _manager(args).catalog.remove_alias(args.name)
     print(f"removed {args.name}")
     return 0
 
 
 def cmd_checkpoints_ls(args: argparse.Namespace) -> int:
-    items = _manager(args).list_checkpoints()
+    items = _manager(args).queries.list_checkpoints()
     if args.json:
         emit_json(items)
         return 0
@@ -490,7 +496,7 @@ def cmd_db_repair(args: argparse.Namespace) -> int:
     moved = move_sqlite_aside(url)
     manager = _manager(args)
     try:
-        report = manager.reconcile()
+        report = manager.reconciler.reconcile()
     finally:
         manager.close()
     where = f"moved the old catalog to {moved}; " if moved is not None else ""

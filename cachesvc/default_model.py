@@ -99,8 +99,8 @@ def startup_config(
     profile it has). A catalog without it is served as it is (None). ``default_model()`` names
     it (:func:`choose`)."""
     model, name = default_model()
-    empty = not manager.list_bundles(state="ready", limit=1).items
-    if not empty and not manager.list_bundles(state="ready", model=model, limit=1).items:
+    empty = not manager.queries.list_bundles(state="ready", limit=1).items
+    if not empty and not manager.queries.list_bundles(state="ready", model=model, limit=1).items:
         return None
     log.info("no model given: serving the default model %s%s", model, "" if empty else " and the catalog")
     return dataclasses.replace(config, model=model, served_model_name=config.served_model_name or name)

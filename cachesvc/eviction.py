@@ -11,14 +11,18 @@ pinned or leased since the plan was made is skipped, never deleted. Every evicti
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from itertools import chain
 from pathlib import Path
 
 from cachesvc.catalog import Catalog
-from cachesvc.errors import ConfigError, LeasedError, PinnedError
+from cachesvc.checkpoints import owned_checkpoint_path, remove_checkpoint_files
+from cachesvc.errors import CacheError, ConfigError, ConflictError, LeasedError, PinnedError
 from cachesvc.records import (
+    CheckpointInfo,
+    CheckpointRemoval,
     EvictionPlan,
     EvictionResult,
     LeaseHolder,
@@ -26,6 +30,8 @@ from cachesvc.records import (
     SkippedBundle,
 )
 from cachesvc.store import BundleStore
+
+log = logging.getLogger("cachesvc.eviction")
 
 #: (id, size, last_used_at, pinned, path) of an eviction candidate.
 _Row = tuple[str, int, datetime | None, bool, str]
@@ -171,6 +177,82 @@ class Evictor:
         """Remove every idle bundle (pinned and leased ones stay). Checkpoints are never touched."""
         plan = self.plan(0, reason="clear")
         return dry_result(plan) if dry_run else self.execute(plan)
+
+    def remove_checkpoint(self, ckpt: CheckpointInfo, *, with_bundles: bool = False) -> CheckpointRemoval:
+        """Remove a checkpoint from the cache: its catalog row, its files when they are the
+        cache's own (a hub download or converted GGUF under ``checkpoints/``; a user's directory
+        is only forgotten) and, with ``with_bundles``, this node's bundles of it (those built
+        from it and those that use it as their speculative draft).
+
+        Refused (ConflictError, nothing changed) while a bundle of it is pinned or leased, when
+        it has bundles and ``with_bundles`` is false, or when other nodes hold bundles of it
+        (their files are on their disks: remove those there first). Events: ``evict`` (reason
+        ``manual``) per bundle, then ``checkpoint_rm`` with the bytes deleted.
+        """
+        digest, short, layout = ckpt.digest, ckpt.digest[:16], self.store.layout
+        bundles = self.catalog.checkpoint_bundles(digest)
+        mine = [b for b in bundles if b.node == self.catalog.node]
+        others = sorted({b.node for b in bundles if b.node != self.catalog.node})
+        pinned = [b.id for b in mine if b.pinned]
+        if pinned:
+            raise PinnedError(
+                f"checkpoint {short} has {len(pinned)} pinned bundle(s) ({', '.join(pinned)}); "
+                "unpin them first (`cachesvc bundles unpin ID`)"
+            )
+        leased = [b.id for b in mine if self.store.locks.is_locked(b.id)]
+        if leased:
+            holders = [h for bid in leased for h in self._holders(bid)]
+            who = ", ".join(f"pid {h.pid} on {h.host}" for h in holders) or "another process"
+            raise LeasedError(
+                f"checkpoint {short} has bundle(s) in use ({', '.join(leased)}) by {who}; "
+                "stop serving them first",
+                holders=[{"pid": h.pid, "host": h.host, "since": h.since} for h in holders],
+            )
+        if others:
+            raise ConflictError(
+                f"checkpoint {short} has bundles on other nodes ({', '.join(others)}); remove them "
+                "there first (a node only deletes files on its own disk)",
+                reason="other_nodes",
+            )
+        if mine and not with_bundles:
+            raise ConflictError(
+                f"checkpoint {short} has {len(mine)} bundle(s) ({', '.join(b.id for b in mine)}); "
+                "remove them with it: --with-bundles (CLI) or ?with_bundles=true (HTTP)",
+                reason="has_bundles",
+            )
+        removed: list[str] = []
+        bundle_bytes = 0
+        for b in mine:
+            # Re-checks pin and lease under the bundle's exclusive lock (a lease may have
+            # started since): a conflict stops here with the checkpoint row still in place.
+            bundle_bytes += self.remove(b.id)
+            removed.append(b.id)
+        row = self.catalog.checkpoint_row(digest)
+        owned = (
+            row is not None
+            and row[1] == self.catalog.node
+            and owned_checkpoint_path(layout.checkpoints, ckpt.path)
+        )
+        file_bytes = 0
+        if owned:
+            try:
+                file_bytes = remove_checkpoint_files(layout.checkpoints, layout.trash, ckpt.path)
+            except OSError as exc:
+                raise CacheError(f"could not delete checkpoint {short} at {ckpt.path}: {exc}") from exc
+            detail = f"deleted {ckpt.path}"
+        else:
+            detail = f"forgotten; files at {ckpt.path} left in place (not the cache's own)"
+        self.catalog.delete_checkpoint(digest, nbytes=file_bytes, detail=detail)
+        log.info("checkpoint %s removed (%s; %d bundle(s))", short, detail, len(removed))
+        return CheckpointRemoval(
+            digest=digest,
+            source=ckpt.source,
+            path=ckpt.path,
+            bundles_removed=tuple(removed),
+            bundle_bytes=bundle_bytes,
+            files_deleted=owned,
+            file_bytes=file_bytes,
+        )
 
 
 def dry_result(plan: EvictionPlan) -> EvictionResult:

@@ -35,6 +35,7 @@ from cachesvc.errors import CheckpointError
 from cachesvc.store.bundles import fix_modes_and_fsync
 from cachesvc.store.layout import fsync_dir, make_dirs
 from cachesvc.store.locks import BundleLocks
+from cachesvc.store.manifest import sample_offsets
 
 log = logging.getLogger("cachesvc.checkpoints")
 
@@ -115,8 +116,7 @@ def gguf_digest(path: Path, *, read_counter: Callable[[int], None] | None = None
             for part in (f"cachesvc-gguf-digest-v{GGUF_DIGEST_VERSION}".encode(), struct.pack("<Q", size)):
                 h.update(struct.pack("<Q", len(part)) + part)
             h.update(mm[:data_start])
-            last = max(size - data_start - SAMPLE_BYTES, 0)
-            for off in (0, last // 2, last):
+            for off in sample_offsets(size - data_start, SAMPLE_BYTES):
                 start = data_start + off
                 h.update(struct.pack("<Q", off) + mm[start:start + SAMPLE_BYTES])
     if read_counter is not None:

@@ -60,11 +60,11 @@ class CatalogModels:
         bid = self.startup.get(name)
         if bid is not None:
             return self._ready(name, self._bundle(name, bid))
-        alias = next((a for a in self.manager.aliases() if a.name == name), None)
+        alias = next((a for a in self.manager.queries.aliases() if a.name == name), None)
         if alias is not None:
             return self._alias(alias)
         try:
-            info = self.manager.get_bundle(name)
+            info = self.manager.queries.get_bundle(name)
         except NotFoundError:
             info = None
         if info is not None:
@@ -89,7 +89,7 @@ class CatalogModels:
         return self._latest(name, models.pop())
 
     def _ready_bundles(self) -> Sequence[BundleInfo]:
-        return self.manager.list_bundles(  # this node's bundles: their files are on this disk
+        return self.manager.queries.list_bundles(  # this node's bundles: their files are on this disk
             state="ready", node=self.manager.node, sort="last_used", order="desc", limit=LIST_LIMIT
         ).items
 
@@ -104,7 +104,7 @@ class CatalogModels:
 
     def _bundle(self, name: str, bid: str) -> BundleInfo:
         try:
-            return self.manager.get_bundle(bid)
+            return self.manager.queries.get_bundle(bid)
         except NotFoundError:
             raise ModelNotFoundError(
                 f"the model {name!r} names bundle {bid}, which is no longer in the catalog; "
@@ -115,7 +115,7 @@ class CatalogModels:
     def _latest(self, name: str, model: str) -> ModelRef | None:
         """The most recently used ready bundle of checkpoint ``model``; None when the catalog has
         no bundle of it; 404 with a build hint when it has some but none is ready."""
-        page = self.manager.list_bundles(
+        page = self.manager.queries.list_bundles(
             model=model, node=self.manager.node, sort="last_used", order="desc", limit=50
         )
         matches = [b for b in page.items if b.model == model]
@@ -136,7 +136,7 @@ class CatalogModels:
         return self._ref(name, info)
 
     def _ref(self, name: str, info: BundleInfo) -> ModelRef:
-        bundle_dir = self.manager.bundle_dir(info)
+        bundle_dir = self.manager.queries.bundle_dir(info)
         from inference.runtime.registry import memory_estimate
 
         try:
@@ -144,7 +144,7 @@ class CatalogModels:
         except Exception:  # an unreadable engine.json fails at load with the real reason
             memory = int(info.size_bytes)
         profile = info.profile
-        draft = self.manager.draft_bundle(info)
+        draft = self.manager.queries.draft_bundle(info)
         return ModelRef(
             name=name,
             bundle_id=info.id,
@@ -153,7 +153,7 @@ class CatalogModels:
             precision=str(profile.get("precision", "")),
             max_model_len=int(profile.get("max_kv_cache_capacity", 0) or 0),
             memory_bytes=memory,
-            draft_bundle_dir=self.manager.bundle_dir(draft) if draft is not None else None,
+            draft_bundle_dir=self.manager.queries.bundle_dir(draft) if draft is not None else None,
         )
 
     # -- listing -------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ class CatalogModels:
         for name, bid in self.startup.items():
             if not _is_path(name):  # the model argument given as a directory
                 add(name, by_id.get(bid))
-        for alias in self.manager.aliases():
+        for alias in self.manager.queries.aliases():
             if alias.bundle_id is not None:
                 add(alias.name, by_id.get(alias.bundle_id))
             else:
@@ -210,7 +210,7 @@ class CatalogModels:
     def _lease(self, bundle_id: str) -> BundleLease:
         lease = self.manager.lease(bundle_id)
         try:
-            draft = self.manager.draft_bundle(lease.bundle)
+            draft = self.manager.queries.draft_bundle(lease.bundle)
             return lease if draft is None else CombinedLease(lease, self.manager.lease(draft.id))
         except BaseException:
             lease.release()
@@ -220,9 +220,9 @@ class CatalogModels:
         """Append a load/unload event to the catalog's audit log (skipped while the catalog is
         down: the outage is logged once by its health tracker, serving goes on)."""
         with suppress(CatalogUnavailableError):
-            self.manager.record_engine_event(
+            self.manager.catalog.add_event(
                 kind,
-                bundle_id,
+                bundle_id=bundle_id,
                 model=detail.get("model"),
                 reason=detail.get("reason"),
                 seconds=detail.get("seconds"),

@@ -76,11 +76,11 @@ def serve(
     except CacheError as exc:
         log.error("cannot open the cache: %s", _describe(exc))
         return 1
-    metrics = MetricsState(manager)
+    metrics = MetricsState(manager.queries)
     runtime: Runtime | None = None
     is_default = False
     try:
-        report = manager.reconcile()
+        report = manager.reconciler.reconcile()
         log.info(
             "reconcile: adopted %d, forgotten %d, staging removed %d, stale %d, ready again %d",
             len(report.adopted),
@@ -90,7 +90,7 @@ def serve(
             len(report.restored),
         )
         if config.clear_engine_cache:
-            cleared = manager.clear()
+            cleared = manager.evictor.clear()
             log.info("--clear-engine-cache: removed %d bundles", len(cleared.evicted))
         if config.model is None and default_model is not None:
             chosen = startup_config(config, manager, default_model)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cachesvc.checkpoints import check_model_name
 from cachesvc.errors import CacheError, NotFoundError
 from cachesvc.fleet_records import DONE_ITEM_STATES, DesiredBundle, DesiredState, ItemStatus
 from cachesvc.manager import CacheManager
@@ -88,10 +89,10 @@ class Converger:
                 for field in ("model", "draft_model"):
                     value = bundle.model if field == "model" else bundle.profile.get("draft_model")
                     if value is not None:
-                        self.manager.check_model(field, str(value), self.allowed_roots)
+                        check_model_name(field, str(value), self.allowed_roots)
                 result = self.manager.prepare(bundle.model, ProfileRequest(**bundle.profile))
                 if bundle.pin:
-                    self.manager.pin(result.bundle_id)
+                    self.manager.catalog.set_pinned(result.bundle_id, True)
             except (CacheError, ValueError, TypeError) as exc:
                 error = str(exc) or type(exc).__name__
                 log.warning("desired %s failed on %s: %s", name, self.manager.node, error)
@@ -105,7 +106,7 @@ class Converger:
         offset = len(spec.bundles)
         for index, bid in enumerate(spec.pin):
             try:
-                self.manager.pin(bid)
+                self.manager.catalog.set_pinned(bid, True)
             except NotFoundError:
                 items[offset + index] = ItemStatus(
                     f"pin:{bid}", "failed", bundle_id=bid, error="no such bundle on this node"
@@ -115,7 +116,7 @@ class Converger:
             items[offset + index] = ItemStatus(f"pin:{bid}", "pinned", bundle_id=bid)
         if spec.max_size_bytes is not None:
             # This node's rows and this node's disk only (the evictor is scoped to its node).
-            result_prune = self.manager.prune(spec.max_size_bytes, exclude=frozenset(keep))
+            result_prune = self.manager.evictor.prune(spec.max_size_bytes, exclude=frozenset(keep))
             if result_prune.total_after > spec.max_size_bytes:
                 items.append(
                     ItemStatus(

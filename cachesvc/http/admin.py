@@ -179,13 +179,13 @@ class BundleController(Controller):
         # Dashboards poll the same pages: answer from memory until the catalog changes. The
         # version read is one indexed aggregate over a tiny table, cheap enough for the event
         # loop; a miss (a real listing) goes to a worker thread.
-        key = (id(manager), manager.catalog_version(), params)
+        key = (id(manager), manager.queries.catalog_version(), params)
         cached = _LIST_CACHE.get(key)
         if cached is not None:
             return cached
 
         def load() -> BundleListOut:
-            page = manager.list_bundles(
+            page = manager.queries.list_bundles(
                 model=model,
                 state=bundle_state,
                 backend=backend,
@@ -211,7 +211,7 @@ class BundleController(Controller):
     )
     def get_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleDetailOut:
         """One bundle with its manifest summary, files, lease holders and recent events."""
-        return to_body(manager.bundle_detail(bundle_id), BundleDetailOut)
+        return to_body(manager.queries.bundle_detail(bundle_id), BundleDetailOut)
 
     @delete(
         "/{bundle_id:str}",
@@ -234,7 +234,7 @@ class BundleController(Controller):
         or leased by other processes still block (409 naming them)."""
         if unload_idle:
             await pool.unload(bundle_id, reason="evict", grace=0.0)
-        freed = await anyio.to_thread.run_sync(manager.remove, bundle_id)
+        freed = await anyio.to_thread.run_sync(manager.evictor.remove, bundle_id)
         return RemoveOut(bundle_id=bundle_id, freed_bytes=freed)
 
     @put(
@@ -245,7 +245,7 @@ class BundleController(Controller):
     )
     def pin_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleOut:
         """Protect a bundle from eviction."""
-        return to_body(manager.pin(bundle_id), BundleOut)
+        return to_body(manager.catalog.set_pinned(bundle_id, True), BundleOut)
 
     @delete(
         "/{bundle_id:str}/pin",
@@ -256,7 +256,7 @@ class BundleController(Controller):
     )
     def unpin_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleOut:
         """Let a bundle be evicted again."""
-        return to_body(manager.unpin(bundle_id), BundleOut)
+        return to_body(manager.catalog.set_pinned(bundle_id, False), BundleOut)
 
     @post(
         "/{bundle_id:str}/verify",
@@ -267,7 +267,7 @@ class BundleController(Controller):
     )
     def verify_bundle(self, manager: Manager, bundle_id: BundleId) -> VerifyOut:
         """Re-hash a bundle against its manifest; a mismatch marks it corrupt (never served)."""
-        return to_body(manager.verify(bundle_id), VerifyOut)
+        return to_body(manager.verifier.verify(bundle_id), VerifyOut)
 
 
 class BuildController(Controller):
@@ -301,14 +301,14 @@ class BuildController(Controller):
     @get("/", sync_to_thread=True, operation_id="listBuilds", responses=problem_responses())
     def list_builds(self, manager: Manager) -> BuildListOut:
         """Every build this server started, newest first."""
-        return to_body({"items": manager.list_builds()}, BuildListOut)
+        return to_body({"items": manager.builds.all_builds()}, BuildListOut)
 
     @get(
         "/{build_id:str}", sync_to_thread=True, operation_id="getBuild", responses=problem_responses(400, 404)
     )
     def get_build(self, manager: Manager, build_id: BuildId) -> BuildOut:
         """State, stage, elapsed time, bytes written and error of one build."""
-        return to_body(manager.get_build(build_id), BuildOut)
+        return to_body(manager.builds.get(build_id), BuildOut)
 
 
 class CacheController(Controller):
@@ -329,12 +329,14 @@ class CacheController(Controller):
         """Evict LRU idle bundles down to ``max_size_bytes`` (default: the cap); ``dry_run`` plans
         only; ``unload_idle`` first unloads this server's idle engines the plan skips as leased."""
         if data.unload_idle and not data.dry_run:
-            plan = await anyio.to_thread.run_sync(lambda: manager.prune(data.max_size_bytes, dry_run=True))
+            plan = await anyio.to_thread.run_sync(
+                lambda: manager.evictor.prune(data.max_size_bytes, dry_run=True)
+            )
             for skipped in plan.plan.skipped:
                 if skipped.reason == "leased":
                     await pool.unload(skipped.bundle_id, reason="evict", grace=0.0)
         result = await anyio.to_thread.run_sync(
-            lambda: manager.prune(data.max_size_bytes, dry_run=data.dry_run)
+            lambda: manager.evictor.prune(data.max_size_bytes, dry_run=data.dry_run)
         )
         return _eviction_body(result)
 
@@ -347,7 +349,7 @@ class CacheController(Controller):
     )
     def clear(self, manager: Manager, data: Annotated[ClearRequest, StrictBody]) -> EvictionOut:
         """Remove every idle bundle (leased and pinned ones stay; checkpoints stay)."""
-        return _eviction_body(manager.clear(dry_run=data.dry_run))
+        return _eviction_body(manager.evictor.clear(dry_run=data.dry_run))
 
     @post(
         "/reconcile",
@@ -358,7 +360,7 @@ class CacheController(Controller):
     )
     def reconcile(self, manager: Manager) -> ReconcileOut:
         """Re-sync catalog and disk: adopt, forget, remove stale staging."""
-        return to_body(manager.reconcile(), ReconcileOut)
+        return to_body(manager.reconciler.reconcile(), ReconcileOut)
 
 
 @get(
@@ -370,7 +372,7 @@ class CacheController(Controller):
 )
 def get_stats(manager: Manager, node: NodeFilter = None) -> StatsOut:
     """Cache statistics from the catalog's events of one node (default: the answering node)."""
-    return to_body(manager.stats(node), StatsOut)
+    return to_body(manager.queries.stats(node), StatsOut)
 
 
 @get(
@@ -393,7 +395,7 @@ def list_events(
     node: NodeFilter = None,
 ) -> EventListOut:
     """The audit log, newest first (every node's unless ``node`` is given)."""
-    events = manager.events(kind=kind, since=_utc(since), limit=limit, bundle_id=bundle_id, node=node)
+    events = manager.queries.events(kind=kind, since=_utc(since), limit=limit, bundle_id=bundle_id, node=node)
     return to_body({"items": events}, EventListOut)
 
 
@@ -406,7 +408,7 @@ def list_events(
 )
 def list_checkpoints(manager: Manager) -> CheckpointListOut:
     """Resolved checkpoints with digest, size and the bundles built from them."""
-    return to_body({"items": manager.list_checkpoints()}, CheckpointListOut)
+    return to_body({"items": manager.queries.list_checkpoints()}, CheckpointListOut)
 
 
 CheckpointId = Annotated[

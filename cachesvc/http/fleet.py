@@ -15,6 +15,7 @@ from litestar.di import NamedDependency
 from litestar.params import Body, PathParameter
 from msgspec import Meta, Struct
 
+from cachesvc.checkpoints import check_model_name
 from cachesvc.errors import ConfigError, NotFoundError
 from cachesvc.fleet_records import (
     CONVERGENCE_STATES,
@@ -130,7 +131,7 @@ def _spec(manager: CacheManager, data: DesiredIn, roots: tuple[Path, ...] | None
         # need not exist here: it is a path on each node, and each node checks it before it builds).
         for field, model in (("model", b.model), ("draft_model", b.draft_model)):
             if model is not None and not model.startswith(("/", ".", "~")):
-                manager.check_model(field, model, roots)
+                check_model_name(field, model, roots)
             elif model is not None and roots is not None:
                 _check_under(field, model, roots)
         request = ProfileRequest(  # validates like POST /admin/builds

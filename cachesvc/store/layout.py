@@ -13,11 +13,12 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from cachesvc.errors import CacheError
+from cachesvc.errors import CacheError, ConfigError
 
 #: Standard cache directory tag (https://bford.info/cachedir/); backup tools skip the tree.
 CACHEDIR_TAG_NAME = "CACHEDIR.TAG"
@@ -167,6 +168,29 @@ class CacheLayout:
         owner = self.recorded_node()
         assert owner is not None
         return owner
+
+    def owning_node(self, node: str | None, *, claim: bool) -> str:
+        """The node this process acts as on this directory (see ``CacheManager.open``): the
+        recorded one; with ``claim`` (a server starting) ``node`` (default: the host name) is
+        recorded when none is. ConfigError when ``node`` is not the recorded one."""
+        recorded = self.recorded_node()
+        if recorded is None:
+            wanted = node or socket.gethostname()
+            if not claim:
+                return wanted  # a command on a directory no server owns yet records nothing
+            recorded = self.record_node(wanted)
+        elif node is None and not claim:
+            return recorded  # commands on the directory act as its node
+        else:
+            wanted = node or socket.gethostname()
+        if wanted != recorded:
+            raise ConfigError(
+                "node_name",
+                f"the cache directory {self.root} belongs to node {recorded!r} (recorded in "
+                f"{self.node_file}), not {wanted!r}; run as node {recorded!r} or use another cache "
+                "directory (two nodes on one directory would delete each other's bundles)",
+            )
+        return recorded
 
     def dir_mode(self) -> int:
         """Permission bits for directories the store creates: the root's own bits."""

@@ -295,6 +295,15 @@ def hash_files(root: Path) -> tuple[FileEntry, ...]:
 SAMPLE_BYTES = 64 * 1024
 
 
+def sample_offsets(length: int, sample_bytes: int) -> tuple[int, int, int]:
+    """Start, middle and end offsets of the three fixed ``sample_bytes`` samples of a region of
+    ``length`` bytes: the one sampling rule of every bounded digest (a bundle file's
+    ``sample_sha256``, a checkpoint's weights, a GGUF file's tensor data). Samples of a region
+    shorter than three of them overlap; one shorter than a sample starts at 0 each time."""
+    last = max(length - sample_bytes, 0)
+    return 0, last // 2, last
+
+
 def sample_sha256(path: Path) -> str:
     """SHA-256 over the size and three fixed 64 KiB samples (start, middle, end) of a file.
 
@@ -309,7 +318,7 @@ def sample_sha256(path: Path) -> str:
             offsets = [0]
             length = size
         else:
-            offsets = [0, size // 2 - SAMPLE_BYTES // 2, size - SAMPLE_BYTES]
+            offsets = list(sample_offsets(size, SAMPLE_BYTES))
             length = SAMPLE_BYTES
         for offset in offsets:
             digest.update(os.pread(fd, length, offset))

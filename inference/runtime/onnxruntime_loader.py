@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,8 @@ from inference.runtime.embedding_engine import EMBEDDING_MODEL, EmbeddingEngine
 from inference.runtime.errors import EngineLoadError
 from inference.runtime.onnxruntime_engine import KV_LAYOUT, GqaEngine
 from inference.runtime.ort_session import available_cores
-from inference.runtime.registry import load_engine, memory_estimate
+from inference.runtime.registry import ENGINE_FILE, load_engine, memory_estimate, read_meta
 
-ENGINE_FILE = "engine.json"
 # Format 1 (two weight copies, no in-place KV graph) is refused: rebuilding is cheap and the
 # cache rebuilds it anyway (the builder version is part of the bundle profile).
 KNOWN_FORMAT_VERSIONS = (2,)
@@ -28,12 +26,7 @@ def _major_minor(version: str) -> str:
 def read_engine_meta(bundle_dir: Path) -> dict[str, Any]:
     """Read and check ``engine.json`` of a bundle (format version, backend, runtime version)."""
     path = Path(bundle_dir) / ENGINE_FILE
-    if not path.is_file():
-        raise EngineLoadError(f"{bundle_dir} is not an engine bundle: {ENGINE_FILE} is missing")
-    try:
-        meta: dict[str, Any] = json.loads(path.read_text())
-    except ValueError as exc:
-        raise EngineLoadError(f"{path} is not valid JSON ({exc}); rebuild the bundle") from exc
+    meta = read_meta(bundle_dir)
     version = meta.get("format_version")
     if version not in KNOWN_FORMAT_VERSIONS:
         raise EngineLoadError(

@@ -124,7 +124,7 @@ def seed_rows(manager: CacheManager, count: int, *, start: datetime | None = Non
         )
         manager.catalog.touch(bid, base + timedelta(hours=1, seconds=(i * 53) % (count * 2) + i * 1e-3))
         if i % 7 == 0:
-            manager.pin(bid)
+            manager.catalog.set_pinned(bid, True)
         ids.append(bid)
     return ids
 

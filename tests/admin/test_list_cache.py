@@ -27,7 +27,7 @@ def test_every_change_shows_in_the_next_listing(
     assert sorted(before) == sorted(bundles)
     assert ids(client) == before  # same answer again (from memory)
 
-    manager.pin(bundles[0])  # an event
+    manager.catalog.set_pinned(bundles[0], True)  # an event
     items = client.get("/admin/bundles").json()["items"]
     assert [b["pinned"] for b in items if b["id"] == bundles[0]] == [True]
 
@@ -37,7 +37,7 @@ def test_every_change_shows_in_the_next_listing(
     # A change made by another process sharing the catalog is seen too.
     other = open_manager(cache_dir)
     try:
-        other.remove(bundles[1])
+        other.evictor.remove(bundles[1])
     finally:
         other.close()
     assert bundles[1] not in ids(client)

@@ -50,10 +50,10 @@ def test_bad_profile_aliases_are_refused_and_change_nothing(
     words: str,
 ) -> None:
     bundle = manager.prepare(str(checkpoint), ProfileRequest(max_input_len=64)).bundle_id
-    checkpoints = manager.list_checkpoints()
+    checkpoints = manager.queries.list_checkpoints()
     body = {k: (str(checkpoint) if v == "MODEL" else bundle if v == "BUNDLE" else v) for k, v in body.items()}
     r = client.put("/admin/models/chat", json=body)
     assert r.status_code == status, r.text
     assert words in r.text
     assert client.get("/admin/models").json() == []
-    assert manager.list_checkpoints() == checkpoints  # nothing resolved, hashed or recorded
+    assert manager.queries.list_checkpoints() == checkpoints  # nothing resolved, hashed or recorded

@@ -74,8 +74,8 @@ schema = schemathesis.openapi.from_url(f"{_server.url}/schema/openapi.json")
 def _finish_background_builds() -> Iterator[None]:
     """Generated POST /admin/builds start real background builds: let them end inside the run."""
     yield
-    for build in _manager.list_builds():
-        _manager.wait_for_build(build.id, timeout=60)
+    for build in _manager.builds.all_builds():
+        _manager.builds.wait(build.id, timeout=60)
     _server.__exit__(None, None, None)  # the app's shutdown drains and releases the lease
 
 

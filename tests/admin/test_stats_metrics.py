@@ -49,12 +49,12 @@ def _scripted_sequence(manager: CacheManager, tmp_path: Path) -> None:
     manager.prepare(ck[0])  # hit
     manager.prepare(ck[0])  # hit
     second = manager.prepare(ck[1]).bundle_id  # miss + build_ok
-    manager.remove(second)  # evict manual
+    manager.evictor.remove(second)  # evict manual
     manager.prepare(ck[2])  # miss + build_ok
-    manager.pin(first)
-    manager.clear()  # evict clear (ck[2]); ck[0] is pinned
-    manager.unpin(first)
-    manager.prune(0)  # evict lru (ck[0])
+    manager.catalog.set_pinned(first, True)
+    manager.evictor.clear()  # evict clear (ck[2]); ck[0] is pinned
+    manager.catalog.set_pinned(first, False)
+    manager.evictor.prune(0)  # evict lru (ck[0])
     failing = CacheManager.open(
         manager.layout.root,
         catalog_url=manager.catalog.url,
@@ -106,7 +106,7 @@ def _stats_in_child(cache_dir: Path) -> dict[str, Any]:
         "from tests.support.databases import catalog_url_for\n"
         "root = Path(sys.argv[1])\n"
         "m = CacheManager.open(root, catalog_url=catalog_url_for(root), max_size_bytes=10**12, builders={})\n"
-        "sys.stdout.write(msgspec.json.encode(to_body(m.stats(), StatsOut)).decode())\n"
+        "sys.stdout.write(msgspec.json.encode(to_body(m.queries.stats(), StatsOut)).decode())\n"
         "m.close()\n"
     )
     out = subprocess.run(

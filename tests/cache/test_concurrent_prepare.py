@@ -41,8 +41,8 @@ def test_8_processes_prepare_one_profile_and_build_it_once(tmp_path: Path) -> No
     m = open_manager(cache)
     try:
         assert_consistent(m)
-        assert m.list_bundles().total == 1
-        stats = m.stats()
+        assert m.queries.list_bundles().total == 1
+        stats = m.queries.stats()
         assert (stats.builds_ok, stats.misses, stats.hits) == (1, 1, PROCESSES - 1)
     finally:
         m.close()

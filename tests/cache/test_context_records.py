@@ -50,21 +50,21 @@ def _bundle(m: CacheManager, tmp_path: Path, i: int) -> str:
 def test_records_count_in_the_size_and_go_with_their_bundle(tmp_path: Path) -> None:
     m = open_manager(tmp_path / "cache")
     a, b = _bundle(m, tmp_path, 0), _bundle(m, tmp_path, 1)
-    assert m.stats().size_bytes == 2 * BUNDLE_BYTES
+    assert m.queries.stats().size_bytes == 2 * BUNDLE_BYTES
     nbytes = _records(m, a, 3)
     _records(m, b, 1)
-    assert m.stats().size_bytes == 2 * BUNDLE_BYTES + nbytes + m.layout.context_bytes(b)
+    assert m.queries.stats().size_bytes == 2 * BUNDLE_BYTES + nbytes + m.layout.context_bytes(b)
     assert m.layout.context_bytes() == nbytes + m.layout.context_bytes(b)
 
-    freed = m.remove(a)
+    freed = m.evictor.remove(a)
     assert freed == BUNDLE_BYTES + nbytes
     assert not m.layout.context_dir(a).exists() and m.layout.context_dir(b).is_dir()
     assert not list(m.layout.trash.iterdir())
-    assert m.stats().size_bytes == BUNDLE_BYTES + m.layout.context_bytes(b)
+    assert m.queries.stats().size_bytes == BUNDLE_BYTES + m.layout.context_bytes(b)
 
-    result = m.clear()
+    result = m.evictor.clear()
     assert result.evicted == (b,) and not m.layout.context_dir(b).exists()
-    assert m.stats().size_bytes == 0 and m.layout.context_bundle_ids() == []
+    assert m.queries.stats().size_bytes == 0 and m.layout.context_bundle_ids() == []
 
 
 def test_the_cap_counts_the_records(tmp_path: Path) -> None:
@@ -73,13 +73,13 @@ def test_the_cap_counts_the_records(tmp_path: Path) -> None:
     nbytes = _records(m, b, 2)
     # The bundles alone fit 2.5 bundles' worth; with b's records they do not: the least
     # recently used (a) goes, and the plan counts each bundle's records with it.
-    plan = m.plan_eviction(int(2.5 * BUNDLE_BYTES))
+    plan = m.evictor.plan(int(2.5 * BUNDLE_BYTES))
     assert plan.total_before == 2 * BUNDLE_BYTES + nbytes
     assert [e.bundle_id for e in plan.evict] == [a]
-    m.prune(int(2.5 * BUNDLE_BYTES))
+    m.evictor.prune(int(2.5 * BUNDLE_BYTES))
     assert m.catalog.get_bundle(a) is None and m.catalog.get_bundle(b) is not None
     # Now b's records push b itself over a cap its files alone would fit.
-    plan = m.plan_eviction(BUNDLE_BYTES + nbytes // 2)
+    plan = m.evictor.plan(BUNDLE_BYTES + nbytes // 2)
     assert [(e.bundle_id, e.size_bytes) for e in plan.evict] == [(b, BUNDLE_BYTES + nbytes)]
 
 
@@ -88,9 +88,9 @@ def test_reconcile_drops_the_records_of_bundles_that_are_gone(tmp_path: Path) ->
     a = _bundle(m, tmp_path, 0)
     _records(m, a, 1)
     _records(m, "0123456789abcdef-gone", 2)  # a bundle this catalog does not know
-    m.reconcile()
+    m.reconciler.reconcile()
     assert m.layout.context_bundle_ids() == [a]
     # A bundle whose directory vanished is forgotten, and its records with it.
-    m.store.remove(m.get_bundle(a).path)
-    m.reconcile()
+    m.store.remove(m.queries.get_bundle(a).path)
+    m.reconciler.reconcile()
     assert m.catalog.get_bundle(a) is None and m.layout.context_bundle_ids() == []

@@ -52,8 +52,8 @@ def test_a_hit_with_flipped_sampled_bytes_is_rebuilt_not_served(
     _flip(first.bundle_dir / "part-000.bin", 10)  # inside the first sample
     again = big_manager.prepare(ckpt)
     assert again.built, "a bundle with flipped bytes was served as a hit"
-    assert big_manager.verify(again.bundle_id).ok
-    kinds = [(e.kind, e.reason) for e in big_manager.events(bundle_id=first.bundle_id)]
+    assert big_manager.verifier.verify(again.bundle_id).ok
+    kinds = [(e.kind, e.reason) for e in big_manager.queries.events(bundle_id=first.bundle_id)]
     assert ("verify", "corrupt") in kinds
 
 
@@ -75,7 +75,7 @@ def test_serve_start_rehashes_everything(big_manager: CacheManager, tmp_path: Pa
     result, lease = big_manager.prepare_and_lease(ckpt, ProfileRequest(), full_verify=True)
     try:
         assert result.built
-        assert big_manager.verify(result.bundle_id).ok
+        assert big_manager.verifier.verify(result.bundle_id).ok
     finally:
         lease.release()
 
@@ -123,7 +123,7 @@ def test_corruption_found_by_another_process_is_noticed(doomed_app: App) -> None
     )
     try:
         _flip(app.runtime.prepared.bundle_dir / "part-001.bin", 0)
-        assert not other.verify(bid).ok  # e.g. `cachesvc bundles verify` from a shell
+        assert not other.verifier.verify(bid).ok  # e.g. `cachesvc bundles verify` from a shell
     finally:
         other.close()
     with app.http() as h:
@@ -155,11 +155,11 @@ def test_an_unloaded_model_with_a_flipped_byte_is_refused_at_load_and_rebuilt(tm
             assert bad.bundle_id in error["message"] and "manifest" in error["message"], error
             assert error["code"] == "bundle_corrupt"
             assert bad.bundle_id not in {e["bundle_id"] for e in h.get("/admin/engines").json()["engines"]}
-        assert manager.get_bundle(bad.bundle_id).state == "corrupt"
+        assert manager.queries.get_bundle(bad.bundle_id).state == "corrupt"
         assert not manager.store.locks.is_locked(bad.bundle_id), "the refused load kept its lease"
         again = manager.prepare(flipped)  # the next prepare rebuilds it
         assert again.built and again.bundle_id == bad.bundle_id
-        assert manager.get_bundle(bad.bundle_id).state == "ready"
+        assert manager.queries.get_bundle(bad.bundle_id).state == "ready"
         with app.http() as h:
             assert h.post("/v1/completions", json={**body, "model": flipped}).status_code == 200
         assert good.bundle_id != bad.bundle_id
@@ -174,7 +174,7 @@ def test_the_row_state_alone_refuses_a_lease(big_manager: CacheManager, tmp_path
     with pytest.raises(CorruptBundleError):
         big_manager.lease(bid)
     big_manager.catalog.set_verified(bid, ok=True, detail=None, stale="built for another GPU")
-    assert big_manager.get_bundle(bid).state == "stale"
+    assert big_manager.queries.get_bundle(bid).state == "stale"
     with pytest.raises(CorruptBundleError):
         big_manager.lease(bid)
     assert not big_manager.store.locks.is_locked(bid)

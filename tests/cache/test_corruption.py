@@ -97,7 +97,7 @@ def test_damaged_bundles_are_never_handed_to_the_engine(tmp_path: Path) -> None:
             finally:
                 lease.release()
             done.append(what)
-        m.reconcile()
+        m.reconciler.reconcile()
         assert_consistent(m)
     finally:
         m.close()
@@ -120,7 +120,7 @@ def test_serve_rebuilds_a_bit_flipped_bundle_before_loading_it(demo_dir: Path, t
         bid = server.bundle_id()
     m = CacheManager.open(cache, max_size_bytes=10**12)
     try:
-        bundle = m.bundle_dir(m.get_bundle(bid))
+        bundle = m.queries.bundle_dir(m.queries.get_bundle(bid))
         weights = max((p for p in bundle.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
         data = bytearray(weights.read_bytes())
         data[len(data) // 4] ^= 0x10  # outside the sampled hash of a hit: only the full check sees it
@@ -133,8 +133,8 @@ def test_serve_rebuilds_a_bit_flipped_bundle_before_loading_it(demo_dir: Path, t
     assert f"bundle {bid} is corrupt" in log, log
     m = CacheManager.open(cache, max_size_bytes=10**12)
     try:
-        assert m.verify(bid).ok
-        assert "corrupt" in [e.reason for e in m.events(kind="verify", bundle_id=bid)]
+        assert m.verifier.verify(bid).ok
+        assert "corrupt" in [e.reason for e in m.queries.events(kind="verify", bundle_id=bid)]
     finally:
         m.close()
 

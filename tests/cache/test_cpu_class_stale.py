@@ -60,7 +60,7 @@ def test_a_bundle_built_for_another_cpu_class_is_stale_refused_and_evicted_first
         assert info.profile["cpu_class"] == here and f"-{here.replace('-', '')}-int8-" in info.profile_name
         assert manager.catalog.require_bundle(fp32.bundle_id).profile["cpu_class"] is None
         # The gate's figures are shown with the bundle (GET /admin/bundles/{id} returns this detail).
-        detail = manager.bundle_detail(int8.bundle_id)
+        detail = manager.queries.bundle_detail(int8.bundle_id)
         assert detail.manifest is not None
         quality = detail.manifest["engine"]["quality"]
         assert quality["cpu_class"] == here and quality["prompts"] == 8
@@ -71,7 +71,7 @@ def test_a_bundle_built_for_another_cpu_class_is_stale_refused_and_evicted_first
 
         moved_to = another_machine()  # type: ignore[operator]
         assert moved_to == "avx2" != here
-        report = manager.reconcile()
+        report = manager.reconciler.reconcile()
         assert report.stale == (int8.bundle_id,)  # fp32 runs the same float kernels everywhere
         assert manager.catalog.require_bundle(int8.bundle_id).state == "stale"
         with pytest.raises(EngineLoadError, match=f"built for CPU class {here} but this CPU is avx2"):
@@ -79,8 +79,8 @@ def test_a_bundle_built_for_another_cpu_class_is_stale_refused_and_evicted_first
         engine = load_engine(fp32.bundle_dir, threads=1)
         engine.close()
         # Stale first, although it was used last: planned before the LRU order.
-        sizes = {b.id: b.size_bytes for b in manager.list_bundles(limit=10).items}
-        plan = manager.prune(sum(sizes.values()) - 1, dry_run=True)
+        sizes = {b.id: b.size_bytes for b in manager.queries.list_bundles(limit=10).items}
+        plan = manager.evictor.prune(sum(sizes.values()) - 1, dry_run=True)
         assert plan.evicted == (int8.bundle_id,)
         # Asking for int8 here keys (and builds) this class's own bundle beside it.
         again = manager.prepare(str(demo), ProfileRequest(precision="int8", **SMALL))
@@ -96,7 +96,7 @@ def test_a_quantized_build_that_fails_the_gate_publishes_nothing(demo: Path, tmp
     try:
         with pytest.raises(QualityGateError, match=r"^the int8 build failed the quality gate on this CPU"):
             manager.prepare(str(demo), ProfileRequest(precision="int8", **SMALL))
-        assert manager.list_bundles(state="ready", limit=10).items == ()
+        assert manager.queries.list_bundles(state="ready", limit=10).items == ()
         assert list((tmp_path / "cache" / "engines").rglob("engine.json")) == []
         assert list((tmp_path / "cache" / ".staging").iterdir()) == []
     finally:

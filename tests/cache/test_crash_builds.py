@@ -79,13 +79,13 @@ def test_kill_9_at_random_points_of_30_builds(tmp_path: Path) -> None:
             outcomes[key] = outcomes.get(key, 0) + 1
     m = open_manager(cache)
     try:
-        m.reconcile()
+        m.reconciler.reconcile()
         assert_consistent(m)
         # And every checkpoint can still be prepared, from the cache or by a fresh build.
         for ckpt in ckpts:
             m.prepare(str(ckpt))
         assert_consistent(m)
-        assert m.list_bundles().total == BUILDS
+        assert m.queries.list_bundles().total == BUILDS
     finally:
         m.close()
     print(f"\n30 builds killed at random points: {outcomes}")

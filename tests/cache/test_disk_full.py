@@ -51,9 +51,9 @@ def test_disk_full_during_a_build(small_disk: Path, tmp_path: Path) -> None:
             m.prepare(str(ckpt))
         assert "cachesvc prune" in str(info.value)
         assert list((cache / ".staging").iterdir()) == []
-        assert m.list_bundles().total == 0
-        assert [e.kind for e in m.events(kind="build_failed")] == ["build_failed"]
-        m.reconcile()
+        assert m.queries.list_bundles().total == 0
+        assert [e.kind for e in m.queries.events(kind="build_failed")] == ["build_failed"]
+        m.reconciler.reconcile()
         assert_consistent(m)
         # With a builder that fits, the same cache works at once.
         m.builders["onnxruntime"] = FileBuilder(files=2, file_size=256 * 1024)

@@ -53,12 +53,12 @@ def test_prepare_miss_then_hit_records_events(cache: Path, tmp_path: Path) -> No
     assert (first.bundle_dir / "manifest.json").exists()
     second = m.prepare(str(ckpt))
     assert not second.built and second.bundle_id == first.bundle_id and builder.calls == 1
-    info = m.get_bundle(first.bundle_id)
+    info = m.queries.get_bundle(first.bundle_id)
     assert info.state == "ready" and info.hit_count == 1 and info.file_count == 5
     assert info.size_bytes == 5 * 1024
-    kinds = [e.kind for e in m.events()][::-1]
+    kinds = [e.kind for e in m.queries.events()][::-1]
     assert kinds == ["miss", "build_ok", "hit"]
-    stats = m.stats()
+    stats = m.queries.stats()
     assert (stats.hits, stats.misses, stats.builds_ok, stats.bundles) == (1, 1, 1, 1)
     assert stats.hit_rate == 0.5
     # The bundle dir takes the cache root's permissions, not the staging dir's 0700.
@@ -88,10 +88,10 @@ def test_build_failure_publishes_nothing(cache: Path, tmp_path: Path) -> None:
     assert list((cache / "engines").glob("*/*")) == []
     assert list((cache / ".staging").iterdir()) == []
     # No row for a bundle that does not exist; the failure stays in the event log.
-    assert m.list_bundles().total == 0
-    failed = m.events(kind="build_failed")
+    assert m.queries.list_bundles().total == 0
+    failed = m.queries.events(kind="build_failed")
     assert len(failed) == 1 and "lm_head" in (failed[0].detail or "")
-    assert m.stats().builds_failed == 1
+    assert m.queries.stats().builds_failed == 1
     # A working builder then builds the same profile cleanly.
     m.builders["onnxruntime"] = FileBuilder(files=3)
     assert m.prepare(str(ckpt)).built
@@ -116,7 +116,7 @@ def test_eight_processes_prepare_once(cache: Path, tmp_path: Path) -> None:
     assert sum(r["built"] for r in results) == 1
     assert len({r["bundle_dir"] for r in results}) == 1
     m = open_manager(cache)
-    assert m.stats().misses == 1 and m.stats().hits == 7
+    assert m.queries.stats().misses == 1 and m.queries.stats().hits == 7
 
 
 @pytest.mark.parametrize(
@@ -145,7 +145,7 @@ def test_sigkill_mid_build_leaves_nothing_half_written(cache: Path, tmp_path: Pa
         assert published == []
         assert len(list((cache / ".staging").iterdir())) == 1
     m = open_manager(cache)
-    report = m.reconcile()
+    report = m.reconciler.reconcile()
     assert list((cache / ".staging").iterdir()) == []
     if whole:
         assert len(report.adopted) == 1
@@ -153,8 +153,8 @@ def test_sigkill_mid_build_leaves_nothing_half_written(cache: Path, tmp_path: Pa
         assert len(report.staging_removed) == 1
     result = m.prepare(str(ckpt))
     assert result.built == (not whole)
-    assert m.verify(result.bundle_id).ok
-    assert m.get_bundle(result.bundle_id).state == "ready"
+    assert m.verifier.verify(result.bundle_id).ok
+    assert m.queries.get_bundle(result.bundle_id).state == "ready"
 
 
 def _spawn_leaser(cache: Path, ckpt: Path) -> tuple[subprocess.Popen[str], str]:
@@ -173,7 +173,7 @@ def test_leased_and_pinned_bundles_survive_prune(cache: Path, tmp_path: Path) ->
     proc, leased_id = _spawn_leaser(cache, leased_ckpt)
     try:
         pinned_id = m.prepare(str(make_checkpoint(tmp_path / "pinned", seed=2))).bundle_id
-        m.pin(pinned_id)
+        m.catalog.set_pinned(pinned_id, True)
         idle = [
             m.prepare(str(make_checkpoint(tmp_path / f"idle{i}", seed=10 + i))).bundle_id for i in range(3)
         ]
@@ -181,34 +181,34 @@ def test_leased_and_pinned_bundles_survive_prune(cache: Path, tmp_path: Path) ->
         base = utcnow() - timedelta(days=1)
         for i, bid in enumerate([leased_id, pinned_id, *idle]):
             m.catalog.touch(bid, base + timedelta(minutes=i))
-        plan = m.plan_eviction(1)
+        plan = m.evictor.plan(1)
         assert [e.bundle_id for e in plan.evict] == idle
         assert {(s.bundle_id, s.reason) for s in plan.skipped} == {
             (leased_id, "leased"),
             (pinned_id, "pinned"),
         }
-        dry = m.prune(1, dry_run=True)
+        dry = m.evictor.prune(1, dry_run=True)
         assert dry.evicted == tuple(idle) and dry.dry_run
-        assert all(m.get_bundle(b).state == "ready" for b in idle)  # dry run changed nothing
-        result = m.prune(1)
+        assert all(m.queries.get_bundle(b).state == "ready" for b in idle)  # dry run changed nothing
+        result = m.evictor.prune(1)
         assert result.evicted == dry.evicted and result.freed_bytes == dry.freed_bytes
         assert {s.bundle_id for s in result.skipped} == {leased_id, pinned_id}
-        assert (m.layout.root / m.get_bundle(leased_id).path / "manifest.json").exists()
-        assert (m.layout.root / m.get_bundle(pinned_id).path / "manifest.json").exists()
+        assert (m.layout.root / m.queries.get_bundle(leased_id).path / "manifest.json").exists()
+        assert (m.layout.root / m.queries.get_bundle(pinned_id).path / "manifest.json").exists()
         with pytest.raises(LeasedError) as exc:
-            m.remove(leased_id)
+            m.evictor.remove(leased_id)
         assert exc.value.holders and exc.value.holders[0]["pid"] == proc.pid
         with pytest.raises(PinnedError):
-            m.remove(pinned_id)
-        evictions = [e for e in m.events(kind="evict")]
+            m.evictor.remove(pinned_id)
+        evictions = [e for e in m.queries.events(kind="evict")]
         assert {e.bundle_id for e in evictions} == set(idle) and all(e.reason == "lru" for e in evictions)
     finally:
         proc.kill()
         proc.wait()
     # Once the holder is gone the bundle can go.
-    assert m.remove(leased_id) > 0
+    assert m.evictor.remove(leased_id) > 0
     with pytest.raises(NotFoundError):
-        m.get_bundle(leased_id)
+        m.queries.get_bundle(leased_id)
 
 
 def test_prune_after_build_keeps_cache_under_cap(cache: Path, tmp_path: Path) -> None:
@@ -216,10 +216,10 @@ def test_prune_after_build_keeps_cache_under_cap(cache: Path, tmp_path: Path) ->
     ckpt = make_checkpoint(tmp_path / "ckpt")
     ids = [m.prepare(str(ckpt), req).bundle_id for req in profiles(3)]
     # Each bundle is 4000 bytes; the cap holds two, so the least recently used went.
-    remaining = {b.id for b in m.list_bundles().items}
+    remaining = {b.id for b in m.queries.list_bundles().items}
     assert remaining == set(ids[1:])
-    assert m.stats().evictions_by_reason == {"lru": 1}
-    assert m.stats().evicted_bytes_by_reason == {"lru": 4000}
+    assert m.queries.stats().evictions_by_reason == {"lru": 1}
+    assert m.queries.stats().evicted_bytes_by_reason == {"lru": 4000}
 
 
 def test_clear_never_touches_checkpoints(cache: Path, tmp_path: Path) -> None:
@@ -230,13 +230,13 @@ def test_clear_never_touches_checkpoints(cache: Path, tmp_path: Path) -> None:
     hub_like = cache / "checkpoints" / "models--org--m"
     hub_like.mkdir(parents=True)
     (hub_like / "x").write_text("keep")
-    dry = m.clear(dry_run=True)
-    assert len(dry.evicted) == 2 and m.list_bundles().total == 2
-    result = m.clear()
-    assert len(result.evicted) == 2 and m.list_bundles().total == 0
+    dry = m.evictor.clear(dry_run=True)
+    assert len(dry.evicted) == 2 and m.queries.list_bundles().total == 2
+    result = m.evictor.clear()
+    assert len(result.evicted) == 2 and m.queries.list_bundles().total == 0
     assert (hub_like / "x").read_text() == "keep" and ckpt.exists()
-    assert m.stats().evictions_by_reason == {"clear": 2}
-    assert len(m.list_checkpoints()) == 1
+    assert m.queries.stats().evictions_by_reason == {"clear": 2}
+    assert len(m.queries.list_checkpoints()) == 1
 
 
 def test_reconcile_forgets_vanished_and_adopts_unknown(cache: Path, tmp_path: Path) -> None:
@@ -254,15 +254,15 @@ def test_reconcile_forgets_vanished_and_adopts_unknown(cache: Path, tmp_path: Pa
     target = cache / built.bundle_dir.relative_to(other)
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(built.bundle_dir, target)
-    report = m.reconcile()
+    report = m.reconciler.reconcile()
     assert report.forgotten == (gone.bundle_id,)
     assert report.adopted == (built.bundle_id,)
-    assert m.get_bundle(built.bundle_id).state == "ready"
-    assert m.stats().evictions_by_reason == {"stale": 1}
+    assert m.queries.get_bundle(built.bundle_id).state == "ready"
+    assert m.queries.stats().evictions_by_reason == {"stale": 1}
     assert m.prepare(str(tmp_path / "ckpt2")).built is False  # the adopted bundle is a hit
     assert m.prepare(str(ckpt), profiles(2)[1]).bundle_id == kept.bundle_id
     # A second reconcile has nothing to do.
-    again = m.reconcile()
+    again = m.reconciler.reconcile()
     assert (again.adopted, again.forgotten, again.staging_removed) == ((), (), ())
 
 
@@ -271,7 +271,7 @@ def test_reconcile_removes_unverifiable_dir(cache: Path, tmp_path: Path) -> None
     bogus = cache / "engines" / ("ab" * 8) / "i1-b1-kv1-none-onnxruntime-fp32-000000000000"
     bogus.mkdir(parents=True)
     (bogus / "model.onnx").write_bytes(b"half")
-    report = m.reconcile()
+    report = m.reconciler.reconcile()
     assert len(report.corrupt) == 1 and not bogus.exists()
 
 
@@ -280,21 +280,21 @@ def test_bit_flip_caught_by_verify_and_never_served(cache: Path, tmp_path: Path)
     m = open_manager(cache, builder)
     ckpt = make_checkpoint(tmp_path / "ckpt")
     first = m.prepare(str(ckpt))
-    assert m.verify(first.bundle_id).ok
+    assert m.verifier.verify(first.bundle_id).ok
     victim = first.bundle_dir / "part-002.bin"
     data = bytearray(victim.read_bytes())
     data[100] ^= 0x01
     victim.write_bytes(bytes(data))
-    result = m.verify(first.bundle_id)
+    result = m.verifier.verify(first.bundle_id)
     assert not result.ok and result.mismatches == ({"path": "part-002.bin", "reason": "sha256"},)
-    assert m.get_bundle(first.bundle_id).state == "corrupt"
+    assert m.queries.get_bundle(first.bundle_id).state == "corrupt"
     with pytest.raises(Exception, match="corrupt"):
         m.lease(first.bundle_id)
     again = m.prepare(str(ckpt))
     assert again.built and builder.calls == 2  # rebuilt, never handed out corrupt
-    assert m.verify(again.bundle_id).ok
+    assert m.verifier.verify(again.bundle_id).ok
     assert victim.read_bytes() != bytes(data)
-    assert [e.reason for e in m.events(kind="evict")] == ["corrupt"]
+    assert [e.reason for e in m.queries.events(kind="evict")] == ["corrupt"]
 
 
 def test_background_build_joins_and_reports_progress(cache: Path, tmp_path: Path) -> None:
@@ -303,7 +303,7 @@ def test_background_build_joins_and_reports_progress(cache: Path, tmp_path: Path
     a = m.start_build(str(ckpt))
     b = m.start_build(str(ckpt))
     assert a.id == b.id
-    done = m.wait_for_build(a.id, timeout=60)
+    done = m.builds.wait(a.id, timeout=60)
     assert done.state == "done" and done.built and done.bytes_written == 10 * 1024
     assert done.elapsed_seconds > 0.3
     with pytest.raises(CheckpointError, match="no such directory"):
@@ -313,24 +313,24 @@ def test_background_build_joins_and_reports_progress(cache: Path, tmp_path: Path
         m.start_build(str(tmp_path / "empty"))  # no config.json: refused up front too
     (tmp_path / "empty" / "config.json").write_text("{}")
     failed = m.start_build(str(tmp_path / "empty"))
-    assert m.wait_for_build(failed.id).state == "failed"
-    assert "weight" in (m.get_build(failed.id).error or "")
-    assert [b.id for b in m.list_builds()] == [failed.id, a.id]  # newest first
+    assert m.builds.wait(failed.id).state == "failed"
+    assert "weight" in (m.builds.get(failed.id).error or "")
+    assert [b.id for b in m.builds.all_builds()] == [failed.id, a.id]  # newest first
     with pytest.raises(NotFoundError):
-        m.get_build("build-nope")
+        m.builds.get("build-nope")
 
 
 def test_lease_blocks_eviction_in_process_and_releases(cache: Path, tmp_path: Path) -> None:
     m = open_manager(cache)
     res = m.prepare(str(make_checkpoint(tmp_path / "ckpt")))
-    size = m.get_bundle(res.bundle_id).size_bytes
+    size = m.queries.get_bundle(res.bundle_id).size_bytes
     lease = m.lease(res.bundle_id)
-    assert [h.pid for h in m.holders(res.bundle_id)] == [os.getpid()]
+    assert [h.pid for h in m.queries.holders(res.bundle_id)] == [os.getpid()]
     with pytest.raises(LeasedError):
-        m.remove(res.bundle_id)
+        m.evictor.remove(res.bundle_id)
     lease.release()
-    assert m.holders(res.bundle_id) == []
-    assert m.remove(res.bundle_id) == size > 0
+    assert m.queries.holders(res.bundle_id) == []
+    assert m.evictor.remove(res.bundle_id) == size > 0
     assert not res.bundle_dir.exists()
 
 
@@ -340,15 +340,15 @@ def test_a_bundle_leased_after_planning_is_skipped_at_execution(cache: Path, tmp
     m = open_manager(cache)
     ckpt = make_checkpoint(tmp_path / "late-lease", seed=5)
     bid = m.prepare(str(ckpt)).bundle_id
-    plan = m.plan_eviction(0)
+    plan = m.evictor.plan(0)
     assert [e.bundle_id for e in plan.evict] == [bid]
     proc, leased = _spawn_leaser(cache, ckpt)
     try:
         assert leased == bid
-        result = m.execute_plan(plan)
+        result = m.evictor.execute(plan)
         assert result.evicted == ()
         assert [(s.bundle_id, s.reason) for s in result.skipped] == [(bid, "leased")]
-        assert (m.bundle_dir(m.get_bundle(bid)) / "manifest.json").exists()
+        assert (m.queries.bundle_dir(m.queries.get_bundle(bid)) / "manifest.json").exists()
     finally:
         proc.kill()
         proc.wait()
@@ -357,13 +357,13 @@ def test_a_bundle_leased_after_planning_is_skipped_at_execution(cache: Path, tmp
 def test_a_bundle_pinned_after_planning_is_skipped_at_execution(cache: Path, tmp_path: Path) -> None:
     m = open_manager(cache)
     bid = m.prepare(str(make_checkpoint(tmp_path / "late-pin", seed=6))).bundle_id
-    plan = m.plan_eviction(0)
+    plan = m.evictor.plan(0)
     assert [e.bundle_id for e in plan.evict] == [bid]
-    m.pin(bid)
-    result = m.execute_plan(plan)
+    m.catalog.set_pinned(bid, True)
+    result = m.evictor.execute(plan)
     assert result.evicted == ()
     assert [(s.bundle_id, s.reason) for s in result.skipped] == [(bid, "pinned")]
-    assert (m.bundle_dir(m.get_bundle(bid)) / "manifest.json").exists()
+    assert (m.queries.bundle_dir(m.queries.get_bundle(bid)) / "manifest.json").exists()
 
 
 def test_reconcile_leaves_a_running_build_alone(cache: Path, tmp_path: Path) -> None:
@@ -382,7 +382,7 @@ def test_reconcile_leaves_a_running_build_alone(cache: Path, tmp_path: Path) -> 
         while not (staging.is_dir() and any(staging.iterdir())):
             assert proc.poll() is None and time.monotonic() < deadline, "the child never started building"
             time.sleep(0.02)
-        report = open_manager(cache).reconcile()
+        report = open_manager(cache).reconciler.reconcile()
         assert report.staging_removed == ()
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0

@@ -29,12 +29,12 @@ def test_a_build_killed_mid_way_leaves_no_row_after_reconcile(tmp_path: Path) ->
     try:
         building: list[BundleInfo] = list(m.catalog.all_bundles())
         assert [b.state for b in building] == ["building"]
-        report = m.reconcile()
+        report = m.reconciler.reconcile()
         assert report.forgotten == (building[0].id,)
-        assert m.list_bundles().total == 0, "bundles ls lists a directory that does not exist"
-        stats = m.stats()
+        assert m.queries.list_bundles().total == 0, "bundles ls lists a directory that does not exist"
+        stats = m.queries.stats()
         assert stats.bundles == 0 and stats.builds_failed == 1
-        failed = m.events(kind="build_failed")
+        failed = m.queries.events(kind="build_failed")
         assert len(failed) == 1 and "interrupted" in (failed[0].detail or "")
     finally:
         m.close()
@@ -48,7 +48,7 @@ def test_failed_rows_from_older_versions_are_forgotten(tmp_path: Path) -> None:
             row = session.get(BundleRow, (bid, m.catalog.node))
             assert row is not None
             row.state = "failed"
-        assert bid in m.reconcile().forgotten
-        assert m.list_bundles().total == 0
+        assert bid in m.reconciler.reconcile().forgotten
+        assert m.queries.list_bundles().total == 0
     finally:
         m.close()

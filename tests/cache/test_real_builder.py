@@ -44,7 +44,7 @@ def test_real_build_killed_before_publish_then_clean_rebuild_and_lease(demo: Pat
 
     manager = CacheManager.open(cache, max_size_bytes=10**12)
     try:
-        report = manager.reconcile()
+        report = manager.reconciler.reconcile()
         assert len(report.staging_removed) == 1 and list((cache / ".staging").iterdir()) == []
         leaser = subprocess.Popen(
             [*CHILD, str(cache), str(demo), "lease"], stdout=subprocess.PIPE, env=child_env(**REAL), text=True
@@ -57,7 +57,7 @@ def test_real_build_killed_before_publish_then_clean_rebuild_and_lease(demo: Pat
             bundle = Path(built["bundle_dir"])
             assert verify_bundle(bundle).ok
             # A serving process's lease keeps the real bundle through a prune to zero.
-            result = manager.prune(0)
+            result = manager.evictor.prune(0)
             assert result.evicted == () and [s.reason for s in result.skipped] == ["leased"]
             engine = load_engine(bundle, threads=1)
             assert engine.prefill(0, [1, 2, 3]).shape == (engine.info.vocab_size,)
@@ -66,6 +66,6 @@ def test_real_build_killed_before_publish_then_clean_rebuild_and_lease(demo: Pat
             leaser.kill()
             leaser.wait()
         # The holder is gone: now the bundle can go.
-        assert manager.prune(0).evicted == (built["bundle_id"],)
+        assert manager.evictor.prune(0).evicted == (built["bundle_id"],)
     finally:
         manager.close()

@@ -43,7 +43,7 @@ def test_a_symlinked_trash_is_refused_and_its_target_kept(tmp_path: Path) -> Non
     with pytest.raises(CacheError, match="symlink"):
         m = open_manager(root)
         try:
-            m.reconcile()
+            m.reconciler.reconcile()
         finally:
             m.close()
     assert (target / "thesis.tex").read_text() == "years of work"
@@ -66,7 +66,7 @@ def test_reconcile_quarantines_unknown_directories(tmp_path: Path) -> None:
     m = open_manager(root)
     try:
         _precious(root / "engines" / "aaaa" / "notabundle")
-        report = m.reconcile()
+        report = m.reconciler.reconcile()
         assert "engines/aaaa/notabundle" in report.corrupt
         assert not (root / "engines" / "aaaa" / "notabundle").exists()
         kept = list((root / "quarantine").iterdir())

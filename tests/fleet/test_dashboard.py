@@ -69,8 +69,9 @@ def seeded(tmp_path: Path, fleet_url: str) -> Iterator[tuple[CacheManager, str, 
         for _ in range(i):
             a.prepare(ck)  # i hits
     a.prepare(ckpts[0], ProfileRequest(max_input_len=64))
-    a.prune(4 * 6000)  # one lru eviction
-    a.remove(a.list_bundles(node="node-a", sort="hits", order="asc", limit=1).items[0].id)  # one manual
+    a.evictor.prune(4 * 6000)  # one lru eviction
+    least_hit = a.queries.list_bundles(node="node-a", sort="hits", order="asc", limit=1).items[0].id
+    a.evictor.remove(least_hit)  # one manual
     broken = CacheManager.open(
         tmp_path / "a",
         catalog_url=fleet_url,
@@ -197,7 +198,7 @@ def test_dashboard_in_chromium_shows_the_api_numbers(seeded: tuple[CacheManager,
 
             # Live refresh: a new hit shows up without a reload.
             hits_before = int(_value(page, "hits"))
-            bid = manager.list_bundles(node="node-a", state="ready", limit=1).items[0]
+            bid = manager.queries.list_bundles(node="node-a", state="ready", limit=1).items[0]
             manager.catalog.record_hit(bid.id)
             _wait(page, lambda: _value(page, "hits") == str(hits_before + 1), "the new hit", 15)
             _check_numbers(page, api, "node-a")

@@ -32,24 +32,25 @@ def test_same_bundle_on_two_nodes_is_two_rows_and_eviction_stays_home(
     ra, rb = a.prepare(ckpt), b.prepare(ckpt)
     assert ra.bundle_id == rb.bundle_id and ra.built and rb.built  # each node builds on its own disk
     assert ra.bundle_dir != rb.bundle_dir
-    page = a.list_bundles()
+    page = a.queries.list_bundles()
     assert page.total == 2 and {i.node for i in page.items} == {"node-a", "node-b"}
-    assert a.list_bundles(node="node-b").total == 1
+    assert a.queries.list_bundles(node="node-b").total == 1
     # Node A evicts everything it can: B's row and files stay.
-    cleared = a.clear()
+    cleared = a.evictor.clear()
     assert cleared.evicted == (ra.bundle_id,)
     assert not ra.bundle_dir.exists() and rb.bundle_dir.is_dir()
-    assert b.get_bundle(rb.bundle_id).state == "ready"
-    assert [i.node for i in a.list_bundles().items] == ["node-b"]
+    assert b.queries.get_bundle(rb.bundle_id).state == "ready"
+    assert [i.node for i in a.queries.list_bundles().items] == ["node-b"]
     # Events and stats carry and filter by node.
-    assert {e.node for e in a.events(node="node-a")} == {"node-a"}
-    assert a.stats().evictions_by_reason == {"clear": 1}
-    assert a.stats("node-b").evictions_by_reason == {}
-    assert (a.stats("node-b").builds_ok, a.stats("node-b").size_bytes) == (1, rb_size(b, rb.bundle_id))
+    assert {e.node for e in a.queries.events(node="node-a")} == {"node-a"}
+    assert a.queries.stats().evictions_by_reason == {"clear": 1}
+    assert a.queries.stats("node-b").evictions_by_reason == {}
+    b_stats = a.queries.stats("node-b")
+    assert (b_stats.builds_ok, b_stats.size_bytes) == (1, rb_size(b, rb.bundle_id))
 
 
 def rb_size(m: CacheManager, bid: str) -> int:
-    return m.get_bundle(bid).size_bytes
+    return m.queries.get_bundle(bid).size_bytes
 
 
 def test_nodes_list_heartbeat_and_down(open_node: NodeOpener, tmp_path: Path) -> None:
@@ -96,9 +97,9 @@ def test_converger_builds_pins_and_evicts_to_the_cap(open_node: NodeOpener, tmp_
     assert states[f"{ckpts[0]}[max_input_len=64]"] == "pinned"
     assert states[ckpts[1]] == "ready" and states[str(tmp_path / "missing")] == "failed"
     assert states["max_size_bytes"] == "ready"
-    assert a.catalog.get_bundle(old) is None and b.get_bundle(other).state == "ready"
+    assert a.catalog.get_bundle(old) is None and b.queries.get_bundle(other).state == "ready"
     pinned = a.prepare(ckpts[0], ProfileRequest(max_input_len=64)).bundle_id
-    assert a.get_bundle(pinned).pinned
+    assert a.queries.get_bundle(pinned).pinned
     # A node-specific state wins over the fleet default; a failed item is not retried per pass.
     a.fleet.set_desired("node-a", DesiredSpec(bundles=(DesiredBundle(ckpts[1]),)))
     again = Converger(a, on_status=seen.append).run_once()

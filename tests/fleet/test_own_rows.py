@@ -33,20 +33,20 @@ def test_reconcile_and_the_stale_sweep_see_only_their_own_node(
 
     # Reconcile on A: B's bundles are not A's to forget, and A's own X is adopted back.
     a.catalog.forget_bundle(x)  # A's row lost (e.g. a catalog restored from an old backup)
-    report = a.reconcile()
+    report = a.reconciler.reconcile()
     assert x in report.adopted, report
     assert z not in report.forgotten and x not in report.forgotten, report
-    assert a.get_bundle(x).state == "ready"
-    assert {(r.id, r.state) for r in b.list_bundles(node="node-b", limit=10).items} == {
+    assert a.queries.get_bundle(x).state == "ready"
+    assert {(r.id, r.state) for r in b.queries.list_bundles(node="node-b", limit=10).items} == {
         (x, "stale"),
         (z, "ready"),
     }
 
     a.catalog.touch(x, utcnow())  # X is A's most recently used bundle
     # A prune on A frees one bundle's bytes: A's LRU one (Y), never A's ready X for B's stale X.
-    total = sum(r.size_bytes for r in a.list_bundles(node="node-a", limit=10).items)
-    result = a.prune(total - 1)
+    total = sum(r.size_bytes for r in a.queries.list_bundles(node="node-a", limit=10).items)
+    result = a.evictor.prune(total - 1)
     assert result.evicted == (y,), result
-    assert a.get_bundle(x).state == "ready"
-    assert (a.layout.root / a.get_bundle(x).path / "manifest.json").exists()
-    assert b.get_bundle(x).state == "stale"
+    assert a.queries.get_bundle(x).state == "ready"
+    assert (a.layout.root / a.queries.get_bundle(x).path / "manifest.json").exists()
+    assert b.queries.get_bundle(x).state == "stale"

@@ -67,7 +67,8 @@ def test_the_default_model_runs_at_its_files_precision_only_where_the_gate_passe
     manager = CacheManager.open(tmp_path / "cache", max_size_bytes=10**12, builders=strict)
     try:
         with caplog.at_level(logging.WARNING, logger="cachesvc.default_model"):
-            runtime = server.load_startup_runtime(config, manager, None, MetricsState(manager), default=True)
+            runtime = server.load_startup_runtime(config, manager, None, MetricsState(manager.queries),
+                                                  default=True)
         try:
             assert runtime.engine.info.precision == "fp32"
         finally:
@@ -79,13 +80,14 @@ def test_the_default_model_runs_at_its_files_precision_only_where_the_gate_passe
         assert lines[0].endswith("serving the default model at fp32 instead")
         # A model the user named is not swapped behind their back: the gate's error stands.
         with pytest.raises(QualityGateError):
-            server.load_startup_runtime(config, manager, None, MetricsState(manager), default=False)
+            server.load_startup_runtime(config, manager, None, MetricsState(manager.queries), default=False)
     finally:
         manager.close()
     # With the real gate the file's own precision passes here: int4, answers as fp32.
     manager = CacheManager.open(tmp_path / "cache2", max_size_bytes=10**12)
     try:
-        runtime = server.load_startup_runtime(config, manager, None, MetricsState(manager), default=True)
+        runtime = server.load_startup_runtime(config, manager, None, MetricsState(manager.queries),
+                                              default=True)
         try:
             assert runtime.engine.info.precision == "int4"
         finally:

@@ -129,8 +129,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="all-bundles-every-node",
         why="the catalog's all_bundles drops its node filter: reconcile and the stale-first "
         "eviction see other nodes' rows (on a shared catalog)",
-        path="cachesvc/catalog/repository.py",
-        function="Catalog.all_bundles",
+        path="cachesvc/catalog/bundles.py",
+        function="BundleTable.all_bundles",
         find=r"\.where\(BundleRow\.node == self\.node\)",
         replace="",
         tests=("tests/fleet/test_own_rows.py",),
@@ -162,8 +162,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="hit-skips-quick-check",
         why="a cache hit or an engine load takes a bundle whose sampled bytes no longer match its "
         "manifest (the quick check always passes)",
-        path="cachesvc/manager.py",
-        function="CacheManager._load_check",
+        path="cachesvc/verification.py",
+        function="BundleVerifier.load_check",
         find=r"return detail",
         replace="return None",
         tests=(
@@ -194,9 +194,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="digest-skips-weight-samples",
         why="the checkpoint digest stops sampling weight bytes, so changed weights hit the old bundle",
         path="cachesvc/checkpoints.py",
-        function="_sample_offsets",
-        find=r'"""\n',
-        replace='"""\n    return (0, 0, 0)\n',
+        function="_samples",
+        find=r"for off in sample_offsets\(length, SAMPLE_BYTES\)",
+        replace="for off in (0, 0, 0)",
         tests=("tests/cache/test_checkpoints.py::test_digest_changes_when_a_sampled_weight_byte_changes",),
     ),
     # -- keys on the real app -------------------------------------------------------------

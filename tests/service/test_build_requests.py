@@ -26,7 +26,7 @@ def test_bad_models_are_refused_before_202_without_a_walk(app: App, model: str) 
     assert r.status_code == 400, r.text
     assert r.json()["field"] == "model" or "config.json" in r.json()["detail"]
     assert elapsed < 1.0, elapsed
-    assert app.manager.list_builds() == []
+    assert app.manager.builds.all_builds() == []
 
 
 def test_profile_constraints_are_checked_before_202(app: App) -> None:
@@ -50,7 +50,7 @@ def test_local_checkpoints_must_lie_under_an_allowed_root(app: App, tmp_path: Pa
         shutil.copytree(outside, inside)
         r = h.post("/admin/builds", json={"model": str(inside)})
         assert r.status_code == 202, r.text
-    app.manager.wait_for_build(r.json()["id"], timeout=60)
+    app.manager.builds.wait(r.json()["id"], timeout=60)
 
 
 def test_the_walk_does_not_follow_directory_links_out_of_the_checkpoint(tmp_path: Path) -> None:
@@ -78,12 +78,12 @@ def test_the_walk_does_not_follow_directory_links_out_of_the_checkpoint(tmp_path
     ],
 )
 def test_dot_dot_is_refused_before_202(app: App, model: str) -> None:
-    builds = len(app.manager.list_builds())  # the app is the module's: earlier tests built
+    builds = len(app.manager.builds.all_builds())  # the app is the module's: earlier tests built
     with app.http() as h:
         r = h.post("/admin/builds", json={"model": model})
     assert r.status_code == 400, r.text
     assert r.json()["field"] == "model"
-    assert len(app.manager.list_builds()) == builds
+    assert len(app.manager.builds.all_builds()) == builds
 
 
 def test_a_link_inside_an_allowed_root_to_a_file_outside_is_refused(app: App, tmp_path: Path) -> None:
@@ -100,7 +100,7 @@ def test_a_link_inside_an_allowed_root_to_a_file_outside_is_refused(app: App, tm
     weights.symlink_to(secret)
     direct = root / "direct.gguf"
     direct.symlink_to(secret)
-    builds = len(app.manager.list_builds())
+    builds = len(app.manager.builds.all_builds())
     with app.http() as h:
         for model, named in ((gguf_dir, "x.gguf"), (hf_dir, weights.name), (direct, None)):
             r = h.post("/admin/builds", json={"model": str(model)})
@@ -119,5 +119,5 @@ def test_a_link_inside_an_allowed_root_to_a_file_outside_is_refused(app: App, tm
             (linked / f.name).symlink_to(f)
         r = h.post("/admin/builds", json={"model": str(linked)})
         assert r.status_code == 202, r.text
-    assert app.manager.wait_for_build(r.json()["id"], timeout=60).state == "done"
-    assert len(app.manager.list_builds()) == builds + 1
+    assert app.manager.builds.wait(r.json()["id"], timeout=60).state == "done"
+    assert len(app.manager.builds.all_builds()) == builds + 1

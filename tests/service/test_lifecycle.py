@@ -39,7 +39,7 @@ ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Go on."}]
 def _bundle_path(cache_dir: Path, bundle_id: str) -> Path:
     manager = CacheManager.open(cache_dir, max_size_bytes=10**12)
     try:
-        return manager.bundle_dir(manager.get_bundle(bundle_id))
+        return manager.queries.bundle_dir(manager.queries.get_bundle(bundle_id))
     finally:
         manager.close()
 

@@ -58,7 +58,7 @@ def _serve_refused(cache: Path, *flags: str) -> str:
 def _rows(cache: Path, node: str) -> list[tuple[str, str, str]]:
     m = CacheManager.open(cache, node=node, max_size_bytes=10**12, builders={}, offline=True)
     try:
-        return sorted((b.id, b.node, b.state) for b in m.list_bundles(limit=100).items)
+        return sorted((b.id, b.node, b.state) for b in m.queries.list_bundles(limit=100).items)
     finally:
         m.close()
 

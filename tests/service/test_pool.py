@@ -60,7 +60,7 @@ def catalog(tmp_path_factory: pytest.TempPathFactory) -> Catalog:
         checkpoints[arch] = ckpt
     manager = CacheManager.open(cache_dir, max_size_bytes=10**12)
     try:
-        for b in manager.list_bundles(state="ready").items:
+        for b in manager.queries.list_bundles(state="ready").items:
             arch = next(a for a in ARCHS if Path(b.model).name == f"{a}-tiny")
             bundles[arch] = b.id
             checkpoints[arch] = Path(b.model)
@@ -119,7 +119,7 @@ def _metric(server: ServerProcess, prefix: str) -> float:
 def _events(cache_dir: Path, kind: str) -> list[Any]:
     manager = CacheManager.open(cache_dir, max_size_bytes=10**12)
     try:
-        return list(manager.events(kind=kind, limit=1000))
+        return list(manager.queries.events(kind=kind, limit=1000))
     finally:
         manager.close()
 
@@ -246,7 +246,9 @@ def test_memory_budget_smaller_than_two_models_keeps_one(catalog: Catalog, tmp_p
     manager = CacheManager.open(catalog.cache_dir, max_size_bytes=10**12)
     try:
         sizes = [
-            memory_estimate(manager.bundle_dir(manager.get_bundle(catalog.bundles[a])), max_slots=1)
+            memory_estimate(
+                manager.queries.bundle_dir(manager.queries.get_bundle(catalog.bundles[a])), max_slots=1
+            )
             for a in ("llama", "qwen2")
         ]
     finally:

@@ -68,7 +68,7 @@ def test_draft_model_builds_and_caches_the_draft_bundle(
     assert not alone.built and alone.bundle_id == first.draft_bundle_id
     again = manager.prepare(str(target), request)
     assert not again.built and again.draft_bundle_id == first.draft_bundle_id
-    assert {b.id for b in manager.list_bundles().items} >= {first.bundle_id, first.draft_bundle_id}
+    assert {b.id for b in manager.queries.list_bundles().items} >= {first.bundle_id, first.draft_bundle_id}
 
     # What serving does with it: load both, make the proposer, decode; greedy output unchanged.
     engine = load_engine(first.bundle_dir, max_slots=2, threads=1)

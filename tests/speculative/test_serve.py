@@ -69,8 +69,8 @@ def test_speculative_bundles_answer_like_the_plain_one(demo_dir: Path, tmp_path:
         assert gone.status_code == 200, gone.text
         manager = CacheManager.open(cache_dir, max_size_bytes=10**12)
         try:
-            assert manager.holders(str(plain["bundle_id"]))
+            assert manager.queries.holders(str(plain["bundle_id"]))
             httpx.delete(f"{server.base_url}/admin/engines/{drafted['bundle_id']}", timeout=60)
-            assert not manager.holders(str(plain["bundle_id"]))  # released with the target
+            assert not manager.queries.holders(str(plain["bundle_id"]))  # released with the target
         finally:
             manager.close()

@@ -50,7 +50,7 @@ def service_app(
 ) -> tuple[Litestar, MetricsState]:
     """``create_app`` over ``manager`` with launch options ``config`` (no engine loaded)."""
     options = {"cache_dir": Path(manager.layout.root), **config}
-    metrics = MetricsState(manager)
+    metrics = MetricsState(manager.queries)
     app = create_app(ServeConfig.from_mapping(options), manager, metrics=metrics)
     return set_peer(app, peer), metrics
 

@@ -30,7 +30,7 @@ def main() -> None:
         builders={"onnxruntime": FileBuilder(files=3, file_size=2000)},
         offline=True,
     )
-    manager.reconcile()
+    manager.reconciler.reconcile()
     config = ServeConfig(
         cache_dir=cache_dir,
         catalog_url=url,

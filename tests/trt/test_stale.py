@@ -85,7 +85,7 @@ def built(node: Node, hf_checkpoint: Callable[..., Path]) -> tuple[str, str]:
     ort = m.prepare(ckpt, ProfileRequest(backend="onnxruntime", **SHAPES))
     trt = m.prepare(ckpt, ProfileRequest(backend="tensorrt", **SHAPES))
     assert trt.built and "-tensorrt-sm90-" in trt.bundle_dir.name
-    assert m.reconcile().stale == ()  # built here: it runs here
+    assert m.reconciler.reconcile().stale == ()  # built here: it runs here
     return ort.bundle_id, trt.bundle_id
 
 
@@ -103,14 +103,14 @@ def test_another_gpu_flags_stale_never_serves_evicts_first_and_the_gpu_back_rest
     ort_id, trt_id = built
     node.gpu(GPU_B)
     m = node.start()
-    report = m.reconcile()
+    report = m.reconciler.reconcile()
     assert report.stale == (trt_id,) and report.restored == ()
-    info = m.get_bundle(trt_id)
+    info = m.queries.get_bundle(trt_id)
     assert info.state == "stale" and "compute capability 9.0" in (info.error or "")
-    assert "8.9" in (info.error or "") and m.get_bundle(ort_id).state == "ready"
-    event = m.events(kind="reconcile", bundle_id=trt_id)[0]
+    assert "8.9" in (info.error or "") and m.queries.get_bundle(ort_id).state == "ready"
+    event = m.queries.events(kind="reconcile", bundle_id=trt_id)[0]
     assert (event.reason, event.detail) == ("stale", info.error)
-    assert m.reconcile().stale == ()  # flagged once
+    assert m.reconciler.reconcile().stale == ()  # flagged once
 
     # Never served: no lease, not listed by the pool, a clear 404 by name.
     with pytest.raises(CorruptBundleError, match="stale"):
@@ -130,30 +130,31 @@ def test_another_gpu_flags_stale_never_serves_evicts_first_and_the_gpu_back_rest
     # The GPU it was built for is back: ready again, servable again.
     node.gpu(GPU_A)
     m = node.start()
-    assert m.reconcile().restored == (trt_id,)
-    assert (m.get_bundle(trt_id).state, m.get_bundle(trt_id).error) == ("ready", None)
-    assert m.events(kind="reconcile", bundle_id=trt_id)[0].reason == "ready"
+    assert m.reconciler.reconcile().restored == (trt_id,)
+    assert (m.queries.get_bundle(trt_id).state, m.queries.get_bundle(trt_id).error) == ("ready", None)
+    assert m.queries.events(kind="reconcile", bundle_id=trt_id)[0].reason == "ready"
     m.lease(trt_id).release()
 
     # Another GPU again: the stale bundle goes first, though the onnxruntime one is older.
     node.gpu(GPU_B)
     m = node.start()
-    m.reconcile()
-    sizes = {b: m.get_bundle(b).size_bytes for b in built}
-    assert m.get_bundle(ort_id).last_used_at < m.get_bundle(trt_id).last_used_at  # type: ignore[operator]
+    m.reconciler.reconcile()
+    sizes = {b: m.queries.get_bundle(b).size_bytes for b in built}
+    assert m.queries.get_bundle(ort_id).last_used_at < m.queries.get_bundle(trt_id).last_used_at  # type: ignore[operator]
     cap = sum(sizes.values()) - 1  # one of the two has to go
     plan = _cli(node.cache, capsys, "prune", "--max-size-bytes", str(cap), "--dry-run")
     assert [(e["id"], e["reason"]) for e in plan["evict"]] == [(trt_id, "stale")]
-    dry = m.prune(cap, dry_run=True)
+    dry = m.evictor.prune(cap, dry_run=True)
     assert [(e.bundle_id, e.reason) for e in dry.plan.evict] == [(trt_id, "stale")]
     with TestClient(build_app(m)[0], base_url=LOOPBACK_URL) as client:
         body = client.post("/admin/cache/prune", json={"max_size_bytes": cap, "dry_run": True}).json()
         assert [(p["bundle_id"], p["reason"]) for p in body["planned"]] == [(trt_id, "stale")]
-    done = m.prune(cap)
-    assert done.evicted == (trt_id,) and not m.bundle_dir(info).exists()
-    evict = m.events(kind="evict", bundle_id=trt_id)[0]
+    done = m.evictor.prune(cap)
+    assert done.evicted == (trt_id,) and not m.queries.bundle_dir(info).exists()
+    evict = m.queries.events(kind="evict", bundle_id=trt_id)[0]
     assert (evict.reason, evict.bytes) == ("stale", sizes[trt_id]) and "9.0" in (evict.detail or "")
-    assert m.get_bundle(ort_id).state == "ready" and m.stats().evictions_by_reason == {"stale": 1}
+    assert m.queries.get_bundle(ort_id).state == "ready"
+    assert m.queries.stats().evictions_by_reason == {"stale": 1}
 
 
 def test_a_pinned_stale_bundle_stays_but_is_listed_as_stale(
@@ -161,18 +162,23 @@ def test_a_pinned_stale_bundle_stays_but_is_listed_as_stale(
 ) -> None:
     ort_id, trt_id = built
     assert node.manager is not None
-    node.manager.pin(trt_id)
+    node.manager.catalog.set_pinned(trt_id, True)
     node.gpu(GPU_B)
     m = node.start()
-    m.reconcile()
-    assert m.get_bundle(trt_id).state == "stale"
-    result = m.prune(0)
+    m.reconciler.reconcile()
+    assert m.queries.get_bundle(trt_id).state == "stale"
+    result = m.evictor.prune(0)
     assert result.evicted == (ort_id,)
     assert [(s.bundle_id, s.reason, s.stale) for s in result.skipped] == [(trt_id, "pinned", True)]
-    assert m.bundle_dir(m.get_bundle(trt_id)).exists()
+    assert m.queries.bundle_dir(m.queries.get_bundle(trt_id)).exists()
     plan = _cli(node.cache, capsys, "prune", "--max-size-bytes", "0", "--dry-run")
     assert plan["skipped"] == [
-        {"id": trt_id, "size_bytes": m.get_bundle(trt_id).size_bytes, "reason": "pinned", "stale": True}
+        {
+            "id": trt_id,
+            "size_bytes": m.queries.get_bundle(trt_id).size_bytes,
+            "reason": "pinned",
+            "stale": True,
+        }
     ]
 
 
@@ -187,22 +193,22 @@ def test_another_tensorrt_version_or_no_gpu_is_stale_too_and_verify_says_so(
     original = str(fake_trt.__version__)
     trt_version("10.99.0.0")
     m = node.start()
-    assert m.reconcile().stale == (trt_id,)
-    assert f"TensorRT {original}" in (m.get_bundle(trt_id).error or "")
+    assert m.reconciler.reconcile().stale == (trt_id,)
+    assert f"TensorRT {original}" in (m.queries.get_bundle(trt_id).error or "")
     trt_version(original)
-    assert m.reconcile().restored == (trt_id,)
+    assert m.reconciler.reconcile().restored == (trt_id,)
     monkeypatch.setenv("FAKE_CUDA_DEVICES", "0")
     m = node.start()
-    assert m.reconcile().stale == (trt_id,)
-    assert "no CUDA device" in (m.get_bundle(trt_id).error or "")
+    assert m.reconciler.reconcile().stale == (trt_id,)
+    assert "no CUDA device" in (m.queries.get_bundle(trt_id).error or "")
     monkeypatch.delenv("FAKE_CUDA_DEVICES")
-    verified = m.verify(trt_id)
+    verified = m.verifier.verify(trt_id)
     assert (verified.ok, verified.state) == (True, "ready")
     node.gpu(GPU_B)
-    verified = m.verify(trt_id)
+    verified = m.verifier.verify(trt_id)
     assert (verified.ok, verified.state) == (True, "stale")
-    assert "compute capability 9.0" in (m.get_bundle(trt_id).error or "")
-    assert [e.reason for e in m.events(kind="verify", bundle_id=trt_id)][:2] == ["stale", "ok"]
+    assert "compute capability 9.0" in (m.queries.get_bundle(trt_id).error or "")
+    assert [e.reason for e in m.queries.events(kind="verify", bundle_id=trt_id)][:2] == ["stale", "ok"]
 
 
 def test_a_gpu_with_another_name_but_the_same_compute_capability_is_not_stale(
@@ -211,7 +217,7 @@ def test_a_gpu_with_another_name_but_the_same_compute_capability_is_not_stale(
     _, trt_id = built
     node.gpu(("9.0", "Fake NVIDIA H200 (CPU emulation)"))
     m = node.start()
-    assert m.reconcile().stale == () and m.get_bundle(trt_id).state == "ready"
+    assert m.reconciler.reconcile().stale == () and m.queries.get_bundle(trt_id).state == "ready"
 
 
 def test_a_bundle_served_on_this_node_right_now_is_not_flagged(node: Node, built: tuple[str, str]) -> None:
@@ -220,9 +226,9 @@ def test_a_bundle_served_on_this_node_right_now_is_not_flagged(node: Node, built
     assert m is not None
     with m.lease(trt_id):  # a process here has it loaded: it runs here, whatever the probe says
         node.gpu(GPU_B)
-        assert m.reconcile().stale == ()
-        assert m.verify(trt_id).state == "ready"
-    assert m.reconcile().stale == (trt_id,)
+        assert m.reconciler.reconcile().stale == ()
+        assert m.verifier.verify(trt_id).state == "ready"
+    assert m.reconciler.reconcile().stale == (trt_id,)
 
 
 def test_prepare_takes_a_stale_bundle_back_when_its_gpu_is_back(
@@ -230,12 +236,12 @@ def test_prepare_takes_a_stale_bundle_back_when_its_gpu_is_back(
 ) -> None:
     _, trt_id = built
     node.gpu(GPU_B)
-    node.start().reconcile()
+    node.start().reconciler.reconcile()
     node.gpu(GPU_A)  # back, and no reconcile has run since
     m = node.start()
     again = m.prepare(str(hf_checkpoint("llama")), ProfileRequest(backend="tensorrt", **SHAPES))
     assert (again.bundle_id, again.built) == (trt_id, False)
-    assert m.get_bundle(trt_id).state == "ready"
+    assert m.queries.get_bundle(trt_id).state == "ready"
 
 
 def test_prepare_rebuilds_a_stale_bundle_that_still_cannot_run(
@@ -245,16 +251,16 @@ def test_prepare_rebuilds_a_stale_bundle_that_still_cannot_run(
     m = node.start()
     # The manifest says the plan came from another TensorRT (as a bundle copied from another
     # node would): same key, files intact, but it cannot run here.
-    bundle_dir = m.bundle_dir(m.get_bundle(trt_id))
+    bundle_dir = m.queries.bundle_dir(m.queries.get_bundle(trt_id))
     manifest = json.loads((bundle_dir / "manifest.json").read_text())
     manifest["engine"]["tensorrt_version"] = "10.0.0.0"
     (bundle_dir / "manifest.json").write_text(json.dumps(manifest))
-    assert m.reconcile().stale == (trt_id,)
+    assert m.reconciler.reconcile().stale == (trt_id,)
     again = m.prepare(str(hf_checkpoint("llama")), ProfileRequest(backend="tensorrt", **SHAPES))
     assert (again.bundle_id, again.built) == (trt_id, True)
-    assert m.get_bundle(trt_id).state == "ready"
-    assert [e.reason for e in m.events(kind="evict", bundle_id=trt_id)] == ["stale"]
-    assert m.reconcile().stale == ()
+    assert m.queries.get_bundle(trt_id).state == "ready"
+    assert [e.reason for e in m.queries.events(kind="evict", bundle_id=trt_id)] == ["stale"]
+    assert m.reconciler.reconcile().stale == ()
 
 
 _NO_GPU_IMPORTS = """
@@ -265,7 +271,7 @@ from tests.support.cache import FileBuilder, make_checkpoint
 root = Path(sys.argv[1])
 m = CacheManager.open(root / "cache", max_size_bytes=10**9, builders={"onnxruntime": FileBuilder()})
 bid = m.prepare(str(make_checkpoint(root / "ckpt", seed=1))).bundle_id
-m.reconcile(); m.verify(bid); m.prune(0, dry_run=True)
+m.reconciler.reconcile(); m.verifier.verify(bid); m.evictor.prune(0, dry_run=True)
 loaded = sorted(n for n in sys.modules if n.split(".")[0] in ("tensorrt", "pycuda"))
 assert not loaded, loaded
 """

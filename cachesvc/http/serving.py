@@ -1,4 +1,5 @@
-"""``/admin/engines`` (what is loaded in this server) and ``/admin/models`` (served names).
+"""What this server serves: ``/admin/engines`` (the engines loaded in it) and ``/admin/models``
+(the served names they answer to).
 
 As ``ollama ps`` / ``ollama run --keepalive`` / ``ollama stop``: list the loaded engines with
 their names, bundle, memory and expiry; preload one with a keep-alive; unload one (after its
@@ -218,7 +219,7 @@ class ModelController(Controller):
         """Every alias."""
         return [
             AliasOut(name=a.name, bundle_id=a.bundle_id, model=a.model, created_at=a.created_at.isoformat())
-            for a in manager.aliases()
+            for a in manager.queries.aliases()
         ]
 
     @put(
@@ -241,7 +242,7 @@ class ModelController(Controller):
         if profile and model is not None:
             bundle_id = manager.catalog_bundle_id(model, ProfileRequest(**profile))
             try:
-                manager.get_bundle(bundle_id)
+                manager.queries.get_bundle(bundle_id)
             except NotFoundError:
                 raise NotFoundError(
                     f"{model!r} has no bundle with this profile ({bundle_id}) on this node; build it "
@@ -258,11 +259,11 @@ class ModelController(Controller):
     )
     async def remove_alias(self, manager: Manager, pool: Pool, name: ModelName) -> None:
         """Delete an alias (loaded engines stop answering it)."""
-        await anyio.to_thread.run_sync(manager.remove_alias, name)
+        await anyio.to_thread.run_sync(manager.catalog.remove_alias, name)
         pool.forget_name(name)
 
 
-def engines_router(*, admin_api_key: str | None) -> Router:
+def serving_router(*, admin_api_key: str | None) -> Router:
     """``/admin/engines`` and ``/admin/models`` with the admin guard and error mapping.
 
     The app provides the ``manager`` and ``pool`` dependencies."""
@@ -279,4 +280,4 @@ def engines_router(*, admin_api_key: str | None) -> Router:
     return router
 
 
-__all__ = ["engines_router"]
+__all__ = ["serving_router"]
