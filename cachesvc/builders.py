@@ -112,6 +112,9 @@ class OnnxRuntimeBuilder:
             speculative_method=options.speculative_method,
             draft_digest=options.draft_digest,
             cpu_class=options.cpu_class,
+            task=options.task,
+            pooling=options.pooling,
+            lora=options.lora,
         )
         forced = None
         if self.accuracy_level is not None and options.cpu_class is not None:

@@ -86,12 +86,15 @@ from inference.build_profile import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_INPUT_LEN,
     DEFAULT_MAX_KV_CACHE_CAPACITY,
+    DEFAULT_TASK,
     METHODS_NEEDING_DRAFT_MODEL,
     METHODS_REFUSING_DRAFT_MODEL,
     METHODS_WITHOUT_DRAFT_MODEL,
+    POOLING_METHODS,
     PRECISION_CHOICES,
     SHAPE_LIMITS,
     SPECULATIVE_METHODS,
+    TASKS,
     ProfileError,
     check_shape,
     check_shapes,
@@ -464,6 +467,8 @@ _RULES: dict[str, Callable[[object], Any]] = {
     "cors_allowed_origins": _list_rule("origins such as https://app.example.com (comma-separated)"),
     "backend": _choice_rule(BACKEND_CHOICES),
     "precision": _choice_rule(PRECISION_CHOICES),
+    "task": _choice_rule(TASKS),
+    "pooling": _optional(_choice_rule(POOLING_METHODS)),
     "gpu_disabled": _bool_rule,
     "prefill_chunk": _positive_int,
     "shutdown_grace_seconds": _non_negative_float,
@@ -642,6 +647,8 @@ class ServeConfig:
     cors_allowed_origins: str | None = None
     backend: str = "auto"
     precision: str = "auto"
+    task: str = DEFAULT_TASK
+    pooling: str | None = None
     # environment only (no flag): see ENVIRONMENT
     gpu_disabled: bool = field(default_factory=_gpu_disabled_from_env)
     prefill_chunk: int = field(
@@ -689,7 +696,24 @@ class ServeConfig:
                         f"{default}), which --no-enable-context-reuse turns off; drop "
                         f"--no-enable-context-reuse or drop {flag_for(name)}",
                     )
+        self._check_task()
         self._refuse_no_effect()
+
+    def _check_task(self) -> None:
+        """``--pooling`` needs ``--task embed``; an embedding bundle is fp32 on onnxruntime,
+        without speculation."""
+        if self.task != "embed":
+            if self.pooling is not None:
+                raise ConfigError("--pooling", "applies only with --task embed; add it or drop --pooling")
+            return
+        if self.precision not in ("auto", "fp32"):
+            raise ConfigError("--precision", f"--task embed builds fp32 only, got {self.precision}; "
+                              "drop --precision or give fp32")
+        if self.backend == "tensorrt":
+            raise ConfigError("--backend", "--task embed runs on the onnxruntime backend; drop --backend")
+        if self.speculative_config is not None:
+            raise ConfigError("--speculative-config", "speculative decoding generates tokens; an "
+                              "embedding model (--task embed) generates none: drop it")
 
     def _refuse_no_effect(self) -> None:
         """A compatibility flag that would change nothing is refused, naming the flag."""
@@ -884,6 +908,8 @@ class ServeConfig:
             max_kv_cache_capacity=self.max_kv_cache_capacity,
             speculative_method=spec.method if spec else None,
             draft_model=spec.model if spec else None,
+            task=self.task,
+            pooling=self.pooling,
         )
 
 
@@ -924,6 +950,8 @@ class BuildSettings:
     model: str | None
     backend: str
     precision: str
+    task: str
+    pooling: str | None
     max_input_len: int
     max_batch_size: int
     max_kv_cache_capacity: int
@@ -1085,6 +1113,20 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
         "int4, Q8_0 int8, float weights fp32) and picks fp16 on TensorRT; int8/int4 builds must "
         "pass a quality gate against fp32 on this CPU",
         choices=PRECISION_CHOICES,
+    )
+    _add(
+        build,
+        "task",
+        "what the bundle is for: generate (text), or embed (vectors for /v1/embeddings: the "
+        "decoder's final hidden state pooled by --pooling and L2-normalised; fp32)",
+        choices=TASKS,
+    )
+    _add(
+        build,
+        "pooling",
+        "how --task embed pools over the tokens: last (the last token's state, as "
+        "Qwen3-Embedding does; default) or mean",
+        choices=POOLING_METHODS,
     )
     _add(build, "max_input_len", "longest prompt in tokens (<= --max-kv-cache-capacity)")
     _add(

@@ -51,6 +51,7 @@ from cachesvc.records import AliasInfo, BuildStatus, CheckpointRemoval, PrepareR
 from cachesvc.store import BundleStore, CacheLayout, read_manifest, verify_bundle
 from cachesvc.verification import BundleVerifier
 from inference.build_profile import (
+    DEFAULT_POOLING,
     METHODS_NEEDING_DRAFT_MODEL,
     METHODS_REFUSING_DRAFT_MODEL,
     METHODS_WITH_DRAFT_BUNDLE,
@@ -182,7 +183,10 @@ class CacheManager:
         """Resolve ``auto`` choices and versions into the concrete build profile (``auto``
         precision on the CPU keeps the precision of ``checkpoint_dir``'s weights)."""
         backend = resolve_backend(request.backend, self.builders, gpu_disabled=self.gpu_disabled)
-        precision = resolve_precision(request.precision, backend, checkpoint_dir)
+        embed = request.task == "embed"
+        # An embedding bundle is fp32 whatever the file holds (auto never picks int4 for it).
+        precision = ("fp32" if embed and request.precision == "auto"
+                     else resolve_precision(request.precision, backend, checkpoint_dir))
         builder = self.builders[backend]
         method = request.speculative_method
         if method in METHODS_NEEDING_DRAFT_MODEL and draft_digest is None:
@@ -200,6 +204,9 @@ class CacheManager:
             builder_version=builder.version,
             device_arch=getattr(builder, "device_arch", None) if backend == "tensorrt" else None,
             cpu_class=cpu_class() if backend == "onnxruntime" and precision in QUANTIZED_PRECISIONS else None,
+            task=request.task,
+            pooling=(request.pooling or DEFAULT_POOLING) if embed else None,
+            lora=request.lora,
         )
 
     def prepare(

@@ -25,13 +25,16 @@ from inference.build_profile import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_INPUT_LEN,
     DEFAULT_MAX_KV_CACHE_CAPACITY,
+    DEFAULT_TASK,
     PRECISION_CHOICES,
     PRECISIONS,
     QUANTIZED_PRECISIONS,
     SPECULATIVE_METHODS,
+    TASKS,
     ProfileError,
     check_choice,
     check_shapes,
+    check_task,
 )
 from inference.cpu_class import CPU_CLASSES
 
@@ -71,11 +74,20 @@ class BuildOptions:
     #: The CPU class a quantized CPU graph is written for (its int8 kernels' numerics depend on
     #: it); None for every other profile.
     cpu_class: str | None = None
+    #: What the bundle is for (``generate``, or ``embed`` pooled by ``pooling``) and whether its
+    #: graph takes LoRA adapters. Left out of :meth:`to_dict` (and so of the digest) at their
+    #: defaults, so the bundles of profiles that never name them keep their ids.
+    task: str = DEFAULT_TASK
+    pooling: str | None = None
+    lora: bool = False
 
     def __post_init__(self) -> None:
         with _as_config_error():
             check_choice("backend", self.backend, BACKENDS)
             check_choice("precision", self.precision, PRECISIONS)
+            check_task(self.task, self.pooling, self.backend, self.precision)
+            if self.lora and (self.backend != "onnxruntime" or self.task != "generate"):
+                raise ProfileError("lora", "LoRA adapters need a generate bundle of the onnxruntime backend")
             check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
             check_choice("speculative_method", self.speculative_method, SPECULATIVE_METHODS, optional=True)
         if self.draft_digest is not None and not _DIGEST_RE.match(self.draft_digest):
@@ -93,7 +105,11 @@ class BuildOptions:
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as a JSON-ready dict (stored in the catalog and the manifest)."""
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        for name, default in _OPTIONAL_DEFAULTS.items():
+            if out[name] == default:
+                del out[name]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BuildOptions:
@@ -127,8 +143,17 @@ class BuildOptions:
             parts.append(re.sub(r"[^a-z0-9]+", "", self.device_arch.lower()) or "arch")
         if self.cpu_class:
             parts.append(re.sub(r"[^a-z0-9]+", "", self.cpu_class))
+        if self.task != DEFAULT_TASK:
+            parts.append(f"{self.task}{self.pooling or ''}")
+        if self.lora:
+            parts.append("lora")
         parts += [self.precision, self.digest[:12]]
         return "-".join(parts)
+
+
+#: Profile fields added after bundles existed: omitted from the dict (and the digest) at these
+#: defaults, so every older bundle keeps its id.
+_OPTIONAL_DEFAULTS: dict[str, Any] = {"task": DEFAULT_TASK, "pooling": None, "lora": False}
 
 
 @dataclass(frozen=True)
@@ -146,9 +171,16 @@ class ProfileRequest:
     max_kv_cache_capacity: int = DEFAULT_MAX_KV_CACHE_CAPACITY
     speculative_method: str | None = None
     draft_model: str | None = None
+    #: ``embed`` builds an embedding bundle (``pooling`` ``last`` by default, or ``mean``).
+    task: str = DEFAULT_TASK
+    pooling: str | None = None
+    lora: bool = False
 
     def __post_init__(self) -> None:
         with _as_config_error():
+            check_choice("task", self.task, TASKS)
+            if self.pooling is not None and self.task != "embed":
+                raise ProfileError("pooling", f"applies only to task 'embed', got task {self.task!r}")
             check_choice("backend", self.backend, BACKEND_CHOICES)
             check_choice("precision", self.precision, PRECISION_CHOICES)
             check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)

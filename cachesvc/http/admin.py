@@ -295,6 +295,8 @@ class BuildController(Controller):
             max_kv_cache_capacity=data.max_kv_cache_capacity,
             speculative_method=data.speculative_method,
             draft_model=data.draft_model,
+            task=data.task,
+            pooling=data.pooling,
         )
         return to_body(manager.start_build(data.model, request, allowed_roots=model_roots), BuildOut)
 

@@ -142,6 +142,8 @@ def _spec(manager: CacheManager, data: DesiredIn, roots: tuple[Path, ...] | None
             max_kv_cache_capacity=b.max_kv_cache_capacity,
             speculative_method=b.speculative_method,
             draft_model=b.draft_model,
+            task=b.task,
+            pooling=b.pooling,
         )
         profile = {k: getattr(request, k) for k in ProfileRequest.__dataclass_fields__}
         bundles.append(DesiredBundle(model=b.model, profile=profile, pin=b.pin, load=b.load))

@@ -67,6 +67,8 @@ assert get_args(SkipReason) == SKIP_REASONS
 BackendChoice = Literal["auto", "onnxruntime", "tensorrt"]
 PrecisionChoice = Literal["auto", "fp32", "fp16", "bf16", "int8", "int4"]
 SpeculativeMethod = Literal["eagle3", "mtp", "dflash", "jetspec", "dspark", "ngram", "draft_model"]
+Task = Literal["generate", "embed"]
+Pooling = Literal["last", "mean"]
 
 PositiveDim = Annotated[int, Meta(ge=1, le=MAX_TOKENS_LIMIT)]
 BatchSize = Annotated[int, Meta(ge=1, le=MAX_BATCH_SIZE_LIMIT)]
@@ -238,6 +240,9 @@ class BuildRequest(Struct, frozen=True, forbid_unknown_fields=True):
     max_kv_cache_capacity: PositiveDim = DEFAULT_MAX_KV_CACHE_CAPACITY
     speculative_method: SpeculativeMethod | None = None
     draft_model: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None
+    #: ``embed``: an embedding bundle (fp32; ``pooling`` last by default, or mean).
+    task: Task = "generate"
+    pooling: Pooling | None = None
 
 
 class BuildOut(Struct, frozen=True):

@@ -71,6 +71,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "cors_allowed_origins": None,
     "backend": "auto",
     "precision": "auto",
+    "task": "generate",
+    "pooling": None,
 }
 # Settings without a flag, defaulted from the environment (unset here).
 ENV_DEFAULTS: dict[str, Any] = {
@@ -1034,3 +1036,25 @@ def test_every_variable_is_declared_with_a_default_and_help() -> None:
         if var.setting in ENV_DEFAULTS:
             assert flag_for(var.setting) == var.name
     assert {var.setting for var in ENVIRONMENT if var.setting} == set(ENV_DEFAULTS) | {"cache_dir"}
+
+
+# --- --task embed ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "flag", "words"), [
+    (["--pooling", "mean"], "--pooling", "applies only with --task embed"),
+    (["--task", "embed", "--precision", "int4"], "--precision", "builds fp32 only"),
+    (["--task", "embed", "--backend", "tensorrt"], "--backend", "onnxruntime backend"),
+    (["--task", "embed", "--speculative-config", '{"method": "ngram"}'], "--speculative-config",
+     "generates none"),
+])
+def test_embed_flags_that_cannot_work_are_refused(argv: list[str], flag: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=words) as info:
+        from_argv(argv)
+    assert_config_error(info.value, flag)
+
+
+def test_task_embed_asks_for_an_embedding_profile() -> None:
+    request = from_argv(["--task", "embed", "--pooling", "mean"]).profile_request()
+    assert (request.task, request.pooling) == ("embed", "mean")
+    assert ServeConfig().profile_request().task == "generate"

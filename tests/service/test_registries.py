@@ -48,6 +48,9 @@ def test_http_build_request_literals_equal_the_registry() -> None:
     assert get_args(hints["precision"]) == reg.PRECISION_CHOICES
     method = [a for a in get_args(hints["speculative_method"]) if a is not type(None)]
     assert get_args(method[0]) == reg.SPECULATIVE_METHODS
+    assert get_args(hints["task"]) == reg.TASKS
+    pooling = [a for a in get_args(hints["pooling"]) if a is not type(None)]
+    assert get_args(pooling[0]) == reg.POOLING_METHODS
     assert get_args(schemas.BackendName) == reg.BACKENDS
     assert get_args(schemas.SortKey) == SORT_KEYS
     assert get_args(schemas.SortOrder) == SORT_ORDERS

@@ -1,0 +1,41 @@
+"""Build profiles: fields added after bundles existed keep every older bundle's id."""
+
+from __future__ import annotations
+
+import pytest
+
+from cachesvc.errors import ConfigError
+from cachesvc.profiles import BuildOptions, ProfileRequest
+
+#: The profile digest of a default build before task, pooling and lora existed (bundle ids
+#: derive from it: a change here would rebuild every cached bundle).
+DEFAULT_DIGEST_BEFORE_TASKS = "4835e6369565e2b750423e8035d39d9afcee38a703a1bee767d5353af8c8ff4c"
+
+
+def test_new_fields_at_their_defaults_leave_the_dict_and_the_digest_alone() -> None:
+    options = BuildOptions(builder_version="ort-4")
+    assert options.digest == DEFAULT_DIGEST_BEFORE_TASKS
+    assert {"task", "pooling", "lora"}.isdisjoint(options.to_dict())
+    assert BuildOptions.from_dict(options.to_dict()) == options
+    embed = BuildOptions(builder_version="ort-4", task="embed", pooling="last")
+    lora = BuildOptions(builder_version="ort-4", lora=True)
+    assert len({options.digest, embed.digest, lora.digest}) == 3
+    assert embed.to_dict()["task"] == "embed" and BuildOptions.from_dict(embed.to_dict()) == embed
+    assert "embedlast" in embed.name and "lora" in lora.name
+
+
+@pytest.mark.parametrize(("fields", "field"), [
+    ({"task": "embed"}, "pooling"),
+    ({"pooling": "last"}, "pooling"),
+    ({"task": "embed", "pooling": "last", "precision": "int8", "cpu_class": "amx"}, "task"),
+    ({"lora": True, "task": "embed", "pooling": "last"}, "lora"),
+])
+def test_profiles_that_cannot_be_built_are_refused(fields: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        BuildOptions(**fields)  # type: ignore[arg-type]
+    assert info.value.field == field
+
+
+def test_a_request_for_pooling_needs_task_embed() -> None:
+    with pytest.raises(ConfigError, match="applies only to task 'embed'"):
+        ProfileRequest(pooling="mean")
