@@ -48,6 +48,8 @@ class CatalogModels:
         self.max_slots = max_slots
         #: name -> bundle id of the startup model (set by ``serve`` after it prepared it).
         self.startup: dict[str, str] = dict(startup or {})
+        #: LoRA adapter names (``--lora-modules``, in ``startup`` too) -> their base model's name.
+        self.parents: dict[str, str] = {}
 
     # -- resolution ----------------------------------------------------------------------------
 
@@ -154,6 +156,7 @@ class CatalogModels:
             max_model_len=int(profile.get("max_kv_cache_capacity", 0) or 0),
             memory_bytes=memory,
             draft_bundle_dir=self.manager.queries.bundle_dir(draft) if draft is not None else None,
+            parent=self.parents.get(name),
         )
 
     # -- listing -------------------------------------------------------------------------------

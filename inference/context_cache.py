@@ -120,15 +120,21 @@ class PrefixStore:
         """The byte limit on held KV."""
         return self._stats.max_bytes
 
-    def block_keys(self, tokens: Sequence[int], cache_salt: str | None = None) -> list[bytes]:
+    def block_keys(self, tokens: Sequence[int], cache_salt: str | None = None,
+                   adapter: str | None = None) -> list[bytes]:
         """Chained keys of the complete blocks of ``tokens``; ``cache_salt`` seeds the chain
-        (None: the unsalted chain, shared by every request without a salt)."""
+        (None: the unsalted chain, shared by every request without a salt), and so does the LoRA
+        ``adapter`` the KV is computed with (None: the base weights), so sequences of different
+        adapters never share records."""
         keys: list[bytes] = []
         prev = self._salt
         if cache_salt is not None:
             # A separate person string keeps a salted seed from ever equalling a block key.
             prev = hashlib.blake2b(prev + cache_salt.encode("utf-8"), digest_size=16,
                                    person=b"cache_salt").digest()
+        if adapter is not None:
+            prev = hashlib.blake2b(prev + adapter.encode("utf-8"), digest_size=16,
+                                   person=b"lora_adapter").digest()
         b = self.block_tokens
         arr = np.asarray(tokens, dtype=np.int64)
         for i in range(len(arr) // b):

@@ -65,6 +65,8 @@ class ModelRef:
     names: tuple[str, ...] = ()
     #: The draft bundle a ``draft_model`` speculative bundle loads next to it.
     draft_bundle_dir: Path | None = None
+    #: For a LoRA adapter's name: the served name of the base model it runs on.
+    parent: str | None = None
 
 
 class Releasable(Protocol):
@@ -702,6 +704,7 @@ class ModelPool:
             precision=r.precision,
             bundle_id=r.bundle_id,
             loaded=r.bundle_id in self._loaded,
+            parent=r.parent,
         )
 
     def health(self) -> dict[str, Any]:

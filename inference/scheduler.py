@@ -159,6 +159,14 @@ class GenerationRequest:
     speculative: bool = True
     # vLLM's cache_salt: cached prefixes are shared only between requests with the same salt.
     cache_salt: str | None = None
+    # The LoRA adapter this sequence runs with (None: the base weights); KV made with one
+    # adapter is never reused by a sequence of another.
+    adapter: str | None = None
+
+    @property
+    def kv_owner(self) -> tuple[str | None, str | None]:
+        """Who may reuse the KV this request leaves: requests with the same salt and adapter."""
+        return (self.cache_salt, self.adapter)
 
 
 @dataclass(eq=False)
@@ -215,8 +223,11 @@ class Scheduler:
             self._store.set_listener(self._notify_cache)
         # Per slot: the tokens whose KV the slot holds, when that KV may serve other requests.
         self._slot_tokens: list[list[int]] = [[] for _ in range(self.max_batch_size)]
-        # Per slot: the cache_salt of the request that left that KV (only the same salt reuses it).
-        self._slot_salt: list[str | None] = [None] * self.max_batch_size
+        # Per slot: the cache_salt and adapter of the request that left that KV (only a request
+        # with the same salt and adapter reuses it).
+        self._slot_owner: list[tuple[str | None, str | None]] = [(None, None)] * self.max_batch_size
+        # Engines that run LoRA adapters: each slot runs the adapter of its sequence.
+        self._adapters = engine if hasattr(engine, "set_adapter") else None
         # n choices of one prompt share its prefill by copying KV between slots.
         self._fork_kv: KVEngine | None = engine if isinstance(engine, KVEngine) else None
         self._proposer: Proposer | None = None
@@ -324,6 +335,8 @@ class Scheduler:
             elif self._free_slots:
                 slot = self._pick_slot(req)
                 self._free_slots.remove(slot)
+                if self._adapters is not None:
+                    self._adapters.set_adapter(slot, req.adapter)
                 if self._store is None:
                     self._engine.reset(slot)
                 self._running.append(_Running(req, slot))
@@ -342,7 +355,7 @@ class Scheduler:
             return lowest
         best, best_len = lowest, self._store.block_tokens - 1
         for slot in self._free_slots:
-            if self._slot_salt[slot] != req.cache_salt:
+            if self._slot_owner[slot] != req.kv_owner:
                 continue
             n = _common_prefix(self._slot_tokens[slot], req.prompt_ids, len(req.prompt_ids) - 1)
             if n > best_len or (n == best_len and slot < best):
@@ -358,15 +371,15 @@ class Scheduler:
             self._slot_tokens[slot] = []
             self._engine.reset(slot)
             return
-        salt = run.req.cache_salt
+        salt, adapter = run.req.kv_owner
         held = self._slot_tokens[slot][: kv.slot_length(slot)]  # the engine may have emptied it
-        if self._slot_salt[slot] != salt:
-            held = []  # another tenant's KV: never reused, only overwritten
-        self._slot_salt[slot] = salt
+        if self._slot_owner[slot] != run.req.kv_owner:
+            held = []  # another tenant's (or adapter's) KV: never reused, only overwritten
+        self._slot_owner[slot] = run.req.kv_owner
         limit = len(prompt) - 1  # the last prompt token is always prefilled
         reused = _common_prefix(held, prompt, limit)
         block = store.block_tokens
-        keys = store.block_keys(prompt[: (limit // block) * block], salt)
+        keys = store.block_keys(prompt[: (limit // block) * block], salt, adapter)
         found = store.fetch(keys, prompt, reused // block)
         start = (reused // block) * block
         if found and start + len(found) * block > reused:
@@ -390,7 +403,7 @@ class Scheduler:
         tokens = self._slot_tokens[run.slot]
         block = store.block_tokens
         try:
-            for i, key in enumerate(store.block_keys(tokens, run.req.cache_salt)):
+            for i, key in enumerate(store.block_keys(tokens, run.req.cache_salt, run.req.adapter)):
                 if not store.touch(key):
                     records = kv.export_kv(run.slot, i * block, block)
                     store.insert(key, tokens[i * block:(i + 1) * block], records)
@@ -544,7 +557,7 @@ class Scheduler:
             run.prefilled = n
             if self._store is not None:
                 self._slot_tokens[run.slot] = list(prompt[:n])
-                self._slot_salt[run.slot] = run.req.cache_salt
+                self._slot_owner[run.slot] = run.req.kv_owner
 
     def _decode(self, runs: list[_Running]) -> None:
         batch: list[_Running] = []

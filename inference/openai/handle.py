@@ -148,6 +148,8 @@ class Plan:
     n: int = 1
     #: vLLM's ``ignore_eos``: end-of-sequence tokens do not end the choice.
     ignore_eos: bool = False
+    #: The LoRA adapter the request's model name runs (None: the base weights).
+    adapter: str | None = None
 
 
 class ChoiceRun:
@@ -204,6 +206,9 @@ class ModelHandle:
         #: The engine's embedding side when the bundle is an embedding model (``/v1/embeddings``),
         #: else None; an embedding model answers no generation request.
         self.embedder: Embedder | None = engine if isinstance(engine, Embedder) else None
+        #: Served names that run this model with a LoRA adapter loaded in its engine: name ->
+        #: the engine's adapter name (``--lora-modules``; see :meth:`add_lora`).
+        self.lora_names: dict[str, str] = {}
         reasoning_name, tool_name = resolve_parsers(
             options.model_type or engine.info.model_type, options.reasoning_parser, options.tool_call_parser
         )
@@ -406,6 +411,7 @@ class ModelHandle:
             cache_salt=req.checked_cache_salt(),
             n=req.n,
             ignore_eos=req.ignore_eos,
+            adapter=self.lora_names.get(req.model),
         )
 
     async def response_format_grammar(self, fmt: ResponseFormat | None) -> str | None:
@@ -581,6 +587,7 @@ class ModelHandle:
                 prefix_from=reqs[0] if reqs else None,
                 speculative=constraint is None,
                 cache_salt=plan.cache_salt,
+                adapter=plan.adapter,
             )
             reqs.append(greq)
             sinks.append(sink)

@@ -509,6 +509,8 @@ class ModelCard(msgspec.Struct):
     precision: str | None = None
     bundle_id: str | None = None
     loaded: bool | None = None
+    #: vLLM's: the base model a LoRA adapter's name runs on (None for a base model).
+    parent: str | None = None
 
 
 class ModelList(msgspec.Struct):

@@ -191,3 +191,50 @@ def test_lora_inputs_cost_nothing_without_an_adapter(hf_checkpoint: Callable[...
         plain.close()
         capable.close()
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_scheduler_runs_each_request_with_its_adapter_and_never_shares_their_kv(
+        hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path], adapters: Callable[..., Path],
+        tmp_path: Path) -> None:
+    """Through the scheduler with context reuse: a request names its adapter; the same prompt under
+    another adapter (or none) reuses nothing of it, while the same adapter again reuses its KV."""
+    from inference.context_cache import PrefixStore
+    from inference.generation import GenerationState
+    from inference.sampling import Sampler, SamplingParams
+    from inference.scheduler import GenerationRequest, Scheduler
+    from tests.support.scheduling import CollectingSink, IdTokens
+
+    checkpoint = hf_checkpoint("qwen2")
+    cfg = load_model_config(checkpoint)
+    convert_peft_adapter(adapters("qwen2", 5), cfg, tmp_path / "a.onnx_adapter")
+    bundle = built_bundle(checkpoint, lora=True, max_batch_size=4, max_kv_cache_capacity=512)
+    engine = engine_of(bundle, slots=4)
+    engine.load_adapter("a", tmp_path / "a.onnx_adapter")
+    alone = greedy(engine, 0, PROMPT * 12, 6)  # the adapter-free answer, as a reference
+    engine.set_adapter(1, "a")
+    tuned = greedy(engine, 1, PROMPT * 12, 6)
+    engine.set_adapter(1, None)
+    store = PrefixStore("bundle:test", max_records=64, max_bytes=1 << 30)
+    sched = Scheduler(engine, max_batch_size=4, max_queued_requests=16, queue_timeout=60,
+                      context_cache=store)
+    sched.start()
+
+    def run(adapter: str | None) -> list[int]:
+        sink = CollectingSink()
+        prompt = PROMPT * 12  # 144 tokens: two complete 64-token blocks
+        state = GenerationState(IdTokens(), prompt_ids=prompt, max_new_tokens=6)  # type: ignore[arg-type]
+        sampler = Sampler(SamplingParams(temperature=0.0), engine.info.vocab_size)
+        sched.submit(GenerationRequest(prompt, sampler, state, sink, adapter=adapter))
+        return sink.tokens()
+
+    try:
+        assert run("a") == tuned
+        reused = store.stats().tokens_reused
+        assert run(None) == alone
+        assert store.stats().tokens_reused == reused  # the adapter's KV is not the base model's
+        assert run("a") == tuned
+        assert store.stats().tokens_reused > reused  # its own KV again
+    finally:
+        sched.stop()
+        engine.close()
+    assert tuned != alone

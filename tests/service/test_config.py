@@ -73,6 +73,9 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "precision": "auto",
     "task": "generate",
     "pooling": None,
+    "enable_lora": False,
+    "lora_modules": (),
+    "max_loras": 4,
 }
 # Settings without a flag, defaulted from the environment (unset here).
 ENV_DEFAULTS: dict[str, Any] = {
@@ -172,7 +175,7 @@ def test_help_names_every_flag_and_shows_defaults() -> None:
     for name, default in EXPECTED_DEFAULTS.items():
         flag = flag_for(name)
         assert flag in text, flag
-        if default is not None and not isinstance(default, bool):
+        if default is not None and not isinstance(default, bool | tuple):
             assert f"(default: {default})" in text, flag
     assert "(default: $CACHESVC_CACHE_DIR or ~/.cache/cachesvc)" in text
     assert "(default: sqlite:///<cache-dir>/catalog.sqlite3)" in text
@@ -1058,3 +1061,31 @@ def test_task_embed_asks_for_an_embedding_profile() -> None:
     request = from_argv(["--task", "embed", "--pooling", "mean"]).profile_request()
     assert (request.task, request.pooling) == ("embed", "mean")
     assert ServeConfig().profile_request().task == "generate"
+
+
+# --- LoRA -----------------------------------------------------------------------------------------
+
+
+def test_lora_modules_parse_in_both_forms_and_imply_lora_bundles() -> None:
+    config = from_argv(["--lora-modules", "sql=/adapters/sql", "--lora-modules",
+                        '{"name": "chat", "path": "org/chat-lora"}'])
+    assert config.lora_modules == ("sql=/adapters/sql", "chat=org/chat-lora")
+    assert config.profile_request().lora is True
+    assert ServeConfig().profile_request().lora is False
+    assert from_argv(["--enable-lora"]).profile_request().lora is True
+
+
+@pytest.mark.parametrize(("argv", "flag", "words"), [
+    (["--lora-modules", "nopath"], "--lora-modules", "is not NAME=PATH"),
+    (["--lora-modules", "a=/x", "--lora-modules", "a=/y"], "--lora-modules", "twice"),
+    (["--lora-modules", "=/x"], "--lora-modules", "must be 1-128"),
+    (["--lora-modules", "a=/x", "--lora-modules", "b=/y", "--max-loras", "1"], "--lora-modules",
+     "raise --max-loras"),
+    (["--lora-modules", "a=/x", "--task", "embed"], "--lora-modules", "text models"),
+    (["--enable-lora", "--backend", "tensorrt"], "--backend", "onnxruntime backend"),
+    (["--lora-modules", '{"name": "a"}'], "--lora-modules", "needs string"),
+])
+def test_lora_flags_that_cannot_work_are_refused(argv: list[str], flag: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=words) as info:
+        from_argv(argv)
+    assert_config_error(info.value, flag)
