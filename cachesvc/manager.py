@@ -52,8 +52,6 @@ from cachesvc.store import BundleStore, CacheLayout, read_manifest, verify_bundl
 from cachesvc.verification import BundleVerifier
 from inference.build_profile import (
     DEFAULT_POOLING,
-    METHODS_NEEDING_DRAFT_MODEL,
-    METHODS_REFUSING_DRAFT_MODEL,
     METHODS_WITH_DRAFT_BUNDLE,
     QUANTIZED_PRECISIONS,
 )
@@ -188,11 +186,7 @@ class CacheManager:
         precision = ("fp32" if embed and request.precision == "auto"
                      else resolve_precision(request.precision, backend, checkpoint_dir))
         builder = self.builders[backend]
-        method = request.speculative_method
-        if method in METHODS_NEEDING_DRAFT_MODEL and draft_digest is None:
-            raise ConfigError("draft_model", f"method {method!r} needs a draft model")
-        if method in METHODS_REFUSING_DRAFT_MODEL and draft_digest is not None:
-            raise ConfigError("draft_model", f"method {method!r} uses no draft model; drop it")
+        request.check_draft(draft_digest)
         return BuildOptions(
             backend=backend,
             precision=precision,
