@@ -406,6 +406,7 @@ def test_openapi_describes_every_route_and_docs_ui_is_served(client: Client) -> 
         ("POST", "/v1/messages"),
         ("POST", "/v1/messages/count_tokens"),
         ("POST", "/v1/responses"),
+        ("POST", "/v1/embeddings"),
         ("POST", "/tokenize"),
         ("POST", "/detokenize"),
     }
