@@ -370,6 +370,34 @@ MUTATIONS: tuple[Mutation, ...] = (
             "test_records_count_in_the_size_and_go_with_their_bundle[sqlite]",
         ),
     ),
+    Mutation(
+        name="lora-kv-shared-across-adapters",
+        why="context records made with one LoRA adapter are reused by a sequence of another (wrong KV)",
+        path="inference/context_cache.py",
+        function="PrefixStore.block_keys",
+        find=r"if adapter is not None:",
+        replace="if False:",
+        tests=("tests/engine/test_lora.py::"
+               "test_scheduler_runs_each_request_with_its_adapter_and_never_shares_their_kv",),
+    ),
+    Mutation(
+        name="lora-adapter-not-bound",
+        why="a request naming a LoRA adapter runs the base weights (the adapter is silently ignored)",
+        path="inference/runtime/onnxruntime_engine.py",
+        function="GqaEngine._run",
+        find=r"values = \{\} if adapter is None else self\._adapters\[adapter\]",
+        replace="values = {}",
+        tests=("tests/engine/test_lora.py::test_adapter_greedy_tokens_match_peft",),
+    ),
+    Mutation(
+        name="embeddings-pooled-over-padding",
+        why="mean pooling counts the left padding of a batch: vectors depend on the other inputs",
+        path="inference/builder/graph.py",
+        function="_DecoderBuilder.pool",
+        find=r"em\.op1\(\"Mul\", \[h, mask\]\)",
+        replace="h",
+        tests=("tests/engine/test_embeddings.py::test_embeddings_match_transformers",),
+    ),
     # -- request checks and sampling ------------------------------------------------------
     Mutation(
         name="max-tokens-past-context",
