@@ -183,6 +183,10 @@ class ProfileRequest:
             check_choice("task", self.task, TASKS)
             if self.pooling is not None and self.task != "embed":
                 raise ProfileError("pooling", f"applies only to task 'embed', got task {self.task!r}")
+            embed_ok = self.precision in ("auto", "fp32") and self.backend != "tensorrt"
+            if self.task == "embed" and not embed_ok:
+                raise ProfileError("task", "task 'embed' builds fp32 on the onnxruntime backend, got "
+                                   f"{self.backend}/{self.precision}")
             check_choice("backend", self.backend, BACKEND_CHOICES)
             check_choice("precision", self.precision, PRECISION_CHOICES)
             check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)

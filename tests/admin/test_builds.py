@@ -112,3 +112,23 @@ def test_failed_build_reports_the_error(client: Client, tmp_path: Path) -> None:
     assert final["state"] == "failed"
     assert "weight" in final["error"]
     assert final["finished_at"] is not None
+
+
+def test_task_embed_builds_an_embedding_profile_apart(client: Client, builder: FileBuilder,
+                                                      checkpoint: Path) -> None:
+    """``"task": "embed"`` asks for an embedding bundle: its own profile (and bundle id), pooling
+    defaulting to last; a pooling without it, or a quantized embedding, is a 400 naming the field."""
+    base = {"model": str(checkpoint), "max_input_len": 256, "max_kv_cache_capacity": 512}
+    text = _wait(client, client.post("/admin/builds", json=base).json()["id"])
+    embed = _wait(client, client.post("/admin/builds", json={**base, "task": "embed"}).json()["id"])
+    assert text["state"] == embed["state"] == "done"
+    assert embed["profile"]["task"] == "embed" and embed["profile"]["pooling"] == "last"
+    assert "task" not in text["profile"] and embed["bundle_id"] != text["bundle_id"]
+    mean = client.post("/admin/builds", json={**base, "task": "embed", "pooling": "mean"}).json()
+    assert _wait(client, mean["id"])["profile"]["pooling"] == "mean"
+    for body, field in (({**base, "pooling": "mean"}, "pooling"),
+                        ({**base, "task": "embed", "precision": "int8"}, "task"),
+                        ({**base, "task": "rerank"}, "task")):
+        r = client.post("/admin/builds", json=body)
+        assert r.status_code == 400, r.text
+        assert field in r.text
