@@ -27,11 +27,11 @@ from inference.runtime.errors import EngineLoadError
 from inference.runtime.onnxruntime_loader import KNOWN_FORMAT_VERSIONS as _FORMAT_VERSIONS
 from inference.runtime.protocol import EngineInfo
 from inference.runtime.slot_checks import (
+    SlotLengths,
     check_decode,
     check_decode_lengths,
     check_extend,
     check_prefill,
-    check_slot,
     check_tokens,
 )
 
@@ -47,7 +47,7 @@ def _expect(ok: object, what: str, errors: list[str]) -> None:
         raise EngineRunError(f"TensorRT refused {what}: {'; '.join(errors[-3:]) or 'no message'}")
 
 
-class TrtEngine:
+class TrtEngine(SlotLengths):
     """An Engine over one TensorRT execution context of a bundle's plan."""
 
     def __init__(self, bundle_dir: Path, meta: dict[str, Any], *, max_slots: int) -> None:
@@ -190,22 +190,9 @@ class TrtEngine:
         return self._info
 
     # --- slot bookkeeping --------------------------------------------------------------------
-    def _check_slot(self, slot: int) -> None:
-        check_slot(slot, self._info.max_slots)
-
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("engine is closed")
-
-    def slot_length(self, slot: int) -> int:
-        """Number of positions currently held by ``slot``."""
-        self._check_slot(slot)
-        return self._lengths[slot]
-
-    def reset(self, slot: int) -> None:
-        """Empty ``slot`` so a new sequence can use it (its buffer is simply overwritten later)."""
-        self._check_slot(slot)
-        self._lengths[slot] = 0
 
     # --- one execution -------------------------------------------------------------------------
     def _run(self, batch: int, new: int, past: int, past_base: int, present_base: int) -> None:
