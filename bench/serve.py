@@ -235,6 +235,16 @@ def _launch(argv: list[str], port: int, log_path: Path, *, timeout: float, inter
     return proc
 
 
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    """SIGTERM the server, give it ``timeout`` seconds to drain, then kill it."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def start_server(config: ServeConfig, port: int, log_path: Path) -> subprocess.Popen[bytes]:
     """``cachesvc serve`` with ``config``'s flags on ``port``; waits for ``/health/ready``."""
     cmd = _cachesvc_command()
@@ -508,12 +518,7 @@ def compare_defaults(args: argparse.Namespace) -> int:
             health = httpx.get(f"{base_url}/health", timeout=30).json()
             cache = next((m.get("context_cache") or {} for m in health.get("models", [])), {})
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc, 60)
         ttfts = sorted(t for t, _ in items)
         results.append(DefaultsResult(
             case=case,
@@ -555,15 +560,6 @@ def _answer_s(base_url: str, model: str, prompt: list[int]) -> float:
 def _context_stats(base_url: str) -> dict[str, int]:
     health = httpx.get(f"{base_url}/health", timeout=30).json()
     return next((m.get("context_cache") or {} for m in health.get("models", [])), {})
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def context_restart(args: argparse.Namespace) -> int:
@@ -709,12 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rounds[b][0].append(short)
                 rounds[b][1].append(long)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc, 60)
         probe.close()
     ceilings = [Ceiling(b, min(prefill), b * (args.n2 - args.n1) / min(decode[b])) for b in counts]
     http = [summarize(b, *rounds[b], args.n1, args.n2) for b in counts]

@@ -90,30 +90,16 @@ async def test_choice_i_is_seeded_with_seed_plus_i(tokenizer: Tokenizer) -> None
 
 
 async def test_n_streamed_chat_indexes_every_choice(tokenizer: Tokenizer) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    base = {"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0}
     async for c in _client(KVTableEngine(max_slots=4), tokenizer):
         r = await c.post(
             "/v1/chat/completions",
-            json={
-                "model": MODEL,
-                "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 4,
-                "temperature": 0,
-                "n": 2,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            },
+            json={**base, "n": 2, "stream": True, "stream_options": {"include_usage": True}},
         )
         assert r.status_code == 200, r.text
         events = _sse(r.text)
-        full = await c.post(
-            "/v1/chat/completions",
-            json={
-                "model": MODEL,
-                "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 4,
-                "temperature": 0,
-            },
-        )
+        full = await c.post("/v1/chat/completions", json=base)
     assert events[-1] == "[DONE]"
     chunks = [e for e in events[:-1] if e["choices"]]
     roles = [ch["choices"][0]["index"] for ch in chunks if ch["choices"][0]["delta"].get("role")]
