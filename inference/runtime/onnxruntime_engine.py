@@ -38,7 +38,6 @@ from inference.runtime.slot_checks import (
     check_decode_lengths,
     check_extend,
     check_prefill,
-    check_tokens,
 )
 
 KV_LAYOUT = "gqa-inplace"
@@ -142,10 +141,7 @@ class GqaEngine(SlotLengths):
         """KV bytes one position takes over all layers (K and V)."""
         return 2 * self._layers * self._kv_heads * self._head_dim * 4
 
-    # --- slot bookkeeping ----------------------------------------------------------------
-    def _check_tokens(self, token_ids: Sequence[int]) -> np.ndarray:
-        return check_tokens(token_ids, self._vocab)
-
+    # --- slot bookkeeping (slot_length, reset: SlotLengths) -------------------------------
     def truncate(self, slot: int, n: int) -> None:
         """Keep only the first ``n`` positions of ``slot``."""
         self._check_slot(slot)

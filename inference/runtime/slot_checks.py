@@ -72,13 +72,16 @@ def check_decode_lengths(slots: Sequence[int], lengths: Sequence[int], capacity:
 
 class SlotLengths:
     """The slot bookkeeping the in-place engines share: how many positions each slot holds
-    (``_lengths``, one entry per slot), checked against ``_info.max_slots``."""
+    (``_lengths``, one entry per slot), slots and token ids checked against ``_info``."""
 
     _info: EngineInfo
     _lengths: list[int]
 
     def _check_slot(self, slot: int) -> None:
         check_slot(slot, self._info.max_slots)
+
+    def _check_tokens(self, token_ids: Sequence[int]) -> np.ndarray:
+        return check_tokens(token_ids, self._info.vocab_size)
 
     def slot_length(self, slot: int) -> int:
         """Number of positions currently held by ``slot``."""

@@ -32,7 +32,6 @@ from inference.runtime.slot_checks import (
     check_decode_lengths,
     check_extend,
     check_prefill,
-    check_tokens,
 )
 
 log = logging.getLogger("inference.runtime.trt")
@@ -189,7 +188,7 @@ class TrtEngine(SlotLengths):
         """Static facts about the engine."""
         return self._info
 
-    # --- slot bookkeeping --------------------------------------------------------------------
+    # --- slot bookkeeping (slot_length, reset: SlotLengths) -----------------------------------
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("engine is closed")
@@ -241,7 +240,7 @@ class TrtEngine(SlotLengths):
         """Append ``token_ids`` to ``slot``'s KV; return logits ``[vocab]`` of the last one."""
         self._check_open()
         self._check_slot(slot)
-        ids = check_tokens(token_ids, self._info.vocab_size)
+        ids = self._check_tokens(token_ids)
         length = self._lengths[slot]
         check_prefill(slot, length, ids.size, self._info.max_kv_capacity)
         chunk = self._info.max_input_len
@@ -267,7 +266,7 @@ class TrtEngine(SlotLengths):
         """Append one token to each slot; return logits ``[len(slots), vocab]``."""
         self._check_open()
         check_decode(slots, len(token_ids), self._info.max_slots)
-        ids = check_tokens(token_ids, self._info.vocab_size)
+        ids = self._check_tokens(token_ids)
         lengths = [self._lengths[s] for s in slots]
         check_decode_lengths(slots, lengths, self._info.max_kv_capacity)
         batch, longest = len(slots), max(lengths)
@@ -304,7 +303,7 @@ class TrtEngine(SlotLengths):
         """
         self._check_open()
         self._check_slot(slot)
-        ids = check_tokens(token_ids, self._info.vocab_size)
+        ids = self._check_tokens(token_ids)
         check_extend(slot, self._lengths[slot], ids.size, self._info.max_kv_capacity)
         return np.stack([self.decode([slot], [int(t)])[0] for t in ids])
 
