@@ -33,7 +33,7 @@ import numpy as np
 
 from inference.builder import EngineBuildSpec, build_bundle
 from inference.builder.model_config import ModelConfig, load_model_config
-from inference.runtime import load_engine
+from inference.runtime import Engine, load_engine
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,21 @@ class Result:
     note: str = ""
 
 
-def _best(fn: Callable[[], float], repeats: int) -> float:
+def best_of(fn: Callable[[], float], repeats: int) -> float:
+    """The least of ``repeats`` runs of ``fn`` (seconds)."""
     return min(fn() for _ in range(repeats))
+
+
+def best_prefill_seconds(engine: Engine, prompt: list[int], repeats: int) -> float:
+    """Best time of ``engine`` prefilling ``prompt`` into an emptied slot 0."""
+
+    def prefill() -> float:
+        engine.reset(0)
+        start = time.perf_counter()
+        engine.prefill(0, prompt)
+        return time.perf_counter() - start
+
+    return best_of(prefill, repeats)
 
 
 def read_bandwidth(threads: int, mib: int = 1024, repeats: int = 5) -> float:
@@ -67,7 +80,7 @@ def read_bandwidth(threads: int, mib: int = 1024, repeats: int = 5) -> float:
             list(pool.map(np.sum, slices))
             return time.perf_counter() - start
 
-        return data.nbytes / _best(once, repeats)
+        return data.nbytes / best_of(once, repeats)
 
 
 def weight_bytes_per_token(cfg: ModelConfig, *, precision: str = "fp32") -> int:
@@ -92,12 +105,6 @@ def bench_ours(name: str, bundle: Path, prompt: list[int], new_tokens: int, repe
                cfg: ModelConfig) -> Result:
     engine = load_engine(bundle, threads=threads)
 
-    def prefill() -> float:
-        engine.reset(0)
-        start = time.perf_counter()
-        engine.prefill(0, prompt)
-        return time.perf_counter() - start
-
     def decode() -> float:
         engine.reset(0)
         token = int(np.argmax(engine.prefill(0, prompt)))
@@ -106,7 +113,8 @@ def bench_ours(name: str, bundle: Path, prompt: list[int], new_tokens: int, repe
             token = int(np.argmax(engine.decode([0], [token])[0]))
         return time.perf_counter() - start
 
-    result = Result(name, _best(prefill, repeats), new_tokens / _best(decode, repeats),
+    result = Result(name, best_prefill_seconds(engine, prompt, repeats),
+                    new_tokens / best_of(decode, repeats),
                     weight_bytes_per_token(cfg, precision=engine.info.precision))
     engine.close()
     return result
@@ -130,8 +138,8 @@ def bench_transformers(checkpoint: Path, prompt: list[int], new_tokens: int, rep
                            do_sample=False, pad_token_id=0)
         return time.perf_counter() - start
 
-    first = _best(lambda: run(1), repeats)  # prefill + the first token
-    full = _best(lambda: run(new_tokens + 1), repeats)
+    first = best_of(lambda: run(1), repeats)  # prefill + the first token
+    full = best_of(lambda: run(new_tokens + 1), repeats)
     return Result("transformers generate", first, new_tokens / (full - first),
                   weight_bytes_per_token(cfg))
 
@@ -177,7 +185,7 @@ def bench_genai(checkpoint: Path, work: Path, prompt: list[int], new_tokens: int
             gen.generate_next_token()
         return time.perf_counter() - start
 
-    return Result(name, _best(prefill, repeats), new_tokens / _best(decode, repeats),
+    return Result(name, best_of(prefill, repeats), new_tokens / best_of(decode, repeats),
                   weight_bytes_per_token(cfg))
 
 

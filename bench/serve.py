@@ -211,10 +211,43 @@ class EngineProbe:
 # -- over HTTP ----------------------------------------------------------------------------------------
 
 
+def _cachesvc_command() -> list[str]:
+    """The ``cachesvc`` console script next to this Python, else ``python -m cachesvc.cli``."""
+    script = Path(sys.executable).with_name("cachesvc")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "cachesvc.cli"]
+
+
+def _launch(argv: list[str], port: int, log_path: Path, *, timeout: float, interval: float
+            ) -> subprocess.Popen[bytes]:
+    """Run ``argv`` (a ``cachesvc serve``; output to ``log_path``, the real engine factory) and
+    wait for ``/health/ready`` on ``port``; exit with the log's tail when it never gets ready."""
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    )
+    env.pop("CACHESVC_ENGINE_FACTORY", None)
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/health/ready", timeout=timeout, proc=proc, interval=interval)
+    except NotReadyError as exc:
+        proc.kill()
+        raise SystemExit(f"cachesvc serve: {exc}:\n{log_path.read_text()[-3000:]}") from None
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    """SIGTERM the server, give it ``timeout`` seconds to drain, then kill it."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def start_server(config: ServeConfig, port: int, log_path: Path) -> subprocess.Popen[bytes]:
     """``cachesvc serve`` with ``config``'s flags on ``port``; waits for ``/health/ready``."""
-    script = Path(sys.executable).with_name("cachesvc")
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "cachesvc.cli"]
+    cmd = _cachesvc_command()
     argv = [
         *cmd,
         "serve",
@@ -238,18 +271,7 @@ def start_server(config: ServeConfig, port: int, log_path: Path) -> subprocess.P
         "--log-level",
         config.log_level,
     ]
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
-    )
-    env.pop("CACHESVC_ENGINE_FACTORY", None)
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    try:
-        wait_http_ok(f"http://127.0.0.1:{port}/health/ready", timeout=600, proc=proc, interval=0.2)
-    except NotReadyError as exc:
-        proc.kill()
-        raise SystemExit(f"cachesvc serve: {exc}:\n{log_path.read_text()[-3000:]}") from None
-    return proc
+    return _launch(argv, port, log_path, timeout=600, interval=0.2)
 
 
 async def _one_stream(
@@ -455,22 +477,10 @@ def _start_default_server(
     cache_dir: Path, port: int, flags: Sequence[str], log_path: Path
 ) -> subprocess.Popen[bytes]:
     """``cachesvc serve`` (the default model) with ``flags``; waits for ``/health/ready``."""
-    script = Path(sys.executable).with_name("cachesvc")
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "cachesvc.cli"]
+    cmd = _cachesvc_command()
     argv = [*cmd, "serve", "--cache-dir", str(cache_dir), "--host", "127.0.0.1", "--port", str(port),
             "--log-level", "warning", *flags]
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
-    )
-    env.pop("CACHESVC_ENGINE_FACTORY", None)
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    try:
-        wait_http_ok(f"http://127.0.0.1:{port}/health/ready", timeout=900, proc=proc, interval=0.5)
-    except NotReadyError as exc:
-        proc.kill()
-        raise SystemExit(f"cachesvc serve: {exc}:\n{log_path.read_text()[-3000:]}") from None
-    return proc
+    return _launch(argv, port, log_path, timeout=900, interval=0.5)
 
 
 def compare_defaults(args: argparse.Namespace) -> int:
@@ -508,12 +518,7 @@ def compare_defaults(args: argparse.Namespace) -> int:
             health = httpx.get(f"{base_url}/health", timeout=30).json()
             cache = next((m.get("context_cache") or {} for m in health.get("models", [])), {})
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc, 60)
         ttfts = sorted(t for t, _ in items)
         results.append(DefaultsResult(
             case=case,
@@ -555,15 +560,6 @@ def _answer_s(base_url: str, model: str, prompt: list[int]) -> float:
 def _context_stats(base_url: str) -> dict[str, int]:
     health = httpx.get(f"{base_url}/health", timeout=30).json()
     return next((m.get("context_cache") or {} for m in health.get("models", [])), {})
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def context_restart(args: argparse.Namespace) -> int:
@@ -709,12 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rounds[b][0].append(short)
                 rounds[b][1].append(long)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc, 60)
         probe.close()
     ceilings = [Ceiling(b, min(prefill), b * (args.n2 - args.n1) / min(decode[b])) for b in counts]
     http = [summarize(b, *rounds[b], args.n1, args.n2) for b in counts]

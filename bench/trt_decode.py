@@ -21,11 +21,11 @@ import argparse
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from bench.decode import best_of, best_prefill_seconds
 from inference.builder import EngineBuildSpec, build_bundle
 from inference.builder.model_config import load_model_config
 from inference.builder.trt_backend import TrtBuildSpec, build_trt_bundle
@@ -33,21 +33,11 @@ from inference.cuda_device import tensorrt_missing
 from inference.runtime import Engine, load_engine
 
 
-def _best(fn: Callable[[], float], repeats: int) -> float:
-    return min(fn() for _ in range(repeats))
-
-
 def measure(
     engine: Engine, prompt: list[int], new_tokens: int, batch: int, repeats: int
 ) -> tuple[float, float, list[int]]:
     """(best prefill seconds, best decode tok/s over all rows, greedy tokens of row 0)."""
     tokens: list[int] = []
-
-    def prefill() -> float:
-        engine.reset(0)
-        start = time.perf_counter()
-        engine.prefill(0, prompt)
-        return time.perf_counter() - start
 
     def decode() -> float:
         slots = list(range(batch))
@@ -63,7 +53,8 @@ def measure(
             tokens.append(last[0])
         return time.perf_counter() - start
 
-    return _best(prefill, repeats), batch * new_tokens / _best(decode, repeats), tokens
+    prefill_seconds = best_prefill_seconds(engine, prompt, repeats)
+    return prefill_seconds, batch * new_tokens / best_of(decode, repeats), tokens
 
 
 def _agree(tokens: list[int], reference: list[int]) -> str:

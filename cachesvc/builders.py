@@ -8,6 +8,7 @@ the staging directory it is given and returns engine metadata for the manifest. 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,6 +23,19 @@ from inference.build_profile import (
 
 #: ``progress(stage, fraction)``; fraction in [0, 1].
 ProgressFn = Callable[[str, float], None]
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """One build a builder is asked for: write the bundle of ``checkpoint_dir`` (and of the
+    draft checkpoint ``draft_dir``, None without one) under ``options`` into ``out_dir``
+    (exists, empty), reporting through ``progress``."""
+
+    checkpoint_dir: Path
+    draft_dir: Path | None
+    options: BuildOptions
+    out_dir: Path
+    progress: ProgressFn
 
 
 @runtime_checkable
@@ -42,15 +56,8 @@ class Builder(Protocol):
         """Versions of the libraries that shape the artefact (recorded in the manifest)."""
         ...
 
-    def build(
-        self,
-        checkpoint_dir: Path,
-        draft_dir: Path | None,
-        options: BuildOptions,
-        out_dir: Path,
-        progress: ProgressFn,
-    ) -> dict[str, Any]:
-        """Write the bundle files into ``out_dir`` (exists, empty); return engine metadata."""
+    def build(self, job: BuildJob) -> dict[str, Any]:
+        """Write the bundle files into ``job.out_dir``; return engine metadata."""
         ...
 
 
@@ -87,19 +94,14 @@ class OnnxRuntimeBuilder:
 
         return {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "builder": self.version}
 
-    def build(
-        self,
-        checkpoint_dir: Path,
-        draft_dir: Path | None,
-        options: BuildOptions,
-        out_dir: Path,
-        progress: ProgressFn,
-    ) -> dict[str, Any]:
+    def build(self, job: BuildJob) -> dict[str, Any]:
         from inference.builder import EngineBuildSpec, build_bundle
         from inference.builder.kernel_plan import kernel_plan
         from inference.builder.quality import MIN_AGREEMENT
         from inference.builder.quality import QualityGateError as GateFailed
         from inference.cpu_class import cpu_class
+
+        options = job.options
 
         _refuse_speculative(self.backend, options)
         if options.cpu_class is not None and options.cpu_class != cpu_class():
@@ -121,12 +123,12 @@ class OnnxRuntimeBuilder:
             forced = kernel_plan(options.precision, options.cpu_class, accuracy_level=self.accuracy_level)
         threshold = MIN_AGREEMENT if self.min_agreement is None else self.min_agreement
         try:
-            return dict(build_bundle(checkpoint_dir, out_dir, spec, progress, kernels_override=forced,
-                                     min_agreement=threshold))
+            return dict(build_bundle(job.checkpoint_dir, job.out_dir, spec, job.progress,
+                                     kernels_override=forced, min_agreement=threshold))
         except GateFailed as exc:
             raise QualityGateError(str(exc)) from exc
         except ValueError as exc:
-            raise BuildError(f"cannot build {checkpoint_dir}: {exc}") from exc
+            raise BuildError(f"cannot build {job.checkpoint_dir}: {exc}") from exc
 
 
 class TensorRTBuilder:
@@ -176,16 +178,11 @@ class TensorRTBuilder:
             "builder": self.version,
         }
 
-    def build(
-        self,
-        checkpoint_dir: Path,
-        draft_dir: Path | None,
-        options: BuildOptions,
-        out_dir: Path,
-        progress: ProgressFn,
-    ) -> dict[str, Any]:
+    def build(self, job: BuildJob) -> dict[str, Any]:
         from inference.builder.errors import BuildInputError
         from inference.builder.trt_backend import TrtBuildSpec, build_trt_bundle
+
+        options = job.options
 
         _refuse_speculative(self.backend, options)
         if options.device_arch != self.device_arch:
@@ -198,9 +195,9 @@ class TensorRTBuilder:
                 max_kv_cache_capacity=options.max_kv_cache_capacity,
                 timing_cache_dir=self.timing_cache_dir,
             )
-            return dict(build_trt_bundle(checkpoint_dir, out_dir, spec, progress))
+            return dict(build_trt_bundle(job.checkpoint_dir, job.out_dir, spec, job.progress))
         except (BuildInputError, ValueError) as exc:
-            raise BuildError(f"cannot build {checkpoint_dir}: {exc}") from exc
+            raise BuildError(f"cannot build {job.checkpoint_dir}: {exc}") from exc
 
 
 #: Why nothing runs on the GPU when the launch settings disable it (``CACHESVC_DISABLE_GPU``,

@@ -29,7 +29,14 @@ from datetime import timedelta
 from pathlib import Path
 
 from cachesvc.build_jobs import Build, BuildJobs
-from cachesvc.builders import Builder, ProgressFn, default_builders, resolve_backend, resolve_precision
+from cachesvc.builders import (
+    Builder,
+    BuildJob,
+    ProgressFn,
+    default_builders,
+    resolve_backend,
+    resolve_precision,
+)
 from cachesvc.bundle_leases import BundleLease, CombinedLease
 from cachesvc.catalog import Catalog, default_catalog_url, utcnow
 from cachesvc.catalog.fleet import FleetCatalog
@@ -319,7 +326,9 @@ class CacheManager:
         started = time.monotonic()
         try:
             progress("build", 0.0)
-            engine = builder.build(ckpt.path, draft.path if draft else None, options, staging, progress)
+            engine = builder.build(
+                BuildJob(ckpt.path, draft.path if draft else None, options, staging, progress)
+            )
             progress("publish", 0.95)
             manifest = self.store.publish(
                 staging, key, versions=builder.versions(), engine={**engine, "source_model": model}

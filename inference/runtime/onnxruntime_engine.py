@@ -33,12 +33,11 @@ import onnxruntime as ort
 from inference.runtime.ort_session import cpu_session
 from inference.runtime.protocol import EngineInfo
 from inference.runtime.slot_checks import (
+    SlotLengths,
     check_decode,
     check_decode_lengths,
     check_extend,
     check_prefill,
-    check_slot,
-    check_tokens,
 )
 
 KV_LAYOUT = "gqa-inplace"
@@ -56,7 +55,30 @@ def _set_hugepage(enabled: bool) -> bool:
     return bool(setter(enabled))
 
 
-class GqaEngine:
+def onnx_engine_info(meta: dict[str, Any], model_path: Path, *, max_slots: int, threads: int,
+                     **extra: Any) -> EngineInfo:
+    """The :class:`EngineInfo` of an onnxruntime engine running ``model_path`` of the bundle whose
+    ``engine.json`` is ``meta``; ``extra`` adds the engine's own facts to ``info.extra``."""
+    return EngineInfo(
+        model_type=str(meta["model_type"]),
+        vocab_size=int(meta["vocab_size"]),
+        max_slots=max_slots,
+        max_input_len=int(meta["max_input_len"]),
+        max_kv_capacity=int(meta["max_kv_cache_capacity"]),
+        eos_token_ids=tuple(int(t) for t in meta.get("eos_token_ids", [])),
+        backend="onnxruntime",
+        precision=str(meta["precision"]),
+        extra={
+            "bos_token_id": meta.get("bos_token_id"),
+            "architecture": meta.get("architecture"),
+            "threads": threads,
+            "model_file": model_path.name,
+            **extra,
+        },
+    )
+
+
+class GqaEngine(SlotLengths):
     """An Engine over one onnxruntime session of a bundle's GroupQueryAttention graph."""
 
     def __init__(self, model_path: Path, meta: dict[str, Any], *, max_slots: int, threads: int) -> None:
@@ -100,23 +122,9 @@ class GqaEngine:
         self._adapters: dict[str, dict[str, ort.OrtValue]] = {}
         self._bound_adapter: str | None = None
         self._slot_adapter: list[str | None] = [None] * max_slots
-        self._info = EngineInfo(
-            model_type=str(meta["model_type"]),
-            vocab_size=self._vocab,
-            max_slots=max_slots,
-            max_input_len=int(meta["max_input_len"]),
-            max_kv_capacity=self._cap,
-            eos_token_ids=tuple(int(t) for t in meta.get("eos_token_ids", [])),
-            backend="onnxruntime",
-            precision=str(meta["precision"]),
-            extra={
-                "bos_token_id": meta.get("bos_token_id"),
-                "architecture": meta.get("architecture"),
-                "threads": threads,
-                "model_file": model_path.name,
-                "kv_layout": KV_LAYOUT,
-                "kv_bytes_per_token": int(kv.get("bytes_per_token", self.kv_bytes_per_token)),
-            },
+        self._info = onnx_engine_info(
+            meta, model_path, max_slots=max_slots, threads=threads, kv_layout=KV_LAYOUT,
+            kv_bytes_per_token=int(kv.get("bytes_per_token", self.kv_bytes_per_token)),
         )
 
     @property
@@ -133,23 +141,7 @@ class GqaEngine:
         """KV bytes one position takes over all layers (K and V)."""
         return 2 * self._layers * self._kv_heads * self._head_dim * 4
 
-    # --- slot bookkeeping ----------------------------------------------------------------
-    def _check_slot(self, slot: int) -> None:
-        check_slot(slot, self._slots)
-
-    def _check_tokens(self, token_ids: Sequence[int]) -> np.ndarray:
-        return check_tokens(token_ids, self._vocab)
-
-    def slot_length(self, slot: int) -> int:
-        """Number of positions currently held by ``slot``."""
-        self._check_slot(slot)
-        return self._lengths[slot]
-
-    def reset(self, slot: int) -> None:
-        """Empty ``slot`` (its buffer row is simply overwritten later)."""
-        self._check_slot(slot)
-        self._lengths[slot] = 0
-
+    # --- slot bookkeeping (slot_length, reset: SlotLengths) -------------------------------
     def truncate(self, slot: int, n: int) -> None:
         """Keep only the first ``n`` positions of ``slot``."""
         self._check_slot(slot)

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from inference.runtime.protocol import EngineInfo
+
 
 def check_slot(slot: int, max_slots: int) -> None:
     """Raise ``ValueError`` unless ``0 <= slot < max_slots``."""
@@ -66,3 +68,27 @@ def check_decode_lengths(slots: Sequence[int], lengths: Sequence[int], capacity:
             raise ValueError(
                 f"slot {s} is full ({n} positions = max_kv_capacity); reset it or stop generating"
             )
+
+
+class SlotLengths:
+    """The slot bookkeeping the in-place engines share: how many positions each slot holds
+    (``_lengths``, one entry per slot), slots and token ids checked against ``_info``."""
+
+    _info: EngineInfo
+    _lengths: list[int]
+
+    def _check_slot(self, slot: int) -> None:
+        check_slot(slot, self._info.max_slots)
+
+    def _check_tokens(self, token_ids: Sequence[int]) -> np.ndarray:
+        return check_tokens(token_ids, self._info.vocab_size)
+
+    def slot_length(self, slot: int) -> int:
+        """Number of positions currently held by ``slot``."""
+        self._check_slot(slot)
+        return self._lengths[slot]
+
+    def reset(self, slot: int) -> None:
+        """Empty ``slot`` so a new sequence can use it (its buffer is simply overwritten later)."""
+        self._check_slot(slot)
+        self._lengths[slot] = 0

@@ -27,12 +27,11 @@ from inference.runtime.errors import EngineLoadError
 from inference.runtime.onnxruntime_loader import KNOWN_FORMAT_VERSIONS as _FORMAT_VERSIONS
 from inference.runtime.protocol import EngineInfo
 from inference.runtime.slot_checks import (
+    SlotLengths,
     check_decode,
     check_decode_lengths,
     check_extend,
     check_prefill,
-    check_slot,
-    check_tokens,
 )
 
 log = logging.getLogger("inference.runtime.trt")
@@ -47,7 +46,7 @@ def _expect(ok: object, what: str, errors: list[str]) -> None:
         raise EngineRunError(f"TensorRT refused {what}: {'; '.join(errors[-3:]) or 'no message'}")
 
 
-class TrtEngine:
+class TrtEngine(SlotLengths):
     """An Engine over one TensorRT execution context of a bundle's plan."""
 
     def __init__(self, bundle_dir: Path, meta: dict[str, Any], *, max_slots: int) -> None:
@@ -189,23 +188,10 @@ class TrtEngine:
         """Static facts about the engine."""
         return self._info
 
-    # --- slot bookkeeping --------------------------------------------------------------------
-    def _check_slot(self, slot: int) -> None:
-        check_slot(slot, self._info.max_slots)
-
+    # --- slot bookkeeping (slot_length, reset: SlotLengths) -----------------------------------
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("engine is closed")
-
-    def slot_length(self, slot: int) -> int:
-        """Number of positions currently held by ``slot``."""
-        self._check_slot(slot)
-        return self._lengths[slot]
-
-    def reset(self, slot: int) -> None:
-        """Empty ``slot`` so a new sequence can use it (its buffer is simply overwritten later)."""
-        self._check_slot(slot)
-        self._lengths[slot] = 0
 
     # --- one execution -------------------------------------------------------------------------
     def _run(self, batch: int, new: int, past: int, past_base: int, present_base: int) -> None:
@@ -254,7 +240,7 @@ class TrtEngine:
         """Append ``token_ids`` to ``slot``'s KV; return logits ``[vocab]`` of the last one."""
         self._check_open()
         self._check_slot(slot)
-        ids = check_tokens(token_ids, self._info.vocab_size)
+        ids = self._check_tokens(token_ids)
         length = self._lengths[slot]
         check_prefill(slot, length, ids.size, self._info.max_kv_capacity)
         chunk = self._info.max_input_len
@@ -280,7 +266,7 @@ class TrtEngine:
         """Append one token to each slot; return logits ``[len(slots), vocab]``."""
         self._check_open()
         check_decode(slots, len(token_ids), self._info.max_slots)
-        ids = check_tokens(token_ids, self._info.vocab_size)
+        ids = self._check_tokens(token_ids)
         lengths = [self._lengths[s] for s in slots]
         check_decode_lengths(slots, lengths, self._info.max_kv_capacity)
         batch, longest = len(slots), max(lengths)
@@ -317,7 +303,7 @@ class TrtEngine:
         """
         self._check_open()
         self._check_slot(slot)
-        ids = check_tokens(token_ids, self._info.vocab_size)
+        ids = self._check_tokens(token_ids)
         check_extend(slot, self._lengths[slot], ids.size, self._info.max_kv_capacity)
         return np.stack([self.decode([slot], [int(t)])[0] for t in ids])
 

@@ -14,11 +14,10 @@ from litestar.testing import TestClient
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cachesvc.builders import ProgressFn
+from cachesvc.builders import BuildJob
 from cachesvc.errors import BuildError
 from cachesvc.http.metrics import ServingMetrics, build_duration_buckets
 from cachesvc.manager import CacheManager
-from cachesvc.profiles import BuildOptions
 from inference.context_cache import ContextCacheStats
 from tests.admin.conftest import build_app, open_manager
 from tests.support.apps import LOOPBACK_URL
@@ -30,15 +29,8 @@ class FailingBuilder(FileBuilder):
 
     version = "failing-1"
 
-    def build(
-        self,
-        checkpoint_dir: Path,
-        draft_dir: Path | None,
-        options: BuildOptions,
-        out_dir: Path,
-        progress: ProgressFn,
-    ) -> dict[str, Any]:
-        (out_dir / "partial.bin").write_bytes(b"x" * 10)
+    def build(self, job: BuildJob) -> dict[str, Any]:
+        (job.out_dir / "partial.bin").write_bytes(b"x" * 10)
         raise BuildError("unsupported architecture for this test builder")
 
 

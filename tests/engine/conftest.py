@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers as tf
 
-from tests.support.tiny_models import TINY_CONFIG, TINY_VOCAB, bundle_factory
+from tests.support.tiny_models import TINY_CONFIG, TINY_VOCAB, bundle_factory, random_model
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 VOCAB = TINY_VOCAB
@@ -45,16 +45,9 @@ def hf_config(family: str, tied: bool) -> tf.PretrainedConfig:
 
 
 def make_hf_model(family: str, tied: bool, seed: int = 0) -> tf.PreTrainedModel:
-    """A seeded random model; norms and biases randomised too so that they matter."""
-    torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(hf_config(family, tied))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(1 + 0.2 * torch.randn_like(param))
-            elif name.endswith("bias"):
-                param.copy_(0.2 * torch.randn_like(param))
-    return model.eval()
+    """A seeded random model (:func:`tests.support.tiny_models.random_model`)."""
+    model: tf.PreTrainedModel = random_model(hf_config(family, tied), seed)
+    return model
 
 
 def load_reference(checkpoint: Path) -> tf.PreTrainedModel:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,40 @@ def _prompt(n: int, seed: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(0, 384, size=n)]
 
 
+def _checkpoint(hf_checkpoint: Callable[..., Path], family: str) -> Path:
+    return hf_checkpoint(family, "fp32", family in ("qwen2", "mistral"))
+
+
 @pytest.fixture(scope="module")
 def bundle8(hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]) -> Callable[[str], Path]:
     def make(family: str) -> Path:
-        return built_bundle(hf_checkpoint(family, "fp32", family in ("qwen2", "mistral")), max_batch_size=8)
+        return built_bundle(_checkpoint(hf_checkpoint, family), max_batch_size=8)
 
     return make
+
+
+@dataclass(frozen=True)
+class Family:
+    """One of FAMILIES: its batch-8 bundle and the transformers greedy tokens (STEPS) of a prompt."""
+
+    bundle: Path
+    greedy: Callable[[list[int]], list[int]]
+
+
+@pytest.fixture(params=FAMILIES)
+def family(
+    request: pytest.FixtureRequest,
+    bundle8: Callable[[str], Path],
+    hf_checkpoint: Callable[..., Path],
+    reference: Callable[[Path], Any],
+    greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
+) -> Family:
+    ckpt = _checkpoint(hf_checkpoint, request.param)
+
+    def greedy(prompt: list[int]) -> list[int]:
+        return greedy_reference(reference(ckpt), prompt, STEPS)[0]
+
+    return Family(bundle8(request.param), greedy)
 
 
 def test_bundle_keeps_one_weights_file(
@@ -51,33 +80,17 @@ def test_bundle_keeps_one_weights_file(
     assert (bundle / "model.onnx.data").stat().st_size < 1.3 * params * 4 + 64 * 4096
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_batch_of_8_mixed_lengths_matches_batch_1_and_transformers(
-    family: str,
-    bundle8: Callable[[str], Path],
-    hf_checkpoint: Callable[..., Path],
-    reference: Callable[[Path], Any],
-    greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
-) -> None:
-    ckpt = hf_checkpoint(family, "fp32", family in ("qwen2", "mistral"))
-    engine = load_engine(bundle8(family), threads=1)
+def test_batch_of_8_mixed_lengths_matches_batch_1_and_transformers(family: Family) -> None:
+    engine = load_engine(family.bundle, threads=1)
     prompts = [_prompt(n, 10 + i) for i, n in enumerate((3, 40, 17, 1, 64, 9, 33, 120))]
     alone = [generate(engine, p, STEPS, eos_ids=())[0] for p in prompts]
     together = generate(engine, prompts, STEPS, eos_ids=())
     assert together == alone
-    ref = reference(ckpt)
-    assert alone == [greedy_reference(ref, p, STEPS)[0] for p in prompts]
+    assert alone == [family.greedy(p) for p in prompts]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_chunked_prefill_matches_whole_prefill(
-    family: str,
-    bundle8: Callable[[str], Path],
-    hf_checkpoint: Callable[..., Path],
-    reference: Callable[[Path], Any],
-    greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
-) -> None:
-    engine = load_engine(bundle8(family), max_slots=4, threads=1)
+def test_chunked_prefill_matches_whole_prefill(family: Family) -> None:
+    engine = load_engine(family.bundle, max_slots=4, threads=1)
     prompt = _prompt(150, 7)  # > max_input_len 64: the whole prefill is chunked by the engine too
     whole = engine.prefill(0, prompt)
     for slot, size in ((1, 1), (2, 13), (3, 64)):
@@ -90,9 +103,7 @@ def test_chunked_prefill_matches_whole_prefill(
         rows = engine.decode([0, 1, 2, 3], [t[-1] for t in tokens])
         for t, row in zip(tokens, rows, strict=True):
             t.append(int(np.argmax(row)))
-    ckpt = hf_checkpoint(family, "fp32", family in ("qwen2", "mistral"))
-    want = greedy_reference(reference(ckpt), prompt, STEPS)[0]
-    assert tokens == [want] * 4
+    assert tokens == [family.greedy(prompt)] * 4
 
 
 def test_kv_operations_resume_exactly(bundle8: Callable[[str], Path]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,27 @@ IDS = [f"{f}-{s}-{'tied' if t else 'untied'}" for f, s, t in CASES]
 PROMPT_LEN, DECODE_STEPS, GREEDY = 16, 8, 32
 
 
+@dataclass(frozen=True)
+class Case:
+    """One of CASES: the CPU bundle built from its checkpoint and the transformers model."""
+
+    bundle: Path
+    ref: Any
+    tied: bool
+
+
+@pytest.fixture(params=CASES, ids=IDS)
+def case(
+    request: pytest.FixtureRequest,
+    hf_checkpoint: Callable[..., Path],
+    built_bundle: Callable[..., Path],
+    reference: Callable[[Path], Any],
+) -> Case:
+    family, storage, tied = request.param
+    ckpt = hf_checkpoint(family, storage, tied)
+    return Case(built_bundle(ckpt), reference(ckpt), tied)
+
+
 def _prompt(n: int, seed: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(0, 384, size=n)]
 
@@ -55,87 +77,51 @@ def _check_single(runner: Any, ref: Any, step: Callable[..., Any], prompt: list[
         token = int(np.argmax(logits[0, -1]))
 
 
-@pytest.mark.parametrize(("family", "storage", "tied"), CASES, ids=IDS)
 def test_graph_prefill_and_decode_logits_match_transformers(
-    family: str,
-    storage: str,
-    tied: bool,
-    hf_checkpoint: Callable[..., Path],
-    built_bundle: Callable[..., Path],
-    reference: Callable[[Path], Any],
-    graph_runner: Any,
-    reference_step: Callable[..., Any],
+    case: Case, graph_runner: Any, reference_step: Callable[..., Any]
 ) -> None:
-    ckpt = hf_checkpoint(family, storage, tied)
-    bundle = built_bundle(ckpt)
-    meta = _meta(bundle)
-    assert meta["tied_lm_head"] is tied
-    runner = graph_runner(bundle / "model.onnx", meta)
-    _check_single(runner, reference(ckpt), reference_step, _prompt(PROMPT_LEN, 1))
+    meta = _meta(case.bundle)
+    assert meta["tied_lm_head"] is case.tied
+    runner = graph_runner(case.bundle / "model.onnx", meta)
+    _check_single(runner, case.ref, reference_step, _prompt(PROMPT_LEN, 1))
 
 
-@pytest.mark.parametrize(("family", "storage", "tied"), CASES, ids=IDS)
-def test_inplace_engine_logits_match_transformers(
-    family: str,
-    storage: str,
-    tied: bool,
-    hf_checkpoint: Callable[..., Path],
-    built_bundle: Callable[..., Path],
-    reference: Callable[[Path], Any],
-    reference_step: Callable[..., Any],
-) -> None:
+def test_inplace_engine_logits_match_transformers(case: Case, reference_step: Callable[..., Any]) -> None:
     """The CPU graph (GroupQueryAttention, KV written in place): prefill in two chunks, then decode."""
-    ckpt = hf_checkpoint(family, storage, tied)
-    engine = load_engine(built_bundle(ckpt), max_slots=3, threads=1)
+    engine = load_engine(case.bundle, max_slots=3, threads=1)
     prompt = _prompt(PROMPT_LEN + 5, 1)
-    want, cache = reference_step(reference(ckpt), [prompt])
+    want, cache = reference_step(case.ref, [prompt])
     engine.prefill(2, prompt[:7])
     logits = engine.prefill(2, prompt[7:])
     np.testing.assert_allclose(logits, want[0, -1], atol=TOL, rtol=0)
     for i in range(DECODE_STEPS):
         token = int(np.argmax(logits))
-        want, cache = reference_step(reference(ckpt), [[token]], cache)
+        want, cache = reference_step(case.ref, [[token]], cache)
         logits = engine.decode([2], [token])[0]
         np.testing.assert_allclose(logits, want[0, -1], atol=TOL, rtol=0, err_msg=f"decode step {i}")
     assert engine.slot_length(2) == len(prompt) + DECODE_STEPS
 
 
-@pytest.mark.parametrize(("family", "storage", "tied"), CASES, ids=IDS)
 def test_engine_greedy_tokens_match_transformers(
-    family: str,
-    storage: str,
-    tied: bool,
-    hf_checkpoint: Callable[..., Path],
-    built_bundle: Callable[..., Path],
-    reference: Callable[[Path], Any],
-    greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
+    case: Case, greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]]
 ) -> None:
-    ckpt = hf_checkpoint(family, storage, tied)
-    engine = load_engine(built_bundle(ckpt), max_slots=2, threads=1)
+    engine = load_engine(case.bundle, max_slots=2, threads=1)
     prompts = [_prompt(PROMPT_LEN, 2), _prompt(9, 3)]
-    expected = [greedy_reference(reference(ckpt), p, GREEDY)[0] for p in prompts]
+    expected = [greedy_reference(case.ref, p, GREEDY)[0] for p in prompts]
     assert len(set(expected[0])) > 3, "reference output is degenerate; the test would prove little"
     # Alone, then both prompts together: slots of different lengths decode as one batch.
     assert generate(engine, prompts[0], GREEDY, eos_ids=()) == [expected[0]]
     assert generate(engine, prompts, GREEDY, eos_ids=()) == expected
 
 
-@pytest.mark.parametrize(("family", "storage", "tied"), CASES, ids=IDS)
 def test_left_padded_batch_matches_transformers(
-    family: str,
-    storage: str,
-    tied: bool,
-    hf_checkpoint: Callable[..., Path],
-    built_bundle: Callable[..., Path],
-    reference: Callable[[Path], Any],
+    case: Case,
     graph_runner: Any,
     greedy_reference: Callable[..., tuple[list[int], list[np.ndarray]]],
     reference_step: Callable[..., Any],
 ) -> None:
-    ckpt = hf_checkpoint(family, storage, tied)
-    bundle = built_bundle(ckpt)
-    runner = graph_runner(bundle / "model.onnx", _meta(bundle))
-    ref = reference(ckpt)
+    runner = graph_runner(case.bundle / "model.onnx", _meta(case.bundle))
+    ref = case.ref
     prompts = [_prompt(PROMPT_LEN, 4), _prompt(11, 5)]
     width = max(len(p) for p in prompts)
     ids = np.zeros((2, width), np.int64)

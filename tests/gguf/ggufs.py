@@ -18,7 +18,7 @@ import torch
 import transformers as tf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tests.support.tiny_models import TINY_CONFIG, TINY_VOCAB
+from tests.support.tiny_models import TINY_CONFIG, TINY_VOCAB, random_model
 
 CORPUS = Path(__file__).resolve().parents[2] / "inference" / "data" / "corpus.txt"
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
@@ -81,15 +81,8 @@ def _gguf_name(hf: str) -> str:
 
 
 def make_model(family: str, seed: int = 0) -> tf.PreTrainedModel:
-    torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(hf_config(family))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(1 + 0.2 * torch.randn_like(param))
-            elif name.endswith("bias"):
-                param.copy_(0.2 * torch.randn_like(param))
-    return model.eval()
+    model: tf.PreTrainedModel = random_model(hf_config(family), seed)
+    return model
 
 
 def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,

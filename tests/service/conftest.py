@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
 
 from inference.demo import write_demo_checkpoint
+from inference.tokenizer import Tokenizer, load_tokenizer
 from tests.support.net import NotReadyError, free_port, wait_http_ok
 from tests.support.whole_app import app  # noqa: F401 - fixture: the whole app in-process on uvicorn
 
@@ -92,6 +94,12 @@ class ServerProcess:
             api_key=api_key if api_key is not None else (self.api_key or "unused"),
             max_retries=0,
             timeout=timeout,
+        )
+
+    def anthropic_client(self, timeout: float = 60.0) -> anthropic.Anthropic:
+        """The Anthropic SDK on this server (it sends the key as ``x-api-key``), no retries."""
+        return anthropic.Anthropic(
+            base_url=self.base_url, api_key=self.api_key or "unused", max_retries=0, timeout=timeout
         )
 
     def http(self, timeout: float = 30.0) -> httpx.Client:
@@ -220,6 +228,12 @@ def run_cli(cache_dir: Path, *args: str, timeout: float = 60.0) -> subprocess.Co
 def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny qwen2 demo checkpoint (random weights, init std 0.2, real tokenizer)."""
     return write_demo_checkpoint(tmp_path_factory.mktemp("e2e-ckpt") / "demo-tiny", arch="qwen2", size="tiny")
+
+
+@pytest.fixture(scope="session")
+def tok(demo_dir: Path) -> Tokenizer:
+    """The demo checkpoint's tokenizer (to count prompt tokens as the server does)."""
+    return load_tokenizer(demo_dir)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from inference.tokenizer import Tokenizer, load_tokenizer
+from inference.tokenizer import Tokenizer
 from tests.service.conftest import API_KEY, MODEL, ServerProcess, running_server, serve_args
 from tests.service.test_parsers import (
     AFTER_TOOL_REPLY,
@@ -72,13 +72,7 @@ def oai(server: ServerProcess) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def claude(server: ServerProcess) -> anthropic.Anthropic:
-    # The Anthropic SDK sends its key as ``x-api-key``.
-    return anthropic.Anthropic(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def tok(demo_dir: Path) -> Tokenizer:
-    return load_tokenizer(demo_dir)
+    return server.anthropic_client()
 
 
 def _prompt_tokens(tok: Tokenizer, messages: list[dict[str, Any]], tools: Any = None) -> int:

@@ -28,7 +28,7 @@ from openai.resources.chat.completions import Completions as ChatCompletions
 from openai.resources.completions import Completions
 from openai.resources.responses import Responses
 
-from inference.tokenizer import Tokenizer, load_tokenizer
+from inference.tokenizer import Tokenizer
 from tests.service.conftest import API_KEY, MODEL, ServerProcess, running_server, serve_args
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Say something."}]
@@ -57,12 +57,7 @@ def client(server: ServerProcess) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def claude(server: ServerProcess) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def tok(demo_dir: Path) -> Tokenizer:
-    return load_tokenizer(demo_dir)
+    return server.anthropic_client()
 
 
 def _keywords(method: Callable[..., Any]) -> set[str]:

@@ -36,16 +36,22 @@ def _sse(body: str) -> list[Any]:
     return out
 
 
-async def test_n_choices_prefill_the_prompt_once(tokenizer: Tokenizer) -> None:
-    engine = KVTableEngine(max_slots=4)
-    ids = tokenizer.encode(PROMPT, add_special_tokens=True)
+async def _greedy_choices(engine: Any, tokenizer: Tokenizer, max_tokens: int, n: int) -> dict[str, Any]:
+    """The body of one greedy ``/v1/completions`` of PROMPT with ``n`` choices on ``engine``."""
     async for c in _client(engine, tokenizer):
         r = await c.post(
             "/v1/completions",
-            json={"model": MODEL, "prompt": PROMPT, "max_tokens": 5, "temperature": 0, "n": 3},
+            json={"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "n": n},
         )
         assert r.status_code == 200, r.text
-        body = r.json()
+    body: dict[str, Any] = r.json()
+    return body
+
+
+async def test_n_choices_prefill_the_prompt_once(tokenizer: Tokenizer) -> None:
+    engine = KVTableEngine(max_slots=4)
+    ids = tokenizer.encode(PROMPT, add_special_tokens=True)
+    body = await _greedy_choices(engine, tokenizer, 5, 3)
     expected = tokenizer.decode(engine.greedy(ids, 5))
     assert [(ch["index"], ch["text"]) for ch in body["choices"]] == [(i, expected) for i in range(3)]
     assert body["usage"] == {
@@ -62,14 +68,9 @@ async def test_n_choices_prefill_the_prompt_once(tokenizer: Tokenizer) -> None:
 async def test_n_without_kv_operations_prefills_each_choice(tokenizer: Tokenizer) -> None:
     engine = TableEngine(max_slots=4)
     ids = tokenizer.encode(PROMPT, add_special_tokens=True)
-    async for c in _client(engine, tokenizer):
-        r = await c.post(
-            "/v1/completions",
-            json={"model": MODEL, "prompt": PROMPT, "max_tokens": 3, "temperature": 0, "n": 2},
-        )
-        assert r.status_code == 200, r.text
+    body = await _greedy_choices(engine, tokenizer, 3, 2)
     assert engine.prefill_chunks == [len(ids), len(ids)]
-    assert [ch["index"] for ch in r.json()["choices"]] == [0, 1]
+    assert [ch["index"] for ch in body["choices"]] == [0, 1]
 
 
 async def test_choice_i_is_seeded_with_seed_plus_i(tokenizer: Tokenizer) -> None:
@@ -89,30 +90,16 @@ async def test_choice_i_is_seeded_with_seed_plus_i(tokenizer: Tokenizer) -> None
 
 
 async def test_n_streamed_chat_indexes_every_choice(tokenizer: Tokenizer) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    base = {"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0}
     async for c in _client(KVTableEngine(max_slots=4), tokenizer):
         r = await c.post(
             "/v1/chat/completions",
-            json={
-                "model": MODEL,
-                "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 4,
-                "temperature": 0,
-                "n": 2,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            },
+            json={**base, "n": 2, "stream": True, "stream_options": {"include_usage": True}},
         )
         assert r.status_code == 200, r.text
         events = _sse(r.text)
-        full = await c.post(
-            "/v1/chat/completions",
-            json={
-                "model": MODEL,
-                "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 4,
-                "temperature": 0,
-            },
-        )
+        full = await c.post("/v1/chat/completions", json=base)
     assert events[-1] == "[DONE]"
     chunks = [e for e in events[:-1] if e["choices"]]
     roles = [ch["choices"][0]["index"] for ch in chunks if ch["choices"][0]["delta"].get("role")]

@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from cachesvc.builders import ProgressFn
-from cachesvc.profiles import BuildOptions
+from cachesvc.builders import BuildJob
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,23 +59,16 @@ class FileBuilder:
     def versions(self) -> dict[str, str]:
         return {"builder": self.version}
 
-    def build(
-        self,
-        checkpoint_dir: Path,
-        draft_dir: Path | None,
-        options: BuildOptions,
-        out_dir: Path,
-        progress: ProgressFn,
-    ) -> dict[str, Any]:
+    def build(self, job: BuildJob) -> dict[str, Any]:
         self.calls += 1
         kill_at = os.environ.get("CACHESVC_TEST_KILL_AT")
         seed = hashlib.sha256(
-            (checkpoint_dir / "config.json").read_bytes() + options.digest.encode()
+            (job.checkpoint_dir / "config.json").read_bytes() + job.options.digest.encode()
         ).digest()
         for i in range(self.files):
             data = (seed * (self.file_size // len(seed) + 1))[: self.file_size]
-            (out_dir / f"part-{i:03d}.bin").write_bytes(data)
-            progress("write", (i + 1) / self.files)
+            (job.out_dir / f"part-{i:03d}.bin").write_bytes(data)
+            job.progress("write", (i + 1) / self.files)
             if kill_at is not None and int(kill_at) == i:
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.delay:
@@ -104,15 +96,9 @@ class ServableFileBuilder(FileBuilder):
         super().__init__(files=files, file_size=file_size)
         self.tokenizer_dir = tokenizer_dir
 
-    def build(
-        self,
-        checkpoint_dir: Path,
-        draft_dir: Path | None,
-        options: BuildOptions,
-        out_dir: Path,
-        progress: ProgressFn,
-    ) -> dict[str, Any]:
-        engine = super().build(checkpoint_dir, draft_dir, options, out_dir, progress)
+    def build(self, job: BuildJob) -> dict[str, Any]:
+        engine = super().build(job)
+        out_dir = job.out_dir
         for name in (
             "tokenizer.json",
             "tokenizer_config.json",

@@ -19,6 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from inference.runtime.errors import EngineLoadError
+from inference.runtime.onnxruntime_engine import onnx_engine_info
 from inference.runtime.onnxruntime_loader import read_engine_meta
 from inference.runtime.ort_session import available_cores, cpu_session
 from inference.runtime.protocol import EngineInfo
@@ -39,22 +40,7 @@ class OrtEngine:
         self._head_dim = int(meta["head_dim"])
         self._past_names = [n for n in meta["inputs"] if n.startswith("past_key_values.")]
         self._output_names = list(meta["outputs"])
-        self._info = EngineInfo(
-            model_type=str(meta["model_type"]),
-            vocab_size=int(meta["vocab_size"]),
-            max_slots=max_slots,
-            max_input_len=int(meta["max_input_len"]),
-            max_kv_capacity=int(meta["max_kv_cache_capacity"]),
-            eos_token_ids=tuple(int(t) for t in meta.get("eos_token_ids", [])),
-            backend="onnxruntime",
-            precision=str(meta["precision"]),
-            extra={
-                "bos_token_id": meta.get("bos_token_id"),
-                "architecture": meta.get("architecture"),
-                "threads": threads,
-                "model_file": model_path.name,
-            },
-        )
+        self._info = onnx_engine_info(meta, model_path, max_slots=max_slots, threads=threads)
         # Per slot: the 2*layers past arrays (K, V per layer) or None when empty.
         self._kv: list[list[np.ndarray] | None] = [None] * max_slots
 

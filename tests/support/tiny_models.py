@@ -24,6 +24,23 @@ TINY_CONFIG: dict[str, Any] = {
 }
 
 
+def random_model(config: Any, seed: int = 0) -> Any:
+    """A seeded random transformers model of ``config``; norms and biases randomised too so that
+    they matter."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1 + 0.2 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.copy_(0.2 * torch.randn_like(param))
+    return model.eval()
+
+
 def bundle_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Factory: (checkpoint dir, **EngineBuildSpec fields) -> CPU bundle dir, built once each.
 

@@ -327,16 +327,12 @@ class ITensor:
         self.is_network_output = False
 
 
-class ILayer:
-    def __init__(self, name: str, op_type: str, inputs: list[ITensor], outputs: list[ITensor]) -> None:
-        self.name = name
-        self.type = _LAYER_OF_OP.get(op_type, LayerType.PLUGIN_V3)
-        self.op_type = op_type
-        self._inputs = inputs
-        self._outputs = outputs
-        self._precision: DataType | None = None
-        self._output_types: dict[int, DataType] = {}
-        self._network: INetworkDefinition | None = None
+class _TensorIO:
+    """``num_inputs``/``num_outputs``/``get_input``/``get_output`` over ``_inputs``/``_outputs``:
+    the I/O accessors TensorRT's ``ILayer`` and ``INetworkDefinition`` share."""
+
+    _inputs: list[ITensor]
+    _outputs: list[ITensor]
 
     @property
     def num_inputs(self) -> int:
@@ -351,6 +347,18 @@ class ILayer:
 
     def get_output(self, index: int) -> ITensor | None:
         return self._outputs[index] if 0 <= index < len(self._outputs) else None
+
+
+class ILayer(_TensorIO):
+    def __init__(self, name: str, op_type: str, inputs: list[ITensor], outputs: list[ITensor]) -> None:
+        self.name = name
+        self.type = _LAYER_OF_OP.get(op_type, LayerType.PLUGIN_V3)
+        self.op_type = op_type
+        self._inputs = inputs
+        self._outputs = outputs
+        self._precision: DataType | None = None
+        self._output_types: dict[int, DataType] = {}
+        self._network: INetworkDefinition | None = None
 
     @property
     def precision(self) -> DataType:
@@ -377,7 +385,7 @@ class ILayer:
         self._output_types[index] = dtype
 
 
-class INetworkDefinition:
+class INetworkDefinition(_TensorIO):
     def __init__(self, builder: Builder, flags: int) -> None:
         self._builder = builder
         self.flags = flags
@@ -389,22 +397,8 @@ class INetworkDefinition:
         self.name = "Unnamed Network 0"
 
     @property
-    def num_inputs(self) -> int:
-        return len(self._inputs)
-
-    @property
-    def num_outputs(self) -> int:
-        return len(self._outputs)
-
-    @property
     def num_layers(self) -> int:
         return len(self._layers)
-
-    def get_input(self, index: int) -> ITensor | None:
-        return self._inputs[index] if 0 <= index < len(self._inputs) else None
-
-    def get_output(self, index: int) -> ITensor | None:
-        return self._outputs[index] if 0 <= index < len(self._outputs) else None
 
     def get_layer(self, index: int) -> ILayer | None:
         return self._layers[index] if 0 <= index < len(self._layers) else None

@@ -1,0 +1,1 @@
+"""Benchmark scripts, run as ``PYTHONPATH=. python bench/NAME.py``; a package so that they share helpers."""
