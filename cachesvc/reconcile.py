@@ -28,6 +28,7 @@ from cachesvc.store import (
     BundleStore,
     Manifest,
     adapter_lock_key,
+    is_adapter_id,
     remove_tree,
     verify_bundle,
 )
@@ -169,11 +170,9 @@ class Reconciler:
             name = entry.name
             if entry.is_symlink() or not entry.is_dir():
                 continue
-            try:
-                key = adapter_lock_key(name)
-            except ValueError:
+            if not is_adapter_id(name):
                 continue  # not a name the cache gives an adapter folder: not ours to delete
-            with self.store.locks.try_exclusive(key) as got:
+            with self.store.locks.try_exclusive(adapter_lock_key(name)) as got:
                 if not got:
                     continue
                 if name not in rows or name in forgotten:

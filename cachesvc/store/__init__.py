@@ -13,6 +13,7 @@ from cachesvc.store.layout import (
     CacheLayout,
     adapter_lock_key,
     check_bundle_id,
+    is_adapter_id,
     remove_tree,
 )
 from cachesvc.store.locks import BundleLocks, Lease
@@ -48,6 +49,7 @@ __all__ = [
     "check_bundle_id",
     "dir_size",
     "hash_files",
+    "is_adapter_id",
     "quick_verify_bundle",
     "read_manifest",
     "remove_tree",

@@ -33,11 +33,27 @@ CACHEDIR_TAG_CONTENT = (
 ADAPTER_FILE_NAME = "adapter.onnx_adapter"
 
 
+_ADAPTER_ID_RE = re.compile(r"^[0-9a-f]{16}$")
+
+
+def is_adapter_id(name: str) -> bool:
+    """Whether ``name`` is an adapter id (the first 16 lowercase hex digits of its digest), the
+    only folder names the cache creates under ``adapters/``."""
+    return bool(_ADAPTER_ID_RE.match(name))
+
+
+def check_adapter_id(adapter_id: str) -> str:
+    """``adapter_id`` if it is an adapter id, else ``ValueError``."""
+    if not isinstance(adapter_id, str) or not is_adapter_id(adapter_id):
+        raise ValueError(f"invalid adapter id {adapter_id!r}: expected 16 lowercase hex digits")
+    return adapter_id
+
+
 def adapter_lock_key(adapter_id: str) -> str:
     """The name an adapter's file lock has among the bundles' locks (``.locks/adapter-<id>.lock``):
     a serving process holds it shared while an engine has the adapter loaded, and eviction
     takes it exclusive, exactly as for a bundle. No bundle id starts with ``adapter-``."""
-    return check_bundle_id(f"adapter-{adapter_id}")
+    return f"adapter-{check_adapter_id(adapter_id)}"
 
 
 #: The node that owns a cache directory: its rows in a shared catalog describe this disk.
@@ -104,7 +120,7 @@ class CacheLayout:
 
     def adapter_file(self, adapter_id: str) -> Path:
         """The converted file of one adapter (may not exist yet)."""
-        return self.adapters / check_bundle_id(adapter_id) / ADAPTER_FILE_NAME
+        return self.adapters / check_adapter_id(adapter_id) / ADAPTER_FILE_NAME
 
     @property
     def context(self) -> Path:
