@@ -115,7 +115,8 @@ class CacheLayout:
 
     @property
     def adapters(self) -> Path:
-        """Converted LoRA adapters: ``adapters/<adapter-digest16>/adapter.onnx_adapter``."""
+        """Converted LoRA adapters: ``adapters/<adapter-digest16>/adapter.onnx_adapter`` (created
+        with the first one)."""
         return self.root / "adapters"
 
     def adapter_file(self, adapter_id: str) -> Path:
@@ -262,7 +263,7 @@ class CacheLayout:
                 )
             write_atomic(self.cachedir_tag, CACHEDIR_TAG_CONTENT.encode(), self.file_mode())
         mode = self.dir_mode()
-        for path in (self.engines, self.checkpoints, self.staging, self.locks, self.trash, self.adapters):
+        for path in (self.engines, self.checkpoints, self.staging, self.locks, self.trash):
             make_dir(path, mode)
 
     def check_subfolder(self, path: Path) -> Path:
