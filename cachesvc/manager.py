@@ -505,14 +505,17 @@ class CacheManager:
         self.catalog.ping()
         return self.builds.start(model, request)
 
-    def add_adapter(self, source: str, base: str, *, allowed_roots: tuple[Path, ...] | None = None
-                    ) -> AdapterInfo:
+    def add_adapter(self, source: str, base: str, *, allowed_roots: tuple[Path, ...] | None = None,
+                    known_base: bool = False) -> AdapterInfo:
         """Convert the LoRA adapter ``source`` into the cache for the base model ``base`` (a
         checkpoint directory or hub id, resolved and recorded like any model); a hit when it is
-        there. With ``allowed_roots`` (the HTTP surface), local paths must lie under them."""
+        there. With ``allowed_roots`` (the HTTP surface), local paths must lie under them; with
+        ``known_base`` (the HTTP surface too) the base must be a checkpoint in the catalog
+        already (NotFoundError otherwise: it is not hashed or downloaded for the request)."""
         check_model_name("base", base, allowed_roots)
         check_adapter_source("source", source, allowed_roots)
-        return self.adapters.prepare(source, self.resolve(base).path)
+        base_dir = self._known_checkpoint("base", base)[1] if known_base else self.resolve(base).path
+        return self.adapters.prepare(source, base_dir)
 
     def remove_checkpoint(self, ref: str, *, with_bundles: bool = False, by_path: bool = True
                           ) -> CheckpointRemoval:

@@ -470,15 +470,17 @@ class AdapterController(Controller):
         status_code=201,
         sync_to_thread=True,
         operation_id="addLoraAdapter",
-        responses=problem_responses(400, 409, 415, 502),
+        responses=problem_responses(400, 404, 409, 415, 502),
     )
     def add_adapter(
         self, manager: Manager, model_roots: ModelRoots, data: Annotated[AdapterRequest, StrictBody]
     ) -> AdapterOut:
         """Convert a PEFT adapter (directory or hub id) for the ``base`` model, once per adapter
         digest (an adapter already converted is returned as it is); 400 for what is not a PEFT
-        LoRA adapter or does not fit the base model."""
-        return to_body(manager.add_adapter(data.source, data.base, allowed_roots=model_roots), AdapterOut)
+        LoRA adapter or does not fit the base model; 404 when ``base`` is not a checkpoint in the
+        catalog (build it first: POST /admin/builds)."""
+        info = manager.add_adapter(data.source, data.base, allowed_roots=model_roots, known_base=True)
+        return to_body(info, AdapterOut)
 
     @delete(
         "/{adapter_id:str}",

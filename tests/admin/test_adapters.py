@@ -33,6 +33,10 @@ def test_add_list_pin_remove_over_http(
     client = make_client(admin_api_key=ADMIN_KEY)
     auth = {"x-api-key": ADMIN_KEY}
     body = {"source": str(models["a"]), "base": str(models["base"])}
+    # The base must be a checkpoint in the catalog: nothing is hashed or downloaded for it here.
+    unknown = problem(client.post("/admin/lora-adapters", json=body, headers=auth))
+    assert unknown["status"] == 404 and "POST /admin/builds" in unknown["detail"]
+    manager.resolve(str(models["base"]))
     assert problem(client.post("/admin/lora-adapters", json=body))["status"] == 401
     assert problem(client.get("/admin/lora-adapters"))["status"] == 401
     r = client.post("/admin/lora-adapters", json=body, headers=auth)
@@ -68,6 +72,7 @@ def test_bad_requests_are_400_in_one_line(
     client: Client, manager: CacheManager, models: dict[str, Path], tmp_path: Path
 ) -> None:
     base = str(models["base"])
+    manager.resolve(base)
     cases = [
         ({"source": str(models["base"]), "base": base}, "adapter_config.json"),
         ({"source": "/etc", "base": base}, "outside the directories"),
@@ -80,6 +85,8 @@ def test_bad_requests_are_400_in_one_line(
         detail = problem(client.post("/admin/lora-adapters", json=body))
         assert detail["status"] == 400 and needle in detail["detail"] and "\n" not in detail["detail"], body
     assert client.get("/admin/lora-adapters").json() == {"items": []}
+    hub = {"source": "org/x", "base": "org/y"}
+    assert problem(client.post("/admin/lora-adapters", json=hub))["status"] == 404
 
 
 def test_cli_adapters(
