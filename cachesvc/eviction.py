@@ -7,6 +7,11 @@ only for the ones that would go, so planning reads few locks) bundles whose lock
 process holds. Executing re-checks
 both for every bundle at delete time, under the exclusive lock taken non-blocking: a bundle
 pinned or leased since the plan was made is skipped, never deleted. Every eviction is an event.
+
+Converted LoRA adapters (``adapters/<digest16>/``, :mod:`cachesvc.adapters`) count in the total
+and take their place in the same LRU order by ``last_used_at`` (plan items with ``kind``
+``adapter``), under the same rules: pinned ones stay, leased ones (their ``adapter-<id>`` lock
+held) stay, each eviction is an ``adapter_rm`` event with the plan's reason.
 """
 
 from __future__ import annotations
