@@ -1,4 +1,4 @@
-"""The ``cachesvc`` command line: serve, prepare, bundles, checkpoints, db, demo-checkpoint.
+"""The ``cachesvc`` command line: serve, prepare, bundles, checkpoints, adapters, db, demo-checkpoint.
 
 Cache options (``--cache-dir``, ``--catalog-url``, ``--engine-cache-max-size-gb``) go before
 the command and apply to every command; ``prepare`` and ``serve`` also accept them after.
@@ -471,6 +471,59 @@ def cmd_checkpoints_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_adapters_ls(args: argparse.Namespace) -> int:
+    items = _manager(args).adapters.list()
+    if args.json:
+        emit_json(items)
+        return 0
+    rows = [
+        [a.id, _short_model(a.source), a.rank, ",".join(a.targets), human_size(a.size_bytes),
+         "yes" if a.pinned else "", human_time(a.last_used_at)]
+        for a in items
+    ]
+    print(table(["ID", "SOURCE", "RANK", "TARGETS", "SIZE", "PINNED", "LAST USED"], rows, right=(2, 4)))
+    return 0
+
+
+def cmd_adapters_add(args: argparse.Namespace) -> int:
+    info = _manager(args).add_adapter(args.source, args.base)
+    if args.json:
+        emit_json(info)
+        return 0
+    print(f"adapter {info.id} (rank {info.rank}, {human_size(info.size_bytes)}): {info.path}")
+    return 0
+
+
+def _adapter_pin_command(pinned: bool) -> Callable[[argparse.Namespace], int]:
+    """``adapters pin`` (``pinned``) or ``adapters unpin``."""
+
+    def run(args: argparse.Namespace) -> int:
+        m = _manager(args)
+        info = m.adapters.pin(args.id) if pinned else m.adapters.unpin(args.id)
+        if args.json:
+            emit_json(info)
+        else:
+            print(f"{'pinned' if pinned else 'unpinned'} adapter {info.id}")
+        return 0
+
+    return run
+
+
+cmd_adapters_pin = _adapter_pin_command(True)
+cmd_adapters_unpin = _adapter_pin_command(False)
+
+
+def cmd_adapters_rm(args: argparse.Namespace) -> int:
+    m = _manager(args)
+    info = m.adapters.get(args.id)
+    freed = m.adapters.remove(info.id)
+    if args.json:
+        emit_json({"id": info.id, "freed_bytes": freed})
+    else:
+        print(f"removed adapter {info.id}, freed {human_size(freed)}")
+    return 0
+
+
 def cmd_db_repair(args: argparse.Namespace) -> int:
     """Move an unreadable catalog aside, open a fresh one and re-adopt the bundles on disk."""
     from cachesvc.catalog import Catalog
@@ -725,6 +778,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_checkpoints_rm)
+
+    adapters = sub.add_parser("adapters", help="LoRA adapters converted into the cache")
+    asub = adapters.add_subparsers(dest="adapters_command", metavar="COMMAND")
+    asub.required = True
+    p = asub.add_parser("ls", help="list converted LoRA adapters", parents=[cache_opts])
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_adapters_ls)
+    p = asub.add_parser(
+        "add",
+        help="convert a PEFT LoRA adapter (directory or hub id) for a base model, once per adapter",
+        parents=[cache_opts],
+    )
+    p.add_argument("source", metavar="SOURCE", help="PEFT adapter directory or Hugging Face id")
+    p.add_argument("--base", required=True, metavar="MODEL",
+                   help="the base model it adapts (checkpoint directory or hub id)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_adapters_add)
+    for name, fn, text in (
+        ("pin", cmd_adapters_pin, "protect an adapter from eviction"),
+        ("unpin", cmd_adapters_unpin, "let an adapter be evicted again"),
+        ("rm", cmd_adapters_rm, "remove an adapter now (refused while pinned or in use)"),
+    ):
+        p = asub.add_parser(name, help=text, description=text, parents=[cache_opts])
+        p.add_argument("id", metavar="ID", help="adapter id, digest prefix or source")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=fn)
 
     models = sub.add_parser("models", help="served model names (aliases)")
     msub = models.add_subparsers(dest="models_command", metavar="COMMAND")

@@ -7,10 +7,16 @@ only for the ones that would go, so planning reads few locks) bundles whose lock
 process holds. Executing re-checks
 both for every bundle at delete time, under the exclusive lock taken non-blocking: a bundle
 pinned or leased since the plan was made is skipped, never deleted. Every eviction is an event.
+
+Converted LoRA adapters (``adapters/<digest16>/``, :mod:`cachesvc.adapters`) count in the total
+and take their place in the same LRU order by ``last_used_at`` (plan items with ``kind``
+``adapter``), under the same rules: pinned ones stay, leased ones (their ``adapter-<id>`` lock
+held) stay, each eviction is an ``adapter_rm`` event with the plan's reason.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -29,12 +35,14 @@ from cachesvc.records import (
     PlannedEviction,
     SkippedBundle,
 )
-from cachesvc.store import BundleStore
+from cachesvc.store import BundleStore, adapter_lock_key, remove_tree
 
 log = logging.getLogger("cachesvc.eviction")
 
 #: (id, size, last_used_at, pinned, path) of an eviction candidate.
 _Row = tuple[str, int, datetime | None, bool, str]
+#: A candidate, whether it is stale, and its kind (``bundle`` or ``adapter``).
+_Candidate = tuple[_Row, bool, str]
 
 #: Rows read per batch while planning an eviction (planning stops once under the cap).
 PLAN_BATCH = 512
@@ -83,25 +91,26 @@ class Evictor:
         cap = self.max_size_bytes if max_bytes is None else max_bytes
         if cap < 0:
             raise ConfigError("max_size_bytes", f"must not be negative, got {cap}")
-        # Context records (context/<bundle_id>/) count in the cache's size and go with their bundle.
-        total = self.catalog.total_size() + self.store.layout.context_bytes()
+        total = self.total_size()
         remaining = total
         evict: list[PlannedEviction] = []
         skipped: list[SkippedBundle] = []
-        for (bid, size, last_used, pinned, path), stale in chain(self._stale_rows(), self._lru_rows()):
+        for (bid, size, last_used, pinned, path), stale, kind in chain(self._stale_rows(), self._lru_rows()):
             if remaining <= cap:
                 break
             if bid in exclude:
                 continue
+            lock = adapter_lock_key(bid) if kind == "adapter" else bid
             if pinned:
-                skipped.append(SkippedBundle(bid, size, "pinned", stale=stale))
-            elif self.store.locks.is_locked(bid):
+                skipped.append(SkippedBundle(bid, size, "pinned", stale=stale, kind=kind))
+            elif self.store.locks.is_locked(lock):
                 # Checked only for bundles that would go, so planning reads few locks.
-                skipped.append(SkippedBundle(bid, size, "leased", stale=stale))
+                skipped.append(SkippedBundle(bid, size, "leased", stale=stale, kind=kind))
             else:
-                size += self.store.layout.context_bytes(bid)
+                if kind == "bundle":
+                    size += self.store.layout.context_bytes(bid)
                 why = "stale" if stale else reason
-                evict.append(PlannedEviction(bid, size, last_used, Path(path), reason=why))
+                evict.append(PlannedEviction(bid, size, last_used, Path(path), reason=why, kind=kind))
                 remaining -= size
         return EvictionPlan(
             max_bytes=cap,
@@ -113,18 +122,31 @@ class Evictor:
             reason=reason,
         )
 
-    def _stale_rows(self) -> Iterator[tuple[_Row, bool]]:
+    def total_size(self) -> int:
+        """The cache's size as eviction counts it: bundles (catalog sizes), their context records
+        (``context/<bundle_id>/``, which go with their bundle) and converted LoRA adapters."""
+        return (self.catalog.total_size() + self.store.layout.context_bytes()
+                + self.catalog.adapter_total_size())
+
+    def _stale_rows(self) -> Iterator[_Candidate]:
         """Stale rows (few: one node's bundles for another GPU), least recently used first."""
         for b in self.catalog.all_bundles(states=("stale",)):
-            yield (b.id, b.size_bytes, b.last_used_at, b.pinned, str(b.path)), True
+            yield (b.id, b.size_bytes, b.last_used_at, b.pinned, str(b.path)), True, "bundle"
 
-    def _lru_rows(self) -> Iterator[tuple[_Row, bool]]:
-        """Other evictable rows, least recently used first, read in keyset pages (stops when not needed)."""
+    def _lru_rows(self) -> Iterator[_Candidate]:
+        """Other evictable bundles and the converted LoRA adapters, together least recently used
+        first (adapters are few and read at once; bundles in keyset pages)."""
+        adapters = ((row, False, "adapter") for row in self.catalog.adapter_candidates())
+        yield from heapq.merge(self._lru_bundle_rows(), adapters, key=lambda c: (c[0][2], c[0][0]))
+
+    def _lru_bundle_rows(self) -> Iterator[_Candidate]:
+        """Other evictable bundle rows, least recently used first, read in keyset pages (stops
+        when not needed)."""
         after: tuple[datetime, str] | None = None
         while True:
             rows = self.catalog.eviction_candidates(limit=PLAN_BATCH, after=after)
             for row in rows:
-                yield row, False
+                yield row, False, "bundle"
             if len(rows) < PLAN_BATCH:
                 return
             after = (rows[-1][2], rows[-1][0])
@@ -135,6 +157,12 @@ class Evictor:
         skipped = list(plan.skipped)
         freed = 0
         for item in plan.evict:
+            if item.kind == "adapter":
+                adapter_freed = self._evict_adapter(item, skipped)
+                if adapter_freed is not None:
+                    evicted.append(item.bundle_id)
+                    freed += adapter_freed
+                continue
             info = self.catalog.get_bundle(item.bundle_id)
             if info is None:
                 continue
@@ -161,9 +189,27 @@ class Evictor:
             evicted=tuple(evicted),
             skipped=tuple(skipped),
             freed_bytes=freed,
-            total_after=self.catalog.total_size() + self.store.layout.context_bytes(),
+            total_after=self.total_size(),
             dry_run=False,
         )
+
+    def _evict_adapter(self, item: PlannedEviction, skipped: list[SkippedBundle]) -> int | None:
+        """Evict one planned adapter under its exclusive lock (taken non-blocking; pin re-read);
+        the bytes freed, or None when it was skipped or is gone."""
+        info = self.catalog.get_adapter(item.bundle_id)
+        if info is None:
+            return None
+        if info.pinned:
+            skipped.append(SkippedBundle(item.bundle_id, item.size_bytes, "pinned", kind="adapter"))
+            return None
+        with self.store.locks.try_exclusive(adapter_lock_key(item.bundle_id)) as got:
+            if not got:
+                skipped.append(SkippedBundle(item.bundle_id, item.size_bytes, "leased", kind="adapter"))
+                return None
+            layout = self.store.layout
+            remove_tree(layout, layout.root / info.path.parent, f"adapter-{info.id}")
+            self.catalog.delete_adapter(info.id, reason=item.reason, nbytes=info.size_bytes)
+        return info.size_bytes
 
     def prune(
         self, max_bytes: int | None = None, *, dry_run: bool = False, exclude: frozenset[str] = frozenset()

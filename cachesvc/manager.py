@@ -4,6 +4,7 @@ Prepare (hit or build under the bundle's lock) and leases are here; the rest are
 used as attributes: ``queries`` (read-only views, :mod:`cachesvc.queries`), ``verifier``
 (:mod:`cachesvc.verification`), ``evictor`` (:mod:`cachesvc.eviction`), ``reconciler``
 (:mod:`cachesvc.reconcile`), ``builds`` (background builds, :mod:`cachesvc.build_jobs`),
+``adapters`` (LoRA adapters converted into the cache, :mod:`cachesvc.adapters`),
 ``fleet`` (:mod:`cachesvc.catalog.fleet`) and the ``catalog`` itself for plain row writes
 (pin, aliases, events).
 
@@ -28,6 +29,7 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
+from cachesvc.adapters import AdapterStore, check_adapter_source
 from cachesvc.build_jobs import Build, BuildJobs
 from cachesvc.builders import (
     Builder,
@@ -54,7 +56,7 @@ from cachesvc.eviction import Evictor
 from cachesvc.profiles import BuildOptions, BundleKey, ProfileRequest
 from cachesvc.queries import CacheQueries
 from cachesvc.reconcile import Reconciler
-from cachesvc.records import AliasInfo, BuildStatus, CheckpointRemoval, PrepareResult
+from cachesvc.records import AdapterInfo, AliasInfo, BuildStatus, CheckpointRemoval, PrepareResult
 from cachesvc.store import BundleStore, CacheLayout, read_manifest, verify_bundle
 from cachesvc.verification import BundleVerifier
 from inference.build_profile import (
@@ -108,6 +110,12 @@ class CacheManager:
         self.builds = BuildJobs(self._prepare, catalog)
         #: The manifest checks: full verify, the quick check of every hit and load, staleness.
         self.verifier = BundleVerifier(catalog, self.store, gpu_disabled=gpu_disabled)
+        #: LoRA adapters converted into the cache (:mod:`cachesvc.adapters`); a new one prunes
+        #: the cache back under its cap like a new bundle does.
+        self.adapters = AdapterStore(
+            catalog, self.store, holders=holders, offline=offline, lock_timeout=lock_timeout,
+            after_add=self._prune_after_build,
+        )
 
     @classmethod
     def open(
@@ -499,6 +507,18 @@ class CacheManager:
         # being accepted and then failing.
         self.catalog.ping()
         return self.builds.start(model, request)
+
+    def add_adapter(self, source: str, base: str, *, allowed_roots: tuple[Path, ...] | None = None,
+                    known_base: bool = False) -> AdapterInfo:
+        """Convert the LoRA adapter ``source`` into the cache for the base model ``base`` (a
+        checkpoint directory or hub id, resolved and recorded like any model); a hit when it is
+        there. With ``allowed_roots`` (the HTTP surface), local paths must lie under them; with
+        ``known_base`` (the HTTP surface too) the base must be a checkpoint in the catalog
+        already (NotFoundError otherwise: it is not hashed or downloaded for the request)."""
+        check_model_name("base", base, allowed_roots)
+        check_adapter_source("source", source, allowed_roots)
+        base_dir = self._known_checkpoint("base", base)[1] if known_base else self.resolve(base).path
+        return self.adapters.prepare(source, base_dir)
 
     def remove_checkpoint(self, ref: str, *, with_bundles: bool = False, by_path: bool = True
                           ) -> CheckpointRemoval:

@@ -197,7 +197,9 @@ class CacheQueries:
         if node != self.node:
             return stats
         # On disk, not in the catalog: a conversion's leftovers have no row (reconcile removes them);
-        # the bundles' context records (context/<bundle_id>/) count in the cache's size.
+        # the bundles' context records (context/<bundle_id>/) and the converted LoRA adapters
+        # count in the cache's size.
         return replace(stats, checkpoint_bytes=dir_size(self.layout.checkpoints),
-                       size_bytes=stats.size_bytes + self.layout.context_bytes())
+                       size_bytes=stats.size_bytes + self.layout.context_bytes()
+                       + self.catalog.adapter_total_size())
 

@@ -23,7 +23,15 @@ from cachesvc.catalog import Catalog, utcnow
 from cachesvc.gguf_checkpoints import remove_orphaned_conversions
 from cachesvc.profiles import BundleKey
 from cachesvc.records import LeaseHolder, ReconcileReport
-from cachesvc.store import BundleStore, Manifest, verify_bundle
+from cachesvc.store import (
+    ADAPTER_FILE_NAME,
+    BundleStore,
+    Manifest,
+    adapter_lock_key,
+    is_adapter_id,
+    remove_tree,
+    verify_bundle,
+)
 
 log = logging.getLogger("cachesvc.reconcile")
 
@@ -121,6 +129,7 @@ class Reconciler:
             self.catalog.drop_stale_leases(info.id, live)
         self._drop_orphaned_context()
         stale, restored = self._recheck_environment(manifests)
+        adapters_forgotten, adapter_files_removed = self._reconcile_adapters()
         report = ReconcileReport(
             tuple(adopted),
             tuple(forgotten),
@@ -128,10 +137,54 @@ class Reconciler:
             tuple(corrupt),
             tuple(stale),
             tuple(restored),
+            tuple(adapters_forgotten),
+            tuple(adapter_files_removed),
         )
-        if adopted or forgotten or staging_removed or corrupt or stale or restored:
+        if (adopted or forgotten or staging_removed or corrupt or stale or restored or adapters_forgotten
+                or adapter_files_removed):
             log.info("reconcile: %s", report)
         return report
+
+    def _reconcile_adapters(self) -> tuple[list[str], list[str]]:
+        """Forget adapter rows whose converted file vanished; remove folders under ``adapters/``
+        without a row (a conversion that died before its row, or rows lost with the catalog) and
+        leftover temp files of a conversion that died. An adapter whose lock is held (being
+        converted, or leased by a serving process) is left alone."""
+        layout = self.store.layout
+        forgotten: list[str] = []
+        removed: list[str] = []
+        rows = {a.id: a for a in self.catalog.list_adapters()}
+        for aid, info in rows.items():
+            if (layout.root / info.path).is_file():
+                continue
+            with self.store.locks.try_exclusive(adapter_lock_key(aid)) as got:
+                if got and not (layout.root / info.path).is_file():
+                    self.catalog.delete_adapter(aid, reason="stale", nbytes=info.size_bytes,
+                                                detail="file vanished")
+                    forgotten.append(aid)
+        try:
+            entries = sorted(layout.check_subfolder(layout.adapters).iterdir())
+        except FileNotFoundError:
+            return forgotten, removed
+        for entry in entries:
+            name = entry.name
+            if entry.is_symlink() or not entry.is_dir():
+                continue
+            if not is_adapter_id(name):
+                continue  # not a name the cache gives an adapter folder: not ours to delete
+            with self.store.locks.try_exclusive(adapter_lock_key(name)) as got:
+                if not got:
+                    continue
+                if name not in rows or name in forgotten:
+                    if remove_tree(layout, entry, f"adapter-{name}"):
+                        removed.append(name)
+                    continue
+                for leftover in entry.iterdir():
+                    if leftover.name != ADAPTER_FILE_NAME and leftover.name.endswith(".tmp"):
+                        leftover.unlink(missing_ok=True)
+        if forgotten or removed:
+            log.info("reconcile: adapters forgotten %s, adapter folders removed %s", forgotten, removed)
+        return forgotten, removed
 
     def _drop_orphaned_context(self) -> None:
         """Remove context records (``context/<bundle_id>/``) whose bundle is gone."""

@@ -27,6 +27,12 @@ EVENT_KINDS = (
     "unload",
     # A checkpoint removed (``cachesvc checkpoints rm``): its row, and its files when ours.
     "checkpoint_rm",
+    # A LoRA adapter converted into the cache, and one removed (``reason``: an EVICT_REASONS
+    # value: ``manual``, ``lru``/``clear`` by eviction, ``stale`` when reconcile found its file gone).
+    "adapter_add",
+    "adapter_rm",
+    "adapter_pin",
+    "adapter_unpin",
 )
 #: Why a serving process unloaded an engine (the ``reason`` of ``unload`` events).
 UNLOAD_REASONS = ("idle", "memory", "admin", "evict", "shutdown")
@@ -150,15 +156,41 @@ class PrepareResult:
     draft_bundle_dir: Path | None = None
 
 
+#: What an eviction plan item is: a bundle, or a converted LoRA adapter (its id in ``bundle_id``).
+EVICTION_KINDS = ("bundle", "adapter")
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """A LoRA adapter converted into the cache (one row per node: the file is on its disk).
+
+    ``path`` is the absolute path of the converted file (onnxruntime's adapter format), what an
+    engine loads; the catalog keeps it relative to the cache root."""
+
+    id: str
+    digest: str
+    source: str
+    path: Path
+    rank: int
+    targets: tuple[str, ...]
+    size_bytes: int
+    pinned: bool
+    created_at: datetime
+    last_used_at: datetime
+    node: str
+
+
 @dataclass(frozen=True)
 class SkippedBundle:
     """A bundle an eviction plan leaves in place, and why (``pinned`` or ``leased``); ``stale``
-    when it cannot run here (a pinned stale bundle stays: pins are the operator's word)."""
+    when it cannot run here (a pinned stale bundle stays: pins are the operator's word).
+    ``kind`` ``adapter``: a converted LoRA adapter (its id in ``bundle_id``)."""
 
     bundle_id: str
     size_bytes: int
     reason: str
     stale: bool = False
+    kind: str = "bundle"
 
 
 @dataclass(frozen=True)
@@ -171,6 +203,7 @@ class PlannedEviction:
     last_used_at: datetime | None
     path: Path
     reason: str = "lru"
+    kind: str = "bundle"
 
 
 @dataclass(frozen=True)
@@ -223,6 +256,10 @@ class ReconcileReport:
     stale: tuple[str, ...] = ()
     #: Stale bundles whose GPU and TensorRT version are back: ``ready`` again.
     restored: tuple[str, ...] = ()
+    #: Adapter rows whose converted file vanished (forgotten), and converted adapter
+    #: directories without a row (removed).
+    adapters_forgotten: tuple[str, ...] = ()
+    adapter_files_removed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

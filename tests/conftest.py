@@ -28,6 +28,7 @@ def catalog_db(request: pytest.FixtureRequest) -> Iterator[str]:
 TIER_MARKERS = ("unit", "integration", "e2e", "reliability")
 
 TIERS: dict[str, tuple[str, ...]] = {
+    "admin/test_adapters.py": ("integration",),
     "admin/test_auth.py": ("integration",),
     "admin/test_builds.py": ("integration",),
     "admin/test_checkpoints_rm.py": ("integration",),
@@ -39,6 +40,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "admin/test_routes.py": ("integration",),
     "admin/test_schema_fuzz.py": ("reliability", "slow"),
     "admin/test_stats_metrics.py": ("integration",),
+    "cache/test_adapters.py": ("integration",),
     "cache/test_catalog.py": ("unit",),
     "cache/test_checkpoints.py": ("unit",),
     "cache/test_concurrent_prepare.py": ("reliability",),

@@ -2,7 +2,8 @@
 the row lock of a bundle, and the event written in the same transaction as the change it records.
 
 One repository class per table (``bundles``, ``checkpoints``, ``events``, ``leases``,
-``aliases``; the fleet's tables in :mod:`cachesvc.catalog.fleet`) builds on :class:`CatalogBase`;
+``aliases``, ``adapters``;
+the fleet's tables in :mod:`cachesvc.catalog.fleet`) builds on :class:`CatalogBase`;
 :class:`cachesvc.catalog.Catalog` is all of them over one database.
 """
 

@@ -117,6 +117,30 @@ class BundleRow(Base):
     node: Mapped[str] = mapped_column(String(255), primary_key=True)
 
 
+class AdapterRow(Base):
+    """A LoRA adapter converted into one node's cache (the file is on that node's disk)."""
+
+    __tablename__ = "adapters"
+    __table_args__ = (
+        CheckConstraint("size_bytes >= 0", name="size_nonneg"),
+        Index("ix_adapters_node_last_used", "node", "last_used_at", "id"),
+    )
+
+    #: The first 16 hex digits of ``digest`` (the converted file's folder name).
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    source: Mapped[str] = mapped_column(String(1024))
+    #: The converted file, relative to the cache root.
+    path: Mapped[str] = mapped_column(Text)
+    rank: Mapped[int] = mapped_column(Integer)
+    targets: Mapped[list[Any]] = mapped_column(JSON)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_used_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    node: Mapped[str] = mapped_column(String(255), primary_key=True)
+
+
 class LeaseRow(Base):
     """Who serves a bundle, for display. The shared file lock is the truth; rows can go stale."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from sqlalchemy import literal, select
 
+from cachesvc.catalog.adapters import AdapterTable
 from cachesvc.catalog.aliases import AliasTable
 from cachesvc.catalog.base import utcnow
 from cachesvc.catalog.bundles import BundleTable
@@ -18,7 +19,7 @@ from cachesvc.records import CatalogState
 __all__ = ["Catalog", "utcnow"]
 
 
-class Catalog(BundleTable, CheckpointTable, EventTable, LeaseTable, AliasTable):
+class Catalog(BundleTable, CheckpointTable, EventTable, LeaseTable, AliasTable, AdapterTable):
     """The SQL index of the cache. Every method is one short transaction.
 
     Fleet rule: writes and the eviction/reconcile reads touch only this catalog's ``node``

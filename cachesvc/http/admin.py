@@ -24,6 +24,10 @@ from cachesvc.http.auth import admin_guard
 from cachesvc.http.errors import admin_exception_handlers, problem_responses
 from cachesvc.http.fleet import FLEET_HANDLERS
 from cachesvc.http.schemas import (
+    AdapterListOut,
+    AdapterOut,
+    AdapterRemovalOut,
+    AdapterRequest,
     BackendName,
     BuildListOut,
     BuildOut,
@@ -335,7 +339,7 @@ class CacheController(Controller):
                 lambda: manager.evictor.prune(data.max_size_bytes, dry_run=True)
             )
             for skipped in plan.plan.skipped:
-                if skipped.reason == "leased":
+                if skipped.reason == "leased" and skipped.kind == "bundle":
                     await pool.unload(skipped.bundle_id, reason="evict", grace=0.0)
         result = await anyio.to_thread.run_sync(
             lambda: manager.evictor.prune(data.max_size_bytes, dry_run=data.dry_run)
@@ -444,6 +448,74 @@ def remove_checkpoint(
     return to_body(done, CheckpointRemovalOut)
 
 
+AdapterId = Annotated[
+    str,
+    PathParameter(pattern=r"^[0-9a-f]{16}$", description="Adapter id: the first 16 hex digits of its digest"),
+]
+
+
+class AdapterController(Controller):
+    """``/admin/lora-adapters``: LoRA adapters converted into the cache (rows, pins, removal)."""
+
+    path = "/lora-adapters"
+    tags = ["lora-adapters"]
+
+    @get("/", sync_to_thread=True, operation_id="listLoraAdapters", responses=problem_responses())
+    def list_adapters(self, manager: Manager) -> AdapterListOut:
+        """This node's converted adapters, most recently used first."""
+        return to_body({"items": manager.adapters.list()}, AdapterListOut)
+
+    @post(
+        "/",
+        status_code=201,
+        sync_to_thread=True,
+        operation_id="addLoraAdapter",
+        responses=problem_responses(400, 404, 409, 415, 502),
+    )
+    def add_adapter(
+        self, manager: Manager, model_roots: ModelRoots, data: Annotated[AdapterRequest, StrictBody]
+    ) -> AdapterOut:
+        """Convert a PEFT adapter (directory or hub id) for the ``base`` model, once per adapter
+        digest (an adapter already converted is returned as it is); 400 for what is not a PEFT
+        LoRA adapter or does not fit the base model; 404 when ``base`` is not a checkpoint in the
+        catalog (build it first: POST /admin/builds)."""
+        info = manager.add_adapter(data.source, data.base, allowed_roots=model_roots, known_base=True)
+        return to_body(info, AdapterOut)
+
+    @delete(
+        "/{adapter_id:str}",
+        status_code=200,
+        sync_to_thread=True,
+        operation_id="removeLoraAdapter",
+        responses=problem_responses(400, 404, 409),
+    )
+    def remove_adapter(self, manager: Manager, adapter_id: AdapterId) -> AdapterRemovalOut:
+        """Remove an adapter (row and converted file); 409 while it is pinned or in use."""
+        return AdapterRemovalOut(id=adapter_id, freed_bytes=manager.adapters.remove(adapter_id))
+
+    @post(
+        "/{adapter_id:str}/pin",
+        status_code=200,
+        sync_to_thread=True,
+        operation_id="pinLoraAdapter",
+        responses=problem_responses(400, 404),
+    )
+    def pin_adapter(self, manager: Manager, adapter_id: AdapterId) -> AdapterOut:
+        """Protect an adapter from eviction."""
+        return to_body(manager.adapters.pin(adapter_id), AdapterOut)
+
+    @post(
+        "/{adapter_id:str}/unpin",
+        status_code=200,
+        sync_to_thread=True,
+        operation_id="unpinLoraAdapter",
+        responses=problem_responses(400, 404),
+    )
+    def unpin_adapter(self, manager: Manager, adapter_id: AdapterId) -> AdapterOut:
+        """Let an adapter be evicted again."""
+        return to_body(manager.adapters.unpin(adapter_id), AdapterOut)
+
+
 async def _reject_deep_json(request: Request) -> None:
     """``before_request``: 400 for a body nested too deep (msgspec would raise RecursionError)."""
     if not has_body(request.headers):
@@ -472,6 +544,7 @@ def admin_router(*, admin_api_key: str | None, model_roots: tuple[Path, ...] | N
             list_events,
             list_checkpoints,
             remove_checkpoint,
+            AdapterController,
             *FLEET_HANDLERS,
         ],
         guards=[admin_guard(admin_api_key)],

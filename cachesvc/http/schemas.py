@@ -19,6 +19,7 @@ from cachesvc.records import (
     BUNDLE_STATES,
     EVENT_KINDS,
     EVICT_REASONS,
+    EVICTION_KINDS,
     SKIP_REASONS,
     SORT_KEYS,
     SORT_ORDERS,
@@ -45,6 +46,10 @@ EventKind = Literal[
     "load",
     "unload",
     "checkpoint_rm",
+    "adapter_add",
+    "adapter_rm",
+    "adapter_pin",
+    "adapter_unpin",
 ]
 EvictReason = Literal["lru", "manual", "clear", "stale", "corrupt"]
 BuildState = Literal["queued", "running", "done", "failed"]
@@ -52,11 +57,14 @@ BackendName = Literal["onnxruntime", "tensorrt"]
 SortKey = Literal["last_used", "size", "created", "hits"]
 SortOrder = Literal["asc", "desc"]
 SkipReason = Literal["pinned", "leased"]
+#: What an eviction plan item is: a bundle or a converted LoRA adapter.
+EvictionKind = Literal["bundle", "adapter"]
 
 # Literals above must stay in step with the record vocabularies; a drift would make the schema lie.
 assert get_args(BundleState) == BUNDLE_STATES
 assert get_args(EventKind) == EVENT_KINDS
 assert get_args(EvictReason) == EVICT_REASONS
+assert get_args(EvictionKind) == EVICTION_KINDS
 assert get_args(BuildState) == BUILD_STATES
 assert get_args(SortKey) == SORT_KEYS
 assert get_args(SortOrder) == SORT_ORDERS
@@ -286,12 +294,14 @@ class ClearRequest(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class PlannedEvictionOut(Struct, frozen=True):
-    """A bundle an eviction plan removes, and why (``stale`` bundles are planned first)."""
+    """A bundle an eviction plan removes, and why (``stale`` bundles are planned first);
+    ``kind`` ``adapter``: a converted LoRA adapter, its id in ``bundle_id``."""
 
     bundle_id: str
     size_bytes: int
     last_used_at: datetime | None
     reason: EvictReason = "lru"
+    kind: EvictionKind = "bundle"
 
 
 class SkippedOut(Struct, frozen=True):
@@ -302,6 +312,7 @@ class SkippedOut(Struct, frozen=True):
     size_bytes: int
     reason: SkipReason
     stale: bool = False
+    kind: EvictionKind = "bundle"
 
 
 class EvictionOut(Struct, frozen=True):
@@ -329,6 +340,9 @@ class ReconcileOut(Struct, frozen=True):
     stale: list[str] = []
     #: Stale bundles whose GPU and TensorRT version are back (``ready`` again).
     restored: list[str] = []
+    #: LoRA adapter rows whose converted file vanished, and converted files without a row.
+    adapters_forgotten: list[str] = []
+    adapter_files_removed: list[str] = []
 
 
 class ModelStatsOut(Struct, frozen=True):
@@ -378,6 +392,44 @@ class CheckpointListOut(Struct, frozen=True):
     """Every resolved checkpoint."""
 
     items: list[CheckpointOut]
+
+
+class AdapterRequest(Struct, frozen=True, forbid_unknown_fields=True):
+    """Convert a PEFT LoRA adapter into the cache for a base model."""
+
+    #: A PEFT adapter directory (adapter_config.json + adapter_model.safetensors) or a hub id.
+    source: Annotated[str, Meta(min_length=1, max_length=1024)]
+    #: The base model (checkpoint directory or hub id) the adapter is checked against.
+    base: Model
+
+
+class AdapterOut(Struct, frozen=True):
+    """A LoRA adapter converted into the cache (``path``: the converted file)."""
+
+    id: str
+    digest: str
+    source: str
+    path: str
+    rank: int
+    targets: list[str]
+    size_bytes: int
+    pinned: bool
+    created_at: datetime
+    last_used_at: datetime
+    node: str
+
+
+class AdapterListOut(Struct, frozen=True):
+    """This node's converted LoRA adapters, most recently used first."""
+
+    items: list[AdapterOut]
+
+
+class AdapterRemovalOut(Struct, frozen=True):
+    """An adapter removed from the cache."""
+
+    id: str
+    freed_bytes: int
 
 
 class CheckpointRemovalOut(Struct, frozen=True):

@@ -6,7 +6,16 @@ Filesystem only: the store knows nothing of the catalog or the builder.
 from __future__ import annotations
 
 from cachesvc.store.bundles import BundleStore, ScannedBundle, dir_size
-from cachesvc.store.layout import CACHEDIR_TAG_CONTENT, CACHEDIR_TAG_SIGNATURE, CacheLayout, check_bundle_id
+from cachesvc.store.layout import (
+    ADAPTER_FILE_NAME,
+    CACHEDIR_TAG_CONTENT,
+    CACHEDIR_TAG_SIGNATURE,
+    CacheLayout,
+    adapter_lock_key,
+    check_bundle_id,
+    is_adapter_id,
+    remove_tree,
+)
 from cachesvc.store.locks import BundleLocks, Lease
 from cachesvc.store.manifest import (
     MANIFEST_NAME,
@@ -22,6 +31,7 @@ from cachesvc.store.manifest import (
 )
 
 __all__ = [
+    "ADAPTER_FILE_NAME",
     "CACHEDIR_TAG_CONTENT",
     "CACHEDIR_TAG_SIGNATURE",
     "MANIFEST_NAME",
@@ -35,10 +45,13 @@ __all__ = [
     "Mismatch",
     "ScannedBundle",
     "VerifyReport",
+    "adapter_lock_key",
     "check_bundle_id",
     "dir_size",
     "hash_files",
+    "is_adapter_id",
     "quick_verify_bundle",
     "read_manifest",
+    "remove_tree",
     "verify_bundle",
 ]

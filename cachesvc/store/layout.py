@@ -29,6 +29,33 @@ CACHEDIR_TAG_CONTENT = (
     "# For information about cache directory tags see https://bford.info/cachedir/\n"
 )
 
+#: The converted file of a LoRA adapter, ``adapters/<adapter-digest16>/`` (onnxruntime's format).
+ADAPTER_FILE_NAME = "adapter.onnx_adapter"
+
+
+_ADAPTER_ID_RE = re.compile(r"^[0-9a-f]{16}$")
+
+
+def is_adapter_id(name: str) -> bool:
+    """Whether ``name`` is an adapter id (the first 16 lowercase hex digits of its digest), the
+    only folder names the cache creates under ``adapters/``."""
+    return bool(_ADAPTER_ID_RE.match(name))
+
+
+def check_adapter_id(adapter_id: str) -> str:
+    """``adapter_id`` if it is an adapter id, else ``ValueError``."""
+    if not isinstance(adapter_id, str) or not is_adapter_id(adapter_id):
+        raise ValueError(f"invalid adapter id {adapter_id!r}: expected 16 lowercase hex digits")
+    return adapter_id
+
+
+def adapter_lock_key(adapter_id: str) -> str:
+    """The name an adapter's file lock has among the bundles' locks (``.locks/adapter-<id>.lock``):
+    a serving process holds it shared while an engine has the adapter loaded, and eviction
+    takes it exclusive, exactly as for a bundle. No bundle id starts with ``adapter-``."""
+    return f"adapter-{check_adapter_id(adapter_id)}"
+
+
 #: The node that owns a cache directory: its rows in a shared catalog describe this disk.
 NODE_FILE_NAME = "cachesvc-node"
 
@@ -85,6 +112,16 @@ class CacheLayout:
     def quarantine(self) -> Path:
         """Directories found under ``engines/`` that are not bundles: kept for a person to look at."""
         return self.root / "quarantine"
+
+    @property
+    def adapters(self) -> Path:
+        """Converted LoRA adapters: ``adapters/<adapter-digest16>/adapter.onnx_adapter`` (created
+        with the first one)."""
+        return self.root / "adapters"
+
+    def adapter_file(self, adapter_id: str) -> Path:
+        """The converted file of one adapter (may not exist yet)."""
+        return self.adapters / check_adapter_id(adapter_id) / ADAPTER_FILE_NAME
 
     @property
     def context(self) -> Path:
@@ -256,6 +293,20 @@ class CacheLayout:
         if not rel.parts or rel.parts == (".",):
             raise ValueError("bundle path is empty; expected e.g. 'engines/<model-digest16>/<profile-name>'")
         return self.root.joinpath(*rel.parts)
+
+
+def remove_tree(layout: CacheLayout, path: Path, label: str) -> bool:
+    """Rename ``path`` (a directory inside the cache) into the trash, so it vanishes at once,
+    then delete it; True when it was there."""
+    trashed = layout.check_subfolder(layout.trash) / f"{label}.{secrets.token_hex(6)}"
+    try:
+        os.replace(path, trashed)
+    except FileNotFoundError:
+        return False
+    except OSError:  # the trash is on another filesystem or missing: delete in place
+        trashed = path
+    shutil.rmtree(trashed, ignore_errors=True)
+    return True
 
 
 def _files_bytes(directory: Path) -> int:

@@ -20,7 +20,11 @@ from tests.support.net import free_port, wait_http_ok
 
 Client = TestClient[Litestar]
 BUNDLE_ID = "0123456789abcdef-0123456789ab"
-BODIES = {"/admin/builds": {"model": "/nonexistent"}, "/admin/cache/prune": {"dry_run": True}}
+BODIES = {
+    "/admin/builds": {"model": "/nonexistent"},
+    "/admin/cache/prune": {"dry_run": True},
+    "/admin/lora-adapters": {"source": "/nonexistent", "base": "/nonexistent"},
+}
 
 
 def _operations(manager: CacheManager) -> list[tuple[str, str]]:
@@ -36,8 +40,9 @@ def _operations(manager: CacheManager) -> list[tuple[str, str]]:
         path = template.replace("{bundle_id}", BUNDLE_ID).replace("{build_id}", "build-0")
         path = path.replace("{node}", "node-x")
         path = path.replace("{name}", "some-alias").replace("{checkpoint_id}", "0123456789abcdef")
+        path = path.replace("{adapter_id}", "0123456789abcdef")
         ops += [(method.upper(), path) for method in item]
-    assert len(ops) == 29
+    assert len(ops) == 34
     return sorted(ops)
 
 

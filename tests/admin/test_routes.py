@@ -235,7 +235,8 @@ def test_prune_dry_run_plans_then_prune_evicts_lru_skipping_pinned(
     assert body["dry_run"] is True and body["total_before"] == total and body["max_bytes"] == 0
     assert [p["bundle_id"] for p in body["planned"]] == ids[1:]  # LRU: oldest first
     assert body["skipped"] == [
-        {"bundle_id": ids[0], "size_bytes": sizes[ids[0]], "reason": "pinned", "stale": False}
+        {"bundle_id": ids[0], "size_bytes": sizes[ids[0]], "reason": "pinned", "stale": False,
+         "kind": "bundle"}
     ]
     assert body["freed_bytes"] == sizes[ids[1]] + sizes[ids[2]]
     assert all(manager.queries.bundle_dir(manager.queries.get_bundle(b)).exists() for b in ids)
@@ -383,6 +384,11 @@ def test_openapi_describes_every_route_and_docs_ui_is_served(client: Client) -> 
         ("GET", "/admin/events"),
         ("GET", "/admin/checkpoints"),
         ("DELETE", "/admin/checkpoints/{checkpoint_id}"),
+        ("GET", "/admin/lora-adapters"),
+        ("POST", "/admin/lora-adapters"),
+        ("DELETE", "/admin/lora-adapters/{adapter_id}"),
+        ("POST", "/admin/lora-adapters/{adapter_id}/pin"),
+        ("POST", "/admin/lora-adapters/{adapter_id}/unpin"),
         ("GET", "/admin/nodes"),
         ("GET", "/admin/nodes/{node}/desired"),
         ("PUT", "/admin/nodes/{node}/desired"),
@@ -402,6 +408,7 @@ def test_openapi_describes_every_route_and_docs_ui_is_served(client: Client) -> 
         ("GET", "/v1/models"),
         ("POST", "/v1/completions"),
         ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/embeddings"),
         ("GET", "/v1/models/{model_id}"),
         ("POST", "/v1/messages"),
         ("POST", "/v1/messages/count_tokens"),

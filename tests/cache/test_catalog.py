@@ -174,8 +174,8 @@ def test_0004_widens_the_state_check_and_downgrades_stale_to_ready(tmp_path: Pat
     c.add_lease(bid, 4242)
     with pytest.raises(IntegrityError):
         _set_state(c, bid, "stale")
-    c.upgrade()
-    assert c.current_revision() == head_revision() == "0004"
+    c.upgrade("0004")
+    assert c.current_revision() == "0004"
     # The table was recreated on SQLite: rows and the display-only lease rows survive.
     assert [h.pid for h in c.leases(bid)] == [4242]
     assert c.set_stale(bid, "built for compute capability 9.0; this GPU is 8.9").state == "stale"
@@ -190,6 +190,45 @@ def test_0004_widens_the_state_check_and_downgrades_stale_to_ready(tmp_path: Pat
         _set_state(c, bid, "stale")
     c.upgrade()
     assert c.set_stale(bid, "no CUDA device answers").state == "stale"
+
+
+def test_0005_adds_the_adapters_table_and_drops_it_on_downgrade(tmp_path: Path) -> None:
+    url = catalog_url_for(tmp_path) or f"sqlite:///{tmp_path / 'catalog.sqlite3'}"
+    c = Catalog(url, node="test-node")
+    c.upgrade("0004")
+    bid = add(c, 1)
+    assert "adapters" not in inspect(c.engine).get_table_names()
+    c.upgrade()
+    assert c.current_revision() == head_revision() == "0005"
+    info, added = c.add_adapter(adapter_id="ab" * 8, digest="ab" * 32, source="/a", path=Path("adapters/x/f"),
+                                rank=4, targets=("q_proj",), size_bytes=10)
+    assert added and info.targets == ("q_proj",) and c.adapter_total_size() == 10
+    assert c.add_adapter(adapter_id="ab" * 8, digest="ab" * 32, source="/a", path=Path("adapters/x/f"),
+                         rank=4, targets=("q_proj",), size_bytes=10)[1] is False
+    with pytest.raises(IntegrityError), c.engine.begin() as conn:
+        conn.execute(text("UPDATE adapters SET size_bytes = -1"))
+    downgrade(c.engine, "0004")
+    assert "adapters" not in inspect(c.engine).get_table_names()
+    assert c.require_bundle(bid).state == "ready"  # bundle rows untouched
+    c.upgrade()
+    assert c.list_adapters() == []
+
+
+def test_adapter_rows_are_per_node(tmp_path: Path) -> None:
+    c = catalog(tmp_path)
+    other = Catalog(c.url, node="other-node")
+    c.add_adapter(adapter_id="cd" * 8, digest="cd" * 32, source="s", path=Path("adapters/cd/f"), rank=2,
+                  targets=("v_proj",), size_bytes=7)
+    assert other.list_adapters() == [] and other.adapter_total_size() == 0
+    assert other.delete_adapter("cd" * 8, reason="manual", nbytes=7) is False
+    assert [a.id for a in c.list_adapters()] == ["cd" * 8]
+    assert c.set_adapter_pinned("cd" * 8, True).pinned
+    with pytest.raises(NotFoundError):
+        other.set_adapter_pinned("cd" * 8, True)
+    with pytest.raises(NotFoundError):
+        other.touch_adapter("cd" * 8)
+    assert c.delete_adapter("cd" * 8, reason="manual", nbytes=7)
+    assert [e.kind for e in c.events()][:3] == ["adapter_rm", "adapter_pin", "adapter_add"]
 
 
 def test_stale_and_back_are_events_and_verify_marks_either_way(tmp_path: Path) -> None:

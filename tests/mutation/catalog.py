@@ -9,6 +9,7 @@ from __future__ import annotations
 from tests.mutation.engine import Mutation
 
 MANAGER = "tests/cache/test_manager.py"
+ADAPTERS = "tests/cache/test_adapters.py"
 LIVE = "tests/serving/test_live.py"
 STALE = (
     "tests/trt/test_stale.py::"
@@ -58,9 +59,27 @@ MUTATIONS: tuple[Mutation, ...] = (
         why="eviction planning does not look at lease locks",
         path="cachesvc/eviction.py",
         function="Evictor.plan",
-        find=r"elif self\.store\.locks\.is_locked\(bid\):",
+        find=r"elif self\.store\.locks\.is_locked\(lock\):",
         replace="elif False:",
         tests=(f"{MANAGER}::test_leased_and_pinned_bundles_survive_prune",),
+    ),
+    Mutation(
+        name="pinned-adapter-evicted",
+        why="eviction planning drops the pin of LoRA adapters (a pinned adapter is planned out)",
+        path="cachesvc/eviction.py",
+        function="Evictor._lru_rows",
+        find=r"\(row, False, \"adapter\"\) for row in",
+        replace='((*row[:3], False, row[4]), False, "adapter") for row in',
+        tests=(f"{ADAPTERS}::test_lru_eviction_takes_adapters_with_bundles_and_keeps_pinned_and_leased[sqlite]",),
+    ),
+    Mutation(
+        name="adapter-plan-ignores-leases",
+        why="eviction planning checks a LoRA adapter's lease under the bundle lock name, not the adapter's",
+        path="cachesvc/eviction.py",
+        function="Evictor.plan",
+        find=r"lock = adapter_lock_key\(bid\) if kind == \"adapter\" else bid",
+        replace="lock = bid",
+        tests=(f"{ADAPTERS}::test_lru_eviction_takes_adapters_with_bundles_and_keeps_pinned_and_leased[sqlite]",),
     ),
     Mutation(
         name="execute-ignores-leases",
