@@ -301,6 +301,7 @@ class BuildController(Controller):
             draft_model=data.draft_model,
             task=data.task,
             pooling=data.pooling,
+            lora=data.lora,
         )
         return to_body(manager.start_build(data.model, request, allowed_roots=model_roots), BuildOut)
 

@@ -251,6 +251,8 @@ class BuildRequest(Struct, frozen=True, forbid_unknown_fields=True):
     #: ``embed``: an embedding bundle (fp32; ``pooling`` last by default, or mean).
     task: Task = "generate"
     pooling: Pooling | None = None
+    #: LoRA inputs in the graph, so that adapters can be loaded into it (``--enable-lora``).
+    lora: bool = False
 
 
 class BuildOut(Struct, frozen=True):

@@ -27,9 +27,11 @@ from cachesvc.http.errors import admin_exception_handlers, problem_responses
 from cachesvc.http.schemas import (
     BackendChoice,
     BatchSize,
+    Pooling,
     PositiveDim,
     PrecisionChoice,
     SpeculativeMethod,
+    Task,
 )
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import PROFILE_FIELDS, ProfileRequest
@@ -99,6 +101,9 @@ class AliasRequest(Struct, frozen=True, forbid_unknown_fields=True):
     max_kv_cache_capacity: PositiveDim | None = None
     speculative_method: SpeculativeMethod | None = None
     draft_model: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None
+    task: Task | None = None
+    pooling: Pooling | None = None
+    lora: bool | None = None
 
     def profile(self) -> dict[str, Any]:
         """The build-profile fields given (empty: no profile)."""
