@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Protocol
 
 from cachesvc.catalog import Catalog
 from cachesvc.errors import CatalogUnavailableError
@@ -49,11 +50,17 @@ class BundleLease:
         self.release()
 
 
-class CombinedLease(BundleLease):
-    """A bundle's lease together with the leases of bundles loaded with it (a speculative
-    draft): one ``release`` lets go of all of them."""
+class Releasable(Protocol):
+    """Anything held until released: a bundle's or a LoRA adapter's lease."""
 
-    def __init__(self, primary: BundleLease, *others: BundleLease) -> None:
+    def release(self) -> None: ...
+
+
+class CombinedLease(BundleLease):
+    """A bundle's lease together with the leases of what is loaded with it (a speculative
+    draft's bundle, LoRA adapters): one ``release`` lets go of all of them."""
+
+    def __init__(self, primary: BundleLease, *others: Releasable) -> None:
         super().__init__(primary._catalog, primary.bundle, primary.bundle_dir, primary._lease)
         self._others = others
 

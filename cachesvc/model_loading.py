@@ -15,9 +15,11 @@ import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from cachesvc.config import ENGINE_FACTORY_ENV, ServeConfig
+from cachesvc.bundle_leases import Releasable
+from cachesvc.config import ENGINE_FACTORY_ENV, ServeConfig, lora_module_pairs
 from cachesvc.errors import CacheError
 from cachesvc.http.metrics import MetricsState
 from cachesvc.manager import BundleLease, CacheManager, CombinedLease
@@ -93,10 +95,45 @@ def load_runtime(
             draft_dir=prepared.draft_bundle_dir,
         )
         engine = serving.engine
+        try:
+            adapters = load_lora_modules(config, manager, serving, prepared.model_dir)
+        except BaseException:
+            serving.close_engine()
+            raise
+        if adapters:
+            lease = CombinedLease(lease, *adapters)
     except BaseException:
         lease.release()
         raise
     return Runtime(prepared, lease, engine, serving)
+
+
+def load_lora_modules(config: ServeConfig, manager: CacheManager, serving: ModelHandle,
+                      base_dir: Path) -> list[Releasable]:
+    """``--lora-modules``: each adapter prepared in the cache (converted once, checked against
+    the base model), leased while loaded, loaded into the engine under its digest id, and its
+    served name mapped to it; the leases returned (released with the model's lease)."""
+    pairs = lora_module_pairs(config.lora_modules)
+    if not pairs:
+        return []
+    engine: Any = serving.engine
+    if not hasattr(engine, "load_adapter"):
+        raise CacheError(f"the {engine.info.backend} engine of this bundle cannot load LoRA adapters")
+    leases: list[Releasable] = []
+    try:
+        for name, source in pairs:
+            info = manager.adapters.prepare(source, base_dir)
+            leases.append(manager.adapters.lease(info.id))
+            engine.load_adapter(info.id, info.path)
+            manager.adapters.touch(info.id)
+            serving.lora_names[name] = info.id
+            log.info("LoRA adapter %s (rank %d, %s) serves as %r", info.id, info.rank,
+                     ", ".join(info.targets), name)
+    except BaseException:
+        for held in leases:
+            held.release()
+        raise
+    return leases
 
 
 def _default_engine_factory(bundle_dir: Any, *, max_slots: int) -> Engine:
@@ -299,6 +336,9 @@ def make_pool(
         if config.model is not None:
             names.append(config.model)
         names = list(dict.fromkeys(names))
+        for adapter in runtime.serving.lora_names:  # --lora-modules: names of the same bundle
+            source.parents[adapter] = config.served_name
+            names.append(adapter)
         for name in names:
             source.startup[name] = runtime.prepared.bundle_id
         info = runtime.engine.info
