@@ -35,9 +35,10 @@ from cachesvc.http.auth import admin_guard
 from cachesvc.http.dashboard import dashboard_router
 from cachesvc.http.errors import admin_exception_handlers
 from cachesvc.http.metrics import MetricsState, metrics_route
-from cachesvc.http.serving import serving_router
+from cachesvc.http.serving import lora_router, serving_router
 from cachesvc.manager import CacheManager
-from cachesvc.model_loading import EngineFactory, Runtime, make_pool
+from cachesvc.model_loading import EngineFactory, LoraAdapters, Runtime, make_pool
+from cachesvc.served_models import CatalogModels
 from inference.model_pool import ModelPool
 from inference.openai import openai_router
 
@@ -64,6 +65,9 @@ def create_app(
     loaded. ``engine_factory`` loads every other model on demand (default: the backend registry)."""
     metrics = metrics or MetricsState(manager.queries)
     pool = pool or make_pool(config, manager, runtime=runtime, metrics=metrics, engine_factory=engine_factory)
+    source = pool.source  # LoRA adapters at run time: names of the startup model in the catalog's names
+    loras = (LoraAdapters(config, manager, runtime, source, pool) if isinstance(source, CatalogModels)
+             else None)
 
     @get("/health", sync_to_thread=False, tags=["health"], summary="Liveness, load and capabilities")
     def health() -> dict[str, Any]:
@@ -127,6 +131,8 @@ def create_app(
                 log.warning("shutdown grace period over; cutting in-flight requests")
             await pool.stop()
             await pool.close()
+            if loras is not None:
+                loras.close()
             if runtime is not None:
                 runtime.closed = True  # the pool closed its engine and released its lease
             if close_manager:
@@ -138,6 +144,7 @@ def create_app(
         admin_router(admin_api_key=config.admin_api_key, model_roots=config.model_roots()),
         dashboard_router(),
         serving_router(admin_api_key=config.admin_api_key),
+        lora_router(admin_api_key=config.admin_api_key),
         metrics_route(metrics, admin_api_key=config.admin_api_key),
         openai_router(pool, api_key=config.api_key),
     ]
@@ -152,6 +159,7 @@ def create_app(
         dependencies={
             "manager": Provide(lambda: manager, sync_to_thread=False),
             "pool": Provide(lambda: pool, sync_to_thread=False),
+            "loras": Provide(lambda: loras, sync_to_thread=False),
         },
         middleware=[metrics.middleware()],
         lifespan=[lifespan],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +21,10 @@ from typing import Any
 
 from cachesvc.bundle_leases import Releasable
 from cachesvc.config import ENGINE_FACTORY_ENV, ServeConfig, lora_module_pairs
-from cachesvc.errors import CacheError
+from cachesvc.errors import CacheError, ConflictError, NotFoundError
 from cachesvc.http.metrics import MetricsState
 from cachesvc.manager import BundleLease, CacheManager, CombinedLease
-from cachesvc.records import PrepareResult
+from cachesvc.records import AdapterInfo, PrepareResult
 from cachesvc.served_models import CatalogModels
 from cachesvc.store.layout import CacheLayout
 from inference.build_profile import CHAIN_SPECULATIVE_METHODS, METHODS_WITH_DRAFT_BUNDLE
@@ -134,6 +135,97 @@ def load_lora_modules(config: ServeConfig, manager: CacheManager, serving: Model
             held.release()
         raise
     return leases
+
+
+class LoraAdapters:
+    """The startup model's LoRA adapters by served name, loaded and unloaded at run time
+    (``POST /v1/load_lora_adapter``, vLLM's), next to those ``--lora-modules`` loaded at start.
+
+    A loaded adapter is prepared in the cache (converted once, checked against the base model),
+    leased while loaded, and answers as a model whose ``parent`` is the startup model. Unloading
+    is refused while a running request uses the adapter; ``--max-loras`` bounds how many are
+    loaded. Blocking: call it from a worker thread."""
+
+    def __init__(self, config: ServeConfig, manager: CacheManager, runtime: Runtime | None,
+                 source: CatalogModels, pool: ModelPool) -> None:
+        self._config, self._manager, self._runtime = config, manager, runtime
+        self._source, self._pool = source, pool
+        self._leases: dict[str, Releasable] = {}  # by served name (those loaded at run time)
+        self._lock = threading.Lock()
+
+    @property
+    def parent(self) -> str:
+        """The served name adapters run on."""
+        return self._config.served_name
+
+    def _handle(self) -> ModelHandle:
+        runtime = self._runtime
+        if runtime is None or not runtime.prepared.bundle_id:
+            raise ConflictError("LoRA adapters load into the startup model: start the server with a model "
+                                "and --enable-lora", reason="no_lora")
+        if not getattr(runtime.engine, "lora", False):
+            raise ConflictError(f"the bundle of {self._config.served_name!r} was built without LoRA inputs; "
+                                "restart the server with --enable-lora (or --lora-modules)", reason="no_lora")
+        return runtime.serving
+
+    def load(self, name: str, source: str) -> AdapterInfo:
+        """Load adapter ``source`` as the served name ``name``."""
+        with self._lock:
+            handle = self._handle()
+            assert self._runtime is not None
+            taken = set(self._source.startup) | set(self._pool.loaded_names())
+            if name in handle.lora_names or name in taken:
+                raise ConflictError(f"the name {name!r} is already served; unload it or pick another",
+                                    reason="name_taken")
+            if len(set(handle.lora_names.values())) >= self._config.max_loras:
+                raise ConflictError(f"{self._config.max_loras} LoRA adapters are loaded (--max-loras); "
+                                    "unload one first", reason="max_loras")
+            info = self._manager.adapters.prepare(source, self._runtime.prepared.model_dir)
+            lease = self._manager.adapters.lease(info.id)
+            try:
+                engine: Any = self._runtime.engine
+                if info.id not in engine.adapters:
+                    engine.load_adapter(info.id, info.path)
+            except BaseException:
+                lease.release()
+                raise
+            self._manager.adapters.touch(info.id)
+            self._leases[name] = lease
+            handle.lora_names[name] = info.id
+            self._source.parents[name] = self._config.served_name
+            self._source.startup[name] = self._runtime.prepared.bundle_id
+            log.info("LoRA adapter %s loaded as %r", info.id, name)
+            return info
+
+    def unload(self, name: str) -> None:
+        """Stop serving ``name`` (and free the adapter when no other name uses it)."""
+        with self._lock:
+            handle = self._handle()
+            assert self._runtime is not None
+            adapter = handle.lora_names.get(name)
+            if adapter is None:
+                raise NotFoundError(f"no LoRA adapter is served as {name!r}")
+            engine: Any = self._runtime.engine
+            if list(handle.lora_names.values()).count(adapter) == 1:
+                try:
+                    engine.unload_adapter(adapter)
+                except ValueError as exc:
+                    raise ConflictError(f"LoRA adapter {name!r} is in use by a running request; retry "
+                                        f"when it ends ({exc})", reason="in_use") from None
+            del handle.lora_names[name]
+            self._source.parents.pop(name, None)
+            self._source.startup.pop(name, None)
+            lease = self._leases.pop(name, None)
+            if lease is not None:
+                lease.release()
+            log.info("LoRA adapter %s no longer served as %r", adapter, name)
+
+    def close(self) -> None:
+        """Release the leases of adapters loaded at run time (the engine is closed by then)."""
+        with self._lock:
+            for lease in self._leases.values():
+                lease.release()
+            self._leases.clear()
 
 
 def _default_engine_factory(bundle_dir: Any, *, max_slots: int) -> Engine:

@@ -430,6 +430,8 @@ class Scheduler:
                 self._engine.reset(run.slot)
             except Exception:  # a broken engine must not leak the slot record
                 log.exception("engine.reset(%d) failed", run.slot)
+        if self._adapters is not None and run.req.adapter is not None:
+            self._adapters.set_adapter(run.slot, None)  # the adapter is free to unload now
         with self._cond:
             if run in self._running:
                 self._running.remove(run)

@@ -12,7 +12,7 @@ keep their status.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol, runtime_checkable
 
 import anyio
 from litestar import Controller, Response, Router, delete, get, post, put
@@ -35,11 +35,34 @@ from cachesvc.http.schemas import (
 )
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import PROFILE_FIELDS, ProfileRequest
+from cachesvc.records import AdapterInfo
 from inference.model_pool import EngineStatus, ModelPool
 from inference.openai.errors import OpenAIError
 
 Manager = NamedDependency[CacheManager]
 Pool = NamedDependency[ModelPool]
+
+
+@runtime_checkable
+class LoraLoader(Protocol):
+    """What the app provides as ``loras``: the startup model's LoRA adapters (blocking calls)."""
+
+    @property
+    def parent(self) -> str: ...
+
+    def load(self, name: str, source: str) -> AdapterInfo: ...
+
+    def unload(self, name: str) -> None: ...
+
+
+Loras = NamedDependency[LoraLoader | None]
+
+
+def _loras(loras: LoraLoader | None) -> LoraLoader:
+    if loras is None:
+        raise ConflictError("this server serves no startup model to load LoRA adapters into",
+                            reason="no_lora")
+    return loras
 ModelName = Annotated[str, PathParameter(min_length=1, max_length=255, description="A served model name")]
 KeepAlive = Annotated[float, Meta(ge=-1)]
 BundleId = Annotated[str, PathParameter(min_length=1, max_length=64, description="Bundle id")]
@@ -268,6 +291,67 @@ class ModelController(Controller):
         pool.forget_name(name)
 
 
+_LORA_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
+
+
+class LoadLoraRequest(Struct, frozen=True, forbid_unknown_fields=True):
+    """vLLM's ``POST /v1/load_lora_adapter``: serve adapter ``lora_path`` (a PEFT directory or hub
+    id) as the model name ``lora_name``, on the startup model."""
+
+    lora_name: Annotated[str, Meta(min_length=1, max_length=128, pattern=_LORA_NAME)]
+    lora_path: Annotated[str, Meta(min_length=1, max_length=1024)]
+
+
+class UnloadLoraRequest(Struct, frozen=True, forbid_unknown_fields=True):
+    """vLLM's ``POST /v1/unload_lora_adapter``: stop serving ``lora_name``."""
+
+    lora_name: Annotated[str, Meta(min_length=1, max_length=128)]
+    lora_int_id: int | None = None  # vLLM's; ignored (names identify adapters here)
+
+
+class LoraLoadedOut(Struct, frozen=True):
+    """An adapter now served: its name, its id in the cache (digest prefix) and rank."""
+
+    lora_name: str
+    adapter_id: str
+    rank: int
+    parent: str
+
+
+@post("/load_lora_adapter", status_code=200, operation_id="loadLoraAdapter",
+      responses=problem_responses(400, 401, 403, 404, 409))
+async def load_lora_adapter(loras: Loras, data: Annotated[LoadLoraRequest, StrictBody]) -> LoraLoadedOut:
+    """Load a LoRA adapter into the startup model (built with ``--enable-lora``) under a name of
+    its own; the adapter is kept in the cache (``/admin/lora-adapters``)."""
+    loader = _loras(loras)
+    info = await anyio.to_thread.run_sync(loader.load, data.lora_name, data.lora_path)
+    return LoraLoadedOut(lora_name=data.lora_name, adapter_id=info.id, rank=info.rank, parent=loader.parent)
+
+
+@post("/unload_lora_adapter", status_code=200, operation_id="unloadLoraAdapter",
+      responses=problem_responses(400, 401, 403, 404, 409))
+async def unload_lora_adapter(loras: Loras, pool: Pool,
+                              data: Annotated[UnloadLoraRequest, StrictBody]) -> dict[str, str]:
+    """Stop serving a LoRA adapter's name (409 while a running request uses it)."""
+    loader = _loras(loras)
+    pool.forget_name(data.lora_name)  # a loaded model stops answering it at once
+    await anyio.to_thread.run_sync(loader.unload, data.lora_name)
+    return {"lora_name": data.lora_name, "status": "unloaded"}
+
+
+def lora_router(*, admin_api_key: str | None) -> Router:
+    """vLLM's runtime LoRA routes under ``/v1``, behind the admin key (they change what is served)."""
+    router = Router(
+        path="/v1",
+        route_handlers=[load_lora_adapter, unload_lora_adapter],
+        guards=[admin_guard(admin_api_key)],
+        exception_handlers=admin_exception_handlers(),
+        tags=["admin"],
+    )
+    drop_stale_options_handlers(router)
+    return router
+
+
 def serving_router(*, admin_api_key: str | None) -> Router:
     """``/admin/engines`` and ``/admin/models`` with the admin guard and error mapping.
 
@@ -285,4 +369,4 @@ def serving_router(*, admin_api_key: str | None) -> Router:
     return router
 
 
-__all__ = ["serving_router"]
+__all__ = ["lora_router", "serving_router"]

@@ -409,11 +409,12 @@ def test_openapi_describes_every_route_and_docs_ui_is_served(client: Client) -> 
         ("POST", "/v1/completions"),
         ("POST", "/v1/chat/completions"),
         ("POST", "/v1/embeddings"),
+        ("POST", "/v1/load_lora_adapter"),
+        ("POST", "/v1/unload_lora_adapter"),
         ("GET", "/v1/models/{model_id}"),
         ("POST", "/v1/messages"),
         ("POST", "/v1/messages/count_tokens"),
         ("POST", "/v1/responses"),
-        ("POST", "/v1/embeddings"),
         ("POST", "/tokenize"),
         ("POST", "/detokenize"),
     }

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import peft
 import pytest
 import torch
@@ -131,3 +132,34 @@ def test_an_adapter_of_another_model_stops_the_start_in_one_line(demo_dir: Path,
             capture_output=True, text=True, env=child_env(), timeout=120, check=False)
         assert proc.returncode != 0
         assert (words or "an adapter of another model?") in proc.stderr, proc.stderr[-2000:]
+
+
+def test_adapters_load_and_unload_at_run_time(server: ServerProcess, demo_dir: Path,
+                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+    """vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``: a new name answers with
+    its adapter at once, is listed with its parent, and is gone after the unload."""
+    torch.manual_seed(11)
+    second = _write_adapter(demo_dir, tmp_path_factory.mktemp("second"))
+    client = server.client()
+    tok = tf.AutoTokenizer.from_pretrained(demo_dir)
+    ids = [int(t) for t in tok(PROMPT)["input_ids"]]
+    with server.http() as h:
+        r = h.post("/v1/load_lora_adapter", json={"lora_name": "demo-rt", "lora_path": str(second)})
+        assert r.status_code == 200, r.text
+        assert r.json()["parent"] == BASE and r.json()["rank"] == 4
+        taken = h.post("/v1/load_lora_adapter", json={"lora_name": BASE, "lora_path": str(second)})
+        assert taken.status_code == 409 and "already served" in taken.text
+        missing = h.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(demo_dir)})
+        assert missing.status_code == 400 and "adapter_config.json" in missing.text
+        cards = {m.id: m for m in client.models.list().data}
+        assert (cards["demo-rt"].model_extra or {}).get("parent") == BASE
+        got = client.completions.create(model="demo-rt", prompt=ids, max_tokens=8, temperature=0)
+        tuned = peft.PeftModel.from_pretrained(
+            tf.AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32), second).eval()
+        assert got.choices[0].text == _reference_text(tuned, tok, ids)
+        gone = h.post("/v1/unload_lora_adapter", json={"lora_name": "demo-rt"})
+        assert gone.status_code == 200, gone.text
+        again = h.post("/v1/unload_lora_adapter", json={"lora_name": "demo-rt"})
+        assert again.status_code == 404
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="demo-rt", prompt=ids, max_tokens=2)
