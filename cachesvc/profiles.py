@@ -26,8 +26,6 @@ from inference.build_profile import (
     DEFAULT_MAX_INPUT_LEN,
     DEFAULT_MAX_KV_CACHE_CAPACITY,
     DEFAULT_TASK,
-    METHODS_NEEDING_DRAFT_MODEL,
-    METHODS_REFUSING_DRAFT_MODEL,
     PRECISION_CHOICES,
     PRECISIONS,
     QUANTIZED_PRECISIONS,
@@ -35,6 +33,7 @@ from inference.build_profile import (
     TASKS,
     ProfileError,
     check_choice,
+    check_draft_model,
     check_shapes,
     check_task,
 )
@@ -201,11 +200,8 @@ class ProfileRequest:
 
     def check_draft(self, draft_digest: str | None) -> None:
         """Raise unless the speculative method and the draft (its digest, once resolved) fit."""
-        method = self.speculative_method
-        if method in METHODS_NEEDING_DRAFT_MODEL and draft_digest is None:
-            raise ConfigError("draft_model", f"method {method!r} needs a draft model")
-        if method in METHODS_REFUSING_DRAFT_MODEL and draft_digest is not None:
-            raise ConfigError("draft_model", f"method {method!r} uses no draft model; drop it")
+        with _as_config_error():
+            check_draft_model(self.speculative_method, draft_digest is not None)
 
     def for_draft(self) -> ProfileRequest:
         """The profile of the draft checkpoint's own bundle (``draft_model``): the same backend,

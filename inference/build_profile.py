@@ -188,3 +188,11 @@ def check_task(task: str, pooling: str | None, backend: str, precision: str) -> 
         builds = (f"the {backend} backend builds embeddings at {', '.join(allowed)}" if allowed
                   else f"the {backend} backend builds no embedding bundles; use onnxruntime")
         raise ProfileError("task", f"task 'embed' at precision {precision!r}: {builds}")
+
+
+def check_draft_model(method: str | None, has_draft: bool) -> None:
+    """Raise unless speculative ``method`` and the presence of a draft checkpoint fit."""
+    if method in METHODS_NEEDING_DRAFT_MODEL and not has_draft:
+        raise ProfileError("draft_model", f"method {method!r} needs a draft model")
+    if method in METHODS_REFUSING_DRAFT_MODEL and has_draft:
+        raise ProfileError("draft_model", f"method {method!r} uses no draft model; drop it")

@@ -73,6 +73,15 @@ def check_bundle_id(bundle_id: str) -> str:
     return bundle_id
 
 
+def _subdir(name: str, doc: str) -> property:
+    """A directory of the cache root, as a read-only property."""
+
+    def get(self: CacheLayout) -> Path:
+        return self.root / name
+
+    return property(get, doc=doc)
+
+
 @dataclass(frozen=True)
 class CacheLayout:
     """The directory tree under a cache root (``--cache-dir``)."""
@@ -83,51 +92,37 @@ class CacheLayout:
         # Accept str too; a frozen dataclass needs object.__setattr__ to normalise a field.
         object.__setattr__(self, "root", Path(self.root).expanduser())
 
-    @property
-    def engines(self) -> Path:
-        """Published bundles: ``engines/<model-digest16>/<profile-name>/``."""
-        return self.root / "engines"
+    engines = _subdir("engines", "Published bundles: ``engines/<model-digest16>/<profile-name>/``.")
 
-    @property
-    def checkpoints(self) -> Path:
-        """Checkpoint downloads (huggingface_hub cache)."""
-        return self.root / "checkpoints"
+    checkpoints = _subdir("checkpoints", "Checkpoint downloads (huggingface_hub cache).")
 
-    @property
-    def staging(self) -> Path:
-        """Unique build dirs; on the same filesystem as ``engines`` so publishing is one rename."""
-        return self.root / ".staging"
+    staging = _subdir(
+        ".staging",
+        "Unique build dirs; on the same filesystem as ``engines`` so publishing is one rename.")
 
-    @property
-    def locks(self) -> Path:
-        """Per-bundle lock files and lease holder records."""
-        return self.root / ".locks"
+    locks = _subdir(".locks", "Per-bundle lock files and lease holder records.")
 
-    @property
-    def trash(self) -> Path:
-        """Where directories are renamed before deletion, so they vanish from view atomically."""
-        return self.root / ".trash"
+    trash = _subdir(
+        ".trash",
+        "Where directories are renamed before deletion, so they vanish from view atomically.")
 
-    @property
-    def quarantine(self) -> Path:
-        """Directories found under ``engines/`` that are not bundles: kept for a person to look at."""
-        return self.root / "quarantine"
+    quarantine = _subdir(
+        "quarantine",
+        "Directories found under ``engines/`` that are not bundles: kept for a person to look at.")
 
-    @property
-    def adapters(self) -> Path:
-        """Converted LoRA adapters: ``adapters/<adapter-digest16>/adapter.onnx_adapter`` (created
-        with the first one)."""
-        return self.root / "adapters"
+    adapters = _subdir(
+        "adapters",
+        "Converted LoRA adapters: ``adapters/<adapter-digest16>/adapter.onnx_adapter`` (created "
+        "with the first one).")
 
     def adapter_file(self, adapter_id: str) -> Path:
         """The converted file of one adapter (may not exist yet)."""
         return self.adapters / check_adapter_id(adapter_id) / ADAPTER_FILE_NAME
 
-    @property
-    def context(self) -> Path:
-        """Context-cache records (prompt-prefix KV blocks) that survive a restart:
-        ``context/<bundle_id>/``, one directory per bundle, removed with it."""
-        return self.root / "context"
+    context = _subdir(
+        "context",
+        "Context-cache records (prompt-prefix KV blocks) that survive a restart: "
+        "``context/<bundle_id>/``, one directory per bundle, removed with it.")
 
     def context_dir(self, bundle_id: str) -> Path:
         """The record directory of one bundle (may not exist yet)."""
@@ -156,15 +151,7 @@ class CacheLayout:
         path = self.check_subfolder(self.context_dir(bundle_id))
         if not path.is_dir():
             return False
-        trashed = self.check_subfolder(self.trash) / f"context-{bundle_id}.{secrets.token_hex(6)}"
-        try:
-            os.replace(path, trashed)
-        except FileNotFoundError:
-            return False
-        except OSError:  # the trash is on another filesystem or missing: delete in place
-            trashed = path
-        shutil.rmtree(trashed, ignore_errors=True)  # what is left goes with the trash
-        return True
+        return remove_tree(self, path, f"context-{bundle_id}")
 
     @property
     def cachedir_tag(self) -> Path:
