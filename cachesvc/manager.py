@@ -6,16 +6,7 @@ used as attributes: ``queries`` (read-only views, :mod:`cachesvc.queries`), ``ve
 (:mod:`cachesvc.reconcile`), ``builds`` (background builds, :mod:`cachesvc.build_jobs`),
 ``adapters`` (LoRA adapters converted into the cache, :mod:`cachesvc.adapters`),
 ``fleet`` (:mod:`cachesvc.catalog.fleet`) and the ``catalog`` itself for plain row writes
-(pin, aliases, events).
-
-Rules (docs/architecture.md, "The cache"):
-- Disk holds the bytes, the catalog the index; ``reconcile`` re-syncs them.
-- Build on miss under the bundle's exclusive lock, into a unique staging dir, then publish
-  atomically and only then mark the row ready. A crash leaves nothing or a complete bundle.
-- A serving process holds a shared lease; eviction takes the exclusive lock non-blocking and
-  skips what is leased or pinned.
-- Eviction is LRU by catalog ``last_used_at``, from catalog sizes, planned then executed;
-  ``stale`` bundles (built for another GPU or TensorRT version) are planned first.
+(pin, aliases, events, their retention). The rules they keep: docs/cache.md.
 """
 
 from __future__ import annotations
@@ -26,7 +17,6 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import replace
-from datetime import timedelta
 from pathlib import Path
 
 from cachesvc.adapters import AdapterStore, check_adapter_source
@@ -40,7 +30,7 @@ from cachesvc.builders import (
     resolve_precision,
 )
 from cachesvc.bundle_leases import BundleLease, CombinedLease
-from cachesvc.catalog import Catalog, default_catalog_url, utcnow
+from cachesvc.catalog import Catalog, default_catalog_url
 from cachesvc.catalog.fleet import FleetCatalog
 from cachesvc.checkpoints import ResolvedCheckpoint, check_model_name, resolve_checkpoint
 from cachesvc.crashpoints import crash_point
@@ -59,11 +49,7 @@ from cachesvc.reconcile import Reconciler
 from cachesvc.records import AdapterInfo, AliasInfo, BuildStatus, CheckpointRemoval, PrepareResult
 from cachesvc.store import BundleStore, CacheLayout, read_manifest, verify_bundle
 from cachesvc.verification import BundleVerifier
-from inference.build_profile import (
-    DEFAULT_POOLING,
-    METHODS_WITH_DRAFT_BUNDLE,
-    QUANTIZED_PRECISIONS,
-)
+from inference.build_profile import DEFAULT_POOLING, METHODS_WITH_DRAFT_BUNDLE, QUANTIZED_PRECISIONS
 from inference.cpu_class import cpu_class
 
 __all__ = ["BundleLease", "CacheManager", "CombinedLease"]
@@ -455,8 +441,7 @@ class CacheManager:
     # -- served names --------------------------------------------------------------------
 
     def set_alias(self, name: str, *, bundle_id: str | None = None, model: str | None = None) -> AliasInfo:
-        """Point the served name ``name`` at a bundle, or at a checkpoint (its most recently used
-        ready bundle). The target must be in the catalog."""
+        """Serve ``name`` from a bundle, or a checkpoint (its last used ready bundle), in the catalog."""
         if not name.strip() or name.strip() != name:
             raise ConfigError("name", f"must be a non-blank name, got {name!r}")
         if bundle_id is not None:
@@ -466,15 +451,6 @@ class CacheManager:
                 f"no bundle of {model!r} is in the catalog; build it first (POST /admin/builds)"
             )
         return self.catalog.set_alias(name, bundle_id=bundle_id, model=model)
-
-    def prune_events(self, *, max_age_days: float, max_rows: int) -> int:
-        """Apply the audit log's retention to this node's events (0 disables a limit); the
-        running totals behind stats and metrics are kept. Returns how many events went."""
-        older_than = utcnow() - timedelta(days=max_age_days) if max_age_days > 0 else None
-        removed = self.catalog.prune_events(older_than=older_than, keep_rows=max_rows or None)
-        if removed:
-            log.info("event retention: removed %d old events of node %s", removed, self.node)
-        return removed
 
     @property
     def node(self) -> str:
@@ -490,13 +466,9 @@ class CacheManager:
         *,
         allowed_roots: tuple[Path, ...] | None = None,
     ) -> BuildStatus:
-        """Queue a build in the background; the same model and profile join the running build.
-
-        What can be checked without resolving or building is checked first (a 400 at the API
-        instead of a 202 that fails later): backend, precision, profile limits, the model's
-        form, and for a local directory that it holds ``config.json`` and, with
-        ``allowed_roots`` (the HTTP surface passes ``--allowed-model-roots``), where it lies.
-        """
+        """Queue a build in the background (the same model and profile join the running build),
+        after the checks that need no resolving (400s, not 202s that fail later; ``allowed_roots``:
+        ``--allowed-model-roots``)."""
         request = request or ProfileRequest()
         backend = resolve_backend(request.backend, self.builders, gpu_disabled=self.gpu_disabled)
         resolve_precision(request.precision, backend)

@@ -3,8 +3,9 @@ the catalog version come from the totals, never from scanning the log."""
 
 from __future__ import annotations
 
+import logging
 import math
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select
@@ -12,6 +13,8 @@ from sqlalchemy import delete, func, insert, select
 from cachesvc.catalog.base import BUCKET_KIND, CatalogBase, event_info, utcnow
 from cachesvc.catalog.models import BundleRow, CheckpointRow, EventRow, EventTotalRow
 from cachesvc.records import BUILD_SECONDS_BUCKETS, CacheStats, EventInfo, ModelStats
+
+log = logging.getLogger("cachesvc.manager")
 
 
 class EventTable(CatalogBase):
@@ -21,6 +24,15 @@ class EventTable(CatalogBase):
         """Append one event (and its running total) in its own transaction."""
         with self._tx() as session:
             self._add_event(session, kind, **fields)
+
+    def apply_retention(self, *, max_age_days: float, max_rows: int) -> int:
+        """The audit log's retention on this node's events (0 disables a limit); the running
+        totals behind stats and metrics are kept. Returns how many events went."""
+        older_than = utcnow() - timedelta(days=max_age_days) if max_age_days > 0 else None
+        removed = self.prune_events(older_than=older_than, keep_rows=max_rows or None)
+        if removed:
+            log.info("event retention: removed %d old events of node %s", removed, self.node)
+        return removed
 
     def prune_events(self, *, older_than: datetime | None, keep_rows: int | None) -> int:
         """Delete this node's events older than ``older_than`` and all but its ``keep_rows``

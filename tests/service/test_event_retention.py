@@ -66,15 +66,15 @@ def test_age_limit_and_other_nodes(tmp_path: Path, catalog_db: str) -> None:
         for catalog in (manager.catalog, other):
             catalog.add_event("load", bundle_id="b" * 16, model="m", at=old)
             catalog.add_event("load", bundle_id="b" * 16, model="m")
-        assert manager.prune_events(max_age_days=7, max_rows=0) == 1
+        assert manager.catalog.apply_retention(max_age_days=7, max_rows=0) == 1
         mine = manager.queries.events(limit=100, node=manager.node)
         assert len(mine) == 1 and mine[0].at > old + timedelta(days=1)
         assert len(manager.queries.events(limit=100, node="other-node")) == 2, "another node's events went"
-        assert manager.prune_events(max_age_days=0, max_rows=1) == 0
+        assert manager.catalog.apply_retention(max_age_days=0, max_rows=1) == 0
         manager.catalog.add_event("unload", bundle_id="b" * 16, model="m", reason="idle")
-        assert manager.prune_events(max_age_days=0, max_rows=1) == 1
+        assert manager.catalog.apply_retention(max_age_days=0, max_rows=1) == 1
         assert [e.kind for e in manager.queries.events(limit=100, node=manager.node)] == ["unload"]
-        assert manager.prune_events(max_age_days=0, max_rows=0) == 0  # 0, 0: keep everything
+        assert manager.catalog.apply_retention(max_age_days=0, max_rows=0) == 0  # 0, 0: keep everything
     finally:
         other.close()
         manager.close()
