@@ -80,6 +80,7 @@ def test_delete_of_leased_bundle_is_409_with_holder_and_files_stay(
         "size_bytes": manager.queries.get_bundle(bid).size_bytes,
         "reason": "leased",
         "stale": False,
+        "kind": "bundle",
     }
     cleared = client.post("/admin/cache/clear", json={}).json()
     assert cleared["evicted"] == [] and cleared["skipped"][0]["reason"] == "leased"
