@@ -346,7 +346,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         why="a request resumes from a slot another tenant's salt left: the TTFT side channel is open",
         path="inference/scheduler.py",
         function="Scheduler._prepare",
-        find=r"if self\._slot_salt\[slot\] != salt:",
+        find=r"if self\._slot_owner\[slot\] != run\.req\.kv_owner:",
         replace="if False:",
         tests=("tests/engine/test_context_reuse.py::test_cache_salt_separates_slots_and_records",),
     ),
