@@ -26,6 +26,8 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 from cachesvc.catalog import Catalog
 from cachesvc.checkpoints import _download, checkpoint_digest, is_hub_id, looks_like_path
@@ -33,15 +35,21 @@ from cachesvc.errors import CheckpointError, ConfigError, LeasedError, NotFoundE
 from cachesvc.records import AdapterInfo, LeaseHolder
 from cachesvc.store import ADAPTER_FILE_NAME, BundleStore, CacheLayout, Lease, adapter_lock_key, remove_tree
 from cachesvc.store.layout import fsync_dir, fsync_file, make_dir
-from inference.builder.errors import BuildInputError
-from inference.builder.lora import (
-    ADAPTER_WEIGHTS,
-    LoraInfo,
-    adapter_arrays,
-    convert_peft_adapter,
-    read_adapter_config,
-)
-from inference.builder.model_config import load_model_config
+
+if TYPE_CHECKING:
+    from inference.builder.lora import LoraInfo
+
+#: PEFT's weights file (inference.builder.lora.ADAPTER_WEIGHTS; asserted equal in the tests).
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def _builder() -> Any:
+    """inference.builder's lora, errors and model_config, imported on use: importing the
+    package loads onnxruntime, which importing the service must not (tests/serving/test_pool_seams)."""
+    from inference.builder import errors, lora, model_config
+
+    return SimpleNamespace(BuildInputError=errors.BuildInputError, lora=lora,
+                           load_model_config=model_config.load_model_config)
 
 __all__ = [
     "ADAPTER_FILE_NAME",
@@ -95,9 +103,10 @@ def resolve_adapter(source: str, layout: CacheLayout, *, offline: bool | None = 
             f"{source!r} is neither an existing directory nor a valid Hugging Face id; pass a PEFT adapter "
             "directory (adapter_config.json + adapter_model.safetensors) or an id like 'org/name'"
         )
+    b = _builder()
     try:
-        read_adapter_config(directory)
-    except BuildInputError as exc:
+        b.lora.read_adapter_config(directory)
+    except b.BuildInputError as exc:
         raise CheckpointError(_one_line(exc)) from None
     if not (directory / ADAPTER_WEIGHTS).is_file():
         raise CheckpointError(
@@ -132,10 +141,12 @@ def check_adapter_source(field: str, source: str, allowed_roots: tuple[Path, ...
 def check_against_base(adapter_dir: Path, base_checkpoint_dir: Path) -> LoraInfo:
     """What the adapter holds, checked against the base model's shapes (``CheckpointError``,
     one line, for an adapter of another model or one the graph cannot run)."""
+    b = _builder()
     try:
-        cfg = load_model_config(Path(base_checkpoint_dir))
-        return adapter_arrays(adapter_dir, cfg)[1]
-    except BuildInputError as exc:
+        cfg = b.load_model_config(Path(base_checkpoint_dir))
+        info: LoraInfo = b.lora.adapter_arrays(adapter_dir, cfg)[1]
+        return info
+    except b.BuildInputError as exc:
         raise CheckpointError(_one_line(exc)) from None
 
 
@@ -210,9 +221,11 @@ class AdapterStore:
         make_dir(final.parent, self.layout.dir_mode())
         tmp = final.with_name(f".{final.name}.{secrets.token_hex(6)}.tmp")
         try:
+            b = _builder()
             try:
-                convert_peft_adapter(resolved.path, load_model_config(Path(base_checkpoint_dir)), tmp)
-            except BuildInputError as exc:
+                cfg = b.load_model_config(Path(base_checkpoint_dir))
+                b.lora.convert_peft_adapter(resolved.path, cfg, tmp)
+            except b.BuildInputError as exc:
                 raise CheckpointError(_one_line(exc)) from None
             os.chmod(tmp, self.layout.file_mode())
             fsync_file(tmp)

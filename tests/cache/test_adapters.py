@@ -223,3 +223,10 @@ def test_prepare_hits_after_a_reopen_and_recovers_a_vanished_file(
     again = m.adapters.prepare(str(models["a"]), models["base"])
     assert again.path.is_file() and again.id == a.id
     assert [e.kind for e in m.queries.events()].count("adapter_add") == 2
+
+
+def test_the_weights_file_name_is_peft_s() -> None:
+    from cachesvc import adapters
+    from inference.builder import lora
+
+    assert adapters.ADAPTER_WEIGHTS == lora.ADAPTER_WEIGHTS
