@@ -17,26 +17,10 @@ from inference.builder.lora import LoraAdapterError, convert_peft_adapter
 from inference.builder.model_config import load_model_config
 from inference.runtime.onnxruntime_engine import GqaEngine
 from tests.engine.conftest import load_reference
+from tests.support.adapters import TARGETS, write_adapter
 
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPT = [5, 17, 99, 3, 250, 42, 7, 8, 300, 11, 12, 13]
 STEPS = 16
-
-
-def write_adapter(checkpoint: Path, out: Path, *, seed: int, targets: list[str] = ALL, rank: int = 4,
-                  rslora: bool = False) -> Path:
-    """A random PEFT adapter of ``checkpoint`` (A and B both random, so it changes the output)."""
-    torch.manual_seed(seed)
-    base = load_reference(checkpoint)
-    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, init_lora_weights=False,
-                             use_rslora=rslora)
-    model = peft.get_peft_model(base, config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name:
-                param.copy_(0.3 * torch.randn_like(param))
-    model.save_pretrained(str(out))
-    return out
 
 
 def peft_logits(checkpoint: Path, adapter: Path | None, tokens: list[int]) -> np.ndarray:
@@ -96,7 +80,7 @@ def test_adapter_greedy_tokens_match_peft(family: str, hf_checkpoint: Callable[.
     cfg = load_model_config(checkpoint)
     adapter = adapters(family, 1)
     info = convert_peft_adapter(adapter, cfg, tmp_path / "a.onnx_adapter")
-    assert info.rank == 4 and info.targets == tuple(sorted(ALL)) and info.layers == cfg.num_layers
+    assert info.rank == 4 and info.targets == tuple(sorted(TARGETS)) and info.layers == cfg.num_layers
     engine = engine_of(bundle)
     try:
         base = greedy(engine, 0, PROMPT, STEPS)

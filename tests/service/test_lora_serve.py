@@ -26,6 +26,7 @@ from tests.service.conftest import (
     run_cli,
     running_server,
 )
+from tests.support.adapters import write_adapter
 from tests.support.net import free_port
 
 BASE = "demo-base"
@@ -33,24 +34,9 @@ ADAPTER = "demo-sql"
 PROMPT = "Once upon a time in a cache far away"
 
 
-def _write_adapter(base: Path, out: Path) -> Path:
-    torch.manual_seed(7)
-    model = tf.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    config = peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
-                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                             "down_proj"])
-    lora: Any = peft.get_peft_model(model, config)
-    with torch.no_grad():
-        for name, param in lora.named_parameters():
-            if "lora_" in name:
-                param.copy_(0.3 * torch.randn_like(param))
-    lora.save_pretrained(str(out))
-    return out
-
-
 @pytest.fixture(scope="module")
 def adapter_dir(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _write_adapter(demo_dir, tmp_path_factory.mktemp("adapter"))
+    return write_adapter(demo_dir, tmp_path_factory.mktemp("adapter"), seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +124,7 @@ def test_adapters_load_and_unload_at_run_time(server: ServerProcess, demo_dir: P
                                               tmp_path_factory: pytest.TempPathFactory) -> None:
     """vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``: a new name answers with
     its adapter at once, is listed with its parent, and is gone after the unload."""
-    torch.manual_seed(11)
-    second = _write_adapter(demo_dir, tmp_path_factory.mktemp("second"))
+    second = write_adapter(demo_dir, tmp_path_factory.mktemp("second"), seed=11)
     client = server.client()
     tok = tf.AutoTokenizer.from_pretrained(demo_dir)
     ids = [int(t) for t in tok(PROMPT)["input_ids"]]

@@ -1,5 +1,5 @@
-"""Tiny base checkpoints and PEFT LoRA adapters for the cache's adapter tests (written by
-transformers and peft themselves, as ``tests/engine/test_lora.py`` does)."""
+"""Tiny base checkpoints and PEFT LoRA adapters for the LoRA tests (written by transformers and
+peft themselves)."""
 
 from __future__ import annotations
 
@@ -22,15 +22,18 @@ def write_base(out: Path, *, seed: int = 0, **config: Any) -> Path:
     return out
 
 
-def write_adapter(base: Path, out: Path, *, seed: int, rank: int = 4, targets: list[str] = TARGETS) -> Path:
-    """A random PEFT LoRA adapter of ``base`` (A and B both random) saved with ``save_pretrained``."""
+def write_adapter(base: Path, out: Path, *, seed: int, rank: int = 4, targets: list[str] = TARGETS,
+                  rslora: bool = False) -> Path:
+    """A random PEFT LoRA adapter of ``base`` (A and B both random, so it changes the output)
+    saved with ``save_pretrained``."""
     import peft
     import torch
     import transformers as tf
 
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, init_lora_weights=False)
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, init_lora_weights=False,
+                             use_rslora=rslora)
     peft_model = peft.get_peft_model(model, config)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
