@@ -299,12 +299,8 @@ class AdapterStore:
         key = adapter_lock_key(info.id)
         with self.store.locks.try_exclusive(key) as got:
             if not got:
-                holders = self._holders(key)
-                who = ", ".join(f"pid {h.pid} on {h.host}" for h in holders) or "another process"
-                raise LeasedError(
-                    f"LoRA adapter {info.id} is in use by {who}; stop serving it first",
-                    holders=[{"pid": h.pid, "host": h.host, "since": h.since} for h in holders],
-                )
+                raise LeasedError.held_by(f"LoRA adapter {info.id} is in use", self._holders(key),
+                                          "stop serving it first")
             remove_tree(self.layout, info.path.parent, f"adapter-{info.id}")
             self.catalog.delete_adapter(info.id, reason="manual", nbytes=info.size_bytes)
         return info.size_bytes

@@ -6,6 +6,9 @@ Every message says what went wrong and what to do about it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 class CacheError(Exception):
     """Base of every error the cache service raises on purpose."""
@@ -46,6 +49,14 @@ class LeasedError(ConflictError):
 
     def __init__(self, message: str, holders: list[dict[str, object]] | None = None) -> None:
         super().__init__(message, reason="leased", holders=holders)
+
+    @classmethod
+    def held_by(cls, subject: str, holders: Sequence[Any], then: str) -> LeasedError:
+        """``"<subject> by <who>; <then>"``, naming each holder (a lease record: ``pid``,
+        ``host``, ``since``) and listing them in the error body."""
+        who = ", ".join(f"pid {h.pid} on {h.host}" for h in holders) or "another process"
+        return cls(f"{subject} by {who}; {then}",
+                   holders=[{"pid": h.pid, "host": h.host, "since": h.since} for h in holders])
 
 
 class PinnedError(ConflictError):

@@ -71,12 +71,8 @@ class Evictor:
             raise PinnedError(f"bundle {bid} is pinned; unpin it first (`cachesvc bundles unpin {bid}`)")
         with self.store.locks.try_exclusive(bid) as got:
             if not got:
-                holders = self._holders(bid)
-                who = ", ".join(f"pid {h.pid} on {h.host}" for h in holders) or "another process"
-                raise LeasedError(
-                    f"bundle {bid} is in use by {who}; stop that server first",
-                    holders=[{"pid": h.pid, "host": h.host, "since": h.since} for h in holders],
-                )
+                raise LeasedError.held_by(f"bundle {bid} is in use", self._holders(bid),
+                                          "stop that server first")
             context = self.store.layout.context_bytes(bid)
             self.store.remove(info.path)
             self.store.layout.remove_context(bid)  # its context records go with it
@@ -247,13 +243,9 @@ class Evictor:
             )
         leased = [b.id for b in mine if self.store.locks.is_locked(b.id)]
         if leased:
-            holders = [h for bid in leased for h in self._holders(bid)]
-            who = ", ".join(f"pid {h.pid} on {h.host}" for h in holders) or "another process"
-            raise LeasedError(
-                f"checkpoint {short} has bundle(s) in use ({', '.join(leased)}) by {who}; "
-                "stop serving them first",
-                holders=[{"pid": h.pid, "host": h.host, "since": h.since} for h in holders],
-            )
+            raise LeasedError.held_by(
+                f"checkpoint {short} has bundle(s) in use ({', '.join(leased)})",
+                [h for bid in leased for h in self._holders(bid)], "stop serving them first")
         if others:
             raise ConflictError(
                 f"checkpoint {short} has bundles on other nodes ({', '.join(others)}); remove them "
