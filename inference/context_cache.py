@@ -16,8 +16,8 @@ hit always extends a prefix that is complete up to it.
 On disk (``disk``, a :class:`~inference.context_disk.DiskRecords`): every record inserted is also
 queued for writing to the bundle's record directory, and a lookup that misses in memory reads the
 block from there (checked, then kept in memory too), so records survive a restart; disk hits are
-counted apart (``disk_hits``). The key is ready for an adapter name (``adapter``, empty today:
-the chain's seed is then exactly the bundle's).
+counted apart (``disk_hits``). A request's LoRA adapter seeds the chain too (:meth:`block_keys`),
+so KV of one adapter never serves another.
 
 Thread-safety: the scheduler thread owns the store; :meth:`stats` may be read from any thread
 (it returns a copy taken under a lock); the disk store's writer thread updates its own figures.
@@ -82,15 +82,13 @@ class PrefixStore:
     """LRU store of per-block KV records; see the module docstring."""
 
     def __init__(self, namespace: str, *, max_records: int, max_bytes: int = 0,
-                 block_tokens: int = BLOCK_TOKENS, disk: DiskRecords | None = None,
-                 adapter: str = "") -> None:
-        """``max_bytes`` 0 means :data:`DEFAULT_MAX_BYTES`; ``disk`` keeps records across restarts;
-        ``adapter`` names the adapter the KV was made with ("" = the bundle's own weights)."""
+                 block_tokens: int = BLOCK_TOKENS, disk: DiskRecords | None = None) -> None:
+        """``max_bytes`` 0 means :data:`DEFAULT_MAX_BYTES`; ``disk`` keeps records across restarts.
+        The LoRA adapter a block's KV was made with keys it per request (:meth:`block_keys`)."""
         if max_records < 0 or max_bytes < 0 or block_tokens < 1:
             raise ValueError("max_records and max_bytes must be >= 0 and block_tokens >= 1")
         self.block_tokens = block_tokens
-        seed = namespace if not adapter else f"{namespace}\0adapter:{adapter}"
-        self._salt = hashlib.blake2b(seed.encode(), digest_size=16).digest()
+        self._salt = hashlib.blake2b(namespace.encode(), digest_size=16).digest()
         self._disk = disk
         # (shape, dtype) of the engine's blocks, once one was seen: a disk record of another
         # layout is dropped, never handed to the engine.

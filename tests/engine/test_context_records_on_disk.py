@@ -27,10 +27,8 @@ def _kv(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
 
 
-def _store(directory: Path, *, max_bytes: int = 1 << 20, salt_ns: str = "bundle:b1",
-           adapter: str = "") -> PrefixStore:
-    return PrefixStore(salt_ns, max_records=64, disk=DiskRecords(directory, max_bytes=max_bytes),
-                       adapter=adapter)
+def _store(directory: Path, *, max_bytes: int = 1 << 20, salt_ns: str = "bundle:b1") -> PrefixStore:
+    return PrefixStore(salt_ns, max_records=64, disk=DiskRecords(directory, max_bytes=max_bytes))
 
 
 def _fill(store: PrefixStore, tokens: list[int], salt: str | None = None) -> list[np.ndarray]:
@@ -165,10 +163,9 @@ def test_salted_and_adapter_records_are_found_only_with_the_same_key(tmp_path: P
     # Another bundle, or the same bundle with an adapter, never finds them.
     assert _store(tmp_path, salt_ns="bundle:b2").fetch(
         _store(tmp_path, salt_ns="bundle:b2").block_keys(tokens, "tenant-a"), tokens, 0) == []
-    adapted = _store(tmp_path, adapter="lora-1")
-    assert adapted.fetch(adapted.block_keys(tokens, "tenant-a"), tokens, 0) == []
+    assert again.fetch(again.block_keys(tokens, "tenant-a", "lora-1"), tokens, 0) == []
     # No adapter: the chain is exactly the one without the parameter.
-    assert PrefixStore("bundle:b1", max_records=1).block_keys(tokens) == again.block_keys(tokens)
+    assert again.block_keys(tokens, "tenant-a", None) == again.block_keys(tokens, "tenant-a")
 
 
 def test_a_record_of_another_layout_is_dropped(tmp_path: Path) -> None:
