@@ -123,18 +123,32 @@ def load_lora_modules(config: ServeConfig, manager: CacheManager, serving: Model
     leases: list[Releasable] = []
     try:
         for name, source in pairs:
-            info = manager.adapters.prepare(source, base_dir)
-            leases.append(manager.adapters.lease(info.id))
-            engine.load_adapter(info.id, info.path)
-            manager.adapters.touch(info.id)
-            serving.lora_names[name] = info.id
-            log.info("LoRA adapter %s (rank %d, %s) serves as %r", info.id, info.rank,
-                     ", ".join(info.targets), name)
+            leases.append(attach_adapter(manager, serving, base_dir, name, source)[1])
     except BaseException:
         for held in leases:
             held.release()
         raise
     return leases
+
+
+def attach_adapter(manager: CacheManager, serving: ModelHandle, base_dir: Path, name: str,
+                   source: str) -> tuple[AdapterInfo, Releasable]:
+    """Serve adapter ``source`` as ``name`` on ``serving``'s engine: prepared in the cache,
+    leased (the lease returned: hold it while the engine has the adapter), loaded under its
+    digest id unless it already is, its use recorded, the name mapped to it."""
+    info = manager.adapters.prepare(source, base_dir)
+    lease = manager.adapters.lease(info.id)
+    try:
+        engine: Any = serving.engine
+        if info.id not in engine.adapters:
+            engine.load_adapter(info.id, info.path)
+    except BaseException:
+        lease.release()
+        raise
+    manager.adapters.touch(info.id)
+    serving.lora_names[name] = info.id
+    log.info("LoRA adapter %s (rank %d, %s) serves as %r", info.id, info.rank, ", ".join(info.targets), name)
+    return info, lease
 
 
 class LoraAdapters:
@@ -180,21 +194,10 @@ class LoraAdapters:
             if len(set(handle.lora_names.values())) >= self._config.max_loras:
                 raise ConflictError(f"{self._config.max_loras} LoRA adapters are loaded (--max-loras); "
                                     "unload one first", reason="max_loras")
-            info = self._manager.adapters.prepare(source, self._runtime.prepared.model_dir)
-            lease = self._manager.adapters.lease(info.id)
-            try:
-                engine: Any = self._runtime.engine
-                if info.id not in engine.adapters:
-                    engine.load_adapter(info.id, info.path)
-            except BaseException:
-                lease.release()
-                raise
-            self._manager.adapters.touch(info.id)
-            self._leases[name] = lease
-            handle.lora_names[name] = info.id
+            info, self._leases[name] = attach_adapter(
+                self._manager, handle, self._runtime.prepared.model_dir, name, source)
             self._source.parents[name] = self._config.served_name
             self._source.startup[name] = self._runtime.prepared.bundle_id
-            log.info("LoRA adapter %s loaded as %r", info.id, name)
             return info
 
     def unload(self, name: str) -> None:
