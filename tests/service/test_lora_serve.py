@@ -138,6 +138,7 @@ def test_adapters_load_and_unload_at_run_time(server: ServerProcess, demo_dir: P
         assert missing.status_code == 400 and "adapter_config.json" in missing.text
         cards = {m.id: m for m in client.models.list().data}
         assert (cards["demo-rt"].model_extra or {}).get("parent") == BASE
+        assert "x" not in cards  # a refused load serves nothing
         got = client.completions.create(model="demo-rt", prompt=ids, max_tokens=8, temperature=0)
         tuned = peft.PeftModel.from_pretrained(
             tf.AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32), second).eval()
