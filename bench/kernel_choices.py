@@ -14,7 +14,7 @@ rounds that alternate between all bundles (a shared machine's busy spells hit al
 the ratio to fp32 of the same run. The row the builder picks for this machine's CPU class is
 marked ``*``.
 
-    PYTHONPATH=. .venv/bin/python bench/kernels.py [--context 400] [--rounds 4] [--quick]
+    PYTHONPATH=. .venv/bin/python bench/kernel_choices.py [--context 400] [--rounds 4] [--quick]
 
 ``--quick`` (CI, ``bench/run_quick.sh``): two quantized choices per precision, one short round,
 on the tiny random demo checkpoint unless ``--checkpoint`` is given (its figures mean nothing;
