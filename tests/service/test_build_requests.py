@@ -25,7 +25,8 @@ def test_bad_models_are_refused_before_202_without_a_walk(app: App, model: str) 
         elapsed = time.monotonic() - t0
     assert r.status_code == 400, r.text
     assert r.json()["field"] == "model" or "config.json" in r.json()["detail"]
-    assert elapsed < 1.0, elapsed
+    # A walk of / or /usr takes minutes; 5 s leaves room for a loaded CI machine.
+    assert elapsed < 5.0, elapsed
     assert app.manager.builds.all_builds() == []
 
 
