@@ -196,11 +196,15 @@ class DiskRecords:
         with self._lock:
             return key in self._index
 
-    def put(self, key: bytes, tokens: Sequence[int], kv: np.ndarray) -> bool:
-        """Queue ``kv`` for writing unless the record is there or queued; False when skipped."""
+    def put(self, key: bytes, tokens: Sequence[int], kv: np.ndarray, *, replace: bool = False) -> bool:
+        """Queue ``kv`` for writing unless the record is there or queued; False when skipped.
+
+        ``replace``: write even over a record of that key (a prompt tail, whose key names its
+        place, not its tokens); the file is swapped whole, as any write."""
         size = _HEAD.size + 8 * kv.ndim + _DIGEST + 8 * len(tokens) + int(kv.nbytes)
         with self._lock:
-            if self._closed or key in self._index or key in self._pending or size > self.max_bytes:
+            known = key in self._index or key in self._pending
+            if self._closed or (known and not replace) or size > self.max_bytes:
                 return False
             self._pending.add(key)
             if self._thread is None:
@@ -217,7 +221,14 @@ class DiskRecords:
 
     def read(self, key: bytes, tokens: Sequence[int]) -> np.ndarray | None:
         """The KV of record ``key`` if its file is whole and holds ``tokens``; else None (a damaged
-        file is removed). A hit becomes most recently used."""
+        file, or one of other tokens, is removed). A hit becomes most recently used."""
+        record = self.read_record(key, tuple(int(t) for t in tokens))
+        return None if record is None else record[1]
+
+    def read_record(self, key: bytes, tokens: tuple[int, ...] | None = None) -> (
+            tuple[tuple[int, ...], np.ndarray] | None):
+        """``(tokens, kv)`` of record ``key`` if its file is whole (and holds ``tokens`` when
+        given); else None (a damaged file is removed). A hit becomes most recently used."""
         with self._lock:
             if key not in self._index:
                 return None
@@ -237,7 +248,7 @@ class DiskRecords:
             if got != size:
                 raise DamagedRecord("short read")
             stored, kv = decode(data, key)
-            if stored != tuple(int(t) for t in tokens):
+            if tokens is not None and stored != tokens:
                 raise DamagedRecord("tokens do not match")
         except DamagedRecord as exc:
             log.warning("context record %s is damaged (%s); removed", path.name, exc)
@@ -246,7 +257,7 @@ class DiskRecords:
         self.touch(key)
         with self._lock:
             self._set_locked(disk_hits=self._stats.disk_hits + 1)
-        return kv
+        return stored, kv
 
     def touch(self, key: bytes) -> None:
         """Make record ``key`` most recently used (in the index and its file's mtime)."""

@@ -380,13 +380,13 @@ class Scheduler:
         reused = _common_prefix(held, prompt, limit)
         block = store.block_tokens
         keys = store.block_keys(prompt[: (limit // block) * block], salt, adapter)
-        found = store.fetch(keys, prompt, reused // block)
+        found = store.fetch(keys, prompt, reused, tails=True, cache_salt=salt, adapter=adapter, limit=limit)
         start = (reused // block) * block
-        if found and start + len(found) * block > reused:
+        if found and start + sum(int(r.shape[2]) for r in found) > reused:
             kv.truncate(slot, min(start, kv.slot_length(slot)))
             for record in found:
                 kv.import_kv(slot, start, record)
-                start += block
+                start += int(record.shape[2])
             reused = start
         else:
             kv.truncate(slot, reused)
@@ -400,13 +400,19 @@ class Scheduler:
         kv, store = self._kv, self._store
         if kv is None or store is None or not run.req.cache_prompt:
             return
-        tokens = self._slot_tokens[run.slot]
+        slot, salt, adapter = run.slot, run.req.cache_salt, run.req.adapter
+        tokens = self._slot_tokens[slot][: kv.slot_length(slot)]
         block = store.block_tokens
         try:
-            for i, key in enumerate(store.block_keys(tokens, run.req.cache_salt, run.req.adapter)):
+            keys = store.block_keys(tokens, salt, adapter)
+            for i, key in enumerate(keys):
                 if not store.touch(key):
-                    records = kv.export_kv(run.slot, i * block, block)
+                    records = kv.export_kv(slot, i * block, block)
                     store.insert(key, tokens[i * block:(i + 1) * block], records)
+            first = len(keys) * block
+            if first < len(tokens):  # the partial last block: the prompt's (or turn's) tail
+                store.save_tail(store.tail_key(keys, salt, adapter), tokens[first:],
+                                lambda: kv.export_kv(slot, first, len(tokens) - first))
         except Exception:  # the cache is an optimisation: never fail a request for it
             log.exception("saving context records failed")
         self._notify_cache()

@@ -222,3 +222,90 @@ def test_the_directory_is_made_on_the_first_write(tmp_path: Path) -> None:
     disk.close()
     assert len(_files(directory)) == 1
     assert (directory.stat().st_mode & 0o777) == (directory.parent.stat().st_mode & 0o777) == 0o750
+
+
+def _tail_kv(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((SHAPE[0], SHAPE[1], n, SHAPE[3])).astype(np.float32)
+
+
+def test_a_prompt_tail_is_found_again_after_a_restart_up_to_where_the_prompt_differs(tmp_path: Path) -> None:
+    tokens = _tokens(2 * BLOCK + 20, 7)
+    first = _store(tmp_path)
+    _fill(first, tokens)
+    keys = first.block_keys(tokens)
+    tail = first.tail_key(keys)
+    assert tail not in keys and first.tail_key(keys, "salt") == tail  # keys[-1] carries the salt
+    kv = _tail_kv(20, 1)
+    assert first.save_tail(tail, tokens[2 * BLOCK:], lambda: kv)
+    first.close()
+
+    again = _store(tmp_path)
+    found = again.fetch(keys, tokens, 0, tails=True, limit=len(tokens) - 1)
+    assert [f.shape[2] for f in found] == [BLOCK, BLOCK, 19]  # the last token is left to prefill
+    assert np.array_equal(found[2], kv[:, :, :19])
+    assert again.stats().disk_hits == 3
+    other = [*tokens[: 2 * BLOCK + 5], *(t + 1 for t in tokens[2 * BLOCK + 5:])]
+    found = again.fetch(keys, other, 0, tails=True)
+    assert [f.shape[2] for f in found] == [BLOCK, BLOCK, 5]  # the common prefix of tail and prompt
+    assert again.fetch(keys, tokens, 2 * BLOCK + 19, tails=True, limit=len(tokens) - 1) == []  # held
+    # A chain that breaks after its first block: the tail there (none) is looked for, not this one.
+    broken = [*tokens[:BLOCK], *(t + 1 for t in tokens[BLOCK:])]
+    assert len(again.fetch(again.block_keys(broken), broken, 0, tails=True)) == 1
+
+
+def test_a_newer_tail_replaces_an_older_one_unless_that_one_extends_it(tmp_path: Path) -> None:
+    tokens = _tokens(BLOCK + 30, 8)
+    store = _store(tmp_path)
+    keys = store.block_keys(tokens)
+    tail = store.tail_key(keys)
+    calls: list[int] = []
+
+    def export(n: int, seed: int) -> np.ndarray:
+        calls.append(n)
+        return _tail_kv(n, seed)
+
+    assert store.save_tail(tail, tokens[BLOCK:BLOCK + 10], lambda: export(10, 1))
+    assert store.save_tail(tail, tokens[BLOCK:], lambda: export(30, 2))  # grew: replaced
+    assert not store.save_tail(tail, tokens[BLOCK:BLOCK + 10], lambda: export(10, 3))  # kept, no export
+    assert calls == [10, 30]
+    other = [*tokens[BLOCK:BLOCK + 5], *_tokens(7, 9)]
+    assert store.save_tail(tail, other, lambda: export(12, 4))  # diverged: the newer wins
+    assert store.stats().records == 1 and store.stats().bytes == _tail_kv(12, 0).nbytes
+    with pytest.raises(ValueError, match="1 to 63 tokens"):
+        store.save_tail(tail, tokens[:BLOCK], lambda: export(BLOCK, 5))
+    disk = store.disk
+    assert disk is not None
+    disk.flush(timeout=30)
+    store.close()
+    assert len(_files(tmp_path)) == 1 and store.stats().disk_writes == 3  # one file, rewritten whole
+    again = _store(tmp_path)
+    found = again.fetch(keys, [*tokens[:BLOCK], *other], BLOCK, tails=True)
+    assert len(found) == 1 and np.array_equal(found[0], _tail_kv(12, 4))
+
+
+def test_a_damaged_or_misshapen_tail_is_dropped(tmp_path: Path) -> None:
+    tokens = _tokens(BLOCK + 30, 10)
+    store = _store(tmp_path)
+    keys = store.block_keys(tokens)
+    _fill(store, tokens)
+    tail = store.tail_key(keys)
+    disk = store.disk
+    assert disk is not None
+    disk.put(tail, tokens[BLOCK:], _tail_kv(29, 1))  # 30 tokens, KV of 29: not a tail
+    disk.flush(timeout=30)
+    store.close()
+    again = _store(tmp_path)
+    assert len(again.fetch(keys, tokens, 0, tails=True)) == 1
+    assert again.stats().disk_dropped == 1 and not (tmp_path / (tail.hex() + ".kv")).exists()
+
+    again.save_tail(tail, tokens[BLOCK:], lambda: _tail_kv(30, 2))
+    assert again.disk is not None
+    again.disk.flush(timeout=30)
+    again.close()
+    path = tmp_path / (tail.hex() + ".kv")
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    third = _store(tmp_path)
+    assert len(third.fetch(keys, tokens, 0, tails=True)) == 1 and not path.exists()
+    assert third.stats().disk_dropped == 1

@@ -111,28 +111,52 @@ def test_batch_8_concurrent_mixed_lengths_match_batch_1(bundle: Callable[[str], 
 
 
 def test_lru_keeps_a_used_prefix_and_evicts_at_the_record_limit(bundle: Callable[[str], Path]) -> None:
-    store = PrefixStore("test", max_records=4)
+    # Each request leaves its complete blocks and one tail record (its partial last block).
+    store = PrefixStore("test", max_records=6)
     runner = _Runner(load_engine(bundle("qwen2"), threads=1), store, batch=1)
-    first = _rand(140, 7)  # two full blocks
+    first = _rand(140, 7)  # two full blocks and a tail
     want = runner.submit(first, 4).tokens()
     keys = store.block_keys(first)
-    assert all(k in store for k in keys)
+    kept = [*keys, store.tail_key(keys)]
+    assert all(k in store for k in kept) and store.stats().records == 3
     other = _rand(70, 8)
-    runner.submit(other, 4).tokens()  # one more block: 3 records, first's kept
-    assert store.stats().records == 3 and all(k in store for k in keys)
+    runner.submit(other, 4).tokens()  # one block and a tail more: 5 records, first's kept
+    assert store.stats().records == 5 and all(k in store for k in kept)
     before = store.stats().tokens_reused
     assert runner.submit(first, 4).tokens() == want  # the slot was overwritten: records serve it
-    assert store.stats().tokens_reused - before == 128
-    runner.submit(_rand(70, 9), 4).tokens()
-    runner.submit(_rand(70, 10), 4).tokens()  # 5 blocks seen, limit 4: the least recent goes
-    assert store.stats().records == 4 and store.stats().evictions == 1
-    assert store.block_keys(other)[0] not in store and all(k in store for k in keys)
-    runner.submit(_rand(70, 11), 4).tokens()  # next in line: first's first block
-    assert keys[0] not in store and store.stats().evictions == 2
+    assert store.stats().tokens_reused - before == 139  # all but the last token: blocks and tail
+    runner.submit(_rand(70, 9), 4).tokens()  # 7 records seen, limit 6: the least recent goes
+    assert store.stats().records == 6 and store.stats().evictions == 1
+    assert store.block_keys(other)[0] not in store and all(k in store for k in kept)
+    runner.submit(_rand(70, 10), 4).tokens()  # two more out: other's tail, then first's first block
+    assert keys[0] not in store and store.stats().evictions == 3
     before = store.stats().tokens_reused
     assert runner.submit(first, 4).tokens() == want
     assert store.stats().tokens_reused == before  # a chain without its first block is no prefix
     runner.stop()
+
+
+def test_the_next_turn_resumes_from_the_previous_turns_partial_block(bundle: Callable[[str], Path]) -> None:
+    """A tail record (the partial last block) serves the next turn, which extends the sequence,
+    and a repeat of the same prompt, which then prefills one token; same greedy tokens as cold."""
+    turn1 = _rand(100, 31)
+    cold = _Runner(load_engine(bundle("llama"), threads=1), None, batch=1)
+    answer = cold.submit(turn1, 8).tokens()
+    turn2 = [*turn1, *answer[:7], *_rand(30, 32)]  # the slot held turn 1 and 7 fed-back tokens
+    want = cold.one_by_one([turn2, turn1], 8)
+    cold.stop()
+    store = PrefixStore("test", max_records=16)
+    warm = _Runner(load_engine(bundle("llama"), threads=1), store, batch=1)
+    assert warm.submit(turn1, 8).tokens() == answer
+    warm.submit(_rand(50, 33), 2).tokens()  # another prompt takes the slot: records must serve
+    before = store.stats()
+    assert warm.submit(turn2, 8).tokens() == want[0]
+    assert store.stats().tokens_reused - before.tokens_reused == 107  # 64 of a block, 43 of a tail
+    warm.submit(_rand(50, 34), 2).tokens()
+    before = store.stats()
+    assert warm.submit(turn1, 8).tokens() == want[1]
+    assert store.stats().tokens_reused - before.tokens_reused == 99  # all but the last token
+    warm.stop()
 
 
 def test_cache_prompt_false_neither_uses_nor_leaves_records(bundle: Callable[[str], Path]) -> None:
@@ -146,7 +170,8 @@ def test_cache_prompt_false_neither_uses_nor_leaves_records(bundle: Callable[[st
     assert runner.submit(prompt, 6, cache_prompt=False).tokens() == want
     assert store.stats().tokens_reused == 0 and store.stats().lookups == 1
     assert runner.submit(prompt, 6).tokens() == want
-    assert store.stats().tokens_reused == 128  # the opted-out run overwrote the slot: records serve
+    # The opted-out run overwrote the slot: records serve all but the last token (blocks, tail).
+    assert store.stats().tokens_reused == 149
     runner.stop()
 
 
@@ -236,7 +261,7 @@ def test_pool_bytes_bound_a_200_request_run(bundle: Callable[[str], Path]) -> No
         peak = max(peak, store.stats().bytes)
     runner.stop()
     stats = store.stats()
-    assert peak <= limit and stats.bytes <= limit and stats.records <= 6
+    assert peak <= limit and stats.bytes <= limit  # records: at most 6 blocks, tails are smaller
     assert stats.evictions > 0 and stats.hits > 50  # how many depends on which slot each request lands in
     cold = _Runner(load_engine(bundle("llama"), threads=1), None, batch=1)
     sample = list(range(0, 200, 23))

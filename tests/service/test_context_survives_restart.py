@@ -58,7 +58,8 @@ def test_records_survive_a_restart(demo_dir: Path, log_dir: Path, tmp_path: Path
         assert _complete(server, SALTED, "tenant-a")[1] == 0
         stats = _settled(server)
         assert stats["disk_max_bytes"] == 1 << 26 and stats["disk_hits"] == 0
-        assert stats["disk_records"] == stats["disk_writes"] >= 2 and stats["disk_bytes"] > stats["bytes"] / 2
+        # A tail record is rewritten in place when its sequence grew: more writes than files.
+        assert stats["disk_writes"] >= stats["disk_records"] >= 2 and stats["disk_bytes"] > stats["bytes"] / 2
     records = cache / "context" / bid
     files = sorted(records.glob("*.kv"))
     assert len(files) == stats["disk_records"] and not list(records.glob(".*.tmp"))
