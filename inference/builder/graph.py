@@ -73,11 +73,20 @@ def present_names(layer: int) -> tuple[str, str]:
 
 
 class _ExternalWeights:
-    """Appends tensors to one external-data file and returns initializers that point into it."""
+    """Appends tensors to one external-data file and returns initializers that point into it.
 
-    def __init__(self, path: Path) -> None:
+    With ``memory`` (a dict), the large tensors go there by name instead and no data file is
+    written: a session opened with them as its initializers (``cpu_session(initializers=...)``)
+    never reads the file the graph names (the quality gate's throw-away fp32 reference)."""
+
+    def __init__(self, path: Path, memory: dict[str, np.ndarray] | None = None) -> None:
         self.path = path
-        self._fh = path.open("wb")
+        self._memory = memory
+        # In memory, the data file is still made, empty: onnxruntime checks that the file the
+        # graph names exists before it takes the initializers from memory.
+        self._fh = path.open("wb") if memory is None else None
+        if memory is not None:
+            path.touch()
         self._offset = 0
 
     def add(self, name: str, array: np.ndarray) -> TensorProto:
@@ -85,10 +94,14 @@ class _ExternalWeights:
         if array.nbytes <= _INLINE_MAX_BYTES:
             return numpy_helper.from_array(array, name)
         pad = (-self._offset) % _ALIGN
-        if pad:
-            self._fh.write(b"\0" * pad)
-            self._offset += pad
-        self._fh.write(array.tobytes())
+        if self._fh is None:
+            assert self._memory is not None
+            self._memory[name] = array
+        else:
+            if pad:
+                self._fh.write(b"\0" * pad)
+            self._fh.write(array.tobytes())
+        self._offset += pad
         tensor = TensorProto()
         tensor.name = name
         tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
@@ -102,8 +115,9 @@ class _ExternalWeights:
         return tensor
 
     def close(self) -> None:
-        self._fh.flush()
-        self._fh.close()
+        if self._fh is not None:
+            self._fh.flush()
+            self._fh.close()
 
 
 class _Emitter:
@@ -424,7 +438,7 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
                         max_positions: int, fused_ops: bool, untie_lm_head: bool = False,
                         progress: Progress | None = None, kv_layout: str = "portable",
                         kernels: KernelPlan | None = None, pooling: str | None = None,
-                        lora: bool = False) -> GraphIO:
+                        lora: bool = False, weights_in: dict[str, np.ndarray] | None = None) -> GraphIO:
     """Write ``model_path`` (+ ``<name>.data``) for ``cfg``; return the graph's I/O names.
 
     ``kv_layout`` "portable" writes the standard-op graph; "gqa" the ONNX Runtime CPU variant
@@ -440,6 +454,9 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
     ``lora`` (gqa only) adds a LoRA input pair to every projection of every layer (q/k/v/o,
     gate/up/down: ``model.layers.{i}.self_attn.q_proj.lora_A`` ...), overridable initializers
     of rank 0 that an onnxruntime adapter (:mod:`inference.builder.lora`) replaces per run.
+
+    ``weights_in`` (a dict) receives the large weights by name instead of ``<name>.data``, which
+    is then not written: open the graph with ``cpu_session(..., initializers=weights_in)``.
     """
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
@@ -450,7 +467,7 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         raise ValueError("LoRA inputs are written into the gqa graph only")
     if pooling is not None and (gqa or pooling not in POOLING_METHODS):
         raise ValueError(f"pooling must be one of {POOLING_METHODS} on the portable graph, got {pooling!r}")
-    weights = _ExternalWeights(model_path.with_name(model_path.name + ".data"))
+    weights = _ExternalWeights(model_path.with_name(model_path.name + ".data"), weights_in)
     em = _Emitter(weights)
     quant = None if kernels is None else QuantizedEmitter(
         em, bits=kernels.weight_bits, accuracy_level=kernels.accuracy_level,

@@ -23,7 +23,7 @@ prefill runs one sequence at a time (the scheduler interleaves prefill chunks wi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +81,12 @@ def onnx_engine_info(meta: dict[str, Any], model_path: Path, *, max_slots: int, 
 class GqaEngine(SlotLengths):
     """An Engine over one onnxruntime session of a bundle's GroupQueryAttention graph."""
 
-    def __init__(self, model_path: Path, meta: dict[str, Any], *, max_slots: int, threads: int) -> None:
+    def __init__(self, model_path: Path, meta: dict[str, Any], *, max_slots: int, threads: int,
+                 initializers: Mapping[str, np.ndarray] | None = None) -> None:
+        """``initializers``: the graph's external weights from memory (see ``cpu_session``)."""
         self._session: ort.InferenceSession | None = cpu_session(
-            model_path, threads=threads, optimized=model_path.name == meta.get("optimized_model")
+            model_path, threads=threads, optimized=model_path.name == meta.get("optimized_model"),
+            initializers=initializers,
         )
         kv = meta["kv_cache"]
         self._layers = int(meta["num_layers"])

@@ -12,11 +12,16 @@ import onnx
 import pytest
 
 from inference.builder import EngineBuildSpec, build_bundle
+from inference.builder.checkpoint_reader import open_checkpoint
+from inference.builder.graph import build_decoder_graph
 from inference.builder.kernel_plan import FAST_HEAD_CLASSES, kernel_plan
+from inference.builder.model_config import load_model_config
+from inference.builder.ort_backend import fused_ops_supported
 from inference.builder.quality import MIN_AGREEMENT, QualityGateError
 from inference.cpu_class import CPU_CLASSES, classify_flags, cpu_class
 from inference.runtime import generate, load_engine
 from inference.runtime.errors import EngineLoadError
+from inference.runtime.ort_session import cpu_session
 
 AVX2 = ["sse4_2", "avx", "avx2", "fma", "f16c"]
 AVX512 = [*AVX2, "avx512f", "avx512bw", "avx512vl", "avx512dq"]
@@ -134,3 +139,30 @@ def test_a_bad_kernel_choice_fails_the_gate_with_one_line(
     assert message.startswith(f"the int4 build failed the quality gate on this CPU ({cpu_class()}): ")
     assert "greedy agreement with fp32 0." in message and "build --precision int8 or fp32 instead" in message
     assert not (out / "engine.json").exists()
+
+
+def test_the_gates_reference_reads_its_weights_from_memory(
+    hf_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The gate's fp32 reference is built with its weights kept in memory (no data file written):
+    a session over them answers exactly as one over the same graph written to disk."""
+    ckpt_dir = hf_checkpoint("llama", "fp32", False)
+    cfg, ckpt = load_model_config(ckpt_dir), open_checkpoint(ckpt_dir)
+    on_disk, in_memory = tmp_path / "disk.onnx", tmp_path / "memory.onnx"
+    weights: dict[str, np.ndarray] = {}
+    for path, sink in ((on_disk, None), (in_memory, weights)):
+        build_decoder_graph(cfg, ckpt, path, max_positions=64, fused_ops=fused_ops_supported(),
+                            kv_layout="gqa", weights_in=sink)
+    assert weights and (tmp_path / "memory.onnx.data").stat().st_size == 0
+    assert (tmp_path / "disk.onnx.data").stat().st_size >= sum(a.nbytes for a in weights.values())
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": np.array([[5, 9, 13, 2]], np.int64), "seqlens_k": np.array([3], np.int32),
+        "total_sequence_length": np.array(4, np.int32), "logits_to_keep": np.array([4], np.int64)}
+    outputs = []
+    for path, sink in ((on_disk, None), (in_memory, weights)):
+        session = cpu_session(path, threads=1, optimized=False, initializers=sink)
+        for arg in session.get_inputs():
+            if arg.name.startswith("past_key_values"):
+                feeds[arg.name] = np.zeros((1, cfg.num_kv_heads, 64, cfg.head_dim), np.float32)
+        outputs.append(session.run(["logits"], feeds)[0])
+    assert np.array_equal(outputs[0], outputs[1])
