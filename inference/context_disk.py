@@ -99,7 +99,7 @@ class DamagedRecord(ValueError):
     """A record file that must not be used (and is removed)."""
 
 
-def decode(data: bytearray, key: bytes) -> tuple[tuple[int, ...], np.ndarray]:
+def decode(data: bytes | bytearray, key: bytes) -> tuple[tuple[int, ...], np.ndarray]:
     """``(tokens, kv)`` of a record file's bytes; :class:`DamagedRecord` when anything is off."""
     view = memoryview(data)
     if len(view) < _HEAD.size:
@@ -236,8 +236,8 @@ class DiskRecords:
         try:
             with open(path, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
-                data = bytearray(size)
-                got = fh.readinto(data)
+                data = fh.read(size + 1)  # no zeroed buffer first: one pass over the memory
+                got = len(data)
         except FileNotFoundError:
             self._forget(key, dropped=False)
             return None

@@ -422,14 +422,19 @@ class Scheduler:
         if hook is not None and self._store is not None:
             hook(self._store.stats())
 
-    def _release(self, run: _Running) -> None:
+    def _release(self, run: _Running, *, save: bool = True) -> bool:
+        """Free ``run``'s slot. Its blocks are saved first unless ``save`` is False; then the
+        return value says whether they are still to be saved (:meth:`_save_blocks`), which is
+        safe until this thread runs another step: only it fills slots."""
         # Called on the scheduler thread only; the lock protects the lists the asyncio side reads.
         if self._proposer is not None:
             self._release_proposal(run.slot)
+        to_save = False
         if self._store is not None and run.req.cache_prompt and not run.broken:
-            if run.prepared:
+            # Unprepared: the slot still holds what an earlier request left there; keep it.
+            to_save = run.prepared
+            if to_save and save:
                 self._save_blocks(run)
-            # else: the slot still holds what an earlier request left there; keep it.
         else:
             self._slot_tokens[run.slot] = []
             try:
@@ -443,6 +448,7 @@ class Scheduler:
                 self._running.remove(run)
                 self._free_slots.append(run.slot)
             self._notify_queue()
+        return to_save and not save
 
     def _run(self) -> None:
         try:
@@ -481,9 +487,13 @@ class Scheduler:
         run.output_ids.extend(out.token_ids)
         if out.finished:
             # Free the slot before the client sees the end, so a follow-up request sent the
-            # moment this one completes finds the slot free instead of a full queue (429).
-            self._release(run)
+            # moment this one completes finds the slot free instead of a full queue (429); save
+            # its blocks after the client has the answer (a 1,500-token prompt's 23 blocks are
+            # a 69 MB copy with SmolLM2), before this thread runs another step.
+            unsaved = self._release(run, save=False)
             run.req.sink.put(out)
+            if unsaved:
+                self._save_blocks(run)
             return False
         if not run.req.sink.put(out):
             self._release(run)
