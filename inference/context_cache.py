@@ -35,6 +35,7 @@ Thread-safety: the scheduler thread owns the store; :meth:`stats` may be read fr
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -43,6 +44,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from inference.context_disk import DiskRecords, DiskStats
+
+log = logging.getLogger("inference.context_cache")
 
 BLOCK_TOKENS = 64
 #: What the pool-bytes flag's 0 ("no explicit bound") means for the KV records. Context reuse
@@ -79,6 +82,10 @@ class ContextCacheStats:
     def as_dict(self) -> dict[str, int]:
         """Plain dict for /health."""
         return dict(self.__dict__)
+
+
+#: What :meth:`DiskRecords.read_records` gives for one key: ``(tokens, kv)`` or None.
+_DiskRead = tuple[tuple[int, ...], np.ndarray] | None
 
 
 @dataclass(frozen=True)
@@ -174,6 +181,8 @@ class PrefixStore:
         b = self.block_tokens
         found: list[np.ndarray] = []
         disk = self._disk
+        ahead = self._read_ahead(keys, held // b, tails and (limit is None or limit > 0),
+                                 cache_salt, adapter)
         end = len(keys)
         for i in range(held // b, len(keys)):
             block = tuple(int(t) for t in tokens[i * b:(i + 1) * b])
@@ -184,7 +193,7 @@ class PrefixStore:
                     disk.touch(keys[i])
                 found.append(rec.kv)
                 continue
-            kv = self._read_disk(keys[i], block) if rec is None else None
+            kv = self._read_disk(keys[i], block, ahead) if rec is None else None
             if kv is None:
                 end = i
                 break
@@ -192,18 +201,41 @@ class PrefixStore:
             found.append(kv)
         rest = tokens[end * b:len(tokens) if limit is None else limit]
         if tails and rest and end >= held // b:
-            part = self._fetch_tail(self.tail_key(keys[:end], cache_salt, adapter), rest)
+            part = self._fetch_tail(self.tail_key(keys[:end], cache_salt, adapter), rest, ahead)
             if part is not None and (found or end * b + part.shape[2] > held):
                 found.append(part)
         if found:
             self._update(record_hits=self._stats.record_hits + len(found))
         return found
 
-    def _fetch_tail(self, key: bytes, rest: Sequence[int]) -> np.ndarray | None:
+    def _read_ahead(self, keys: Sequence[bytes], first: int, tail: bool, cache_salt: str | None,
+                    adapter: str | None) -> dict[bytes, _DiskRead]:
+        """Read at once the records a lookup from block ``first`` will want from disk: those not
+        in memory up to the first block on neither, and the tail after them (``tail``)."""
+        disk = self._disk
+        if disk is None:
+            return {}
+        want: list[bytes] = []
+        end = len(keys)
+        for i in range(first, len(keys)):
+            if keys[i] in self._records:
+                continue
+            if keys[i] not in disk:
+                end = i
+                break
+            want.append(keys[i])
+        if tail:
+            key = self.tail_key(keys[:end], cache_salt, adapter)
+            if key not in self._records and key in disk:
+                want.append(key)
+        return dict(zip(want, disk.read_records(want), strict=True))
+
+    def _fetch_tail(self, key: bytes, rest: Sequence[int],
+                    ahead: dict[bytes, _DiskRead] | None = None) -> np.ndarray | None:
         """The KV of the longest common prefix of tail record ``key`` and ``rest``, if any."""
         rec = self._records.get(key)
         if rec is None:
-            rec = self._read_disk_tail(key)
+            rec = self._read_disk_tail(key, ahead or {})
             if rec is None:
                 return None
             self._keep(key, rec.tokens, rec.kv)
@@ -216,11 +248,12 @@ class PrefixStore:
             return None
         return rec.kv if n == rec.kv.shape[2] else np.ascontiguousarray(rec.kv[:, :, :n])
 
-    def _read_disk_tail(self, key: bytes) -> _Record | None:
-        """Tail record ``key`` from disk when it is there, whole, and of this engine's layout."""
+    def _read_disk_tail(self, key: bytes, ahead: dict[bytes, _DiskRead]) -> _Record | None:
+        """Tail record ``key`` from disk (or ``ahead``) when it is there, whole, and of this
+        engine's layout."""
         if self._disk is None:
             return None
-        got = self._disk.read_record(key)
+        got = ahead[key] if key in ahead else self._disk.read_record(key, count=False)
         if got is None:
             return None
         tokens, kv = got
@@ -230,6 +263,7 @@ class PrefixStore:
                 == (self._layout[0][:2] + self._layout[0][3:], self._layout[1]))):
             self._disk.drop(key)
             return None
+        self._disk.count_hits(1)
         return _Record(tokens, kv)
 
     def save_tail(self, key: bytes, tokens: Sequence[int], export: Callable[[], np.ndarray]) -> bool:
@@ -254,18 +288,23 @@ class PrefixStore:
             self._disk.put(key, tokens, kv, replace=True)
         return self._keep(key, tokens, kv)
 
-    def _read_disk(self, key: bytes, block: tuple[int, ...]) -> np.ndarray | None:
-        """Block ``key`` from disk when it is there, whole, and of this engine's layout."""
+    def _read_disk(self, key: bytes, block: tuple[int, ...],
+                   ahead: dict[bytes, _DiskRead]) -> np.ndarray | None:
+        """Block ``key`` from disk (or ``ahead``) when it is there, whole, holds ``block`` and is
+        of this engine's layout; a file that fails a check is removed."""
         if self._disk is None:
             return None
-        kv = self._disk.read(key, block)
-        if kv is None:
+        got = ahead[key] if key in ahead else self._disk.read_record(key, count=False)
+        if got is None:
             return None
-        if kv.ndim < 3 or kv.shape[2] != self.block_tokens or (
+        stored, kv = got
+        if stored != block or kv.ndim < 3 or kv.shape[2] != self.block_tokens or (
                 self._layout is not None and (kv.shape, kv.dtype) != self._layout):
+            log.warning("context record %s does not fit this lookup (tokens or layout); removed", key.hex())
             self._disk.drop(key)
             return None
         self._layout = (kv.shape, kv.dtype)
+        self._disk.count_hits(1)
         return kv
 
     def close(self) -> None:

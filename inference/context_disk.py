@@ -41,6 +41,7 @@ import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,8 @@ DEFAULT_DISK_BYTES = 1 << 30
 #: Records waiting for the writer (64 SmolLM2 blocks: ~190 MB, ~4,000 prompt tokens); a full
 #: queue skips writes rather than block decode, and a shutdown writes at most this many.
 WRITE_QUEUE = 64
+#: Threads that read records at once (:meth:`DiskRecords.read_records`).
+_READERS = 4
 SUFFIX = ".kv"
 KEY_BYTES = 20
 
@@ -156,6 +159,7 @@ class DiskRecords:
         self._stats = DiskStats(disk_max_bytes=max_bytes)
         self._queue: queue.Queue[tuple[bytes, tuple[int, ...], np.ndarray] | None] = queue.Queue(queue_size)
         self._thread: threading.Thread | None = None
+        self._readers: ThreadPoolExecutor | None = None
         self._closed = False
         self.on_change: Callable[[], None] | None = None  # called after the writer changed the figures
         self._open()
@@ -225,10 +229,30 @@ class DiskRecords:
         record = self.read_record(key, tuple(int(t) for t in tokens))
         return None if record is None else record[1]
 
-    def read_record(self, key: bytes, tokens: tuple[int, ...] | None = None) -> (
+    def read_records(self, keys: Sequence[bytes]) -> list[tuple[tuple[int, ...], np.ndarray] | None]:
+        """:meth:`read_record` of each key, several at once (the file reads and SHA-256 run
+        outside the GIL: a restart's first request reads a whole prefix, 23 files for 1,500
+        tokens of SmolLM2, in about half the time on 2 cores). Not counted as disk hits: the
+        caller counts those it uses (:meth:`count_hits`)."""
+        with self._lock:
+            pool = None if len(keys) < 2 or self._closed else self._readers
+            if pool is None and len(keys) >= 2 and not self._closed:
+                pool = self._readers = ThreadPoolExecutor(max_workers=_READERS,
+                                                          thread_name_prefix="context-cache-reader")
+        if pool is None:
+            return [self.read_record(k, count=False) for k in keys]
+        return list(pool.map(lambda k: self.read_record(k, count=False), keys))
+
+    def count_hits(self, n: int) -> None:
+        """Count ``n`` records of :meth:`read_records` as used (disk hits)."""
+        with self._lock:
+            self._set_locked(disk_hits=self._stats.disk_hits + n)
+
+    def read_record(self, key: bytes, tokens: tuple[int, ...] | None = None, *, count: bool = True) -> (
             tuple[tuple[int, ...], np.ndarray] | None):
         """``(tokens, kv)`` of record ``key`` if its file is whole (and holds ``tokens`` when
-        given); else None (a damaged file is removed). A hit becomes most recently used."""
+        given); else None (a damaged file is removed). A hit becomes most recently used (and is
+        counted as a disk hit with ``count``)."""
         with self._lock:
             if key not in self._index:
                 return None
@@ -255,8 +279,8 @@ class DiskRecords:
             self.drop(key)
             return None
         self.touch(key)
-        with self._lock:
-            self._set_locked(disk_hits=self._stats.disk_hits + 1)
+        if count:
+            self.count_hits(1)
         return stored, kv
 
     def touch(self, key: bytes) -> None:
@@ -301,7 +325,9 @@ class DiskRecords:
             if self._closed:
                 return
             self._closed = True
-            thread = self._thread
+            thread, readers = self._thread, self._readers
+        if readers is not None:
+            readers.shutdown(wait=False)
         if thread is None:
             return
         with contextlib.suppress(queue.Full):

@@ -309,3 +309,23 @@ def test_a_damaged_or_misshapen_tail_is_dropped(tmp_path: Path) -> None:
     third = _store(tmp_path)
     assert len(third.fetch(keys, tokens, 0, tails=True)) == 1 and not path.exists()
     assert third.stats().disk_dropped == 1
+
+
+def test_a_lookup_reads_its_records_at_once_and_counts_only_those_it_uses(tmp_path: Path) -> None:
+    tokens = _tokens(4 * BLOCK, 11)
+    first = _store(tmp_path)
+    kvs = _fill(first, tokens)
+    first.close()
+    keys = first.block_keys(tokens)
+    (tmp_path / (keys[2].hex() + ".kv")).write_bytes(b"damaged")
+    again = _store(tmp_path)
+    found = again.fetch(keys, tokens, 0)
+    assert [np.array_equal(f, k) for f, k in zip(found, kvs, strict=False)] == [True, True]
+    stats = again.stats()
+    # The fourth was read with the others, whole, but the chain stopped before it: not a hit.
+    assert stats.disk_hits == 2 and stats.disk_dropped == 1 and stats.disk_records == 3
+    again.close()  # memory records stay usable; a later disk read goes one file at a time
+    assert len(_store(tmp_path).fetch(keys[:2], tokens, 0)) == 2
+    later = _store(tmp_path)
+    later.close()
+    assert len(later.fetch(keys[:2], tokens, 0)) == 2

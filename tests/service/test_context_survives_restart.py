@@ -89,9 +89,11 @@ def test_records_survive_a_restart(demo_dir: Path, log_dir: Path, tmp_path: Path
         text, reused = _complete(server, PROMPT)
         assert text == cold and reused == 0  # nothing damaged is used, the answer is still right
         stats = server.health()["context_cache"]
-        assert stats["disk_dropped"] == 1 and stats["disk_hits"] == 0  # the chain stops at the first
+        # The lookup reads its chain's records at once: each one read is found damaged and removed.
+        dropped = stats["disk_dropped"]
+        assert dropped >= 1 and stats["disk_hits"] == 0
         with server.http() as h:
-            assert _metric(h.get("/metrics").text, "cachesvc_context_cache_disk_dropped_total") == 1
+            assert _metric(h.get("/metrics").text, "cachesvc_context_cache_disk_dropped_total") == dropped
 
     done = run_cli(cache, "bundles", "rm", bid)
     assert done.returncode == 0, done.stdout + done.stderr
