@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from inference.context_disk import DiskRecords, DiskStats
+from inference.context_disk import DiskRecord, DiskRecords, DiskStats
 
 log = logging.getLogger("inference.context_cache")
 
@@ -85,13 +85,28 @@ class ContextCacheStats:
 
 
 #: What :meth:`DiskRecords.read_records` gives for one key: ``(tokens, kv)`` or None.
-_DiskRead = tuple[tuple[int, ...], np.ndarray] | None
+_DiskRead = DiskRecord | None
 
 
 @dataclass(frozen=True)
 class _Record:
     tokens: tuple[int, ...]
     kv: np.ndarray
+    #: A prompt tail's: the logits that follow its first ``logits_at`` tokens (the prompt's end).
+    logits: np.ndarray | None = None
+    logits_at: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.kv.nbytes) + (0 if self.logits is None else int(self.logits.nbytes))
+
+
+class Found(list[np.ndarray]):
+    """What :meth:`PrefixStore.fetch` found: KV records in order; ``logits`` when they cover the
+    whole prompt, with the logits that follow it (no prefill needed, not even of its last
+    token)."""
+
+    logits: np.ndarray | None = None
 
 
 class PrefixStore:
@@ -169,7 +184,7 @@ class PrefixStore:
 
     def fetch(self, keys: Sequence[bytes], tokens: Sequence[int], held: int = 0, *, tails: bool = False,
               cache_salt: str | None = None, adapter: str | None = None,
-              limit: int | None = None) -> list[np.ndarray]:
+              limit: int | None = None) -> Found:
         """KV to resume ``tokens`` from when its first ``held`` tokens are at hand already (a slot
         still holding them): the blocks from the one ``held`` falls in, up to the first miss
         (``keys`` from :meth:`block_keys` of ``tokens`` with ``cache_salt`` and ``adapter``).
@@ -177,9 +192,10 @@ class PrefixStore:
 
         With ``tails``: then, after the last block found, the part of the tail record there that
         ``tokens[...:limit]`` starts with, if it adds to what the blocks and ``held`` give (its KV
-        is shorter than a block on the token axis, ``shape[2]``)."""
+        is shorter than a block on the token axis, ``shape[2]``); or, when that tail holds the
+        rest of ``tokens`` whole and the logits that follow it, all of it and ``Found.logits``."""
         b = self.block_tokens
-        found: list[np.ndarray] = []
+        found = Found()
         disk = self._disk
         ahead = self._read_ahead(keys, held // b, tails and (limit is None or limit > 0),
                                  cache_salt, adapter)
@@ -197,13 +213,15 @@ class PrefixStore:
             if kv is None:
                 end = i
                 break
-            self._keep(keys[i], block, kv)
+            self._keep(keys[i], _Record(block, kv))
             found.append(kv)
         rest = tokens[end * b:len(tokens) if limit is None else limit]
         if tails and rest and end >= held // b:
-            part = self._fetch_tail(self.tail_key(keys[:end], cache_salt, adapter), rest, ahead)
+            part, logits = self._fetch_tail(self.tail_key(keys[:end], cache_salt, adapter), rest,
+                                            tokens[end * b:], ahead)
             if part is not None and (found or end * b + part.shape[2] > held):
                 found.append(part)
+                found.logits = logits
         if found:
             self._update(record_hits=self._stats.record_hits + len(found))
         return found
@@ -230,23 +248,27 @@ class PrefixStore:
                 want.append(key)
         return dict(zip(want, disk.read_records(want), strict=True))
 
-    def _fetch_tail(self, key: bytes, rest: Sequence[int],
-                    ahead: dict[bytes, _DiskRead] | None = None) -> np.ndarray | None:
-        """The KV of the longest common prefix of tail record ``key`` and ``rest``, if any."""
+    def _fetch_tail(self, key: bytes, rest: Sequence[int], whole: Sequence[int],
+                    ahead: dict[bytes, _DiskRead]) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The KV of the longest common prefix of tail record ``key`` and ``rest``, if any; or,
+        when the record holds all of ``whole`` and the logits after it, that KV and those."""
         rec = self._records.get(key)
         if rec is None:
-            rec = self._read_disk_tail(key, ahead or {})
+            rec = self._read_disk_tail(key, ahead)
             if rec is None:
-                return None
-            self._keep(key, rec.tokens, rec.kv)
+                return None, None
+            self._keep(key, rec)
         else:
             self._records.move_to_end(key)
             if self._disk is not None:
                 self._disk.touch(key)
-        n = _common_prefix(rec.tokens, rest)
+        if rec.logits is not None and rec.logits_at == len(whole) and rec.tokens[:len(whole)] == tuple(whole):
+            n, logits = len(whole), rec.logits
+        else:
+            n, logits = _common_prefix(rec.tokens, rest), None
         if n == 0:
-            return None
-        return rec.kv if n == rec.kv.shape[2] else np.ascontiguousarray(rec.kv[:, :, :n])
+            return None, None
+        return (rec.kv if n == rec.kv.shape[2] else np.ascontiguousarray(rec.kv[:, :, :n])), logits
 
     def _read_disk_tail(self, key: bytes, ahead: dict[bytes, _DiskRead]) -> _Record | None:
         """Tail record ``key`` from disk (or ``ahead``) when it is there, whole, and of this
@@ -256,37 +278,51 @@ class PrefixStore:
         got = ahead[key] if key in ahead else self._disk.read_record(key, count=False)
         if got is None:
             return None
-        tokens, kv = got
+        tokens, kv = got.tokens, got.kv
         if not (kv.ndim >= 3 and 0 < len(tokens) == kv.shape[2] < self.block_tokens and (
                 self._layout is None
                 or (kv.shape[:2] + kv.shape[3:], kv.dtype)
-                == (self._layout[0][:2] + self._layout[0][3:], self._layout[1]))):
+                == (self._layout[0][:2] + self._layout[0][3:], self._layout[1]))
+                and (got.logits is None or got.logits.ndim == 1)):
+            log.warning("context record %s is no tail of this engine; removed", key.hex())
             self._disk.drop(key)
             return None
         self._disk.count_hits(1)
-        return _Record(tokens, kv)
+        return _Record(tokens, kv, got.logits, got.logits_at)
 
-    def save_tail(self, key: bytes, tokens: Sequence[int], export: Callable[[], np.ndarray]) -> bool:
+    def save_tail(self, key: bytes, tokens: Sequence[int], export: Callable[[], np.ndarray],
+                  logits: np.ndarray | None = None) -> bool:
         """Keep ``tokens`` (shorter than a block) and their KV (``export()``, called only when
-        needed) as the tail record ``key`` (:meth:`tail_key`), replacing an older tail there
-        unless that one already starts with ``tokens``. True when the record was (re)written."""
+        needed) as the tail record ``key`` (:meth:`tail_key`), with ``logits`` (those that follow
+        all of ``tokens``: a prompt's end) when given. An older tail there that starts with
+        ``tokens`` is kept (it gains ``logits`` if it ends there too and had none); one that
+        ``tokens`` extend is replaced but hands on its logits; any other is replaced. True when
+        the record was (re)written."""
         tokens = tuple(int(t) for t in tokens)
         if not 0 < len(tokens) < self.block_tokens:
             raise ValueError(f"a tail holds 1 to {self.block_tokens - 1} tokens, not {len(tokens)}")
         old = self._records.get(key)
+        at = len(tokens) if logits is not None else 0
         if old is not None and old.tokens[:len(tokens)] == tokens:
             self._records.move_to_end(key)
-            return False
-        kv = export()
-        if kv.ndim < 3 or kv.shape[2] != len(tokens):
-            raise ValueError(f"tail KV of shape {kv.shape} does not hold {len(tokens)} tokens")
+            if logits is None or old.logits is not None or len(old.tokens) != len(tokens):
+                return False
+            new = _Record(old.tokens, old.kv, logits, at)
+        else:
+            if logits is None and old is not None and old.logits is not None and (
+                    tokens[:len(old.tokens)] == old.tokens):
+                logits, at = old.logits, old.logits_at
+            kv = export()
+            if kv.ndim < 3 or kv.shape[2] != len(tokens):
+                raise ValueError(f"tail KV of shape {kv.shape} does not hold {len(tokens)} tokens")
+            new = _Record(tokens, kv, logits, at)
         if old is not None:
             del self._records[key]
-            self._bytes -= int(old.kv.nbytes)
+            self._bytes -= old.nbytes
             self._update()
         if self._disk is not None:
-            self._disk.put(key, tokens, kv, replace=True)
-        return self._keep(key, tokens, kv)
+            self._disk.put(key, new.tokens, new.kv, replace=True, logits=new.logits, logits_at=new.logits_at)
+        return self._keep(key, new)
 
     def _read_disk(self, key: bytes, block: tuple[int, ...],
                    ahead: dict[bytes, _DiskRead]) -> np.ndarray | None:
@@ -297,8 +333,8 @@ class PrefixStore:
         got = ahead[key] if key in ahead else self._disk.read_record(key, count=False)
         if got is None:
             return None
-        stored, kv = got
-        if stored != block or kv.ndim < 3 or kv.shape[2] != self.block_tokens or (
+        stored, kv = got.tokens, got.kv
+        if stored != block or got.logits is not None or kv.ndim < 3 or kv.shape[2] != self.block_tokens or (
                 self._layout is not None and (kv.shape, kv.dtype) != self._layout):
             log.warning("context record %s does not fit this lookup (tokens or layout); removed", key.hex())
             self._disk.drop(key)
@@ -331,20 +367,20 @@ class PrefixStore:
         self._layout = (kv.shape, kv.dtype)
         if self._disk is not None:
             self._disk.put(key, tokens, kv)
-        return self._keep(key, tokens, kv)
+        return self._keep(key, _Record(tuple(int(t) for t in tokens), kv))
 
-    def _keep(self, key: bytes, tokens: Sequence[int], kv: np.ndarray) -> bool:
-        """Hold ``kv`` in memory, evicting least recently used records to fit."""
-        size = int(kv.nbytes)
+    def _keep(self, key: bytes, record: _Record) -> bool:
+        """Hold ``record`` in memory, evicting least recently used records to fit."""
+        size = record.nbytes
         if self.max_records == 0 or size > self.max_bytes:
             return False
         evicted = 0
         while self._records and (
                 len(self._records) >= self.max_records or self._bytes + size > self.max_bytes):
             _, old = self._records.popitem(last=False)
-            self._bytes -= int(old.kv.nbytes)
+            self._bytes -= old.nbytes
             evicted += 1
-        self._records[key] = _Record(tuple(int(t) for t in tokens), kv)
+        self._records[key] = record
         self._bytes += size
         self._update(evictions=self._stats.evictions + evicted)
         return True

@@ -9,9 +9,12 @@ the same salt, after a restart too.
 File layout (little-endian)::
 
     magic "CSVCCTX1" | version u32 | key 20 B | tokens u32 | dtype 16 B (numpy ``dtype.str``)
-    | ndim u32 | shape u64 * ndim | sha256 32 B | tokens int64 * n | KV bytes (C order)
+    | ndim u32 | shape u64 * ndim | logits u32 | logits_at u32 | sha256 32 B
+    | tokens int64 * n | KV bytes (C order) | logits float32 * logits
 
-The digest covers everything before it and after it (header, tokens, KV). SHA-256 rather than
+The digest covers everything before it and after it (header, tokens, KV, logits). A prompt tail
+may carry the logits that follow its first ``logits_at`` tokens (the end of a prompt; version 2);
+other records carry none (``logits`` 0). Files of version 1 are dropped as damaged. SHA-256 rather than
 BLAKE2b: it runs at about twice BLAKE2b's speed where the CPU has SHA instructions (1.7 ms vs
 3.2 ms for a 2.9 MB SmolLM2 block here), and a restart's first request checks every block it reads.
 
@@ -50,7 +53,7 @@ import numpy as np
 log = logging.getLogger("inference.context_disk")
 
 MAGIC = b"CSVCCTX1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 #: What ``--context-cache-disk-bytes`` defaults to: 1 GiB (~350 SmolLM2-135M blocks, ~22k tokens).
 DEFAULT_DISK_BYTES = 1 << 30
 #: Records waiting for the writer (64 SmolLM2 blocks: ~190 MB, ~4,000 prompt tokens); a full
@@ -62,6 +65,7 @@ SUFFIX = ".kv"
 KEY_BYTES = 20
 
 _HEAD = struct.Struct("<8sI20sI16sI")
+_LOGITS = struct.Struct("<II")
 _DIGEST = 32
 _NAME_RE = re.compile(r"^[0-9a-f]{40}\.kv$")
 
@@ -79,7 +83,19 @@ class DiskStats:
     disk_max_bytes: int = 0
 
 
-def encode(key: bytes, tokens: Sequence[int], kv: np.ndarray) -> list[bytes | memoryview]:
+@dataclass(frozen=True)
+class DiskRecord:
+    """One record as read back: its tokens and KV, and for a prompt tail maybe the logits that
+    follow its first ``logits_at`` tokens."""
+
+    tokens: tuple[int, ...]
+    kv: np.ndarray
+    logits: np.ndarray | None = None
+    logits_at: int = 0
+
+
+def encode(key: bytes, tokens: Sequence[int], kv: np.ndarray, logits: np.ndarray | None = None,
+           logits_at: int = 0) -> list[bytes | memoryview]:
     """The parts of one record file, in order (see the module docstring)."""
     if len(key) != KEY_BYTES:
         raise ValueError(f"record keys are {KEY_BYTES} bytes, got {len(key)}")
@@ -89,21 +105,26 @@ def encode(key: bytes, tokens: Sequence[int], kv: np.ndarray) -> list[bytes | me
     dtype = kv.dtype.newbyteorder("<") if kv.dtype.byteorder == ">" else kv.dtype
     kv = kv.astype(dtype, copy=False)
     toks = np.asarray(tokens, dtype="<i8")
+    tail = np.zeros(0, "<f4") if logits is None else np.ascontiguousarray(logits, dtype="<f4").reshape(-1)
+    if logits is not None and not 0 < logits_at <= len(toks):
+        raise ValueError(f"logits_at {logits_at} is not a position of {len(toks)} tokens")
     head = _HEAD.pack(MAGIC, FORMAT_VERSION, key, len(toks), dtype.str.encode("ascii"), kv.ndim)
     head += struct.pack(f"<{kv.ndim}Q", *kv.shape)
+    head += _LOGITS.pack(tail.size, logits_at if logits is not None else 0)
     payload = kv.reshape(-1).data.cast("B")
     digest = hashlib.sha256(head)
     digest.update(toks.tobytes())
     digest.update(payload)
-    return [head, digest.digest(), toks.tobytes(), payload]
+    digest.update(tail.tobytes())
+    return [head, digest.digest(), toks.tobytes(), payload, tail.tobytes()]
 
 
 class DamagedRecord(ValueError):
     """A record file that must not be used (and is removed)."""
 
 
-def decode(data: bytes | bytearray, key: bytes) -> tuple[tuple[int, ...], np.ndarray]:
-    """``(tokens, kv)`` of a record file's bytes; :class:`DamagedRecord` when anything is off."""
+def decode(data: bytes | bytearray, key: bytes) -> DiskRecord:
+    """The record in a file's bytes; :class:`DamagedRecord` when anything is off."""
     view = memoryview(data)
     if len(view) < _HEAD.size:
         raise DamagedRecord("shorter than a header")
@@ -117,29 +138,35 @@ def decode(data: bytes | bytearray, key: bytes) -> tuple[tuple[int, ...], np.nda
     if not 1 <= ndim <= 8:
         raise DamagedRecord(f"bad rank {ndim}")
     shape_end = _HEAD.size + 8 * ndim
-    if len(view) < shape_end + _DIGEST:
+    head_end = shape_end + _LOGITS.size
+    if len(view) < head_end + _DIGEST:
         raise DamagedRecord("truncated header")
     shape = struct.unpack_from(f"<{ndim}Q", view, _HEAD.size)
+    n_logits, logits_at = _LOGITS.unpack_from(view, shape_end)
     try:
         dtype = np.dtype(dtype_raw.rstrip(b"\0").decode("ascii"))
     except (TypeError, ValueError, UnicodeDecodeError):
         raise DamagedRecord("bad dtype") from None
     if dtype.hasobject or dtype.kind not in "fiub" or dtype.byteorder == ">":
         raise DamagedRecord(f"dtype {dtype} is not KV")
+    if n_logits and not 0 < logits_at <= n_tokens:
+        raise DamagedRecord(f"logits at {logits_at} of {n_tokens} tokens")
     count = 1
     for dim in shape:
         count *= int(dim)
-    tok_start = shape_end + _DIGEST
+    tok_start = head_end + _DIGEST
     kv_start = tok_start + 8 * n_tokens
-    if len(view) != kv_start + count * dtype.itemsize:
+    logits_start = kv_start + count * dtype.itemsize
+    if len(view) != logits_start + 4 * n_logits:
         raise DamagedRecord("length does not match the header")
-    digest = hashlib.sha256(view[:shape_end])
+    digest = hashlib.sha256(view[:head_end])
     digest.update(view[tok_start:])
-    if digest.digest() != bytes(view[shape_end:tok_start]):
+    if digest.digest() != bytes(view[head_end:tok_start]):
         raise DamagedRecord("checksum mismatch")
     tokens = tuple(int(t) for t in np.frombuffer(data, dtype="<i8", count=n_tokens, offset=tok_start))
     kv = np.frombuffer(data, dtype=dtype, count=count, offset=kv_start).reshape(shape)
-    return tokens, kv
+    logits = np.frombuffer(data, dtype="<f4", count=n_logits, offset=logits_start) if n_logits else None
+    return DiskRecord(tokens, kv, logits, logits_at if n_logits else 0)
 
 
 class DiskRecords:
@@ -157,7 +184,8 @@ class DiskRecords:
         self._pending: set[bytes] = set()
         self._bytes = 0
         self._stats = DiskStats(disk_max_bytes=max_bytes)
-        self._queue: queue.Queue[tuple[bytes, tuple[int, ...], np.ndarray] | None] = queue.Queue(queue_size)
+        self._queue: queue.Queue[tuple[bytes, tuple[int, ...], np.ndarray, np.ndarray | None, int] | None] = (
+            queue.Queue(queue_size))
         self._thread: threading.Thread | None = None
         self._readers: ThreadPoolExecutor | None = None
         self._closed = False
@@ -200,12 +228,15 @@ class DiskRecords:
         with self._lock:
             return key in self._index
 
-    def put(self, key: bytes, tokens: Sequence[int], kv: np.ndarray, *, replace: bool = False) -> bool:
+    def put(self, key: bytes, tokens: Sequence[int], kv: np.ndarray, *, replace: bool = False,
+            logits: np.ndarray | None = None, logits_at: int = 0) -> bool:
         """Queue ``kv`` for writing unless the record is there or queued; False when skipped.
 
         ``replace``: write even over a record of that key (a prompt tail, whose key names its
-        place, not its tokens); the file is swapped whole, as any write."""
-        size = _HEAD.size + 8 * kv.ndim + _DIGEST + 8 * len(tokens) + int(kv.nbytes)
+        place, not its tokens); the file is swapped whole, as any write. ``logits``: those that
+        follow the first ``logits_at`` tokens (a prompt tail's)."""
+        size = (_HEAD.size + 8 * kv.ndim + _LOGITS.size + _DIGEST + 8 * len(tokens) + int(kv.nbytes)
+                + (0 if logits is None else 4 * int(logits.size)))
         with self._lock:
             known = key in self._index or key in self._pending
             if self._closed or (known and not replace) or size > self.max_bytes:
@@ -216,7 +247,7 @@ class DiskRecords:
                                                 daemon=True)
                 self._thread.start()
         try:
-            self._queue.put_nowait((key, tuple(int(t) for t in tokens), kv))
+            self._queue.put_nowait((key, tuple(int(t) for t in tokens), kv, logits, logits_at))
         except queue.Full:
             with self._lock:
                 self._pending.discard(key)
@@ -227,9 +258,9 @@ class DiskRecords:
         """The KV of record ``key`` if its file is whole and holds ``tokens``; else None (a damaged
         file, or one of other tokens, is removed). A hit becomes most recently used."""
         record = self.read_record(key, tuple(int(t) for t in tokens))
-        return None if record is None else record[1]
+        return None if record is None else record.kv
 
-    def read_records(self, keys: Sequence[bytes]) -> list[tuple[tuple[int, ...], np.ndarray] | None]:
+    def read_records(self, keys: Sequence[bytes]) -> list[DiskRecord | None]:
         """:meth:`read_record` of each key, several at once (the file reads and SHA-256 run
         outside the GIL: a restart's first request reads a whole prefix, 23 files for 1,500
         tokens of SmolLM2, in about half the time on 2 cores). Not counted as disk hits: the
@@ -248,9 +279,9 @@ class DiskRecords:
         with self._lock:
             self._set_locked(disk_hits=self._stats.disk_hits + n)
 
-    def read_record(self, key: bytes, tokens: tuple[int, ...] | None = None, *, count: bool = True) -> (
-            tuple[tuple[int, ...], np.ndarray] | None):
-        """``(tokens, kv)`` of record ``key`` if its file is whole (and holds ``tokens`` when
+    def read_record(self, key: bytes, tokens: tuple[int, ...] | None = None, *,
+                    count: bool = True) -> DiskRecord | None:
+        """Record ``key`` if its file is whole (and holds ``tokens`` when
         given); else None (a damaged file is removed). A hit becomes most recently used (and is
         counted as a disk hit with ``count``)."""
         with self._lock:
@@ -271,8 +302,8 @@ class DiskRecords:
         try:
             if got != size:
                 raise DamagedRecord("short read")
-            stored, kv = decode(data, key)
-            if tokens is not None and stored != tokens:
+            record = decode(data, key)
+            if tokens is not None and record.tokens != tokens:
                 raise DamagedRecord("tokens do not match")
         except DamagedRecord as exc:
             log.warning("context record %s is damaged (%s); removed", path.name, exc)
@@ -281,7 +312,7 @@ class DiskRecords:
         self.touch(key)
         if count:
             self.count_hits(1)
-        return stored, kv
+        return record
 
     def touch(self, key: bytes) -> None:
         """Make record ``key`` most recently used (in the index and its file's mtime)."""
@@ -347,9 +378,9 @@ class DiskRecords:
             try:
                 if item is None:
                     return
-                key, tokens, kv = item
+                key, tokens, kv, logits, logits_at = item
                 try:
-                    self._write(key, tokens, kv)
+                    self._write(key, tokens, kv, logits, logits_at)
                 except Exception:  # a full or read-only disk: the record stays in memory only
                     log.exception("writing context record %s failed", key.hex())
                 finally:
@@ -364,8 +395,9 @@ class DiskRecords:
             finally:
                 self._queue.task_done()
 
-    def _write(self, key: bytes, tokens: tuple[int, ...], kv: np.ndarray) -> None:
-        parts = encode(key, tokens, kv)
+    def _write(self, key: bytes, tokens: tuple[int, ...], kv: np.ndarray, logits: np.ndarray | None,
+               logits_at: int) -> None:
+        parts = encode(key, tokens, kv, logits, logits_at)
         size = sum(len(p) for p in parts)
         path = self._path(key)
         for directory in (self.directory.parent, self.directory):

@@ -178,6 +178,10 @@ class _Running:
     prepared: bool = False  # slot set up (reused prefix restored or slot emptied)
     broken: bool = False  # the engine failed: the slot's content is unknown
     reused: int = 0  # prompt tokens taken from the cache
+    # The logits after the whole prompt: from a tail record that held it all (``resumed``, used
+    # instead of a prefill), and (``prompt_logits``) for the tail record this run leaves.
+    resumed: np.ndarray | None = None
+    prompt_logits: np.ndarray | None = None
     output_ids: list[int] = field(default_factory=list)  # every token emitted so far
 
 
@@ -388,6 +392,8 @@ class Scheduler:
                 kv.import_kv(slot, start, record)
                 start += int(record.shape[2])
             reused = start
+            # A tail that held the whole prompt and the logits after it: nothing to prefill.
+            run.resumed = found.logits if reused == len(prompt) else None
         else:
             kv.truncate(slot, reused)
         self._slot_tokens[slot] = list(prompt[:reused])
@@ -411,8 +417,11 @@ class Scheduler:
                     store.insert(key, tokens[i * block:(i + 1) * block], records)
             first = len(keys) * block
             if first < len(tokens):  # the partial last block: the prompt's (or turn's) tail
+                # Right after the prompt (the slot holds it, nothing more): with its logits.
+                at_end = len(tokens) == len(run.req.prompt_ids)
                 store.save_tail(store.tail_key(keys, salt, adapter), tokens[first:],
-                                lambda: kv.export_kv(slot, first, len(tokens) - first))
+                                lambda: kv.export_kv(slot, first, len(tokens) - first),
+                                logits=run.prompt_logits if at_end else None)
         except Exception:  # the cache is an optimisation: never fail a request for it
             log.exception("saving context records failed")
         self._notify_cache()
@@ -525,8 +534,13 @@ class Scheduler:
         try:
             if not run.prepared:
                 self._prepare(run)
-            chunk = ids[run.prefilled : run.prefilled + self._chunk]
-            logits = self._engine.prefill(run.slot, list(chunk))
+            resumed, run.resumed = run.resumed, None
+            if resumed is not None:  # the whole prompt came back with its logits
+                chunk: Sequence[int] = []
+                logits = resumed
+            else:
+                chunk = ids[run.prefilled : run.prefilled + self._chunk]
+                logits = self._engine.prefill(run.slot, list(chunk))
         except Exception as exc:
             log.exception("prefill failed")
             self._fail(run, EngineFailure(f"prefill failed: {exc}"))
@@ -537,6 +551,10 @@ class Scheduler:
         if run.prefilled < len(ids):
             return
         self._share_prefix(run)
+        if self._store is not None and req.cache_prompt:
+            # Kept unchanged for the tail record (the sampler gets its own copy).
+            run.prompt_logits = np.asarray(logits, dtype=np.float32).reshape(-1)
+            logits = run.prompt_logits.copy()
         sample = self._sample(run, np.asarray(logits).reshape(-1))
         if sample is None:
             return

@@ -120,11 +120,16 @@ def test_decode_checks_tokens_key_and_checksum() -> None:
     kv = _kv(4)
     toks = _tokens(BLOCK, 4)
     data = bytearray(b"".join(bytes(p) for p in encode(key, toks, kv)))
-    got_tokens, got = decode(bytearray(data), key)
-    assert list(got_tokens) == toks and np.array_equal(got, kv)
+    got = decode(bytearray(data), key)
+    assert list(got.tokens) == toks and np.array_equal(got.kv, kv) and got.logits is None
     with pytest.raises(ValueError, match="key"):
         decode(bytearray(data), bytes(20))
-    data[130] ^= 1  # inside the token ids (after 120 bytes of header and digest)
+    logits = np.arange(7, dtype=np.float32)
+    tail = decode(b"".join(bytes(p) for p in encode(key, toks[:9], kv[:, :, :9], logits, 9)), key)
+    assert tail.logits_at == 9 and tail.logits is not None and np.array_equal(tail.logits, logits)
+    with pytest.raises(ValueError, match="logits_at"):
+        encode(key, toks[:9], kv[:, :, :9], logits, 10)
+    data[130] ^= 1  # inside the token ids (after 128 bytes of header and digest)
     with pytest.raises(ValueError, match="checksum"):
         decode(data, key)
 
@@ -329,3 +334,35 @@ def test_a_lookup_reads_its_records_at_once_and_counts_only_those_it_uses(tmp_pa
     later = _store(tmp_path)
     later.close()
     assert len(later.fetch(keys[:2], tokens, 0)) == 2
+
+
+def test_a_tail_keeps_the_logits_after_its_prompt_while_it_grows(tmp_path: Path) -> None:
+    tokens = _tokens(BLOCK + 40, 12)
+    store = _store(tmp_path)
+    keys = store.block_keys(tokens)
+    _fill(store, tokens)
+    tail = store.tail_key(keys)
+    logits = np.arange(5, dtype=np.float32)
+    prompt = [*tokens[:BLOCK + 20]]
+    assert store.save_tail(tail, prompt[BLOCK:], lambda: _tail_kv(20, 1), logits=logits)
+    # The answer's tokens extend the tail: replaced, and the prompt's logits handed on.
+    assert store.save_tail(tail, tokens[BLOCK:], lambda: _tail_kv(40, 2))
+    found = store.fetch(keys, prompt, 0, tails=True, limit=len(prompt) - 1)
+    assert [f.shape[2] for f in found] == [BLOCK, 20] and np.array_equal(found.logits, logits)  # type: ignore[arg-type]
+    assert np.array_equal(found[1], _tail_kv(40, 2)[:, :, :20])
+    # A prompt that stops elsewhere in the tail gets no logits: all but its last token, as before.
+    shorter = prompt[:-3]
+    found = store.fetch(keys, shorter, 0, tails=True, limit=len(shorter) - 1)
+    assert [f.shape[2] for f in found] == [BLOCK, 16] and found.logits is None
+    # After a restart too.
+    assert store.disk is not None
+    store.disk.flush(timeout=30)
+    store.close()
+    again = _store(tmp_path)
+    found = again.fetch(keys, prompt, 0, tails=True, limit=len(prompt) - 1)
+    assert [f.shape[2] for f in found] == [BLOCK, 20] and np.array_equal(found.logits, logits)  # type: ignore[arg-type]
+    # A tail that diverges replaces it, and the old prompt's logits go with it.
+    other = [*prompt[:BLOCK + 5], *_tokens(10, 13)]
+    assert again.save_tail(tail, other[BLOCK:], lambda: _tail_kv(15, 3))
+    found = again.fetch(keys, prompt, 0, tails=True, limit=len(prompt) - 1)
+    assert [f.shape[2] for f in found] == [BLOCK, 5] and found.logits is None

@@ -4,7 +4,7 @@ the per-request opt-out and the byte bound over a long run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +124,8 @@ def test_lru_keeps_a_used_prefix_and_evicts_at_the_record_limit(bundle: Callable
     assert store.stats().records == 5 and all(k in store for k in kept)
     before = store.stats().tokens_reused
     assert runner.submit(first, 4).tokens() == want  # the slot was overwritten: records serve it
-    assert store.stats().tokens_reused - before == 139  # all but the last token: blocks and tail
+    # The whole prompt, blocks and tail; the tail kept the logits after it: nothing prefilled.
+    assert store.stats().tokens_reused - before == 140
     runner.submit(_rand(70, 9), 4).tokens()  # 7 records seen, limit 6: the least recent goes
     assert store.stats().records == 6 and store.stats().evictions == 1
     assert store.block_keys(other)[0] not in store and all(k in store for k in kept)
@@ -155,7 +156,35 @@ def test_the_next_turn_resumes_from_the_previous_turns_partial_block(bundle: Cal
     warm.submit(_rand(50, 34), 2).tokens()
     before = store.stats()
     assert warm.submit(turn1, 8).tokens() == want[1]
-    assert store.stats().tokens_reused - before.tokens_reused == 99  # all but the last token
+    assert store.stats().tokens_reused - before.tokens_reused == 100  # all, with its logits
+    warm.stop()
+
+
+def test_a_repeated_prompt_is_answered_without_a_prefill(bundle: Callable[[str], Path]) -> None:
+    """The tail record after a prompt keeps the logits that follow it: the same prompt again is
+    resumed whole and sampled from them, with no engine run before its first token."""
+    prompt = _rand(90, 35)
+    cold = _Runner(load_engine(bundle("qwen3"), threads=1), None, batch=1)
+    want = cold.submit(prompt, 6).tokens()
+    cold.stop()
+    store = PrefixStore("test", max_records=16)
+    engine = load_engine(bundle("qwen3"), threads=1)
+    calls: list[int] = []
+    prefill = engine.prefill
+
+    def counted(slot: int, ids: Sequence[int]) -> np.ndarray:
+        calls.append(len(ids))
+        return prefill(slot, ids)
+
+    engine.prefill = counted  # type: ignore[method-assign,assignment]  # counts the runs
+    warm = _Runner(engine, store, batch=1)
+    assert warm.submit(prompt, 6).tokens() == want
+    assert calls == [32, 32, 26]  # cold: the whole prompt, in chunks
+    warm.submit(_rand(40, 36), 1).tokens()  # another prompt takes the slot
+    calls.clear()
+    before = store.stats().tokens_reused
+    assert warm.submit(prompt, 6).tokens() == want
+    assert calls == [] and store.stats().tokens_reused - before == 90
     warm.stop()
 
 
@@ -170,8 +199,9 @@ def test_cache_prompt_false_neither_uses_nor_leaves_records(bundle: Callable[[st
     assert runner.submit(prompt, 6, cache_prompt=False).tokens() == want
     assert store.stats().tokens_reused == 0 and store.stats().lookups == 1
     assert runner.submit(prompt, 6).tokens() == want
-    # The opted-out run overwrote the slot: records serve all but the last token (blocks, tail).
-    assert store.stats().tokens_reused == 149
+    # The opted-out run overwrote the slot: records serve the whole prompt (blocks, and the tail
+    # with the logits after it).
+    assert store.stats().tokens_reused == 150
     runner.stop()
 
 
@@ -190,8 +220,10 @@ def test_cache_prompt_false_never_takes_a_slot_holding_a_cached_prefix(bundle: C
     before = store.stats()
     assert runner.submit(b, 4).tokens() == want
     after = store.stats()
-    assert after.tokens_reused - before.tokens_reused == 149  # all but the last prompt token
-    assert after.record_hits == before.record_hits  # from b's own slot, no record copied back
+    # All of it: 149 tokens from b's own slot, then the tail record (whole prompt and the
+    # logits after it) copied back; from records instead, its two blocks would come too.
+    assert after.tokens_reused - before.tokens_reused == 150
+    assert after.record_hits - before.record_hits == 1
     runner.stop()
 
 
@@ -211,12 +243,13 @@ def test_cache_salt_separates_slots_and_records(bundle: Callable[[str], Path]) -
 
     assert reused(cache_salt="tenant-a") == 0  # the unsalted slot and records stay unseen
     assert reused(cache_salt="tenant-b") == 0  # and so do tenant-a's
-    # The same salt finds its own prefix: from its slot (149) or, when another salt's request
-    # took that slot since, from its records (two whole blocks, 128).
-    assert reused(cache_salt="tenant-a") in (128, 149)
-    assert reused() in (128, 149)  # the unsalted prefix is still there for unsalted requests
-    assert reused(cache_salt="tenant-b") in (128, 149)
-    assert reused(cache_salt="tenant-b") == 149  # now from the slot it just left
+    # The same salt finds its own prefix, all 150 tokens: from its slot and its tail record (the
+    # tail kept the logits after the prompt) or, when another salt's request took that slot
+    # since, from its records (two blocks and the tail).
+    assert reused(cache_salt="tenant-a") == 150
+    assert reused() == 150  # the unsalted prefix is still there for unsalted requests
+    assert reused(cache_salt="tenant-b") == 150
+    assert reused(cache_salt="tenant-b") == 150  # now from the slot it just left
     runner.stop()
 
 
