@@ -271,24 +271,33 @@ class PrefixStore:
         return (rec.kv if n == rec.kv.shape[2] else np.ascontiguousarray(rec.kv[:, :, :n])), logits
 
     def _read_disk_tail(self, key: bytes, ahead: dict[bytes, _DiskRead]) -> _Record | None:
-        """Tail record ``key`` from disk (or ``ahead``) when it is there, whole, and of this
+        """Tail record ``key`` from disk (or ``ahead``) when it is there, whole, and a tail of this
         engine's layout."""
+        def fits(got: DiskRecord) -> bool:
+            kv = got.kv
+            return (kv.ndim >= 3 and 0 < len(got.tokens) == kv.shape[2] < self.block_tokens
+                    and (self._layout is None or (kv.shape[:2] + kv.shape[3:], kv.dtype)
+                         == (self._layout[0][:2] + self._layout[0][3:], self._layout[1]))
+                    and (got.logits is None or got.logits.ndim == 1))
+
+        got = self._from_disk(key, ahead, fits)
+        return None if got is None else _Record(got.tokens, got.kv, got.logits, got.logits_at)
+
+    def _from_disk(self, key: bytes, ahead: dict[bytes, _DiskRead],
+                   fits: Callable[[DiskRecord], bool]) -> DiskRecord | None:
+        """Record ``key`` read ahead or now, counted as a disk hit if it ``fits`` the lookup;
+        a file that does not is removed."""
         if self._disk is None:
             return None
         got = ahead[key] if key in ahead else self._disk.read_record(key, count=False)
         if got is None:
             return None
-        tokens, kv = got.tokens, got.kv
-        if not (kv.ndim >= 3 and 0 < len(tokens) == kv.shape[2] < self.block_tokens and (
-                self._layout is None
-                or (kv.shape[:2] + kv.shape[3:], kv.dtype)
-                == (self._layout[0][:2] + self._layout[0][3:], self._layout[1]))
-                and (got.logits is None or got.logits.ndim == 1)):
-            log.warning("context record %s is no tail of this engine; removed", key.hex())
+        if not fits(got):
+            log.warning("context record %s does not fit this lookup (tokens or layout); removed", key.hex())
             self._disk.drop(key)
             return None
         self._disk.count_hits(1)
-        return _Record(tokens, kv, got.logits, got.logits_at)
+        return got
 
     def save_tail(self, key: bytes, tokens: Sequence[int], export: Callable[[], np.ndarray],
                   logits: np.ndarray | None = None) -> bool:
@@ -328,20 +337,17 @@ class PrefixStore:
                    ahead: dict[bytes, _DiskRead]) -> np.ndarray | None:
         """Block ``key`` from disk (or ``ahead``) when it is there, whole, holds ``block`` and is
         of this engine's layout; a file that fails a check is removed."""
-        if self._disk is None:
-            return None
-        got = ahead[key] if key in ahead else self._disk.read_record(key, count=False)
+        def fits(got: DiskRecord) -> bool:
+            kv = got.kv
+            return (got.tokens == block and got.logits is None and kv.ndim >= 3
+                    and kv.shape[2] == self.block_tokens
+                    and (self._layout is None or (kv.shape, kv.dtype) == self._layout))
+
+        got = self._from_disk(key, ahead, fits)
         if got is None:
             return None
-        stored, kv = got.tokens, got.kv
-        if stored != block or got.logits is not None or kv.ndim < 3 or kv.shape[2] != self.block_tokens or (
-                self._layout is not None and (kv.shape, kv.dtype) != self._layout):
-            log.warning("context record %s does not fit this lookup (tokens or layout); removed", key.hex())
-            self._disk.drop(key)
-            return None
-        self._layout = (kv.shape, kv.dtype)
-        self._disk.count_hits(1)
-        return kv
+        self._layout = (got.kv.shape, got.kv.dtype)
+        return got.kv
 
     def close(self) -> None:
         """Write the queued records and stop the disk writer (memory records stay usable)."""

@@ -74,12 +74,18 @@ def test_records_survive_a_restart_and_count_as_disk_hits(tmp_path: Path) -> Non
     again.close()
 
 
-def test_a_damaged_record_is_dropped_and_never_used(tmp_path: Path) -> None:
-    tokens = _tokens(3 * BLOCK, 2)
+def _written(tmp_path: Path, blocks: int, seed: int) -> tuple[list[int], list[np.ndarray], list[bytes]]:
+    """``blocks`` blocks of tokens written to ``tmp_path`` by a store now closed: the tokens,
+    the blocks' KV and keys."""
+    tokens = _tokens(blocks * BLOCK, seed)
     first = _store(tmp_path)
     kvs = _fill(first, tokens)
     first.close()
-    keys = first.block_keys(tokens)
+    return tokens, kvs, first.block_keys(tokens)
+
+
+def test_a_damaged_record_is_dropped_and_never_used(tmp_path: Path) -> None:
+    tokens, kvs, keys = _written(tmp_path, 3, 2)
     middle = tmp_path / (keys[1].hex() + ".kv")
     data = bytearray(middle.read_bytes())
     data[-5] ^= 0x40  # one flipped bit in the KV payload
@@ -288,12 +294,19 @@ def test_a_newer_tail_replaces_an_older_one_unless_that_one_extends_it(tmp_path:
     assert len(found) == 1 and np.array_equal(found[0], _tail_kv(12, 4))
 
 
-def test_a_damaged_or_misshapen_tail_is_dropped(tmp_path: Path) -> None:
-    tokens = _tokens(BLOCK + 30, 10)
+def _one_block_and_a_tail(
+    tmp_path: Path, n: int, seed: int
+) -> tuple[PrefixStore, list[int], list[bytes], bytes]:
+    """A store on ``tmp_path`` holding the first block of ``n`` tokens; its keys and tail key."""
+    tokens = _tokens(n, seed)
     store = _store(tmp_path)
     keys = store.block_keys(tokens)
     _fill(store, tokens)
-    tail = store.tail_key(keys)
+    return store, tokens, keys, store.tail_key(keys)
+
+
+def test_a_damaged_or_misshapen_tail_is_dropped(tmp_path: Path) -> None:
+    store, tokens, keys, tail = _one_block_and_a_tail(tmp_path, BLOCK + 30, 10)
     disk = store.disk
     assert disk is not None
     disk.put(tail, tokens[BLOCK:], _tail_kv(29, 1))  # 30 tokens, KV of 29: not a tail
@@ -317,11 +330,7 @@ def test_a_damaged_or_misshapen_tail_is_dropped(tmp_path: Path) -> None:
 
 
 def test_a_lookup_reads_its_records_at_once_and_counts_only_those_it_uses(tmp_path: Path) -> None:
-    tokens = _tokens(4 * BLOCK, 11)
-    first = _store(tmp_path)
-    kvs = _fill(first, tokens)
-    first.close()
-    keys = first.block_keys(tokens)
+    tokens, kvs, keys = _written(tmp_path, 4, 11)
     (tmp_path / (keys[2].hex() + ".kv")).write_bytes(b"damaged")
     again = _store(tmp_path)
     found = again.fetch(keys, tokens, 0)
@@ -337,11 +346,7 @@ def test_a_lookup_reads_its_records_at_once_and_counts_only_those_it_uses(tmp_pa
 
 
 def test_a_tail_keeps_the_logits_after_its_prompt_while_it_grows(tmp_path: Path) -> None:
-    tokens = _tokens(BLOCK + 40, 12)
-    store = _store(tmp_path)
-    keys = store.block_keys(tokens)
-    _fill(store, tokens)
-    tail = store.tail_key(keys)
+    store, tokens, keys, tail = _one_block_and_a_tail(tmp_path, BLOCK + 40, 12)
     logits = np.arange(5, dtype=np.float32)
     prompt = [*tokens[:BLOCK + 20]]
     assert store.save_tail(tail, prompt[BLOCK:], lambda: _tail_kv(20, 1), logits=logits)
