@@ -14,7 +14,7 @@ File layout (little-endian)::
 
 The digest covers everything before it and after it (header, tokens, KV, logits). A prompt tail
 may carry the logits that follow its first ``logits_at`` tokens (the end of a prompt; version 2);
-other records carry none (``logits`` 0). Files of version 1 are dropped as damaged. SHA-256 rather than
+other records carry none (``logits`` 0). Files of another version are removed at open. SHA-256 rather than
 BLAKE2b: it runs at about twice BLAKE2b's speed where the CPU has SHA instructions (1.7 ms vs
 3.2 ms for a 2.9 MB SmolLM2 block here), and a restart's first request checks every block it reads.
 
@@ -24,7 +24,8 @@ place, so a reader sees the whole record or none. Reading (:meth:`DiskRecords.re
 scheduler thread on a memory miss) checks magic, version, length, key, digest, dtype and tokens;
 a damaged record is unlinked and never used. The byte cap (``max_bytes``) holds over the files:
 least recently used first, by an index rebuilt at open from the files' mtimes (a hit touches its
-file), so the order survives a restart. Temp files left by a crash are removed at open.
+file), so the order survives a restart. Temp files left by a crash are removed at open, and so
+are files of another format version (or not records at all: checked by magic and version).
 
 Thread-safety: :meth:`put`, :meth:`read`, :meth:`touch`, :meth:`stats` and :meth:`close` may be
 called from any thread; the index is guarded by a lock. One process writes a cache directory
@@ -76,7 +77,7 @@ class DiskStats:
 
     disk_hits: int = 0  # records read back from disk (a memory miss)
     disk_writes: int = 0  # records written
-    disk_dropped: int = 0  # damaged records found on read and removed
+    disk_dropped: int = 0  # damaged records found (at open: another format; on read) and removed
     disk_evictions: int = 0  # records removed for the byte cap
     disk_records: int = 0
     disk_bytes: int = 0
@@ -169,6 +170,17 @@ def decode(data: bytes | bytearray, key: bytes) -> DiskRecord:
     return DiskRecord(tokens, kv, logits, logits_at if n_logits else 0)
 
 
+def _other_format(path: str) -> bool:
+    """Whether the file at ``path`` does not start like a record of this format version."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(MAGIC) + 4)
+    except OSError:
+        return False  # unreadable now: its first read decides
+    return len(head) < len(MAGIC) + 4 or head[:len(MAGIC)] != MAGIC or (
+        struct.unpack_from("<I", head, len(MAGIC))[0] != FORMAT_VERSION)
+
+
 class DiskRecords:
     """One bundle's records in ``directory``; see the module docstring."""
 
@@ -203,6 +215,7 @@ class DiskRecords:
     def _open(self) -> None:
         """Index the records already there (oldest mtime first), drop temp files, apply the cap."""
         found: list[tuple[int, bytes, int]] = []
+        stale = 0
         try:
             entries = list(os.scandir(self.directory))
         except FileNotFoundError:
@@ -214,15 +227,25 @@ class DiskRecords:
                 continue
             if not _NAME_RE.match(entry.name) or not entry.is_file(follow_symlinks=False):
                 continue
+            if _other_format(entry.path):
+                # Written by another version of this store (or not a record): never readable
+                # here, so removed now rather than one warning per file on its first lookup.
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    stale += 1
+                continue
             st = entry.stat(follow_symlinks=False)
             found.append((st.st_mtime_ns, bytes.fromhex(entry.name[: 2 * KEY_BYTES]), st.st_size))
+        if stale:
+            log.warning("removed %d context records of another format from %s", stale, self.directory)
         found.sort()
         with self._lock:
             for _, key, size in found:
                 self._index[key] = size
                 self._bytes += size
             evicted = self._evict_locked(0)
-            self._set_locked(disk_evictions=self._stats.disk_evictions + evicted)
+            self._set_locked(disk_evictions=self._stats.disk_evictions + evicted,
+                             disk_dropped=self._stats.disk_dropped + stale)
 
     def __contains__(self, key: bytes) -> bool:
         with self._lock:

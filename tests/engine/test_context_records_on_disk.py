@@ -371,3 +371,16 @@ def test_a_tail_keeps_the_logits_after_its_prompt_while_it_grows(tmp_path: Path)
     assert again.save_tail(tail, other[BLOCK:], lambda: _tail_kv(15, 3))
     found = again.fetch(keys, prompt, 0, tails=True, limit=len(prompt) - 1)
     assert [f.shape[2] for f in found] == [BLOCK, 5] and found.logits is None
+
+
+def test_records_of_another_format_are_removed_at_open(tmp_path: Path) -> None:
+    tokens, _kvs, keys = _written(tmp_path, 2, 14)
+    old = tmp_path / (keys[1].hex() + ".kv")
+    data = bytearray(old.read_bytes())
+    data[8:12] = (1).to_bytes(4, "little")  # format version 1: no logits field in its header
+    old.write_bytes(bytes(data))
+    (tmp_path / ("ab" * 20 + ".kv")).write_bytes(b"")  # named like a record, not one
+    store = _store(tmp_path)
+    stats = store.stats()
+    assert stats.disk_dropped == 2 and stats.disk_records == 1 and len(_files(tmp_path)) == 1
+    assert len(store.fetch(keys, tokens, 0)) == 1
