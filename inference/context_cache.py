@@ -13,10 +13,12 @@ Prompt tails: the tokens after a sequence's last complete block (1 to ``block_to
 them) are kept too, as one *tail record* per chain position (key: the last complete block's key,
 or the chain's seed, hashed apart), holding the tail's tokens and KV. After the last block a
 lookup finds, it takes the longest common prefix of the tail record there and the prompt's rest,
-so a prompt seen before prefills only its last token instead of up to a block's worth (at 1,500
+so a prompt seen before prefills at most its last token instead of up to a block's worth (at 1,500
 tokens of SmolLM2 on 2 cores, a 29-token tail cost ~4x a one-token step), and a conversation's
 next turn reuses the previous turn's partial block. A newer tail at the same place replaces the
-older one unless the older one extends it.
+older one unless the older one extends it. A tail that ends where a prompt ended also keeps the
+logits that followed it (handed on while the tail grows): the same prompt again is resumed whole,
+with no prefill at all (:class:`Found`).
 
 Limits: at most ``max_records`` records and ``max_bytes`` bytes of KV; the least recently used
 record goes first. Lookups walk the chain from a given block and stop at the first miss, so a
@@ -84,7 +86,7 @@ class ContextCacheStats:
         return dict(self.__dict__)
 
 
-#: What :meth:`DiskRecords.read_records` gives for one key: ``(tokens, kv)`` or None.
+#: What :meth:`DiskRecords.read_records` gives for one key: the record, or None.
 _DiskRead = DiskRecord | None
 
 
@@ -265,7 +267,7 @@ class PrefixStore:
         if rec.logits is not None and rec.logits_at == len(whole) and rec.tokens[:len(whole)] == tuple(whole):
             n, logits = len(whole), rec.logits
         else:
-            n, logits = _common_prefix(rec.tokens, rest), None
+            n, logits = common_prefix(rec.tokens, rest), None
         if n == 0:
             return None, None
         return (rec.kv if n == rec.kv.shape[2] else np.ascontiguousarray(rec.kv[:, :, :n])), logits
@@ -417,9 +419,12 @@ class PrefixStore:
         return replace(stats, **disk.__dict__)
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
+    """Length of the common prefix of ``a`` and ``b`` (at most ``limit``)."""
+    n = min(len(a), len(b)) if limit is None else min(len(a), len(b), max(0, limit))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n

@@ -67,6 +67,7 @@ KEY_BYTES = 20
 
 _HEAD = struct.Struct("<8sI20sI16sI")
 _LOGITS = struct.Struct("<II")
+_FORMAT = struct.Struct("<8sI")  # the start of _HEAD: magic and version
 _DIGEST = 32
 _NAME_RE = re.compile(r"^[0-9a-f]{40}\.kv$")
 
@@ -127,13 +128,10 @@ class DamagedRecord(ValueError):
 def decode(data: bytes | bytearray, key: bytes) -> DiskRecord:
     """The record in a file's bytes; :class:`DamagedRecord` when anything is off."""
     view = memoryview(data)
+    _check_format(view)
     if len(view) < _HEAD.size:
         raise DamagedRecord("shorter than a header")
-    magic, version, stored_key, n_tokens, dtype_raw, ndim = _HEAD.unpack_from(view, 0)
-    if magic != MAGIC:
-        raise DamagedRecord("bad magic")
-    if version != FORMAT_VERSION:
-        raise DamagedRecord(f"format version {version}, expected {FORMAT_VERSION}")
+    _, _, stored_key, n_tokens, dtype_raw, ndim = _HEAD.unpack_from(view, 0)
     if stored_key != key:
         raise DamagedRecord("key does not match the file name")
     if not 1 <= ndim <= 8:
@@ -170,15 +168,29 @@ def decode(data: bytes | bytearray, key: bytes) -> DiskRecord:
     return DiskRecord(tokens, kv, logits, logits_at if n_logits else 0)
 
 
+def _check_format(head: bytes | memoryview) -> None:
+    """:class:`DamagedRecord` unless ``head`` starts with this format's magic and version."""
+    if len(head) < _FORMAT.size:
+        raise DamagedRecord("shorter than a header")
+    magic, version = _FORMAT.unpack_from(head, 0)
+    if magic != MAGIC:
+        raise DamagedRecord("bad magic")
+    if version != FORMAT_VERSION:
+        raise DamagedRecord(f"format version {version}, expected {FORMAT_VERSION}")
+
+
 def _other_format(path: str) -> bool:
     """Whether the file at ``path`` does not start like a record of this format version."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(len(MAGIC) + 4)
+            head = fh.read(_FORMAT.size)
     except OSError:
         return False  # unreadable now: its first read decides
-    return len(head) < len(MAGIC) + 4 or head[:len(MAGIC)] != MAGIC or (
-        struct.unpack_from("<I", head, len(MAGIC))[0] != FORMAT_VERSION)
+    try:
+        _check_format(head)
+    except DamagedRecord:
+        return True
+    return False
 
 
 class DiskRecords:
@@ -289,10 +301,11 @@ class DiskRecords:
         tokens of SmolLM2, in about half the time on 2 cores). Not counted as disk hits: the
         caller counts those it uses (:meth:`count_hits`)."""
         with self._lock:
-            pool = None if len(keys) < 2 or self._closed else self._readers
-            if pool is None and len(keys) >= 2 and not self._closed:
-                pool = self._readers = ThreadPoolExecutor(max_workers=_READERS,
-                                                          thread_name_prefix="context-cache-reader")
+            parallel = len(keys) >= 2 and not self._closed
+            if parallel and self._readers is None:
+                self._readers = ThreadPoolExecutor(max_workers=_READERS,
+                                                   thread_name_prefix="context-cache-reader")
+            pool = self._readers if parallel else None
         if pool is None:
             return [self.read_record(k, count=False) for k in keys]
         return list(pool.map(lambda k: self.read_record(k, count=False), keys))

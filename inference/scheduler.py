@@ -49,7 +49,7 @@ from typing import Protocol
 
 import numpy as np
 
-from inference.context_cache import ContextCacheStats, PrefixStore
+from inference.context_cache import ContextCacheStats, PrefixStore, common_prefix
 from inference.generation import GenerationState, StepOutput
 from inference.runtime.protocol import Engine, KVEngine, VerifyingEngine
 from inference.sampling import Sampler, SampleResult
@@ -361,7 +361,7 @@ class Scheduler:
         for slot in self._free_slots:
             if self._slot_owner[slot] != req.kv_owner:
                 continue
-            n = _common_prefix(self._slot_tokens[slot], req.prompt_ids, len(req.prompt_ids) - 1)
+            n = common_prefix(self._slot_tokens[slot], req.prompt_ids, len(req.prompt_ids) - 1)
             if n > best_len or (n == best_len and slot < best):
                 best, best_len = slot, n
         return best
@@ -381,7 +381,7 @@ class Scheduler:
             held = []  # another tenant's (or adapter's) KV: never reused, only overwritten
         self._slot_owner[slot] = run.req.kv_owner
         limit = len(prompt) - 1  # the last prompt token is always prefilled
-        reused = _common_prefix(held, prompt, limit)
+        reused = common_prefix(held, prompt, limit)
         block = store.block_tokens
         keys = store.block_keys(prompt[: (limit // block) * block], salt, adapter)
         found = store.fetch(keys, prompt, reused, tails=True, cache_salt=salt, adapter=adapter, limit=limit)
@@ -710,14 +710,3 @@ class Scheduler:
             run.last_token = sample.token_id
         if self._observer is not None:
             self._observer.tokens_generated(emitted)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
-    n = min(len(a), len(b), max(0, limit))
-    if n == 0:
-        return 0
-    x = np.asarray(a[:n], dtype=np.int64)
-    y = np.asarray(b[:n], dtype=np.int64)
-    diff = np.flatnonzero(x != y)
-    return int(diff[0]) if diff.size else n
