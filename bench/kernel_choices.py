@@ -5,7 +5,8 @@ bundle and, for int4 and int8, every combination of
 
 * the linear layers' ``MatMulNBits`` accuracy level: 0 (float32 compute; int8 as two 4-bit
   planes) or 4 (int8 activations),
-* the lm_head: exact (level 0) or level 4 with its top 32 logits recomputed exactly,
+* the lm_head: exact (two 4-bit planes, level 0), or level 4 on its 8-bit codes or on the two
+  planes, with its top 32 logits recomputed exactly,
 
 and prints, per bundle: the quality gate's figures against fp32 of the same weights (greedy
 agreement, min logit cosine), the greedy answer to "What is the capital of France?", the size on
@@ -48,6 +49,8 @@ from inference.runtime.onnxruntime_loader import load_ort_engine  # noqa: E402
 from inference.tokenizer import load_tokenizer  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+#: (the class whose plan's lm_head is taken, label)
+HEADS = (("generic", "head exact"), ("amx", "head 8-bit L4+top32"), ("avx2", "head planes L4+top32"))
 
 
 def variants(quick: bool) -> list[tuple[str, str, KernelPlan | None]]:
@@ -55,12 +58,13 @@ def variants(quick: bool) -> list[tuple[str, str, KernelPlan | None]]:
     out: list[tuple[str, str, KernelPlan | None]] = [("fp32", "fp32", None)]
     for precision in ("int4", "int8"):
         for layers in (0, 4):
-            for fast_head in (False, True):
-                if quick and (layers, fast_head) not in ((0, False), (4, True)):
+            # The head of each class's plan: exact planes (generic), 8-bit codes at level 4
+            # (amx), 4-bit planes at level 4 (avx2); the last two rescore their top 32.
+            for head_class, head in HEADS:
+                if quick and (layers, head_class) not in ((0, "generic"), (4, "amx")):
                     continue
-                base = kernel_plan(precision, "amx" if fast_head else "avx2", accuracy_level=layers)
+                base = kernel_plan(precision, head_class, accuracy_level=layers)
                 plan = dataclasses.replace(base, cpu_class=cpu_class())
-                head = "head int8+top32" if fast_head else "head exact"
                 out.append((f"{precision} layers L{layers}, {head}", precision, plan))
     return out
 

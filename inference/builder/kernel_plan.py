@@ -21,12 +21,20 @@ linear layers of both precisions compute in float32 on every class: int4 as 4-bi
 8-bit op has no usable float path). Their answers are then the fp32 answers of the quantized
 weights, on any CPU.
 
-What still depends on the class is the lm_head (vocab x hidden, the largest matrix). Where the
-int8 kernels are VNNI/AMX (measured here on AMX; AVX-512 VNNI runs the same ``vpdpbusd``
-kernels), it runs at level 4 (fast) and its top 32 logits are recomputed exactly; elsewhere
-(AVX2, AVX2-VNNI, AVX-512 without VNNI, arm64, older) it is computed exactly as two 4-bit
-planes. So the graph differs by class: the CPU class is part of a quantized bundle's profile,
-the choice is recorded in ``engine.json`` (``kernels``) and a bundle built for another class is
+What still depends on the class is the lm_head (vocab x hidden, the largest matrix). It runs at
+level 4 (fast) with its top 32 logits recomputed exactly wherever the int8 kernels cannot
+saturate on what it holds:
+
+* VNNI/AMX (``vpdpbusd``, 32-bit sums; measured on AMX, AVX-512 VNNI runs the same kernels): the
+  8-bit codes as one table;
+* AVX2, AVX2-VNNI and AVX-512 without VNNI: ``vpmaddubsw`` adds two u8 x s8 products into a
+  saturating 16-bit sum, which 8-bit codes can overflow (255 x 127 x 2) but 4-bit values cannot
+  (at most 255 x 15 x 2), so the head is the two 4-bit planes of the float path, at level 4
+  (measured on a 2-core AMD EPYC, AVX2: the head 1.65 ms a token instead of 5.3 ms exact);
+* arm64 and older x86 (unmeasured here): computed exactly as two 4-bit planes at level 0.
+
+So the graph differs by class: the CPU class is part of a quantized bundle's profile, the
+choice is recorded in ``engine.json`` (``kernels``) and a bundle built for another class is
 stale and never served.
 """
 
@@ -38,8 +46,12 @@ from typing import Any
 from inference.build_profile import QUANTIZED_PRECISIONS
 from inference.cpu_class import CPU_CLASSES
 
-#: CPU classes whose lm_head runs with int8 activations (VNNI/AMX kernels), top-k rescored.
+#: CPU classes whose lm_head runs with int8 activations (VNNI/AMX kernels) on its 8-bit codes,
+#: top-k rescored.
 FAST_HEAD_CLASSES: tuple[str, ...] = ("amx", "avx512-vnni")
+#: CPU classes whose lm_head runs with int8 activations on two 4-bit planes (their 16-bit pair
+#: sums cannot saturate on 4-bit values), top-k rescored.
+PLANE_HEAD_CLASSES: tuple[str, ...] = ("avx2", "avx2-vnni", "avx512")
 #: How many of the fast lm_head's top logits are recomputed exactly.
 RESCORE_TOP_K = 32
 
@@ -55,6 +67,9 @@ class KernelPlan:
     head_bits: int
     head_accuracy_level: int
     rescore_top_k: int
+    #: How the 8-bit head table is held: ``codes`` (one uint8 a weight) or ``planes`` (two
+    #: 4-bit ones, see :mod:`.quantized`).
+    head_layout: str = "planes"
 
     def record(self) -> dict[str, Any]:
         """What ``engine.json`` records under ``kernels``."""
@@ -72,8 +87,9 @@ def kernel_plan(precision: str, cpu_class: str, *, accuracy_level: int | None = 
     if cpu_class not in CPU_CLASSES:
         raise ValueError(f"unknown CPU class {cpu_class!r}; known: {', '.join(CPU_CLASSES)}")
     bits = 4 if precision == "int4" else 8
-    fast_head = cpu_class in FAST_HEAD_CLASSES
+    fast_head = cpu_class in FAST_HEAD_CLASSES or cpu_class in PLANE_HEAD_CLASSES
     return KernelPlan(precision=precision, cpu_class=cpu_class, weight_bits=bits,
                       accuracy_level=0 if accuracy_level is None else accuracy_level, head_bits=8,
                       head_accuracy_level=4 if fast_head else 0,
-                      rescore_top_k=RESCORE_TOP_K if fast_head else 0)
+                      rescore_top_k=RESCORE_TOP_K if fast_head else 0,
+                      head_layout="codes" if cpu_class in FAST_HEAD_CLASSES else "planes")

@@ -210,11 +210,15 @@ class QuantizedEmitter:
     """Writes quantized linear layers, embedding and lm_head into a graph being built."""
 
     def __init__(self, em: _Emitter, *, bits: int, accuracy_level: int, head_accuracy_level: int,
-                 rescore_top_k: int, q4: GgufBlocks) -> None:
+                 rescore_top_k: int, q4: GgufBlocks, head_layout: str = "planes") -> None:
+        if head_layout not in ("codes", "planes") or (head_layout == "codes" and head_accuracy_level == 0):
+            raise ValueError(f"head layout {head_layout!r} at level {head_accuracy_level}: "
+                             "codes need level 4 (8-bit MatMulNBits has no fast float path)")
         self.em = em
         self.bits = bits
         self.level = accuracy_level
         self.head_level = head_accuracy_level
+        self.head_layout = head_layout
         self.top_k = rescore_top_k
         self.q4 = q4
         self.counts = {"gguf_blocks": 0, "quantized": 0}
@@ -321,11 +325,12 @@ class QuantizedEmitter:
             return self._matmul_nbits(x, [f"{t.base}.q8", scales], t.n, t.k, 8, level, out)
         # 16s*(a - 8) == s*(a - 8) applied to 16x (exact: a power of two), so both planes share
         # one scale table: the high plane with the default zero point 8, the low one with 0.
+        # Level 0 is float32; level 4 (a head on AVX2, top-k rescored) quantizes 16x and x alike.
         if x not in self._times16:
             self._times16[x] = self.em.op1("Mul", [x, self.em.const(np.float32(16.0))])
-        hi = self._matmul_nbits(self._times16[x], [f"{t.base}.hi.q4", scales], t.n, t.k, 4, 0)
+        hi = self._matmul_nbits(self._times16[x], [f"{t.base}.hi.q4", scales], t.n, t.k, 4, level)
         lo = self._matmul_nbits(x, [f"{t.base}.lo.q4", scales, f"{t.base}.lo.q4_zero_points"],
-                                t.n, t.k, 4, 0)
+                                t.n, t.k, 4, level)
         return self.em.op("Add", [hi, lo], outputs=[out] if out is not None else None)[0]
 
     def _table_rows(self, t: Table8, ids: str) -> str:
@@ -353,14 +358,11 @@ class QuantizedEmitter:
         shape = em.op1("Concat", [em.op1("Shape", [ids]), em.const(np.array([t.k], np.int64))], axis=0)
         return em.op1("Reshape", [w, shape])
 
-    def _head_layout(self) -> str:
-        return "planes" if self.head_level == 0 else "codes"
-
     def embedding(self, table: np.ndarray, ids: str) -> tuple[str, Table8]:
         """Token embedding lookup of ``table`` [V, H] stored at 8 bits in the lm_head's layout
         (so a tied lm_head reads the same initializers); returns (output, the table)."""
         t = self._table("model.embed_tokens", self._weight_8bit("model.embed_tokens.weight", table),
-                        self._head_layout())
+                        self.head_layout)
         return self._table_rows(t, ids), t
 
     def lm_head(self, hidden: str, table: Table8 | np.ndarray) -> str:
@@ -369,7 +371,7 @@ class QuantizedEmitter:
         recomputed exactly (see the module docstring); at level 0 every logit is exact."""
         em = self.em
         t = table if isinstance(table, Table8) else self._table(
-            "lm_head", self._weight_8bit("lm_head.weight", table), self._head_layout())
+            "lm_head", self._weight_8bit("lm_head.weight", table), self.head_layout)
         if self.head_level == 0 or self.top_k <= 0:
             return self._table_matmul(hidden, t, self.head_level, out="logits")
         fast = self._table_matmul(hidden, t, self.head_level)
