@@ -30,7 +30,7 @@ saturate on what it holds:
 * AVX2, AVX2-VNNI and AVX-512 without VNNI: ``vpmaddubsw`` adds two u8 x s8 products into a
   saturating 16-bit sum, which 8-bit codes can overflow (255 x 127 x 2) but 4-bit values cannot
   (at most 255 x 15 x 2), so the head is the two 4-bit planes of the float path, at level 4
-  (measured on a 2-core AMD EPYC, AVX2: the head 1.65 ms a token instead of 5.3 ms exact);
+  (measured on a 2-core AMD EPYC, AVX2: the head 1.7 ms a token instead of 5.3 ms exact);
 * arm64 and older x86 (unmeasured here): computed exactly as two 4-bit planes at level 0.
 
 So the graph differs by class: the CPU class is part of a quantized bundle's profile, the

@@ -82,11 +82,13 @@ class GqaEngine(SlotLengths):
     """An Engine over one onnxruntime session of a bundle's GroupQueryAttention graph."""
 
     def __init__(self, model_path: Path, meta: dict[str, Any], *, max_slots: int, threads: int,
-                 initializers: Mapping[str, np.ndarray] | None = None) -> None:
-        """``initializers``: the graph's external weights from memory (see ``cpu_session``)."""
+                 initializers: Mapping[str, np.ndarray] | None = None,
+                 profile_prefix: str | None = None) -> None:
+        """``initializers``: the graph's external weights from memory; ``profile_prefix``: ONNX
+        Runtime's profiler on (see ``cpu_session``; :meth:`end_profiling` writes the trace)."""
         self._session: ort.InferenceSession | None = cpu_session(
             model_path, threads=threads, optimized=model_path.name == meta.get("optimized_model"),
-            initializers=initializers,
+            initializers=initializers, profile_prefix=profile_prefix,
         )
         kv = meta["kv_cache"]
         self._layers = int(meta["num_layers"])
@@ -134,6 +136,12 @@ class GqaEngine(SlotLengths):
     def info(self) -> EngineInfo:
         """Static facts about the engine."""
         return self._info
+
+    def end_profiling(self) -> Path:
+        """Stop ONNX Runtime's profiler (an engine made with ``profile_prefix``); its trace file."""
+        if self._session is None:
+            raise RuntimeError("the engine is closed")
+        return Path(self._session.end_profiling())
 
     def set_memory_bytes(self, n: int) -> None:
         """Record the loader's memory estimate (weights + KV) in :attr:`info`."""

@@ -11,12 +11,17 @@ import onnxruntime as ort
 
 
 def cpu_session(model_path: Path, *, threads: int, optimized: bool,
-                initializers: Mapping[str, np.ndarray] | None = None) -> ort.InferenceSession:
+                initializers: Mapping[str, np.ndarray] | None = None,
+                profile_prefix: str | None = None) -> ort.InferenceSession:
     """A CPU session with ``threads`` intra-op threads; a stored optimised model (``optimized``)
     skips the optimiser pass at load, which would only cost load time. ``initializers`` (name:
     array) stand in for the graph's external ones, read from memory instead of its data file
-    (the session keeps them alive)."""
+    (the session keeps them alive). ``profile_prefix``: ONNX Runtime's profiler on, its JSON
+    trace written to ``{profile_prefix}_<time>.json`` by ``end_profiling()`` (benchmarks only)."""
     opts = ort.SessionOptions()
+    if profile_prefix is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile_prefix
     values = [ort.OrtValue.ortvalue_from_numpy(a) for a in (initializers or {}).values()]
     for name, value in zip(initializers or {}, values, strict=True):
         opts.add_initializer(name, value)
