@@ -163,6 +163,10 @@ def create_app(
         },
         middleware=[metrics.middleware()],
         lifespan=[lifespan],
+        # The process's logging is set once, by ``cachesvc serve`` (--log-level, our format);
+        # Litestar's default config would replace the root logger's handlers at startup (its
+        # format, INFO whatever --log-level says). Errors are logged by our exception handlers.
+        logging_config=None,
         openapi_config=OpenAPIConfig(
             title="cachesvc",
             version=__version__,

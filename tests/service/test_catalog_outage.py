@@ -113,8 +113,8 @@ def _recovered(app: App, bundle_id: str) -> None:
 
 
 class _Records(logging.Handler):
-    """Every record of the ``cachesvc`` and ``inference`` loggers (Litestar's logging setup
-    replaces the root handlers, so pytest's ``caplog`` misses what the app logs)."""
+    """Every record of the ``cachesvc`` and ``inference`` loggers at INFO and above (the app
+    logs from its worker threads too; the fixture sets both loggers to INFO for the test)."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -128,13 +128,16 @@ class _Records(logging.Handler):
 def logs() -> Iterator[_Records]:
     handler = _Records()
     loggers = [logging.getLogger(name) for name in ("cachesvc", "inference")]
+    levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
     try:
         yield handler
     finally:
-        for logger in loggers:
+        for logger, level in zip(loggers, levels, strict=True):
             logger.removeHandler(handler)
+            logger.setLevel(level)
 
 
 def _logged_once(logs: _Records) -> None:

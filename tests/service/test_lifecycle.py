@@ -1,4 +1,5 @@
-"""Process lifecycle of ``cachesvc serve``: graceful SIGTERM, leases, and a bad model.
+"""Process lifecycle of ``cachesvc serve``: graceful SIGTERM, leases, a bad model, and its log
+keeping the level and format it was started with.
 
 SIGTERM during a stream: the stream runs to its end, new requests are refused, the process
 exits 0 and its bundle lease is released, so another process can then evict the bundle. While
@@ -7,6 +8,7 @@ a server runs, neither its own admin API nor another process can evict the bundl
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import time
@@ -139,3 +141,19 @@ def test_bad_model_exits_nonzero_with_the_reason(cache_dir: Path, tmp_path: Path
     except httpx.TransportError:
         listening = False
     assert not listening
+
+
+def test_the_log_keeps_its_level_and_format_after_startup(
+    demo_dir: Path, cache_dir: Path, log_dir: Path
+) -> None:
+    # The app must not reconfigure logging when it starts (Litestar's default config replaced the
+    # root handlers: its own format, and INFO lines under --log-level warning).
+    args = [*serve_args(max_input_len=500, max_kv_cache_capacity=1000), "--log-level", "warning"]
+    with running_server(demo_dir, cache_dir, log_dir, *args, env=SCRIPT.to_env()) as server:
+        server.client().chat.completions.create(model=MODEL, messages=ASK, max_tokens=4)
+        assert server.terminate() == 0
+    lines = server.log_path.read_text().splitlines()
+    ours = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (WARNING|ERROR|CRITICAL) [\w.]+: ")
+    logged = [line for line in lines if re.match(r"^(\d{4}-|[A-Z]+ - )", line)]
+    assert all(ours.match(line) for line in logged), "\n".join(logged)
+    assert not any(" INFO " in line or line.startswith("INFO - ") for line in lines), "\n".join(lines)
