@@ -128,9 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r, engine in zip(rows, engines, strict=True):
             engine.reset(0)
             engine.prefill(0, prompt)
-            # Let the previous engine's threads stop spinning (each session has its own, and
-            # they spin for a while after a run), so they do not share the cores with this one.
-            time.sleep(0.05)
             token = 1
             started = time.perf_counter()
             for _ in range(args.tokens):

@@ -210,7 +210,7 @@ class QuantizedEmitter:
     """Writes quantized linear layers, embedding and lm_head into a graph being built."""
 
     def __init__(self, em: _Emitter, *, bits: int, accuracy_level: int, head_accuracy_level: int,
-                 rescore_top_k: int, q4: GgufBlocks, head_layout: str = "planes") -> None:
+                 rescore_top_k: int, head_layout: str, q4: GgufBlocks) -> None:
         if head_layout not in ("codes", "planes") or (head_layout == "codes" and head_accuracy_level == 0):
             raise ValueError(f"head layout {head_layout!r} at level {head_accuracy_level}: "
                              "codes need level 4 (8-bit MatMulNBits has no fast float path)")
