@@ -1,22 +1,25 @@
 """The quality gate: does a quantized bundle answer like fp32 of the same weights, on this CPU?
 
-After a quantized graph is written, the gate runs fixed chat prompts through the quantized
-graph and through the fp32 reference graph of the same checkpoint (its graph in a scratch
-folder, its weights in memory; never published), both on this machine:
+After a quantized graph is written, the gate runs fixed chat prompts through the fp32 reference
+graph of the same checkpoint (its graph in a scratch folder, its weights in memory; never
+published) and through the quantized graph, both on this machine:
 
-1. the quantized graph decodes ``TOKENS`` greedy tokens after each prompt (all prompts as one
-   batch), keeping the logits that chose them;
-2. the reference reads each prompt plus those tokens in two runs (prefill, then ``extend``,
-   which returns logits at every position: teacher forcing, so one early disagreement does not
-   make every later position disagree too);
-3. ``greedy_agreement`` is the share of positions where fp32's arg-max is the token the
-   quantized graph chose; ``min_logit_cosine`` the smallest cosine between the two logit
-   vectors at any position.
+1. the reference decodes ``TOKENS`` greedy tokens after each prompt (all prompts as one batch),
+   keeping the logits that chose them: fp32's own answers;
+2. the quantized graph reads each prompt plus those tokens in two runs (prefill, then
+   ``extend``, which returns logits at every position: teacher forcing, so one early
+   disagreement does not make every later position disagree too);
+3. ``greedy_agreement`` is the share of positions where the quantized graph's arg-max is the
+   token fp32 chose; ``min_logit_cosine`` the smallest cosine between the two logit vectors at
+   any position.
 
-The quantized graph takes the sequential part (one batched decode step per token) because its
-steps are the cheaper ones; fp32 only reads, a few long runs, from weights it keeps in memory
-(its graph is written, its data file is not). SmolLM2 int4 on 2 cores: 31 batched steps 2.4 s
-(fp32's were 2.9 s), the 16 teacher-forced runs 1.3 s either way.
+fp32 takes the sequential part (one batched decode step per token) because on the CPU its
+batched steps are the cheapest (float ``MatMul`` against ``MatMulNBits`` unpacking its blocks
+for every step; int8's layers are two 4-bit products). SmolLM2 on a 2-core AVX2 CPU, the other
+way round: the quantized graph decoding and fp32 reading took 2.8 s + 1.4 s (int4) and 4.6 s +
+1.3 s (int8); this way, fp32 decoding and the quantized graph reading, 1.9 s + 1.9 s and 2.0 s +
+3.0 s. Both parts are bound by arithmetic (8 prompts x 32 tokens through each model), not by
+the number of runs: reading all 8 sequences as one padded batch took as long as 16 runs.
 
 Below :data:`MIN_AGREEMENT` the build fails with one line naming the precision, the figure and
 the precision to use instead, and nothing is published. The figures are recorded in
@@ -37,7 +40,7 @@ from inference.builder.errors import BuildInputError
 from inference.runtime.onnxruntime_engine import GqaEngine
 from inference.tokenizer import load_tokenizer
 
-#: Greedy agreement a quantized bundle needs (share of its greedy tokens fp32 also picks there).
+#: Greedy agreement a quantized bundle needs (share of fp32's greedy tokens it also picks there).
 MIN_AGREEMENT = 0.9
 TOKENS = 32
 #: Short everyday requests: facts, code, lists, arithmetic, advice, writing.
@@ -121,14 +124,14 @@ def _greedy(engine: GqaEngine, prompts: Sequence[Sequence[int]],
 
 def measure(reference: GqaEngine, candidate: GqaEngine, prompts: Sequence[Sequence[int]],
             tokens: int = TOKENS) -> tuple[float, float]:
-    """(greedy agreement, min logit cosine) of ``candidate`` against ``reference`` (one slot is
-    enough for the reference; the candidate needs one per prompt)."""
-    chosen, cand_logits = _greedy(candidate, prompts, tokens)
+    """(greedy agreement, min logit cosine) of ``candidate`` against ``reference`` (the
+    reference decodes, so it needs one slot per prompt; one is enough for the candidate)."""
+    chosen, ref_logits = _greedy(reference, prompts, tokens)
     agree = total = 0
     min_cos = 1.0
-    for prompt, path, got in zip(prompts, chosen, cand_logits, strict=True):
-        ref = _teacher_forced(reference, prompt, path)
-        agree += int((ref.argmax(-1) == np.asarray(path)).sum())
+    for prompt, path, ref in zip(prompts, chosen, ref_logits, strict=True):
+        got = _teacher_forced(candidate, prompt, path)
+        agree += int((got.argmax(-1) == np.asarray(path)).sum())
         total += len(path)
         norms = np.linalg.norm(ref, axis=-1) * np.linalg.norm(got, axis=-1)
         cos = (ref * got).sum(-1) / np.maximum(norms, 1e-30)
@@ -151,10 +154,10 @@ def run_gate(reference_model: Path, candidate_model: Path, meta: dict[str, Any],
     # would allocate gigabytes for nothing).
     needed = {"max_kv_cache_capacity": max(len(p) for p in prompts) + tokens}
     ref_meta = {**meta, **needed, "optimized_model": None}
-    reference = GqaEngine(reference_model, ref_meta, max_slots=1, threads=threads,
+    reference = GqaEngine(reference_model, ref_meta, max_slots=len(prompts), threads=threads,
                           initializers=reference_weights)
     try:
-        candidate = GqaEngine(candidate_model, {**meta, **needed}, max_slots=len(prompts), threads=threads)
+        candidate = GqaEngine(candidate_model, {**meta, **needed}, max_slots=1, threads=threads)
         try:
             agreement, min_cos = measure(reference, candidate, prompts, tokens)
         finally:
