@@ -90,6 +90,10 @@ class EngineFailure(SchedulerError):
     """The engine raised while running this request."""
 
 
+class AdapterUnloadedError(SchedulerError):
+    """The LoRA adapter the request names was unloaded while the request waited for a slot."""
+
+
 class SchedulerObserver(Protocol):
     """Metrics hooks; called from the scheduler thread, so implementations must be thread-safe."""
 
@@ -338,9 +342,16 @@ class Scheduler:
                 req.sink.put(QueueTimeoutError(f"waited more than {self.queue_timeout:g} s for a free slot"))
             elif self._free_slots:
                 slot = self._pick_slot(req)
-                self._free_slots.remove(slot)
                 if self._adapters is not None:
-                    self._adapters.set_adapter(slot, req.adapter)
+                    try:
+                        self._adapters.set_adapter(slot, req.adapter)
+                    except ValueError as exc:  # unloaded after the request was queued
+                        changed = True
+                        req.sink.put(AdapterUnloadedError(
+                            f"LoRA adapter {req.adapter!r} was unloaded while this request waited for a "
+                            f"slot; load it again or ask for another model ({exc})"))
+                        continue
+                self._free_slots.remove(slot)
                 if self._store is None:
                     self._engine.reset(slot)
                 self._running.append(_Running(req, slot))

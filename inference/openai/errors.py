@@ -18,6 +18,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from inference.scheduler import (
+    AdapterUnloadedError,
     EngineFailure,
     QueueFullError,
     QueueTimeoutError,
@@ -253,6 +254,8 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return ServerUnavailableError(f"server unavailable: {exc}")
     if isinstance(exc, EngineFailure):
         return InternalServerError(str(exc))
+    if isinstance(exc, AdapterUnloadedError):
+        return ModelNotFoundError(str(exc), param="model")
     if isinstance(exc, HTTPException):
         status = exc.status_code
         err: OpenAIError

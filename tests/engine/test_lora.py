@@ -222,3 +222,47 @@ def test_scheduler_runs_each_request_with_its_adapter_and_never_shares_their_kv(
         sched.stop()
         engine.close()
     assert tuned != alone
+
+
+def test_a_request_whose_adapter_is_unloaded_while_it_waits_fails_alone(
+        hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path], adapters: Callable[..., Path],
+        tmp_path: Path) -> None:
+    """Unloading is allowed while no running request uses the adapter; a queued one that names it
+    then gets a clear error of its own (404 model_not_found over HTTP), and the scheduler goes on
+    serving the others (it used to die on the engine's ValueError, failing every request)."""
+    from inference.generation import GenerationState
+    from inference.openai.errors import to_openai_error
+    from inference.sampling import Sampler, SamplingParams
+    from inference.scheduler import AdapterUnloadedError, GenerationRequest, Scheduler
+    from tests.support.scheduling import CollectingSink, IdTokens
+
+    checkpoint = hf_checkpoint("qwen2")
+    convert_peft_adapter(adapters("qwen2", 5), load_model_config(checkpoint), tmp_path / "a.onnx_adapter")
+    bundle = built_bundle(checkpoint, lora=True, max_batch_size=2, max_kv_cache_capacity=512)
+    engine = engine_of(bundle, slots=2)
+    engine.load_adapter("a", tmp_path / "a.onnx_adapter")
+    sched = Scheduler(engine, max_batch_size=2, max_queued_requests=4, queue_timeout=60)
+    sched.start()
+
+    def request(adapter: str | None) -> tuple[GenerationRequest, CollectingSink]:
+        sink = CollectingSink()
+        state = GenerationState(IdTokens(), prompt_ids=PROMPT, max_new_tokens=4)  # type: ignore[arg-type]
+        sampler = Sampler(SamplingParams(temperature=0.0), engine.info.vocab_size)
+        return GenerationRequest(PROMPT, sampler, state, sink, adapter=adapter), sink
+
+    try:
+        waiting, sink = request("a")
+        with sched._cond:  # the scheduler thread cannot admit it until the adapter is gone
+            sched.submit(waiting)
+            engine.unload_adapter("a")  # no slot runs it yet: allowed
+        with pytest.raises(AdapterUnloadedError, match="'a' was unloaded while this request waited") as info:
+            sink.tokens()
+        error = to_openai_error(info.value)
+        assert (error.status_code, error.code, error.param) == (404, "model_not_found", "model")
+        plain, plain_sink = request(None)
+        sched.submit(plain)
+        assert len(plain_sink.tokens()) == 4  # the scheduler still runs
+        assert engine.slot_adapter(0) is None and engine.slot_adapter(1) is None
+    finally:
+        sched.stop()
+        engine.close()

@@ -330,6 +330,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         tests=("tests/engine/test_context_reuse.py::test_records_are_namespaced_by_bundle",),
     ),
     Mutation(
+        name="unloaded-adapter-kills-the-scheduler",
+        why="a queued request whose LoRA adapter was unloaded crashes the scheduler thread (every "
+        "request then fails) instead of failing alone",
+        path="inference/scheduler.py",
+        function="Scheduler._admit_locked",
+        find=r"except ValueError as exc:  # unloaded after the request was queued",
+        replace="except KeyError as exc:",
+        tests=("tests/engine/test_lora.py::test_a_request_whose_adapter_is_unloaded_while_it_waits_fails_alone",),
+    ),
+    Mutation(
         name="slot-choice-ignores-cache-prompt",
         why="a cache_prompt=false request may take the slot holding a cached prefix (and wipe it)",
         path="inference/scheduler.py",
