@@ -5,7 +5,8 @@ one batch-1 token through graphs of single ops with random weights, 2 threads by
 
 * the linear layers of all ``--layers`` layers (q|k|v, o, gate|up, down): float32 ``MatMul``,
   4-bit ``MatMulNBits`` at accuracy level 0 (float32 compute) and 4 (int8 activations), 8-bit at
-  level 0 and 4;
+  level 0 and 4, int8's two 4-bit planes at level 0; for each ``--rows`` count of tokens at once
+  (1: a decode step; 8: eight clients' step);
 * the lm_head (vocab x hidden): float32, 4-bit, two 4-bit planes at level 0 and at level 4, 8-bit
   at level 4, and 4-bit with float zero points (what Q4_1's ``d*q + m`` would need as one op);
 * GroupQueryAttention of all layers after 400 and 1,500 tokens, KV in float32 and in float16.
@@ -102,22 +103,28 @@ def _best(run: Callable[[], object], repeats: int) -> float:
     return min(times) * 1000
 
 
-def linear_layers(kinds: Sequence[str], layers: int, threads: int, repeats: int) -> None:
-    print(f"\nlinear layers of {layers} layers, one token (ms)")
+def linear_layers(kinds: Sequence[str], layers: int, threads: int, repeats: int,
+                  rows: Sequence[int] = (1,)) -> None:
+    print(f"\nlinear layers of {layers} layers, {'/'.join(map(str, rows))} tokens at once (ms)")
     for kind in kinds:
-        nodes, inits, inputs, feeds, outs = [], [], [], {}, []
+        nodes, inits, inputs, outs = [], [], [], []
+        widths: list[int] = []
         for shape, k, n in SHAPES:
             x = f"x{k}"
-            if x not in feeds:
-                inputs.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, k]))
-                feeds[x] = rng.standard_normal((1, k)).astype(np.float32)
+            if k not in widths:
+                widths.append(k)
+                inputs.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, ["rows", k]))
             for layer in range(layers):
                 more_nodes, more_inits = _linear(f"{shape}.{layer}", x, k, n, kind)
                 nodes += more_nodes
                 inits += more_inits
                 outs.append(f"{shape}.{layer}")
         session = _session(nodes, inputs, outs, inits, threads)
-        print(f"  {kind:<12} {_best(functools.partial(session.run, None, feeds), repeats):8.2f}")
+        cells = []
+        for m in rows:
+            feeds = {f"x{k}": rng.standard_normal((m, k)).astype(np.float32) for k in widths}
+            cells.append(f"{m}: {_best(functools.partial(session.run, None, feeds), repeats):7.2f}")
+        print(f"  {kind:<12} " + "  ".join(cells))
         del session
 
 
@@ -183,14 +190,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--vocab", type=int, default=49152)
+    p.add_argument("--rows", default="1,2,8", help="tokens at once through the linear layers")
     p.add_argument("--quick", action="store_true", help="CI: 2 layers, 3 repeats, a small vocabulary")
     args = p.parse_args(argv)
     if args.quick:
         args.layers, args.repeats, args.vocab = 2, 3, 4096
     print(f"CPU class {cpu_class()}, onnxruntime {ort.__version__}, {args.threads} threads, "
           f"best of {args.repeats}")
-    linear_layers(("fp32", "4bit L0", "4bit L4", "8bit L0", "8bit L4"), args.layers, args.threads,
-                  args.repeats)
+    linear_layers(("fp32", "4bit L0", "4bit L4", "8bit L0", "8bit L4", "planes L0"), args.layers,
+                  args.threads, args.repeats, [int(m) for m in args.rows.split(",")])
     lm_head(("fp32", "4bit L0", "planes L0", "planes L4", "8bit L4", "4bit fzp"), args.vocab, args.threads,
             args.repeats)
     capacity = 256 if args.quick else 2048
