@@ -15,7 +15,7 @@ import importlib
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,9 @@ class Runtime:
     lease: BundleLease
     engine: Engine
     serving: ModelHandle
+    #: ``--lora-modules``: each served name's adapter lease (also held by ``lease``), for an
+    #: unload at run time to let go of it.
+    adapter_leases: dict[str, Releasable] = field(default_factory=dict)
 
     closed: bool = False
 
@@ -102,30 +105,31 @@ def load_runtime(
             serving.close_engine()
             raise
         if adapters:
-            lease = CombinedLease(lease, *adapters)
+            lease = CombinedLease(lease, *adapters.values())
     except BaseException:
         lease.release()
         raise
-    return Runtime(prepared, lease, engine, serving)
+    return Runtime(prepared, lease, engine, serving, adapters)
 
 
 def load_lora_modules(config: ServeConfig, manager: CacheManager, serving: ModelHandle,
-                      base_dir: Path) -> list[Releasable]:
+                      base_dir: Path) -> dict[str, Releasable]:
     """``--lora-modules``: each adapter prepared in the cache (converted once, checked against
     the base model), leased while loaded, loaded into the engine under its digest id, and its
-    served name mapped to it; the leases returned (released with the model's lease)."""
+    served name mapped to it; the leases returned by served name (released with the model's
+    lease, or when the name is unloaded at run time)."""
     pairs = lora_module_pairs(config.lora_modules)
     if not pairs:
-        return []
+        return {}
     engine: Any = serving.engine
     if not hasattr(engine, "load_adapter"):
         raise CacheError(f"the {engine.info.backend} engine of this bundle cannot load LoRA adapters")
-    leases: list[Releasable] = []
+    leases: dict[str, Releasable] = {}
     try:
         for name, source in pairs:
-            leases.append(attach_adapter(manager, serving, base_dir, name, source)[1])
+            leases[name] = attach_adapter(manager, serving, base_dir, name, source)[1]
     except BaseException:
-        for held in leases:
+        for held in leases.values():
             held.release()
         raise
     return leases
@@ -164,7 +168,8 @@ class LoraAdapters:
                  source: CatalogModels, pool: ModelPool) -> None:
         self._config, self._manager, self._runtime = config, manager, runtime
         self._source, self._pool = source, pool
-        self._leases: dict[str, Releasable] = {}  # by served name (those loaded at run time)
+        # By served name: --lora-modules' (also released with the model's lease) and run-time ones.
+        self._leases: dict[str, Releasable] = dict(runtime.adapter_leases) if runtime is not None else {}
         self._lock = threading.Lock()
 
     @property
@@ -224,7 +229,7 @@ class LoraAdapters:
             log.info("LoRA adapter %s no longer served as %r", adapter, name)
 
     def close(self) -> None:
-        """Release the leases of adapters loaded at run time (the engine is closed by then)."""
+        """Release the adapters' leases (the engine is closed by then; releasing is idempotent)."""
         with self._lock:
             for lease in self._leases.values():
                 lease.release()

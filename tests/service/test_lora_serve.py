@@ -149,3 +149,20 @@ def test_adapters_load_and_unload_at_run_time(server: ServerProcess, demo_dir: P
         assert again.status_code == 404
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="demo-rt", prompt=ids, max_tokens=2)
+
+
+def test_unloading_a_lora_modules_name_lets_go_of_its_adapter(
+        demo_dir: Path, adapter_dir: Path, tmp_path: Path, log_dir: Path) -> None:
+    """An adapter loaded at start (``--lora-modules``) and unloaded at run time is no longer
+    leased: the cache may remove it then (it stayed "in use" until the server stopped)."""
+    flags = ("--lora-modules", f"{ADAPTER}={adapter_dir}", "--max-input-len", "64",
+             "--max-kv-cache-capacity", "128")
+    with running_server(demo_dir, tmp_path / "cache", log_dir, *flags) as server, server.http() as h:
+        (row,) = h.get("/admin/lora-adapters").json()["items"]
+        busy = h.delete(f"/admin/lora-adapters/{row['id']}")
+        assert busy.status_code == 409, busy.text  # served: leased
+        gone = h.post("/v1/unload_lora_adapter", json={"lora_name": ADAPTER})
+        assert gone.status_code == 200, gone.text
+        removed = h.delete(f"/admin/lora-adapters/{row['id']}")
+        assert removed.status_code == 200, removed.text
+        assert h.get("/admin/lora-adapters").json()["items"] == []
