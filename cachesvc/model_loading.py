@@ -28,7 +28,7 @@ from cachesvc.records import AdapterInfo, PrepareResult
 from cachesvc.served_models import CatalogModels
 from cachesvc.store.layout import CacheLayout
 from inference.build_profile import CHAIN_SPECULATIVE_METHODS, METHODS_WITH_DRAFT_BUNDLE
-from inference.context_cache import PrefixStore
+from inference.context_cache import DEFAULT_MAX_BYTES, PrefixStore
 from inference.context_disk import DiskRecords
 from inference.model_pool import HandleFactory, ModelPool, ModelRef, PoolLimits
 from inference.openai import ModelHandle, ServingOptions, load_tokenizer
@@ -359,6 +359,13 @@ def handle_factory(
     return build
 
 
+def context_pool_bytes(config: ServeConfig) -> int:
+    """The memory each loaded model's context-reuse record pool may take (0 with reuse off)."""
+    if not config.enable_context_reuse:
+        return 0
+    return config.context_cache_partial_kv_snapshot_pool_bytes or DEFAULT_MAX_BYTES
+
+
 def _context_cache(config: ServeConfig, bundle_id: str) -> PrefixStore | None:
     """The prefix store of ``--enable-context-reuse``, namespaced by the bundle (so records never
     serve another model or build); None when reuse is off."""
@@ -417,7 +424,7 @@ def make_pool(
     engine_factory: EngineFactory | None = None,
 ) -> ModelPool:
     """The model pool over the catalog, with the startup model (``runtime``) adopted and kept."""
-    source = CatalogModels(manager, max_slots=config.max_batch_size)
+    source = CatalogModels(manager, max_slots=config.max_batch_size, context_bytes=context_pool_bytes(config))
     pool = ModelPool(
         source,
         handle_factory(config, engine_factory, metrics),
@@ -449,7 +456,8 @@ def make_pool(
             backend=info.backend,
             precision=info.precision,
             max_model_len=runtime.serving.options.max_model_len,
-            memory_bytes=info.memory_bytes,
+            memory_bytes=runtime.serving.memory_bytes,
+            context_bytes=runtime.serving.memory_bytes - info.memory_bytes,
         )
         pool.adopt(ref, runtime.serving, runtime.lease, keep_alive=-1, names=names)
         pool.primary = config.served_name

@@ -42,10 +42,14 @@ class CatalogModels:
     """Implements the pool's ``ModelSource`` over a :class:`CacheManager`."""
 
     def __init__(
-        self, manager: CacheManager, *, max_slots: int, startup: Mapping[str, str] | None = None
+        self, manager: CacheManager, *, max_slots: int, startup: Mapping[str, str] | None = None,
+        context_bytes: int = 0,
     ) -> None:
         self.manager = manager
         self.max_slots = max_slots
+        #: Each loaded model's context-reuse record pool limit (0 without context reuse): part
+        #: of its memory estimate.
+        self.context_bytes = context_bytes
         #: name -> bundle id of the startup model (set by ``serve`` after it prepared it).
         self.startup: dict[str, str] = dict(startup or {})
         #: LoRA adapter names (``--lora-modules``, in ``startup`` too) -> their base model's name.
@@ -154,7 +158,8 @@ class CatalogModels:
             backend=info.backend,
             precision=str(profile.get("precision", "")),
             max_model_len=int(profile.get("max_kv_cache_capacity", 0) or 0),
-            memory_bytes=memory,
+            memory_bytes=memory + self.context_bytes,
+            context_bytes=self.context_bytes,
             draft_bundle_dir=self.manager.queries.bundle_dir(draft) if draft is not None else None,
             parent=self.parents.get(name),
         )

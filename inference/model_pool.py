@@ -59,8 +59,11 @@ class ModelRef:
     backend: str = ""
     precision: str = ""
     max_model_len: int = 0
-    #: Estimated bytes once loaded (weights + KV capacity x slots).
+    #: Estimated bytes once loaded (weights + KV capacity x slots + the context-reuse record
+    #: pool's limit).
     memory_bytes: int = 0
+    #: Of ``memory_bytes``: the context-reuse record pool's limit (0 without context reuse).
+    context_bytes: int = 0
     #: Every name this bundle answers to (display only).
     names: tuple[str, ...] = ()
     #: The draft bundle a ``draft_model`` speculative bundle loads next to it.
@@ -449,8 +452,10 @@ class ModelPool:
         budget = self.limits.memory_budget
         if budget and ref.memory_bytes > budget:
             raise ServerUnavailableError(
-                f"the model {ref.name!r} needs about {ref.memory_bytes / 1e9:.2f} GB, more than the "
-                f"whole --memory-budget-gb ({budget / 1e9:.2f} GB)"
+                f"the model {ref.name!r} needs about {ref.memory_bytes / 1e9:.2f} GB"
+                + (f" (of which {ref.context_bytes / 1e9:.2f} GB its context-reuse record pool, "
+                   "--context-cache-partial-kv-snapshot-pool-bytes)" if ref.context_bytes else "")
+                + f", more than the whole --memory-budget-gb ({budget / 1e9:.2f} GB)"
             )
         while not self._fits(ref):
             idle = [e for e in self._loaded.values() if e.refs == 0 and not e.unloading]
@@ -499,8 +504,7 @@ class ModelPool:
             self._notify()
             return
         seconds = time.monotonic() - started
-        info = handle.engine.info
-        memory = info.memory_bytes or ref.memory_bytes
+        memory = handle.memory_bytes or ref.memory_bytes
         ref = ModelRef(**{**ref.__dict__, "memory_bytes": memory})
         entry = _Entry(
             ref=ref,

@@ -324,6 +324,14 @@ class ModelHandle:
         return health
 
     @property
+    def memory_bytes(self) -> int:
+        """What this model may take in memory: its engine's estimate plus the limit of its
+        context-reuse record pool (0 when the engine has no estimate)."""
+        engine = self.engine.info.memory_bytes
+        cache = self.scheduler.context_cache_stats()
+        return engine + cache.max_bytes if engine and cache is not None else engine
+
+    @property
     def queued(self) -> int:
         """Requests of this model waiting for a slot."""
         return int(self.scheduler.queued)

@@ -253,9 +253,12 @@ def test_memory_budget_smaller_than_two_models_keeps_one(catalog: Catalog, tmp_p
         ]
     finally:
         manager.close()
-    budget_gb = max(sizes) * 1.5 / 1e9
+    # Each model's context-reuse record pool counts in its share of the budget.
+    pool = max(sizes) // 4
+    budget_gb = (max(sizes) + pool) * 1.5 / 1e9
     with running_server(
-        None, catalog.cache_dir, tmp_path, "--memory-budget-gb", f"{budget_gb:.9f}"
+        None, catalog.cache_dir, tmp_path, "--memory-budget-gb", f"{budget_gb:.9f}",
+        "--context-cache-partial-kv-snapshot-pool-bytes", str(pool),
     ) as server:
         _complete(server, catalog.name("llama"))
         _complete(server, catalog.name("qwen2"))
@@ -266,6 +269,16 @@ def test_memory_budget_smaller_than_two_models_keeps_one(catalog: Catalog, tmp_p
             )
             == 1
         )
+    # A record pool as large as the model: one model alone is more than this budget.
+    with running_server(
+        None, catalog.cache_dir, tmp_path, "--memory-budget-gb", f"{budget_gb:.9f}",
+        "--context-cache-partial-kv-snapshot-pool-bytes", str(max(sizes)),
+    ) as server:
+        with pytest.raises(openai.APIStatusError) as info:
+            _complete(server, catalog.name("llama"))
+        assert info.value.status_code == 503
+        assert "context-reuse record pool" in str(info.value) and "--memory-budget-gb" in str(info.value)
+        assert _loaded(server) == set()
 
 
 def test_everything_busy_queues_then_429_with_retry_after(catalog: Catalog, tmp_path: Path) -> None:
