@@ -334,7 +334,7 @@ def resolve_checkpoint(
             *hub_gguf, Path(checkpoints_dir), offline=hub_offline_default() if offline is None else offline,
             revision=revision,
         )
-        directory = convert_once(gguf_file, Path(checkpoints_dir))
+        directory = convert_once(gguf_file, Path(checkpoints_dir), owned=True)
         _check_local_checkpoint(directory, source=model)
     elif is_hub_id(model):
         directory, rev = _download(model, Path(checkpoints_dir), offline=offline, revision=revision)
@@ -561,9 +561,9 @@ def remove_checkpoint_files(checkpoints_dir: Path, trash_dir: Path, path: Path) 
         freed = _remove_hub_revision(checkpoints_dir, target, parts[2])
         if freed is not None:
             return freed
-    size = sum(
-        (Path(root) / name).lstat().st_size for root, _, names in os.walk(target) for name in names
-    )
+    # A file with another name too (a converted hub GGUF shares its download's inode) frees nothing.
+    stats = [(Path(root) / name).lstat() for root, _, names in os.walk(target) for name in names]
+    size = sum(st.st_size for st in stats if st.st_nlink <= 1)
     trash_dir.mkdir(exist_ok=True)
     aside = trash_dir / f"checkpoint-{target.name}-{uuid.uuid4().hex[:8]}"
     os.rename(target, aside)

@@ -204,9 +204,14 @@ def converted_dir(checkpoints_dir: Path, digest: str) -> Path:
 
 
 def convert_once(
-    gguf_path: Path, checkpoints_dir: Path, *, lock_timeout: float = CONVERT_LOCK_TIMEOUT
+    gguf_path: Path, checkpoints_dir: Path, *, lock_timeout: float = CONVERT_LOCK_TIMEOUT,
+    owned: bool = False,
 ) -> Path:
     """The converted checkpoint directory of ``gguf_path``: found, or converted and published.
+
+    ``owned``: the file is the cache's own (a hub download under ``checkpoints_dir``), so the
+    converted directory takes it as a hard link instead of a second copy (a user's file is
+    always copied: its permissions and later edits stay its own).
 
     Raises ``CheckpointError`` when the file cannot be converted; nothing is left behind then.
     """
@@ -225,7 +230,7 @@ def convert_once(
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
         try:
             log.info("converting %s into %s", gguf_path, final)
-            _convert(gguf_path, staging)
+            _convert(gguf_path, staging, owned)
             _check_copy(gguf_path, staging, digest)
             crash_point("gguf:converted")
             mode = _cache_mode(Path(checkpoints_dir))
@@ -241,12 +246,12 @@ def convert_once(
     return final
 
 
-def _convert(gguf_path: Path, out_dir: Path) -> None:
+def _convert(gguf_path: Path, out_dir: Path, link: bool) -> None:
     from inference.builder.errors import BuildInputError
     from inference.builder.gguf_convert import convert_gguf
 
     try:
-        convert_gguf(gguf_path, out_dir)
+        convert_gguf(gguf_path, out_dir, link=link)
     except BuildInputError as exc:
         raise CheckpointError(f"cannot use {gguf_path.name}: {exc}") from exc
 

@@ -5,10 +5,12 @@
 * ``config.json`` / ``generation_config.json`` from the metadata (llama, mistral, qwen2, qwen3);
 * ``tokenizer.json`` / ``tokenizer_config.json`` / ``special_tokens_map.json`` (see
   ``gguf_tokenizer``);
-* ``model.gguf``: a plain copy of the file. The weights stay in their own types (a Q4_1 file
-  stays 4-bit on disk); the builder reads them through ``gguf_reader.GgufCheckpoint``, which
-  dequantizes one tensor at a time and undoes llama.cpp's Q/K row permutation, and an ``int4``
-  build takes the Q4 blocks from it as they are.
+* ``model.gguf``: a plain copy of the file, or, with ``link`` (a file the cache itself
+  downloaded), a second name of it (a hard link: one copy on disk; a copy where the filesystem
+  cannot link). The weights stay in their own types (a Q4_1 file stays 4-bit on disk); the
+  builder reads them through ``gguf_reader.GgufCheckpoint``, which dequantizes one tensor at a
+  time and undoes llama.cpp's Q/K row permutation, and an ``int4`` build takes the Q4 blocks
+  from it as they are.
 
 Every check the builder's reader would make (a readable, complete file, a supported
 architecture, tensor names and types) runs here first, so anything that cannot be built
@@ -34,8 +36,11 @@ CONVERTER_VERSION = "gguf-2"
 Progress = Callable[[str, float], None]
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None) -> dict[str, Any]:
+def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None, *,
+                 link: bool = False) -> dict[str, Any]:
     """Convert ``gguf_path`` into the existing, empty directory ``out_dir``; return the config.
+    ``link``: hard-link the GGUF instead of copying it where the filesystem allows (only for a
+    file the caller owns: the two names then share one inode, its permissions included).
 
     Raises ``BuildInputError`` for a truncated file, an unsupported architecture or tensor
     type, or a file without a tokenizer; the caller discards ``out_dir`` on any error.
@@ -48,7 +53,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
     # The tokenizer before the copy: it is cheap, and a file without one fails early.
     write_tokenizer_files(open_gguf(gguf_path), out_dir)
     report("copy", 0.0)
-    _copy_synced(Path(gguf_path), out_dir / GGUF_FILE)
+    _place_synced(Path(gguf_path), out_dir / GGUF_FILE, link)
     report("copy", 1.0)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     generation: dict[str, Any] = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -57,8 +62,14 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
     return config
 
 
-def _copy_synced(src: Path, dst: Path) -> None:
-    """Copy ``src`` to the new file ``dst`` and flush it to disk."""
-    shutil.copyfile(src, dst)  # sendfile on Linux: no user-space buffer of the whole file
+def _place_synced(src: Path, dst: Path, link: bool) -> None:
+    """Make the new file ``dst`` hold ``src`` (a hard link with ``link`` where possible, else a
+    copy) and flush it to disk."""
+    try:
+        if not link:
+            raise OSError("copy")
+        os.link(src, dst)
+    except OSError:  # not asked, another filesystem, or a filesystem without hard links
+        shutil.copyfile(src, dst)  # sendfile on Linux: no user-space buffer of the whole file
     with dst.open("rb") as fh:
         os.fsync(fh.fileno())

@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import pytest
 
-from cachesvc.checkpoints import resolve_checkpoint
+from cachesvc.checkpoints import remove_checkpoint_files, resolve_checkpoint
 from cachesvc.cli import main as cli_main
 from cachesvc.errors import CheckpointError
 from cachesvc.gguf_checkpoints import gguf_digest
@@ -355,6 +355,16 @@ def test_hub_file_offline_from_the_hf_cache(small_gguf: SmallGguf, tmp_path: Pat
     r = resolve_checkpoint("org/tiny-GGUF/tiny.F16.gguf", checkpoints, offline=True)
     assert r.revision == commit
     assert r.path == resolve_checkpoint(str(path), checkpoints).path
+    # The download is the cache's own: the converted checkpoint is a second name of it, not a
+    # second copy. A user's file is copied, never linked.
+    assert os.path.samefile(r.path / "model.gguf", blob)
+    local = resolve_checkpoint(str(path), tmp_path / "elsewhere")
+    assert not os.path.samefile(local.path / "model.gguf", path) and path.stat().st_nlink == 1
+    # Removing the converted checkpoint frees its own files only: the GGUF's bytes stay the
+    # download's.
+    others = sum(f.stat().st_size for f in r.path.iterdir() if f.name != "model.gguf")
+    assert remove_checkpoint_files(checkpoints, tmp_path / "trash", r.path) == others
+    assert not r.path.exists() and blob.read_bytes() == path.read_bytes() and blob.stat().st_nlink == 1
     with pytest.raises(CheckpointError, match="not in the local cache"):
         resolve_checkpoint("org/tiny-GGUF/other.gguf", checkpoints, offline=True)
 
@@ -462,8 +472,8 @@ def test_a_file_changed_while_it_is_copied_is_not_published(
     path, _ = small_gguf("qwen2", "Q8_0")
     real = gguf_convert.convert_gguf
 
-    def racing_convert(gguf_path: Path, out_dir: Path) -> object:
-        config = real(gguf_path, out_dir)
+    def racing_convert(gguf_path: Path, out_dir: Path, *, link: bool) -> object:
+        config = real(gguf_path, out_dir, link=link)
         with (out_dir / GGUF_FILE).open("r+b") as fh:  # as if the source grew a byte mid-copy
             fh.seek(0, os.SEEK_END)
             fh.write(b"\0")
