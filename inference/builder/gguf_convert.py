@@ -65,11 +65,12 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
 def _place_synced(src: Path, dst: Path, link: bool) -> None:
     """Make the new file ``dst`` hold ``src`` (a hard link with ``link`` where possible, else a
     copy) and flush it to disk."""
-    try:
-        if not link:
-            raise OSError("copy")
-        os.link(src, dst)
-    except OSError:  # not asked, another filesystem, or a filesystem without hard links
+    if link:
+        try:
+            os.link(src, dst)
+        except OSError:  # another filesystem, or one without hard links: copy instead
+            link = False
+    if not link:
         shutil.copyfile(src, dst)  # sendfile on Linux: no user-space buffer of the whole file
     with dst.open("rb") as fh:
         os.fsync(fh.fileno())

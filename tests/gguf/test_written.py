@@ -484,3 +484,21 @@ def test_a_file_changed_while_it_is_copied_is_not_published(
     with pytest.raises(CheckpointError, match="changed while it was being converted"):
         resolve_checkpoint(str(path), checkpoints)
     assert _cache_leftovers(checkpoints) == []
+
+
+def test_a_file_that_cannot_be_linked_is_copied(small_gguf: SmallGguf, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``link`` on a filesystem without hard links (or across filesystems) falls back to a copy."""
+    import errno
+
+    path, _ = small_gguf("llama", "Q4_0")
+
+    def cross_device(src: object, dst: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(gguf_convert.os, "link", cross_device)
+    out = tmp_path / "out"
+    out.mkdir()
+    gguf_convert.convert_gguf(path, out, link=True)
+    assert (out / GGUF_FILE).read_bytes() == path.read_bytes()
+    assert not os.path.samefile(out / GGUF_FILE, path) and path.stat().st_nlink == 1
