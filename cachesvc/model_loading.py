@@ -28,7 +28,7 @@ from cachesvc.records import AdapterInfo, PrepareResult
 from cachesvc.served_models import CatalogModels
 from cachesvc.store.layout import CacheLayout
 from inference.build_profile import CHAIN_SPECULATIVE_METHODS, METHODS_WITH_DRAFT_BUNDLE
-from inference.context_cache import DEFAULT_MAX_BYTES, PrefixStore
+from inference.context_cache import PrefixStore, record_pool_bytes
 from inference.context_disk import DiskRecords
 from inference.model_pool import HandleFactory, ModelPool, ModelRef, PoolLimits
 from inference.openai import ModelHandle, ServingOptions, load_tokenizer
@@ -363,7 +363,7 @@ def context_pool_bytes(config: ServeConfig) -> int:
     """The memory each loaded model's context-reuse record pool may take (0 with reuse off)."""
     if not config.enable_context_reuse:
         return 0
-    return config.context_cache_partial_kv_snapshot_pool_bytes or DEFAULT_MAX_BYTES
+    return record_pool_bytes(config.context_cache_partial_kv_snapshot_pool_bytes)
 
 
 def _context_cache(config: ServeConfig, bundle_id: str) -> PrefixStore | None:

@@ -58,6 +58,11 @@ BLOCK_TOKENS = 64
 DEFAULT_MAX_BYTES = 512 << 20
 
 
+def record_pool_bytes(max_bytes: int) -> int:
+    """The byte limit a store made with ``max_bytes`` keeps to (0: :data:`DEFAULT_MAX_BYTES`)."""
+    return max_bytes or DEFAULT_MAX_BYTES
+
+
 @dataclass(frozen=True)
 class ContextCacheStats:
     """Counters since start, and what the store holds now."""
@@ -129,7 +134,7 @@ class PrefixStore:
         self._records: OrderedDict[bytes, _Record] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self._stats = ContextCacheStats(max_records=max_records, max_bytes=max_bytes or DEFAULT_MAX_BYTES)
+        self._stats = ContextCacheStats(max_records=max_records, max_bytes=record_pool_bytes(max_bytes))
 
     @property
     def disk(self) -> DiskRecords | None:
