@@ -32,6 +32,19 @@ weights. A checkpoint directory for our side can be made from the GGUF with ``tr
     PYTHONPATH=. .venv/bin/python bench/peers.py --checkpoint model-q4_1.gguf --precision fp32,int8,int4 \\
         --gguf F32=model-f32.gguf,Q8_0=model-q8_0.gguf,Q4_1=model-q4_1.gguf --llama-server PATH
 
+A ``--precision`` item may name the kernels too (``int4:fast`` serves ``--precision int4 --kernels
+fast``), and ``--checkpoint`` may give one file per precision (``int4=a.gguf,int8=b.gguf``).
+
+**The real-size case** (``--model llama-1b``): a random-weight ~1B Llama (``bench/real_size.py``
+makes it once outside the repository: transformers' ``save_pretrained``, llama.cpp's converter,
+``llama-quantize``), ours int4 from its Q4_0 file, int8 from its Q8_0 file, each at ``auto`` and
+``fast`` kernels, against llama.cpp's Q4_0, Q4_1 and Q8_0 of the same weights:
+
+    PYTHONPATH=. .venv/bin/python bench/peers.py --model llama-1b --llama-server PATH
+
+Besides the table it prints each of our bundles' kernel plan, build and gate seconds, and every
+server's resident memory after the rounds (``rss``).
+
 ``--quick`` (CI, ``bench/run_quick.sh``): ours only, on the tiny random demo checkpoint unless
 ``--checkpoint`` is given, short prompts and answers, one round; llama.cpp is skipped with one
 line when no ``llama-server`` is given.
@@ -121,9 +134,11 @@ def _pin(args: argparse.Namespace) -> list[str]:
     return ["taskset", "-c", args.cpus] if args.cpus else []
 
 
-def start_ours(checkpoint: Path, precision: str, args: argparse.Namespace, work: Path) -> Server:
+def start_ours(checkpoint: Path, item: str, args: argparse.Namespace, work: Path) -> Server:
+    """Our server for ``item``: a precision, optionally ``:KERNELS`` (``int4:fast``)."""
+    precision, _, kernels = item.partition(":")
     port = _free_port()
-    log = work / f"ours-{precision}.log"
+    log = work / f"ours-{item.replace(':', '-')}.log"
     argv = [
         sys.executable,
         "-m",
@@ -140,6 +155,7 @@ def start_ours(checkpoint: Path, precision: str, args: argparse.Namespace, work:
         MODEL,
         "--precision",
         precision,
+        *(["--kernels", kernels] if kernels else []),
         "--max-batch-size",
         "8",
         "--max-input-len",
@@ -153,9 +169,30 @@ def start_ours(checkpoint: Path, precision: str, args: argparse.Namespace, work:
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     with log.open("wb") as fh:
         proc = subprocess.Popen([*_pin(args), *argv], stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    server = Server(f"ours {precision}", proc, port, log)
+    server = Server(f"ours {item}", proc, port, log)
     _wait_ready(server, ["/health/ready"], args.start_timeout)
     return server
+
+
+def rss_mb(server: Server) -> float:
+    """The server process's resident memory now, MB (VmRSS)."""
+    for line in Path(f"/proc/{server.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def bundle_line(server: Server) -> str:
+    """Our bundle's kernel plan, build and gate seconds, as the admin API reports them."""
+    with httpx.Client(timeout=30) as h:
+        items = h.get(server.url + "/admin/bundles").json()
+        engine = h.get(f"{server.url}/admin/bundles/{items['items'][0]['id']}").json()["manifest"]["engine"]
+    quality = engine.get("quality") or {}
+    tried = ", ".join(f"{c['plan']} {c['greedy_agreement']:.3f}/{c['identical']}of{quality['prompts']}"
+                      f"{'*' if c['passed'] else ''}" for c in quality.get("candidates", []))
+    return (f"{server.label}: plan {quality.get('plan', '-')} ({tried}), "
+            f"build {engine['build_seconds']:.0f} s of which gate {quality.get('seconds', 0):.0f} s "
+            f"(fp32 reference {'kept' if quality.get('reference_cached') else 'computed'})")
 
 
 def start_llama(binary: str, gguf: Path, quant: str, args: argparse.Namespace, work: Path) -> Server:
@@ -290,8 +327,9 @@ def table(figs: list[Figures], args: argparse.Namespace) -> str:
         "agg8",
         "agg8/agg1",
         "ttft_p95@8",
+        "rss",
     ]
-    units = {"decode": "tok/s", "ttft": "ms", "agg1": "tok/s", "agg8": "tok/s"}
+    units = {"decode": "tok/s", "ttft": "ms", "agg1": "tok/s", "agg8": "tok/s", "rss": "MB"}
     out = ["| figure | " + " | ".join(f.label for f in figs) + " |", "|---" * (len(figs) + 1) + "|"]
     for row in rows:
         cells = []
@@ -303,6 +341,8 @@ def table(figs: list[Figures], args: argparse.Namespace) -> str:
                 cells.append(f"{v * 1000:,.0f} ms")
             elif "/" in row:
                 cells.append(f"{v:.1f}x")
+            elif row == "rss":
+                cells.append(f"{v:,.0f}")
             else:
                 cells.append(f"{v:.1f}")
         unit = next((u for k, u in units.items() if row.startswith(k) and "/" not in row), "")
@@ -320,13 +360,25 @@ def ratios(figs: list[Figures], pairs: Sequence[tuple[str, str]]) -> str:
         a, b = by[ours], by[theirs]
         parts = []
         for key in a:
-            if b.get(key):
+            if b.get(key) and key != "rss":
                 r = a[key] / b[key]
                 if key.startswith("ttft"):
                     r = 1 / r  # speed-up: > 1 means ours answers sooner
                 parts.append(f"{key} {r:.2f}x")
         lines.append(f"{ours} vs {theirs}: " + ", ".join(parts))
     return "\n".join(lines)
+
+
+def _checkpoint_for(spec: str, item: str) -> Path:
+    """The checkpoint of ``item`` (``int4:fast`` -> ``int4``) in ``--checkpoint``: one path for
+    all, or ``PREC=path`` items."""
+    if "=" not in spec:
+        return Path(spec)
+    paths = dict(part.split("=", 1) for part in spec.split(",") if part)
+    precision = item.partition(":")[0]
+    if precision not in paths:
+        raise SystemExit(f"--checkpoint names no file for {precision} (has {', '.join(paths)})")
+    return Path(paths[precision])
 
 
 def _cpu_list(spec: str) -> list[int]:
@@ -339,7 +391,11 @@ def _cpu_list(spec: str) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", type=Path, help="our side: a checkpoint directory or GGUF file")
+    p.add_argument("--checkpoint", default=None,
+                   help="our side: a checkpoint directory or GGUF file, or PREC=path items")
+    p.add_argument("--model", choices=["llama-1b"], default=None,
+                   help="the real-size case (bench/real_size.py): sets --checkpoint, --gguf and --pairs")
+    p.add_argument("--model-dir", type=Path, default=None, help="where the real-size files live")
     p.add_argument("--precision", default="fp32", help="comma-separated precisions of ours")
     p.add_argument("--gguf", default="", help="comma-separated LABEL=path.gguf for llama-server")
     p.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"), help="path of llama-server")
@@ -370,6 +426,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.ctx, args.max_input_len, args.repeats, args.start_timeout = 256, 128, 1, 300
     if args.quick and not args.gguf:
         print("llama.cpp: skipped (--quick without --gguf/--llama-server)")
+    if args.model == "llama-1b":
+        from bench.real_size import DEFAULT_DIR, prepare
+
+        files = prepare(args.model_dir or DEFAULT_DIR, args.llama_server)
+        args.checkpoint = f"int4={files['Q4_0']},int8={files['Q8_0']},fp32={files['F32']}"
+        if args.precision == "fp32":  # the default: the real-size case's own set
+            args.precision = "int4,int4:fast,int8,int8:fast"
+        args.gguf = args.gguf or ",".join(f"{q}={files[q]}" for q in ("Q4_0", "Q4_1", "Q8_0"))
+        args.pairs = "int4=Q4_0,int4:fast=Q4_0,int4=Q4_1,int4:fast=Q4_1,int8=Q8_0,int8:fast=Q8_0"
     args.contexts = [int(x) for x in args.contexts.split(",")]
     if args.threads is None:
         args.threads = len(_cpu_list(args.cpus)) if args.cpus else len(os.sched_getaffinity(0))
@@ -378,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick and args.checkpoint is None:
         from inference.demo import write_demo_checkpoint
 
-        args.checkpoint = write_demo_checkpoint(work / "demo", arch="llama", size="tiny")
+        args.checkpoint = str(write_demo_checkpoint(work / "demo", arch="llama", size="tiny"))
         args.token_high = 1000  # the demo's vocabulary has 1024 tokens
     runs: list[tuple[str, str]] = []
     if args.checkpoint:
@@ -393,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for kind, what in runs:
             if kind == "ours":
-                servers.append(start_ours(args.checkpoint, what, args, work))
+                servers.append(start_ours(_checkpoint_for(args.checkpoint, what), what, args, work))
             else:
                 quant, _, path = what.partition("=")
                 servers.append(start_llama(args.llama_server, Path(path), quant, args, work))
@@ -404,6 +469,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 asyncio.run(one_round(server, best, Prompts(args.seed + 1000 * r, args.token_high), args))
                 print(json.dumps({server.label: best}), file=sys.stderr, flush=True)
         figs = [finish(server.label, best, args) for server, best in zip(servers, bests, strict=True)]
+        for server, fig in zip(servers, figs, strict=True):
+            fig.values["rss"] = rss_mb(server)
+        built = [bundle_line(s) for s in servers if s.label.startswith("ours ") and not args.quick]
     finally:
         for server in servers:
             server.stop()
@@ -413,6 +481,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"8 clients x {args.concurrent_tokens} tokens after {args.concurrent_prompt}-token prompts\n"
     )
     print(table(figs, args))
+    if built:
+        print()
+        print("\n".join(built))
     pairs = [(f"ours {a}", f"llama.cpp {b}") for a, _, b in (x.partition("=") for x in args.pairs.split(","))]
     print()
     print(ratios(figs, pairs))

@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from cachesvc.errors import BuildError, ConfigError, QualityGateError
 from cachesvc.profiles import BuildOptions
+from cachesvc.store.layout import CacheLayout
 from inference.build_profile import (
     AUTO_PRECISION,
     ProfileError,
@@ -36,6 +37,9 @@ class BuildJob:
     options: BuildOptions
     out_dir: Path
     progress: ProgressFn
+    #: The checkpoint's content digest: keys what a builder keeps per checkpoint (the quality
+    #: gate's fp32 answers); empty when the caller has none.
+    checkpoint_digest: str = ""
 
 
 @runtime_checkable
@@ -78,9 +82,13 @@ class OnnxRuntimeBuilder:
 
     backend = "onnxruntime"
 
-    def __init__(self, *, min_agreement: float | None = None, accuracy_level: int | None = None) -> None:
+    def __init__(self, *, min_agreement: float | None = None, accuracy_level: int | None = None,
+                 reference_file: Callable[[str], Path] | None = None) -> None:
         self.min_agreement = min_agreement
         self.accuracy_level = accuracy_level
+        #: Where the quality gate keeps fp32's answers for a checkpoint digest
+        #: (``CacheLayout.gate_reference_file``); None: computed for every quantized build.
+        self.reference_file = reference_file
 
     @property
     def version(self) -> str:
@@ -117,14 +125,19 @@ class OnnxRuntimeBuilder:
             task=options.task,
             pooling=options.pooling,
             lora=options.lora,
+            kernels=options.kernels,
         )
         forced = None
         if self.accuracy_level is not None and options.cpu_class is not None:
             forced = kernel_plan(options.precision, options.cpu_class, accuracy_level=self.accuracy_level)
         threshold = MIN_AGREEMENT if self.min_agreement is None else self.min_agreement
+        reference = None
+        if self.reference_file is not None and job.checkpoint_digest:
+            reference = self.reference_file(job.checkpoint_digest)
         try:
             return dict(build_bundle(job.checkpoint_dir, job.out_dir, spec, job.progress,
-                                     kernels_override=forced, min_agreement=threshold))
+                                     kernels_override=forced, min_agreement=threshold,
+                                     reference_file=reference))
         except GateFailed as exc:
             raise QualityGateError(str(exc)) from exc
         except ValueError as exc:
@@ -258,7 +271,8 @@ def default_builders(cache_root: Path | None = None, *, gpu_disabled: bool = Fal
     """
     from inference.cuda_device import tensorrt_installed
 
-    builders: dict[str, Builder] = {"onnxruntime": OnnxRuntimeBuilder()}
+    references = None if cache_root is None else CacheLayout(Path(cache_root)).gate_reference_file
+    builders: dict[str, Builder] = {"onnxruntime": OnnxRuntimeBuilder(reference_file=references)}
     if tensorrt_installed() and not gpu_disabled:
         timing = None if cache_root is None else Path(cache_root) / "trt-timing"
         builders["tensorrt"] = TensorRTBuilder(timing)

@@ -230,6 +230,8 @@ def cmd_bundles_show(args: argparse.Namespace) -> int:
     quality = (d.manifest or {}).get("engine", {}).get("quality")
     if isinstance(quality, dict):
         fields.append(("quality", _quality_line(quality)))
+        for c in quality.get("candidates") or []:
+            fields.append((f"  plan {c.get('plan')}", _candidate_line(c, quality)))
     print(table(["FIELD", "VALUE"], fields))
     if d.files:
         print()
@@ -251,9 +253,20 @@ def cmd_bundles_show(args: argparse.Namespace) -> int:
 
 def _quality_line(q: dict[str, Any]) -> str:
     """The quality gate's figures of a quantized bundle, in one line."""
-    return (f"greedy agreement {q.get('greedy_agreement')} with {q.get('reference')}, min logit cosine "
+    plan = f"kernel plan {q['plan']} (--kernels {q.get('kernels_mode')}), " if "plan" in q else ""
+    kept = "kept" if q.get("reference_cached") else "computed"
+    seconds = f", gate {q.get('seconds')} s, fp32 reference {kept}" if "plan" in q else ""
+    return (f"{plan}greedy agreement {q.get('greedy_agreement')} with {q.get('reference')}, min logit cosine "
             f"{q.get('min_logit_cosine')} ({q.get('prompts')} prompts, {q.get('tokens')} tokens, "
-            f"CPU class {q.get('cpu_class')})")
+            f"CPU class {q.get('cpu_class')}{seconds})")
+
+
+def _candidate_line(c: dict[str, Any], q: dict[str, Any]) -> str:
+    """One kernel plan the gate measured."""
+    return (f"{'chosen' if c.get('passed') else 'rejected'}: agreement {c.get('greedy_agreement')}, "
+            f"{c.get('identical')} of {q.get('prompts')} prompts identical for {q.get('identity_tokens')} "
+            f"tokens, {c.get('decode_tok_s')} tok/s at 1 row, {c.get('decode_tok_s_rows')} at "
+            f"{q.get('prompts')}, {c.get('seconds')} s")
 
 
 def cmd_bundles_rm(args: argparse.Namespace) -> int:

@@ -99,6 +99,7 @@ from inference.build_profile import (
     check_shape,
     check_shapes,
 )
+from inference.builder.kernel_plan import KERNEL_MODES
 from inference.context_cache import DEFAULT_MAX_BYTES as DEFAULT_RECORD_POOL_BYTES
 from inference.context_disk import DEFAULT_DISK_BYTES
 from inference.openai.reasoning import REASONING_PARSER_CHOICES as REASONING_PARSERS
@@ -523,6 +524,7 @@ _RULES: dict[str, Callable[[object], Any]] = {
     "cors_allowed_origins": _list_rule("origins such as https://app.example.com (comma-separated)"),
     "backend": _choice_rule(BACKEND_CHOICES),
     "precision": _choice_rule(PRECISION_CHOICES),
+    "kernels": _choice_rule(KERNEL_MODES),
     "task": _choice_rule(TASKS),
     "pooling": _optional(_choice_rule(POOLING_METHODS)),
     "gpu_disabled": _bool_rule,
@@ -707,6 +709,7 @@ class ServeConfig:
     cors_allowed_origins: str | None = None
     backend: str = "auto"
     precision: str = "auto"
+    kernels: str = "auto"
     task: str = DEFAULT_TASK
     pooling: str | None = None
     # environment only (no flag): see ENVIRONMENT
@@ -989,6 +992,7 @@ class ServeConfig:
             task=self.task,
             pooling=self.pooling,
             lora=self.lora_enabled,
+            kernels=self.kernels,
         )
 
     @property
@@ -1034,6 +1038,7 @@ class BuildSettings:
     model: str | None
     backend: str
     precision: str
+    kernels: str
     task: str
     pooling: str | None
     enable_lora: bool
@@ -1200,6 +1205,14 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
         "int4, Q8_0 int8, float weights fp32) and picks fp16 on TensorRT; int8/int4 builds must "
         "pass a quality gate against fp32 on this CPU",
         choices=PRECISION_CHOICES,
+    )
+    _add(
+        build,
+        "kernels",
+        "int8/int4 on the CPU: how the quality gate picks the kernels: auto (the fastest plan whose "
+        "answers equal fp32's on the gate prompts), exact (float32 compute in every layer), fast "
+        "(the fastest plan above the agreement floor, answers may differ; said in one log line)",
+        choices=KERNEL_MODES,
     )
     _add(
         build,

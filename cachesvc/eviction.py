@@ -281,6 +281,7 @@ class Evictor:
         else:
             detail = f"forgotten; files at {ckpt.path} left in place (not the cache's own)"
         self.catalog.delete_checkpoint(digest, nbytes=file_bytes, detail=detail)
+        layout.remove_gate_reference(digest)
         log.info("checkpoint %s removed (%s; %d bundle(s))", short, detail, len(removed))
         return CheckpointRemoval(
             digest=digest,

@@ -202,6 +202,7 @@ class CacheManager:
             task=request.task,
             pooling=(request.pooling or DEFAULT_POOLING) if embed else None,
             lora=request.lora,
+            kernels=request.kernels,
         )
 
     def prepare(
@@ -321,7 +322,8 @@ class CacheManager:
         try:
             progress("build", 0.0)
             engine = builder.build(
-                BuildJob(ckpt.path, draft.path if draft else None, options, staging, progress)
+                BuildJob(ckpt.path, draft.path if draft else None, options, staging, progress,
+                         checkpoint_digest=ckpt.digest)
             )
             progress("publish", 0.95)
             manifest = self.store.publish(

@@ -37,6 +37,7 @@ from inference.build_profile import (
     check_shapes,
     check_task,
 )
+from inference.builder.kernel_plan import KERNEL_MODES
 from inference.cpu_class import CPU_CLASSES
 
 #: Version of the on-disk bundle layout (manifest format, directory shape).
@@ -81,9 +82,13 @@ class BuildOptions:
     task: str = DEFAULT_TASK
     pooling: str | None = None
     lora: bool = False
+    #: How a quantized CPU graph's kernels are chosen (``auto``, ``exact``, ``fast``: see
+    #: docs/quantization.md); ``auto`` for every other profile.
+    kernels: str = "auto"
 
     def __post_init__(self) -> None:
         with _as_config_error():
+            check_choice("kernels", self.kernels, KERNEL_MODES)
             check_choice("backend", self.backend, BACKENDS)
             check_choice("precision", self.precision, PRECISIONS)
             check_task(self.task, self.pooling, self.backend, self.precision)
@@ -103,6 +108,9 @@ class BuildOptions:
                               f"{', '.join(CPU_CLASSES)}, got {self.cpu_class!r}")
         if not keyed and self.cpu_class is not None:
             raise ConfigError("cpu_class", "applies only to int8/int4 bundles of the onnxruntime backend")
+        if not keyed and self.kernels != "auto":
+            raise ConfigError("kernels", f"applies only to int8/int4 bundles of the onnxruntime backend, "
+                              f"not {self.backend} {self.precision}; drop --kernels or build int8/int4")
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as a JSON-ready dict (stored in the catalog and the manifest)."""
@@ -148,13 +156,15 @@ class BuildOptions:
             parts.append(f"{self.task}{self.pooling or ''}")
         if self.lora:
             parts.append("lora")
+        if self.kernels != "auto":
+            parts.append(f"k{self.kernels}")
         parts += [self.precision, self.digest[:12]]
         return "-".join(parts)
 
 
 #: Profile fields added after bundles existed: omitted from the dict (and the digest) at these
 #: defaults, so every older bundle keeps its id.
-_OPTIONAL_DEFAULTS: dict[str, Any] = {"task": DEFAULT_TASK, "pooling": None, "lora": False}
+_OPTIONAL_DEFAULTS: dict[str, Any] = {"task": DEFAULT_TASK, "pooling": None, "lora": False, "kernels": "auto"}
 
 
 @dataclass(frozen=True)
@@ -176,10 +186,12 @@ class ProfileRequest:
     task: str = DEFAULT_TASK
     pooling: str | None = None
     lora: bool = False
+    kernels: str = "auto"
 
     def __post_init__(self) -> None:
         with _as_config_error():
             check_choice("task", self.task, TASKS)
+            check_choice("kernels", self.kernels, KERNEL_MODES)
             if self.pooling is not None and self.task != "embed":
                 raise ProfileError("pooling", f"applies only to task 'embed', got task {self.task!r}")
             embed_ok = self.precision in ("auto", "fp32") and self.backend != "tensorrt"

@@ -302,6 +302,7 @@ class BuildController(Controller):
             task=data.task,
             pooling=data.pooling,
             lora=data.lora,
+            kernels=data.kernels,
         )
         return to_body(manager.start_build(data.model, request, allowed_roots=model_roots), BuildOut)
 

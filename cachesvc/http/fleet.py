@@ -145,6 +145,7 @@ def _spec(manager: CacheManager, data: DesiredIn, roots: tuple[Path, ...] | None
             task=b.task,
             pooling=b.pooling,
             lora=b.lora,
+            kernels=b.kernels,
         )
         profile = {k: getattr(request, k) for k in ProfileRequest.__dataclass_fields__}
         bundles.append(DesiredBundle(model=b.model, profile=profile, pin=b.pin, load=b.load))

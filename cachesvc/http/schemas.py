@@ -77,6 +77,7 @@ PrecisionChoice = Literal["auto", "fp32", "fp16", "bf16", "int8", "int4"]
 SpeculativeMethod = Literal["eagle3", "mtp", "dflash", "jetspec", "dspark", "ngram", "draft_model"]
 Task = Literal["generate", "embed"]
 Pooling = Literal["last", "mean"]
+KernelsChoice = Literal["auto", "exact", "fast"]
 
 PositiveDim = Annotated[int, Meta(ge=1, le=MAX_TOKENS_LIMIT)]
 BatchSize = Annotated[int, Meta(ge=1, le=MAX_BATCH_SIZE_LIMIT)]
@@ -253,6 +254,8 @@ class BuildRequest(Struct, frozen=True, forbid_unknown_fields=True):
     pooling: Pooling | None = None
     #: LoRA inputs in the graph, so that adapters can be loaded into it (``--enable-lora``).
     lora: bool = False
+    #: int8/int4 on the CPU: how the quality gate picks the kernels (``--kernels``).
+    kernels: KernelsChoice = "auto"
 
 
 class BuildOut(Struct, frozen=True):

@@ -124,6 +124,22 @@ class CacheLayout:
         "Context-cache records (prompt-prefix KV blocks) that survive a restart: "
         "``context/<bundle_id>/``, one directory per bundle, removed with it.")
 
+    gate_references = _subdir(
+        "gate-references",
+        "The quality gate's fp32 answers, one file per checkpoint (``<digest32>.npz``), so that "
+        "later quantized builds of the same weights skip the fp32 run; removed with the checkpoint.")
+
+    def gate_reference_file(self, checkpoint_digest: str) -> Path:
+        """The gate's fp32 answers for one checkpoint (may not exist)."""
+        if not re.fullmatch(r"[0-9a-f]{32,64}", checkpoint_digest):
+            raise ValueError(f"not a checkpoint digest: {checkpoint_digest!r}")
+        return self.gate_references / f"{checkpoint_digest[:32]}.npz"
+
+    def remove_gate_reference(self, checkpoint_digest: str) -> None:
+        """Delete one checkpoint's gate answers (never through a linked folder)."""
+        if not self.gate_references.is_symlink():
+            self.gate_reference_file(checkpoint_digest).unlink(missing_ok=True)
+
     def context_dir(self, bundle_id: str) -> Path:
         """The record directory of one bundle (may not exist yet)."""
         return self.context / check_bundle_id(bundle_id)

@@ -469,10 +469,7 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         raise ValueError(f"pooling must be one of {POOLING_METHODS} on the portable graph, got {pooling!r}")
     weights = _ExternalWeights(model_path.with_name(model_path.name + ".data"), weights_in)
     em = _Emitter(weights)
-    quant = None if kernels is None else QuantizedEmitter(
-        em, bits=kernels.weight_bits, accuracy_level=kernels.accuracy_level,
-        head_accuracy_level=kernels.head_accuracy_level, rescore_top_k=kernels.rescore_top_k,
-        head_layout=kernels.head_layout, q4=GgufBlocks(ckpt))
+    quant = None if kernels is None else QuantizedEmitter(em, kernels, GgufBlocks(ckpt))
     b = _DecoderBuilder(cfg, ckpt, em, max_positions=max_positions, fused_ops=fused_ops, kv_layout=kv_layout,
                         quant=quant, lora=lora)
     try:

@@ -36,12 +36,24 @@ saturate on what it holds:
 So the graph differs by class: the CPU class is part of a quantized bundle's profile, the
 choice is recorded in ``engine.json`` (``kernels``) and a bundle built for another class is
 stale and never served.
+
+Plans and the gate (issue 35): the layers' float32 compute above is the *exact* plan. On every
+class whose int8 kernels cannot saturate on 4-bit values (every x86 class with AVX2 and up, and
+arm64: the layers' weights are 4-bit codes, or for int8 two 4-bit planes), level 4 in the layers
+is several times faster at ~1B parameters (one ``MatMulNBits`` in 1B-Llama shapes: 0.16-0.29 ms
+against 0.94-1.20 ms at one row, 1.0 against 7.9 ms at eight), so :func:`candidate_plans` lists
+plans from fastest to exact — every projection at level 4 (``fast``), ``down_proj`` only
+(``down``), none (``exact``) — and the quality gate (:mod:`.quality`) publishes the fastest one
+whose answers are fp32's on this CPU. The plans differ only in the ``accuracy_level`` attribute
+of the layers' ``MatMulNBits`` nodes (:func:`retarget`), so one written graph serves them all.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+import onnx
 
 from inference.build_profile import QUANTIZED_PRECISIONS
 from inference.cpu_class import CPU_CLASSES
@@ -54,6 +66,21 @@ FAST_HEAD_CLASSES: tuple[str, ...] = ("amx", "avx512-vnni")
 PLANE_HEAD_CLASSES: tuple[str, ...] = ("avx2", "avx2-vnni", "avx512")
 #: How many of the fast lm_head's top logits are recomputed exactly.
 RESCORE_TOP_K = 32
+#: The projection groups of a layer, by the name part of their weights (q/k/v and gate/up run
+#: fused, see ``graph.py``): what a mixed plan sets per group.
+PROJECTION_GROUPS: dict[str, str] = {
+    "qkv": "self_attn.q_proj", "o": "self_attn.o_proj", "gate_up": "mlp.gate_proj", "down": "mlp.down_proj",
+}
+#: Classes whose int8 kernels can run the layers at level 4 without saturating (the layers hold
+#: 4-bit values: 4-bit codes, or int8's two 4-bit planes): every class but ``generic``.
+INT8_ACTIVATION_CLASSES: tuple[str, ...] = ("avx2", "avx2-vnni", "avx512", "avx512-vnni", "amx", "arm64")
+#: ``--kernels``: ``auto`` (the fastest plan that answers like fp32: the gate's strict test),
+#: ``exact`` (float32 compute in every layer), ``fast`` (the fastest plan above the agreement floor).
+KERNEL_MODES: tuple[str, ...] = ("auto", "exact", "fast")
+#: The candidate plans from fastest to exact: name -> the projection groups at level 4.
+PLAN_GROUPS: dict[str, tuple[str, ...]] = {
+    "fast": tuple(PROJECTION_GROUPS), "down": ("down",), "exact": (),
+}
 
 
 @dataclass(frozen=True)
@@ -70,10 +97,24 @@ class KernelPlan:
     #: How the 8-bit head table is held: ``codes`` (one uint8 a weight) or ``planes`` (two
     #: 4-bit ones, see :mod:`.quantized`).
     head_layout: str = "planes"
+    #: The plan's name (:data:`PLAN_GROUPS`; ``forced`` for a test's override).
+    name: str = "exact"
+    #: Projection groups (:data:`PROJECTION_GROUPS`) whose ``MatMulNBits`` run at level 4;
+    #: the others at ``accuracy_level``.
+    int8_groups: tuple[str, ...] = ()
 
     def record(self) -> dict[str, Any]:
         """What ``engine.json`` records under ``kernels``."""
-        return asdict(self)
+        out = asdict(self)
+        out["int8_groups"] = list(self.int8_groups)
+        return out
+
+    def level_of(self, weight: str) -> int:
+        """The accuracy level of the layer weight named ``weight`` (``model.layers.3.mlp.down_proj...``)."""
+        for group in self.int8_groups:
+            if f".{PROJECTION_GROUPS[group]}" in weight:
+                return 4
+        return self.accuracy_level
 
 
 def kernel_plan(precision: str, cpu_class: str, *, accuracy_level: int | None = None) -> KernelPlan:
@@ -92,4 +133,41 @@ def kernel_plan(precision: str, cpu_class: str, *, accuracy_level: int | None = 
                       accuracy_level=0 if accuracy_level is None else accuracy_level, head_bits=8,
                       head_accuracy_level=4 if fast_head else 0,
                       rescore_top_k=RESCORE_TOP_K if fast_head else 0,
-                      head_layout="codes" if cpu_class in FAST_HEAD_CLASSES else "planes")
+                      head_layout="codes" if cpu_class in FAST_HEAD_CLASSES else "planes",
+                      name="exact" if accuracy_level is None else "forced")
+
+
+def candidate_plans(precision: str, cpu_class: str, mode: str = "auto") -> list[KernelPlan]:
+    """The plans the gate tries for ``precision`` on ``cpu_class``, fastest first, the exact plan
+    last (``mode`` ``exact``: the exact plan only; ``generic`` CPUs have no other)."""
+    if mode not in KERNEL_MODES:
+        raise ValueError(f"kernels must be one of {', '.join(KERNEL_MODES)}, got {mode!r}")
+    exact = kernel_plan(precision, cpu_class)
+    if mode == "exact" or cpu_class not in INT8_ACTIVATION_CLASSES:
+        return [exact]
+    return [replace(exact, name=name, int8_groups=groups) for name, groups in PLAN_GROUPS.items()]
+
+
+def _layer_weight(node: onnx.NodeProto) -> str | None:
+    if node.op_type != "MatMulNBits" or len(node.input) < 2 or ".layers." not in node.input[1]:
+        return None
+    return node.input[1]
+
+
+def retarget(model: onnx.ModelProto, plan: KernelPlan) -> int:
+    """Set the accuracy level of every layer ``MatMulNBits`` of ``model`` to ``plan``'s (the head
+    keeps its own); returns how many nodes the plan puts at level 4."""
+    fast = 0
+    for node in model.graph.node:
+        weight = _layer_weight(node)
+        if weight is None:
+            continue
+        level = plan.level_of(weight)
+        fast += level == 4
+        for attr in node.attribute:
+            if attr.name == "accuracy_level":
+                attr.i = level
+                break
+        else:
+            node.attribute.append(onnx.helper.make_attribute("accuracy_level", level))
+    return fast

@@ -25,7 +25,7 @@ from inference.builder.checkpoint_reader import CheckpointReader, open_checkpoin
 from inference.builder.errors import BuildInputError
 from inference.builder.external_data import share_external_data
 from inference.builder.graph import GraphIO, Progress, build_decoder_graph
-from inference.builder.kernel_plan import KernelPlan, kernel_plan
+from inference.builder.kernel_plan import KernelPlan, candidate_plans
 from inference.builder.model_config import ModelConfig, load_model_config
 from inference.builder.quality import MIN_AGREEMENT, Quality, run_gate
 from inference.builder.spec import EngineBuildSpec
@@ -37,8 +37,10 @@ from inference.runtime.ort_session import available_cores
 # model.onnx.data with the portable graph (one weights file per bundle). ort-3: engine.json
 # records the memory estimate (weight_bytes, kv_bytes_per_token, memory_bytes). ort-4: int8 and
 # int4 are MatMulNBits written per CPU class (``kernels``), 8-bit embedding and lm_head with
-# exact top-k rescoring, and a quality gate (``quality``); no portable graph for them.
-BUILDER_VERSION = "ort-4"
+# exact top-k rescoring, and a quality gate (``quality``); no portable graph for them. ort-5:
+# the gate chooses the layers' kernel plan (``kernels.name``, ``quality.candidates``); int8
+# layers are always two 4-bit planes.
+BUILDER_VERSION = "ort-5"
 PORTABLE_MODEL = "model.onnx"
 OPTIMIZED_MODEL = "model.ort.onnx"
 KV_LAYOUT = "gqa-inplace"
@@ -165,15 +167,17 @@ def _matryoshka(checkpoint_dir: Path, hidden: int) -> dict[str, Any] | None:
 
 def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                  progress: Progress | None = None, *, kernels_override: KernelPlan | None = None,
-                 min_agreement: float = MIN_AGREEMENT) -> dict[str, Any]:
+                 min_agreement: float = MIN_AGREEMENT, reference_file: Path | None = None) -> dict[str, Any]:
     """Build an onnxruntime bundle of ``checkpoint_dir`` into the existing, empty ``out_dir``.
 
     Writes the portable graph (``model.onnx`` + ``model.onnx.data``), the onnxruntime-optimised
     CPU graph (``model.ort.onnx``: GroupQueryAttention with in-place KV, reading its weights from
     the same ``model.onnx.data``), the tokenizer files and, last, ``engine.json`` (also
     returned). int4 and int8 bundles hold the CPU graph only, with the quantized kernels of
-    ``spec.cpu_class`` (default: this machine's; ``kernels_override`` replaces that choice, for
-    tests), and must pass the quality gate (:mod:`.quality`; ``min_agreement``) on this machine.
+    ``spec.cpu_class`` (default: this machine's): the quality gate (:mod:`.quality`;
+    ``min_agreement``) measures the class's kernel plans on this machine as ``spec.kernels`` says
+    and keeps the fastest that passes (``kernels_override`` forces one plan instead, for tests
+    and benches). ``reference_file`` keeps fp32's answers for the next build of these weights.
     Raises ``BuildInputError`` (``QualityGateError`` for the gate) for checkpoints or specs it
     cannot build; the caller discards ``out_dir`` on any error.
     """
@@ -192,9 +196,13 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     model_path = out_dir / PORTABLE_MODEL
     optimized_path = out_dir / OPTIMIZED_MODEL
     kernels: KernelPlan | None = None
+    plans: list[KernelPlan] = []
     quality: Quality | None = None
     if spec.precision in QUANTIZED_PRECISIONS:
-        kernels = kernels_override or kernel_plan(spec.precision, spec.cpu_class or cpu_class())
+        plans = ([kernels_override] if kernels_override is not None
+                 else candidate_plans(spec.precision, spec.cpu_class or cpu_class(), spec.kernels))
+        # The graph is written once, with the exact plan's levels; the gate retargets them.
+        kernels = plans[-1]
     # fp32: two graphs of the same weights, the portable one (standard ops) and the CPU one
     # (GroupQueryAttention, in-place KV). Quantized: the CPU graph only, since MatMulNBits and
     # GatherBlockQuantized are onnxruntime (com.microsoft) ops that TensorRT cannot run, plus
@@ -216,20 +224,25 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         _optimize(cpu_src, optimized_path)
         if kernels is not None:
             report("quality", 0.0)
-            # The fp32 reference's weights stay in memory: only its graph is written (on this
-            # machine's disk, writing SmolLM2's 540 MB took 2.5 s, a third of the gate).
-            reference = work / "reference.onnx"
-            reference_weights: dict[str, np.ndarray] = {}
-            build_decoder_graph(cfg, ckpt, reference, max_positions=spec.max_kv_cache_capacity,
-                                fused_ops=fused, kv_layout="gqa", weights_in=reference_weights)
+            def fp32_reference() -> tuple[Path, dict[str, np.ndarray]]:
+                # Its weights stay in memory: only its graph is written (on this machine's disk,
+                # writing SmolLM2's 540 MB took 2.5 s, a third of the gate). Built only when
+                # fp32's answers are not in ``reference_file`` already.
+                reference = work / "reference.onnx"
+                weights: dict[str, np.ndarray] = {}
+                build_decoder_graph(cfg, ckpt, reference, max_positions=spec.max_kv_cache_capacity,
+                                    fused_ops=fused, kv_layout="gqa", weights_in=weights)
+                return reference, weights
+
             gate_meta = {
                 **_metadata(cfg, io, spec, set(), {}, [], 0.0, _kv_cache_meta(cfg, cpu_io, spec)),
                 "optimized_model": OPTIMIZED_MODEL,
             }
-            quality = run_gate(reference, optimized_path, gate_meta, checkpoint_dir, cpu_class=cpu_class(),
-                               threads=available_cores(), threshold=min_agreement,
-                               reference_weights=reference_weights)
-            del reference_weights
+            kernels, quality = run_gate(
+                fp32_reference, optimized_path, gate_meta, checkpoint_dir, cpu_class=cpu_class(),
+                threads=available_cores(), plans=plans, threshold=min_agreement,
+                mode="forced" if kernels_override is not None else spec.kernels,
+                reference_file=reference_file)
     if model_path.exists():
         report("share", 0.0)
         share_external_data(model_path, optimized_path)

@@ -21,6 +21,20 @@ way round: the quantized graph decoding and fp32 reading took 2.8 s + 1.4 s (int
 3.0 s. Both parts are bound by arithmetic (8 prompts x 32 tokens through each model), not by
 the number of runs: reading all 8 sequences as one padded batch took as long as 16 runs.
 
+**Choosing the kernels.** The gate measures the kernel plans of :func:`.kernel_plan.candidate_plans`
+from fastest to exact on the same written graph (they differ only in accuracy levels) and
+publishes the first that passes. A plan faster than exact must answer like fp32 (``auto``): the
+agreement floor **and** free-running identity, the first :data:`IDENTITY_TOKENS` greedy tokens of
+every gate prompt equal to fp32's (decoded freely, so an early flip shows). The exact plan
+computes in float32: what differs from fp32 is the weights' own rounding, judged by the agreement
+floor as before (its identity is recorded too). ``fast`` takes the fastest plan above the floor
+alone; ``exact`` tries only the exact plan. Each candidate's figures (agreement, min cosine,
+identity, decode tok/s at 1 row and at one row per prompt, seconds) are recorded.
+
+fp32's answers (greedy tokens and the logits that chose them, float16) are kept per checkpoint
+when the caller gives a file (:func:`reference_answers`): the next quantized build of the same
+weights skips the fp32 graph and its decode.
+
 Below :data:`MIN_AGREEMENT` the build fails with one line naming the precision, the figure and
 the precision to use instead, and nothing is published. The figures are recorded in
 ``engine.json`` under ``quality``.
@@ -28,21 +42,36 @@ the precision to use instead, and nothing is published. The figures are recorded
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from inference.builder.errors import BuildInputError
+from inference.builder.kernel_plan import KernelPlan, retarget
 from inference.runtime.onnxruntime_engine import GqaEngine
 from inference.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
 
 #: Greedy agreement a quantized bundle needs (share of fp32's greedy tokens it also picks there).
 MIN_AGREEMENT = 0.9
 TOKENS = 32
+#: Free-running identity: a plan faster than exact must decode these first greedy tokens of
+#: every gate prompt exactly as fp32 does.
+IDENTITY_TOKENS = 16
+#: Decode steps timed per candidate (at one row, best of two rounds).
+TIMED_STEPS = 8
+#: Bump when the reference file's content changes (a stale file is recomputed, never trusted).
+REFERENCE_VERSION = 1
 #: Short everyday requests: facts, code, lists, arithmetic, advice, writing.
 PROMPTS: tuple[str, ...] = (
     "What is the capital of France?",
@@ -61,8 +90,24 @@ class QualityGateError(BuildInputError):
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """One kernel plan as the gate measured it."""
+
+    plan: str
+    int8_groups: tuple[str, ...]
+    greedy_agreement: float
+    min_logit_cosine: float
+    #: Prompts whose first :data:`IDENTITY_TOKENS` free-running greedy tokens equal fp32's.
+    identical: int
+    decode_tok_s: float
+    decode_tok_s_rows: float
+    passed: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Quality:
-    """What ``engine.json`` records under ``quality``."""
+    """What ``engine.json`` records under ``quality`` (the chosen plan's figures first)."""
 
     reference: str
     prompts: int
@@ -72,10 +117,35 @@ class Quality:
     cpu_class: str
     threshold: float
     seconds: float
+    kernels_mode: str = "auto"
+    plan: str = "exact"
+    identical: int = 0
+    identity_tokens: int = IDENTITY_TOKENS
+    #: Whether fp32's answers came from the per-checkpoint file instead of a fresh decode.
+    reference_cached: bool = False
+    reference_seconds: float = 0.0
+    candidates: list[Candidate] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
         """The JSON-ready figures."""
-        return asdict(self)
+        out = asdict(self)
+        for c in out["candidates"]:
+            c.update(int8_groups=list(c["int8_groups"]), greedy_agreement=round(c["greedy_agreement"], 4),
+                     min_logit_cosine=round(c["min_logit_cosine"], 5),
+                     decode_tok_s=round(c["decode_tok_s"], 1),
+                     decode_tok_s_rows=round(c["decode_tok_s_rows"], 1), seconds=round(c["seconds"], 2))
+        return out
+
+
+@dataclass(frozen=True)
+class Reference:
+    """fp32's answers to the gate prompts: greedy tokens and the logits that chose them."""
+
+    prompts: list[list[int]]
+    tokens: list[list[int]]
+    #: ``[tokens, vocab]`` per prompt, float16 (the figures are computed against these, so a
+    #: cached reference gives the same figures as a fresh one).
+    logits: list[np.ndarray]
 
 
 def gate_prompts(tokenizer_dir: Path, vocab_size: int) -> list[list[int]]:
@@ -103,9 +173,10 @@ def _teacher_forced(engine: GqaEngine, prompt: Sequence[int], tokens: Sequence[i
     return np.vstack([first[None], engine.extend(0, tokens[:-1])])
 
 
-def _greedy(engine: GqaEngine, prompts: Sequence[Sequence[int]],
-            tokens: int) -> tuple[list[list[int]], list[np.ndarray]]:
-    """Greedy tokens after each prompt (all decoded as one batch) and the logits that chose them."""
+def _greedy(engine: GqaEngine, prompts: Sequence[Sequence[int]], tokens: int,
+            step_times: list[float] | None = None) -> tuple[list[list[int]], list[np.ndarray]]:
+    """Greedy tokens after each prompt (all decoded as one batch) and the logits that chose them
+    (``step_times`` receives each batched step's seconds)."""
     chosen: list[list[int]] = [[] for _ in prompts]
     logits: list[list[np.ndarray]] = [[] for _ in prompts]
     for slot, prompt in enumerate(prompts):
@@ -115,22 +186,24 @@ def _greedy(engine: GqaEngine, prompts: Sequence[Sequence[int]],
         chosen[slot].append(int(row.argmax()))
     slots = list(range(len(prompts)))
     for _ in range(tokens - 1):
+        started = time.perf_counter()
         rows = engine.decode(slots, [chosen[s][-1] for s in slots])
+        if step_times is not None:
+            step_times.append(time.perf_counter() - started)
         for s in slots:
             logits[s].append(rows[s])
             chosen[s].append(int(rows[s].argmax()))
     return chosen, [np.stack(rows) for rows in logits]
 
 
-def measure(reference: GqaEngine, candidate: GqaEngine, prompts: Sequence[Sequence[int]],
-            tokens: int = TOKENS) -> tuple[float, float]:
-    """(greedy agreement, min logit cosine) of ``candidate`` against ``reference`` (the
-    reference decodes, so it needs one slot per prompt; one is enough for the candidate)."""
-    chosen, ref_logits = _greedy(reference, prompts, tokens)
+def measure(reference: Reference, candidate: GqaEngine) -> tuple[float, float]:
+    """(greedy agreement, min logit cosine) of ``candidate`` (one slot is enough) read
+    teacher-forced along fp32's greedy path."""
     agree = total = 0
     min_cos = 1.0
-    for prompt, path, ref in zip(prompts, chosen, ref_logits, strict=True):
+    for prompt, path, ref16 in zip(reference.prompts, reference.tokens, reference.logits, strict=True):
         got = _teacher_forced(candidate, prompt, path)
+        ref = ref16.astype(np.float32)
         agree += int((got.argmax(-1) == np.asarray(path)).sum())
         total += len(path)
         norms = np.linalg.norm(ref, axis=-1) * np.linalg.norm(got, axis=-1)
@@ -139,12 +212,128 @@ def measure(reference: GqaEngine, candidate: GqaEngine, prompts: Sequence[Sequen
     return agree / max(total, 1), min_cos
 
 
-def run_gate(reference_model: Path, candidate_model: Path, meta: dict[str, Any], tokenizer_dir: Path,
-             *, cpu_class: str, threads: int, threshold: float = MIN_AGREEMENT,
-             reference_weights: Mapping[str, np.ndarray] | None = None) -> Quality:
-    """Measure ``candidate_model`` against the fp32 ``reference_model`` (both GQA graphs of the
-    same bundle metadata ``meta``; the reference's large weights from ``reference_weights`` when
-    its data file was not written); raise :class:`QualityGateError` below ``threshold``."""
+def _prompts_key(prompts: Sequence[Sequence[int]], tokens: int) -> str:
+    payload = json.dumps({"v": REFERENCE_VERSION, "tokens": tokens, "prompts": prompts})
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _load_reference(path: Path, key: str) -> Reference | None:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if str(data["key"]) != key:
+                return None
+            lengths = [int(n) for n in data["prompt_lengths"]]
+            flat = [int(t) for t in data["prompts"]]
+            prompts, at = [], 0
+            for n in lengths:
+                prompts.append(flat[at:at + n])
+                at += n
+            tokens = [[int(t) for t in row] for row in data["tokens"]]
+            logits = list(data["logits"])
+    except (OSError, KeyError, ValueError) as exc:  # missing, damaged or foreign: recompute
+        if path.exists():
+            log.warning("ignoring the gate's fp32 reference %s (%s); computing it again", path, exc)
+        return None
+    return Reference(prompts, tokens, logits)
+
+
+def _save_reference(path: Path, key: str, ref: Reference) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, key=np.array(key), prompt_lengths=np.array([len(p) for p in ref.prompts]),
+                     prompts=np.array([t for p in ref.prompts for t in p], np.int64),
+                     tokens=np.array(ref.tokens, np.int64), logits=np.stack(ref.logits))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:  # a cache, not a result: the build goes on without it
+        tmp.unlink(missing_ok=True)
+        log.warning("could not keep the gate's fp32 reference in %s: %s", path, exc)
+
+
+def reference_answers(open_reference: Callable[[int], GqaEngine], prompts: list[list[int]], tokens: int,
+                      cache_file: Path | None = None) -> tuple[Reference, bool]:
+    """fp32's answers to ``prompts`` (``open_reference(slots)`` opens the fp32 engine, only when
+    they are not in ``cache_file``); returns them and whether they came from the file."""
+    key = _prompts_key(prompts, tokens)
+    if cache_file is not None:
+        cached = _load_reference(cache_file, key)
+        if cached is not None:
+            return cached, True
+    engine = open_reference(len(prompts))
+    try:
+        chosen, logits = _greedy(engine, prompts, tokens)
+    finally:
+        engine.close()
+    ref = Reference(prompts, chosen, [rows.astype(np.float16) for rows in logits])
+    if cache_file is not None:
+        _save_reference(cache_file, key, ref)
+    return ref, False
+
+
+def _time_decode(engine: GqaEngine, prompt: Sequence[int], first: int) -> float:
+    """Decode tok/s at one row after ``prompt``: best of two rounds of :data:`TIMED_STEPS`."""
+    best = float("inf")
+    for _ in range(2):
+        engine.reset(0)
+        engine.prefill(0, prompt)
+        token = first
+        started = time.perf_counter()
+        for _ in range(TIMED_STEPS):
+            token = int(engine.decode([0], [token])[0].argmax())
+        best = min(best, time.perf_counter() - started)
+    return TIMED_STEPS / best
+
+
+def _free_run(engine: GqaEngine, prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], float]:
+    """The first :data:`IDENTITY_TOKENS` greedy tokens after each prompt, decoded freely as one
+    batch, and the batch's decode tok/s (one row per prompt; median step)."""
+    steps: list[float] = []
+    free, _ = _greedy(engine, prompts, IDENTITY_TOKENS, steps)
+    return free, (len(prompts) / float(np.median(steps)) if steps else 0.0)
+
+
+def _set_plan(model: Path, plan: KernelPlan) -> None:
+    """Retarget the graph file ``model`` to ``plan`` in place (its weights file is untouched)."""
+    proto = onnx.load(str(model), load_external_data=False)
+    retarget(proto, plan)
+    onnx.save(proto, str(model))
+
+
+def _open_plan(model: Path, plan: KernelPlan, meta: dict[str, Any], slots: int, threads: int) -> GqaEngine:
+    _set_plan(model, plan)
+    return GqaEngine(model, meta, max_slots=slots, threads=threads)
+
+
+def _try_plan(model: Path, plan: KernelPlan, meta: dict[str, Any], reference: Reference,
+              threads: int) -> tuple[Candidate, list[list[int]]]:
+    """``plan``'s figures (``passed`` left False for the caller) and its free-running tokens."""
+    started = time.monotonic()
+    engine = _open_plan(model, plan, meta, len(reference.prompts), threads)
+    try:
+        agreement, min_cos = measure(reference, engine)
+        free, rows = _free_run(engine, reference.prompts)
+        tok_s = _time_decode(engine, reference.prompts[0], reference.tokens[0][0])
+    finally:
+        engine.close()
+    identical = sum(got == ref[:IDENTITY_TOKENS] for got, ref in zip(free, reference.tokens, strict=True))
+    return Candidate(plan=plan.name, int8_groups=plan.int8_groups, greedy_agreement=agreement,
+                     min_logit_cosine=min_cos, identical=identical, decode_tok_s=tok_s,
+                     decode_tok_s_rows=rows, passed=False, seconds=time.monotonic() - started), free
+
+
+def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]], candidate_model: Path,
+             meta: dict[str, Any], tokenizer_dir: Path, *, cpu_class: str, threads: int,
+             plans: Sequence[KernelPlan], mode: str = "auto", threshold: float = MIN_AGREEMENT,
+             reference_file: Path | None = None) -> tuple[KernelPlan, Quality]:
+    """Choose among ``plans`` (fastest first, the written graph ``candidate_model`` holding their
+    weights) by measuring each against fp32 of the same weights (``fp32_reference()`` writes its
+    GQA graph of the same bundle metadata ``meta`` and returns it with its large weights, called
+    only when ``reference_file`` does not hold fp32's answers already).
+    Leaves ``candidate_model`` set to the chosen plan and returns it with the figures; raises
+    :class:`QualityGateError` when no plan passes (see the module docstring for ``mode``)."""
     started = time.monotonic()
     prompts = gate_prompts(tokenizer_dir, int(meta["vocab_size"]))
     capacity = int(meta["max_kv_cache_capacity"])
@@ -154,26 +343,64 @@ def run_gate(reference_model: Path, candidate_model: Path, meta: dict[str, Any],
     # would allocate gigabytes for nothing).
     needed = {"max_kv_cache_capacity": max(len(p) for p in prompts) + tokens}
     ref_meta = {**meta, **needed, "optimized_model": None}
-    reference = GqaEngine(reference_model, ref_meta, max_slots=len(prompts), threads=threads,
-                          initializers=reference_weights)
-    try:
-        candidate = GqaEngine(candidate_model, {**meta, **needed}, max_slots=1, threads=threads)
-        try:
-            agreement, min_cos = measure(reference, candidate, prompts, tokens)
-        finally:
-            candidate.close()
-    finally:
-        reference.close()
+
+    def open_reference(slots: int) -> GqaEngine:
+        model, weights = fp32_reference()
+        return GqaEngine(model, ref_meta, max_slots=slots, threads=threads, initializers=weights)
+
+    reference, cached = reference_answers(open_reference, prompts, tokens, reference_file)
+    reference_seconds = time.monotonic() - started
+
+    exact_free: list[list[int]] | None = None
+
+    def answers_like_exact(free: list[list[int]]) -> bool:
+        """Whether each prompt's free-running tokens are fp32's or, where the exact plan's own
+        differ from fp32's (the weights' rounding), the exact plan's."""
+        nonlocal exact_free
+        wanted = [ref[:IDENTITY_TOKENS] for ref in reference.tokens]
+        if free == wanted:
+            return True
+        if exact_free is None:
+            engine = _open_plan(candidate_model, plans[-1], run_meta, len(prompts), threads)
+            try:
+                exact_free = _free_run(engine, prompts)[0]
+            finally:
+                engine.close()
+        return all(got in (ref, ex) for got, ref, ex in zip(free, wanted, exact_free, strict=True))
+
+    run_meta = {**meta, **needed}
+    tried: list[Candidate] = []
+    chosen = None
+    for plan in plans:
+        figures, free = _try_plan(candidate_model, plan, run_meta, reference, threads)
+        # A plan that trades float32 compute for speed must give fp32's answers (``auto``); the
+        # exact plan, ``fast`` and a plan the caller forces (``forced``) face the floor alone.
+        passed = figures.greedy_agreement >= threshold and (
+            mode in ("fast", "forced") or plan.name == "exact" or answers_like_exact(free))
+        tried.append(replace(figures, passed=passed))
+        if passed:
+            chosen = plan
+            break
+    last = tried[-1]
+    if chosen is not None:  # the exact plan's free run may have retargeted the file since
+        _set_plan(candidate_model, chosen)
     quality = Quality(reference="fp32", prompts=len(prompts), tokens=tokens * len(prompts),
-                      greedy_agreement=round(agreement, 4), min_logit_cosine=round(min_cos, 5),
+                      greedy_agreement=round(last.greedy_agreement, 4),
+                      min_logit_cosine=round(last.min_logit_cosine, 5),
                       cpu_class=cpu_class, threshold=threshold,
-                      seconds=round(time.monotonic() - started, 2))
-    if agreement < threshold:
+                      seconds=round(time.monotonic() - started, 2), kernels_mode=mode, plan=last.plan,
+                      identical=last.identical, reference_cached=cached,
+                      reference_seconds=round(reference_seconds, 2), candidates=tried)
+    if chosen is None:
         precision = str(meta["precision"])
         instead = "int8 or fp32" if precision == "int4" else "fp32"
         raise QualityGateError(
             f"the {precision} build failed the quality gate on this CPU ({cpu_class}): greedy agreement "
-            f"with fp32 {agreement:.3f} < {threshold} over {quality.prompts} prompts x {tokens} tokens; "
-            f"build --precision {instead} instead"
+            f"with fp32 {last.greedy_agreement:.3f} < {threshold} over {quality.prompts} prompts x "
+            f"{tokens} tokens; build --precision {instead} instead"
         )
-    return quality
+    if mode == "fast" and chosen.name != "exact":
+        log.info("--kernels fast: the %s build runs plan %r (agreement %.3f, %d of %d prompts identical to "
+                 "fp32 for %d tokens), chosen for speed over fp32's answers", meta["precision"], chosen.name,
+                 last.greedy_agreement, last.identical, len(prompts), IDENTITY_TOKENS)
+    return chosen, quality

@@ -45,6 +45,7 @@ from inference.builder.gguf_reader import Q4_TYPES, RawBlocks
 if TYPE_CHECKING:
     from inference.builder.checkpoint_reader import CheckpointReader
     from inference.builder.graph import _Emitter
+    from inference.builder.kernel_plan import KernelPlan
 
 BLOCK = 32
 MS_DOMAIN = "com.microsoft"
@@ -209,17 +210,18 @@ class Table8:
 class QuantizedEmitter:
     """Writes quantized linear layers, embedding and lm_head into a graph being built."""
 
-    def __init__(self, em: _Emitter, *, bits: int, accuracy_level: int, head_accuracy_level: int,
-                 rescore_top_k: int, head_layout: str, q4: GgufBlocks) -> None:
-        if head_layout not in ("codes", "planes") or (head_layout == "codes" and head_accuracy_level == 0):
-            raise ValueError(f"head layout {head_layout!r} at level {head_accuracy_level}: "
+    def __init__(self, em: _Emitter, plan: KernelPlan, q4: GgufBlocks) -> None:
+        head_layout, head_level = plan.head_layout, plan.head_accuracy_level
+        if head_layout not in ("codes", "planes") or (head_layout == "codes" and head_level == 0):
+            raise ValueError(f"head layout {head_layout!r} at level {head_level}: "
                              "codes need level 4 (8-bit MatMulNBits has no fast float path)")
         self.em = em
-        self.bits = bits
-        self.level = accuracy_level
-        self.head_level = head_accuracy_level
+        self.bits = plan.weight_bits
+        #: The layers' accuracy level per weight name (the plan's groups).
+        self.level_of = plan.level_of
+        self.head_level = head_level
         self.head_layout = head_layout
-        self.top_k = rescore_top_k
+        self.top_k = plan.rescore_top_k
         self.q4 = q4
         self.counts = {"gguf_blocks": 0, "quantized": 0}
         self._block_sums: dict[str, str] = {}
@@ -298,10 +300,13 @@ class QuantizedEmitter:
     def _weight_matmul(self, x: str, base: str, q: BlockWeight, n: int, k: int) -> str:
         """``x`` times the weight ``q`` [N, K] written under ``base``: 8 bits as a table (two
         planes in float32), 4 bits as one MatMulNBits plus Q4_1's minimum term."""
+        # int8 layers are always two 4-bit planes, at either level: level 4 on planes is level 4
+        # on the codes (16x quantizes to x's int8 values times 16), and 4-bit values cannot
+        # saturate AVX2's 16-bit pair sums, so one layout serves every plan (see kernel_plan).
+        level = self.level_of(base)
         if q.bits == 8:
-            return self._table_matmul(x, self._table(base, q, "planes" if self.level == 0 else "codes"),
-                                      self.level)
-        y = self._matmul_nbits(x, self._store(base, q), n, k, 4, self.level)
+            return self._table_matmul(x, self._table(base, q, "planes"), level)
+        y = self._matmul_nbits(x, self._store(base, q), n, k, 4, level)
         if q.block_min is None:
             return y
         return self.em.op1("Add", [y, self._min_term(x, base, q, k)])

@@ -22,6 +22,7 @@ from inference.build_profile import (
     check_task,
 )
 from inference.builder.errors import BuildInputError
+from inference.builder.kernel_plan import KERNEL_MODES
 from inference.cpu_class import CPU_CLASSES
 
 SUPPORTED_PRECISIONS = BACKEND_PRECISIONS["onnxruntime"]
@@ -46,6 +47,8 @@ class EngineBuildSpec:
     pooling: str | None = None
     #: LoRA inputs on every projection (:mod:`inference.builder.lora`): adapters per request.
     lora: bool = False
+    #: How a quantized graph's kernels are chosen (:data:`.kernel_plan.KERNEL_MODES`).
+    kernels: str = "auto"
 
     def __post_init__(self) -> None:
         try:
@@ -59,6 +62,8 @@ class EngineBuildSpec:
             check_backend_speculative("onnxruntime", self.speculative_method)
         except ProfileError as exc:
             raise BuildInputError(str(exc)) from None
+        if self.kernels not in KERNEL_MODES:
+            raise BuildInputError(f"kernels must be one of {', '.join(KERNEL_MODES)}, got {self.kernels!r}")
         if self.cpu_class is not None and self.cpu_class not in CPU_CLASSES:
             raise BuildInputError(
                 f"cpu_class must be one of {', '.join(CPU_CLASSES)}, got {self.cpu_class!r}")

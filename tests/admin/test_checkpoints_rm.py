@@ -263,3 +263,18 @@ def test_a_draft_checkpoint_counts_the_bundles_that_use_it(
     assert r.status_code == 200, r.text
     assert set(r.json()["bundles_removed"]) == ids  # no target is left without its draft
     assert client.get("/admin/bundles").json()["items"] == []
+
+
+def test_the_gates_kept_fp32_answers_go_with_the_checkpoint(
+    client: Client, manager: CacheManager, checkpoint: Path
+) -> None:
+    # The quality gate keeps fp32's answers per checkpoint (gate-references/<digest32>.npz);
+    # they are the cache's own file and leave with the checkpoint, the other checkpoints' stay.
+    digest = manager.resolve(str(checkpoint)).digest
+    kept = manager.layout.gate_reference_file(digest)
+    other = manager.layout.gate_reference_file("f" * 64)
+    for path in (kept, other):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"answers")
+    assert client.delete(f"/admin/checkpoints/{digest}").status_code == 200
+    assert not kept.exists() and other.read_bytes() == b"answers"

@@ -39,3 +39,19 @@ def test_profiles_that_cannot_be_built_are_refused(fields: dict[str, object], fi
 def test_a_request_for_pooling_needs_task_embed() -> None:
     with pytest.raises(ConfigError, match="applies only to task 'embed'"):
         ProfileRequest(pooling="mean")
+
+
+def test_kernels_is_part_of_a_quantized_cpu_profile_only() -> None:
+    base = BuildOptions(precision="int4", cpu_class="avx2")
+    # auto is left out of the dict, so every bundle built before --kernels keeps its id
+    assert "kernels" not in base.to_dict() and base.digest == BuildOptions.from_dict(base.to_dict()).digest
+    fast = BuildOptions(precision="int4", cpu_class="avx2", kernels="fast")
+    assert fast.to_dict()["kernels"] == "fast" and fast.digest != base.digest
+    assert "-kfast-int4-" in fast.name and "-kexact-" in BuildOptions(
+        precision="int8", cpu_class="avx2", kernels="exact").name
+    with pytest.raises(ConfigError, match="kernels: applies only to int8/int4 bundles of the onnxruntime"):
+        BuildOptions(precision="fp32", kernels="fast")
+    with pytest.raises(ConfigError, match="kernels"):
+        BuildOptions(precision="int4", cpu_class="avx2", kernels="turbo")
+    with pytest.raises(ConfigError, match="kernels"):
+        ProfileRequest(kernels="turbo")

@@ -71,6 +71,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "cors_allowed_origins": None,
     "backend": "auto",
     "precision": "auto",
+    "kernels": "auto",
     "task": "generate",
     "pooling": None,
     "enable_lora": False,
