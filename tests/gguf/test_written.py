@@ -30,9 +30,11 @@ from inference.builder.gguf_reader import (
 )
 from inference.builder.quantized import BLOCK, GgufBlocks
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
+from inference.cpu_class import cpu_class
 from inference.runtime.onnxruntime_loader import load_engine
 from inference.tokenizer import load_tokenizer
 from tests.gguf.ggufs import FAMILIES, TYPES, write_pair, write_raw_gguf
+from tests.support.gate_rule import check_gate_choice
 
 PROMPT = [5, 77, 123, 9, 300, 41, 250, 17]
 
@@ -188,7 +190,8 @@ def test_int4_from_gguf_blocks_matches_the_dequantized_weights(
     path, _ = small_gguf("qwen2", qtype)
     converted = tmp_path_factory.mktemp("converted")
     convert_gguf(path, converted)
-    int4, fp32 = bundle_of(converted, precision="int4"), bundle_of(converted)
+    # The exact plan (float32 compute); what the gate picks at auto: the test below.
+    int4, fp32 = bundle_of(converted, precision="int4", kernels="exact"), bundle_of(converted)
     graph = onnx.load(str(int4 / "model.ort.onnx"), load_external_data=False).graph
     layers = [n for n in graph.node if n.op_type == "MatMulNBits"
               and next(a.i for a in n.attribute if a.name == "bits") == 4 and ".hi." not in n.input[1]
@@ -205,6 +208,28 @@ def test_int4_from_gguf_blocks_matches_the_dequantized_weights(
     np.testing.assert_allclose(x[top], y[top], rtol=1e-4, atol=1e-4 if exact else 0.1)
     agreement = json.loads((int4 / "engine.json").read_text())["quality"]["greedy_agreement"]
     assert agreement == 1.0 if exact else agreement >= 0.9
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_on_the_4bit_grid_auto_publishes_the_fastest_plan_that_answers_like_fp32(
+    small_gguf: SmallGguf, bundle_of: Callable[..., Path], qtype: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # A checkpoint whose weights sit on the 4-bit grid (the file's own blocks): the layers'
+    # weights are fp32's, so what the gate judges is the kernels alone.
+    import onnx
+
+    path, _ = small_gguf("qwen2", qtype)
+    converted = tmp_path_factory.mktemp("converted")
+    convert_gguf(path, converted)
+    bundle = bundle_of(converted, precision="int4")
+    meta = json.loads((bundle / "engine.json").read_text())
+    chosen = check_gate_choice(meta)
+    print(f"int4 ({qtype} blocks) at auto on {cpu_class()}: {meta['quality']['candidates']}")
+    graph = onnx.load(str(bundle / "model.ort.onnx"), load_external_data=False).graph
+    levels = {next(a.i for a in n.attribute if a.name == "accuracy_level") for n in graph.node
+              if n.op_type == "MatMulNBits" and ".layers." in n.input[1]}
+    assert levels == ({4} if chosen["plan"] == "fast" else {0, 4} if chosen["int8_groups"] else {0})
 
 
 def test_int4_of_a_float_checkpoint_quantizes_it_and_the_gate_judges(
