@@ -1,4 +1,5 @@
-"""ONNX Runtime's CPU kernels one at a time, in SmolLM2-135M's shapes: what a decode step costs.
+"""ONNX Runtime's CPU kernels one at a time, in SmolLM2-135M's shapes (or a 1B Llama's,
+``--model llama-1b``): what a decode step costs.
 
 For each choice the CPU builder weighs (``docs/quantization.md``, ``docs/benchmarks.md``) it times
 one batch-1 token through graphs of single ops with random weights, 2 threads by default:
@@ -29,6 +30,7 @@ import functools
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +41,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inference.cpu_class import cpu_class
 
-HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 576, 1536, 9, 3, 64
-SHAPES = (("q|k|v", HIDDEN, HIDDEN + 2 * KV_HEADS * HEAD_DIM), ("o", HIDDEN, HIDDEN),
-          ("gate|up", HIDDEN, 2 * INTER), ("down", INTER, HIDDEN))
+
+@dataclass(frozen=True)
+class Shape:
+    """A decoder's dimensions: hidden, MLP, query and KV heads, head size, layers."""
+
+    hidden: int
+    inter: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+
+    @property
+    def linears(self) -> tuple[tuple[str, int, int], ...]:
+        """(name, in, out) of one layer's projections as the builder fuses them."""
+        return (("q|k|v", self.hidden, (self.heads + 2 * self.kv_heads) * self.head_dim),
+                ("o", self.heads * self.head_dim, self.hidden), ("gate|up", self.hidden, 2 * self.inter),
+                ("down", self.inter, self.hidden))
+
+
+#: SmolLM2-135M's shapes, and the real-size case's (bench/real_size.py: Llama 3.2 1B's).
+MODELS = {"smollm2": Shape(576, 1536, 9, 3, 64, 30), "llama-1b": Shape(2048, 8192, 32, 8, 64, 16)}
 BLOCK = 32
 MS = "com.microsoft"
 rng = np.random.default_rng(0)
@@ -103,22 +124,22 @@ def _best(run: Callable[[], object], repeats: int) -> float:
     return min(times) * 1000
 
 
-def linear_layers(kinds: Sequence[str], layers: int, threads: int, repeats: int,
+def linear_layers(shape: Shape, kinds: Sequence[str], layers: int, threads: int, repeats: int,
                   rows: Sequence[int] = (1,)) -> None:
     print(f"\nlinear layers of {layers} layers, {'/'.join(map(str, rows))} tokens at once (ms)")
     for kind in kinds:
         nodes, inits, inputs, outs = [], [], [], []
         widths: list[int] = []
-        for shape, k, n in SHAPES:
+        for part, k, n in shape.linears:
             x = f"x{k}"
             if k not in widths:
                 widths.append(k)
                 inputs.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, ["rows", k]))
             for layer in range(layers):
-                more_nodes, more_inits = _linear(f"{shape}.{layer}", x, k, n, kind)
+                more_nodes, more_inits = _linear(f"{part}.{layer}", x, k, n, kind)
                 nodes += more_nodes
                 inits += more_inits
-                outs.append(f"{shape}.{layer}")
+                outs.append(f"{part}.{layer}")
         session = _session(nodes, inputs, outs, inits, threads)
         cells = []
         for m in rows:
@@ -128,19 +149,22 @@ def linear_layers(kinds: Sequence[str], layers: int, threads: int, repeats: int,
         del session
 
 
-def lm_head(kinds: Sequence[str], vocab: int, threads: int, repeats: int) -> None:
-    print(f"\nlm_head {vocab} x {HIDDEN}, one token (ms)")
-    feeds = {"x": rng.standard_normal((1, HIDDEN)).astype(np.float32)}
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, HIDDEN])]
+def lm_head(shape: Shape, kinds: Sequence[str], vocab: int, threads: int, repeats: int) -> None:
+    hidden = shape.hidden
+    print(f"\nlm_head {vocab} x {hidden}, one token (ms)")
+    feeds = {"x": rng.standard_normal((1, hidden)).astype(np.float32)}
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, hidden])]
     for kind in kinds:
-        nodes, inits = _linear("logits", "x", HIDDEN, vocab, kind)
+        nodes, inits = _linear("logits", "x", hidden, vocab, kind)
         session = _session(nodes, inputs, ["logits"], inits, threads)
         print(f"  {kind:<12} {_best(functools.partial(session.run, None, feeds), repeats):8.2f}")
         del session
 
 
-def attention(layers: int, capacity: int, contexts: Sequence[int], threads: int, repeats: int) -> None:
+def attention(shape: Shape, layers: int, capacity: int, contexts: Sequence[int], threads: int,
+              repeats: int) -> None:
     """GroupQueryAttention of ``layers`` layers, each with its own K/V buffer bound in place."""
+    HEADS, KV_HEADS, HEAD_DIM = shape.heads, shape.kv_heads, shape.head_dim
     print(f"\nGroupQueryAttention of {layers} layers, one token, K/V written in place (ms)")
     for dtype, proto in ((np.float32, TensorProto.FLOAT), (np.float16, TensorProto.FLOAT16)):
         qkv_width = (HEADS + 2 * KV_HEADS) * HEAD_DIM
@@ -188,21 +212,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--model", choices=sorted(MODELS), default="smollm2", help="whose shapes")
+    p.add_argument("--layers", type=int, default=None, help="default: the model's")
     p.add_argument("--vocab", type=int, default=49152)
     p.add_argument("--rows", default="1,2,8", help="tokens at once through the linear layers")
+    p.add_argument("--kinds", default="fp32,4bit L0,4bit L4,8bit L0,8bit L4,planes L0",
+                   help="linear kinds: fp32, {4,8}bit L{0,4}, planes L{0,4}")
     p.add_argument("--quick", action="store_true", help="CI: 2 layers, 3 repeats, a small vocabulary")
     args = p.parse_args(argv)
+    shape = MODELS[args.model]
+    args.layers = args.layers or shape.layers
     if args.quick:
         args.layers, args.repeats, args.vocab = 2, 3, 4096
     print(f"CPU class {cpu_class()}, onnxruntime {ort.__version__}, {args.threads} threads, "
           f"best of {args.repeats}")
-    linear_layers(("fp32", "4bit L0", "4bit L4", "8bit L0", "8bit L4", "planes L0"), args.layers,
-                  args.threads, args.repeats, [int(m) for m in args.rows.split(",")])
-    lm_head(("fp32", "4bit L0", "planes L0", "planes L4", "8bit L4", "4bit fzp"), args.vocab, args.threads,
-            args.repeats)
+    linear_layers(shape, args.kinds.split(","), args.layers, args.threads, args.repeats,
+                  [int(m) for m in args.rows.split(",")])
+    lm_head(shape, ("fp32", "4bit L0", "planes L0", "planes L4", "8bit L4", "4bit fzp"), args.vocab,
+            args.threads, args.repeats)
     capacity = 256 if args.quick else 2048
-    attention(args.layers, capacity, (100, 200) if args.quick else (400, 1500), args.threads, args.repeats)
+    attention(shape, args.layers, capacity, (100, 200) if args.quick else (400, 1500), args.threads,
+              args.repeats)
     return 0
 
 
