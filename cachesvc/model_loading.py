@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cachesvc.adapters import check_adapter_source
 from cachesvc.bundle_leases import Releasable
 from cachesvc.config import ENGINE_FACTORY_ENV, ServeConfig, lora_module_pairs
 from cachesvc.errors import CacheError, ConflictError, NotFoundError
@@ -188,7 +189,10 @@ class LoraAdapters:
         return runtime.serving
 
     def load(self, name: str, source: str) -> AdapterInfo:
-        """Load adapter ``source`` as the served name ``name``."""
+        """Load adapter ``source`` as the served name ``name``; a local path is held to the rule
+        of every request-named path (under ``--allowed-model-roots``, no link out of them),
+        as ``POST /admin/lora-adapters`` is."""
+        check_adapter_source("lora_path", source, self._config.model_roots())
         with self._lock:
             handle = self._handle()
             assert self._runtime is not None
