@@ -98,6 +98,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "service/test_event_loop.py": ("integration",),
     "service/test_event_retention.py": ("reliability",),
     "service/test_lifecycle.py": ("e2e",),
+    "service/test_lora_foreign.py": ("reliability",),
     "service/test_lora_paths.py": ("reliability",),
     "service/test_lora_serve.py": ("e2e",),
     "service/test_one_node_per_dir.py": ("reliability", "slow"),
