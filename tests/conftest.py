@@ -44,6 +44,8 @@ TIERS: dict[str, tuple[str, ...]] = {
     "cache/test_catalog.py": ("unit",),
     "cache/test_checkpoints.py": ("unit",),
     "cache/test_concurrent_prepare.py": ("reliability",),
+    "cache/test_context_folder_link.py": ("reliability",),
+    "cache/test_context_records_disk_full.py": ("reliability",),
     "cache/test_context_records.py": ("integration",),
     "cache/test_corrupt_bundles.py": ("integration",),
     "cache/test_corruption.py": ("reliability", "slow"),
