@@ -30,7 +30,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from cachesvc.catalog import Catalog
-from cachesvc.checkpoints import _download, checkpoint_digest, is_hub_id, looks_like_path
+from cachesvc.checkpoints import _download, check_local_path, checkpoint_digest, is_hub_id, looks_like_path
 from cachesvc.errors import CheckpointError, ConfigError, LeasedError, NotFoundError, PinnedError
 from cachesvc.records import AdapterInfo, LeaseHolder
 from cachesvc.store import ADAPTER_FILE_NAME, BundleStore, CacheLayout, Lease, adapter_lock_key, remove_tree
@@ -117,25 +117,17 @@ def resolve_adapter(source: str, layout: CacheLayout, *, offline: bool | None = 
 
 
 def check_adapter_source(field: str, source: str, allowed_roots: tuple[Path, ...] | None) -> None:
-    """For a request over HTTP: a hub id, or a local directory under one of ``allowed_roots``
-    (None: anywhere), compared resolved (``..`` and links followed). ConfigError otherwise."""
+    """For a request over HTTP (``POST /admin/lora-adapters``, ``POST /v1/load_lora_adapter``): a
+    hub id, or a local directory that passes the one rule for request-named paths
+    (:func:`cachesvc.checkpoints.check_local_path`: under ``allowed_roots``, no link out of
+    them). ConfigError naming ``field`` otherwise."""
     if not looks_like_path(source):
         if not is_hub_id(source):
             raise ConfigError(
                 field, f"{source!r} is not a Hugging Face id ('org/name') nor an existing directory"
             )
         return
-    if allowed_roots is None:
-        return
-    path = Path(source).expanduser().resolve()
-    if not any(path.is_relative_to(root.resolve()) for root in allowed_roots):
-        listed = ", ".join(str(r) for r in allowed_roots)
-        raise ConfigError(field, f"{source!r} is outside the directories builds may read ({listed}); "
-                          "move the adapter there or start the server with --allowed-model-roots")
-    for entry in path.rglob("*") if path.is_dir() else ():
-        if entry.is_symlink() and not any(entry.resolve().is_relative_to(r.resolve()) for r in allowed_roots):
-            raise ConfigError(field, f"{source!r} holds {entry.relative_to(path)}, a link leading outside "
-                              "the directories builds may read; replace the link with the file itself")
+    check_local_path(field, source, allowed_roots, what="adapter")
 
 
 def check_against_base(adapter_dir: Path, base_checkpoint_dir: Path) -> LoraInfo:

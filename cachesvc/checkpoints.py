@@ -591,12 +591,9 @@ MAX_CHECKPOINT_ENTRIES = 10_000
 
 
 def check_model_name(field: str, model: str, allowed_roots: tuple[Path, ...] | None) -> None:
-    """A hub id (or ``org/name/FILE.gguf``), or a local checkpoint under an allowed root: a
-    directory with ``config.json``, a ``.gguf`` file, or a directory holding one.
-
-    Paths are compared resolved (``..`` and links followed): the path given and, for a
-    directory, every file and link in it, since the build opens them; a link inside an allowed
-    root that leads out of every root is refused like a path outside."""
+    """A hub id (or ``org/name/FILE.gguf``), or a local checkpoint that passes
+    :func:`check_local_path`: a directory with ``config.json``, a ``.gguf`` file, or a directory
+    holding one."""
     if not looks_like_path(model):
         if any(part in ("", ".", "..") or "\\" in part for part in model.split("/")):
             raise ConfigError(
@@ -610,20 +607,7 @@ def check_model_name(field: str, model: str, allowed_roots: tuple[Path, ...] | N
                 "or 'org/name/FILE.gguf') nor an existing directory",
             )
         return
-    path = Path(model).expanduser().resolve()
-    if allowed_roots is not None:
-        roots = tuple(root.resolve() for root in allowed_roots)
-        listed = ", ".join(str(r) for r in allowed_roots)
-        if not _inside_any(path, roots):
-            raise ConfigError(
-                field,
-                f"{model!r} is outside the directories builds may read ({listed}); move the checkpoint "
-                "there or start the server with --allowed-model-roots",
-            )
-        if path.is_dir():
-            escaping = _link_out_of(path, roots)
-            if escaping is not None:
-                raise ConfigError(field, f"{model!r} holds {escaping} ({listed})")
+    path = check_local_path(field, model, allowed_roots, what="checkpoint")
     if path.is_file() and path.name.endswith(GGUF_SUFFIX):
         return
     if not path.is_dir():
@@ -633,6 +617,33 @@ def check_model_name(field: str, model: str, allowed_roots: tuple[Path, ...] | N
             f"{model} has no config.json and no .gguf file; pass a Hugging Face checkpoint directory "
             "(config.json next to the weights) or a GGUF file"
         )
+
+
+def check_local_path(field: str, given: str, allowed_roots: tuple[Path, ...] | None, *, what: str) -> Path:
+    """The one rule for a local path that a request or an admin call names (a checkpoint, a GGUF
+    file, a LoRA adapter): resolved (``..`` and links followed), it lies under one of
+    ``allowed_roots`` (``--allowed-model-roots``; None: anywhere, for the command line), and, for a
+    directory, no link in it leads out of every root, since the build or load opens those files.
+
+    Only names are looked at (nothing is opened), so a refusal tells nothing of a file's content
+    or size. Returns the resolved path; ``ConfigError`` naming ``field`` and what to do otherwise
+    (``what``: the kind of thing, for the message)."""
+    path = Path(given).expanduser().resolve()
+    if allowed_roots is None:
+        return path
+    roots = tuple(root.resolve() for root in allowed_roots)
+    listed = ", ".join(str(r) for r in allowed_roots)
+    if not _inside_any(path, roots):
+        raise ConfigError(
+            field,
+            f"{given!r} is outside the directories requests may name ({listed}); move the {what} "
+            "there or start the server with --allowed-model-roots",
+        )
+    if path.is_dir():
+        escaping = _link_out_of(path, roots)
+        if escaping is not None:
+            raise ConfigError(field, f"{given!r} holds {escaping} ({listed})")
+    return path
 
 
 def _inside_any(path: Path, roots: tuple[Path, ...]) -> bool:
@@ -649,13 +660,13 @@ def _link_out_of(directory: Path, roots: tuple[Path, ...]) -> str | None:
             seen += 1
             if seen > MAX_CHECKPOINT_ENTRIES:
                 return (
-                    f"more than {MAX_CHECKPOINT_ENTRIES} files: not a checkpoint directory, and too "
-                    "many to check against the directories builds may read"
+                    f"more than {MAX_CHECKPOINT_ENTRIES} files: not a model or adapter directory, and "
+                    "too many to check against the directories requests may name"
                 )
             entry = Path(parent, name)
             if entry.is_symlink() and not _inside_any(entry.resolve(), roots):
                 return (
-                    f"{entry.relative_to(directory)}, a link leading outside the directories builds "
-                    "may read; replace the link with the file itself"
+                    f"{entry.relative_to(directory)}, a link leading outside the directories requests "
+                    "may name; replace the link with the file itself"
                 )
     return None

@@ -11,6 +11,7 @@ speculative proposer, context cache, this server's limits); :func:`make_pool` bu
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import threading
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cachesvc.adapters import check_adapter_source
 from cachesvc.bundle_leases import Releasable
 from cachesvc.config import ENGINE_FACTORY_ENV, ServeConfig, lora_module_pairs
 from cachesvc.errors import CacheError, ConflictError, NotFoundError
@@ -188,7 +190,10 @@ class LoraAdapters:
         return runtime.serving
 
     def load(self, name: str, source: str) -> AdapterInfo:
-        """Load adapter ``source`` as the served name ``name``."""
+        """Load adapter ``source`` as the served name ``name``; a local path is held to the rule
+        of every request-named path (under ``--allowed-model-roots``, no link out of them),
+        as ``POST /admin/lora-adapters`` is."""
+        check_adapter_source("lora_path", source, self._config.model_roots())
         with self._lock:
             handle = self._handle()
             assert self._runtime is not None
@@ -381,16 +386,21 @@ def _context_cache(config: ServeConfig, bundle_id: str) -> PrefixStore | None:
 
 def context_disk(config: ServeConfig, bundle_id: str) -> DiskRecords | None:
     """The bundle's records on disk (``<cache-dir>/context/<bundle_id>/``, removed with the
-    bundle), or None with ``--context-cache-disk-bytes 0``. A cache root that cannot be read
-    leaves the records in memory only (and a failed write, the record it was for)."""
+    bundle), or None with ``--context-cache-disk-bytes 0``. The folder is held to the cache's rule
+    for folders it deletes in (:meth:`CacheLayout.checked_context_dir`: no link), at open and
+    before every write or removal there. A folder refused or a cache root that cannot be read
+    leaves the bundle's records in memory only (one warning saying why); a failed write, the
+    record it was for (counted, logged once per outage)."""
     if config.context_cache_disk_bytes <= 0:
         return None
     layout = CacheLayout(config.cache_dir)
     try:
         return DiskRecords(layout.context_dir(bundle_id), max_bytes=config.context_cache_disk_bytes,
-                           dir_mode=layout.dir_mode())  # made on the first write
+                           dir_mode=layout.dir_mode(),  # made on the first write
+                           guard=functools.partial(layout.checked_context_dir, bundle_id))
     except (OSError, CacheError, ValueError) as exc:
-        log.warning("context records stay in memory only (no record directory: %s)", exc)
+        log.warning("context records of bundle %s stay in memory only (context reuse on disk is off for "
+                    "it): %s", bundle_id, exc)
         return None
 
 

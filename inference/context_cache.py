@@ -77,11 +77,13 @@ class ContextCacheStats:
     max_records: int = 0
     max_bytes: int = 0
     # The records on disk (all 0 without a disk store): blocks read back after a memory miss,
-    # written, damaged ones dropped, evicted for the disk cap, and what the directory holds.
+    # written, damaged ones dropped, evicted for the disk cap, not written (a full disk...), and
+    # what the directory holds.
     disk_hits: int = 0
     disk_writes: int = 0
     disk_dropped: int = 0
     disk_evictions: int = 0
+    disk_write_failures: int = 0
     disk_records: int = 0
     disk_bytes: int = 0
     disk_max_bytes: int = 0

@@ -27,6 +27,15 @@ least recently used first, by an index rebuilt at open from the files' mtimes (a
 file), so the order survives a restart. Temp files left by a crash are removed at open, and so
 are files of another format version (or not records at all: checked by magic and version).
 
+The folder: the owner may pass a ``guard``, its rule for folders it deletes in (the cache's:
+no link, :meth:`cachesvc.store.layout.CacheLayout.checked_context_dir`), called before the folder
+is read at open and before every write or removal in it; nothing is deleted or written where the
+guard refuses. A write that fails (a full or read-only disk, a refused folder) leaves its record in
+memory only and is counted (``disk_write_failures``); the failures are logged as one outage: one
+line when writes start failing, reminders at a doubling interval, one line when a write goes
+through again. A record whose name is taken by something that is not a file (a directory) is
+counted and logged once, and not tried again.
+
 Thread-safety: :meth:`put`, :meth:`read`, :meth:`touch`, :meth:`stats` and :meth:`close` may be
 called from any thread; the index is guarded by a lock. One process writes a cache directory
 (the service enforces one node per cache dir).
@@ -43,6 +52,7 @@ import re
 import secrets
 import struct
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -70,6 +80,10 @@ _LOGITS = struct.Struct("<II")
 _FORMAT = struct.Struct("<8sI")  # the start of _HEAD: magic and version
 _DIGEST = 32
 _NAME_RE = re.compile(r"^[0-9a-f]{40}\.kv$")
+#: While writes fail: the first reminder after this many seconds, each later one twice as late,
+#: up to the cap (as the catalog's outage log does).
+FIRST_REMINDER_SECONDS = 30.0
+MAX_REMINDER_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,7 @@ class DiskStats:
     disk_writes: int = 0  # records written
     disk_dropped: int = 0  # damaged records found (at open: another format; on read) and removed
     disk_evictions: int = 0  # records removed for the byte cap
+    disk_write_failures: int = 0  # records that could not be written (they stay in memory only)
     disk_records: int = 0
     disk_bytes: int = 0
     disk_max_bytes: int = 0
@@ -123,6 +138,10 @@ def encode(key: bytes, tokens: Sequence[int], kv: np.ndarray, logits: np.ndarray
 
 class DamagedRecord(ValueError):
     """A record file that must not be used (and is removed)."""
+
+
+class _NameTaken(OSError):
+    """The record's file name is taken by something that is not a file (a directory)."""
 
 
 def decode(data: bytes | bytearray, key: bytes) -> DiskRecord:
@@ -197,8 +216,12 @@ class DiskRecords:
     """One bundle's records in ``directory``; see the module docstring."""
 
     def __init__(self, directory: Path | str, *, max_bytes: int = DEFAULT_DISK_BYTES,
-                 queue_size: int = WRITE_QUEUE, dir_mode: int = 0o755) -> None:
-        """``directory`` (and its parent) are made on the first write, with ``dir_mode``."""
+                 queue_size: int = WRITE_QUEUE, dir_mode: int = 0o755,
+                 guard: Callable[[], object] | None = None) -> None:
+        """``directory`` (and its parent) are made on the first write, with ``dir_mode``.
+
+        ``guard``: the owner's rule for the folder (see the module docstring); what it raises at
+        open is raised here, and nothing in the folder has been touched then."""
         if max_bytes < 1:
             raise ValueError("max_bytes must be at least 1 (leave the disk store out for none)")
         self.directory = Path(directory)
@@ -213,6 +236,14 @@ class DiskRecords:
         self._thread: threading.Thread | None = None
         self._readers: ThreadPoolExecutor | None = None
         self._closed = False
+        self._guard = guard
+        # Write failures: since when writes fail (None: they work), how many since, the next
+        # reminder; record names taken by something else (never tried again).
+        self._failing_since: float | None = None
+        self._failures_now = 0
+        self._reminder = FIRST_REMINDER_SECONDS
+        self._next_reminder = 0.0
+        self._name_taken: set[bytes] = set()
         self.on_change: Callable[[], None] | None = None  # called after the writer changed the figures
         self._open()
 
@@ -226,6 +257,8 @@ class DiskRecords:
 
     def _open(self) -> None:
         """Index the records already there (oldest mtime first), drop temp files, apply the cap."""
+        if self._guard is not None:
+            self._guard()
         found: list[tuple[int, bytes, int]] = []
         stale = 0
         try:
@@ -273,7 +306,7 @@ class DiskRecords:
         size = (_HEAD.size + 8 * kv.ndim + _LOGITS.size + _DIGEST + 8 * len(tokens) + int(kv.nbytes)
                 + (0 if logits is None else 4 * int(logits.size)))
         with self._lock:
-            known = key in self._index or key in self._pending
+            known = key in self._index or key in self._pending or key in self._name_taken
             if self._closed or (known and not replace) or size > self.max_bytes:
                 return False
             self._pending.add(key)
@@ -360,10 +393,20 @@ class DiskRecords:
             os.utime(self._path(key))
 
     def drop(self, key: bytes) -> None:
-        """Remove a record that must not be used."""
-        with contextlib.suppress(FileNotFoundError):
-            self._path(key).unlink()
+        """Remove a record that must not be used (its file too, where the guard allows)."""
+        if self._guard_allows():
+            with contextlib.suppress(FileNotFoundError):
+                self._path(key).unlink()
         self._forget(key, dropped=True)
+
+    def _guard_allows(self) -> bool:
+        if self._guard is None:
+            return True
+        try:
+            self._guard()
+        except Exception:  # the writer logs why (a write fails the same way)
+            return False
+        return True
 
     def _forget(self, key: bytes, *, dropped: bool) -> None:
         with self._lock:
@@ -417,8 +460,10 @@ class DiskRecords:
                 key, tokens, kv, logits, logits_at = item
                 try:
                     self._write(key, tokens, kv, logits, logits_at)
-                except Exception:  # a full or read-only disk: the record stays in memory only
-                    log.exception("writing context record %s failed", key.hex())
+                except Exception as exc:  # a full or read-only disk: the record stays in memory only
+                    self._write_failed(key, exc)
+                else:
+                    self._write_worked()
                 finally:
                     with self._lock:
                         self._pending.discard(key)
@@ -431,8 +476,51 @@ class DiskRecords:
             finally:
                 self._queue.task_done()
 
+    def _write_failed(self, key: bytes, exc: Exception) -> None:
+        """Count a record not written; log it as part of the outage (or once for a taken name)."""
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        now = time.monotonic()
+        line: tuple[int, str, tuple[object, ...]] | None = None
+        with self._lock:
+            self._set_locked(disk_write_failures=self._stats.disk_write_failures + 1)
+            if isinstance(exc, _NameTaken):
+                self._name_taken.add(key)
+                line = (logging.WARNING, "context record %s is not written: %s; it stays in memory only "
+                        "(remove what is in the way: records are tried again after a restart)",
+                        (key.hex(), reason))
+            elif self._failing_since is None:
+                self._failing_since, self._failures_now = now, 1
+                self._reminder = FIRST_REMINDER_SECONDS
+                self._next_reminder = now + self._reminder
+                line = (logging.ERROR, "context records cannot be written to %s: %s; they stay in memory "
+                        "only, and writing resumes by itself once a write works again (free space, or "
+                        "fix the folder)", (self.directory, reason))
+            else:
+                self._failures_now += 1
+                if now >= self._next_reminder:
+                    self._reminder = min(self._reminder * 2, MAX_REMINDER_SECONDS)
+                    self._next_reminder = now + self._reminder
+                    line = (logging.WARNING, "context records still cannot be written to %s after %.0f s "
+                            "(%d records not written): %s",
+                            (self.directory, now - self._failing_since, self._failures_now, reason))
+        if line is not None:
+            log.log(line[0], line[1], *line[2])
+
+    def _write_worked(self) -> None:
+        """A write went through: an outage of failed writes (if any) is over."""
+        if self._failing_since is None:  # the common case: no lock
+            return
+        with self._lock:
+            since, failed = self._failing_since, self._failures_now
+            self._failing_since, self._failures_now = None, 0
+        if since is not None:
+            log.warning("context records are written to %s again after %.0f s (%d records were not "
+                        "written)", self.directory, time.monotonic() - since, failed)
+
     def _write(self, key: bytes, tokens: tuple[int, ...], kv: np.ndarray, logits: np.ndarray | None,
                logits_at: int) -> None:
+        if self._guard is not None:
+            self._guard()  # nothing is written or deleted in a folder the owner refuses
         parts = encode(key, tokens, kv, logits, logits_at)
         size = sum(len(p) for p in parts)
         path = self._path(key)
@@ -454,7 +542,10 @@ class DiskRecords:
                 os.close(fd)
             with self._lock:
                 evicted = self._evict_locked(size)
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except IsADirectoryError as exc:
+                raise _NameTaken(f"{path} is a directory, not a record file") from exc
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()

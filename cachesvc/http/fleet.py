@@ -15,8 +15,8 @@ from litestar.di import NamedDependency
 from litestar.params import Body, PathParameter
 from msgspec import Meta, Struct
 
-from cachesvc.checkpoints import check_model_name
-from cachesvc.errors import ConfigError, NotFoundError
+from cachesvc.checkpoints import check_local_path, check_model_name
+from cachesvc.errors import NotFoundError
 from cachesvc.fleet_records import (
     CONVERGENCE_STATES,
     FLEET_DEFAULT,
@@ -133,7 +133,7 @@ def _spec(manager: CacheManager, data: DesiredIn, roots: tuple[Path, ...] | None
             if model is not None and not model.startswith(("/", ".", "~")):
                 check_model_name(field, model, roots)
             elif model is not None and roots is not None:
-                _check_under(field, model, roots)
+                check_local_path(field, model, roots, what="checkpoint")
         request = ProfileRequest(  # validates like POST /admin/builds
             backend=b.backend,
             precision=b.precision,
@@ -150,16 +150,6 @@ def _spec(manager: CacheManager, data: DesiredIn, roots: tuple[Path, ...] | None
         profile = {k: getattr(request, k) for k in ProfileRequest.__dataclass_fields__}
         bundles.append(DesiredBundle(model=b.model, profile=profile, pin=b.pin, load=b.load))
     return DesiredSpec(bundles=tuple(bundles), pin=tuple(data.pin), max_size_bytes=data.max_size_bytes)
-
-
-def _check_under(field: str, model: str, roots: tuple[Path, ...]) -> None:
-    directory = Path(model).expanduser().resolve()
-    if not any(directory.is_relative_to(root.resolve()) for root in roots):
-        raise ConfigError(
-            field,
-            f"{model!r} is outside the directories builds may read ({', '.join(map(str, roots))}); "
-            "start the servers with --allowed-model-roots",
-        )
 
 
 def _desired_body(state: DesiredState) -> DesiredOut:

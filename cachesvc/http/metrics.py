@@ -326,6 +326,8 @@ class ContextCacheCollector(Collector):
         ("disk_writes", "Prefix records written to disk."),
         ("disk_dropped", "Damaged prefix records found on disk and removed."),
         ("disk_evictions", "Prefix records removed from disk (LRU) for --context-cache-disk-bytes."),
+        ("disk_write_failures", "Prefix records that could not be written to disk (a full or read-only "
+         "disk, a refused folder); they stay in memory only."),
     )
     _GAUGES = (
         ("records", "Prefix records held."),

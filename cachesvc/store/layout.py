@@ -144,6 +144,13 @@ class CacheLayout:
         """The record directory of one bundle (may not exist yet)."""
         return self.context / check_bundle_id(bundle_id)
 
+    def checked_context_dir(self, bundle_id: str) -> Path:
+        """:meth:`context_dir`, held to :meth:`check_subfolder` with ``context/`` above it: records
+        are deleted in it (stale temp files, damaged records, the byte cap, the bundle's removal),
+        so a link there (to anything) is refused with ``CacheError``, never followed."""
+        self.check_subfolder(self.context)
+        return self.check_subfolder(self.context_dir(bundle_id))
+
     def context_bytes(self, bundle_id: str | None = None) -> int:
         """Bytes of the context records of ``bundle_id`` (None: of every bundle); counted on disk."""
         if bundle_id is not None:
@@ -164,7 +171,7 @@ class CacheLayout:
         """Delete a bundle's context records (renamed into the trash first, so they vanish at
         once); True when there were any. The caller holds the bundle's exclusive lock or knows
         the bundle is gone."""
-        path = self.check_subfolder(self.context_dir(bundle_id))
+        path = self.checked_context_dir(bundle_id)
         if not path.is_dir():
             return False
         return remove_tree(self, path, f"context-{bundle_id}")

@@ -8,7 +8,8 @@ pairs an adapter targets; the engine activates one per run (``RunOptions.add_act
 so one loaded bundle serves many adapters with its base weights shared.
 
 :func:`convert_peft_adapter` reads a PEFT adapter directory (``adapter_config.json`` +
-``adapter_model.safetensors``), checks it against the base model's shapes, folds the scale
+``adapter_model.safetensors``), checks it against the base model (the model family it declares,
+its shapes; every value finite), folds the scale
 (``lora_alpha / r``, or ``/ sqrt(r)`` with rsLoRA) into B, and writes the file. What PEFT can
 express that this graph cannot (DoRA, biases, extra trained modules, embedding or lm_head
 targets, per-module rank patterns) is refused with one line naming the field.
@@ -37,6 +38,8 @@ PROJECTIONS: dict[str, str] = {
 }
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+#: A transformers class name -> its model family (``Qwen2ForCausalLM`` -> ``Qwen2``).
+_FAMILY = re.compile(r"^([A-Za-z0-9]+?)(?:For[A-Z]\w*|LMHeadModel|PreTrainedModel|Model)$")
 _KEY = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\."
                   r"lora_([AB])(?:\.default)?\.weight$")
 
@@ -104,6 +107,30 @@ def read_adapter_config(adapter_dir: Path) -> dict[str, Any]:
     return raw
 
 
+def declared_base(config: dict[str, Any]) -> tuple[str, str] | None:
+    """The base model class an adapter says it was trained on and its family (``model_type``),
+    e.g. ``("Qwen2ForCausalLM", "qwen2")``: PEFT's ``auto_mapping.base_model_class`` (written by
+    ``save_pretrained`` for an adapter made without a ``task_type``); None when it declares none
+    (``base_model_name_or_path`` is a name or a path, not a class: not read)."""
+    mapping = config.get("auto_mapping")
+    cls = mapping.get("base_model_class") if isinstance(mapping, dict) else None
+    if not isinstance(cls, str) or not cls.strip():
+        return None
+    match = _FAMILY.match(cls)
+    return cls, (match[1] if match else cls).lower()
+
+
+def check_base_family(config: dict[str, Any], cfg: ModelConfig, where: Path) -> None:
+    """``LoraAdapterError`` when the adapter declares a base model of another family than ``cfg``
+    (a Qwen2 adapter on a Llama base of the same shapes would run, and answer nonsense)."""
+    declared = declared_base(config)
+    if declared is not None and declared[1] != cfg.model_type:
+        raise LoraAdapterError(
+            f"{where}: the adapter was made for {declared[0]} ({declared[1]}) but the base model is "
+            f"{cfg.architecture} ({cfg.model_type}); load it on a {declared[1]} base model"
+        )
+
+
 def adapter_scale(config: dict[str, Any]) -> float:
     """PEFT's scale: ``lora_alpha / r``, or ``lora_alpha / sqrt(r)`` with ``use_rslora``."""
     rank = int(config["r"])
@@ -115,6 +142,7 @@ def adapter_arrays(adapter_dir: Path, cfg: ModelConfig) -> tuple[dict[str, np.nd
     """The graph inputs an adapter sets (``<prefix>.lora_A [in, r]``, ``.lora_B [r, out]``,
     scale folded into B) and what it holds."""
     config = read_adapter_config(adapter_dir)
+    check_base_family(config, cfg, Path(adapter_dir) / ADAPTER_CONFIG)
     weights_path = Path(adapter_dir) / ADAPTER_WEIGHTS
     if not weights_path.is_file():
         raise LoraAdapterError(f"{adapter_dir} has no {ADAPTER_WEIGHTS} (PEFT's safetensors weights)")
@@ -150,8 +178,14 @@ def adapter_arrays(adapter_dir: Path, cfg: ModelConfig) -> tuple[dict[str, np.nd
             raise LoraAdapterError(
                 f"{weights_path}: {prefix}: lora_A {list(a.shape)} / lora_B {list(b.shape)} do not fit the "
                 f"base model (expected [{rank}, {d_in}] / [{d_out}, {rank}]): an adapter of another model?")
-        out[f"{prefix}.lora_A"] = np.ascontiguousarray(a.T)
-        out[f"{prefix}.lora_B"] = np.ascontiguousarray(b.T * np.float32(scale))
+        folded = {"A": np.ascontiguousarray(a.T), "B": np.ascontiguousarray(b.T * np.float32(scale))}
+        for side, values in folded.items():
+            # NaN or Inf would reach every answer of the adapter's name (as '' or garbage).
+            if not np.isfinite(values).all():
+                raise LoraAdapterError(
+                    f"{weights_path}: {prefix}.lora_{side} holds NaN or Inf values (after PEFT's scale "
+                    f"{scale:g}); the adapter is broken: train or export it again")
+            out[f"{prefix}.lora_{side}"] = values
     info = LoraInfo(rank=rank, scale=scale, targets=tuple(sorted({m for _, _, m in pairs})),
                     layers=len({layer for layer, _, _ in pairs}),
                     parameters=int(sum(v.size for v in out.values())))

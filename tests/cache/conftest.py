@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cachesvc.manager import CacheManager
 from cachesvc.store import verify_bundle
+from tests.service.conftest import demo_dir  # noqa: F401 - fixture (the tiny demo checkpoint)
 
 #: ``python -m tests.support.prepare_child CACHE CHECKPOINT MODE``
 CHILD = [sys.executable, "-m", "tests.support.prepare_child"]

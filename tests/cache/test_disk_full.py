@@ -7,7 +7,6 @@ soon as there is room.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,27 +17,15 @@ from cachesvc.errors import InsufficientStorageError
 from tests.admin.conftest import open_manager
 from tests.cache.conftest import assert_consistent
 from tests.support.cache import FileBuilder, make_checkpoint
+from tests.support.disks import fill, small_tmpfs
 
 TMPFS_BYTES = 4 * 1024 * 1024
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root; run the suite as root (CI does) to cover disk-full")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode})")
-    try:
+    with small_tmpfs(tmp_path / "small", TMPFS_BYTES) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_disk_full_during_a_build(small_disk: Path, tmp_path: Path) -> None:
@@ -69,14 +56,7 @@ def test_disk_full_through_the_cli_is_one_line(small_disk: Path, tmp_path: Path)
 
     cache = small_disk / "cache"
     open_manager(cache).close()
-    filler = small_disk / "filler"
-    with filler.open("wb") as fh:  # leave the filesystem full
-        try:
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-        except OSError:
-            pass
+    fill(small_disk / "filler")  # leave the filesystem full
     r = subprocess.run(
         [*cachesvc_command(), "--cache-dir", str(cache), "prepare", str(make_checkpoint(tmp_path / "c"))],
         env=child_env(),

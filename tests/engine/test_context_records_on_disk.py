@@ -235,6 +235,37 @@ def test_the_directory_is_made_on_the_first_write(tmp_path: Path) -> None:
     assert (directory.stat().st_mode & 0o777) == (directory.parent.stat().st_mode & 0o777) == 0o750
 
 
+
+def test_the_owners_guard_keeps_everything_out_of_a_refused_folder(tmp_path: Path) -> None:
+    """The guard (the cache's: no link) is asked at open and before every write or removal: a
+    folder swapped for a link while serving gets nothing written or deleted through it."""
+    folder, target = tmp_path / "records", tmp_path / "target"
+    target.mkdir()
+
+    def guard() -> None:
+        if folder.is_symlink():
+            raise RuntimeError(f"{folder} is a symlink")
+
+    disk = DiskRecords(folder, guard=guard)
+    tokens = _tokens(BLOCK, 9)
+    assert disk.put(bytes(20), tokens, _kv(9))
+    disk.flush(timeout=30)
+    assert disk.stats().disk_writes == 1
+    folder.rename(tmp_path / "moved")
+    folder.symlink_to(target, target_is_directory=True)
+    kept = target / (bytes(20).hex() + ".kv")
+    kept.write_bytes(b"someone's file")  # named like the record: a removal must not reach it
+    assert disk.put(bytes([1]) * 20, tokens, _kv(10))
+    disk.flush(timeout=30)
+    disk.drop(bytes(20))
+    disk.close()
+    stats = disk.stats()
+    assert stats.disk_write_failures == 1 and stats.disk_writes == 1 and stats.disk_records == 0
+    assert sorted(os.listdir(target)) == [kept.name] and kept.read_bytes() == b"someone's file"
+    with pytest.raises(RuntimeError, match="is a symlink"):
+        DiskRecords(folder, guard=guard)
+    assert sorted(os.listdir(target)) == [kept.name]
+
 def _tail_kv(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((SHAPE[0], SHAPE[1], n, SHAPE[3])).astype(np.float32)
 

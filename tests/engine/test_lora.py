@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -154,8 +155,16 @@ def test_bad_adapters_refused_in_one_line(hf_checkpoint: Callable[..., Path], ad
         convert_peft_adapter(tmp_path, cfg, tmp_path / "x")
     qwen = adapters("qwen2", 1)
     other = load_model_config(hf_checkpoint("qwen3"))  # head_dim 32: other shapes
-    with pytest.raises(LoraAdapterError, match="do not fit the base model"):
+    foreign = r"made for Qwen2ForCausalLM \(qwen2\) but the base model is Qwen3ForCausalLM \(qwen3\)"
+    with pytest.raises(LoraAdapterError, match=foreign):
         convert_peft_adapter(qwen, other, tmp_path / "x")
+    undeclared = tmp_path / "undeclared"  # no family declared: judged by its shapes
+    shutil.copytree(qwen, undeclared)
+    config = json.loads((undeclared / "adapter_config.json").read_text())
+    del config["auto_mapping"]
+    (undeclared / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(LoraAdapterError, match="do not fit the base model"):
+        convert_peft_adapter(undeclared, other, tmp_path / "x")
     dora = tmp_path / "dora"
     dora.mkdir()
     (dora / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "use_dora": True}))

@@ -35,8 +35,14 @@ PROMPT = "Once upon a time in a cache far away"
 
 
 @pytest.fixture(scope="module")
-def adapter_dir(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_adapter(demo_dir, tmp_path_factory.mktemp("adapter"), seed=7)
+def adapters_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the adapters lie: the server's --allowed-model-roots (with the base model's dir)."""
+    return tmp_path_factory.mktemp("adapters")
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(demo_dir: Path, adapters_root: Path) -> Path:
+    return write_adapter(demo_dir, adapters_root / "adapter", seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +51,11 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(demo_dir: Path, adapter_dir: Path, cache: Path, log_dir: Path) -> Iterator[ServerProcess]:
+def server(demo_dir: Path, adapter_dir: Path, adapters_root: Path, cache: Path,
+           log_dir: Path) -> Iterator[ServerProcess]:
     with running_server(demo_dir, cache, log_dir, "--served-model-name", BASE, "--lora-modules",
                         f"{ADAPTER}={adapter_dir}", "--max-input-len", "64", "--max-kv-cache-capacity", "128",
-                        api_key=API_KEY) as s:
+                        "--allowed-model-roots", f"{adapters_root},{demo_dir}", api_key=API_KEY) as s:
         yield s
 
 
@@ -121,10 +128,10 @@ def test_an_adapter_of_another_model_stops_the_start_in_one_line(demo_dir: Path,
 
 
 def test_adapters_load_and_unload_at_run_time(server: ServerProcess, demo_dir: Path,
-                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+                                              adapters_root: Path) -> None:
     """vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``: a new name answers with
     its adapter at once, is listed with its parent, and is gone after the unload."""
-    second = write_adapter(demo_dir, tmp_path_factory.mktemp("second"), seed=11)
+    second = write_adapter(demo_dir, adapters_root / "second", seed=11)
     client = server.client()
     tok = tf.AutoTokenizer.from_pretrained(demo_dir)
     ids = [int(t) for t in tok(PROMPT)["input_ids"]]
