@@ -102,6 +102,11 @@ class KernelPlan:
     #: Projection groups (:data:`PROJECTION_GROUPS`) whose ``MatMulNBits`` run at level 4;
     #: the others at ``accuracy_level``.
     int8_groups: tuple[str, ...] = ()
+    #: How int8 layers at level 4 hold their weights: ``planes`` (two 4-bit ``MatMulNBits``, the
+    #: layout every plan shares, so the gate can retarget it) or ``codes`` (one 8-bit
+    #: ``MatMulNBits``: the same products, 1.3x faster at one row and 1.9x at eight in 1B shapes;
+    #: written after the gate chose a plan, and checked again).
+    int8_layout: str = "planes"
 
     def record(self) -> dict[str, Any]:
         """What ``engine.json`` records under ``kernels``."""

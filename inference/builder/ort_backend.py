@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -238,11 +240,31 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                 **_metadata(cfg, io, spec, set(), {}, [], 0.0, _kv_cache_meta(cfg, cpu_io, spec)),
                 "optimized_model": OPTIMIZED_MODEL,
             }
+            measured = [work / "measured.onnx", work / "measured.onnx.data"]
+
+            def relayout(plan: KernelPlan | None) -> KernelPlan | None:
+                """int8 layers at level 4 as 8-bit codes (see KernelPlan.int8_layout): the
+                chosen plan's graph written again; None puts back the graph the gate measured."""
+                written = [optimized_path, optimized_path.with_name(optimized_path.name + ".data")]
+                if plan is None:
+                    for kept, path in zip(measured, written, strict=True):
+                        os.replace(kept, path)
+                    return None
+                if plan.weight_bits != 8 or not plan.int8_groups or plan.int8_layout == "codes":
+                    return None
+                for path, kept in zip(written, measured, strict=True):
+                    os.replace(path, kept)
+                codes = replace(plan, int8_layout="codes")
+                build_decoder_graph(cfg, ckpt, work / "codes.onnx", max_positions=spec.max_kv_cache_capacity,
+                                    fused_ops=fused, kv_layout="gqa", kernels=codes, lora=spec.lora)
+                _optimize(work / "codes.onnx", optimized_path)
+                return codes
+
             kernels, quality = run_gate(
                 fp32_reference, optimized_path, gate_meta, checkpoint_dir, cpu_class=cpu_class(),
                 threads=available_cores(), plans=plans, threshold=min_agreement,
                 mode="forced" if kernels_override is not None else spec.kernels,
-                reference_file=reference_file)
+                reference_file=reference_file, relayout=None if kernels_override is not None else relayout)
     if model_path.exists():
         report("share", 0.0)
         share_external_data(model_path, optimized_path)

@@ -95,6 +95,7 @@ class Candidate:
 
     plan: str
     int8_groups: tuple[str, ...]
+    int8_layout: str
     greedy_agreement: float
     min_logit_cosine: float
     #: Prompts whose first :data:`IDENTITY_TOKENS` free-running greedy tokens equal fp32's.
@@ -319,7 +320,8 @@ def _try_plan(model: Path, plan: KernelPlan, meta: dict[str, Any], reference: Re
     finally:
         engine.close()
     identical = sum(got == ref[:IDENTITY_TOKENS] for got, ref in zip(free, reference.tokens, strict=True))
-    return Candidate(plan=plan.name, int8_groups=plan.int8_groups, greedy_agreement=agreement,
+    return Candidate(plan=plan.name, int8_groups=plan.int8_groups, int8_layout=plan.int8_layout,
+                     greedy_agreement=agreement,
                      min_logit_cosine=min_cos, identical=identical, decode_tok_s=tok_s,
                      decode_tok_s_rows=rows, passed=False, seconds=time.monotonic() - started), free
 
@@ -327,11 +329,17 @@ def _try_plan(model: Path, plan: KernelPlan, meta: dict[str, Any], reference: Re
 def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]], candidate_model: Path,
              meta: dict[str, Any], tokenizer_dir: Path, *, cpu_class: str, threads: int,
              plans: Sequence[KernelPlan], mode: str = "auto", threshold: float = MIN_AGREEMENT,
-             reference_file: Path | None = None) -> tuple[KernelPlan, Quality]:
+             reference_file: Path | None = None,
+             relayout: Callable[[KernelPlan | None], KernelPlan | None] | None = None,
+             ) -> tuple[KernelPlan, Quality]:
     """Choose among ``plans`` (fastest first, the written graph ``candidate_model`` holding their
     weights) by measuring each against fp32 of the same weights (``fp32_reference()`` writes its
     GQA graph of the same bundle metadata ``meta`` and returns it with its large weights, called
     only when ``reference_file`` does not hold fp32's answers already).
+
+    ``relayout(plan)`` may rewrite ``candidate_model`` in a faster layout of the chosen ``plan``
+    and return that plan (None: nothing faster); it is measured under the same rule and kept when
+    it passes, else ``relayout(None)`` puts back what the gate measured.
     Leaves ``candidate_model`` set to the chosen plan and returns it with the figures; raises
     :class:`QualityGateError` when no plan passes (see the module docstring for ``mode``)."""
     started = time.monotonic()
@@ -370,18 +378,24 @@ def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]]
 
     run_meta = {**meta, **needed}
     tried: list[Candidate] = []
-    chosen = None
-    for plan in plans:
+
+    def measured(plan: KernelPlan) -> bool:
         figures, free = _try_plan(candidate_model, plan, run_meta, reference, threads)
         # A plan that trades float32 compute for speed must give fp32's answers (``auto``); the
         # exact plan, ``fast`` and a plan the caller forces (``forced``) face the floor alone.
         passed = figures.greedy_agreement >= threshold and (
             mode in ("fast", "forced") or plan.name == "exact" or answers_like_exact(free))
         tried.append(replace(figures, passed=passed))
-        if passed:
-            chosen = plan
-            break
-    last = tried[-1]
+        return passed
+
+    chosen = next((plan for plan in plans if measured(plan)), None)
+    faster = relayout(chosen) if relayout is not None and chosen is not None else None
+    if faster is not None and relayout is not None:
+        if measured(faster):
+            chosen = faster
+        else:
+            relayout(None)
+    last = next((c for c in reversed(tried) if c.passed), tried[-1])
     if chosen is not None:  # the exact plan's free run may have retargeted the file since
         _set_plan(candidate_model, chosen)
     quality = Quality(reference="fp32", prompts=len(prompts), tokens=tokens * len(prompts),

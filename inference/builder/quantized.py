@@ -219,6 +219,7 @@ class QuantizedEmitter:
         self.bits = plan.weight_bits
         #: The layers' accuracy level per weight name (the plan's groups).
         self.level_of = plan.level_of
+        self.int8_codes = plan.int8_layout == "codes"
         self.head_level = head_level
         self.head_layout = head_layout
         self.top_k = plan.rescore_top_k
@@ -300,12 +301,14 @@ class QuantizedEmitter:
     def _weight_matmul(self, x: str, base: str, q: BlockWeight, n: int, k: int) -> str:
         """``x`` times the weight ``q`` [N, K] written under ``base``: 8 bits as a table (two
         planes in float32), 4 bits as one MatMulNBits plus Q4_1's minimum term."""
-        # int8 layers are always two 4-bit planes, at either level: level 4 on planes is level 4
-        # on the codes (16x quantizes to x's int8 values times 16), and 4-bit values cannot
-        # saturate AVX2's 16-bit pair sums, so one layout serves every plan (see kernel_plan).
+        # int8 layers are two 4-bit planes at either level: level 4 on planes is level 4 on the
+        # codes (16x quantizes to x's int8 values times 16), and 4-bit values cannot saturate
+        # AVX2's 16-bit pair sums, so one layout serves every plan the gate tries (kernel_plan).
+        # A chosen plan may hold its level-4 weights as 8-bit codes instead (faster, same products).
         level = self.level_of(base)
         if q.bits == 8:
-            return self._table_matmul(x, self._table(base, q, "planes"), level)
+            layout = "codes" if level == 4 and self.int8_codes else "planes"
+            return self._table_matmul(x, self._table(base, q, layout), level)
         y = self._matmul_nbits(x, self._store(base, q), n, k, 4, level)
         if q.block_min is None:
             return y

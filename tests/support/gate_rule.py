@@ -13,15 +13,27 @@ def check_gate_choice(meta: dict[str, Any]) -> dict[str, Any]:
     The candidates are tried fastest first in :data:`PLAN_GROUPS` order and the first that passes
     is published: every one before it failed, a plan faster than exact passed under ``auto`` only
     with every prompt's free-running tokens equal to fp32's (or to the exact plan's), and
-    ``kernels`` in ``engine.json`` is the chosen plan.
+    ``kernels`` in ``engine.json`` is the chosen plan. An int8 plan with level-4 layers is then
+    written again with 8-bit codes and measured once more: kept when it passes too.
     """
     quality, kernels = meta["quality"], meta["kernels"]
     candidates = quality["candidates"]
+    first = next(i for i, c in enumerate(candidates) if c["passed"])
+    rejected, passed = candidates[:first], candidates[first]
     order = list(PLAN_GROUPS)
-    names = [c["plan"] for c in candidates]
+    names = [c["plan"] for c in candidates[: first + 1]]
     assert names == order[order.index(names[0]):][: len(names)], names
-    *rejected, chosen = candidates
-    assert chosen["passed"] and not any(c["passed"] for c in rejected), candidates
+    assert not any(c["passed"] for c in rejected), candidates
+    chosen = passed
+    if len(candidates) > first + 1:  # the chosen int8 plan written again as 8-bit codes
+        (again,) = candidates[first + 1:]
+        assert again["plan"] == passed["plan"]
+        assert (again["int8_layout"], passed["int8_layout"]) == ("codes", "planes")
+        assert passed["int8_groups"] and meta["precision"] == "int8"
+        chosen = again if again["passed"] else passed
+    elif meta["precision"] == "int8" and passed["int8_groups"]:
+        raise AssertionError(f"an int8 plan at level 4 was not written again as codes: {candidates}")
+    assert kernels["int8_layout"] == chosen["int8_layout"]
     assert quality["plan"] == kernels["name"] == chosen["plan"]
     assert kernels["int8_groups"] == chosen["int8_groups"] == list(PLAN_GROUPS[chosen["plan"]])
     assert chosen["greedy_agreement"] >= quality["threshold"]
