@@ -180,6 +180,14 @@ def test_logits_equal_the_safetensors_path(
         b.close()
 
 
+def _converted_qwen2(small_gguf: SmallGguf, qtype: str, factory: pytest.TempPathFactory) -> Path:
+    """The small qwen2 GGUF of ``qtype`` converted into a checkpoint directory."""
+    path, _ = small_gguf("qwen2", qtype)
+    converted = factory.mktemp("converted")
+    convert_gguf(path, converted)
+    return converted
+
+
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
 def test_int4_from_gguf_blocks_matches_the_dequantized_weights(
     small_gguf: SmallGguf, bundle_of: Callable[..., Path], qtype: str,
@@ -187,9 +195,7 @@ def test_int4_from_gguf_blocks_matches_the_dequantized_weights(
 ) -> None:
     import onnx
 
-    path, _ = small_gguf("qwen2", qtype)
-    converted = tmp_path_factory.mktemp("converted")
-    convert_gguf(path, converted)
+    converted = _converted_qwen2(small_gguf, qtype, tmp_path_factory)
     # The exact plan (float32 compute); what the gate picks at auto: the test below.
     int4, fp32 = bundle_of(converted, precision="int4", kernels="exact"), bundle_of(converted)
     graph = onnx.load(str(int4 / "model.ort.onnx"), load_external_data=False).graph
@@ -219,10 +225,7 @@ def test_on_the_4bit_grid_auto_publishes_the_fastest_plan_that_answers_like_fp32
     # weights are fp32's, so what the gate judges is the kernels alone.
     import onnx
 
-    path, _ = small_gguf("qwen2", qtype)
-    converted = tmp_path_factory.mktemp("converted")
-    convert_gguf(path, converted)
-    bundle = bundle_of(converted, precision="int4")
+    bundle = bundle_of(_converted_qwen2(small_gguf, qtype, tmp_path_factory), precision="int4")
     meta = json.loads((bundle / "engine.json").read_text())
     chosen = check_gate_choice(meta)
     print(f"int4 ({qtype} blocks) at auto on {cpu_class()}: {meta['quality']['candidates']}")
