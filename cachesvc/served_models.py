@@ -143,10 +143,13 @@ class CatalogModels:
 
     def _ref(self, name: str, info: BundleInfo) -> ModelRef:
         bundle_dir = self.manager.queries.bundle_dir(info)
-        from inference.runtime.registry import memory_estimate
+        from inference.runtime.registry import is_embedding, memory_estimate, read_meta
 
+        context = self.context_bytes
         try:
             memory = memory_estimate(bundle_dir, max_slots=self.max_slots)
+            if is_embedding(read_meta(bundle_dir)):
+                context = 0  # no KV cache: nothing to reuse, no record pool
         except Exception:  # an unreadable engine.json fails at load with the real reason
             memory = int(info.size_bytes)
         profile = info.profile
@@ -158,8 +161,8 @@ class CatalogModels:
             backend=info.backend,
             precision=str(profile.get("precision", "")),
             max_model_len=int(profile.get("max_kv_cache_capacity", 0) or 0),
-            memory_bytes=memory + self.context_bytes,
-            context_bytes=self.context_bytes,
+            memory_bytes=memory + context,
+            context_bytes=context,
             draft_bundle_dir=self.manager.queries.bundle_dir(draft) if draft is not None else None,
             parent=self.parents.get(name),
         )

@@ -32,6 +32,7 @@ from inference.builder.model_config import ModelConfig, load_model_config
 from inference.builder.quality import MIN_AGREEMENT, Quality, run_gate
 from inference.builder.spec import EngineBuildSpec
 from inference.cpu_class import cpu_class
+from inference.runtime.embedding_batches import working_bytes
 from inference.runtime.ort_session import available_cores
 
 # Bump whenever the files a build produces change (graph layout, names, engine.json fields).
@@ -147,6 +148,8 @@ def _build_embedding(cfg: ModelConfig, ckpt: CheckpointReader, checkpoint_dir: P
         **memory_fields(weight_bytes=onnx_weight_bytes(model_path), kv_bytes_per_token=0,
                         capacity=spec.max_kv_cache_capacity, slots=spec.max_batch_size),
     )
+    # No KV cache; what a run takes instead (the runtime's estimate counts the same).
+    meta["memory_bytes"] += working_bytes(meta)
     (out_dir / ENGINE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     report("done", 1.0)
     return meta

@@ -7,7 +7,11 @@ only, and there is no KV cache: each call runs its inputs from the first token.
 
 ``embed`` runs on the caller's thread (the HTTP layer calls it from a worker thread) and holds
 a lock, so one session serves one batch at a time; inputs longer than the bundle's
-``max_input_len`` are refused, never cut.
+``max_input_len`` are refused, never cut. Batches follow
+:func:`~inference.runtime.embedding_batches.run_plan` (at most ``max_input_len`` padded tokens
+each), so a run never takes more than
+:func:`~inference.runtime.embedding_batches.working_bytes`, and each run ends by shrinking the
+session's CPU arena: the memory a long batch took goes back to the system after it.
 
 It also answers the :class:`~inference.runtime.protocol.Engine` protocol so the model pool can
 hold it like any loaded model (info, memory, close); the generation methods refuse with one
@@ -25,8 +29,10 @@ from typing import Any, NoReturn
 import numpy as np
 import onnxruntime as ort
 
+from inference.runtime.embedding_batches import MAX_ROWS, run_plan
 from inference.runtime.ort_session import cpu_session
 from inference.runtime.protocol import EngineInfo
+from inference.runtime.registry import is_embedding
 
 #: The model file of an embedding bundle.
 EMBEDDING_MODEL = "model.onnx"
@@ -39,8 +45,9 @@ class EmbeddingInputError(ValueError):
 class EmbeddingEngine:
     """One onnxruntime session of an embedding graph."""
 
-    def __init__(self, model_path: Path, meta: dict[str, Any], *, threads: int, max_batch: int = 32) -> None:
-        if meta.get("task") != "embed":
+    def __init__(self, model_path: Path, meta: dict[str, Any], *, threads: int,
+                 max_batch: int = MAX_ROWS) -> None:
+        if not is_embedding(meta):
             raise ValueError(f"{model_path.parent} is not an embedding bundle (engine.json task "
                              f"{meta.get('task', 'generate')!r})")
         self._session: ort.InferenceSession | None = cpu_session(model_path, threads=threads, optimized=False)
@@ -56,6 +63,10 @@ class EmbeddingEngine:
         self.truncations: list[int] | None = (
             None if matryoshka is None else list(matryoshka.get("dimensions") or []))
         self._max_batch = max(1, max_batch)
+        # The arena keeps its largest allocation otherwise: one long batch would hold its
+        # attention memory for the life of the model.
+        self._run_options = ort.RunOptions()
+        self._run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self._lock = threading.Lock()
         self._info = EngineInfo(
             model_type=str(meta["model_type"]),
@@ -113,10 +124,8 @@ class EmbeddingEngine:
         """Unit vectors ``[len(inputs), dimensions]`` float32, one per input, in order."""
         self.check(inputs)
         out = np.empty((len(inputs), self.dimensions), dtype=np.float32)
-        # Similar lengths together: less padding to run through the model.
-        order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
-        for start in range(0, len(order), self._max_batch):
-            rows = order[start:start + self._max_batch]
+        plan = run_plan([len(ids) for ids in inputs], max_tokens=self.max_input_len, max_rows=self._max_batch)
+        for rows in plan:
             out[rows] = self._run([inputs[i] for i in rows])
         return out
 
@@ -137,7 +146,7 @@ class EmbeddingEngine:
         with self._lock:
             if self._session is None:
                 raise RuntimeError("engine is closed")
-            (vectors,) = self._session.run(["embeddings"], feed)
+            (vectors,) = self._session.run(["embeddings"], feed, self._run_options)
         return np.asarray(vectors, dtype=np.float32)
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ from inference.runtime.embedding_engine import EMBEDDING_MODEL, EmbeddingEngine
 from inference.runtime.errors import EngineLoadError
 from inference.runtime.onnxruntime_engine import KV_LAYOUT, GqaEngine
 from inference.runtime.ort_session import available_cores
-from inference.runtime.registry import ENGINE_FILE, load_engine, memory_estimate, read_meta
+from inference.runtime.registry import ENGINE_FILE, is_embedding, load_engine, memory_estimate, read_meta
 
 # Format 1 (two weight copies, no in-place KV graph) is refused: rebuilding is cheap and the
 # cache rebuilds it anyway (the builder version is part of the bundle profile).
@@ -45,7 +45,7 @@ def read_engine_meta(bundle_dir: Path) -> dict[str, Any]:
     mismatch = cpu_class_mismatch(meta)
     if mismatch is not None:
         raise EngineLoadError(f"bundle {bundle_dir} is {mismatch}")
-    if meta.get("task") == "embed":
+    if is_embedding(meta):
         return meta  # no KV cache: the embedding graph runs each input from its first token
     kv = meta.get("kv_cache")
     if not isinstance(kv, dict) or kv.get("layout") != KV_LAYOUT:
@@ -88,7 +88,7 @@ def load_ort_engine(
     n_threads = available_cores() if threads is None else threads
     if n_threads < 1:
         raise ValueError(f"threads must be at least 1, got {n_threads}")
-    if meta.get("task") == "embed":
+    if is_embedding(meta):
         return _load_embedding(bundle_dir, meta, n_threads)
     model = bundle_dir / str(meta["kv_cache"].get("model", ""))
     if not model.is_file():

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from inference.runtime.embedding_batches import working_bytes
 from inference.runtime.errors import EngineLoadError
 from inference.runtime.protocol import Engine
 
@@ -99,9 +100,19 @@ def kv_bytes_per_token(meta: dict[str, Any]) -> int:
     return int(kv.get("bytes_per_token", 0)) if isinstance(kv, dict) else 0
 
 
+def is_embedding(meta: dict[str, Any]) -> bool:
+    """Whether ``engine.json`` describes an embedding bundle (``task`` ``embed``): no KV cache,
+    so no context-reuse record pool either."""
+    return meta.get("task") == "embed"
+
+
 def memory_estimate(bundle_dir: Path, *, max_slots: int | None = None) -> int:
-    """What loading the bundle takes in memory: weight bytes + KV bytes per token x capacity x slots."""
+    """What loading the bundle takes in memory: weight bytes + KV bytes per token x capacity x
+    slots; for an embedding bundle, weight bytes + the working memory of its largest run
+    (:func:`~inference.runtime.embedding_batches.working_bytes`)."""
     meta = read_meta(bundle_dir)
+    if is_embedding(meta):
+        return weight_bytes(bundle_dir, meta) + working_bytes(meta)
     slots = int(meta.get("max_batch_size", 1)) if max_slots is None else max_slots
     capacity = int(meta.get("max_kv_cache_capacity", 0))
     return weight_bytes(bundle_dir, meta) + kv_bytes_per_token(meta) * capacity * slots
@@ -117,6 +128,7 @@ __all__ = [
     "LOADERS",
     "EngineLoader",
     "bundle_backend",
+    "is_embedding",
     "kv_bytes_per_token",
     "load_engine",
     "loader_for",

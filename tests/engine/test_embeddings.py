@@ -12,8 +12,10 @@ import torch
 
 from inference.builder import EngineBuildSpec
 from inference.builder.errors import BuildInputError
+from inference.runtime.embedding_batches import working_bytes
 from inference.runtime.embedding_engine import EmbeddingEngine, EmbeddingInputError
 from inference.runtime.embedding_vectors import truncate
+from inference.runtime.registry import memory_estimate
 from tests.engine.conftest import FAMILIES, load_reference
 
 #: Lengths of one batch: padding to the longest must not change the shorter ones' vectors.
@@ -54,6 +56,8 @@ def test_embeddings_match_transformers(family: str, pooling: str, hf_checkpoint:
     meta = json.loads((bundle / "engine.json").read_text())
     assert meta["task"] == "embed" and meta["pooling"] == pooling and meta["optimized_model"] is None
     assert "kv_cache" not in meta and meta["kv_bytes_per_token"] == 0
+    # Instead of KV, the working memory of its largest run: recorded as the runtime estimates it.
+    assert meta["memory_bytes"] == meta["weight_bytes"] + working_bytes(meta) == memory_estimate(bundle)
     inputs = _inputs()
     engine = _engine(bundle, max_batch=3)  # two batches, one padded
     try:
