@@ -117,6 +117,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "serving/test_generation.py": ("unit",),
     "serving/test_http.py": ("integration",),
     "serving/test_live.py": ("integration",),
+    "serving/test_nullable.py": ("unit",),
     "serving/test_parsers.py": ("unit",),
     "serving/test_pool_seams.py": ("unit",),
     "serving/test_sampling.py": ("unit",),

@@ -58,6 +58,7 @@ from inference.openai.errors import (
     to_openai_error,
 )
 from inference.openai.messages import MessagesEndpoint
+from inference.openai.nullable import from_wire, wire_type
 from inference.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -120,6 +121,8 @@ class Route:
     #: The operation's name (OpenAPI summary and operation id).
     name: str
     path: str
+    #: The request type ``answer`` takes (decoded as its wire type: null for an optional field
+    #: means its default).
     body: type[msgspec.Struct]
     surface: ErrorSurface
     #: The endpoint method: the body in, a response or an iterator of SSE events out.
@@ -243,20 +246,22 @@ def _handler(route: Route) -> HTTPRouteHandler:
     hangs up first; a stream becomes Server-Sent Events."""
 
     async def handler(request: Request[Any, Any, Any], data: Any) -> Response[Any]:
-        result = await _until_answered(request, route.answer(data))
+        result = await _until_answered(request, route.answer(from_wire(data, route.body)))
         if isinstance(result, AsyncIterator):
             return ServerSentEvent(result)
         return Response(content=result)
 
-    # Litestar reads the body type (validation, OpenAPI) from the annotations.
-    body = JSONBody[route.body]  # type: ignore[name-defined]  # a type built at runtime
+    # Litestar reads the body type (validation, OpenAPI) from the annotations: the wire type,
+    # where an optional field also takes null (inference.openai.nullable).
+    wire = wire_type(route.body)
+    body = JSONBody[wire]  # type: ignore[valid-type]  # a type built at runtime
     handler.__annotations__ = {"request": Request[Any, Any, Any], "data": body, "return": Response[Any]}
     handler.__name__ = handler.__qualname__ = route.name
     return post(
         route.path,
         status_code=200,
         responses=route.surface.documented(*_POST_STATUSES),
-        opt={"body_type": route.body},
+        opt={"body_type": wire},
         exception_handlers={Exception: route.surface.handler},
         tags=[route.surface.tag],
     )(handler)
