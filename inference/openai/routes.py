@@ -41,7 +41,7 @@ from inference.openai.body_checks import (
     LARGE_BODY_BYTES,
     has_body,
     is_json_media_type,
-    json_nesting_error,
+    json_body_problem,
 )
 from inference.openai.chat import ChatEndpoint
 from inference.openai.completions import CompletionEndpoint
@@ -268,7 +268,8 @@ def _handler(route: Route) -> HTTPRouteHandler:
 
 
 async def _strict_body(request: Request[Any, Any, Any]) -> None:
-    """``before_request``: bound the nesting and check the body with OpenAI's strict types.
+    """``before_request``: bound the nesting, check the text is Unicode, and check the body with
+    OpenAI's strict types.
 
     Litestar converts bodies leniently (``"max_tokens": "10"`` would become 10); OpenAI
     answers 400, and so do we. The handler's own conversion then runs on a valid body.
@@ -279,9 +280,9 @@ async def _strict_body(request: Request[Any, Any, Any]) -> None:
     body = await request.body()
 
     def check() -> None:
-        problem = json_nesting_error(body)
+        problem = json_body_problem(body)
         if problem is not None:
-            raise InvalidRequestError(problem)
+            raise InvalidRequestError(problem.message, param=problem.path)
         try:
             msgspec.json.decode(body, type=body_type)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
