@@ -107,6 +107,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "service/test_prompt_lists.py": ("e2e",),
     "service/test_real_model.py": ("e2e", "slow"),
     "service/test_registries.py": ("unit",),
+    "service/test_remove_during_build.py": ("e2e", "slow"),
     "service/test_request_bodies.py": ("integration",),
     "service/test_request_edges.py": ("e2e",),
     "service/test_request_fields.py": ("e2e",),
