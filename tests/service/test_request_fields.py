@@ -6,6 +6,8 @@ engine on the tiny demo checkpoint) and the official ``openai`` and ``anthropic`
   SDK parameter shows up here.
 - A field outside the references and our extensions is a 400 naming it (a misspelled
   ``max_token`` never passes silently), on every surface.
+- Every field the SDKs type ``Optional`` (and may be left out) takes null, meaning its default;
+  the test walks the SDKs' param types, so a newly nullable field shows up here.
 - The extensions are implemented: vLLM's ``guided_*`` and ``structured_outputs``, llama-server's
   ``grammar`` (GBNF) and ``json_schema``, ``min_p``, ``repetition_penalty``, ``ignore_eos``.
 """
