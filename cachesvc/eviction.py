@@ -27,6 +27,7 @@ from cachesvc.catalog import Catalog
 from cachesvc.checkpoints import owned_checkpoint_path, remove_checkpoint_files
 from cachesvc.errors import CacheError, ConfigError, ConflictError, LeasedError, PinnedError
 from cachesvc.records import (
+    BundleInfo,
     CheckpointInfo,
     CheckpointRemoval,
     EvictionPlan,
@@ -71,13 +72,40 @@ class Evictor:
             raise PinnedError(f"bundle {bid} is pinned; unpin it first (`cachesvc bundles unpin {bid}`)")
         with self.store.locks.try_exclusive(bid) as got:
             if not got:
-                raise LeasedError.held_by(f"bundle {bid} is in use", self._holders(bid),
-                                          "stop that server first")
+                raise self._busy(f"bundle {bid}", [info], "stop that server first")
             context = self.store.layout.context_bytes(bid)
             self.store.remove(info.path)
             self.store.layout.remove_context(bid)  # its context records go with it
             self.catalog.delete_bundle(bid, reason="manual", nbytes=info.size_bytes)
         return info.size_bytes + context
+
+    def _busy(self, subject: str, bundles: list[BundleInfo], then: str) -> ConflictError:
+        """Why ``bundles`` (of ``subject``: ``bundle <id>`` or ``checkpoint <digest>``), whose locks
+        are held, cannot be removed now. A bundle being built is said to be, by this process
+        (this server's own build) or by another: nobody leases one, its lock is the build's. A
+        leased bundle names its holders (``LeasedError``), then ``then``."""
+        one = subject.startswith("bundle ")
+
+        def state(what: str, ids: list[str]) -> str:
+            return f"is {what}" if one else f"has bundle(s) {what} ({', '.join(ids)})"
+
+        leased = [b.id for b in bundles if b.state != "building"]
+        holders = [h for bid in leased for h in self._holders(bid)]
+        in_use = LeasedError.held_by(f"{subject} {state('in use', leased)}", holders, then)
+        building = [b.id for b in bundles if b.state == "building"]
+        if not building:
+            return in_use
+        here = [bid for bid in building if self.store.locks.held_exclusive_here(bid)]
+        there = [bid for bid in building if bid not in here]
+        said = [
+            f"{subject} {state(f'being built by {who}', ids)}"
+            for who, ids in (("this process", here), ("another process", there)) if ids
+        ]
+        hint = " (GET /admin/builds)" if here else ""
+        said.append(f"wait for the build to finish{hint}, then retry")
+        if leased:
+            said.append(str(in_use))
+        return ConflictError("; ".join(said), reason="building", holders=in_use.holders)
 
     def plan(
         self, max_bytes: int | None = None, *, exclude: frozenset[str] = frozenset(), reason: str = "lru"
@@ -241,11 +269,9 @@ class Evictor:
                 f"checkpoint {short} has {len(pinned)} pinned bundle(s) ({', '.join(pinned)}); "
                 "unpin them first (`cachesvc bundles unpin ID`)"
             )
-        leased = [b.id for b in mine if self.store.locks.is_locked(b.id)]
-        if leased:
-            raise LeasedError.held_by(
-                f"checkpoint {short} has bundle(s) in use ({', '.join(leased)})",
-                [h for bid in leased for h in self._holders(bid)], "stop serving them first")
+        busy = [b for b in mine if self.store.locks.is_locked(b.id)]
+        if busy:
+            raise self._busy(f"checkpoint {short}", busy, "stop serving them first")
         if others:
             raise ConflictError(
                 f"checkpoint {short} has bundles on other nodes ({', '.join(others)}); remove them "

@@ -55,7 +55,7 @@ from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 from cachesvc.records import EvictionResult
 from inference.model_pool import ModelPool
-from inference.openai.body_checks import LARGE_BODY_BYTES, has_body, json_nesting_error
+from inference.openai.body_checks import LARGE_BODY_BYTES, has_body, json_body_problem
 
 Manager = NamedDependency[CacheManager]
 #: This server's model pool (engines loaded here); ``unload_idle`` unloads through it.
@@ -518,17 +518,18 @@ class AdapterController(Controller):
         return to_body(manager.adapters.unpin(adapter_id), AdapterOut)
 
 
-async def _reject_deep_json(request: Request) -> None:
-    """``before_request``: 400 for a body nested too deep (msgspec would raise RecursionError)."""
+async def _reject_bad_json(request: Request) -> None:
+    """``before_request``: 400 for a body nested too deep (msgspec would raise RecursionError) or
+    text that is not valid Unicode (``body_checks.json_body_problem``)."""
     if not has_body(request.headers):
         return
     body = await request.body()
     if len(body) > LARGE_BODY_BYTES:
-        problem = await anyio.to_thread.run_sync(json_nesting_error, body)
+        problem = await anyio.to_thread.run_sync(json_body_problem, body)
     else:
-        problem = json_nesting_error(body)
+        problem = json_body_problem(body)
     if problem is not None:
-        raise ClientException(detail=f"{problem}; send a flat JSON object")
+        raise ClientException(detail=problem.message)
 
 
 def admin_router(*, admin_api_key: str | None, model_roots: tuple[Path, ...] | None = None) -> Router:
@@ -550,7 +551,7 @@ def admin_router(*, admin_api_key: str | None, model_roots: tuple[Path, ...] | N
             *FLEET_HANDLERS,
         ],
         guards=[admin_guard(admin_api_key)],
-        before_request=_reject_deep_json,
+        before_request=_reject_bad_json,
         dependencies={"model_roots": Provide(lambda: model_roots, sync_to_thread=False)},
         exception_handlers=admin_exception_handlers(),
         signature_namespace={"CacheManager": CacheManager, "Path": Path, "ModelPool": ModelPool},

@@ -55,6 +55,9 @@ _POLL_MAX = 0.2
 # (its name is host-pid) and removed when the last one is released.
 _local_leases: dict[Path, int] = {}
 _local_leases_guard = threading.Lock()
+# Exclusive locks held by this process, per lock file: who holds a bundle's lock can then be
+# told apart (this process's build, or another process) without a record on disk.
+_local_exclusive: dict[Path, int] = {}
 
 
 def _host() -> str:
@@ -155,9 +158,12 @@ class BundleLocks:
         ``timeout=None`` waits forever; otherwise ``LockTimeoutError`` after ``timeout`` seconds.
         """
         fh = self._acquire(bundle_id, portalocker.LockFlags.EXCLUSIVE, timeout, "exclusive")
+        key = self.lock_path(bundle_id).absolute()
+        _count_exclusive(key, +1)
         try:
             yield
         finally:
+            _count_exclusive(key, -1)
             _unlock_and_close(fh)
 
     @contextlib.contextmanager
@@ -172,10 +178,14 @@ class BundleLocks:
         except BaseException:
             fh.close()
             raise
+        key = self.lock_path(bundle_id).absolute()
+        if acquired:
+            _count_exclusive(key, +1)
         try:
             yield acquired
         finally:
             if acquired:
+                _count_exclusive(key, -1)
                 _unlock_and_close(fh)
             else:
                 fh.close()
@@ -192,6 +202,11 @@ class BundleLocks:
             _unlock_and_close(fh)
             raise
         return Lease(bundle_id, fh, record)
+
+    def held_exclusive_here(self, bundle_id: str) -> bool:
+        """True while this process holds the bundle's exclusive lock (builds and deletes)."""
+        with _local_leases_guard:
+            return _local_exclusive.get(self.lock_path(bundle_id).absolute(), 0) > 0
 
     def is_locked(self, bundle_id: str) -> bool:
         """True when anyone holds the lock, shared or exclusive (this process included)."""
@@ -298,6 +313,15 @@ class BundleLocks:
                 write_atomic(record, json.dumps(payload).encode(), mode & 0o666)
             _local_leases[record] = count + 1
         return record
+
+
+def _count_exclusive(key: Path, delta: int) -> None:
+    with _local_leases_guard:
+        count = _local_exclusive.get(key, 0) + delta
+        if count > 0:
+            _local_exclusive[key] = count
+        else:
+            _local_exclusive.pop(key, None)
 
 
 def _drop_record(record: Path) -> None:

@@ -114,17 +114,18 @@ class CompletionEndpoint:
                     f"hold over all prompts (at most {budget} characters); send fewer or shorter prompts",
                     param="prompt",
                 )
+
+        def where(i: int) -> str:
+            return f"prompt[{i}]" if len(prompts) > 1 else "prompt"
+
         for i, p in enumerate(prompts):
-            where = f"prompt[{i}]" if len(prompts) > 1 else "prompt"
             if isinstance(p, str):
                 handle.check_text_length(len(p), "prompt")
             elif len(p) > limit:
                 raise ContextLengthExceededError(
-                    f"{where} has {len(p)} tokens; this model accepts at most {limit} input tokens",
+                    f"{where(i)} has {len(p)} tokens; this model accepts at most {limit} input tokens",
                     param="prompt",
                 )
-            elif not p:
-                raise InvalidRequestError(f"{where} is empty", param="prompt")
         encoded = await asyncio.gather(
             *(
                 asyncio.to_thread(handle.tokenizer.encode, p, add_special_tokens=True)
@@ -133,14 +134,17 @@ class CompletionEndpoint:
         )
         out: list[tuple[list[int], str]] = []
         by_text = iter(encoded)
-        for p in prompts:
+        for i, p in enumerate(prompts):
+            ids = next(by_text) if isinstance(p, str) else p
+            if not ids:  # an empty list, or text of no tokens: named here, with its index
+                raise InvalidRequestError(f"{where(i)} is empty", param="prompt")
             if isinstance(p, str):
-                out.append((next(by_text), p))
+                out.append((ids, p))
                 continue
             for t in p:
                 if not 0 <= t < handle.vocab_size:
                     raise InvalidRequestError(
-                        f"prompt token id {t} is outside the vocabulary", param="prompt"
+                        f"{where(i)}: token id {t} is outside the vocabulary", param="prompt"
                     )
             out.append((p, ""))
         total = sum(len(ids) for ids, _ in out)

@@ -41,7 +41,7 @@ from inference.openai.body_checks import (
     LARGE_BODY_BYTES,
     has_body,
     is_json_media_type,
-    json_nesting_error,
+    json_body_problem,
 )
 from inference.openai.chat import ChatEndpoint
 from inference.openai.completions import CompletionEndpoint
@@ -58,6 +58,7 @@ from inference.openai.errors import (
     to_openai_error,
 )
 from inference.openai.messages import MessagesEndpoint
+from inference.openai.nullable import from_wire, wire_type
 from inference.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -120,6 +121,8 @@ class Route:
     #: The operation's name (OpenAPI summary and operation id).
     name: str
     path: str
+    #: The request type ``answer`` takes (decoded as its wire type: null for an optional field
+    #: means its default).
     body: type[msgspec.Struct]
     surface: ErrorSurface
     #: The endpoint method: the body in, a response or an iterator of SSE events out.
@@ -243,27 +246,30 @@ def _handler(route: Route) -> HTTPRouteHandler:
     hangs up first; a stream becomes Server-Sent Events."""
 
     async def handler(request: Request[Any, Any, Any], data: Any) -> Response[Any]:
-        result = await _until_answered(request, route.answer(data))
+        result = await _until_answered(request, route.answer(from_wire(data, route.body)))
         if isinstance(result, AsyncIterator):
             return ServerSentEvent(result)
         return Response(content=result)
 
-    # Litestar reads the body type (validation, OpenAPI) from the annotations.
-    body = JSONBody[route.body]  # type: ignore[name-defined]  # a type built at runtime
+    # Litestar reads the body type (validation, OpenAPI) from the annotations: the wire type,
+    # where an optional field also takes null (inference.openai.nullable).
+    wire = wire_type(route.body)
+    body = JSONBody[wire]  # type: ignore[valid-type]  # a type built at runtime
     handler.__annotations__ = {"request": Request[Any, Any, Any], "data": body, "return": Response[Any]}
     handler.__name__ = handler.__qualname__ = route.name
     return post(
         route.path,
         status_code=200,
         responses=route.surface.documented(*_POST_STATUSES),
-        opt={"body_type": route.body},
+        opt={"body_type": wire},
         exception_handlers={Exception: route.surface.handler},
         tags=[route.surface.tag],
     )(handler)
 
 
 async def _strict_body(request: Request[Any, Any, Any]) -> None:
-    """``before_request``: bound the nesting and check the body with OpenAI's strict types.
+    """``before_request``: bound the nesting, check the text is Unicode, and check the body with
+    OpenAI's strict types.
 
     Litestar converts bodies leniently (``"max_tokens": "10"`` would become 10); OpenAI
     answers 400, and so do we. The handler's own conversion then runs on a valid body.
@@ -274,9 +280,9 @@ async def _strict_body(request: Request[Any, Any, Any]) -> None:
     body = await request.body()
 
     def check() -> None:
-        problem = json_nesting_error(body)
+        problem = json_body_problem(body)
         if problem is not None:
-            raise InvalidRequestError(problem)
+            raise InvalidRequestError(problem.message, param=problem.path)
         try:
             msgspec.json.decode(body, type=body_type)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:

@@ -12,6 +12,8 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
 from tests.admin.conftest import problem
 from tests.admin.test_leases import leased  # noqa: F401  (fixture)
-from tests.support.cache import make_checkpoint
+from tests.support.cache import REPO_ROOT, FileBuilder, child_env, make_checkpoint
 
 Client = TestClient[Litestar]
 PROFILE = ProfileRequest(max_input_len=128)
@@ -278,3 +280,85 @@ def test_the_gates_kept_fp32_answers_go_with_the_checkpoint(
         path.write_bytes(b"answers")
     assert client.delete(f"/admin/checkpoints/{digest}").status_code == 200
     assert not kept.exists() and other.read_bytes() == b"answers"
+
+
+def _building(client: Client, timeout: float = 30.0) -> str:
+    """The id of the bundle whose build is under way, once its row says ``building``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        items = client.get("/admin/bundles", params={"state": "building"}).json()["items"]
+        if items:
+            return str(items[0]["id"])
+        time.sleep(0.01)
+    raise AssertionError("no build started")
+
+
+def test_a_build_in_this_process_is_named_as_one(
+    client: Client, manager: CacheManager, checkpoint: Path
+) -> None:
+    # The server's own background build holds the bundle's lock: the refusal says that, not
+    # "in use by another process" (nobody leases a bundle being built).
+    manager.builders["onnxruntime"] = FileBuilder(files=40, file_size=64, delay=0.05)
+    r = client.post("/admin/builds", json={"model": str(checkpoint), "max_input_len": 128})
+    assert r.status_code == 202, r.text
+    bundle_id = _building(client)
+    digest = manager.resolve(str(checkpoint)).digest
+    for r in (
+        client.delete(f"/admin/checkpoints/{digest}", params={"with_bundles": "true"}),
+        client.delete(f"/admin/bundles/{bundle_id}"),
+    ):
+        assert r.status_code == 409, r.text
+        body = problem(r)
+        assert body["reason"] == "building" and bundle_id in body["detail"], body
+        assert "being built by this process" in body["detail"], body
+        assert "another process" not in body["detail"] and body["holders"] == [], body
+    (build,) = manager.builds.all_builds()
+    build = manager.builds.wait(build.id, timeout=60)
+    assert build.state == "done" and _rm_events(client) == []
+    r = client.delete(f"/admin/checkpoints/{digest}", params={"with_bundles": "true"})
+    assert r.status_code == 200 and r.json()["bundles_removed"] == [bundle_id], r.text
+
+
+def test_a_build_in_another_process_is_named_as_one(
+    client: Client, manager: CacheManager, checkpoint: Path, cache_dir: Path
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.prepare_child", str(cache_dir), str(checkpoint), "prepare"],
+        cwd=REPO_ROOT, env=child_env(CACHESVC_TEST_DELAY="0.2"), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        bundle_id = _building(client, timeout=60)
+        digest = manager.resolve(str(checkpoint)).digest
+        r = client.delete(f"/admin/checkpoints/{digest}", params={"with_bundles": "true"})
+        assert r.status_code == 409, r.text
+        body = problem(r)
+        assert body["reason"] == "building" and bundle_id in body["detail"], body
+        assert "being built by another process" in body["detail"], body
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert client.get(f"/admin/bundles/{bundle_id}").json()["bundle"]["state"] == "ready"
+
+
+def test_a_build_and_a_lease_are_both_named(
+    client: Client, manager: CacheManager, checkpoint: Path, leased: tuple[str, subprocess.Popen[str]]  # noqa: F811
+) -> None:
+    served, proc = leased
+    manager.builders["onnxruntime"] = FileBuilder(files=40, file_size=64, delay=0.05)
+    r = client.post("/admin/builds", json={"model": str(checkpoint), "max_input_len": 128})
+    assert r.status_code == 202, r.text
+    built = _building(client)
+    digest = manager.resolve(str(checkpoint)).digest
+    r = client.delete(f"/admin/checkpoints/{digest}", params={"with_bundles": "true"})
+    assert r.status_code == 409, r.text
+    body = problem(r)
+    detail = body["detail"]
+    assert body["reason"] == "building" and [h["pid"] for h in body["holders"]] == [proc.pid], body
+    assert f"being built by this process ({built})" in detail, detail
+    assert f"in use ({served}) by pid {proc.pid}" in detail, detail
+    (build,) = manager.builds.all_builds()
+    assert manager.builds.wait(build.id, timeout=60).state == "done"

@@ -95,3 +95,42 @@ def test_a_text_model_has_no_embeddings(real_server: ServerProcess) -> None:
     with pytest.raises(openai.BadRequestError, match="--task embed") as err:
         real_server.client().embeddings.create(model=MODEL, input="hello")
     assert isinstance(err.value.body, dict) and err.value.body.get("param") == "model"
+
+
+def _raw_post(server: ServerProcess, path: str, body: bytes) -> tuple[int, dict]:
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    with server.http() as h:
+        r = h.post(path, content=body, headers=headers)
+    return r.status_code, r.json()
+
+
+@pytest.mark.parametrize(("text", "param", "where"), [
+    (rb'"\ud800"', "input", "input, character 0: \\ud800"),
+    (rb'["ok", "ab\udc00"]', "input[1]", "input[1], character 2: \\udc00"),
+    (rb'["ok", "x", "a\ud800b"]', "input[2]", "input[2], character 1: \\ud800"),
+])
+def test_an_unpaired_surrogate_is_a_400_naming_where(embed_server: ServerProcess, text: bytes,
+                                                     param: str, where: str) -> None:
+    # A lone surrogate escape is JSON that no UTF-8 text can hold (msgspec said "Input data was
+    # truncated"): the answer says so, and where.
+    status, body = _raw_post(embed_server, "/v1/embeddings", b'{"model": "' + EMBED.encode() + b'", "input": '
+                             + text + b"}")
+    error = body["error"]
+    assert status == 400 and error["param"] == param, body
+    assert "unpaired UTF-16 surrogate" in error["message"] and where in error["message"], body
+    assert "truncated" not in error["message"], body
+
+
+def test_bytes_that_are_not_utf8_are_a_400_naming_the_offset(embed_server: ServerProcess) -> None:
+    raw = b'{"model": "' + EMBED.encode() + b'", "input": "caf\xe9"}'
+    status, body = _raw_post(embed_server, "/v1/embeddings", raw)
+    assert status == 400, body
+    assert "not valid UTF-8" in body["error"]["message"], body
+    offset = raw.index(b"\xe9")
+    assert f"byte {offset}" in body["error"]["message"], body
+
+
+def test_a_surrogate_pair_is_one_character(embed_server: ServerProcess) -> None:
+    pair = b'{"model": "' + EMBED.encode() + rb'", "input": ["\ud83d\ude00 ok"]}'
+    status, body = _raw_post(embed_server, "/v1/embeddings", pair)
+    assert status == 200 and len(body["data"]) == 1, body

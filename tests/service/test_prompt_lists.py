@@ -92,6 +92,9 @@ def _error(client: openai.OpenAI, **body: Any) -> dict[str, Any]:
         ([], {}, "empty list"),
         (["a", [1, 2]], {}, "may not mix"),
         ([[1, 2], []], {}, "prompt[1] is empty"),
+        (["a", ""], {}, "prompt[1] is empty"),
+        (["", "a"], {}, "prompt[0] is empty"),
+        ("", {}, "prompt is empty"),
         ([[1, 2], [1, 10**6]], {}, "outside the vocabulary"),
         (["a"] * (MAX_PROMPTS + 1), {}, f"at most {MAX_PROMPTS}"),
         (["a"] * 11, {"n": 2}, "22 sequences"),  # 4 slots + 16 queued = 20

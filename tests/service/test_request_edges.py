@@ -158,3 +158,24 @@ def test_no_server_path_in_v1_bodies(real_server: ServerProcess, demo_dir: Path)
     for text in bodies:
         assert root not in text and "/tmp/" not in text, text
     assert "<server path>" in bodies[1]
+
+
+def test_an_unpaired_surrogate_is_a_400_on_every_json_route(real_server: ServerProcess) -> None:
+    # The body decoder is one for every route: chat, completions and the admin API say the same.
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    cases = [
+        ("/v1/chat/completions",
+         rb'{"model": "demo-tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi \ud800"}]}',
+         "messages[0].content"),
+        ("/v1/completions", rb'{"model": "demo-tiny", "max_tokens": 2, "prompt": ["a", "\udfff"]}',
+         "prompt[1]"),
+    ]
+    with real_server.http() as h:
+        for path, body, param in cases:
+            r = h.post(path, content=body, headers=headers)
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["param"] == param and "unpaired UTF-16 surrogate" in error["message"], error
+        r = h.post("/admin/builds", content=rb'{"model": "x\ud800"}', headers=headers)
+        assert r.status_code == 400, r.text
+        assert "model, character 1" in r.json()["detail"] and "unpaired" in r.json()["detail"], r.text

@@ -6,6 +6,8 @@ engine on the tiny demo checkpoint) and the official ``openai`` and ``anthropic`
   SDK parameter shows up here.
 - A field outside the references and our extensions is a 400 naming it (a misspelled
   ``max_token`` never passes silently), on every surface.
+- Every field the SDKs type ``Optional`` (and may be left out) takes null, meaning its default;
+  the test walks the SDKs' param types, so a newly nullable field shows up here.
 - The extensions are implemented: vLLM's ``guided_*`` and ``structured_outputs``, llama-server's
   ``grammar`` (GBNF) and ``json_schema``, ``min_p``, ``repetition_penalty``, ``ignore_eos``.
 """
@@ -15,14 +17,23 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import types
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import anthropic.types.message_count_tokens_params as count_params
+import anthropic.types.message_create_params as message_params
+import httpx
 import jsonschema
 import openai
+import openai.types.chat.completion_create_params as chat_params
+import openai.types.completion_create_params as completion_params
+import openai.types.responses.response_create_params as response_params
 import pytest
+import typing_extensions
 from anthropic.resources.messages import Messages
 from openai.resources.chat.completions import Completions as ChatCompletions
 from openai.resources.completions import Completions
@@ -405,3 +416,104 @@ def test_min_p_and_repetition_penalty_take_effect(client: openai.OpenAI) -> None
         ]
         changed.append(texts[0] != texts[1])
     assert any(changed)
+
+
+# -- null for a field left unset ---------------------------------------------------------------
+
+# The SDKs' request types are the API references: a field typed ``Optional[...]`` there may be
+# sent as null (clients that send None for what they leave unset), and null means its default.
+# (route, the SDK's param type, a body without the field: the least each route needs, two tokens)
+_SDK_PARAMS: list[tuple[str, Any, dict[str, Any]]] = [
+    ("/v1/chat/completions", chat_params.CompletionCreateParamsNonStreaming,
+     {"model": MODEL, "messages": MESSAGES, "max_tokens": 2}),
+    ("/v1/completions", completion_params.CompletionCreateParamsNonStreaming,
+     {"model": MODEL, "prompt": "Once", "max_tokens": 2}),
+    ("/v1/responses", response_params.ResponseCreateParamsNonStreaming,
+     {"model": MODEL, "input": "Say something.", "max_output_tokens": 2}),
+    ("/v1/messages", message_params.MessageCreateParamsNonStreaming,
+     {"model": MODEL, "messages": MESSAGES, "max_tokens": 2}),
+    ("/v1/messages/count_tokens", count_params.MessageCountTokensParams,
+     {"model": MODEL, "messages": MESSAGES}),
+]
+
+
+def _admits_null(hint: Any) -> bool:
+    if hint is type(None):
+        return True
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and any(
+        _admits_null(arg) for arg in typing.get_args(hint)
+    )
+
+
+def sdk_nullable_fields(params: Any) -> list[str]:
+    """The fields a client may leave out and that the SDK types ``Optional``: null is allowed.
+
+    (A required field that admits None, like completions' ``prompt``, is not "unset" by null.)
+    """
+    out = []
+    for name, hint in typing.get_type_hints(params, include_extras=True).items():
+        required = typing.get_origin(hint) is typing_extensions.Required
+        while typing.get_origin(hint) in (typing_extensions.Required, typing_extensions.NotRequired,
+                                          typing.Annotated):
+            hint = typing.get_args(hint)[0]
+        if not required and _admits_null(hint):
+            out.append(name)
+    return sorted(out)
+
+
+def test_the_sdk_walk_finds_the_fields_clients_send_as_none() -> None:
+    chat = sdk_nullable_fields(chat_params.CompletionCreateParamsNonStreaming)
+    assert {"n", "presence_penalty", "frequency_penalty", "stream", "logprobs", "max_tokens"} <= set(chat)
+    completions = sdk_nullable_fields(completion_params.CompletionCreateParamsNonStreaming)
+    assert {"echo", "best_of"} <= set(completions)
+    assert "messages" not in chat and "model" not in chat
+
+
+@pytest.mark.parametrize(("path", "params", "base"), _SDK_PARAMS, ids=[p for p, _, _ in _SDK_PARAMS])
+def test_null_for_every_nullable_sdk_field_is_accepted(
+    server: ServerProcess, path: str, params: Any, base: dict[str, Any]
+) -> None:
+    fields = sdk_nullable_fields(params)
+    refused = {}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.Client(base_url=server.base_url, headers=headers, timeout=120) as h:
+        for name in fields:
+            body = {**base, name: None}
+            if name == "max_tokens" and path == "/v1/chat/completions":
+                body["max_completion_tokens"] = 2  # still two tokens
+            r = h.post(path, json=body)
+            if r.status_code != 200:
+                refused[name] = r.text
+    assert not refused, f"{path}: null refused for {sorted(refused)}: {refused}"
+
+
+def test_the_sdk_sending_none_gets_the_defaults(client: openai.OpenAI) -> None:
+    # The issue's case: a client that sends None for every field it leaves unset.
+    want = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0)
+    got = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0, n=None, presence_penalty=None,
+        frequency_penalty=None, stream=None, logprobs=None, top_logprobs=None, seed=None, stop=None,
+        logit_bias=None, stream_options=None, top_p=None, max_completion_tokens=None,
+    )
+    assert [c.message.content for c in got.choices] == [want.choices[0].message.content]
+    assert got.choices[0].logprobs is None
+    want_text = client.completions.create(model=MODEL, prompt="Once", max_tokens=6, temperature=0)
+    got_text = client.completions.create(
+        model=MODEL, prompt="Once", max_tokens=6, temperature=0, echo=None, best_of=None, n=None,
+        presence_penalty=None, frequency_penalty=None, stream=None, logprobs=None, suffix=None, seed=None,
+    )
+    assert [c.text for c in got_text.choices] == [want_text.choices[0].text]  # no echo, one choice
+    assert got_text.choices[0].logprobs is None
+
+
+def test_null_for_a_required_field_is_a_400_naming_it(server: ServerProcess) -> None:
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.Client(base_url=server.base_url, headers=headers, timeout=60) as h:
+        for path, body, field in [
+            ("/v1/chat/completions", {"model": MODEL, "messages": None}, "messages"),
+            ("/v1/completions", {"model": None, "prompt": "x"}, "model"),
+            ("/v1/messages", {"model": MODEL, "messages": MESSAGES, "max_tokens": None}, "max_tokens"),
+        ]:
+            r = h.post(path, json=body)
+            assert r.status_code == 400, r.text
+            assert field in r.text and "null" in r.text, r.text
