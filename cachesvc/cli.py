@@ -30,6 +30,7 @@ from cachesvc.config import (
 from cachesvc.errors import CacheError, CheckpointError, ConfigError, NotFoundError
 from cachesvc.gguf_checkpoints import hub_gguf_spec
 from cachesvc.records import BUNDLE_STATES, SORT_KEYS, SORT_ORDERS, BundleInfo, EvictionResult
+from cachesvc.store.space import human_size
 from inference.build_profile import BACKENDS
 from inference.demo import ARCHS as DEMO_ARCHS
 from inference.demo import SIZES as DEMO_SIZES
@@ -51,16 +52,6 @@ class CliError(Exception):
 
 
 # -- formatting ------------------------------------------------------------------------------
-
-
-def human_size(n: int | float) -> str:
-    """1536 -> '1.5 KiB'."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def human_time(value: datetime | None) -> str:

@@ -11,7 +11,6 @@ used as attributes: ``queries`` (read-only views, :mod:`cachesvc.queries`), ``ve
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import time
@@ -25,6 +24,7 @@ from cachesvc.builders import (
     Builder,
     BuildJob,
     ProgressFn,
+    build_disk_bytes,
     default_builders,
     resolve_backend,
     resolve_precision,
@@ -39,6 +39,7 @@ from cachesvc.errors import (
     CacheError,
     ConfigError,
     CorruptBundleError,
+    DiskFullError,
     InsufficientStorageError,
     NotFoundError,
 )
@@ -48,6 +49,7 @@ from cachesvc.queries import CacheQueries
 from cachesvc.reconcile import Reconciler
 from cachesvc.records import AdapterInfo, AliasInfo, BuildStatus, CheckpointRemoval, PrepareResult
 from cachesvc.store import BundleStore, CacheLayout, read_manifest, verify_bundle
+from cachesvc.store.space import disk_full, human_size, require_free
 from cachesvc.verification import BundleVerifier
 from inference.build_profile import DEFAULT_POOLING, METHODS_WITH_DRAFT_BUNDLE, QUANTIZED_PRECISIONS
 from inference.cpu_class import cpu_class
@@ -150,7 +152,13 @@ class CacheManager:
 
     def resolve(self, model: str) -> ResolvedCheckpoint:
         """Resolve a model id or directory and record the checkpoint in the catalog."""
-        ckpt = resolve_checkpoint(model, self.layout.checkpoints, offline=self.offline)
+        try:
+            ckpt = resolve_checkpoint(model, self.layout.checkpoints, offline=self.offline)
+        except DiskFullError as exc:
+            # The GGUF conversion, a build's first stage, ran out of disk part way: recorded as
+            # a bundle build that does (no row: the bundle's id needs the converted files).
+            self.catalog.add_event("build_failed", model=model, seconds=0.0, detail=str(exc))
+            raise
         self.catalog.upsert_checkpoint(
             digest=ckpt.digest,
             source=model,
@@ -312,6 +320,10 @@ class CacheManager:
                 nbytes=old.size_bytes,
                 detail=old.error,
             )
+        what = f"building {model} ({options.name})"
+        needed = build_disk_bytes(ckpt.path, options)
+        if needed is not None:  # refused before anything is written, as the cap is after
+            require_free(self.layout.root, needed, what)
         self.catalog.begin_build(key, model=model)
         log.info("building bundle %s for %s (%s)", bid, model, options.name)
         staging = self.store.new_staging_dir(bid)
@@ -335,13 +347,10 @@ class CacheManager:
             log.error("build of %s failed after %.1fs: %s", bid, seconds, reason)
             if isinstance(exc, CacheError) or not isinstance(exc, Exception):
                 raise
-            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                raise InsufficientStorageError(
-                    f"building {model} ({options.name}) ran out of disk space in {self.layout.root}; "
-                    "nothing was kept. Free space (e.g. `cachesvc prune`) or use a --cache-dir on a "
-                    "larger disk"
-                ) from exc
-            raise BuildError(f"building {model} ({options.name}) failed: {reason}") from exc
+            full = disk_full(exc, what, self.layout.root)
+            if full is not None:
+                raise full from exc
+            raise BuildError(f"{what} failed: {reason}") from exc
         seconds = time.monotonic() - started
         crash_point("build:published")
         if manifest.size_bytes > self.max_size_bytes:
@@ -350,8 +359,8 @@ class CacheManager:
                 bid, reason="lru", nbytes=manifest.size_bytes, detail="larger than the cap"
             )
             raise InsufficientStorageError(
-                f"the bundle for {model} needs {manifest.size_bytes} bytes but the cache cap is "
-                f"{self.max_size_bytes} bytes; raise --engine-cache-max-size-gb"
+                f"the bundle for {model} needs {human_size(manifest.size_bytes)} but the cache cap is "
+                f"{human_size(self.max_size_bytes)}; raise --engine-cache-max-size-gb"
             )
         self.catalog.finish_build(
             bid, size_bytes=manifest.size_bytes, file_count=manifest.file_count, seconds=seconds
