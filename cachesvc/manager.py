@@ -172,9 +172,15 @@ class CacheManager:
         """The id the bundle of ``model`` built with ``request`` has, from the catalog alone: no
         hashing, no download, no row written. NotFoundError when a checkpoint (``model`` or the
         draft) was never resolved here; the bundle itself may or may not exist."""
+        digest, options, _ = self._known_build(model, request)
+        return BundleKey.of(digest, options).id
+
+    def _known_build(self, model: str, request: ProfileRequest) -> tuple[str, BuildOptions, Path]:
+        """The checkpoint digest, the build options and the checkpoint's path of ``model`` under
+        ``request``, from the catalog alone (NotFoundError for a checkpoint never resolved here)."""
         digest, path = self._known_checkpoint("model", model)
         draft = self._known_checkpoint("draft_model", request.draft_model)[0] if request.draft_model else None
-        return BundleKey.of(digest, self.build_options(request, draft, path)).id
+        return digest, self.build_options(request, draft, path), path
 
     def _known_checkpoint(self, field: str, model: str) -> tuple[str, Path]:
         wanted = model.rstrip("/")
@@ -322,7 +328,7 @@ class CacheManager:
             )
         what = f"building {model} ({options.name})"
         needed = build_disk_bytes(ckpt.path, options)
-        if needed is not None:  # refused before anything is written, as the cap is after
+        if needed is not None:  # refused before anything is written (the cap is checked after)
             require_free(self.layout.root, needed, what)
         self.catalog.begin_build(key, model=model)
         log.info("building bundle %s for %s (%s)", bid, model, options.name)
@@ -487,7 +493,23 @@ class CacheManager:
         # A build is refused up front when the catalog cannot take a write now, instead of
         # being accepted and then failing.
         self.catalog.ping()
+        self._check_known_build_fits(model, request)
         return self.builds.start(model, request)
+
+    def _check_known_build_fits(self, model: str, request: ProfileRequest) -> None:
+        """The free-space check of a build, before it is queued, when it needs no resolving:
+        the checkpoints are in the catalog and the bundle is not there yet (a model never
+        resolved here is checked by the build itself, as soon as it is resolved)."""
+        try:
+            digest, options, path = self._known_build(model, request)
+        except NotFoundError:
+            return
+        info = self.catalog.get_bundle(BundleKey.of(digest, options).id)
+        if info is not None and info.state == "ready":
+            return
+        needed = build_disk_bytes(path, options)
+        if needed is not None:
+            require_free(self.layout.root, needed, f"building {model} ({options.name})")
 
     def add_adapter(self, source: str, base: str, *, allowed_roots: tuple[Path, ...] | None = None,
                     known_base: bool = False) -> AdapterInfo:

@@ -190,3 +190,52 @@ def test_a_build_larger_than_the_free_space_is_refused_before_it_starts(
     assert "cachesvc prune" in line
     assert list((cache / ".staging").iterdir()) == []
     assert [e[0] for e in _events(cache, catalog)] == []  # not even a miss: nothing started
+
+
+def test_builds_through_a_real_server_on_a_small_disk(small_disk: Path, tmp_path: Path) -> None:
+    """``cachesvc serve`` with its cache on the small disk: a startup build larger than the free
+    space exits 1 with the one line; a server that started (its model built while there was
+    room) answers ``POST /admin/builds`` of a known checkpoint that no longer fits with 507 up
+    front, and a background build whose GGUF conversion fills the disk part way fails with the
+    one line (no errno text, no paths of the copy)."""
+    import time
+
+    from tests.gguf.ggufs import write_pair
+    from tests.service.conftest import running_server
+
+    cache, catalog = small_disk / "cache", tmp_path / "catalog.sqlite3"
+    flags = ("--catalog-url", f"sqlite:///{catalog}", "--allowed-model-roots", str(tmp_path),
+             "--max-input-len", "32", "--max-kv-cache-capacity", "64")
+    served = write_pair("qwen2", "F32", tmp_path / "served")[0]
+    other = write_pair("llama", "Q8_0", tmp_path / "other")[0]
+    with running_server(served, cache, tmp_path, *flags) as server, server.http() as h:
+        page = 4096
+        _leave_free(small_disk, -(-other.stat().st_size // page) * page + 2 * page)
+        r = h.post("/admin/builds", json={"model": str(served), "max_input_len": 16})
+        assert r.status_code == 507, r.text
+        detail = r.json()["detail"]
+        assert "needs about" in detail and "of disk but" in detail and "is free in" in detail, detail
+        r = h.post("/admin/builds", json={"model": str(other)})
+        assert r.status_code == 202, r.text
+        build_id = r.json()["id"]
+        deadline = time.monotonic() + 120
+        while (status := h.get(f"/admin/builds/{build_id}").json())["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline, status
+            time.sleep(0.2)
+        error = status["error"]
+        assert status["state"] == "failed" and error.startswith("converting model.gguf ran out of disk space")
+        assert "Errno" not in error and "\n" not in error, error
+        assert [p.name for p in (cache / "checkpoints" / "gguf").iterdir()
+                if p.name.startswith(".") and p.name != ".locks"] == []
+    from tests.service.conftest import cachesvc_command
+    from tests.support.cache import child_env
+    from tests.support.net import free_port
+
+    done = subprocess.run(
+        [*cachesvc_command(), "serve", str(other.parent / "reference"), "--cache-dir", str(cache),
+         "--host", "127.0.0.1", "--port", str(free_port()), *flags],
+        env=child_env(), capture_output=True, text=True, timeout=300,
+    )
+    lines = [line for line in done.stderr.splitlines() if "needs about" in line]
+    assert done.returncode == 1 and "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    assert "of disk but" in lines[0] and "is free in" in lines[0], lines
