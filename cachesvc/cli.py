@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from cachesvc import __version__
+from cachesvc.build_progress import BuildProgress
 from cachesvc.config import (
     ServeConfig,
     add_build_arguments,
@@ -38,7 +39,6 @@ from inference.demo import SIZES as DEMO_SIZES
 if TYPE_CHECKING:
     from cachesvc.manager import CacheManager
 
-log = logging.getLogger("cachesvc.cli")
 
 _BAD_INPUT = (ConfigError, NotFoundError, CheckpointError)
 
@@ -118,11 +118,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     config = _serve_config(args)
     m = _manager(args)
     try:
-        result = m.prepare(
-            config.model or choose(config.cache_dir)[0],
-            config.profile_request(),
-            progress=_log_progress,
-        )
+        with BuildProgress() as progress:
+            result = m.prepare(
+                config.model or choose(config.cache_dir)[0],
+                config.profile_request(),
+                progress=progress,
+            )
     finally:
         m.close()
     if args.json:
@@ -142,12 +143,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         verb = f"built in {result.build_seconds:.1f}s" if result.built else "cache hit"
         print(f"{result.bundle_id}  {verb}\n{result.bundle_dir}")
     return 0
-
-
-def _log_progress(stage: str, fraction: float) -> None:
-    if stage == "resolve":
-        return  # resolving is quick; a bad model argument must stay a one-line error
-    log.info("%s %3.0f%%", stage, fraction * 100)
 
 
 def cmd_bundles_ls(args: argparse.Namespace) -> int:
