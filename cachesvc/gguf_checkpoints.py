@@ -12,8 +12,11 @@ bounded reads, independent of the file's name and place) and the converter versi
 a unique hidden staging directory next to its final place, checked (the copy has the digest
 of the key), flushed, and renamed into ``checkpoints/gguf/<digest16>-<converter>/`` in one
 ``os.replace`` under an exclusive per-key lock. A second resolve of the same file finds that
-directory and reads no tensor; a crash leaves at most a stale staging directory, removed by
-the next conversion of that key.
+directory and reads no tensor; a crash leaves at most a stale staging directory (and the
+``.source`` file beside it naming the model), removed by the next conversion of that key or by
+reconcile, which records the death as a ``build_failed`` event. The copy follows the cache's
+disk-space rule (``cachesvc.store.space``): refused up front when the file is larger than the
+free space, one ``DiskFullError`` line when the disk fills up part way.
 """
 
 from __future__ import annotations
@@ -214,8 +217,8 @@ def convert_once(
     ``owned``: the file is the cache's own (a hub download under ``checkpoints_dir``), so the
     converted directory takes it as a hard link instead of a second copy (a user's file is
     always copied: its permissions and later edits stay its own). ``source``: the model as the
-    user named it (default: the path), recorded in the staging directory so that the reconcile
-    after a crash reports whose conversion died (:func:`remove_orphaned_conversions`).
+    user named it (default: the path), recorded beside the staging directory so that the
+    reconcile after a crash reports whose conversion died (:func:`remove_orphaned_conversions`).
 
     Raises ``CheckpointError`` when the file cannot be converted, ``InsufficientStorageError``
     when the disk cannot hold the copy (refused before it starts when the free space is already

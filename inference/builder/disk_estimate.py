@@ -14,10 +14,12 @@ stores it in:
 * ``tensorrt``: the fp32 ONNX graph the plan is built from (plus its int8 copy for ``int8``).
 
 The figures are a floor, not a ceiling (graph protobufs, Q4_1 block minimums and scratch of
-onnxruntime are not counted). Measured bundles against the estimate: SmolLM2-135M Q4_1, int8
-157.9 MB (estimate 151.4 MB), int4 116.4 MB (98.3 MB); a 1.07B Llama GGUF, int8 1,227.6 MB
-(1,208.2 MB), int4 741.0 MB (721.7 MB). A build refused by it would not have fitted; one it lets
-through may still run out of space part way, which the cache reports in the same words.
+onnxruntime are not counted). Measured against the estimate (bundle; most on disk at once, read
+right after onnxruntime wrote the optimised graph): SmolLM2-135M Q4_1 fp32 541.9 MB (538.1 MB);
+1,614.8 MB (1,614.2 MB); int4 115.3 MB (98.3 MB); 224.1 MB (196.7 MB); int8 bundle 157.9 MB
+(151.4 MB); a 1.07B Llama GGUF, int8 1,227.6 MB (1,208.2 MB), int4 741.0 MB (721.7 MB). A build
+refused by it would not have fitted; one it lets through may still run out of space part way,
+which the cache reports in the same words.
 """
 
 from __future__ import annotations
