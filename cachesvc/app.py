@@ -24,13 +24,13 @@ from litestar.config.allowed_hosts import AllowedHostsConfig
 from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig, ResponseSpec
-from litestar.openapi.plugins import JsonRenderPlugin
 
 from cachesvc import __version__
 from cachesvc.bundle_watch import BundleWatch
 from cachesvc.config import ServeConfig
 from cachesvc.fleet import NodeAgent
 from cachesvc.http.admin import admin_router
+from cachesvc.http.api_docs import RESPONSE_HEADERS, docs_asset, render_plugins
 from cachesvc.http.auth import admin_guard
 from cachesvc.http.dashboard import dashboard_router
 from cachesvc.http.errors import admin_exception_handlers
@@ -172,15 +172,16 @@ def create_app(
             version=__version__,
             description="Engine-bundle cache admin API, cache metrics and OpenAI-style completions.",
             path="/schema",
-            # The JSON only: the HTML viewers load their scripts from a CDN (blank offline, and
-            # a third party learns who reads the docs). With an admin key, the schema needs it.
-            render_plugins=[JsonRenderPlugin()],
+            # The JSON and two viewers whose scripts come from this server, never a CDN
+            # (cachesvc.http.api_docs). With an admin key, all of it needs the key.
+            render_plugins=render_plugins(),
             openapi_router=Router(
                 path="/schema",
-                route_handlers=[],
+                route_handlers=[docs_asset],
                 include_in_schema=False,
                 guards=[admin_guard(config.admin_api_key)] if config.admin_api_key else [],
                 exception_handlers=admin_exception_handlers(),
+                response_headers=RESPONSE_HEADERS,
             ),
         ),
     )

@@ -306,6 +306,21 @@ def resolve_backend(requested: str, builders: Mapping[str, Builder], *, gpu_disa
     return requested
 
 
+def build_disk_bytes(checkpoint_dir: Path, options: BuildOptions) -> int | None:
+    """The most disk a build of ``checkpoint_dir`` under ``options`` holds at once (a floor, from
+    the checkpoint's tensor table: ``inference.builder.disk_estimate``); None when its weights
+    cannot be read, which the build itself then reports."""
+    from inference.builder.disk_estimate import estimate_disk
+    from inference.builder.errors import BuildInputError
+
+    try:
+        estimate = estimate_disk(checkpoint_dir, backend=options.backend, precision=options.precision,
+                                 task=options.task)
+    except (BuildInputError, OSError, ValueError):
+        return None
+    return estimate.peak
+
+
 def checkpoint_precision(checkpoint_dir: Path) -> str:
     """The precision a checkpoint's weights are stored in (int4 for a Q4 GGUF, int8 for Q8_0,
     else fp32): what ``auto`` builds on the CPU."""

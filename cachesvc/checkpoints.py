@@ -326,7 +326,7 @@ def resolve_checkpoint(
         directory = directory.resolve()
         gguf_file = local_gguf(directory)
         if gguf_file is not None:
-            directory = convert_once(gguf_file, Path(checkpoints_dir))
+            directory = convert_once(gguf_file, Path(checkpoints_dir), source=model)
         _check_local_checkpoint(directory)
         rev = None
     elif (hub_gguf := split_hub_gguf(model)) is not None and is_hub_id(hub_gguf[0]):
@@ -334,7 +334,7 @@ def resolve_checkpoint(
             *hub_gguf, Path(checkpoints_dir), offline=hub_offline_default() if offline is None else offline,
             revision=revision,
         )
-        directory = convert_once(gguf_file, Path(checkpoints_dir), owned=True)
+        directory = convert_once(gguf_file, Path(checkpoints_dir), owned=True, source=model)
         _check_local_checkpoint(directory, source=model)
     elif is_hub_id(model):
         directory, rev = _download(model, Path(checkpoints_dir), offline=offline, revision=revision)

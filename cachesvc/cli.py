@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from cachesvc import __version__
+from cachesvc.build_progress import BuildProgress
 from cachesvc.config import (
     ServeConfig,
     add_build_arguments,
@@ -30,6 +31,7 @@ from cachesvc.config import (
 from cachesvc.errors import CacheError, CheckpointError, ConfigError, NotFoundError
 from cachesvc.gguf_checkpoints import hub_gguf_spec
 from cachesvc.records import BUNDLE_STATES, SORT_KEYS, SORT_ORDERS, BundleInfo, EvictionResult
+from cachesvc.store.space import human_size
 from inference.build_profile import BACKENDS
 from inference.demo import ARCHS as DEMO_ARCHS
 from inference.demo import SIZES as DEMO_SIZES
@@ -37,7 +39,6 @@ from inference.demo import SIZES as DEMO_SIZES
 if TYPE_CHECKING:
     from cachesvc.manager import CacheManager
 
-log = logging.getLogger("cachesvc.cli")
 
 _BAD_INPUT = (ConfigError, NotFoundError, CheckpointError)
 
@@ -51,16 +52,6 @@ class CliError(Exception):
 
 
 # -- formatting ------------------------------------------------------------------------------
-
-
-def human_size(n: int | float) -> str:
-    """1536 -> '1.5 KiB'."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def human_time(value: datetime | None) -> str:
@@ -127,11 +118,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     config = _serve_config(args)
     m = _manager(args)
     try:
-        result = m.prepare(
-            config.model or choose(config.cache_dir)[0],
-            config.profile_request(),
-            progress=_log_progress,
-        )
+        with BuildProgress() as progress:
+            result = m.prepare(
+                config.model or choose(config.cache_dir)[0],
+                config.profile_request(),
+                progress=progress,
+            )
     finally:
         m.close()
     if args.json:
@@ -151,12 +143,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         verb = f"built in {result.build_seconds:.1f}s" if result.built else "cache hit"
         print(f"{result.bundle_id}  {verb}\n{result.bundle_dir}")
     return 0
-
-
-def _log_progress(stage: str, fraction: float) -> None:
-    if stage == "resolve":
-        return  # resolving is quick; a bad model argument must stay a one-line error
-    log.info("%s %3.0f%%", stage, fraction * 100)
 
 
 def cmd_bundles_ls(args: argparse.Namespace) -> int:

@@ -83,7 +83,12 @@ class QualityGateError(BuildError):
 
 
 class InsufficientStorageError(CacheError):
-    """A build cannot fit the cache's disk budget even after evicting everything idle."""
+    """A build cannot fit the cache's disk budget even after evicting everything idle, or the
+    free space of its disk (refused before it starts)."""
+
+
+class DiskFullError(InsufficientStorageError):
+    """The disk filled up while a build stage was writing; the stage removed what it wrote."""
 
 
 class CatalogError(CacheError):

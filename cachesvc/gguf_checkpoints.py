@@ -12,8 +12,11 @@ bounded reads, independent of the file's name and place) and the converter versi
 a unique hidden staging directory next to its final place, checked (the copy has the digest
 of the key), flushed, and renamed into ``checkpoints/gguf/<digest16>-<converter>/`` in one
 ``os.replace`` under an exclusive per-key lock. A second resolve of the same file finds that
-directory and reads no tensor; a crash leaves at most a stale staging directory, removed by
-the next conversion of that key.
+directory and reads no tensor; a crash leaves at most a stale staging directory (and the
+``.source`` file beside it naming the model), removed by the next conversion of that key or by
+reconcile, which records the death as a ``build_failed`` event. The copy follows the cache's
+disk-space rule (``cachesvc.store.space``): refused up front when the file is larger than the
+free space, one ``DiskFullError`` line when the disk fills up part way.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import shutil
 import struct
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from cachesvc.crashpoints import crash_point
@@ -36,6 +40,7 @@ from cachesvc.store.bundles import fix_modes_and_fsync
 from cachesvc.store.layout import fsync_dir, make_dirs
 from cachesvc.store.locks import BundleLocks
 from cachesvc.store.manifest import sample_offsets
+from cachesvc.store.space import disk_full, require_free
 
 log = logging.getLogger("cachesvc.checkpoints")
 
@@ -205,15 +210,19 @@ def converted_dir(checkpoints_dir: Path, digest: str) -> Path:
 
 def convert_once(
     gguf_path: Path, checkpoints_dir: Path, *, lock_timeout: float = CONVERT_LOCK_TIMEOUT,
-    owned: bool = False,
+    owned: bool = False, source: str | None = None,
 ) -> Path:
     """The converted checkpoint directory of ``gguf_path``: found, or converted and published.
 
     ``owned``: the file is the cache's own (a hub download under ``checkpoints_dir``), so the
     converted directory takes it as a hard link instead of a second copy (a user's file is
-    always copied: its permissions and later edits stay its own).
+    always copied: its permissions and later edits stay its own). ``source``: the model as the
+    user named it (default: the path), recorded beside the staging directory so that the
+    reconcile after a crash reports whose conversion died (:func:`remove_orphaned_conversions`).
 
-    Raises ``CheckpointError`` when the file cannot be converted; nothing is left behind then.
+    Raises ``CheckpointError`` when the file cannot be converted, ``InsufficientStorageError``
+    when the disk cannot hold the copy (refused before it starts when the free space is already
+    short, or when the disk fills up part way); nothing is left behind then.
     """
     digest = gguf_digest(gguf_path)
     final = converted_dir(checkpoints_dir, digest)
@@ -227,8 +236,13 @@ def convert_once(
         if (final / "config.json").is_file():  # another process converted it while we waited
             return final
         _remove_stale_staging(root, final.name)
+        what = f"converting {gguf_path.name}"
+        if not owned:  # an owned file is linked, not copied
+            require_free(root, gguf_path.stat().st_size, what)
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+        marker = staging.parent / f"{staging.name}{_SOURCE_SUFFIX}"
         try:
+            marker.write_text(source or str(gguf_path))
             log.info("converting %s into %s", gguf_path, final)
             _convert(gguf_path, staging, owned)
             _check_copy(gguf_path, staging, digest)
@@ -240,9 +254,14 @@ def convert_once(
             make_dirs(final.parent, Path(checkpoints_dir), mode)
             os.replace(staging, final)
             fsync_dir(final.parent)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)
+            full = disk_full(exc, what, root)
+            if full is not None:
+                raise full from exc
             raise
+        finally:
+            marker.unlink(missing_ok=True)
     return final
 
 
@@ -272,41 +291,71 @@ def _cache_mode(checkpoints_dir: Path) -> int:
 
 #: A conversion's staging directory: ``.<digest16>-<converter>.<mkdtemp suffix>`` (see above).
 _STAGING_NAME = re.compile(r"^\.(?P<key>[0-9a-f]{16}-gguf-[0-9]+)\.[A-Za-z0-9_]+$")
+#: Beside it while it exists, ``<staging name>.source``: the model the conversion is for.
+_SOURCE_SUFFIX = ".source"
 
 
-def remove_orphaned_conversions(checkpoints_dir: Path) -> list[str]:
-    """Delete the staging directories of conversions whose process died (reconcile calls this).
+@dataclass(frozen=True)
+class OrphanedConversion:
+    """A conversion whose process died: its staging directory (removed; relative to the
+    checkpoints directory) and the model it was converting (None when that was not recorded)."""
+
+    path: str
+    source: str | None
+
+
+def remove_orphaned_conversions(checkpoints_dir: Path) -> list[OrphanedConversion]:
+    """Delete the staging directories of conversions whose process died (reconcile calls this,
+    and records each as a failed build, as it does a bundle build that died).
 
     Only names of our own pattern are touched, and only while nobody holds their key's lock: a
-    conversion running now holds it for as long as its staging directory exists. Returns the
-    removed paths relative to ``checkpoints_dir``."""
+    conversion running now holds it for as long as its staging directory exists."""
     root = Path(checkpoints_dir) / GGUF_SUBDIR
     try:
         entries = sorted(root.iterdir())
     except FileNotFoundError:
         return []
     locks = BundleLocks(root / ".locks")
-    removed: list[str] = []
+    removed: list[OrphanedConversion] = []
     for entry in entries:
-        match = _STAGING_NAME.match(entry.name)
-        if match is None or entry.is_symlink() or not entry.is_dir():
+        match = _STAGING_NAME.match(entry.name.removesuffix(_SOURCE_SUFFIX))
+        if match is None or entry.is_symlink():
             continue
         with locks.try_exclusive(f"gguf-{match['key']}") as got:
             if not got:  # a conversion is running
                 continue
-            shutil.rmtree(entry, ignore_errors=True)
-            if not entry.exists():
-                removed.append(f"{GGUF_SUBDIR}/{entry.name}")
-                log.info("removed %s, left by a conversion that did not finish", entry)
+            if entry.is_dir():
+                marker = entry.parent / f"{entry.name}{_SOURCE_SUFFIX}"
+                source = _read_source(marker)
+                shutil.rmtree(entry, ignore_errors=True)
+                if not entry.exists():
+                    marker.unlink(missing_ok=True)
+                    removed.append(OrphanedConversion(f"{GGUF_SUBDIR}/{entry.name}", source))
+                    log.info("removed %s, left by a conversion that did not finish", entry)
+            elif entry.name.endswith(_SOURCE_SUFFIX) and not entry.with_name(
+                    entry.name.removesuffix(_SOURCE_SUFFIX)).exists():
+                entry.unlink(missing_ok=True)  # its directory went, the process died before this
     return removed
 
 
+def _read_source(marker: Path) -> str | None:
+    try:
+        return marker.read_text()[:1000] or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def _remove_stale_staging(root: Path, name: str) -> None:
-    """Staging dirs of this key left by a crash (we hold its lock, so none is in use)."""
+    """Staging dirs of this key left by a crash, with their markers (we hold its lock, so none
+    is in use)."""
     for entry in root.glob(f".{name}.*"):
-        if entry.is_dir() and not entry.is_symlink():
-            with contextlib.suppress(OSError):
+        if entry.is_symlink():
+            continue
+        with contextlib.suppress(OSError):
+            if entry.is_dir():
                 shutil.rmtree(entry)
+            elif entry.name.endswith(_SOURCE_SUFFIX):
+                entry.unlink()
 
 
 # --------------------------------------------------------------------------- hub

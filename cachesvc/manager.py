@@ -11,7 +11,6 @@ used as attributes: ``queries`` (read-only views, :mod:`cachesvc.queries`), ``ve
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import time
@@ -25,6 +24,7 @@ from cachesvc.builders import (
     Builder,
     BuildJob,
     ProgressFn,
+    build_disk_bytes,
     default_builders,
     resolve_backend,
     resolve_precision,
@@ -39,6 +39,7 @@ from cachesvc.errors import (
     CacheError,
     ConfigError,
     CorruptBundleError,
+    DiskFullError,
     InsufficientStorageError,
     NotFoundError,
 )
@@ -48,6 +49,7 @@ from cachesvc.queries import CacheQueries
 from cachesvc.reconcile import Reconciler
 from cachesvc.records import AdapterInfo, AliasInfo, BuildStatus, CheckpointRemoval, PrepareResult
 from cachesvc.store import BundleStore, CacheLayout, read_manifest, verify_bundle
+from cachesvc.store.space import disk_full, human_size, require_free
 from cachesvc.verification import BundleVerifier
 from inference.build_profile import DEFAULT_POOLING, METHODS_WITH_DRAFT_BUNDLE, QUANTIZED_PRECISIONS
 from inference.cpu_class import cpu_class
@@ -150,7 +152,13 @@ class CacheManager:
 
     def resolve(self, model: str) -> ResolvedCheckpoint:
         """Resolve a model id or directory and record the checkpoint in the catalog."""
-        ckpt = resolve_checkpoint(model, self.layout.checkpoints, offline=self.offline)
+        try:
+            ckpt = resolve_checkpoint(model, self.layout.checkpoints, offline=self.offline)
+        except DiskFullError as exc:
+            # The GGUF conversion, a build's first stage, ran out of disk part way: recorded as
+            # a bundle build that does (no row: the bundle's id needs the converted files).
+            self.catalog.add_event("build_failed", model=model, seconds=0.0, detail=str(exc))
+            raise
         self.catalog.upsert_checkpoint(
             digest=ckpt.digest,
             source=model,
@@ -164,9 +172,15 @@ class CacheManager:
         """The id the bundle of ``model`` built with ``request`` has, from the catalog alone: no
         hashing, no download, no row written. NotFoundError when a checkpoint (``model`` or the
         draft) was never resolved here; the bundle itself may or may not exist."""
+        digest, options, _ = self._known_build(model, request)
+        return BundleKey.of(digest, options).id
+
+    def _known_build(self, model: str, request: ProfileRequest) -> tuple[str, BuildOptions, Path]:
+        """The checkpoint digest, the build options and the checkpoint's path of ``model`` under
+        ``request``, from the catalog alone (NotFoundError for a checkpoint never resolved here)."""
         digest, path = self._known_checkpoint("model", model)
         draft = self._known_checkpoint("draft_model", request.draft_model)[0] if request.draft_model else None
-        return BundleKey.of(digest, self.build_options(request, draft, path)).id
+        return digest, self.build_options(request, draft, path), path
 
     def _known_checkpoint(self, field: str, model: str) -> tuple[str, Path]:
         wanted = model.rstrip("/")
@@ -313,6 +327,10 @@ class CacheManager:
                 nbytes=old.size_bytes,
                 detail=old.error,
             )
+        what = f"building {model} ({options.name})"
+        needed = build_disk_bytes(ckpt.path, options)
+        if needed is not None:  # refused before anything is written (the cap is checked after)
+            require_free(self.layout.root, needed, what)
         self.catalog.begin_build(key, model=model)
         log.info("building bundle %s for %s (%s)", bid, model, options.name)
         staging = self.store.new_staging_dir(bid)
@@ -337,13 +355,10 @@ class CacheManager:
             log.error("build of %s failed after %.1fs: %s", bid, seconds, reason)
             if isinstance(exc, CacheError) or not isinstance(exc, Exception):
                 raise
-            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                raise InsufficientStorageError(
-                    f"building {model} ({options.name}) ran out of disk space in {self.layout.root}; "
-                    "nothing was kept. Free space (e.g. `cachesvc prune`) or use a --cache-dir on a "
-                    "larger disk"
-                ) from exc
-            raise BuildError(f"building {model} ({options.name}) failed: {reason}") from exc
+            full = disk_full(exc, what, self.layout.root)
+            if full is not None:
+                raise full from exc
+            raise BuildError(f"{what} failed: {reason}") from exc
         seconds = time.monotonic() - started
         crash_point("build:published")
         if manifest.size_bytes > self.max_size_bytes:
@@ -352,8 +367,8 @@ class CacheManager:
                 bid, reason="lru", nbytes=manifest.size_bytes, detail="larger than the cap"
             )
             raise InsufficientStorageError(
-                f"the bundle for {model} needs {manifest.size_bytes} bytes but the cache cap is "
-                f"{self.max_size_bytes} bytes; raise --engine-cache-max-size-gb"
+                f"the bundle for {model} needs {human_size(manifest.size_bytes)} but the cache cap is "
+                f"{human_size(self.max_size_bytes)}; raise --engine-cache-max-size-gb"
             )
         self.catalog.finish_build(
             bid, size_bytes=manifest.size_bytes, file_count=manifest.file_count, seconds=seconds
@@ -480,7 +495,23 @@ class CacheManager:
         # A build is refused up front when the catalog cannot take a write now, instead of
         # being accepted and then failing.
         self.catalog.ping()
+        self._check_known_build_fits(model, request)
         return self.builds.start(model, request)
+
+    def _check_known_build_fits(self, model: str, request: ProfileRequest) -> None:
+        """The free-space check of a build, before it is queued, when it needs no resolving:
+        the checkpoints are in the catalog and the bundle is not there yet (a model never
+        resolved here is checked by the build itself, as soon as it is resolved)."""
+        try:
+            digest, options, path = self._known_build(model, request)
+        except NotFoundError:
+            return
+        info = self.catalog.get_bundle(BundleKey.of(digest, options).id)
+        if info is not None and info.state == "ready":
+            return
+        needed = build_disk_bytes(path, options)
+        if needed is not None:
+            require_free(self.layout.root, needed, f"building {model} ({options.name})")
 
     def add_adapter(self, source: str, base: str, *, allowed_roots: tuple[Path, ...] | None = None,
                     known_base: bool = False) -> AdapterInfo:

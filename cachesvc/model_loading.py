@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cachesvc.adapters import check_adapter_source
+from cachesvc.build_progress import BuildProgress
 from cachesvc.bundle_leases import Releasable
 from cachesvc.config import ENGINE_FACTORY_ENV, ServeConfig, lora_module_pairs
 from cachesvc.errors import CacheError, ConflictError, NotFoundError
@@ -80,12 +81,10 @@ def load_runtime(
         raise CacheError("no model to serve: pass a model id or checkpoint directory")
     # The full re-hash against the manifest happens here, once per start (every other load
     # checks sizes and sampled hashes): a corrupt bundle is rebuilt, never loaded.
-    prepared, lease = manager.prepare_and_lease(
-        config.model,
-        config.profile_request(),
-        progress=lambda s, f: log.info("prepare: %s %3.0f%%", s, f * 100),
-        full_verify=True,
-    )
+    with BuildProgress() as progress:
+        prepared, lease = manager.prepare_and_lease(
+            config.model, config.profile_request(), progress=progress, full_verify=True,
+        )
     try:
         if prepared.draft_bundle_id is not None:  # speculative draft_model: its own bundle, leased too
             lease = CombinedLease(lease, manager.lease(prepared.draft_bundle_id))

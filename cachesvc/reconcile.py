@@ -61,10 +61,14 @@ class Reconciler:
                 if got:  # no build holds it: a crashed build's leftovers
                     self.store.remove_staging(path)
                     staging_removed.append(path.name)
-        # A GGUF conversion killed half way leaves its staging directory under checkpoints/.
-        staging_removed.extend(
-            f"checkpoints/{name}" for name in remove_orphaned_conversions(self.store.layout.checkpoints)
-        )
+        # A GGUF conversion killed half way leaves its staging directory under checkpoints/:
+        # the first stage of a build that died, recorded as a bundle build's death is below.
+        for orphan in remove_orphaned_conversions(self.store.layout.checkpoints):
+            staging_removed.append(f"checkpoints/{orphan.path}")
+            self.catalog.add_event(
+                "build_failed", model=orphan.source, seconds=0.0,
+                detail="GGUF conversion interrupted (the converting process died)",
+            )
         adopted: list[str] = []
         corrupt: list[str] = []
         known = {b.id: b for b in self.catalog.all_bundles()}

@@ -29,7 +29,9 @@ TIER_MARKERS = ("unit", "integration", "e2e", "reliability")
 
 TIERS: dict[str, tuple[str, ...]] = {
     "admin/test_adapters.py": ("integration",),
+    "admin/test_api_docs.py": ("e2e",),
     "admin/test_auth.py": ("integration",),
+    "admin/test_build_progress.py": ("e2e",),
     "admin/test_builds.py": ("integration",),
     "admin/test_checkpoints_rm.py": ("integration",),
     "admin/test_cli.py": ("integration",),

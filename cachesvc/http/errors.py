@@ -66,7 +66,7 @@ _KINDS: Mapping[type[BaseException], ProblemKind] = {
     ConflictError: ProblemKind(409, "conflict", "Conflict"),
     LockTimeoutError: ProblemKind(409, "lock-timeout", "Bundle is locked by another operation"),
     CorruptBundleError: ProblemKind(409, "corrupt-bundle", "Bundle is corrupt"),
-    InsufficientStorageError: ProblemKind(507, "insufficient-storage", "Cache disk budget exceeded"),
+    InsufficientStorageError: ProblemKind(507, "insufficient-storage", "Not enough disk for the build"),
     BuildError: ProblemKind(500, "build-failed", "Build failed"),
     CatalogUnavailableError: ProblemKind(503, "catalog-unavailable", "Catalog unavailable"),
     CatalogError: ProblemKind(503, "catalog-error", "Catalog cannot be read"),
@@ -238,7 +238,7 @@ _STATUS_DESCRIPTIONS: Mapping[int, str] = {
     409: "The bundle is leased, pinned, locked or corrupt; `reason` and `holders` say which",
     500: "Build failed or server bug (never bad input)",
     502: "The Hugging Face hub could not be reached",
-    507: "The build cannot fit the cache's disk budget",
+    507: "The build cannot fit the cache's cap or the free space of its disk",
 }
 
 

@@ -74,3 +74,31 @@ def test_a_conversion_killed_half_way_is_counted_then_removed_by_reconcile(tmp_p
     assert not leftover.exists()
     assert all(d.is_dir() for d in decoys)
     assert _checkpoint_bytes(cache) < size
+
+
+def test_a_killed_conversion_leaves_a_build_failed_event_as_a_killed_build_does(tmp_path: Path) -> None:
+    """Both stages of a GGUF build killed (the conversion, then the bundle build of the converted
+    checkpoint): the reconcile after each records one ``build_failed`` event for the model."""
+    from cachesvc.manager import CacheManager
+
+    gguf_file, _ = write_pair("qwen2", "F32", tmp_path / "gguf")
+    cache = tmp_path / "cache"
+
+    def failures() -> list[tuple[str | None, str | None]]:
+        m = CacheManager.open(cache, max_size_bytes=2**30, offline=True)
+        try:
+            return [(e.model, e.detail) for e in reversed(m.queries.events(kind="build_failed"))]
+        finally:
+            m.close()
+
+    for point in ("gguf:converted", "publish:staged"):
+        r = _cli(cache, "prepare", str(gguf_file), **{ENV_VAR: point})
+        assert r.returncode == -signal.SIGKILL, (point, r.returncode, r.stderr)
+        r = _cli(cache, "reconcile", "--json")
+        assert r.returncode == 0, r.stderr
+    assert failures() == [
+        (str(gguf_file), "GGUF conversion interrupted (the converting process died)"),
+        (str(gguf_file), "build interrupted (the building process died)"),
+    ]
+    root = cache / "checkpoints" / "gguf"
+    assert not [p.name for p in root.iterdir() if p.name.startswith(".") and p.name != ".locks"]

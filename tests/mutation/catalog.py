@@ -53,6 +53,30 @@ MUTATIONS: tuple[Mutation, ...] = (
         replace="if True:  # no build holds it",
         tests=(f"{MANAGER}::test_reconcile_leaves_a_running_build_alone",),
     ),
+    Mutation(
+        name="build-ignores-free-space",
+        why="a build or GGUF conversion larger than the free disk starts anyway (and fails part way)",
+        path="cachesvc/store/space.py",
+        function="require_free",
+        find=r"if needed > free:",
+        replace="if False:",
+        tests=(
+            "tests/cache/test_disk_full.py::test_a_build_larger_than_the_free_space_is_refused_before_it_starts",
+            "tests/cache/test_disk_full.py::test_a_gguf_larger_than_the_free_space_is_refused_before_it_is_copied",
+        ),
+    ),
+    Mutation(
+        name="killed-conversion-leaves-no-failure",
+        why="reconcile removes a killed GGUF conversion's staging without a build_failed event",
+        path="cachesvc/reconcile.py",
+        function="Reconciler.reconcile",
+        find=r'"build_failed", model=orphan\.source',
+        replace='"reconcile", model=orphan.source',
+        tests=(
+            "tests/gguf/test_conversion_leftovers.py::"
+            "test_a_killed_conversion_leaves_a_build_failed_event_as_a_killed_build_does",
+        ),
+    ),
     # -- leases, pins and eviction --------------------------------------------------------
     Mutation(
         name="plan-ignores-leases",
