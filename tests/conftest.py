@@ -90,6 +90,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "service/test_api_surface.py": ("e2e",),
     "service/test_browser_requests.py": ("integration",),
     "service/test_build_requests.py": ("integration",),
+    "service/test_catalog_file_outage.py": ("reliability",),
     "service/test_catalog_outage.py": ("reliability",),
     "service/test_config.py": ("unit",),
     "service/test_context_reuse.py": ("e2e",),
