@@ -5,8 +5,9 @@ lost connection or a SQLite file locked past its busy timeout into
 :class:`~cachesvc.errors.CatalogUnavailableError` and tells the tracker; the next statement that
 succeeds tells it the catalog is back. A SQLite catalog also has a local check (its file is still
 the one opened, and writable: ``session.SqliteFile``) that the tracker runs for every snapshot,
-so ``/health`` and ``/metrics`` see a deleted or read-only file even when nothing writes. The tracker logs an outage once when it starts, then
-reminders with a doubling interval (never once per request), and once when it ends.
+so ``/health`` and ``/metrics`` see a deleted or read-only file even when nothing writes. The
+tracker logs an outage once when it starts, then reminders with a doubling interval (never once
+per request or per heartbeat), and once when it ends.
 """
 
 from __future__ import annotations
