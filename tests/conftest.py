@@ -42,6 +42,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "admin/test_stats_metrics.py": ("integration",),
     "cache/test_adapters.py": ("integration",),
     "cache/test_catalog.py": ("unit",),
+    "cache/test_catalog_file_liveness.py": ("reliability",),
     "cache/test_checkpoints.py": ("unit",),
     "cache/test_concurrent_prepare.py": ("reliability",),
     "cache/test_context_records.py": ("integration",),
