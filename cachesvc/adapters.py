@@ -14,7 +14,8 @@ The ``adapters`` catalog table holds one row per adapter and node (size, last us
 converted files count in the cache's size and are evicted LRU together with bundles
 (:mod:`cachesvc.eviction`), never while pinned or while a serving process holds the adapter's
 shared lock (:meth:`AdapterStore.lease`, the same file lock bundles use, named
-``adapter-<id>``). Reconcile forgets rows whose file vanished and removes files without a row.
+``adapter-<id>``). Reconcile forgets rows whose file vanished and removes folders a conversion
+left without a file; a converted file without a row is kept (preparing the adapter adopts it).
 """
 
 from __future__ import annotations

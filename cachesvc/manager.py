@@ -133,6 +133,16 @@ class CacheManager:
         catalog = Catalog(catalog_url or default_catalog_url(layout.root), node=node)
         if upgrade:
             catalog.upgrade()
+        if claim_node:
+            provisional = layout.unclaimed_node()
+            if provisional is not None:
+                # Commands ran here before any server claimed the directory: what they did
+                # (bundles, adapters, events) is this node's, not a node of its own.
+                taken = FleetCatalog(catalog).take_over(provisional)
+                if taken:
+                    log.info("node %s took over %d rows of the commands run before it (as %s)",
+                             node, taken, provisional)
+                layout.forget_unclaimed_node()
         return cls(
             layout,
             catalog,

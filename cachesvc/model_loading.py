@@ -15,6 +15,7 @@ import functools
 import importlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,8 @@ class Runtime:
     #: ``--lora-modules``: each served name's adapter lease (also held by ``lease``), for an
     #: unload at run time to let go of it.
     adapter_leases: dict[str, Releasable] = field(default_factory=dict)
+    #: Seconds from the lease to a loaded engine (the pool's load time of this model).
+    load_seconds: float = 0.0
 
     closed: bool = False
 
@@ -85,6 +88,7 @@ def load_runtime(
         prepared, lease = manager.prepare_and_lease(
             config.model, config.profile_request(), progress=progress, full_verify=True,
         )
+    started = time.monotonic()
     try:
         if prepared.draft_bundle_id is not None:  # speculative draft_model: its own bundle, leased too
             lease = CombinedLease(lease, manager.lease(prepared.draft_bundle_id))
@@ -110,7 +114,7 @@ def load_runtime(
     except BaseException:
         lease.release()
         raise
-    return Runtime(prepared, lease, engine, serving, adapters)
+    return Runtime(prepared, lease, engine, serving, adapters, time.monotonic() - started)
 
 
 def load_lora_modules(config: ServeConfig, manager: CacheManager, serving: ModelHandle,
@@ -468,7 +472,9 @@ def make_pool(
             memory_bytes=runtime.serving.memory_bytes,
             context_bytes=runtime.serving.memory_bytes - info.memory_bytes,
         )
-        pool.adopt(ref, runtime.serving, runtime.lease, keep_alive=-1, names=names)
+        pool.adopt(
+            ref, runtime.serving, runtime.lease, keep_alive=-1, names=names, load_seconds=runtime.load_seconds
+        )
         pool.primary = config.served_name
     return pool
 

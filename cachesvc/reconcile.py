@@ -151,12 +151,17 @@ class Reconciler:
 
     def _reconcile_adapters(self) -> tuple[list[str], list[str]]:
         """Forget adapter rows whose converted file vanished; remove folders under ``adapters/``
-        without a row (a conversion that died before its row, or rows lost with the catalog) and
-        leftover temp files of a conversion that died. An adapter whose lock is held (being
-        converted, or leased by a serving process) is left alone."""
+        that hold no converted file (a conversion that died before its rename) and leftover temp
+        files of a conversion that died. An adapter whose lock is held (being converted, or
+        leased by a serving process) is left alone.
+
+        A complete converted file without a row is kept, never deleted: its row may have been
+        lost with the catalog (a deleted or repaired catalog file), and preparing the adapter
+        again adopts the file without converting it (``AdapterStore.prepare``)."""
         layout = self.store.layout
         forgotten: list[str] = []
         removed: list[str] = []
+        unknown: list[str] = []
         rows = {a.id: a for a in self.catalog.list_adapters()}
         for aid, info in rows.items():
             if (layout.root / info.path).is_file():
@@ -179,15 +184,23 @@ class Reconciler:
             with self.store.locks.try_exclusive(adapter_lock_key(name)) as got:
                 if not got:
                     continue
-                if name not in rows or name in forgotten:
+                if (name not in rows or name in forgotten) and not (entry / ADAPTER_FILE_NAME).is_file():
                     if remove_tree(layout, entry, f"adapter-{name}"):
                         removed.append(name)
                     continue
+                if name not in rows:
+                    unknown.append(name)
                 for leftover in entry.iterdir():
                     if leftover.name != ADAPTER_FILE_NAME and leftover.name.endswith(".tmp"):
                         leftover.unlink(missing_ok=True)
         if forgotten or removed:
             log.info("reconcile: adapters forgotten %s, adapter folders removed %s", forgotten, removed)
+        if unknown:
+            log.warning(
+                "reconcile: %d converted LoRA adapter(s) on disk are not in the catalog (%s); kept: "
+                "preparing an adapter again (--lora-modules, POST /admin/lora-adapters) adopts its file",
+                len(unknown), ", ".join(unknown),
+            )
         return forgotten, removed
 
     def _drop_orphaned_context(self) -> None:

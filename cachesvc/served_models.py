@@ -210,6 +210,11 @@ class CatalogModels:
                 add(_short(b.model), b)
         return refs
 
+    def public_name(self, name: str) -> str:
+        """A checkpoint path by its last component (as ``/v1/models`` lists it), any other name
+        as it is: what ``/health`` shows, with no key asked."""
+        return _short(name) if _is_path(name) else name
+
     # -- leases and events ---------------------------------------------------------------------
 
     def lease(self, bundle_id: str) -> BundleLease:

@@ -99,6 +99,11 @@ class ModelSource(Protocol):
         """Write a ``load``/``unload`` event to the audit log."""
         ...
 
+    def public_name(self, name: str) -> str:
+        """How ``name`` (a spelling that resolved) is shown where no key is asked (``/health``):
+        as ``servable`` lists it, never as a server path. No catalog access."""
+        ...
+
 
 class PoolObserver(Protocol):
     """Metrics hooks, called on the event loop."""
@@ -251,12 +256,16 @@ class ModelPool:
         *,
         keep_alive: float = -1,
         names: Sequence[str] = (),
+        load_seconds: float = 0.0,
     ) -> None:
-        """Add a model loaded before the pool (``serve MODEL``); :meth:`start` starts it."""
+        """Add a model loaded before the pool (``serve MODEL``, in ``load_seconds``); :meth:`start`
+        starts it. It counts as a load (the observer's loaded models and loads)."""
         entry = _Entry(ref=ref, handle=handle, lease=lease, keep_alive=keep_alive, names={ref.name, *names})
         entry.idle.set()
         self._loaded[ref.bundle_id] = entry
         self._adopted.append(entry)
+        if self.observer is not None:
+            self.observer.model_loaded(ref.name, load_seconds, len(self._loaded))
 
     async def start(self) -> None:
         """Start the schedulers of adopted models (in the server's event loop)."""
@@ -721,7 +730,7 @@ class ModelPool:
             own = e.handle.health()
             entry: dict[str, Any] = {
                 "bundle_id": e.ref.bundle_id,
-                "names": sorted(e.names),
+                "names": sorted({self.source.public_name(n) for n in e.names}),
                 "status": own["status"],
                 "active_requests": own["active_requests"],
                 "queued_requests": own["queued_requests"],
@@ -730,13 +739,14 @@ class ModelPool:
             if "context_cache" in own:
                 entry["context_cache"] = own["context_cache"]
             models.append(entry)
+        shown = None if self.primary is None else self.source.public_name(self.primary)
         if primary is not None:
             body = primary.handle.health()
-            body["model"] = self.primary
+            body["model"] = shown
         else:
             body = {
                 "status": "draining" if self._draining else "ok",
-                "model": self.primary,
+                "model": shown,
                 "capabilities": {},
             }
         body["active_requests"] = sum(

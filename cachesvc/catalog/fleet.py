@@ -10,11 +10,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, func, select
+from sqlalchemy import Result, Table, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from cachesvc.catalog.models import BundleRow, DesiredStateRow, LeaseRow, NodeRow
+from cachesvc.catalog.models import (
+    AdapterRow,
+    BundleRow,
+    CheckpointRow,
+    DesiredStateRow,
+    EventRow,
+    EventTotalRow,
+    LeaseRow,
+    NodeRow,
+)
 from cachesvc.catalog.repository import Catalog, utcnow
 from cachesvc.errors import NotFoundError
 from cachesvc.fleet_records import (
@@ -67,6 +76,54 @@ class FleetCatalog:
             updates["desired_status"] = desired_status
         with self._tx() as session:
             _upsert(session, NodeRow, values, ["name"], updates)
+
+    def take_over(self, provisional: str) -> int:
+        """Make every row written under the ``provisional`` node this node's, in one
+        transaction; the number of rows moved. A cache directory is one node: commands run on
+        it before its first ``serve`` act as a provisional name the directory records
+        (``CacheLayout.provisional_node``), and the server that claims it takes their bundles,
+        adapters, checkpoints, events and totals over. A row this node has already (the same
+        bundle or adapter id) wins; the provisional one is dropped. Lease rows of the
+        provisional node are dropped (no command holds one once it exited; the lock is the
+        truth)."""
+        node = self.node
+        if provisional == node:
+            return 0
+        moved = 0
+        with self._tx() as session:
+            session.execute(delete(LeaseRow).where(LeaseRow.node == provisional))
+            for model in (BundleRow, AdapterRow):
+                ours = select(model.id).where(model.node == node)
+                session.execute(delete(model).where(model.node == provisional, model.id.in_(ours)))
+                moved += _rowcount(session.execute(
+                    update(model).where(model.node == provisional).values(node=node)
+                ))
+            moved += _rowcount(session.execute(
+                update(CheckpointRow).where(CheckpointRow.node == provisional).values(node=node)
+            ))
+            moved += _rowcount(session.execute(
+                update(EventRow).where(EventRow.node == provisional).values(node=node)
+            ))
+            for total in session.scalars(
+                select(EventTotalRow).where(EventTotalRow.node == provisional)
+            ).all():
+                key = (node, total.kind, total.reason, total.model)
+                mine = session.get(EventTotalRow, key, with_for_update=True)
+                if mine is None:
+                    session.add(EventTotalRow(
+                        node=node, kind=total.kind, reason=total.reason, model=total.model,
+                        count=total.count, bytes=total.bytes, seconds=total.seconds,
+                        first_at=total.first_at,
+                    ))
+                else:
+                    mine.count += total.count
+                    mine.bytes += total.bytes
+                    mine.seconds += total.seconds
+                    mine.first_at = min(mine.first_at, total.first_at)
+                session.delete(total)
+                moved += 1
+            session.execute(delete(NodeRow).where(NodeRow.name == provisional))
+        return moved
 
     # -- nodes -----------------------------------------------------------------------------
 
@@ -183,6 +240,10 @@ class FleetCatalog:
             return DesiredState(
                 row.node, DesiredSpec.from_dict(row.spec), int(row.generation), row.updated_at
             )
+
+
+def _rowcount(result: Result[Any]) -> int:
+    return int(getattr(result, "rowcount", 0) or 0)
 
 
 def _upsert(

@@ -3,8 +3,11 @@
 The engine's ``handle_error`` hook (``cachesvc.catalog.session``) turns a connection failure, a
 lost connection or a SQLite file locked past its busy timeout into
 :class:`~cachesvc.errors.CatalogUnavailableError` and tells the tracker; the next statement that
-succeeds tells it the catalog is back. The tracker logs an outage once when it starts, then
-reminders with a doubling interval (never once per request), and once when it ends.
+succeeds tells it the catalog is back. A SQLite catalog also has a local check (its file is still
+the one opened, and writable: ``session.SqliteFile``) that the tracker runs for every snapshot,
+so ``/health`` and ``/metrics`` see a deleted or read-only file even when nothing writes. The
+tracker logs an outage once when it starts, then reminders with a doubling interval (never once
+per request or per heartbeat), and once when it ends.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from cachesvc.records import CatalogState
@@ -35,17 +39,24 @@ class CatalogHealth:
         self._failures = 0
         self._next_reminder = 0.0
         self._reminder = FIRST_REMINDER_SECONDS
+        self._probe: Callable[[], str | None] | None = None
+
+    def watch(self, probe: Callable[[], str | None]) -> None:
+        """A cheap local check (no database round trip) run for every snapshot: a reason when
+        the catalog cannot be used, else None."""
+        self._probe = probe
 
     @property
     def available(self) -> bool:
         """False from the first failure of an outage until a statement succeeds again."""
         return self._down_since is None
 
-    def failed(self, reason: str) -> None:
-        """One operation failed because the catalog cannot be reached."""
+    def failed(self, reason: str, *, operation: bool = True) -> None:
+        """One operation failed because the catalog cannot be reached (``operation=False``: the
+        local check found it, no operation was attempted)."""
         now = time.monotonic()
         with self._lock:
-            self._failures += 1
+            self._failures += int(operation)
             self._reason = reason
             if self._down_since is None:
                 self._down_since = now
@@ -87,7 +98,10 @@ class CatalogHealth:
             self._failures = 0
 
     def state(self) -> CatalogState:
-        """A snapshot for ``/health``."""
+        """A snapshot for ``/health`` (after the local check, if any)."""
+        reason = self._probe() if self._probe is not None else None
+        if reason is not None:
+            self.failed(reason, operation=False)
         with self._lock:
             return CatalogState(
                 available=self._down_since is None,

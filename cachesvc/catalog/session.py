@@ -28,13 +28,19 @@ def create_catalog_engine(url: str, health: CatalogHealth | None = None) -> Engi
 
     Every error that means "the database cannot be reached now" becomes one
     :class:`CatalogUnavailableError` (reported to ``health``); connections are pinged before
-    use on a server, so the pool recovers by itself once the server is back."""
+    use on a server, so the pool recovers by itself once the server is back. A SQLite file is
+    watched by :class:`SqliteFile` (the file opened is still there and writable), checked
+    before every transaction and by ``health`` for ``/health``."""
     parsed = make_url(url)
     kwargs: dict[str, Any] = {"future": True}
+    sqlite_file: SqliteFile | None = None
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database
         if database and database != ":memory:":
             Path(database).parent.mkdir(parents=True, exist_ok=True)
+            sqlite_file = SqliteFile(Path(database).absolute())
+            if health is not None:
+                health.watch(sqlite_file.problem)
         kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}
     else:
         kwargs["pool_pre_ping"] = True
@@ -42,10 +48,13 @@ def create_catalog_engine(url: str, health: CatalogHealth | None = None) -> Engi
     if parsed.get_backend_name() == "sqlite":
         event.listen(engine, "handle_error", _sqlite_error(parsed.database or url))
         event.listen(engine, "connect", _sqlite_pragmas)
+        if sqlite_file is not None:
+            event.listen(engine, "do_connect", sqlite_file.before_connect)
+            event.listen(engine, "connect", sqlite_file.after_connect)
         # pysqlite's own transaction handling defers BEGIN; we emit it ourselves so that writers
         # (engine.execution_options(sqlite_immediate=True)) take the write lock up front and two
         # processes never deadlock upgrading read locks (SQLITE_BUSY without waiting).
-        event.listen(engine, "begin", _sqlite_begin)
+        event.listen(engine, "begin", _sqlite_begin(sqlite_file, health))
     # After the SQLite hook: its disk-full and unreadable-file errors win over "unavailable".
     event.listen(engine, "handle_error", _unavailable(parsed.get_backend_name(), health))
     if health is not None:
@@ -91,6 +100,8 @@ def _short_reason(backend: str, context: ExceptionContext) -> str:
     if backend == "sqlite":
         if "unable to open" in str(original):
             return "the SQLite file cannot be opened"
+        if "readonly" in str(original):
+            return READ_ONLY
         waited = SQLITE_BUSY_TIMEOUT_MS / 1000
         return f"the SQLite file is locked by another process (waited {waited:g} s)"
     if context.connection is None:
@@ -101,7 +112,7 @@ def _short_reason(backend: str, context: ExceptionContext) -> str:
 
 
 #: SQLite errors that go away by themselves: another writer's lock, a file not reachable now.
-_SQLITE_UNAVAILABLE = ("database is locked", "database table is locked", "busy", "unable to open")
+_SQLITE_UNAVAILABLE = ("database is locked", "database table is locked", "busy", "unable to open", "readonly")
 
 
 def _sqlite_unavailable(message: str) -> bool:
@@ -195,6 +206,74 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
         cur.close()
 
 
-def _sqlite_begin(conn: Any) -> None:
-    immediate = conn.get_execution_options().get("sqlite_immediate", False)
-    conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+def _sqlite_begin(sqlite_file: SqliteFile | None, health: CatalogHealth | None) -> Any:
+    """A ``begin`` hook: refuse the transaction while the file is not usable, else BEGIN
+    (IMMEDIATE for writers)."""
+
+    def begin(conn: Any) -> None:
+        reason = sqlite_file.problem() if sqlite_file is not None else None
+        if reason is not None:
+            if health is not None:
+                health.failed(reason)
+            raise CatalogUnavailableError(reason)
+        immediate = conn.get_execution_options().get("sqlite_immediate", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return begin
+
+
+#: The reasons :meth:`SqliteFile.problem` gives (the outage's one line says them).
+DELETED = (
+    "the SQLite file was deleted or moved away while the server ran; put it back (or restart: a "
+    "new catalog re-adopts the bundles on disk, pins and aliases start afresh)"
+)
+REPLACED = "the SQLite file was replaced by another file while the server ran; restart to open it"
+READ_ONLY = "the SQLite file is read-only; make it writable again"
+
+
+class SqliteFile:
+    """The catalog's SQLite file, as this process opened it: the one liveness check of a SQLite
+    catalog (issue 30).
+
+    An open connection goes on reading and writing a file that was deleted or replaced (the
+    inode it holds), and a new connection would create an empty catalog in its place; both lose
+    every write. So the file's identity (device and inode) is recorded at the first connection,
+    and :meth:`problem` (a ``stat`` and an ``access``: microseconds) is asked before every
+    transaction and for ``/health``: a file gone, replaced or not writable is an outage. Once
+    the file was opened, later connections never create it (``mode=rw``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._identity: tuple[int, int] | None = None
+
+    def problem(self) -> str | None:
+        """Why the catalog file cannot be used now, or None (also None before it was opened)."""
+        if self._identity is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return DELETED
+        except OSError:
+            return "the SQLite file cannot be examined"
+        if (st.st_dev, st.st_ino) != self._identity:
+            return REPLACED
+        if not os.access(self.path, os.W_OK):
+            return READ_ONLY
+        return None
+
+    def before_connect(self, dialect: Any, conn_rec: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
+        """A ``do_connect`` hook: after the first connection, open the existing file only."""
+        if self._identity is None:
+            return
+        reason = self.problem()
+        if reason is not None:
+            raise CatalogUnavailableError(reason)
+        cargs[0] = f"{self.path.as_uri()}?mode=rw"
+        cparams["uri"] = True
+
+    def after_connect(self, dbapi_conn: Any, _record: Any) -> None:
+        """A ``connect`` hook (after the pragmas, which create the file): record its identity."""
+        if self._identity is None:
+            st = os.stat(self.path)
+            self._identity = (st.st_dev, st.st_ino)

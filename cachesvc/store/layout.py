@@ -58,6 +58,9 @@ def adapter_lock_key(adapter_id: str) -> str:
 
 #: The node that owns a cache directory: its rows in a shared catalog describe this disk.
 NODE_FILE_NAME = "cachesvc-node"
+#: The name commands act as on a directory no server has claimed yet (unique to the directory;
+#: the first ``serve`` takes its rows over and removes the file).
+UNCLAIMED_NODE_FILE_NAME = "cachesvc-node.unclaimed"
 
 # No dots: staging dirs are named "<bundle_id>.<random>", and the id must parse back unambiguously.
 _BUNDLE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
@@ -186,13 +189,15 @@ class CacheLayout:
         """The file recording the node that owns this directory (one line: its name)."""
         return self.root / NODE_FILE_NAME
 
+    @property
+    def unclaimed_node_file(self) -> Path:
+        """The file naming the provisional node of commands run before any server claimed
+        the directory."""
+        return self.root / UNCLAIMED_NODE_FILE_NAME
+
     def recorded_node(self) -> str | None:
         """The node that owns this directory, or None when none is recorded yet."""
-        try:
-            name = self.node_file.read_text(encoding="utf-8").strip()
-        except FileNotFoundError:
-            return None
-        return name or None
+        return _read_name(self.node_file)
 
     def record_node(self, node: str) -> str:
         """Record ``node`` as the owner unless one is recorded already; the owner either way.
@@ -200,31 +205,55 @@ class CacheLayout:
         Create-if-absent in one step (a complete temp file hard-linked to the final name), so
         two processes starting at once with different names never both own the directory:
         the loser reads the winner's name."""
-        existing = self.recorded_node()
+        return self._record_once(self.node_file, node)
+
+    def unclaimed_node(self) -> str | None:
+        """The provisional node commands acted as before a server claimed the directory, or
+        None when there is none (see :meth:`provisional_node`)."""
+        return _read_name(self.unclaimed_node_file)
+
+    def provisional_node(self) -> str:
+        """The name commands act as on this directory while no server has claimed it: made up
+        once (``unclaimed-<12 hex>``: no other directory's node can have it) and recorded, so
+        that the first ``serve`` knows which rows are this directory's and takes them over."""
+        return self.unclaimed_node() or self._record_once(
+            self.unclaimed_node_file, f"unclaimed-{secrets.token_hex(6)}"
+        )
+
+    def forget_unclaimed_node(self) -> None:
+        """The claiming server took the provisional node's rows over: its name is spent."""
+        self.unclaimed_node_file.unlink(missing_ok=True)
+        fsync_dir(self.root)
+
+    def _record_once(self, path: Path, name: str) -> str:
+        existing = _read_name(path)
         if existing is not None:
             return existing
-        tmp = self.node_file.with_name(f".{NODE_FILE_NAME}.{secrets.token_hex(6)}.tmp")
-        write_atomic(tmp, f"{node}\n".encode(), self.file_mode())
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        write_atomic(tmp, f"{name}\n".encode(), self.file_mode())
         try:
-            os.link(tmp, self.node_file)
+            os.link(tmp, path)
         except FileExistsError:
-            pass  # another process recorded its node first; it owns the directory
+            pass  # another process recorded its name first: that one holds
         finally:
             tmp.unlink()
         fsync_dir(self.root)
-        owner = self.recorded_node()
-        assert owner is not None
-        return owner
+        recorded = _read_name(path)
+        assert recorded is not None
+        return recorded
 
     def owning_node(self, node: str | None, *, claim: bool) -> str:
         """The node this process acts as on this directory (see ``CacheManager.open``): the
         recorded one; with ``claim`` (a server starting) ``node`` (default: the host name) is
-        recorded when none is. ConfigError when ``node`` is not the recorded one."""
+        recorded when none is. ConfigError when ``node`` is not the recorded one. A command
+        on a directory no server has claimed acts as ``node`` when one is given, else as the
+        directory's provisional node (:meth:`unclaimed_node`), never as the host name: a
+        later ``serve --node-name`` takes over what it did."""
         recorded = self.recorded_node()
         if recorded is None:
-            wanted = node or socket.gethostname()
             if not claim:
-                return wanted  # a command on a directory no server owns yet records nothing
+                return node or self.provisional_node()
+            wanted = node or socket.gethostname()
             recorded = self.record_node(wanted)
         elif node is None and not claim:
             return recorded  # commands on the directory act as its node
@@ -303,6 +332,15 @@ class CacheLayout:
         if not rel.parts or rel.parts == (".",):
             raise ValueError("bundle path is empty; expected e.g. 'engines/<model-digest16>/<profile-name>'")
         return self.root.joinpath(*rel.parts)
+
+
+def _read_name(path: Path) -> str | None:
+    """The one-line name in ``path``, or None when the file is missing or empty."""
+    try:
+        name = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    return name or None
 
 
 def remove_tree(layout: CacheLayout, path: Path, label: str) -> bool:

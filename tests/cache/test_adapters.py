@@ -180,24 +180,28 @@ def test_remove_is_refused_while_pinned_then_deletes_row_and_file(
     assert m.adapters.prepare(str(models["a"]), models["base"]).path.is_file()
 
 
-def test_reconcile_forgets_rows_without_files_and_removes_files_without_rows(
+def test_reconcile_forgets_rows_without_files_removes_dead_conversions_keeps_files_without_rows(
     tmp_path: Path, models: dict[str, Path]
 ) -> None:
     m = open_manager(tmp_path / "cache")
     a = m.adapters.prepare(str(models["a"]), models["base"])
     b = m.adapters.prepare(str(models["b"]), models["base"])
     a.path.unlink()
-    stray = m.layout.adapters / ("f" * 16)
-    stray.mkdir()
-    (stray / "adapter.onnx_adapter").write_bytes(b"x" * 10)
+    dead = m.layout.adapters / ("d" * 16)  # a conversion that died before its rename
+    dead.mkdir()
+    (dead / ".adapter.onnx_adapter.abcdef.tmp").write_bytes(b"half")
+    unknown = m.layout.adapters / ("f" * 16)  # converted, its row lost with the catalog: kept
+    unknown.mkdir()
+    (unknown / "adapter.onnx_adapter").write_bytes(b"x" * 10)
     leftover = b.path.with_name(".adapter.onnx_adapter.123456.tmp")
     leftover.write_bytes(b"half")
     foreign = m.layout.adapters / "notes"
     foreign.mkdir()
     report = m.reconciler.reconcile()
     assert report.adapters_forgotten == (a.id,)
-    assert set(report.adapter_files_removed) == {a.id, "f" * 16}
-    assert not stray.exists() and not leftover.exists() and foreign.is_dir() and b.path.is_file()
+    assert set(report.adapter_files_removed) == {a.id, "d" * 16}
+    assert not dead.exists() and not leftover.exists() and foreign.is_dir() and b.path.is_file()
+    assert (unknown / "adapter.onnx_adapter").read_bytes() == b"x" * 10
     assert [x.id for x in m.adapters.list()] == [b.id]
     assert [(e.reason, e.detail) for e in m.queries.events(kind="adapter_rm")] == [("stale", "file vanished")]
     # A folder whose lock is held (being converted or in use) is left alone.

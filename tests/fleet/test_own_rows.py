@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from cachesvc.catalog import utcnow
 from cachesvc.manager import CacheManager
-from tests.support.cache import make_checkpoint
+from tests.support.cache import FileBuilder, make_checkpoint
 
 
 def test_reconcile_and_the_stale_sweep_see_only_their_own_node(
@@ -50,3 +51,47 @@ def test_reconcile_and_the_stale_sweep_see_only_their_own_node(
     assert a.queries.get_bundle(x).state == "ready"
     assert (a.layout.root / a.queries.get_bundle(x).path / "manifest.json").exists()
     assert b.queries.get_bundle(x).state == "stale"
+
+
+def test_the_first_serve_takes_over_what_commands_did_before_it_and_nothing_else(
+    tmp_path: Path, fleet_url: str, open_node: Callable[..., CacheManager]
+) -> None:
+    """Commands on a directory no server claimed act as its provisional node; the server that
+    claims it takes those rows over (issue 30, item 11): a row it has already wins, event totals
+    add up, another node's rows stay where they are, and no provisional node is left."""
+    b = open_node("node-b")
+    cache = tmp_path / "cache-a"
+
+    def open_dir(**kwargs: Any) -> CacheManager:
+        return CacheManager.open(cache, catalog_url=fleet_url, max_size_bytes=10**12, offline=True,
+                                 builders={"onnxruntime": FileBuilder(files=2, file_size=1000)}, **kwargs)
+
+    x, y = (str(make_checkpoint(tmp_path / "models" / n, seed=seed)) for n, seed in (("x", 71), ("y", 72)))
+    early = open_dir(node="node-a")  # an older row of node-a for y (as a cache from before the rule)
+    yid = early.prepare(y).bundle_id
+    early.close()
+    command = open_dir()  # a command: no node recorded, none given
+    provisional = command.node
+    assert provisional.startswith("unclaimed-")
+    xid = command.prepare(x).bundle_id
+    assert command.prepare(y).bundle_id == yid  # on disk: adopted as the provisional node's row too
+    command.close()
+    b_rows = {(r.id, r.node) for r in b.queries.list_bundles(node="node-b", limit=10).items}
+    b.prepare(x)
+    misses_before = b.queries.stats("node-a").misses  # node-a's own (y's build)
+
+    server = open_dir(node="node-a", claim_node=True)
+    try:
+        rows = server.queries.list_bundles(limit=20).items
+        assert sorted((r.id, r.node) for r in rows if r.node != "node-b") == sorted(
+            [(xid, "node-a"), (yid, "node-a")]
+        )
+        assert {(r.id, r.node) for r in rows if r.node == "node-b"} == b_rows | {(xid, "node-b")}
+        assert {n.name for n in server.fleet.nodes()} == {"node-a", "node-b"}
+        assert all(e.node != provisional for e in server.queries.events(limit=1000))
+        assert server.queries.stats("node-a").misses == misses_before + 1  # x's miss, moved over
+    finally:
+        server.close()
+    later = open_dir()  # commands now act as the node that claimed the directory
+    assert later.node == "node-a"
+    later.close()

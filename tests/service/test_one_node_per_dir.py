@@ -9,13 +9,18 @@ CLI commands on the directory act as its node.
 
 from __future__ import annotations
 
+import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from cachesvc.manager import CacheManager
-from cachesvc.store.layout import NODE_FILE_NAME
+from cachesvc.store.layout import NODE_FILE_NAME, UNCLAIMED_NODE_FILE_NAME
 from tests.service.conftest import REPO_ROOT, cachesvc_command, child_env, run_cli, running_server
 from tests.support.cache import FileBuilder, make_checkpoint
+from tests.support.pg_cluster import own_cluster
 
 
 def _tree(root: Path) -> dict[str, int]:
@@ -97,3 +102,46 @@ def test_a_second_node_on_one_cache_directory_is_refused_and_commands_act_as_its
     # The same node name starts again.
     with running_server(None, cache, tmp_path, "--node-name", "node-a") as again:
         assert again.http().get("/health").status_code == 200
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def catalog_flags(request: pytest.FixtureRequest) -> Iterator[tuple[str, ...]]:
+    """``--catalog-url`` of a PostgreSQL cluster the test owns, or nothing (the SQLite file)."""
+    if request.param == "sqlite":
+        yield ()
+        return
+    cluster = own_cluster()
+    try:
+        yield ("--catalog-url", cluster.url)
+    finally:
+        cluster.destroy()
+
+
+def test_commands_before_the_first_serve_are_the_serving_node_s(
+    tmp_path: Path, demo_dir: Path, catalog_flags: tuple[str, ...]
+) -> None:
+    """``prepare`` then ``serve --node-name a`` (issue 30, item 11): what the command built is
+    node a's, with its history; no node named after the host (down, never seen) is left
+    holding rows that point at node a's files."""
+    cache = tmp_path / "cache"
+    profile = ("--max-input-len", "64", "--max-kv-cache-capacity", "128")
+    done = run_cli(cache, *catalog_flags, "prepare", str(demo_dir), *profile, "--json", timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not (cache / NODE_FILE_NAME).exists(), "only a server claims the directory"
+    assert (cache / UNCLAIMED_NODE_FILE_NAME).read_text().startswith("unclaimed-")
+    with (
+        running_server(None, cache, tmp_path, "--node-name", "a", *catalog_flags) as server,
+        server.http() as h,
+    ):
+        nodes = h.get("/admin/nodes").json()["items"]
+        bundles = h.get("/admin/bundles").json()["items"]
+        builds = h.get("/admin/events", params={"kind": "build_ok"}).json()["items"]
+    assert not (cache / UNCLAIMED_NODE_FILE_NAME).exists()
+    assert [n["name"] for n in nodes] == ["a"], nodes
+    assert socket.gethostname() not in {n["name"] for n in nodes}
+    assert len(bundles) == 1 and bundles[0]["node"] == "a", bundles
+    assert [e["node"] for e in builds] == ["a"], builds
+    # Commands now act as node a, and find the bundle.
+    listed = run_cli(cache, *catalog_flags, "bundles", "ls", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert bundles[0]["id"] in listed.stdout

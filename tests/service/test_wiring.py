@@ -63,3 +63,31 @@ def test_serving_metrics_move_with_a_real_request(keyed_server: ServerProcess) -
     assert _metric(after, requests, 'status="200"') > _metric(before, requests, 'status="200"')
     assert _metric(after, "cachesvc_queue_depth") == 0
     assert _metric(after, "cachesvc_active_requests") == 0
+
+
+def test_the_startup_model_counts_as_a_loaded_model(keyed_server: ServerProcess) -> None:
+    """The model loaded before the pool started is a load like any other (issue 30, item 9)."""
+    with keyed_server.http() as h:
+        text = h.get("/metrics", headers={"x-api-key": ADMIN_KEY}).text
+    assert _metric(text, "cachesvc_loaded_models") == 1
+    assert _metric(text, "cachesvc_model_loads_total", f'model="{MODEL}"') == 1
+    assert _metric(text, "cachesvc_model_load_seconds_count") == 1
+
+
+def test_health_shows_served_names_never_a_server_path(
+    keyed_server: ServerProcess, demo_dir: Path, cache_dir: Path
+) -> None:
+    """``/health`` is open even behind both keys: it names models as ``/v1/models`` lists them,
+    never by the checkpoint path they were started from or asked for (issue 30, item 10)."""
+    # A request may name the checkpoint by its path: that spelling answers, but is not shown.
+    reply = keyed_server.client().completions.create(model=str(demo_dir), prompt="Hi", max_tokens=1)
+    assert reply.choices
+    with keyed_server.http() as h:
+        r = h.get("/health")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["model"] == MODEL
+    assert [m["names"] for m in body["models"]] == [[MODEL]]
+    for path in (str(demo_dir), str(cache_dir)):
+        assert path not in r.text, r.text
+    assert not re.search(r'"(/|~|\./|\.\./)', r.text), r.text  # no value that is a path

@@ -83,6 +83,9 @@ class OneModel:
     def record(self, kind: str, bundle_id: str, detail: Mapping[str, Any]) -> None:
         return None
 
+    def public_name(self, name: str) -> str:
+        return name
+
 
 class _NoLease:
     """The lease of a model with no bundle on disk: nothing to release."""
