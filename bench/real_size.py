@@ -12,7 +12,9 @@ from the Q8_0 file's own codes).
 The files live outside the repository, in ``~/.cache/cachesvc-bench/llama-1b`` (or ``--dir``),
 made once (about 4.3 GB for the F32 checkpoint and GGUF, 2.9 GB for the three quantized files;
 a few minutes on 2 cores). llama.cpp's source tree is the one ``llama-server`` was built in
-(``<src>/build/bin/llama-server``), or ``--llama-cpp-src``.
+(``<src>/build/bin/llama-server``), or ``--llama-cpp-src``. Its converter imports
+``sentencepiece``, which is not one of our dependencies: ``.venv/bin/pip install sentencepiece``
+first (the converter stops with ``No module named 'sentencepiece'`` otherwise).
 
     PYTHONPATH=. .venv/bin/python bench/real_size.py --llama-server PATH   # prints the paths
 
