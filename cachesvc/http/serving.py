@@ -27,6 +27,7 @@ from cachesvc.http.errors import admin_exception_handlers, problem_responses
 from cachesvc.http.schemas import (
     BackendChoice,
     BatchSize,
+    KernelsChoice,
     Pooling,
     PositiveDim,
     PrecisionChoice,
@@ -127,6 +128,7 @@ class AliasRequest(Struct, frozen=True, forbid_unknown_fields=True):
     task: Task | None = None
     pooling: Pooling | None = None
     lora: bool | None = None
+    kernels: KernelsChoice | None = None
 
     def profile(self) -> dict[str, Any]:
         """The build-profile fields given (empty: no profile)."""

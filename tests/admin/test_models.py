@@ -8,8 +8,9 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
+from cachesvc.http.serving import AliasRequest
 from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
+from cachesvc.profiles import PROFILE_FIELDS, ProfileRequest
 
 
 def test_alias_to_a_checkpoint_with_a_profile_picks_that_bundle(
@@ -57,3 +58,10 @@ def test_bad_profile_aliases_are_refused_and_change_nothing(
     assert words in r.text
     assert client.get("/admin/models").json() == []
     assert manager.queries.list_checkpoints() == checkpoints  # nothing resolved, hashed or recorded
+
+
+def test_an_alias_body_takes_every_build_profile_field() -> None:
+    # An alias at a checkpoint with a profile names the bundle as POST /admin/builds would: a
+    # profile field the body lacks (kernels, once) was a 500 on every aliased PUT.
+    missing = set(PROFILE_FIELDS) - set(AliasRequest.__struct_fields__)
+    assert not missing, f"PUT /admin/models/{{name}} lacks {sorted(missing)}"

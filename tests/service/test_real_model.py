@@ -88,7 +88,9 @@ def test_sigterm_drains_a_real_generation_and_releases_the_lease(
     def stream() -> None:
         with (
             httpx.Client(base_url=smollm2.base_url, timeout=120) as h,
-            h.stream("POST", "/v1/completions", json=_stream_body(48)) as r,
+            # 400 tokens: still running when the late request comes 0.3 s after SIGTERM, on a
+            # machine that decodes SmolLM2 at 150+ tok/s (48 tokens had finished by then).
+            h.stream("POST", "/v1/completions", json=_stream_body(400)) as r,
         ):
             for line in r.iter_lines():
                 if line.startswith("data: "):
