@@ -185,10 +185,11 @@ def rss_mb(server: Server) -> float:
 def bundle_line(server: Server) -> str:
     """Our bundle's kernel plan, build and gate seconds, as the admin API reports them."""
     with httpx.Client(timeout=30) as h:
-        items = h.get(server.url + "/admin/bundles").json()
-        engine = h.get(f"{server.url}/admin/bundles/{items['items'][0]['id']}").json()["manifest"]["engine"]
+        bundle_id = h.get(server.url + "/health").json()["capabilities"]["bundle_id"]  # this server's own
+        engine = h.get(f"{server.url}/admin/bundles/{bundle_id}").json()["manifest"]["engine"]
     quality = engine.get("quality") or {}
-    tried = ", ".join(f"{c['plan']} {c['greedy_agreement']:.3f}/{c['identical']}of{quality['prompts']}"
+    tried = ", ".join(f"{c['plan']}{'/codes' if c.get('int8_layout') == 'codes' else ''} "
+                      f"{c['greedy_agreement']:.3f}/{c['identical']}of{quality['prompts']}"
                       f"{'*' if c['passed'] else ''}" for c in quality.get("candidates", []))
     return (f"{server.label}: plan {quality.get('plan', '-')} ({tried}), "
             f"build {engine['build_seconds']:.0f} s of which gate {quality.get('seconds', 0):.0f} s "

@@ -217,7 +217,8 @@ def cmd_bundles_show(args: argparse.Namespace) -> int:
     if isinstance(quality, dict):
         fields.append(("quality", _quality_line(quality)))
         for c in quality.get("candidates") or []:
-            fields.append((f"  plan {c.get('plan')}", _candidate_line(c, quality)))
+            layout = " (8-bit codes)" if c.get("int8_layout") == "codes" else ""
+            fields.append((f"  plan {c.get('plan')}{layout}", _candidate_line(c, quality)))
     print(table(["FIELD", "VALUE"], fields))
     if d.files:
         print()
