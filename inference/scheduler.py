@@ -69,6 +69,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: Seconds the scheduler waits, idle, before it saves finished requests' blocks as records: a
+#: follow-up request that extends the same prompt (a chat's next turn, an agent's next call)
+#: usually comes sooner, and starts without waiting for the copy.
+SAVE_DELAY = 0.5
+
 
 class SchedulerError(Exception):
     """Base of the scheduler's errors."""
@@ -203,8 +208,9 @@ class Scheduler:
         observer: SchedulerObserver | None = None,
         context_cache: PrefixStore | None = None,
         proposer: ProposerFactory | None = None,
+        save_delay: float = SAVE_DELAY,
     ) -> None:
-        """Configure; nothing runs until :meth:`start`."""
+        """Configure; nothing runs until :meth:`start`. ``save_delay``: :data:`SAVE_DELAY`."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         if max_queued_requests < 0:
@@ -216,6 +222,7 @@ class Scheduler:
         self.max_queued_requests = max_queued_requests
         self.queue_timeout = queue_timeout
         self._chunk = prefill_chunk
+        self._save_delay = save_delay
         self._observer = observer
         self._capacity = engine.info.max_kv_capacity
         self._cond = threading.Condition()
@@ -234,6 +241,12 @@ class Scheduler:
         # Per slot: the cache_salt and adapter of the request that left that KV (only a request
         # with the same salt and adapter reuses it).
         self._slot_owner: list[tuple[str | None, str | None]] = [(None, None)] * self.max_batch_size
+        # Per slot: a finished request whose blocks are still to be saved as records, with the
+        # tokens its slot held. Saving copies every new block (a 1,500-token SmolLM2 prompt: 69
+        # MB, 100-190 ms), so it waits until the scheduler is idle or the slot's first
+        # ``len(tokens)`` positions are about to change; a follow-up request that extends the
+        # same prompt in the same slot (a chat's next turn) starts without waiting for it.
+        self._pending_saves: dict[int, tuple[_Running, list[int]]] = {}
         # Engines that run LoRA adapters: each slot runs the adapter of its sequence.
         self._adapters = engine if hasattr(engine, "set_adapter") else None
         # n choices of one prompt share its prefill by copying KV between slots.
@@ -383,9 +396,14 @@ class Scheduler:
         kv, store = self._kv, self._store
         slot, prompt = run.slot, run.req.prompt_ids
         if kv is None or store is None or not run.req.cache_prompt:
+            self._flush_saves([slot])
             self._slot_tokens[slot] = []
             self._engine.reset(slot)
             return
+        block = store.block_tokens
+        # Another slot's unsaved blocks that this prompt could use: saved now, so fetch finds them.
+        self._flush_saves([other for other, (_, tokens) in self._pending_saves.items()
+                           if other != slot and common_prefix(tokens, prompt, block) >= block])
         salt, adapter = run.req.kv_owner
         held = self._slot_tokens[slot][: kv.slot_length(slot)]  # the engine may have emptied it
         if self._slot_owner[slot] != run.req.kv_owner:
@@ -393,11 +411,11 @@ class Scheduler:
         self._slot_owner[slot] = run.req.kv_owner
         limit = len(prompt) - 1  # the last prompt token is always prefilled
         reused = common_prefix(held, prompt, limit)
-        block = store.block_tokens
         keys = store.block_keys(prompt[: (limit // block) * block], salt, adapter)
         found = store.fetch(keys, prompt, reused, tails=True, cache_salt=salt, adapter=adapter, limit=limit)
         start = (reused // block) * block
         if found and start + sum(int(r.shape[2]) for r in found) > reused:
+            self._save_from(slot, start)
             kv.truncate(slot, min(start, kv.slot_length(slot)))
             for record in found:
                 kv.import_kv(slot, start, record)
@@ -406,24 +424,71 @@ class Scheduler:
             # A tail that held the whole prompt and the logits after it: nothing to prefill.
             run.resumed = found.logits if reused == len(prompt) else None
         else:
+            self._save_from(slot, reused)
             kv.truncate(slot, reused)
         self._slot_tokens[slot] = list(prompt[:reused])
         run.prefilled = run.reused = reused
         store.note_lookup(reused)
         self._notify_cache()
 
-    def _save_blocks(self, run: _Running) -> None:
-        """Keep the complete blocks of what ``run``'s slot holds as records (new ones copied)."""
+    def _defer_save(self, run: _Running) -> None:
+        """Save ``run``'s blocks later (:attr:`_pending_saves`); an earlier pending save of its
+        slot is absorbed (:meth:`_absorb_pending`)."""
+        kv = self._kv
+        if kv is None or self._store is None or not run.req.cache_prompt:
+            return
+        self._absorb_pending(run.slot)
+        self._pending_saves[run.slot] = (run, list(self._slot_tokens[run.slot][: kv.slot_length(run.slot)]))
+
+    def _flush_saves(self, slots: Sequence[int] | None = None) -> None:
+        """Make the pending saves of ``slots`` (all when None)."""
+        for slot in list(self._pending_saves) if slots is None else slots:
+            pending = self._pending_saves.pop(slot, None)
+            if pending is not None:
+                self._save_blocks(*pending)
+
+    def _save_from(self, slot: int, position: int) -> None:
+        """The slot's positions from ``position`` on are about to change: the pending save's
+        records there (the block holding ``position`` on, and the tail) are made now; its
+        complete blocks below stay pending."""
+        pending = self._pending_saves.pop(slot, None)
+        if pending is None or self._store is None:
+            return
+        run, tokens = pending
+        if position >= len(tokens):
+            self._pending_saves[slot] = pending
+            return
+        keep = position // self._store.block_tokens
+        self._save_blocks(run, tokens, from_block=keep)
+        if keep:
+            self._pending_saves[slot] = (run, tokens[: keep * self._store.block_tokens])
+
+    def _absorb_pending(self, slot: int) -> None:
+        """The slot's run extends what its pending save holds (a pending save survives a new
+        run only when that run reused all of it, :meth:`_prepare`): the run's own save covers
+        the same blocks, so only the pending tail (a partial block, with its prompt's logits)
+        is made now."""
+        pending = self._pending_saves.pop(slot, None)
+        if pending is not None and self._store is not None:
+            run, tokens = pending
+            self._save_blocks(run, tokens, from_block=len(tokens) // self._store.block_tokens)
+
+    def _save_blocks(self, run: _Running, tokens: list[int] | None = None, from_block: int = 0) -> None:
+        """Keep the complete blocks of what ``run``'s slot holds (or its first ``tokens``, which
+        it still holds) as records (new ones copied), from block ``from_block`` on, and the
+        partial last block."""
         kv, store = self._kv, self._store
         if kv is None or store is None or not run.req.cache_prompt:
             return
         slot, salt, adapter = run.slot, run.req.cache_salt, run.req.adapter
-        tokens = self._slot_tokens[slot][: kv.slot_length(slot)]
+        if tokens is None:
+            self._absorb_pending(slot)
+            tokens = self._slot_tokens[slot][: kv.slot_length(slot)]
         block = store.block_tokens
         try:
             keys = store.block_keys(tokens, salt, adapter)
             for i, key in enumerate(keys):
-                if not store.touch(key):
+                if i >= from_block and not store.touch(key):
                     records = kv.export_kv(slot, i * block, block)
                     store.insert(key, tokens[i * block:(i + 1) * block], records)
             first = len(keys) * block
@@ -456,6 +521,10 @@ class Scheduler:
             if to_save and save:
                 self._save_blocks(run)
         else:
+            if run.broken:
+                self._pending_saves.pop(run.slot, None)  # what the slot holds is unknown now
+            else:
+                self._flush_saves([run.slot])
             self._slot_tokens[run.slot] = []
             try:
                 self._engine.reset(run.slot)
@@ -471,6 +540,7 @@ class Scheduler:
         return to_save and not save
 
     def _run(self) -> None:
+        idle_since: float | None = None
         try:
             while True:
                 with self._cond:
@@ -478,16 +548,32 @@ class Scheduler:
                         break
                     now = time.monotonic()
                     self._admit_locked(now)
-                    if not self._running:
-                        deadline = min((r.arrival + self.queue_timeout for r in self._waiting), default=None)
-                        self._cond.wait(None if deadline is None else max(0.0, deadline - now) + 0.001)
-                        continue
+                    if self._running:
+                        idle_since = None
+                    else:
+                        idle_since = now if idle_since is None else idle_since
+                        # Idle for SAVE_DELAY (no follow-up came): the finished requests' records now.
+                        save_at = idle_since + self._save_delay if self._pending_saves else None
+                        if save_at is None or now < save_at:
+                            deadlines = [r.arrival + self.queue_timeout for r in self._waiting]
+                            if save_at is not None:
+                                deadlines.append(save_at)
+                            deadline = min(deadlines, default=None)
+                            self._cond.wait(None if deadline is None else max(0.0, deadline - now) + 0.001)
+                            continue
                     running = list(self._running)
+                if not running:
+                    self._flush_saves()
+                    continue
                 self._step(running)
         except BaseException:  # pragma: no cover - last resort; keeps clients from hanging
             log.exception("scheduler thread crashed")
             raise
         finally:
+            try:
+                self._flush_saves()  # what the last requests left is kept (and written to disk)
+            except BaseException:  # pragma: no cover - the records are an optimisation
+                log.exception("saving context records at stop failed")
             self._fail_all(SchedulerStoppedError("the server is shutting down"))
 
     def _fail_all(self, exc: SchedulerError) -> None:
@@ -508,12 +594,13 @@ class Scheduler:
         if out.finished:
             # Free the slot before the client sees the end, so a follow-up request sent the
             # moment this one completes finds the slot free instead of a full queue (429); save
-            # its blocks after the client has the answer (a 1,500-token prompt's 23 blocks are
-            # a 69 MB copy with SmolLM2), before this thread runs another step.
+            # its blocks when the scheduler is idle or the slot is needed otherwise (a 1,500-token
+            # prompt's 23 blocks are a 69 MB copy with SmolLM2): a follow-up that extends this
+            # prompt in this slot does not wait for it.
             unsaved = self._release(run, save=False)
             run.req.sink.put(out)
             if unsaved:
-                self._save_blocks(run)
+                self._defer_save(run)
             return False
         if not run.req.sink.put(out):
             self._release(run)
@@ -595,6 +682,7 @@ class Scheduler:
             if run.req.prefix_from is not leader.req or run.prepared or run.req.cancelled:
                 continue
             try:
+                self._flush_saves([run.slot])
                 kv.copy_prefix(leader.slot, run.slot, n)
             except Exception:  # an optimisation: the sibling prefills on its own instead
                 log.exception("copy_prefix(%d -> %d) failed", leader.slot, run.slot)
