@@ -416,7 +416,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ctx", type=int, default=4096, help="KV capacity per slot")
     p.add_argument("--max-input-len", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None,
+                   help="prompt seed (default: from the clock, so a --work reused from an earlier run "
+                        "holds no context records of these prompts)")
     p.add_argument("--start-timeout", type=float, default=900)
     p.add_argument("--work", type=Path, default=None, help="cache and logs (default: a temp dir)")
     p.add_argument("--quick", action="store_true", help="CI: the tiny demo, short prompts, one round")
@@ -436,6 +438,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.precision = "int4,int4:fast,int8,int8:fast"
         args.gguf = args.gguf or ",".join(f"{q}={files[q]}" for q in ("Q4_0", "Q4_1", "Q8_0"))
         args.pairs = "int4=Q4_0,int4:fast=Q4_0,int4=Q4_1,int4:fast=Q4_1,int8=Q8_0,int8:fast=Q8_0"
+    if args.seed is None:
+        args.seed = int(time.time()) % 1_000_000
+    print(f"prompt seed {args.seed}", file=sys.stderr, flush=True)
     args.contexts = [int(x) for x in args.contexts.split(",")]
     if args.threads is None:
         args.threads = len(_cpu_list(args.cpus)) if args.cpus else len(os.sched_getaffinity(0))
