@@ -431,47 +431,60 @@ class Scheduler:
         store.note_lookup(reused)
         self._notify_cache()
 
+    @property
+    def pending_record_saves(self) -> int:
+        """Slots whose blocks are still to be saved as records (they are, once idle for
+        ``save_delay``); for tests and diagnostics."""
+        return len(self._pending_saves)
+
     def _defer_save(self, run: _Running) -> None:
         """Save ``run``'s blocks later (:attr:`_pending_saves`); an earlier pending save of its
         slot is absorbed (:meth:`_absorb_pending`)."""
         kv = self._kv
         if kv is None or self._store is None or not run.req.cache_prompt:
             return
-        self._absorb_pending(run.slot)
-        self._pending_saves[run.slot] = (run, list(self._slot_tokens[run.slot][: kv.slot_length(run.slot)]))
+        tokens = list(self._slot_tokens[run.slot][: kv.slot_length(run.slot)])
+        self._absorb_pending(run.slot, replace_with=(run, tokens))
 
     def _flush_saves(self, slots: Sequence[int] | None = None) -> None:
         """Make the pending saves of ``slots`` (all when None)."""
         for slot in list(self._pending_saves) if slots is None else slots:
-            pending = self._pending_saves.pop(slot, None)
+            pending = self._pending_saves.get(slot)
             if pending is not None:
                 self._save_blocks(*pending)
+                del self._pending_saves[slot]  # after the save: pending_record_saves never reads 0 early
 
     def _save_from(self, slot: int, position: int) -> None:
         """The slot's positions from ``position`` on are about to change: the pending save's
         records there (the block holding ``position`` on, and the tail) are made now; its
         complete blocks below stay pending."""
-        pending = self._pending_saves.pop(slot, None)
+        pending = self._pending_saves.get(slot)
         if pending is None or self._store is None:
             return
         run, tokens = pending
         if position >= len(tokens):
-            self._pending_saves[slot] = pending
             return
         keep = position // self._store.block_tokens
         self._save_blocks(run, tokens, from_block=keep)
         if keep:
             self._pending_saves[slot] = (run, tokens[: keep * self._store.block_tokens])
+        else:
+            del self._pending_saves[slot]
 
-    def _absorb_pending(self, slot: int) -> None:
+    def _absorb_pending(self, slot: int, replace_with: tuple[_Running, list[int]] | None = None) -> None:
         """The slot's run extends what its pending save holds (a pending save survives a new
         run only when that run reused all of it, :meth:`_prepare`): the run's own save covers
         the same blocks, so only the pending tail (a partial block, with its prompt's logits)
-        is made now."""
-        pending = self._pending_saves.pop(slot, None)
+        is made now; ``replace_with`` becomes the slot's pending save (in one step: the count
+        never reads 0 in between)."""
+        pending = self._pending_saves.get(slot)
         if pending is not None and self._store is not None:
             run, tokens = pending
             self._save_blocks(run, tokens, from_block=len(tokens) // self._store.block_tokens)
+        if replace_with is not None:
+            self._pending_saves[slot] = replace_with
+        elif pending is not None:
+            del self._pending_saves[slot]
 
     def _save_blocks(self, run: _Running, tokens: list[int] | None = None, from_block: int = 0) -> None:
         """Keep the complete blocks of what ``run``'s slot holds (or its first ``tokens``, which
@@ -662,8 +675,11 @@ class Scheduler:
         out = req.state.push(sample)
         if self._emit(run, out):
             run.last_token = sample.token_id
-            # After the first token went out: the prompt's blocks serve concurrent requests too.
-            self._save_blocks(run)
+            # The prompt's blocks wait as a pending save (the slot only appends after them): a
+            # request that could use them saves them first (:meth:`_prepare`), an idle moment
+            # or the end of this request does otherwise; copying them here stalled this
+            # request's second token (100-190 ms for a 1,500-token SmolLM2 prompt).
+            self._defer_save(run)
 
     def _share_prefix(self, leader: _Running) -> None:
         """Give the prompt's KV to the sibling choices that wait in slots (``prefix_from``).

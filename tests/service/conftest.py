@@ -26,6 +26,7 @@ import openai
 import pytest
 
 from inference.demo import write_demo_checkpoint
+from inference.scheduler import SAVE_DELAY
 from inference.tokenizer import Tokenizer, load_tokenizer
 from tests.support.net import NotReadyError, free_port, wait_http_ok
 from tests.support.whole_app import app  # noqa: F401 - fixture: the whole app in-process on uvicorn
@@ -279,3 +280,18 @@ def serve_args(**flags: object) -> Sequence[str]:
         elif value is not False and value is not None:
             out += [flag, str(value)]
     return out
+
+
+def settled_context_cache(server: ServerProcess, *, written: bool = False) -> dict[str, Any]:
+    """``/health`` ``context_cache`` once it stopped changing for longer than the scheduler's
+    idle delay before it saves finished requests' records (and, with ``written``, once the disk
+    writer wrote some)."""
+    deadline = time.monotonic() + 30
+    stats: dict[str, Any] = server.health()["context_cache"]
+    while time.monotonic() < deadline:
+        time.sleep(SAVE_DELAY + 0.3)
+        again: dict[str, Any] = server.health()["context_cache"]
+        if again == stats and (again.get("disk_writes", 0) > 0 or not written):
+            return again
+        stats = again
+    raise AssertionError(f"the context records did not settle: {stats}")

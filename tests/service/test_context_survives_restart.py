@@ -6,11 +6,16 @@ cache's size and go when the bundle is removed."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Any
 
-from tests.service.conftest import MODEL, ServerProcess, run_cli, running_server, serve_args
+from tests.service.conftest import (
+    MODEL,
+    ServerProcess,
+    run_cli,
+    running_server,
+    serve_args,
+    settled_context_cache,
+)
 from tests.service.test_context_reuse import PROFILE, PROMPT, _metric
 
 SALTED = "A tenant's own prompt, one it keeps to itself: " * 12
@@ -35,19 +40,6 @@ def _size(cache: Path, *command: str) -> int:
     return int(body.get("size_bytes", body.get("bundle", {}).get("size_bytes", -1)))
 
 
-def _settled(server: ServerProcess) -> dict[str, Any]:
-    """``/health`` ``context_cache`` once the writer has written what it was given."""
-    deadline = time.monotonic() + 30
-    stats: dict[str, Any] = server.health()["context_cache"]
-    while time.monotonic() < deadline:
-        time.sleep(0.2)
-        again: dict[str, Any] = server.health()["context_cache"]
-        if again == stats and again["disk_writes"] > 0:
-            return again
-        stats = again
-    raise AssertionError(f"the context records were not written: {stats}")
-
-
 def test_records_survive_a_restart(demo_dir: Path, log_dir: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"  # its own cache: other tests' servers expect cold prefixes
     args = serve_args(context_cache_disk_bytes=1 << 26, **PROFILE)
@@ -56,7 +48,7 @@ def test_records_survive_a_restart(demo_dir: Path, log_dir: Path, tmp_path: Path
         cold, reused = _complete(server, PROMPT)
         assert reused == 0
         assert _complete(server, SALTED, "tenant-a")[1] == 0
-        stats = _settled(server)
+        stats = settled_context_cache(server, written=True)
         assert stats["disk_max_bytes"] == 1 << 26 and stats["disk_hits"] == 0
         # A tail record is rewritten in place when its sequence grew: more writes than files.
         assert stats["disk_writes"] >= stats["disk_records"] >= 2 and stats["disk_bytes"] > stats["bytes"] / 2
