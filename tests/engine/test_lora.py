@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -209,7 +210,7 @@ def test_scheduler_runs_each_request_with_its_adapter_and_never_shares_their_kv(
     engine.set_adapter(1, None)
     store = PrefixStore("bundle:test", max_records=64, max_bytes=1 << 30)
     sched = Scheduler(engine, max_batch_size=4, max_queued_requests=16, queue_timeout=60,
-                      context_cache=store)
+                      context_cache=store, save_delay=0.0)
     sched.start()
 
     def run(adapter: str | None) -> list[int]:
@@ -218,7 +219,13 @@ def test_scheduler_runs_each_request_with_its_adapter_and_never_shares_their_kv(
         state = GenerationState(IdTokens(), prompt_ids=prompt, max_new_tokens=6)  # type: ignore[arg-type]
         sampler = Sampler(SamplingParams(temperature=0.0), engine.info.vocab_size)
         sched.submit(GenerationRequest(prompt, sampler, state, sink, adapter=adapter))
-        return sink.tokens()
+        tokens = sink.tokens()
+        # Its records in the store before the next request looks (they are made once idle).
+        deadline = time.monotonic() + 30
+        while sched.pending_record_saves and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert not sched.pending_record_saves
+        return tokens
 
     try:
         assert run("a") == tuned
