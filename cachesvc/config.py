@@ -87,6 +87,7 @@ from inference.build_profile import (
     DEFAULT_MAX_INPUT_LEN,
     DEFAULT_MAX_KV_CACHE_CAPACITY,
     DEFAULT_TASK,
+    KERNEL_MODES,
     METHODS_NEEDING_DRAFT_MODEL,
     METHODS_REFUSING_DRAFT_MODEL,
     METHODS_WITHOUT_DRAFT_MODEL,
@@ -99,7 +100,6 @@ from inference.build_profile import (
     check_shape,
     check_shapes,
 )
-from inference.builder.kernel_plan import KERNEL_MODES
 from inference.context_cache import DEFAULT_MAX_BYTES as DEFAULT_RECORD_POOL_BYTES
 from inference.context_disk import DEFAULT_DISK_BYTES
 from inference.openai.reasoning import REASONING_PARSER_CHOICES as REASONING_PARSERS

@@ -26,6 +26,7 @@ from inference.build_profile import (
     DEFAULT_MAX_INPUT_LEN,
     DEFAULT_MAX_KV_CACHE_CAPACITY,
     DEFAULT_TASK,
+    KERNEL_MODES,
     PRECISION_CHOICES,
     PRECISIONS,
     QUANTIZED_PRECISIONS,
@@ -37,7 +38,6 @@ from inference.build_profile import (
     check_shapes,
     check_task,
 )
-from inference.builder.kernel_plan import KERNEL_MODES
 from inference.cpu_class import CPU_CLASSES
 
 #: Version of the on-disk bundle layout (manifest format, directory shape).

@@ -35,6 +35,10 @@ AUTO_PRECISION: dict[str, str] = {"onnxruntime": "fp32", "tensorrt": "fp16"}
 #: Precisions whose CPU graph depends on the CPU class (its int8 kernels): the class is part
 #: of their profile (``cpu_class``), and a bundle built for another class is stale.
 QUANTIZED_PRECISIONS: tuple[str, ...] = ("int8", "int4")
+#: ``--kernels`` of a quantized CPU build: ``auto`` (the fastest kernel plan that answers like
+#: fp32: the gate's strict test), ``exact`` (float32 compute in every layer), ``fast`` (the fastest
+#: plan above the agreement floor); the plans are ``inference.builder.kernel_plan``'s.
+KERNEL_MODES: tuple[str, ...] = ("auto", "exact", "fast")
 #: GGUF tensor types -> the precision that keeps them (``auto`` on the CPU): 2-4-bit types
 #: build int4, 5-8-bit int8, float types fp32.
 GGUF_TYPE_PRECISION: dict[str, str] = {

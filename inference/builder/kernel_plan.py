@@ -55,7 +55,7 @@ from typing import Any
 
 import onnx
 
-from inference.build_profile import QUANTIZED_PRECISIONS
+from inference.build_profile import KERNEL_MODES, QUANTIZED_PRECISIONS
 from inference.cpu_class import CPU_CLASSES
 
 #: CPU classes whose lm_head runs with int8 activations (VNNI/AMX kernels) on its 8-bit codes,
@@ -74,9 +74,6 @@ PROJECTION_GROUPS: dict[str, str] = {
 #: Classes whose int8 kernels can run the layers at level 4 without saturating (the layers hold
 #: 4-bit values: 4-bit codes, or int8's two 4-bit planes): every class but ``generic``.
 INT8_ACTIVATION_CLASSES: tuple[str, ...] = ("avx2", "avx2-vnni", "avx512", "avx512-vnni", "amx", "arm64")
-#: ``--kernels``: ``auto`` (the fastest plan that answers like fp32: the gate's strict test),
-#: ``exact`` (float32 compute in every layer), ``fast`` (the fastest plan above the agreement floor).
-KERNEL_MODES: tuple[str, ...] = ("auto", "exact", "fast")
 #: The candidate plans from fastest to exact: name -> the projection groups at level 4.
 PLAN_GROUPS: dict[str, tuple[str, ...]] = {
     "fast": tuple(PROJECTION_GROUPS), "down": ("down",), "exact": (),

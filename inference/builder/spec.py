@@ -14,6 +14,7 @@ from inference.build_profile import (
     DEFAULT_MAX_INPUT_LEN,
     DEFAULT_MAX_KV_CACHE_CAPACITY,
     DEFAULT_TASK,
+    KERNEL_MODES,
     METHODS_WITH_DRAFT_BUNDLE,
     ProfileError,
     check_backend_precision,
@@ -22,7 +23,6 @@ from inference.build_profile import (
     check_task,
 )
 from inference.builder.errors import BuildInputError
-from inference.builder.kernel_plan import KERNEL_MODES
 from inference.cpu_class import CPU_CLASSES
 
 SUPPORTED_PRECISIONS = BACKEND_PRECISIONS["onnxruntime"]
@@ -47,7 +47,7 @@ class EngineBuildSpec:
     pooling: str | None = None
     #: LoRA inputs on every projection (:mod:`inference.builder.lora`): adapters per request.
     lora: bool = False
-    #: How a quantized graph's kernels are chosen (:data:`.kernel_plan.KERNEL_MODES`).
+    #: How a quantized graph's kernels are chosen (:data:`inference.build_profile.KERNEL_MODES`).
     kernels: str = "auto"
 
     def __post_init__(self) -> None:

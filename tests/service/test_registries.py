@@ -51,6 +51,7 @@ def test_http_build_request_literals_equal_the_registry() -> None:
     assert get_args(hints["task"]) == reg.TASKS
     pooling = [a for a in get_args(hints["pooling"]) if a is not type(None)]
     assert get_args(pooling[0]) == reg.POOLING_METHODS
+    assert get_args(hints["kernels"]) == reg.KERNEL_MODES
     assert get_args(schemas.BackendName) == reg.BACKENDS
     assert get_args(schemas.SortKey) == SORT_KEYS
     assert get_args(schemas.SortOrder) == SORT_ORDERS
