@@ -471,32 +471,25 @@ class Scheduler:
         else:
             del self._pending_saves[slot]
 
-    def _absorb_pending(self, slot: int, replace_with: tuple[_Running, list[int]] | None = None) -> None:
-        """The slot's run extends what its pending save holds (a pending save survives a new
-        run only when that run reused all of it, :meth:`_prepare`): the run's own save covers
-        the same blocks, so only the pending tail (a partial block, with its prompt's logits)
-        is made now; ``replace_with`` becomes the slot's pending save (in one step: the count
-        never reads 0 in between)."""
+    def _absorb_pending(self, slot: int, replace_with: tuple[_Running, list[int]]) -> None:
+        """``replace_with`` becomes the slot's pending save. Its run extends what an earlier
+        pending save of the slot holds (one survives a new run only when that run reused all of
+        it, :meth:`_prepare`), so the new save covers the same blocks: only the earlier tail (a
+        partial block, with its prompt's logits) is made now. One assignment: the count never
+        reads 0 in between."""
         pending = self._pending_saves.get(slot)
         if pending is not None and self._store is not None:
             run, tokens = pending
             self._save_blocks(run, tokens, from_block=len(tokens) // self._store.block_tokens)
-        if replace_with is not None:
-            self._pending_saves[slot] = replace_with
-        elif pending is not None:
-            del self._pending_saves[slot]
+        self._pending_saves[slot] = replace_with
 
-    def _save_blocks(self, run: _Running, tokens: list[int] | None = None, from_block: int = 0) -> None:
-        """Keep the complete blocks of what ``run``'s slot holds (or its first ``tokens``, which
-        it still holds) as records (new ones copied), from block ``from_block`` on, and the
-        partial last block."""
+    def _save_blocks(self, run: _Running, tokens: list[int], from_block: int = 0) -> None:
+        """Keep the complete blocks of ``tokens`` (the first positions ``run``'s slot still holds)
+        as records (new ones copied), from block ``from_block`` on, and the partial last block."""
         kv, store = self._kv, self._store
         if kv is None or store is None or not run.req.cache_prompt:
             return
         slot, salt, adapter = run.slot, run.req.cache_salt, run.req.adapter
-        if tokens is None:
-            self._absorb_pending(slot)
-            tokens = self._slot_tokens[slot][: kv.slot_length(slot)]
         block = store.block_tokens
         try:
             keys = store.block_keys(tokens, salt, adapter)
@@ -520,19 +513,15 @@ class Scheduler:
         if hook is not None and self._store is not None:
             hook(self._store.stats())
 
-    def _release(self, run: _Running, *, save: bool = True) -> bool:
-        """Free ``run``'s slot. Its blocks are saved first unless ``save`` is False; then the
-        return value says whether they are still to be saved (:meth:`_save_blocks`), which is
-        safe until this thread runs another step: only it fills slots."""
+    def _release(self, run: _Running) -> None:
+        """Free ``run``'s slot; its blocks become the slot's pending save (:meth:`_defer_save`)."""
         # Called on the scheduler thread only; the lock protects the lists the asyncio side reads.
         if self._proposer is not None:
             self._release_proposal(run.slot)
-        to_save = False
         if self._store is not None and run.req.cache_prompt and not run.broken:
             # Unprepared: the slot still holds what an earlier request left there; keep it.
-            to_save = run.prepared
-            if to_save and save:
-                self._save_blocks(run)
+            if run.prepared:
+                self._defer_save(run)
         else:
             if run.broken:
                 self._pending_saves.pop(run.slot, None)  # what the slot holds is unknown now
@@ -550,7 +539,6 @@ class Scheduler:
                 self._running.remove(run)
                 self._free_slots.append(run.slot)
             self._notify_queue()
-        return to_save and not save
 
     def _run(self) -> None:
         idle_since: float | None = None
@@ -606,14 +594,12 @@ class Scheduler:
         run.output_ids.extend(out.token_ids)
         if out.finished:
             # Free the slot before the client sees the end, so a follow-up request sent the
-            # moment this one completes finds the slot free instead of a full queue (429); save
-            # its blocks when the scheduler is idle or the slot is needed otherwise (a 1,500-token
-            # prompt's 23 blocks are a 69 MB copy with SmolLM2): a follow-up that extends this
-            # prompt in this slot does not wait for it.
-            unsaved = self._release(run, save=False)
+            # moment this one completes finds the slot free instead of a full queue (429); its
+            # blocks are saved when the scheduler is idle or the slot is needed otherwise (a
+            # 1,500-token prompt's 23 blocks are a 69 MB copy with SmolLM2): a follow-up that
+            # extends this prompt in this slot does not wait for them.
+            self._release(run)
             run.req.sink.put(out)
-            if unsaved:
-                self._defer_save(run)
             return False
         if not run.req.sink.put(out):
             self._release(run)
