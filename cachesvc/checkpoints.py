@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from cachesvc.errors import CheckpointError, ConfigError, HubUnreachableError
+from cachesvc.errors import CheckpointError, ConfigError, HubUnreachableError, UnsupportedModelError
 from cachesvc.gguf_checkpoints import (
     CONVERTED_GGUF_FILE,
     GGUF_SUFFIX,
@@ -392,6 +392,26 @@ def _check_local_checkpoint(directory: Path, *, source: str | None = None) -> No
             f"{where} has config.json but no weight files ({', '.join(WEIGHT_SUFFIXES)}); the checkpoint is "
             "incomplete, add its weights or download it again"
         )
+    check_family(directory)
+
+
+def check_family(directory: Path) -> None:
+    """``UnsupportedModelError`` when ``directory``'s config.json names no registered model family
+    (:mod:`inference.families`): bad input, refused before anything is recorded or built."""
+    import json
+
+    from inference.families import family_of_config
+
+    try:
+        raw = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # the build says what is wrong with the file
+    if not isinstance(raw, dict):
+        return
+    try:
+        family_of_config(raw)
+    except ValueError as exc:
+        raise UnsupportedModelError(str(exc)) from None
 
 
 def _is_bundle_dir(directory: Path) -> bool:

@@ -27,6 +27,10 @@ class CheckpointError(CacheError):
     """A checkpoint cannot be resolved or read (bad path, wrong kind of directory, hub failure)."""
 
 
+class UnsupportedModelError(CheckpointError):
+    """The checkpoint is of a model family cachesvc cannot build (bad input: 400, exit 2)."""
+
+
 class HubUnreachableError(CheckpointError):
     """The Hugging Face hub could not be reached (or offline mode forbids it)."""
 

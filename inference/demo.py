@@ -44,6 +44,8 @@ from tokenizers import (
     trainers,
 )
 
+from inference.families import family_by_name, family_names
+
 __all__ = [
     "ADDED_TOKENS",
     "ARCHS",
@@ -57,7 +59,8 @@ __all__ = [
     "write_demo_checkpoint",
 ]
 
-ARCHS: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
+#: Every registered model family (:mod:`inference.families`) has a demo checkpoint.
+ARCHS: tuple[str, ...] = family_names()
 SIZES: tuple[str, ...] = ("tiny", "0.5b")
 DTYPES: tuple[str, ...] = ("fp32", "bf16")
 
@@ -159,12 +162,6 @@ class _TensorSpec:
 _BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2}
 _SAFETENSORS_DTYPE = {"fp32": "F32", "bf16": "BF16"}
 _TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
-_ARCHITECTURE = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
 # Shards close before they would pass this size, so the 0.5b fp32 model (~2 GB) gives 2 shards.
 _MAX_SHARD_BYTES = 1_000_000_000
 # Generating a large tensor in row blocks keeps memory near this many elements, not the tensor.
@@ -193,7 +190,7 @@ def _shape(arch: str, size: str) -> _Shape:
         heads=4,
         kv_heads=2,
         # Qwen3 decouples head_dim from hidden/heads (4 * 32 != 64) so builders must read it.
-        head_dim=32 if arch == "qwen3" else 16,
+        head_dim=int(family_by_name(arch).tiny.get("head_dim", 16)),
         intermediate=128,
         vocab=TOKENIZER_VOCAB_SIZE,
         max_positions=8192,
@@ -205,32 +202,19 @@ def _shape(arch: str, size: str) -> _Shape:
     )
 
 
-def _tensor_specs(arch: str, shape: _Shape, *, tied: bool, live_vocab: int) -> list[_TensorSpec]:
-    h, hd = shape.hidden, shape.head_dim
-    q_out, kv_out = shape.heads * hd, shape.kv_heads * hd
-    live = live_vocab if live_vocab < shape.vocab else None
-    specs = [_TensorSpec("model.embed_tokens.weight", (shape.vocab, h), "normal", live)]
-    for i in range(shape.layers):
-        p = f"model.layers.{i}."
-        specs.append(_TensorSpec(p + "input_layernorm.weight", (h,), "ones"))
-        specs.append(_TensorSpec(p + "self_attn.q_proj.weight", (q_out, h), "normal"))
-        specs.append(_TensorSpec(p + "self_attn.k_proj.weight", (kv_out, h), "normal"))
-        specs.append(_TensorSpec(p + "self_attn.v_proj.weight", (kv_out, h), "normal"))
-        if arch == "qwen2":
-            specs.append(_TensorSpec(p + "self_attn.q_proj.bias", (q_out,), "normal"))
-            specs.append(_TensorSpec(p + "self_attn.k_proj.bias", (kv_out,), "normal"))
-            specs.append(_TensorSpec(p + "self_attn.v_proj.bias", (kv_out,), "normal"))
-        if arch == "qwen3":
-            specs.append(_TensorSpec(p + "self_attn.q_norm.weight", (hd,), "ones"))
-            specs.append(_TensorSpec(p + "self_attn.k_norm.weight", (hd,), "ones"))
-        specs.append(_TensorSpec(p + "self_attn.o_proj.weight", (h, q_out), "normal"))
-        specs.append(_TensorSpec(p + "post_attention_layernorm.weight", (h,), "ones"))
-        specs.append(_TensorSpec(p + "mlp.gate_proj.weight", (shape.intermediate, h), "normal"))
-        specs.append(_TensorSpec(p + "mlp.up_proj.weight", (shape.intermediate, h), "normal"))
-        specs.append(_TensorSpec(p + "mlp.down_proj.weight", (h, shape.intermediate), "normal"))
-    specs.append(_TensorSpec("model.norm.weight", (h,), "ones"))
-    if not tied:
-        specs.append(_TensorSpec("lm_head.weight", (shape.vocab, h), "normal", live))
+def _tensor_specs(config: dict[str, Any], *, live_vocab: int) -> list[_TensorSpec]:
+    """Every weight the builder reads for ``config`` (:func:`inference.builder.layout.expected_tensors`):
+    vectors of norms are ones, everything else random; embedding rows past ``live_vocab`` zero."""
+    from inference.builder.layout import expected_tensors
+    from inference.builder.model_config import model_config_from
+
+    cfg = model_config_from(config)
+    live = live_vocab if live_vocab < cfg.vocab_size else None
+    specs = []
+    for name, shape in expected_tensors(cfg).items():
+        vocab_rows = name in ("model.embed_tokens.weight", "lm_head.weight")
+        init = "ones" if len(shape) == 1 and "norm" in name and name.endswith(".weight") else "normal"
+        specs.append(_TensorSpec(name, shape, init, live if vocab_rows else None))
     return specs
 
 
@@ -403,9 +387,11 @@ def _write_safetensors(path: Path, specs: Sequence[_TensorSpec], dtype: str, std
 # Metadata files
 
 
-def _config(arch: str, shape: _Shape, *, dtype: str, tied: bool, ids: dict[str, int]) -> dict[str, Any]:
+def _config(arch: str, shape: _Shape, *, dtype: str, tied: bool, ids: dict[str, int],
+            size: str) -> dict[str, Any]:
+    family = family_by_name(arch)
     config: dict[str, Any] = {
-        "architectures": [_ARCHITECTURE[arch]],
+        "architectures": [family.architecture],
         "model_type": arch,
         "attention_dropout": 0.0,
         "bos_token_id": ids[_ENDOFTEXT],
@@ -438,9 +424,12 @@ def _config(arch: str, shape: _Shape, *, dtype: str, tied: bool, ids: dict[str, 
         config["use_sliding_window"] = False
         config["sliding_window"] = None
         config["max_window_layers"] = shape.layers
-    if arch == "mistral":
-        # Full attention, so the transformers reference and a plain-attention engine agree.
-        config["sliding_window"] = None
+    # The family's distinctive features (the tiny shape's head_dim is already in ``shape``).
+    config.update({k: v for k, v in family.tiny.items() if k not in ("head_dim", "rope_parameters")})
+    if "rope_parameters" in family.tiny:  # written in the hub's convention: rope_theta + rope_scaling
+        scaling = dict(family.tiny["rope_parameters"])
+        config["rope_theta"] = float(scaling.pop("rope_theta", shape.rope_theta))
+        config["rope_scaling"] = scaling if scaling.get("rope_type", "default") != "default" else None
     return config
 
 
@@ -542,7 +531,8 @@ def write_demo_checkpoint(
     tokenizer = Tokenizer.from_str(tokenizer_json)
     ids = _token_ids(tokenizer)
     shape = _shape(arch, size)
-    specs = _tensor_specs(arch, shape, tied=tie, live_vocab=tokenizer.get_vocab_size())
+    config = _config(arch, shape, dtype=dtype, tied=tie, ids=ids, size=size)
+    specs = _tensor_specs(config, live_vocab=tokenizer.get_vocab_size())
 
     for stale in [*out_dir.glob("model*.safetensors"), out_dir / "model.safetensors.index.json"]:
         stale.unlink(missing_ok=True)
@@ -561,7 +551,7 @@ def write_demo_checkpoint(
             {"metadata": {"total_size": total}, "weight_map": weight_map},
         )
 
-    _write_json(out_dir / "config.json", _config(arch, shape, dtype=dtype, tied=tie, ids=ids))
+    _write_json(out_dir / "config.json", config)
     _write_json(
         out_dir / "generation_config.json",
         {

@@ -1,7 +1,8 @@
-"""Errors raised while turning a checkpoint into a bundle."""
+"""Errors raised while turning a checkpoint into a bundle (defined in :mod:`inference.errors`,
+which the family registry imports without loading the builder)."""
 
 from __future__ import annotations
 
+from inference.errors import BuildInputError
 
-class BuildInputError(ValueError):
-    """The checkpoint or the build spec cannot be built; the message says what to fix."""
+__all__ = ["BuildInputError"]

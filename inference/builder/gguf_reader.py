@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from inference.builder.errors import BuildInputError
+from inference.builder.layout import GGUF_GLOBAL_SLOTS, GGUF_SLOTS, NORM_SLOTS, Names
+from inference.families import DOCS_PAGE, Family, family_of_gguf
 
 #: The GGUF file inside a converted checkpoint directory (see ``gguf_convert``).
 GGUF_FILE = "model.gguf"
@@ -37,44 +39,23 @@ Q4_TYPES = ("Q4_0", "Q4_1")
 #: Block types :meth:`GgufCheckpoint.blocks` hands out raw: one scale (and minimum) per 32 codes.
 RAW_BLOCK_TYPES = (*Q4_TYPES, "Q8_0")
 
-#: GGUF ``general.architecture`` -> (transformers class, model_type, Q/K rows permuted by llama.cpp).
-ARCHITECTURES: dict[str, tuple[str, str, bool]] = {
-    "llama": ("LlamaForCausalLM", "llama", True),
-    "mistral": ("MistralForCausalLM", "mistral", True),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2", False),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3", False),
-}
-
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """The Hugging Face name of a GGUF tensor name (``BuildInputError`` for an unknown one)."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
+def hf_tensor_name(gguf_name: str, family: Family) -> tuple[str, str | None]:
+    """(Hugging Face name, layout slot) of a GGUF tensor name of ``family``
+    (``BuildInputError`` for a name of no slot)."""
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    names = Names(family.hf_names)
+    if len(parts) == 2 and parts[0] in GGUF_GLOBAL_SLOTS:
+        slot = GGUF_GLOBAL_SLOTS[parts[0]]
+        return f"{names.top(slot)}.{parts[1]}", slot
+    slots = {**GGUF_SLOTS, **family.gguf_slots}
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in slots:
+        slot = slots[parts[2]]
+        return f"{names.layer(int(parts[1]), slot)}.{parts[3]}", slot
     raise BuildInputError(
-        f"GGUF tensor {gguf_name!r} has no counterpart in the supported architectures "
-        f"({', '.join(ARCHITECTURES)}); this file is of a variant cachesvc cannot convert"
+        f"GGUF tensor {gguf_name!r} has no counterpart in cachesvc's {family.name} layer; this file is "
+        f"of a variant cachesvc cannot convert (see {DOCS_PAGE})"
     )
 
 
@@ -232,15 +213,9 @@ def gguf_metadata(header: GgufHeader, key: str, default: Any = None) -> Any:
     return header.metadata.get(key, default)
 
 
-def gguf_architecture(header: GgufHeader) -> tuple[str, str, str, bool]:
-    """(GGUF architecture, transformers class, model_type, Q/K rows permuted); unknown -> error."""
-    arch = gguf_metadata(header, "general.architecture")
-    if arch not in ARCHITECTURES:
-        raise BuildInputError(
-            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}"
-        )
-    cls, model_type, permuted = ARCHITECTURES[arch]
-    return arch, cls, model_type, permuted
+def gguf_family(header: GgufHeader) -> Family:
+    """The family of the file's ``general.architecture``; unknown -> ``BuildInputError``."""
+    return family_of_gguf(gguf_metadata(header, "general.architecture"))
 
 
 def _required(header: GgufHeader, key: str) -> int:
@@ -252,8 +227,9 @@ def _required(header: GgufHeader, key: str) -> int:
 
 def gguf_config(header: GgufHeader) -> dict[str, Any]:
     """``config.json`` contents from the GGUF metadata and tensor list."""
-    arch, cls, model_type, _ = gguf_architecture(header)
-    names = {t.name for t in header.tensors}
+    family = gguf_family(header)
+    arch = str(gguf_metadata(header, "general.architecture"))
+    names = frozenset(t.name for t in header.tensors)
     heads = _required(header, f"{arch}.attention.head_count")
     kv_heads = gguf_metadata(header, f"{arch}.attention.head_count_kv") or heads
     hidden = _required(header, f"{arch}.embedding_length")
@@ -268,8 +244,8 @@ def gguf_config(header: GgufHeader) -> dict[str, Any]:
             "support yet; use the original safetensors checkpoint"
         )
     config: dict[str, Any] = {
-        "architectures": [cls],
-        "model_type": model_type,
+        "architectures": [family.architecture],
+        "model_type": family.model_types[0],
         "vocab_size": int(vocab),
         "hidden_size": hidden,
         "intermediate_size": _required(header, f"{arch}.feed_forward_length"),
@@ -292,13 +268,8 @@ def gguf_config(header: GgufHeader) -> dict[str, Any]:
             "rope_type": "linear",
             "factor": float(gguf_metadata(header, f"{arch}.rope.scaling.factor", 1.0)),
         }
-    if model_type in ("llama", "mistral"):
-        config["attention_bias"] = "blk.0.attn_q.bias" in names
-        config["mlp_bias"] = "blk.0.ffn_up.bias" in names
-    if model_type == "mistral":
-        config["sliding_window"] = gguf_metadata(header, f"{arch}.attention.sliding_window")
-    if model_type in ("qwen2", "qwen3"):
-        config["use_sliding_window"] = False
+    config.update(family.gguf_config(lambda key, default: gguf_metadata(header, f"{arch}.{key}", default),
+                                     names))
     for key, meta in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                       ("pad_token_id", "padding_token_id")):
         value = gguf_metadata(header, f"tokenizer.ggml.{meta}")
@@ -318,6 +289,7 @@ class GgufTensor:
     start: int  # absolute byte offset in the file
     rows: int  # rows as stored: every dimension but the innermost
     row_bytes: int
+    offset: float = 0.0  # llama.cpp stored the values plus this (Gemma's norms: 1)
 
 
 def tensor_plan(header: GgufHeader, config: dict[str, Any]) -> list[GgufTensor]:
@@ -329,10 +301,13 @@ def tensor_plan(header: GgufHeader, config: dict[str, Any]) -> list[GgufTensor]:
     """
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    _, _, _, permuted = gguf_architecture(header)
+    family = gguf_family(header)
+    permuted = family.gguf_permuted_qk
     plan: list[GgufTensor] = []
     for t in header.tensors:
-        name = hf_tensor_name(t.name)
+        if t.name == "rope_freqs.weight":
+            continue  # llama3 rope factors: config.json's rope_scaling says the same (gguf_config)
+        name, slot = hf_tensor_name(t.name, family)
         try:
             qtype = GGMLQuantizationType(t.type_id)
         except ValueError:  # a type number newer than this gguf package
@@ -358,11 +333,13 @@ def tensor_plan(header: GgufHeader, config: dict[str, Any]) -> list[GgufTensor]:
                 f"but the file has {header.size} bytes; download it again"
             )
         heads: int | None = None
-        if permuted and name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+        if permuted and slot == "q":
             heads = config["num_attention_heads"]
-        elif permuted and name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+        elif permuted and slot == "k":
             heads = config["num_key_value_heads"]
-        plan.append(GgufTensor(name, tuple(reversed(t.dims)), type_name, heads, t.start, rows, row_bytes))
+        offset = family.gguf_norm_offset if slot in NORM_SLOTS and name.endswith(".weight") else 0.0
+        plan.append(GgufTensor(name, tuple(reversed(t.dims)), type_name, heads, t.start, rows, row_bytes,
+                               offset))
     return plan
 
 
@@ -452,6 +429,8 @@ class GgufCheckpoint:
         else:
             arr = dequantize(raw, GGMLQuantizationType[t.type_name]).astype(np.float32, copy=False)
         arr = arr.reshape(t.shape)
+        if t.offset:
+            arr -= np.float32(t.offset)
         if t.permute_heads is not None:
             arr = unpermute_rows(arr, t.permute_heads)
         return arr
@@ -459,7 +438,7 @@ class GgufCheckpoint:
     def blocks(self, name: str) -> RawBlocks | None:
         """The raw blocks of ``name`` when it is stored as Q4_0, Q4_1 or Q8_0, else None."""
         t = self._tensor(name)
-        if t.type_name not in RAW_BLOCK_TYPES:
+        if t.type_name not in RAW_BLOCK_TYPES or t.offset:
             return None
         rows = self._rows(t)
         if t.permute_heads is not None:

@@ -34,6 +34,7 @@ from onnx import TensorProto, helper, numpy_helper
 from inference.build_profile import POOLING_METHODS
 from inference.builder.checkpoint_reader import CheckpointReader
 from inference.builder.kernel_plan import KernelPlan
+from inference.builder.layout import names_for
 from inference.builder.model_config import ModelConfig
 from inference.builder.quantized import GgufBlocks, QuantizedEmitter, Table8
 
@@ -164,6 +165,8 @@ class _DecoderBuilder:
         self.gqa = kv_layout == "gqa"
         self.quant = quant
         self.embed_q8: Table8 | None = None  # the 8-bit embedding, shared by a tied lm_head
+        self.names = names_for(cfg)
+        self.masks: dict[int | None, str] = {}  # portable graph: the additive mask per window
 
     # --- weights -------------------------------------------------------------------------
     def linear_weight(self, name: str, out_dim: int, in_dim: int) -> str:
@@ -201,6 +204,20 @@ class _DecoderBuilder:
         return y
 
     # --- building blocks -----------------------------------------------------------------
+    def norm(self, x: str, module: str, dim: int, *, rms: bool | None = None) -> str:
+        """The family's norm of ``x`` with the weights of ``module`` (``<module>.weight`` [dim]):
+        RMSNorm or LayerNorm, times ``(offset + w)``, plus the bias where the family has one."""
+        cfg = self.cfg
+        weight = self.ckpt.get_f32(f"{module}.weight", (dim,))
+        if cfg.norm_offset:
+            weight = weight + np.float32(cfg.norm_offset)
+        w = self.em.weight(f"{module}.weight", weight)
+        rms = cfg.norm == "rms" if rms is None else rms
+        y = self.rms_norm(x, w) if rms else self.layer_norm(x, w)
+        if cfg.norm_bias:
+            y = self.em.op1("Add", [y, self.vector(f"{module}.bias", dim)])
+        return y
+
     def rms_norm(self, x: str, weight: str) -> str:
         eps = self.cfg.rms_norm_eps
         if self.fused:
@@ -211,26 +228,64 @@ class _DecoderBuilder:
         normed = self.em.op1("Div", [x, std])
         return self.em.op1("Mul", [normed, weight])
 
-    def rope(self, x: str) -> str:
-        """x [B,H,S,hd] -> rotated, rotate_half convention (as transformers)."""
-        if self.fused:
-            return self.em.op1("RotaryEmbedding", [x, self.cos_table, self.sin_table, "position_ids"],
-                               interleaved=0)
-        half = self.cfg.head_dim // 2
-        x1 = self.em.op1("Slice", [x, self.em.const(np.array([0])), self.em.const(np.array([half])),
-                                   self.axes_last])
-        x2 = self.em.op1("Slice", [x, self.em.const(np.array([half])),
-                                   self.em.const(np.array([self.cfg.head_dim])), self.axes_last])
-        rotated = self.em.op1("Concat", [self.em.op1("Neg", [x2]), x1], axis=-1)
-        return self.em.op1("Add", [self.em.op1("Mul", [x, self.cos_full]),
-                                   self.em.op1("Mul", [rotated, self.sin_full])])
+    def layer_norm(self, x: str, weight: str) -> str:
+        """LayerNorm without its bias (added by :meth:`norm`)."""
+        eps = self.cfg.rms_norm_eps
+        em = self.em
+        mean = em.op1("ReduceMean", [x, self.axes_last], keepdims=1)
+        centred = em.op1("Sub", [x, mean])
+        var = em.op1("ReduceMean", [em.op1("Mul", [centred, centred]), self.axes_last], keepdims=1)
+        std = em.op1("Sqrt", [em.op1("Add", [var, em.const(np.float32(eps))])])
+        return em.op1("Mul", [em.op1("Div", [centred, std]), weight])
 
-    def heads(self, x: str, n_heads: int, norm_weight: str | None) -> str:
-        """[B,S,n*hd] -> [B,n,S,hd], with the optional per-head RMSNorm (qwen3)."""
+    def activation(self, x: str) -> str:
+        """The family's activation, from default-domain ops (every graph flavour runs it)."""
+        em, act = self.em, self.cfg.act
+        if act == "silu":
+            return em.op1("Mul", [x, em.op1("Sigmoid", [x])])
+        if act == "relu2":
+            r = em.op1("Relu", [x])
+            return em.op1("Mul", [r, r])
+        half = em.op1("Mul", [x, em.const(np.float32(0.5))])
+        if act == "gelu":
+            erf = em.op1("Erf", [em.op1("Mul", [x, em.const(np.float32(2 ** -0.5))])])
+            return em.op1("Mul", [half, em.op1("Add", [erf, em.const(np.float32(1.0))])])
+        # gelu_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        cube = em.op1("Mul", [em.op1("Mul", [x, x]), x])
+        inner = em.op1("Add", [x, em.op1("Mul", [cube, em.const(np.float32(0.044715))])])
+        t = em.op1("Tanh", [em.op1("Mul", [inner, em.const(np.float32(np.sqrt(2.0 / np.pi)))])])
+        return em.op1("Mul", [half, em.op1("Add", [t, em.const(np.float32(1.0))])])
+
+    def scaled(self, x: str, factor: float) -> str:
+        return x if factor == 1.0 else self.em.op1("Mul", [x, self.em.const(np.float32(factor))])
+
+    def rope(self, x: str, layer: int) -> str:
+        """x [B,H,S,hd] -> rotated, rotate_half convention (as transformers), over the first
+        ``rotary`` dimensions of each head; a NoPE layer's x as it is."""
+        tables = self.layer_tables[layer]
+        if tables is None:
+            return x
+        cos_t, sin_t, cos_full, sin_full = tables
+        rot, hd = self.cfg.rotary, self.cfg.head_dim
+        if self.fused:
+            attrs = {} if rot == hd else {"rotary_embedding_dim": rot}
+            return self.em.op1("RotaryEmbedding", [x, cos_t, sin_t, "position_ids"], interleaved=0, **attrs)
+        em = self.em
+        def part(lo: int, hi: int) -> str:
+            return em.op1("Slice", [x, em.const(np.array([lo])), em.const(np.array([hi])), self.axes_last])
+        half = rot // 2
+        x1, x2 = part(0, half), part(half, rot)
+        rotated = em.op1("Concat", [em.op1("Neg", [x2]), x1], axis=-1)
+        xr = x if rot == hd else part(0, rot)
+        y = em.op1("Add", [em.op1("Mul", [xr, cos_full]), em.op1("Mul", [rotated, sin_full])])
+        return y if rot == hd else em.op1("Concat", [y, part(rot, hd)], axis=-1)
+
+    def heads(self, x: str, n_heads: int, norm_module: str | None) -> str:
+        """[B,S,n*hd] -> [B,n,S,hd], with the optional per-head norm (qwen3)."""
         shape = self.em.const(np.array([0, 0, n_heads, self.cfg.head_dim], dtype=np.int64))
         y = self.em.op1("Reshape", [x, shape])
-        if norm_weight is not None:
-            y = self.rms_norm(y, norm_weight)
+        if norm_module is not None:
+            y = self.norm(y, norm_module, self.cfg.head_dim, rms=True)
         return self.em.op1("Transpose", [y], perm=[0, 2, 1, 3])
 
     def attention(self, q: str, k: str, v: str, layer: int) -> str:
@@ -238,56 +293,70 @@ class _DecoderBuilder:
         cfg = self.cfg
         past_k, past_v = past_names(layer)
         pres_k, pres_v = present_names(layer)
+        mask = self.mask_of(layer)
         if self.fused:
-            return self.em.op("Attention", [q, k, v, self.mask, past_k, past_v], n_out=3,
-                              outputs=[f"attn_{layer}_y", pres_k, pres_v])[0]
+            attrs: dict[str, Any] = {"scale": float(cfg.query_scale)}
+            if cfg.attn_softcap:
+                attrs["softcap"] = float(cfg.attn_softcap)
+            return self.em.op("Attention", [q, k, v, mask, past_k, past_v], n_out=3,
+                              outputs=[f"attn_{layer}_y", pres_k, pres_v], **attrs)[0]
         k_all = self.em.op("Concat", [past_k, k], axis=2, outputs=[pres_k])[0]
         v_all = self.em.op("Concat", [past_v, v], axis=2, outputs=[pres_v])[0]
         group = cfg.num_heads // cfg.num_kv_heads
         # Query head h reads kv head h // group: view q as [B,kv,group,S,hd] and broadcast.
         q5 = self.em.op1("Reshape", [q, self.em.const(
             np.array([0, cfg.num_kv_heads, group, -1, cfg.head_dim], dtype=np.int64))])
-        q5 = self.em.op1("Mul", [q5, self.em.const(np.float32(cfg.head_dim ** -0.5))])
+        q5 = self.em.op1("Mul", [q5, self.em.const(np.float32(cfg.query_scale))])
         k5 = self.em.op1("Unsqueeze", [k_all, self.em.const(np.array([2]))])
         v5 = self.em.op1("Unsqueeze", [v_all, self.em.const(np.array([2]))])
         scores = self.em.op1("MatMul", [q5, self.em.op1("Transpose", [k5], perm=[0, 1, 2, 4, 3])])
-        scores = self.em.op1("Add", [scores, self.mask5])
+        if cfg.attn_softcap:
+            cap = self.em.const(np.float32(cfg.attn_softcap))
+            scores = self.em.op1("Mul", [self.em.op1("Tanh", [self.em.op1("Div", [scores, cap])]), cap])
+        scores = self.em.op1("Add", [scores, self.em.op1("Unsqueeze", [mask, self.em.const(np.array([2]))])])
         probs = self.em.op1("Softmax", [scores], axis=-1)
         out5 = self.em.op1("MatMul", [probs, v5])
         return self.em.op1("Reshape", [out5, self.em.const(
             np.array([0, cfg.num_heads, -1, cfg.head_dim], dtype=np.int64))])
 
-    def head_norm(self, x: str, n_heads: int, weight: str) -> str:
-        """Per-head RMSNorm (qwen3) on [B,S,n*hd], keeping that layout."""
+    def head_norm(self, x: str, n_heads: int, module: str) -> str:
+        """Per-head norm (qwen3) on [B,S,n*hd], keeping that layout."""
         hd = self.cfg.head_dim
         y = self.em.op1("Reshape", [x, self.em.const(np.array([0, 0, n_heads, hd], dtype=np.int64))])
-        y = self.rms_norm(y, weight)
+        y = self.norm(y, module, hd, rms=True)
         return self.em.op1("Reshape", [y, self.em.const(np.array([0, 0, n_heads * hd], dtype=np.int64))])
 
-    def gqa_attention(self, q: str, k: str, v: str, q_norm: str | None, k_norm: str | None,
-                      layer: int) -> str:
+    def gqa_attention(self, q: str, k: str, v: str, layer: int) -> str:
         """q/k/v [B,S,heads*hd] -> [B,S,H*hd] via GroupQueryAttention; K/V buffers updated in place.
 
         ``k`` and ``v`` empty: ``q`` is the packed [q | k | v] of one fused projection."""
         cfg = self.cfg
-        if q_norm is not None:
-            q = self.head_norm(q, cfg.num_heads, q_norm)
-        if k_norm is not None:
-            k = self.head_norm(k, cfg.num_kv_heads, k_norm)
         past_k, past_v = past_names(layer)
         pres_k, pres_v = present_names(layer)
         # Measured against transformers (prefill, chunked prefill and decode): ORT's
         # local_window_size takes the checkpoint's sliding_window as is.
-        window = -1 if cfg.sliding_window is None else cfg.sliding_window
+        window = cfg.window(layer)
+        tables = self.layer_tables[layer]
+        attrs: dict[str, Any] = {}
+        if cfg.attn_softcap:
+            attrs["softcap"] = float(cfg.attn_softcap)
+        cos_t, sin_t = (tables[0], tables[1]) if tables is not None else (self.cos_table, self.sin_table)
         return self.em.op(
             "GroupQueryAttention",
-            [q, k, v, past_k, past_v, "seqlens_k", "total_sequence_length", self.cos_table, self.sin_table],
+            [q, k, v, past_k, past_v, "seqlens_k", "total_sequence_length", cos_t, sin_t],
             n_out=3, outputs=[f"attn_{layer}_y", pres_k, pres_v], domain=MS_DOMAIN,
-            num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, scale=float(cfg.head_dim ** -0.5),
-            do_rotary=1, rotary_interleaved=0, local_window_size=window,
+            num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, scale=float(cfg.query_scale),
+            do_rotary=0 if tables is None else 1, rotary_interleaved=0,
+            local_window_size=-1 if window is None else window, **attrs,
         )[0]
 
-    def build_mask(self) -> None:
+    def mask_of(self, layer: int) -> str:
+        window = self.cfg.window(layer)
+        if window not in self.masks:
+            self.masks[window] = self.build_mask(window)
+        return self.masks[window]
+
+    def build_mask(self, window: int | None) -> str:
         """Additive float mask [B,1,S,T]: causal by cache index, left padding, sliding window."""
         em = self.em
         one_i = em.const(np.array(1, dtype=np.int64))
@@ -298,89 +367,148 @@ class _DecoderBuilder:
         kidx = em.op1("Unsqueeze", [em.op1("Range", [zero_i, total, one_i]), em.const(np.array([0]))])
         qidx = em.op1("Unsqueeze", [em.op1("Range", [past_len, total, one_i]), em.const(np.array([1]))])
         allowed = em.op1("LessOrEqual", [kidx, qidx])  # [S,T]
-        if self.cfg.sliding_window is not None:
-            window = em.const(np.array(self.cfg.sliding_window, dtype=np.int64))
-            allowed = em.op1("And", [allowed, em.op1("Greater", [kidx, em.op1("Sub", [qidx, window])])])
+        if window is not None:
+            w = em.const(np.array(window, dtype=np.int64))
+            allowed = em.op1("And", [allowed, em.op1("Greater", [kidx, em.op1("Sub", [qidx, w])])])
         allowed4 = em.op1("Unsqueeze", [allowed, em.const(np.array([0, 1]))])
         keep = em.op1("Cast", ["attention_mask"], to=TensorProto.BOOL)
         keep4 = em.op1("Unsqueeze", [keep, em.const(np.array([1, 2]))])
         both = em.op1("And", [allowed4, keep4])
-        self.mask = em.op1("Where", [both, em.const(np.float32(0.0)), em.const(np.float32(MASK_NEG))])
-        if not self.fused:
-            self.mask5 = em.op1("Unsqueeze", [self.mask, em.const(np.array([2]))])
+        return em.op1("Where", [both, em.const(np.float32(0.0)), em.const(np.float32(MASK_NEG))])
 
     def build_rope_tables(self) -> None:
-        cos, sin = self.cfg.rope.cos_sin(self.cfg.head_dim, self.max_positions)
-        self.cos_table = self.em.weight("rope.cos", cos)
-        self.sin_table = self.em.weight("rope.sin", sin)
+        """cos/sin tables of every distinct rope of the layers (global, sliding), and each
+        layer's (None for a NoPE layer)."""
+        cfg = self.cfg
         if not self.fused:
             self.axes_last = self.em.const(np.array([-1]), "axes_last")
-        if not self.fused and not self.gqa:
-            cos_g = self.em.op1("Gather", [self.cos_table, "position_ids"])  # [B,S,hd/2]
-            sin_g = self.em.op1("Gather", [self.sin_table, "position_ids"])
-            axes = self.em.const(np.array([1]))
-            self.cos_full = self.em.op1("Unsqueeze", [self.em.op1("Concat", [cos_g, cos_g], axis=-1), axes])
-            self.sin_full = self.em.op1("Unsqueeze", [self.em.op1("Concat", [sin_g, sin_g], axis=-1), axes])
+        made: dict[Any, tuple[str, str, str, str]] = {}
+        self.layer_tables: list[tuple[str, str, str, str] | None] = []
+        for i in range(cfg.num_layers):
+            rope = cfg.rope_of(i)
+            if rope is None:
+                self.layer_tables.append(None)
+                continue
+            if rope not in made:
+                suffix = "" if not made else f".{len(made)}"
+                cos, sin = rope.cos_sin(cfg.rotary, self.max_positions)
+                cos_t = self.em.weight(f"rope.cos{suffix}", cos)
+                sin_t = self.em.weight(f"rope.sin{suffix}", sin)
+                cos_full = sin_full = ""
+                if not self.fused and not self.gqa:
+                    cos_g = self.em.op1("Gather", [cos_t, "position_ids"])  # [B,S,rot/2]
+                    sin_g = self.em.op1("Gather", [sin_t, "position_ids"])
+                    axes = self.em.const(np.array([1]))
+                    both_cos = self.em.op1("Concat", [cos_g, cos_g], axis=-1)
+                    both_sin = self.em.op1("Concat", [sin_g, sin_g], axis=-1)
+                    cos_full = self.em.op1("Unsqueeze", [both_cos, axes])
+                    sin_full = self.em.op1("Unsqueeze", [both_sin, axes])
+                made[rope] = (cos_t, sin_t, cos_full, sin_full)
+            self.layer_tables.append(made[rope])
+        if not made:  # every layer NoPE: GroupQueryAttention still takes (unused) tables
+            cos, sin = cfg.rope.cos_sin(cfg.rotary, 1)
+            made[None] = (self.em.weight("rope.cos", cos), self.em.weight("rope.sin", sin), "", "")
+        first = next(iter(made.values()))
+        self.cos_table, self.sin_table = first[0], first[1]
 
-    def projections(self, x: str, prefix: str, parts: list[tuple[str, int]], in_dim: int,
+    def projections(self, x: str, parts: list[tuple[str, int]], in_dim: int,
                     bias: bool, *, split: bool = True) -> list[str]:
-        """``x`` through several linear layers of the same input. In a quantized graph they run as
-        one MatMulNBits of the concatenated weights (one kernel call instead of several: the
-        step of a small model is dominated by per-op overhead), split afterwards unless
-        ``split`` is False (then one output, the parts side by side)."""
-        names = [f"{prefix}.{part}" for part, _ in parts]
+        """``x`` through several linear layers (modules ``parts``: (name, out features)) of the
+        same input. In a quantized graph they run as one MatMulNBits of the concatenated weights
+        (one kernel call instead of several: the step of a small model is dominated by per-op
+        overhead), split afterwards unless ``split`` is False (then one output, the parts side
+        by side)."""
+        names = [name for name, _ in parts]
         if self.quant is None or not self.quant.fits(in_dim):
-            return [self.linear(x, name, n, in_dim, bias) for name, (_, n) in zip(names, parts, strict=True)]
+            return [self.linear(x, name, n, in_dim, bias) for name, n in parts]
         sizes = [n for _, n in parts]
         fused = self.quant.linear_group(
-            x, [(f"{name}.weight", n) for name, n in zip(names, sizes, strict=True)], in_dim,
+            x, [(f"{name}.weight", n) for name, n in parts], in_dim,
             lambda name, n: self.ckpt.get_f32(name, (n, in_dim)))
         if self.lora:
-            deltas = [self.lora_delta(x, name, n, in_dim) for name, n in zip(names, sizes, strict=True)]
+            deltas = [self.lora_delta(x, name, n, in_dim) for name, n in parts]
             fused = self.em.op1("Add", [fused, self.em.op1("Concat", deltas, axis=-1) if len(deltas) > 1
                                         else deltas[0]])
         if bias:
-            vectors = [self.ckpt.get_f32(f"{name}.bias", (n,)) for name, n in zip(names, sizes, strict=True)]
+            vectors = [self.ckpt.get_f32(f"{name}.bias", (n,)) for name, n in parts]
             fused_bias = self.em.weight(f"{names[0]}.fused_bias", np.concatenate(vectors))
             fused = self.em.op1("Add", [fused, fused_bias])
         if len(parts) == 1 or not split:
             return [fused]
-        return self.em.op("Split", [fused, self.em.const(np.array(sizes, np.int64))], n_out=len(parts),
-                          axis=-1)
+        return self.split(fused, sizes)
+
+    def split(self, x: str, sizes: list[int]) -> list[str]:
+        return self.em.op("Split", [x, self.em.const(np.array(sizes, np.int64))], n_out=len(sizes), axis=-1)
+
+    def qkv(self, normed: str, i: int) -> tuple[str, str, str]:
+        """The layer's q, k, v [B,S,heads*hd]; (packed, "", "") when GroupQueryAttention can take
+        the three side by side (no norm between the projection and the attention)."""
+        cfg, n = self.cfg, self.names
+        hd = cfg.head_dim
+        sizes = [cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.num_kv_heads * hd]
+        packed_ok = self.gqa and cfg.qk_norm == "none"
+        if cfg.fused_qkv:
+            fused = self.linear(normed, n.layer(i, "qkv"), sum(sizes), cfg.hidden_size, cfg.attention_bias)
+            if packed_ok:
+                return fused, "", ""
+            q, k, v = self.split(fused, sizes)
+            return q, k, v
+        parts = [(n.layer(i, s), size) for s, size in zip(("q", "k", "v"), sizes, strict=True)]
+        if packed_ok and self.quant is not None and self.quant.fits(cfg.hidden_size):
+            packed = self.projections(normed, parts, cfg.hidden_size, cfg.attention_bias, split=False)[0]
+            return packed, "", ""
+        q, k, v = self.projections(normed, parts, cfg.hidden_size, cfg.attention_bias)
+        return q, k, v
+
+    def attention_block(self, x: str, i: int) -> str:
+        cfg, n = self.cfg, self.names
+        hd, h, kvh = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        normed = self.norm(x, n.layer(i, "attn_norm"), cfg.hidden_size) if cfg.pre_attn_norm else x
+        q, k, v = self.qkv(normed, i)
+        if cfg.qk_norm == "full":
+            q = self.norm(q, n.layer(i, "q_norm"), h * hd, rms=True)
+            k = self.norm(k, n.layer(i, "k_norm"), kvh * hd, rms=True)
+        head_norms = cfg.qk_norm == "head"
+        if self.gqa:
+            if head_norms:
+                q = self.head_norm(q, h, n.layer(i, "q_norm"))
+                k = self.head_norm(k, kvh, n.layer(i, "k_norm"))
+            y = self.gqa_attention(q, k, v, i)
+        else:
+            q4 = self.rope(self.heads(q, h, n.layer(i, "q_norm") if head_norms else None), i)
+            k4 = self.rope(self.heads(k, kvh, n.layer(i, "k_norm") if head_norms else None), i)
+            v4 = self.heads(v, kvh, None)
+            y = self.attention(q4, k4, v4, i)
+            y = self.em.op1("Transpose", [y], perm=[0, 2, 1, 3])
+            y = self.em.op1("Reshape", [y, self.em.const(np.array([0, 0, h * hd], dtype=np.int64))])
+        y = self.linear(y, n.layer(i, "o"), cfg.hidden_size, h * hd, cfg.o_bias)
+        if cfg.post_attn_norm:
+            y = self.norm(y, n.layer(i, "attn_post_norm"), cfg.hidden_size)
+        return y
+
+    def mlp_block(self, x: str, i: int) -> str:
+        cfg, n = self.cfg, self.names
+        ff = cfg.intermediate_size
+        normed = self.norm(x, n.layer(i, "mlp_norm"), cfg.hidden_size) if cfg.pre_mlp_norm else x
+        if cfg.mlp == "plain":
+            hidden = self.activation(self.linear(normed, n.layer(i, "up"), ff, cfg.hidden_size, cfg.mlp_bias))
+        else:
+            if cfg.fused_gate_up:
+                gate, up = self.split(self.linear(normed, n.layer(i, "gate_up"), 2 * ff, cfg.hidden_size,
+                                                  cfg.mlp_bias), [ff, ff])
+            else:
+                gate, up = self.projections(normed, [(n.layer(i, "gate"), ff), (n.layer(i, "up"), ff)],
+                                            cfg.hidden_size, cfg.mlp_bias)
+            hidden = self.em.op1("Mul", [self.activation(gate), up])
+        y = self.linear(hidden, n.layer(i, "down"), cfg.hidden_size, ff, cfg.mlp_bias)
+        if cfg.post_mlp_norm:
+            y = self.norm(y, n.layer(i, "mlp_post_norm"), cfg.hidden_size)
+        return y
 
     def layer(self, x: str, i: int) -> str:
-        cfg = self.cfg
-        p = f"model.layers.{i}"
-        hd, h, kvh = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-        normed = self.rms_norm(x, self.vector(f"{p}.input_layernorm.weight", cfg.hidden_size))
-        q_norm = self.vector(f"{p}.self_attn.q_norm.weight", hd) if cfg.qk_norm else None
-        k_norm = self.vector(f"{p}.self_attn.k_norm.weight", hd) if cfg.qk_norm else None
-        qkv = [("q_proj", h * hd), ("k_proj", kvh * hd), ("v_proj", kvh * hd)]
-        if self.gqa and self.quant is not None and not cfg.qk_norm and self.quant.fits(cfg.hidden_size):
-            # GroupQueryAttention takes the packed [q | k | v] as is: no split.
-            packed = self.projections(normed, f"{p}.self_attn", qkv, cfg.hidden_size, cfg.attention_bias,
-                                      split=False)[0]
-            y = self.gqa_attention(packed, "", "", None, None, i)
-        else:
-            q, k, v = self.projections(normed, f"{p}.self_attn", qkv, cfg.hidden_size, cfg.attention_bias)
-            if self.gqa:
-                y = self.gqa_attention(q, k, v, q_norm, k_norm, i)
-            else:
-                q4 = self.rope(self.heads(q, h, q_norm))
-                k4 = self.rope(self.heads(k, kvh, k_norm))
-                v4 = self.heads(v, kvh, None)
-                y = self.attention(q4, k4, v4, i)
-                y = self.em.op1("Transpose", [y], perm=[0, 2, 1, 3])
-                y = self.em.op1("Reshape", [y, self.em.const(np.array([0, 0, h * hd], dtype=np.int64))])
-        y = self.linear(y, f"{p}.self_attn.o_proj", cfg.hidden_size, h * hd, cfg.o_bias)
-        x = self.em.op1("Add", [x, y])
-        normed = self.rms_norm(x, self.vector(f"{p}.post_attention_layernorm.weight", cfg.hidden_size))
-        gate, up = self.projections(normed, f"{p}.mlp", [("gate_proj", cfg.intermediate_size),
-                                                         ("up_proj", cfg.intermediate_size)],
-                                    cfg.hidden_size, cfg.mlp_bias)
-        act = self.em.op1("Mul", [self.em.op1("Mul", [gate, self.em.op1("Sigmoid", [gate])]), up])
-        down = self.linear(act, f"{p}.mlp.down_proj", cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
-        return self.em.op1("Add", [x, down])
+        scale = self.cfg.residual_scale
+        x = self.em.op1("Add", [x, self.scaled(self.attention_block(x, i), scale)])
+        return self.em.op1("Add", [x, self.scaled(self.mlp_block(x, i), scale)])
 
     def embedding(self) -> tuple[str, str]:
         """The token embedding lookup; returns (its output, the embedding table's initializer)."""
@@ -434,6 +562,23 @@ class _DecoderBuilder:
         return self.em.op("Reshape", [logits2, shape], outputs=["logits"])[0], True
 
 
+def _finish_logits(em: _Emitter, cfg: ModelConfig) -> None:
+    """The family's logit scale and soft-capping after the lm_head (which writes ``logits``)."""
+    if cfg.logits_scale == 1.0 and not cfg.final_softcap:
+        return
+    for node in em.nodes:
+        for j, out in enumerate(node.output):
+            if out == "logits":
+                node.output[j] = "logits_raw"
+    y = "logits_raw"
+    if cfg.logits_scale != 1.0:
+        y = em.op1("Mul", [y, em.const(np.float32(cfg.logits_scale))])
+    if cfg.final_softcap:
+        cap = em.const(np.float32(cfg.final_softcap))
+        y = em.op1("Mul", [em.op1("Tanh", [em.op1("Div", [y, cap])]), cap])
+    em.op("Identity", [y], outputs=["logits"])
+
+
 def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Path, *,
                         max_positions: int, fused_ops: bool, untie_lm_head: bool = False,
                         progress: Progress | None = None, kv_layout: str = "portable",
@@ -474,14 +619,13 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
                         quant=quant, lora=lora)
     try:
         b.build_rope_tables()
-        if not gqa:
-            b.build_mask()
         x, embed = b.embedding()
+        x = b.scaled(x, cfg.embed_scale)
         for i in range(cfg.num_layers):
             x = b.layer(x, i)
             if progress is not None:
                 progress("graph", (i + 1) / (cfg.num_layers + 1))
-        x = b.rms_norm(x, b.vector("model.norm.weight", cfg.hidden_size))
+        x = b.norm(x, "model.norm", cfg.hidden_size)
         if pooling is not None:
             b.pool(x, pooling)
             tied = False
@@ -490,6 +634,7 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
             x = em.op1("Slice", [x, starts, em.const(np.array([np.iinfo(np.int64).max])),
                                  em.const(np.array([1]))])
             _, tied = b.lm_head(x, embed, untie_lm_head)
+            _finish_logits(em, cfg)
     finally:
         weights.close()
 

@@ -1,9 +1,14 @@
-"""config.json of a supported decoder family -> a validated, frozen ModelConfig."""
+"""config.json of a supported decoder family -> a validated, frozen ModelConfig.
+
+What is particular to a family lives in its module under :mod:`inference.families`;
+this module reads what every family shares and lets the family set its layer features.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,13 +17,6 @@ import numpy as np
 
 from inference.builder.errors import BuildInputError
 
-# architecture class name -> config model_type
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "MistralForCausalLM": "mistral",
-}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -58,9 +56,27 @@ class RopeConfig:
         return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
 
+NORMS = ("rms", "layer")
+QK_NORMS = ("none", "head", "full")
+MLPS = ("gated", "plain")
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2")
+LAYER_TYPES = ("full", "sliding")
+#: config.json ``hidden_act`` / ``hidden_activation`` -> our activation name.
+_ACTIVATION_NAMES = {
+    "silu": "silu", "swish": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
+    "gelu": "gelu", "relu2": "relu2",
+}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """The facts of a checkpoint the graph builder needs."""
+    """The facts of a checkpoint the graph builder needs: one layer description for every family.
+
+    The first block is the shape; the rest are the layer features (switches of the one graph
+    builder), each with the Llama value as its default, set by the family's module
+    (:mod:`inference.families`) from its config.json.
+    """
 
     architecture: str
     model_type: str
@@ -77,35 +93,91 @@ class ModelConfig:
     attention_bias: bool  # q/k/v biases
     o_bias: bool
     mlp_bias: bool
-    qk_norm: bool
+    qk_norm: str  # "none", "head" (per head, Qwen3), "full" (over the projection's width, OLMo 2)
     sliding_window: int | None
     max_position_embeddings: int
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    family: str = "llama"
+    norm: str = "rms"  # "rms" or "layer" (LayerNorm)
+    norm_offset: float = 0.0  # the norm multiplies by (offset + w): Gemma's (1 + w), LayerNorm1p
+    norm_bias: bool = False  # LayerNorm with a bias
+    pre_attn_norm: bool = True
+    post_attn_norm: bool = False  # a norm on the attention output before the residual add
+    pre_mlp_norm: bool = True
+    post_mlp_norm: bool = False
+    mlp: str = "gated"  # "gated" (act(gate) * up) or "plain" (act(up))
+    act: str = "silu"
+    fused_qkv: bool = False  # one qkv_proj weight (Phi-3)
+    fused_gate_up: bool = False  # one gate_up_proj weight (Phi-3)
+    rotary_dim: int = 0  # dimensions of each head that rotate (0: all of head_dim)
+    layer_types: tuple[str, ...] = ()  # per layer "full" or "sliding" (empty: all full)
+    rope_local: RopeConfig | None = None  # the sliding layers' rope, where it differs
+    nope_layers: tuple[int, ...] = ()  # layers whose attention has no rotary embedding
+    attn_scale: float = 0.0  # query scale (0: head_dim ** -0.5)
+    attn_softcap: float = 0.0  # tanh soft-capping of attention scores (0: none)
+    final_softcap: float = 0.0  # tanh soft-capping of the logits (0: none)
+    embed_scale: float = 1.0  # the embedding output is multiplied by this
+    residual_scale: float = 1.0  # each block's output is multiplied by this before the add
+    logits_scale: float = 1.0  # the logits are multiplied by this
+
+    @property
+    def rotary(self) -> int:
+        """Rotated dimensions per head."""
+        return self.rotary_dim or self.head_dim
+
+    @property
+    def query_scale(self) -> float:
+        """The attention's query scale."""
+        return self.attn_scale or self.head_dim ** -0.5
+
+    def layer_type(self, layer: int) -> str:
+        """"full" or "sliding" for ``layer``."""
+        return self.layer_types[layer] if self.layer_types else "full"
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer`` (None: full attention)."""
+        return self.sliding_window if self.layer_type(layer) == "sliding" else None
+
+    def rope_of(self, layer: int) -> RopeConfig | None:
+        """The rope of ``layer`` (None: no rotary embedding, a NoPE layer)."""
+        if layer in self.nope_layers:
+            return None
+        if self.layer_type(layer) == "sliding" and self.rope_local is not None:
+            return self.rope_local
+        return self.rope
 
 
-def _rope_from(raw: dict[str, Any]) -> RopeConfig:
-    # transformers 5 writes rope_parameters (theta inside); hub checkpoints carry top-level
-    # rope_theta and an optional rope_scaling dict.
+def _rope_params(raw: Mapping[str, Any], layer_type: str = "full_attention") -> tuple[dict[str, Any], Any]:
+    """(scaling dict, theta) of one layer type, whichever config convention they came in."""
+    # transformers 5 writes rope_parameters (theta inside; per layer type where the family has
+    # several, e.g. Gemma 3); hub checkpoints carry top-level rope_theta and rope_scaling.
     params = raw.get("rope_parameters")
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        params = params.get(layer_type) or params.get("full_attention") or next(iter(params.values()))
     if isinstance(params, dict) and params:
         scaling: dict[str, Any] = dict(params)
-        theta = scaling.get("rope_theta", raw.get("rope_theta", 10000.0))
-    else:
-        scaling = dict(raw.get("rope_scaling") or {})
-        theta = raw.get("rope_theta", 10000.0)
+        return scaling, scaling.get("rope_theta", raw.get("rope_theta", 10000.0))
+    return dict(raw.get("rope_scaling") or {}), raw.get("rope_theta", 10000.0)
+
+
+def rope_from(raw: Mapping[str, Any], layer_type: str = "full_attention",
+              theta: float | None = None) -> RopeConfig:
+    """The rotary embedding of ``raw``'s layers of ``layer_type`` (``theta`` overrides the base)."""
+    scaling, base = _rope_params(raw, layer_type)
+    base = float(base if theta is None else theta)
     rope_type = str(scaling.get("rope_type", scaling.get("type", "default")))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise BuildInputError(
             f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
     if rope_type == "default":
-        return RopeConfig(theta=float(theta))
+        return RopeConfig(theta=base)
     if rope_type == "linear":
-        return RopeConfig(theta=float(theta), rope_type="linear", factor=float(scaling["factor"]))
+        return RopeConfig(theta=base, rope_type="linear", factor=float(scaling["factor"]))
     try:
         return RopeConfig(
-            theta=float(theta),
+            theta=base,
             rope_type="llama3",
             factor=float(scaling["factor"]),
             low_freq_factor=float(scaling["low_freq_factor"]),
@@ -124,43 +196,68 @@ def _eos_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def _require_int(raw: dict[str, Any], key: str) -> int:
+def _require_int(raw: Mapping[str, Any], key: str) -> int:
     value = raw.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise BuildInputError(f"config.json field {key!r} must be a positive integer, got {value!r}")
     return value
 
 
-def load_model_config(checkpoint_dir: Path) -> ModelConfig:
-    """Parse and validate ``checkpoint_dir/config.json`` (and generation_config.json for eos ids)."""
+def activation(raw: Mapping[str, Any], *keys: str) -> str:
+    """Our name of the config's activation (the first of ``keys`` present; default silu)."""
+    name = next((raw[k] for k in (*keys, "hidden_act") if raw.get(k) is not None), "silu")
+    if name not in _ACTIVATION_NAMES:
+        raise BuildInputError(
+            f"unsupported hidden_act {name!r}; supported: {', '.join(sorted(_ACTIVATION_NAMES))}"
+        )
+    return _ACTIVATION_NAMES[name]
+
+
+def layer_types_of(raw: Mapping[str, Any], layers: int) -> tuple[str, ...]:
+    """``layer_types`` ("full_attention"/"sliding_attention" per layer) as "full"/"sliding"."""
+    types = raw.get("layer_types")
+    if not types:
+        return ()
+    if not isinstance(types, list) or len(types) != layers:
+        raise BuildInputError(
+            f"config.json layer_types must list one type per layer ({layers}), got {types!r}")
+    names = {"full_attention": "full", "sliding_attention": "sliding"}
+    if any(t not in names for t in types):
+        raise BuildInputError(
+            f"unsupported layer type in layer_types {sorted(set(types))}; supported: {', '.join(names)}"
+        )
+    return tuple(names[t] for t in types)
+
+
+def load_raw_config(checkpoint_dir: Path) -> dict[str, Any]:
+    """``checkpoint_dir/config.json`` as a dict (``BuildInputError`` when missing or not JSON)."""
     path = checkpoint_dir / "config.json"
     if not path.is_file():
         raise BuildInputError(f"{checkpoint_dir} has no config.json; is it a Hugging Face checkpoint?")
     try:
-        raw: dict[str, Any] = json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except ValueError as exc:
         raise BuildInputError(f"config.json in {checkpoint_dir} is not valid JSON: {exc}") from exc
-    supported = ", ".join(SUPPORTED_ARCHITECTURES)
-    archs = raw.get("architectures") or []
-    arch = archs[0] if archs else None
-    if arch is None:
-        by_type = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
-        arch = by_type.get(str(raw.get("model_type")))
-    if arch not in SUPPORTED_ARCHITECTURES:
-        name = arch or raw.get("model_type")
-        raise BuildInputError(f"unsupported architecture {name!r}; supported: {supported}")
-    model_type = SUPPORTED_ARCHITECTURES[arch]
+    if not isinstance(raw, dict):
+        raise BuildInputError(f"config.json in {checkpoint_dir} is not a JSON object")
+    return raw
 
+
+def load_model_config(checkpoint_dir: Path) -> ModelConfig:
+    """Parse and validate ``checkpoint_dir/config.json`` (and generation_config.json for eos ids)."""
+    raw = load_raw_config(checkpoint_dir)
+    gen_path = checkpoint_dir / "generation_config.json"
+    return model_config_from(raw, json.loads(gen_path.read_text()) if gen_path.is_file() else None)
+
+
+def model_config_from(raw: Mapping[str, Any], generation: Mapping[str, Any] | None = None) -> ModelConfig:
+    """The ModelConfig of a config.json's contents (and generation_config.json's, for eos ids)."""
+    from inference.families import family_of_config
+
+    family = family_of_config(raw)
     if raw.get("quantization_config"):
         raise BuildInputError(
             "quantized checkpoints (quantization_config) are not supported; use fp32/fp16/bf16 weights"
-        )
-    act = raw.get("hidden_act", "silu")
-    if act != "silu":
-        raise BuildInputError(f"unsupported hidden_act {act!r}; supported: 'silu'")
-    if float(raw.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise BuildInputError(
-            "unsupported partial_rotary_factor != 1.0; only full rotary embeddings are supported"
         )
 
     hidden = _require_int(raw, "hidden_size")
@@ -174,45 +271,63 @@ def load_model_config(checkpoint_dir: Path) -> ModelConfig:
     if head_dim % 2:
         raise BuildInputError(f"head_dim must be even for rotary embeddings, got {head_dim}")
     layers = _require_int(raw, "num_hidden_layers")
+    partial = float(raw.get("partial_rotary_factor", 1.0))
+    rotary_dim = int(head_dim * partial)
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise BuildInputError(
+            f"partial_rotary_factor {partial} gives {rotary_dim} rotary dimensions of head_dim {head_dim}; "
+            "it must be an even number between 2 and head_dim"
+        )
 
-    sliding: int | None = None
-    if model_type == "mistral":
-        sliding = raw.get("sliding_window")
-    else:
-        layer_types = raw.get("layer_types") or []
-        if raw.get("use_sliding_window") or any(t != "full_attention" for t in layer_types):
-            raise BuildInputError(
-                f"sliding-window attention is not supported for {model_type}; "
-                "set use_sliding_window to false (supported only as mistral's global sliding_window)"
-            )
+    layer_types = layer_types_of(raw, layers)
+    sliding = raw.get("sliding_window") if "sliding" in layer_types else None
 
-    gen_path = checkpoint_dir / "generation_config.json"
     eos = _eos_ids(raw.get("eos_token_id"))
     bos = raw.get("bos_token_id")
-    if gen_path.is_file():
-        gen = json.loads(gen_path.read_text())
-        eos = _eos_ids(gen.get("eos_token_id")) or eos
-        bos = gen.get("bos_token_id", bos)
+    if generation is not None:
+        eos = _eos_ids(generation.get("eos_token_id")) or eos
+        bos = generation.get("bos_token_id", bos)
 
-    return ModelConfig(
-        architecture=arch,
-        model_type=model_type,
-        vocab_size=_require_int(raw, "vocab_size"),
-        hidden_size=hidden,
-        intermediate_size=_require_int(raw, "intermediate_size"),
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=int(kv_heads),
-        head_dim=int(head_dim),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope=_rope_from(raw),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
-        o_bias=model_type != "qwen2" and bool(raw.get("attention_bias", False)),
-        mlp_bias=bool(raw.get("mlp_bias", False)),
-        qk_norm=model_type == "qwen3",
-        sliding_window=int(sliding) if sliding else None,
-        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
-        bos_token_id=int(bos) if isinstance(bos, int) else None,
-        eos_token_ids=eos,
-    )
+    fields: dict[str, Any] = {
+        "architecture": family.architecture if not raw.get("architectures") else str(raw["architectures"][0]),
+        "model_type": str(raw.get("model_type") or family.name),
+        "family": family.name,
+        "vocab_size": _require_int(raw, "vocab_size"),
+        "hidden_size": hidden,
+        "intermediate_size": _require_int(raw, "intermediate_size"),
+        "num_layers": layers,
+        "num_heads": heads,
+        "num_kv_heads": int(kv_heads),
+        "head_dim": int(head_dim),
+        "rms_norm_eps": float(raw.get("rms_norm_eps", raw.get("layer_norm_eps", 1e-6))),
+        "rope": rope_from(raw),
+        "tie_word_embeddings": bool(raw.get("tie_word_embeddings", False)),
+        "attention_bias": bool(raw.get("attention_bias", False)),
+        "o_bias": bool(raw.get("attention_bias", False)),
+        "mlp_bias": bool(raw.get("mlp_bias", False)),
+        "qk_norm": "none",
+        "act": activation(raw),
+        "rotary_dim": 0 if rotary_dim == head_dim else rotary_dim,
+        "layer_types": layer_types if "sliding" in layer_types else (),
+        "sliding_window": int(sliding) if sliding else None,
+        "max_position_embeddings": int(raw.get("max_position_embeddings", 4096)),
+        "bos_token_id": int(bos) if isinstance(bos, int) else None,
+        "eos_token_ids": eos,
+    }
+    fields.update(family.features(raw))
+    if fields["layer_types"] and fields["sliding_window"] is None:
+        fields["layer_types"] = ()  # sliding layers without a window attend to everything
+    cfg = ModelConfig(**fields)
+    _check(cfg)
+    return cfg
+
+
+def _check(cfg: ModelConfig) -> None:
+    for name, value, allowed in (("norm", cfg.norm, NORMS), ("qk_norm", cfg.qk_norm, QK_NORMS),
+                                 ("mlp", cfg.mlp, MLPS), ("act", cfg.act, ACTIVATIONS)):
+        if value not in allowed:  # a family module's mistake, not the user's
+            raise ValueError(f"{cfg.family}: layer feature {name}={value!r} is not one of {allowed}")
+    if cfg.layer_types and (len(cfg.layer_types) != cfg.num_layers
+                            or any(t not in LAYER_TYPES for t in cfg.layer_types)):
+        raise ValueError(
+            f"{cfg.family}: layer_types {cfg.layer_types!r} do not describe {cfg.num_layers} layers")

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from inference.context_cache import PrefixStore
+from inference.families import auto_parsers
 from inference.generation import GenerationState, StepOutput, TokenLogprob
 from inference.openai.errors import (
     ContextLengthExceededError,
@@ -59,20 +60,10 @@ MAX_PROMPT_LIST_TOKENS = 65536
 CHARS_MARGIN = 2
 DONE = "[DONE]"
 
-# ``auto`` parser choice by config.json ``model_type``: (reasoning parser, tool-call parser).
-# Qwen2/2.5 and Qwen3 write hermes-style <tool_call>{json}</tool_call>; Qwen3 thinks in
-# <think>; DeepSeek-R1 distills (llama/qwen2 bodies aside) think without an opening tag;
-# Llama 3.x and Mistral emit a bare JSON call. Anything else: no parsing unless named.
-AUTO_PARSERS: dict[str, tuple[str, str]] = {
-    "qwen3": ("qwen3", "hermes"),
-    "qwen3_moe": ("qwen3", "hermes"),
-    "qwen2": ("none", "hermes"),
-    "qwen2_moe": ("none", "hermes"),
-    "deepseek_v2": ("deepseek_r1", "none"),
-    "deepseek_v3": ("deepseek_r1", "none"),
-    "llama": ("none", "generic"),
-    "mistral": ("none", "generic"),
-}
+# ``auto`` parser choice by config.json ``model_type``: (reasoning parser, tool-call parser),
+# as each model family declares it (:mod:`inference.families`). Anything else: no parsing unless
+# named.
+AUTO_PARSERS: dict[str, tuple[str, str]] = auto_parsers()
 
 
 def resolve_parsers(model_type: str, reasoning: str, tool_call: str) -> tuple[str, str]:

@@ -3,6 +3,7 @@ and a direct onnxruntime runner for graph-level checks against the transformers 
 
 from __future__ import annotations
 
+import copy
 import inspect
 import shutil
 from collections.abc import Callable, Iterator
@@ -15,33 +16,22 @@ import pytest
 import torch
 import transformers as tf
 
+from inference.families import family_by_name, family_names
 from tests.support.tiny_models import TINY_CONFIG, TINY_VOCAB, bundle_factory, random_model
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+#: Every registered model family (each declares its tiny test configuration).
+FAMILIES = family_names()
 VOCAB = TINY_VOCAB
 COMMON: dict[str, Any] = TINY_CONFIG
-LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "rope_theta": 10000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 32,
-}
 
 
 def hf_config(family: str, tied: bool) -> tf.PretrainedConfig:
-    """A tiny transformers config of ``family`` exercising its distinctive features."""
-    kwargs = dict(COMMON, tie_word_embeddings=tied)
-    if family == "llama":
-        return tf.LlamaConfig(**kwargs, rope_parameters=dict(LLAMA3_ROPE))
-    if family == "qwen2":
-        return tf.Qwen2Config(**kwargs)  # q/k/v biases
-    if family == "qwen3":
-        return tf.Qwen3Config(**kwargs, head_dim=32)  # explicit head_dim != hidden/heads; q/k norms
-    if family == "mistral":
-        return tf.MistralConfig(**kwargs, sliding_window=8)  # window shorter than the test prompts
-    raise ValueError(family)
+    """A tiny transformers config of ``family`` exercising its distinctive features (the family's
+    ``tiny`` declaration, :mod:`inference.families`)."""
+    fam = family_by_name(family)
+    kwargs = {**COMMON, **copy.deepcopy(dict(fam.tiny)), "tie_word_embeddings": tied}
+    config: tf.PretrainedConfig = getattr(tf, fam.config_class)(**kwargs)
+    return config
 
 
 def make_hf_model(family: str, tied: bool, seed: int = 0) -> tf.PreTrainedModel:

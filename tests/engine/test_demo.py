@@ -199,12 +199,12 @@ def test_rows_beyond_the_tokenizer_are_zero_across_chunks(monkeypatch: pytest.Mo
 
 def test_half_billion_shape_matches_qwen25_05b() -> None:
     shape = demo._shape("qwen2", "0.5b")
-    specs = demo._tensor_specs("qwen2", shape, tied=True, live_vocab=TOKENIZER_VOCAB_SIZE)
+    ids = demo._token_ids(demo_tokenizer())
+    config = demo._config("qwen2", shape, dtype="bf16", tied=True, ids=ids, size="0.5b")
+    specs = demo._tensor_specs(config, live_vocab=TOKENIZER_VOCAB_SIZE)
     assert sum(s.numel for s in specs) == 494_032_768  # Qwen2.5-0.5B's parameter count
     assert len(demo._plan_shards(specs, 4)) == 2
     assert len(demo._plan_shards(specs, 2)) == 1
-    ids = demo._token_ids(demo_tokenizer())
-    config = demo._config("qwen2", shape, dtype="bf16", tied=True, ids=ids)
     assert config["vocab_size"] == 151936
     assert config["rope_theta"] == 1e6 and config["rms_norm_eps"] == 1e-6
     assert config["max_position_embeddings"] == 32768

@@ -15,19 +15,13 @@ from inference.builder.graph import build_decoder_graph
 from inference.builder.model_config import load_model_config
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.runtime import generate, load_engine
+from tests.engine.conftest import FAMILIES
 
 TOL = 1e-4
-# Every family appears with fp32 and bf16 storage and with tied and untied embeddings.
-CASES = [
-    ("llama", "fp32", True),
-    ("llama", "bf16", False),
-    ("qwen2", "fp32", True),
-    ("qwen2", "bf16", False),
-    ("qwen3", "fp32", False),
-    ("qwen3", "bf16", True),
-    ("mistral", "fp32", False),
-    ("mistral", "bf16", True),
-]
+# Every registered family appears with fp32 and bf16 storage and with tied and untied
+# embeddings (a family added to the registry gets its parity cases here by itself).
+CASES = [(family, storage, (i + j) % 2 == 0)
+         for i, family in enumerate(FAMILIES) for j, storage in enumerate(("fp32", "bf16"))]
 IDS = [f"{f}-{s}-{'tied' if t else 'untied'}" for f, s, t in CASES]
 PROMPT_LEN, DECODE_STEPS, GREEDY = 16, 8, 32
 

@@ -8,7 +8,9 @@ transformers: converting the GGUF must give exactly those weights, and the same 
 
 from __future__ import annotations
 
+import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +20,13 @@ import torch
 import transformers as tf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from inference.families import family_by_name, family_names
 from tests.support.tiny_models import TINY_CONFIG, TINY_VOCAB, random_model
 
 CORPUS = Path(__file__).resolve().parents[2] / "inference" / "data" / "corpus.txt"
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+#: Every registered family: each has a GGUF parity case (the metadata llama.cpp's converter
+#: writes for it is in GGUF_METADATA below).
+FAMILIES = family_names()
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1")
 VOCAB = TINY_VOCAB
 CHATML = (
@@ -37,16 +42,46 @@ COMMON: dict[str, Any] = {
 }
 
 
+#: Per family: (untied?) and the tiny config's overrides on top of the family's own ``tiny``.
+_TIED = {"llama": True}
+#: Features a test GGUF cannot carry yet, turned off for its reference.
+_GGUF_OVERRIDES: dict[str, dict[str, Any]] = {"llama": {"rope_parameters": None}}
+
+
 def hf_config(family: str) -> tf.PretrainedConfig:
-    if family == "llama":
-        return tf.LlamaConfig(**COMMON, tie_word_embeddings=True)
-    if family == "qwen2":
-        return tf.Qwen2Config(**COMMON, tie_word_embeddings=False)
-    if family == "qwen3":
-        return tf.Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=False)
-    if family == "mistral":
-        return tf.MistralConfig(**COMMON, sliding_window=None, tie_word_embeddings=False)
-    raise ValueError(family)
+    fam = family_by_name(family)
+    kwargs = {**COMMON, **copy.deepcopy(dict(fam.tiny)), **_GGUF_OVERRIDES.get(family, {}),
+              "tie_word_embeddings": _TIED.get(family, False)}
+    config: tf.PretrainedConfig = getattr(tf, fam.config_class)(**kwargs)
+    return config
+
+
+def _llama_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    writer.add_rope_dimension_count(cfg.head_dim)
+
+
+def _mistral_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    _llama_metadata(writer, cfg)
+    if cfg.sliding_window:
+        writer.add_sliding_window(cfg.sliding_window)
+
+
+def _qwen3_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+
+
+#: family -> what llama.cpp's converter writes for it beyond the keys every family has.
+GGUF_METADATA: dict[str, Callable[[gguf.GGUFWriter, Any], None]] = {
+    "llama": _llama_metadata,
+    "mistral": _mistral_metadata,
+    "qwen2": lambda writer, cfg: None,
+    "qwen3": _qwen3_metadata,
+}
+#: Families whose Q/K rows llama.cpp's converter permutes (its LlamaModel.modify_tensors).
+PERMUTED = frozenset({"llama", "mistral"})
+#: Families whose norm weights llama.cpp's converter stores as ``w + 1`` (Gemma).
+NORM_PLUS_ONE: frozenset[str] = frozenset()
 
 
 def byte_level_tokenizer() -> Tokenizer:
@@ -66,18 +101,15 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _gguf_name(hf: str) -> str:
-    glob = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-            "lm_head.weight": "output.weight"}
-    if hf in glob:
-        return glob[hf]
-    layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-             "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down"}
-    parts = hf.split(".")
-    return f"blk.{parts[2]}.{layer['.'.join(parts[3:-1])]}.{parts[-1]}"
+def _gguf_name(hf: str, arch: str, blocks: int) -> str:
+    """llama.cpp's name of a Hugging Face tensor, from the ``gguf`` package's own name map (the
+    one llama.cpp's converter uses)."""
+    by_name = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
+    # llama.cpp's converter writes Mistral checkpoints as "llama" (its own "mistral" is older).
+    names = gguf.get_tensor_name_map(by_name.get(arch, gguf.MODEL_ARCH.LLAMA), blocks)
+    name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
+    assert name is not None, f"gguf has no name for {hf} in {arch}"
+    return name
 
 
 def make_model(family: str, seed: int = 0) -> tf.PreTrainedModel:
@@ -103,12 +135,9 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(VOCAB)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    if family == "qwen3":
-        writer.add_key_length(head_dim)
-        writer.add_value_length(head_dim)
-    if family in ("llama", "mistral"):
-        writer.add_rope_dimension_count(head_dim)
+    if not getattr(cfg, "head_dim", None):
+        cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
+    GGUF_METADATA[family](writer, cfg)
     if with_tokenizer:
         tok = byte_level_tokenizer()
         vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
@@ -124,7 +153,9 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
         writer.add_chat_template(CHATML)
 
     reference: dict[str, torch.Tensor] = {}
-    permuted = family in ("llama", "mistral")
+    permuted = family in PERMUTED
+    name_arch = family_by_name(family).gguf_architectures[0]
+    blocks = cfg.num_hidden_layers
     for name, param in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
@@ -136,7 +167,7 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
             stored = permute(w, cfg.num_key_value_heads)
         if w.ndim == 2 and qtype != "F32":
             data = gguf.quants.quantize(stored, qt)
-            writer.add_tensor(_gguf_name(name), data, raw_dtype=qt)
+            writer.add_tensor(_gguf_name(name, name_arch, blocks), data, raw_dtype=qt)
             back = gguf.quants.dequantize(data, qt).astype(np.float32).reshape(w.shape)
             if permuted and name.endswith("q_proj.weight"):
                 back = _unpermute(back, cfg.num_attention_heads)
@@ -144,7 +175,9 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
                 back = _unpermute(back, cfg.num_key_value_heads)
             reference[name] = torch.from_numpy(np.ascontiguousarray(back))
         else:
-            writer.add_tensor(_gguf_name(name), np.ascontiguousarray(stored))
+            if family in NORM_PLUS_ONE and w.ndim == 1 and "norm" in name:
+                stored = stored + np.float32(1.0)
+            writer.add_tensor(_gguf_name(name, name_arch, blocks), np.ascontiguousarray(stored))
             reference[name] = param.detach().clone()
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -440,7 +440,7 @@ def _bad_files(small_gguf: SmallGguf, tmp_path: Path) -> dict[str, tuple[Path, s
     return {
         "truncated": (truncated, "truncated"),
         "header-cut": (header_cut, "truncated"),
-        "unknown-arch": (unknown_arch, "unsupported GGUF architecture 'rwkv7'"),
+        "unknown-arch": (unknown_arch, "unsupported model family 'rwkv7'"),
         "unsupported-type": (unsupported, "IQ4_NL"),
         "no-tokenizer": (no_tokenizer, "no tokenizer"),
     }

@@ -1,0 +1,146 @@
+"""Where a layer's weights are: slots (what a weight does) -> names (what a checkpoint calls it).
+
+The graph builder asks for weights by slot; a family's module renames the slots its
+checkpoints name differently from Llama (``Family.hf_names``); llama.cpp's GGUF names are
+semantic, so one table (:data:`GGUF_SLOTS`, plus ``Family.gguf_slots``) maps them onto the same
+slots. :func:`expected_tensors` lists every tensor a configuration reads: the demo writer writes
+exactly these, and a test holds the graph builder to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from inference.builder.model_config import ModelConfig
+
+#: slot -> Llama's Hugging Face name under ``model.layers.{i}.`` (weights add ``.weight``/``.bias``).
+HF_LAYER_NAMES: dict[str, str] = {
+    "attn_norm": "input_layernorm",
+    "q": "self_attn.q_proj",
+    "k": "self_attn.k_proj",
+    "v": "self_attn.v_proj",
+    "qkv": "self_attn.qkv_proj",
+    "o": "self_attn.o_proj",
+    "q_norm": "self_attn.q_norm",
+    "k_norm": "self_attn.k_norm",
+    "attn_post_norm": "post_attention_layernorm",
+    "mlp_norm": "post_attention_layernorm",
+    "mlp_post_norm": "post_feedforward_layernorm",
+    "gate": "mlp.gate_proj",
+    "up": "mlp.up_proj",
+    "gate_up": "mlp.gate_up_proj",
+    "down": "mlp.down_proj",
+}
+#: slot -> Hugging Face name of the tensors outside the layers.
+HF_GLOBAL_NAMES: dict[str, str] = {
+    "embed": "model.embed_tokens",
+    "final_norm": "model.norm",
+    "lm_head": "lm_head",
+}
+#: llama.cpp's layer tensor names (``blk.{i}.<name>.weight``) -> slot.
+GGUF_SLOTS: dict[str, str] = {
+    "attn_norm": "attn_norm",
+    "attn_q": "q",
+    "attn_k": "k",
+    "attn_v": "v",
+    "attn_qkv": "qkv",
+    "attn_output": "o",
+    "attn_q_norm": "q_norm",
+    "attn_k_norm": "k_norm",
+    "post_attention_norm": "attn_post_norm",
+    "ffn_norm": "mlp_norm",
+    "post_ffw_norm": "mlp_post_norm",
+    "ffn_gate": "gate",
+    "ffn_up": "up",
+    "ffn_down": "down",
+}
+#: llama.cpp's global tensor names -> slot.
+GGUF_GLOBAL_SLOTS: dict[str, str] = {
+    "token_embd": "embed",
+    "output_norm": "final_norm",
+    "output": "lm_head",
+}
+#: Norm slots (a family's norm offset applies to these; their weights are vectors).
+NORM_SLOTS = ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm", "q_norm", "k_norm", "final_norm")
+
+
+class Names:
+    """The Hugging Face names of one family's weights."""
+
+    def __init__(self, overrides: Mapping[str, str] | None = None) -> None:
+        self.layer_names = {**HF_LAYER_NAMES, **(overrides or {})}
+
+    def layer(self, i: int, slot: str) -> str:
+        """The module name (no ``.weight``) of ``slot`` in layer ``i``."""
+        return f"model.layers.{i}.{self.layer_names[slot]}"
+
+    @staticmethod
+    def top(slot: str) -> str:
+        """The module name of a tensor outside the layers."""
+        return HF_GLOBAL_NAMES[slot]
+
+    def slot_of(self, suffix: str) -> str | None:
+        """The slot of a layer module name (``self_attn.q_proj``), None if no slot has it; where
+        two slots share a name (Llama's ``post_attention_layernorm``), the MLP norm."""
+        matches = [s for s, n in self.layer_names.items() if n == suffix]
+        if "mlp_norm" in matches:
+            return "mlp_norm"
+        return matches[0] if matches else None
+
+
+def names_for(cfg: ModelConfig) -> Names:
+    """The names of ``cfg``'s family."""
+    from inference.families import family_by_name
+
+    return Names(family_by_name(cfg.family).hf_names)
+
+
+def layer_slots(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], bool]]:
+    """(slot, weight shape, has a bias) of every weight of one layer of ``cfg``."""
+    h, hd = cfg.hidden_size, cfg.head_dim
+    q_out, kv_out, ff = cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.intermediate_size
+    nb = cfg.norm_bias
+    slots: list[tuple[str, tuple[int, ...], bool]] = []
+    if cfg.pre_attn_norm:
+        slots.append(("attn_norm", (h,), nb))
+    if cfg.fused_qkv:
+        slots.append(("qkv", (q_out + 2 * kv_out, h), cfg.attention_bias))
+    else:
+        slots += [("q", (q_out, h), cfg.attention_bias), ("k", (kv_out, h), cfg.attention_bias),
+                  ("v", (kv_out, h), cfg.attention_bias)]
+    if cfg.qk_norm == "head":
+        slots += [("q_norm", (hd,), False), ("k_norm", (hd,), False)]
+    elif cfg.qk_norm == "full":
+        slots += [("q_norm", (q_out,), False), ("k_norm", (kv_out,), False)]
+    slots.append(("o", (h, q_out), cfg.o_bias))
+    if cfg.post_attn_norm:
+        slots.append(("attn_post_norm", (h,), nb))
+    if cfg.pre_mlp_norm:
+        slots.append(("mlp_norm", (h,), nb))
+    if cfg.mlp == "gated" and cfg.fused_gate_up:
+        slots.append(("gate_up", (2 * ff, h), cfg.mlp_bias))
+    elif cfg.mlp == "gated":
+        slots += [("gate", (ff, h), cfg.mlp_bias), ("up", (ff, h), cfg.mlp_bias)]
+    else:
+        slots.append(("up", (ff, h), cfg.mlp_bias))
+    slots.append(("down", (h, ff), cfg.mlp_bias))
+    if cfg.post_mlp_norm:
+        slots.append(("mlp_post_norm", (h,), nb))
+    return slots
+
+
+def expected_tensors(cfg: ModelConfig, *, tied: bool | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor ``cfg`` reads, Hugging Face name -> shape (``lm_head`` unless tied)."""
+    names = names_for(cfg)
+    out: dict[str, tuple[int, ...]] = {f"{names.top('embed')}.weight": (cfg.vocab_size, cfg.hidden_size)}
+    for i in range(cfg.num_layers):
+        for slot, shape, bias in layer_slots(cfg):
+            out[f"{names.layer(i, slot)}.weight"] = shape
+            if bias:
+                out[f"{names.layer(i, slot)}.bias"] = shape[:1]
+    out[f"{names.top('final_norm')}.weight"] = (cfg.hidden_size,)
+    if cfg.norm_bias:
+        out[f"{names.top('final_norm')}.bias"] = (cfg.hidden_size,)
+    if not (cfg.tie_word_embeddings if tied is None else tied):
+        out[f"{names.top('lm_head')}.weight"] = (cfg.vocab_size, cfg.hidden_size)
+    return out

@@ -1,0 +1,140 @@
+"""The model families the builder knows: one module per family, one registry that reads them.
+
+A family module declares, once, everything that is particular to it (see :class:`Family`):
+the transformers ``model_type``s and architecture class names and the GGUF
+``general.architecture`` names it covers, how its ``config.json`` maps onto the builder's one
+layer description (:class:`inference.builder.model_config.ModelConfig`), its weight names when
+they differ from Llama's (:mod:`inference.builder.layout`), what llama.cpp's converter did to its
+tensors, its tokenizer kind, its default reasoning/tool parsers, its LoRA target modules and a
+tiny configuration for tests and the demo checkpoint writer.
+
+Everything else reads this registry: the safetensors gate (``model_config``), the GGUF reader,
+the demo writer (``inference.demo``), the ``auto`` parser table (``inference.openai.handle``),
+the docs' support table (docs/model-families.md, kept equal by a test) and the tests' family
+lists. "Adding a model family" in that page says what to declare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference.errors import BuildInputError
+
+#: Where the families and their limits are described (named in every refusal).
+DOCS_PAGE = "docs/model-families.md"
+
+#: Config-to-features hook: config.json (raw) -> ModelConfig feature fields.
+Features = Callable[[Mapping[str, Any]], dict[str, Any]]
+#: GGUF-to-config hook: (metadata getter taking a key without the ``<arch>.`` prefix, tensor
+#: names) -> config.json keys beyond the common ones.
+GgufConfig = Callable[[Callable[[str, Any], Any], frozenset[str]], dict[str, Any]]
+
+LLAMA_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _no_features(raw: Mapping[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+def _no_gguf_config(meta: Callable[[str, Any], Any], names: frozenset[str]) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: what it covers and how it differs from the Llama layer."""
+
+    name: str  #: the family's own model_type (the docs' row name)
+    architectures: tuple[str, ...]  #: transformers class names (config.json ``architectures``)
+    model_types: tuple[str, ...]  #: config.json ``model_type`` values
+    #: transformers config class and tiny kwargs (on top of tests' common tiny shape) that
+    #: exercise the family's distinctive features: the parity case and the demo checkpoint.
+    config_class: str
+    tiny: Mapping[str, Any] = field(default_factory=dict)
+    gguf_architectures: tuple[str, ...] = ()  #: llama.cpp ``general.architecture`` names
+    features: Features = _no_features
+    gguf_config: GgufConfig = _no_gguf_config
+    #: llama.cpp's converter permuted the Q/K rows (its Llama-style RoPE pairs neighbours).
+    gguf_permuted_qk: bool = False
+    #: llama.cpp's converter stored ``w + offset`` for every norm weight (Gemma: 1).
+    gguf_norm_offset: float = 0.0
+    #: GGUF layer tensor name -> layout slot, where it differs from :data:`layout.GGUF_SLOTS`.
+    gguf_slots: Mapping[str, str] = field(default_factory=dict)
+    #: layout slot -> Hugging Face name under ``model.layers.{i}.``, where it differs from Llama's.
+    hf_names: Mapping[str, str] = field(default_factory=dict)
+    tokenizer: str = "bpe"  #: "bpe" or "sentencepiece" (as its GGUF's tokenizer.ggml.model says)
+    parsers: tuple[str, str] = ("none", "none")  #: ``auto`` (reasoning, tool-call) parsers
+    lora_targets: tuple[str, ...] = LLAMA_LORA_TARGETS
+    notes: str = ""  #: the docs row's remark (what is covered, what is not)
+
+    @property
+    def architecture(self) -> str:
+        """The main transformers class (what a converted GGUF's config.json names)."""
+        return self.architectures[0]
+
+
+def _load() -> tuple[Family, ...]:
+    from inference.families import llama, mistral, qwen2, qwen3
+
+    return tuple(m.FAMILY for m in (llama, mistral, qwen2, qwen3))
+
+
+FAMILIES: tuple[Family, ...] = _load()
+_BY_ARCH = {a: f for f in FAMILIES for a in f.architectures}
+_BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+_BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_architectures}
+
+
+def family_names() -> tuple[str, ...]:
+    """Every family's name, in registry order."""
+    return tuple(f.name for f in FAMILIES)
+
+
+def unsupported(what: str) -> BuildInputError:
+    """The one-line refusal for a model of no registered family."""
+    return BuildInputError(
+        f"unsupported model family {what}; supported: {', '.join(family_names())} (see {DOCS_PAGE})"
+    )
+
+
+def family_of_config(raw: Mapping[str, Any]) -> Family:
+    """The family of a config.json: by its first architecture, else by its model_type."""
+    archs = raw.get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    if isinstance(arch, str) and arch in _BY_ARCH:
+        return _BY_ARCH[arch]
+    model_type = raw.get("model_type")
+    if arch is None and isinstance(model_type, str) and model_type in _BY_TYPE:
+        return _BY_TYPE[model_type]
+    raise unsupported(repr(arch if arch is not None else model_type))
+
+
+def family_of_gguf(arch: object) -> Family:
+    """The family of a GGUF's ``general.architecture``."""
+    if isinstance(arch, str) and arch in _BY_GGUF:
+        return _BY_GGUF[arch]
+    raise unsupported(f"{arch!r} (GGUF general.architecture)")
+
+
+def family_by_name(name: str) -> Family:
+    """The family whose model_types include ``name`` (KeyError if none)."""
+    return _BY_TYPE[name]
+
+
+def auto_parsers() -> dict[str, tuple[str, str]]:
+    """``model_type`` -> default (reasoning, tool-call) parsers, every registered model_type."""
+    return {t: f.parsers for f in FAMILIES for t in f.model_types}
+
+
+def support_table() -> str:
+    """The docs' support table (docs/model-families.md holds exactly this; a test checks)."""
+    rows = ["| family | transformers classes | GGUF `general.architecture` | tokenizer | auto parsers "
+            "(reasoning, tools) | LoRA targets | notes |",
+            "|---|---|---|---|---|---|---|"]
+    for f in FAMILIES:
+        gguf = ", ".join(f.gguf_architectures) or "—"
+        rows.append(f"| {f.name} | {', '.join(f.architectures)} | {gguf} | {f.tokenizer} | "
+                    f"{f.parsers[0]}, {f.parsers[1]} | {', '.join(f.lora_targets)} | {f.notes} |")
+    return "\n".join(rows) + "\n"
