@@ -326,6 +326,7 @@ def resolve_checkpoint(
         directory = directory.resolve()
         gguf_file = local_gguf(directory)
         if gguf_file is not None:
+            check_gguf_family(gguf_file)
             directory = convert_once(gguf_file, Path(checkpoints_dir), source=model)
         _check_local_checkpoint(directory)
         rev = None
@@ -334,6 +335,7 @@ def resolve_checkpoint(
             *hub_gguf, Path(checkpoints_dir), offline=hub_offline_default() if offline is None else offline,
             revision=revision,
         )
+        check_gguf_family(gguf_file)
         directory = convert_once(gguf_file, Path(checkpoints_dir), owned=True, source=model)
         _check_local_checkpoint(directory, source=model)
     elif is_hub_id(model):
@@ -629,14 +631,36 @@ def check_model_name(field: str, model: str, allowed_roots: tuple[Path, ...] | N
         return
     path = check_local_path(field, model, allowed_roots, what="checkpoint")
     if path.is_file() and path.name.endswith(GGUF_SUFFIX):
+        check_gguf_family(path)
         return
     if not path.is_dir():
         raise CheckpointError(f"no such directory: {model}")
-    if not (path / "config.json").is_file() and local_gguf(path) is None:
+    gguf_file = local_gguf(path) if not (path / "config.json").is_file() else None
+    if not (path / "config.json").is_file() and gguf_file is None:
         raise CheckpointError(
             f"{model} has no config.json and no .gguf file; pass a Hugging Face checkpoint directory "
             "(config.json next to the weights) or a GGUF file"
         )
+    if gguf_file is not None:
+        check_gguf_family(gguf_file)
+    else:
+        check_family(path)
+
+
+def check_gguf_family(path: Path) -> None:
+    """``UnsupportedModelError`` when the GGUF file's ``general.architecture`` is of no registered
+    family (its header only; anything else wrong with the file is the conversion's to say)."""
+    from inference.builder.gguf_reader import gguf_metadata, read_gguf_header
+    from inference.families import family_of_gguf
+
+    try:
+        arch = gguf_metadata(read_gguf_header(path), "general.architecture")
+    except (OSError, ValueError):
+        return
+    try:
+        family_of_gguf(arch)
+    except ValueError as exc:
+        raise UnsupportedModelError(str(exc)) from None
 
 
 def check_local_path(field: str, given: str, allowed_roots: tuple[Path, ...] | None, *, what: str) -> Path:

@@ -41,6 +41,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "admin/test_models.py": ("integration",),
     "admin/test_routes.py": ("integration",),
     "admin/test_schema_fuzz.py": ("reliability", "slow"),
+    "admin/test_unsupported_family.py": ("integration",),
     "admin/test_stats_metrics.py": ("integration",),
     "cache/test_adapters.py": ("integration",),
     "cache/test_catalog.py": ("unit",),
