@@ -615,6 +615,10 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
     weights = _ExternalWeights(model_path.with_name(model_path.name + ".data"), weights_in)
     em = _Emitter(weights)
     quant = None if kernels is None else QuantizedEmitter(em, kernels, GgufBlocks(ckpt))
+    if quant is not None and kernels is not None:
+        # The plan's projection groups are by Llama's names: find a family's by slot.
+        names, level_of = names_for(cfg), kernels.level_of
+        quant.level_of = lambda weight: level_of(names.as_llama(weight))
     b = _DecoderBuilder(cfg, ckpt, em, max_positions=max_positions, fused_ops=fused_ops, kv_layout=kv_layout,
                         quant=quant, lora=lora)
     try:

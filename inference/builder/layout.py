@@ -79,6 +79,20 @@ class Names:
         """The module name of a tensor outside the layers."""
         return HF_GLOBAL_NAMES[slot]
 
+    def as_llama(self, name: str) -> str:
+        """``name`` (a layer weight of this family, or fused names joined by ``+``) under Llama's
+        name for its slot (``qkv`` -> ``q_proj``, ``gate_up`` -> ``gate_proj``): what the kernel
+        plans' projection groups are written against. Other names come back unchanged."""
+        parts = name.split(".", 3)
+        if len(parts) < 4 or parts[:2] != ["model", "layers"]:
+            return name
+        path = parts[3].split("+")[0].removesuffix(".weight")
+        slot = self.slot_of(path)
+        if slot is None:
+            return name
+        slot = {"qkv": "q", "gate_up": "gate", "up": "gate", "k": "q", "v": "q"}.get(slot, slot)
+        return f"model.layers.{parts[2]}.{HF_LAYER_NAMES[slot]}"
+
     def slot_of(self, suffix: str) -> str | None:
         """The slot of a layer module name (``self_attn.q_proj``), None if no slot has it; where
         two slots share a name (Llama's ``post_attention_layernorm``), the MLP norm."""

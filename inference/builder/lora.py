@@ -28,19 +28,16 @@ import numpy as np
 import onnxruntime as ort
 
 from inference.builder.errors import BuildInputError
+from inference.builder.layout import layer_slots, names_for
 from inference.builder.model_config import ModelConfig
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
+from inference.families import family_by_name
 
-#: The projections a LoRA-capable graph has inputs for: module name -> parent module.
-PROJECTIONS: dict[str, str] = {
-    "q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-    "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp",
-}
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 #: A transformers class name -> its model family (``Qwen2ForCausalLM`` -> ``Qwen2``).
 _FAMILY = re.compile(r"^([A-Za-z0-9]+?)(?:For[A-Z]\w*|LMHeadModel|PreTrainedModel|Model)$")
-_KEY = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\."
+_KEY = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.([\w.]+?)\."
                   r"lora_([AB])(?:\.default)?\.weight$")
 
 
@@ -64,15 +61,17 @@ class LoraInfo:
                 "layers": self.layers, "parameters": self.parameters}
 
 
-def _dims(cfg: ModelConfig, module: str) -> tuple[int, int]:
-    """(in, out) of a projection."""
-    h, hd = cfg.hidden_size, cfg.head_dim
-    return {
-        "q_proj": (h, cfg.num_heads * hd), "k_proj": (h, cfg.num_kv_heads * hd),
-        "v_proj": (h, cfg.num_kv_heads * hd), "o_proj": (cfg.num_heads * hd, h),
-        "gate_proj": (h, cfg.intermediate_size), "up_proj": (h, cfg.intermediate_size),
-        "down_proj": (cfg.intermediate_size, h),
-    }[module]
+def lora_modules(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """The projections an adapter may target in ``cfg``'s family (its ``lora_targets``, by
+    module path under ``model.layers.{i}.``, e.g. ``self_attn.q_proj``) -> (in, out)."""
+    names = names_for(cfg)
+    targets = family_by_name(cfg.family).lora_targets
+    out: dict[str, tuple[int, int]] = {}
+    for slot, shape, _ in layer_slots(cfg):
+        path = names.layer_names[slot]
+        if len(shape) == 2 and path.rsplit(".", 1)[-1] in targets:
+            out[path] = (shape[1], shape[0])
+    return out
 
 
 def read_adapter_config(adapter_dir: Path) -> dict[str, Any]:
@@ -148,31 +147,32 @@ def adapter_arrays(adapter_dir: Path, cfg: ModelConfig) -> tuple[dict[str, np.nd
         raise LoraAdapterError(f"{adapter_dir} has no {ADAPTER_WEIGHTS} (PEFT's safetensors weights)")
     reader = SafetensorsCheckpoint.from_file(weights_path)
     scale = adapter_scale(config)
-    pairs: dict[tuple[int, str, str], dict[str, np.ndarray]] = {}
+    modules = lora_modules(cfg)
+    pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     for key in reader.names():
         match = _KEY.match(key)
         if match is None:
             raise LoraAdapterError(f"{weights_path}: tensor {key!r} targets no projection of a decoder "
-                                   f"layer ({', '.join(PROJECTIONS)}); embedding/lm_head adapters are "
+                                   f"layer ({', '.join(modules)}); embedding/lm_head adapters are "
                                    "not supported")
-        layer, parent, module, side = int(match[1]), match[2], match[3], match[4]
-        if PROJECTIONS.get(module) != parent:
-            raise LoraAdapterError(f"{weights_path}: {key!r}: module {parent}.{module} is not one of "
-                                   f"{', '.join(f'{p}.{m}' for m, p in PROJECTIONS.items())}")
+        layer, module, side = int(match[1]), match[2], match[3]
+        if module not in modules:
+            raise LoraAdapterError(f"{weights_path}: {key!r}: module {module} is not one of "
+                                   f"{', '.join(modules)} (the {cfg.family} family's LoRA targets)")
         if layer >= cfg.num_layers:
             raise LoraAdapterError(f"{weights_path}: {key!r}: layer {layer} but the base model has "
                                    f"{cfg.num_layers} layers (an adapter of another model?)")
-        pairs.setdefault((layer, parent, module), {})[side] = reader.get_f32(key)
+        pairs.setdefault((layer, module), {})[side] = reader.get_f32(key)
     if not pairs:
         raise LoraAdapterError(f"{weights_path} holds no LoRA weights")
     rank = int(config["r"])
     out: dict[str, np.ndarray] = {}
-    for (layer, parent, module), sides in sorted(pairs.items()):
-        prefix = f"model.layers.{layer}.{parent}.{module}"
+    for (layer, module), sides in sorted(pairs.items()):
+        prefix = f"model.layers.{layer}.{module}"
         if set(sides) != {"A", "B"}:
             raise LoraAdapterError(f"{weights_path}: {prefix} has lora_{''.join(sides)} only; both A and B "
                                    "are needed")
-        d_in, d_out = _dims(cfg, module)
+        d_in, d_out = modules[module]
         a, b = sides["A"], sides["B"]
         if a.shape != (rank, d_in) or b.shape != (d_out, rank):
             raise LoraAdapterError(
@@ -186,8 +186,8 @@ def adapter_arrays(adapter_dir: Path, cfg: ModelConfig) -> tuple[dict[str, np.nd
                     f"{weights_path}: {prefix}.lora_{side} holds NaN or Inf values (after PEFT's scale "
                     f"{scale:g}); the adapter is broken: train or export it again")
             out[f"{prefix}.lora_{side}"] = values
-    info = LoraInfo(rank=rank, scale=scale, targets=tuple(sorted({m for _, _, m in pairs})),
-                    layers=len({layer for layer, _, _ in pairs}),
+    info = LoraInfo(rank=rank, scale=scale, targets=tuple(sorted({m.rsplit(".", 1)[-1] for _, m in pairs})),
+                    layers=len({layer for layer, _ in pairs}),
                     parameters=int(sum(v.size for v in out.values())))
     return out, info
 
