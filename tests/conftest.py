@@ -89,6 +89,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "fleet/test_own_rows.py": ("integration",),
     "gguf/test_conversion_leftovers.py": ("reliability",),
     "gguf/test_default_model.py": ("integration", "slow"),
+    "gguf/test_families.py": ("integration",),
     "gguf/test_precision.py": ("integration", "slow"),
     "gguf/test_real_model.py": ("integration", "slow"),
     "gguf/test_serve.py": ("e2e", "slow"),

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from inference.runtime import generate, load_engine
+from tests.engine.conftest import FAMILIES
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3", "mistral"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_int8_bundle_stays_close_to_fp32(
     family: str, hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]
 ) -> None:

@@ -14,9 +14,9 @@ import onnx
 import pytest
 
 from inference.runtime import KVEngine, generate, load_engine
+from tests.engine.conftest import FAMILIES
 from tests.support.reference_engine import load_portable_engine
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
 STEPS = 12
 
 
@@ -25,7 +25,7 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 
 def _checkpoint(hf_checkpoint: Callable[..., Path], family: str) -> Path:
-    return hf_checkpoint(family, "fp32", family in ("qwen2", "mistral"))
+    return hf_checkpoint(family, "fp32", FAMILIES.index(family) % 2 == 0)
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,10 @@ import torch
 from inference.builder.errors import BuildInputError
 from inference.builder.lora import LoraAdapterError, convert_peft_adapter
 from inference.builder.model_config import load_model_config
+from inference.families import family_by_name
 from inference.runtime.onnxruntime_engine import GqaEngine
-from tests.engine.conftest import load_reference
-from tests.support.adapters import TARGETS, write_adapter
+from tests.engine.conftest import FAMILIES, load_reference
+from tests.support.adapters import write_adapter
 
 PROMPT = [5, 17, 99, 3, 250, 42, 7, 8, 300, 11, 12, 13]
 STEPS = 16
@@ -73,16 +74,17 @@ def adapters(hf_checkpoint: Callable[..., Path],
     return make
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_adapter_greedy_tokens_match_peft(family: str, hf_checkpoint: Callable[..., Path],
                                           built_bundle: Callable[..., Path], adapters: Callable[..., Path],
                                           tmp_path: Path) -> None:
     checkpoint = hf_checkpoint(family)
     bundle = built_bundle(checkpoint, lora=True)
     cfg = load_model_config(checkpoint)
-    adapter = adapters(family, 1)
+    targets = list(family_by_name(family).lora_targets)  # every projection the family declares
+    adapter = adapters(family, 1, targets=targets)
     info = convert_peft_adapter(adapter, cfg, tmp_path / "a.onnx_adapter")
-    assert info.rank == 4 and info.targets == tuple(sorted(TARGETS)) and info.layers == cfg.num_layers
+    assert info.rank == 4 and info.targets == tuple(sorted(targets)) and info.layers == cfg.num_layers
     engine = engine_of(bundle)
     try:
         base = greedy(engine, 0, PROMPT, STEPS)

@@ -1,0 +1,67 @@
+"""Every registered model family from a GGUF in llama.cpp's layout: greedy-equal to transformers
+at fp32, and its int4 / int8 bundles (from the file's own Q4_0 / Q8_0 blocks) pass the quality
+gate on this CPU (issue 31). The families come from the registry: a new one is tested here by
+itself once tests/gguf/ggufs.py knows what llama.cpp writes for it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inference.builder.gguf_convert import convert_gguf
+from inference.cpu_class import cpu_class
+from inference.runtime import generate, load_engine
+from tests.engine.conftest import hf_greedy, load_reference
+from tests.gguf.ggufs import FAMILIES
+
+SmallGguf = Callable[[str, str], tuple[Path, Path]]
+GREEDY = 16
+
+
+def _prompts() -> list[list[int]]:
+    rng = np.random.default_rng(11)
+    return [[int(t) for t in rng.integers(0, 384, size=n)] for n in (16, 9)]
+
+
+def _converted(small_gguf: SmallGguf, family: str, qtype: str,
+               factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    path, reference = small_gguf(family, qtype)
+    converted = factory.mktemp(f"converted-{family}-{qtype}")
+    convert_gguf(path, converted)
+    return converted, reference
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_gguf_answers_like_transformers(small_gguf: SmallGguf, bundle_of: Callable[..., Path], family: str,
+                                          tmp_path_factory: pytest.TempPathFactory) -> None:
+    converted, reference = _converted(small_gguf, family, "F32", tmp_path_factory)
+    model = load_reference(reference)
+    engine = load_engine(bundle_of(converted), threads=1)
+    try:
+        for prompt in _prompts():
+            want, want_logits = hf_greedy(model, prompt, GREEDY)
+            assert len(set(want)) > 3, "the reference output is degenerate; the test would prove little"
+            assert generate(engine, prompt, GREEDY, eos_ids=()) == [want]
+            engine.reset(0)
+            np.testing.assert_allclose(engine.prefill(0, prompt), want_logits[0], atol=1e-4, rtol=0)
+            engine.reset(0)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize(("qtype", "precision"), [("Q4_0", "int4"), ("Q8_0", "int8")])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_quantized_bundles_pass_the_gate(small_gguf: SmallGguf, bundle_of: Callable[..., Path], family: str,
+                                         qtype: str, precision: str,
+                                         tmp_path_factory: pytest.TempPathFactory) -> None:
+    converted, _ = _converted(small_gguf, family, qtype, tmp_path_factory)
+    bundle = bundle_of(converted, precision=precision)  # a gate failure raises QualityGateError
+    meta = json.loads((bundle / "engine.json").read_text())
+    quality = meta["quality"]
+    print(f"{family} {precision} from {qtype} on {cpu_class()}: plan {meta['kernels']['name']}, "
+          f"agreement {quality['greedy_agreement']}")
+    assert meta["precision"] == precision and quality["greedy_agreement"] >= 0.9
