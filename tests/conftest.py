@@ -109,6 +109,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "service/test_embeddings_memory.py": ("reliability", "slow"),
     "service/test_event_loop.py": ("integration",),
     "service/test_event_retention.py": ("reliability",),
+    "service/test_families_served.py": ("e2e",),
     "service/test_lifecycle.py": ("e2e",),
     "service/test_lora_foreign.py": ("reliability",),
     "service/test_lora_paths.py": ("reliability",),
