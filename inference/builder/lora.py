@@ -30,6 +30,7 @@ import onnxruntime as ort
 from inference.builder.errors import BuildInputError
 from inference.builder.model_config import ModelConfig
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
+from inference.families import family_by_name
 
 #: The projections a LoRA-capable graph has inputs for: module name -> parent module.
 PROJECTIONS: dict[str, str] = {
@@ -159,6 +160,10 @@ def adapter_arrays(adapter_dir: Path, cfg: ModelConfig) -> tuple[dict[str, np.nd
         if PROJECTIONS.get(module) != parent:
             raise LoraAdapterError(f"{weights_path}: {key!r}: module {parent}.{module} is not one of "
                                    f"{', '.join(f'{p}.{m}' for m, p in PROJECTIONS.items())}")
+        targets = family_by_name(cfg.family).lora_targets
+        if module not in targets:
+            raise LoraAdapterError(f"{weights_path}: {key!r}: {cfg.family} adapters may target "
+                                   f"{', '.join(targets)} only (LoRA of the experts is not supported)")
         if layer >= cfg.num_layers:
             raise LoraAdapterError(f"{weights_path}: {key!r}: layer {layer} but the base model has "
                                    f"{cfg.num_layers} layers (an adapter of another model?)")
