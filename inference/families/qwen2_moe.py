@@ -55,7 +55,7 @@ FAMILY = Family(
     model_types=("qwen2_moe",),
     config_class="Qwen2MoeConfig",
     tiny={"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-          "shared_expert_intermediate_size": 48, "mlp_only_layers": [1]},
+          "shared_expert_intermediate_size": 64, "mlp_only_layers": [1]},
     gguf_architectures=("qwen2moe",),
     features=features,
     gguf_config=gguf_config,
