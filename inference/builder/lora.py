@@ -30,7 +30,7 @@ import onnxruntime as ort
 from inference.builder.errors import BuildInputError
 from inference.builder.model_config import ModelConfig
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
-from inference.families import family_by_name
+from inference.families import FAMILIES, family_by_name
 
 #: The projections a LoRA-capable graph has inputs for: module name -> parent module.
 PROJECTIONS: dict[str, str] = {
@@ -117,6 +117,9 @@ def declared_base(config: dict[str, Any]) -> tuple[str, str] | None:
     cls = mapping.get("base_model_class") if isinstance(mapping, dict) else None
     if not isinstance(cls, str) or not cls.strip():
         return None
+    registered = [f.model_types[0] for f in FAMILIES if cls in f.architectures]
+    if registered:  # the registry knows it (Qwen2MoeForCausalLM is qwen2_moe, not "qwen2moe")
+        return cls, registered[0]
     match = _FAMILY.match(cls)
     return cls, (match[1] if match else cls).lower()
 
