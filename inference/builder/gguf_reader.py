@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from inference.builder.errors import BuildInputError
-from inference.builder.layout import GGUF_GLOBAL_SLOTS, GGUF_SLOTS, NORM_SLOTS, Names
+from inference.builder.layout import EXPERT_SLOTS, GGUF_GLOBAL_SLOTS, GGUF_SLOTS, NORM_SLOTS, Names
 from inference.families import DOCS_PAGE, Family, family_of_gguf
 
 #: The GGUF file inside a converted checkpoint directory (see ``gguf_convert``).
@@ -214,8 +214,10 @@ def gguf_metadata(header: GgufHeader, key: str, default: Any = None) -> Any:
 
 
 def gguf_family(header: GgufHeader) -> Family:
-    """The family of the file's ``general.architecture``; unknown -> ``BuildInputError``."""
-    return family_of_gguf(gguf_metadata(header, "general.architecture"))
+    """The family of the file's ``general.architecture`` (and its metadata, where families share
+    an architecture); unknown -> ``BuildInputError``."""
+    arch = gguf_metadata(header, "general.architecture")
+    return family_of_gguf(arch, lambda key, default: gguf_metadata(header, f"{arch}.{key}", default))
 
 
 def _required(header: GgufHeader, key: str) -> int:
@@ -290,6 +292,7 @@ class GgufTensor:
     rows: int  # rows as stored: every dimension but the innermost
     row_bytes: int
     offset: float = 0.0  # llama.cpp stored the values plus this (Gemma's norms: 1)
+    source: str = ""  # the GGUF tensor it is (one expert's slice of a 3-D expert tensor, or all of it)
 
 
 def tensor_plan(header: GgufHeader, config: dict[str, Any]) -> list[GgufTensor]:
@@ -338,8 +341,19 @@ def tensor_plan(header: GgufHeader, config: dict[str, Any]) -> list[GgufTensor]:
         elif permuted and slot == "k":
             heads = config["num_key_value_heads"]
         offset = family.gguf_norm_offset if slot in NORM_SLOTS and name.endswith(".weight") else 0.0
+        if slot in EXPERT_SLOTS:
+            # llama.cpp's one 3-D tensor of every expert -> each expert's 2-D weight, by its rows.
+            if len(t.dims) != 3:
+                raise BuildInputError(f"GGUF tensor {t.name!r} has shape {list(t.dims)}, expected 3 "
+                                      "dimensions (one matrix per expert); the file is corrupt")
+            per_expert = t.dims[1]
+            for e in range(t.dims[2]):
+                start = t.start + e * per_expert * row_bytes
+                plan.append(GgufTensor(name.format(e=e), (t.dims[1], t.dims[0]), type_name, None, start,
+                                       per_expert, row_bytes, 0.0, t.name))
+            continue
         plan.append(GgufTensor(name, tuple(reversed(t.dims)), type_name, heads, t.start, rows, row_bytes,
-                               offset))
+                               offset, t.name))
     return plan
 
 

@@ -33,6 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from inference.build_profile import POOLING_METHODS
 from inference.builder.checkpoint_reader import CheckpointReader
+from inference.builder.errors import BuildInputError
 from inference.builder.kernel_plan import KernelPlan
 from inference.builder.layout import names_for
 from inference.builder.model_config import ModelConfig
@@ -190,14 +191,16 @@ class _DecoderBuilder:
             self.lora_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
         return em.op1("MatMul", [em.op1("MatMul", [x, names[0]]), names[1]])
 
-    def linear(self, x: str, prefix: str, out_dim: int, in_dim: int, bias: bool) -> str:
+    def linear(self, x: str, prefix: str, out_dim: int, in_dim: int, bias: bool, *,
+               adapt: bool = True) -> str:
+        """``x @ W.T (+ b)`` of module ``prefix``; ``adapt``: with its LoRA input pair in a LoRA graph."""
         name = f"{prefix}.weight"
         if self.quant is not None and self.quant.fits(in_dim):
             y = self.quant.linear(x, name, out_dim, in_dim,
                                   lambda: self.ckpt.get_f32(name, (out_dim, in_dim)))
         else:
             y = self.em.op1("MatMul", [x, self.linear_weight(name, out_dim, in_dim)])
-        if self.lora:
+        if self.lora and adapt:
             y = self.em.op1("Add", [y, self.lora_delta(x, prefix, out_dim, in_dim)])
         if bias:
             y = self.em.op1("Add", [y, self.vector(f"{prefix}.bias", out_dim)])
@@ -412,7 +415,7 @@ class _DecoderBuilder:
         self.cos_table, self.sin_table = first[0], first[1]
 
     def projections(self, x: str, parts: list[tuple[str, int]], in_dim: int,
-                    bias: bool, *, split: bool = True) -> list[str]:
+                    bias: bool, *, split: bool = True, adapt: bool = True) -> list[str]:
         """``x`` through several linear layers (modules ``parts``: (name, out features)) of the
         same input. In a quantized graph they run as one MatMulNBits of the concatenated weights
         (one kernel call instead of several: the step of a small model is dominated by per-op
@@ -420,12 +423,12 @@ class _DecoderBuilder:
         by side)."""
         names = [name for name, _ in parts]
         if self.quant is None or not self.quant.fits(in_dim):
-            return [self.linear(x, name, n, in_dim, bias) for name, n in parts]
+            return [self.linear(x, name, n, in_dim, bias, adapt=adapt) for name, n in parts]
         sizes = [n for _, n in parts]
         fused = self.quant.linear_group(
             x, [(f"{name}.weight", n) for name, n in parts], in_dim,
             lambda name, n: self.ckpt.get_f32(name, (n, in_dim)))
-        if self.lora:
+        if self.lora and adapt:
             deltas = [self.lora_delta(x, name, n, in_dim) for name, n in parts]
             fused = self.em.op1("Add", [fused, self.em.op1("Concat", deltas, axis=-1) if len(deltas) > 1
                                         else deltas[0]])
@@ -488,8 +491,15 @@ class _DecoderBuilder:
 
     def mlp_block(self, x: str, i: int) -> str:
         cfg, n = self.cfg, self.names
-        ff = cfg.intermediate_size
         normed = self.norm(x, n.layer(i, "mlp_norm"), cfg.hidden_size) if cfg.pre_mlp_norm else x
+        y = self.moe_block(normed, i) if cfg.sparse(i) else self.dense_mlp(normed, i)
+        if cfg.post_mlp_norm:
+            y = self.norm(y, n.layer(i, "mlp_post_norm"), cfg.hidden_size)
+        return y
+
+    def dense_mlp(self, normed: str, i: int) -> str:
+        cfg, n = self.cfg, self.names
+        ff = cfg.intermediate_size
         if cfg.mlp == "plain":
             hidden = self.activation(self.linear(normed, n.layer(i, "up"), ff, cfg.hidden_size, cfg.mlp_bias))
         else:
@@ -500,10 +510,94 @@ class _DecoderBuilder:
                 gate, up = self.projections(normed, [(n.layer(i, "gate"), ff), (n.layer(i, "up"), ff)],
                                             cfg.hidden_size, cfg.mlp_bias)
             hidden = self.em.op1("Mul", [self.activation(gate), up])
-        y = self.linear(hidden, n.layer(i, "down"), cfg.hidden_size, ff, cfg.mlp_bias)
-        if cfg.post_mlp_norm:
-            y = self.norm(y, n.layer(i, "mlp_post_norm"), cfg.hidden_size)
+        return self.linear(hidden, n.layer(i, "down"), cfg.hidden_size, ff, cfg.mlp_bias)
+
+    def expert_weights(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer ``i``'s experts as onnxruntime's MoE op reads them: fc1 [E, 2F, H], each expert's
+        gate and up rows interleaved (``swiglu_fusion=1``, the only fused layout its CPU kernel
+        runs), and fc2 [E, H, F]. Read from the per-expert tensors (what checkpoints on the hub and
+        transformers' ``save_pretrained`` hold, and the GGUF reader's slices of llama.cpp's 3-D
+        tensors), or from transformers' fused in-memory ``experts.gate_up_proj``/``down_proj``."""
+        cfg, n = self.cfg, self.names
+        assert cfg.moe is not None
+        e_count, ff, h = cfg.moe.num_experts, cfg.moe.expert_size, cfg.hidden_size
+        fused = f"model.layers.{i}.mlp.experts"
+        if f"{fused}.gate_up_proj" in self.ckpt:
+            gate_up = self.ckpt.get_f32(f"{fused}.gate_up_proj", (e_count, 2 * ff, h))
+            gate, up = gate_up[:, :ff], gate_up[:, ff:]
+            down = self.ckpt.get_f32(f"{fused}.down_proj", (e_count, h, ff))
+        else:
+            def stack(slot: str, shape: tuple[int, int]) -> np.ndarray:
+                return np.stack([self.ckpt.get_f32(f"{n.expert(i, slot, e)}.weight", shape)
+                                 for e in range(e_count)])
+            gate, up = stack("expert_gate", (ff, h)), stack("expert_up", (ff, h))
+            down = stack("expert_down", (h, ff))
+        fc1 = np.stack([gate, up], axis=2).reshape(e_count, 2 * ff, h)
+        return fc1, down
+
+    def moe_block(self, x: str, i: int) -> str:
+        """The mixture of experts of layer ``i`` on the normed ``x`` [B,S,H]: softmax router, top-k
+        experts (weights renormalised with ``norm_topk_prob``), SwiGLU experts, plus the shared
+        expert (times its sigmoid gate). The CPU graph runs com.microsoft ``MoE`` (only the chosen
+        experts compute); the portable graph computes every expert and weighs the unchosen by 0
+        (standard ops only: exact, E/k times the work). Experts stay fp32 in quantized builds."""
+        cfg, n, em = self.cfg, self.names, self.em
+        moe = cfg.moe
+        assert moe is not None
+        h, e_count = cfg.hidden_size, moe.num_experts
+        router = self.ckpt.get_f32(f"{n.layer(i, 'router')}.weight", (e_count, h))
+        logits = em.op1("MatMul", [x, em.weight(f"{n.layer(i, 'router')}.weight", router.T)])  # [B,S,E]
+        fc1_w, fc2_w = self.expert_weights(i)
+        fc1 = em.weight(f"model.layers.{i}.mlp.experts.fc1", fc1_w)
+        fc2 = em.weight(f"model.layers.{i}.mlp.experts.fc2", fc2_w)
+        flat_logits = em.op1("Reshape", [logits, em.const(np.array([-1, e_count], np.int64))])
+        if self.gqa:
+            y = em.op1("MoE", [x, flat_logits, fc1, "", fc2], domain=MS_DOMAIN, k=moe.top_k,
+                       activation_type="swiglu", swiglu_fusion=1,
+                       normalize_routing_weights=int(moe.norm_topk_prob))
+        else:
+            y = self.dense_experts(x, flat_logits, fc1, fc2)
+        if moe.shared_size:
+            parts = [(n.layer(i, "shared_gate"), moe.shared_size), (n.layer(i, "shared_up"), moe.shared_size)]
+            gate, up = self.projections(x, parts, h, False, adapt=False)
+            hidden = em.op1("Mul", [self.activation(gate), up])
+            shared = self.linear(hidden, n.layer(i, "shared_down"), h, moe.shared_size, False, adapt=False)
+            if moe.shared_gate:
+                name = f"{n.layer(i, 'shared_expert_gate')}.weight"
+                gate_w = self.ckpt.get_f32(name)
+                if gate_w.size != h:
+                    raise BuildInputError(
+                        f"weight {name!r} has shape {list(gate_w.shape)}, expected [1, {h}]")
+                scale = em.op1("Sigmoid", [em.op1("MatMul", [x, em.weight(name, gate_w.reshape(h, 1))])])
+                shared = em.op1("Mul", [shared, scale])
+            y = em.op1("Add", [y, shared])
         return y
+
+    def dense_experts(self, x: str, logits: str, fc1: str, fc2: str) -> str:
+        """Every expert on every token, weighted by the router's top-k (0 elsewhere): x [B,S,H],
+        logits [N,E] -> [B,S,H], default-domain ops only."""
+        cfg, em = self.cfg, self.em
+        moe = cfg.moe
+        assert moe is not None
+        h, e_count, ff = cfg.hidden_size, moe.num_experts, moe.expert_size
+        probs = em.op1("Softmax", [logits], axis=-1)
+        values, indices = em.op("TopK", [probs, em.const(np.array([moe.top_k], np.int64))], n_out=2, axis=-1)
+        if moe.norm_topk_prob:
+            total = em.op1("ReduceSum", [values, em.const(np.array([-1]))], keepdims=1)
+            values = em.op1("Div", [values, total])
+        zeros = em.op1("ConstantOfShape", [em.op1("Shape", [probs])],
+                       value=helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]))
+        weights = em.op1("ScatterElements", [zeros, indices, values], axis=1)  # [N,E]
+        xt = em.op1("Transpose", [em.op1("Reshape", [x, em.const(np.array([-1, h], np.int64))])], perm=[1, 0])
+        both = em.op1("Reshape", [em.op1("MatMul", [fc1, xt]),  # [E,2F,N] -> [E,F,2,N]
+                                  em.const(np.array([e_count, ff, 2, -1], np.int64))])
+        gate = em.op1("Gather", [both, em.const(np.array(0, np.int64))], axis=2)
+        up = em.op1("Gather", [both, em.const(np.array(1, np.int64))], axis=2)
+        out = em.op1("MatMul", [fc2, em.op1("Mul", [self.activation(gate), up])])  # [E,H,N]
+        per_expert = em.op1("Unsqueeze", [em.op1("Transpose", [weights], perm=[1, 0]),
+                                          em.const(np.array([1]))])  # [E,1,N]
+        summed = em.op1("ReduceSum", [em.op1("Mul", [out, per_expert]), em.const(np.array([0]))], keepdims=0)
+        return em.op1("Reshape", [em.op1("Transpose", [summed], perm=[1, 0]), em.op1("Shape", [x])])
 
     def layer(self, x: str, i: int) -> str:
         scale = self.cfg.residual_scale

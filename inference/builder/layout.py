@@ -30,7 +30,18 @@ HF_LAYER_NAMES: dict[str, str] = {
     "up": "mlp.up_proj",
     "gate_up": "mlp.gate_up_proj",
     "down": "mlp.down_proj",
+    # The mixture-of-experts MLP: router, experts (``{e}``: the expert), shared expert and its gate.
+    "router": "mlp.gate",
+    "expert_gate": "mlp.experts.{e}.gate_proj",
+    "expert_up": "mlp.experts.{e}.up_proj",
+    "expert_down": "mlp.experts.{e}.down_proj",
+    "shared_gate": "mlp.shared_expert.gate_proj",
+    "shared_up": "mlp.shared_expert.up_proj",
+    "shared_down": "mlp.shared_expert.down_proj",
+    "shared_expert_gate": "mlp.shared_expert_gate",
 }
+#: Slots of one tensor per expert (llama.cpp stores each as one 3-D tensor of every expert).
+EXPERT_SLOTS = ("expert_gate", "expert_up", "expert_down")
 #: slot -> Hugging Face name of the tensors outside the layers.
 HF_GLOBAL_NAMES: dict[str, str] = {
     "embed": "model.embed_tokens",
@@ -53,6 +64,14 @@ GGUF_SLOTS: dict[str, str] = {
     "ffn_gate": "gate",
     "ffn_up": "up",
     "ffn_down": "down",
+    "ffn_gate_inp": "router",
+    "ffn_gate_exps": "expert_gate",
+    "ffn_up_exps": "expert_up",
+    "ffn_down_exps": "expert_down",
+    "ffn_gate_shexp": "shared_gate",
+    "ffn_up_shexp": "shared_up",
+    "ffn_down_shexp": "shared_down",
+    "ffn_gate_inp_shexp": "shared_expert_gate",
 }
 #: llama.cpp's global tensor names -> slot.
 GGUF_GLOBAL_SLOTS: dict[str, str] = {
@@ -73,6 +92,10 @@ class Names:
     def layer(self, i: int, slot: str) -> str:
         """The module name (no ``.weight``) of ``slot`` in layer ``i``."""
         return f"model.layers.{i}.{self.layer_names[slot]}"
+
+    def expert(self, i: int, slot: str, e: int) -> str:
+        """The module name of expert ``e``'s ``slot`` (one of :data:`EXPERT_SLOTS`) in layer ``i``."""
+        return f"model.layers.{i}.{self.layer_names[slot].format(e=e)}"
 
     @staticmethod
     def top(slot: str) -> str:
@@ -109,8 +132,9 @@ def names_for(cfg: ModelConfig) -> Names:
     return Names(family_by_name(cfg.family).hf_names)
 
 
-def layer_slots(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], bool]]:
-    """(slot, weight shape, has a bias) of every weight of one layer of ``cfg``."""
+def layer_slots(cfg: ModelConfig, layer: int = 0) -> list[tuple[str, tuple[int, ...], bool]]:
+    """(slot, weight shape, has a bias) of every weight of layer ``layer`` of ``cfg`` (an expert
+    slot stands for each expert's tensor of that shape)."""
     h, hd = cfg.hidden_size, cfg.head_dim
     q_out, kv_out, ff = cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.intermediate_size
     nb = cfg.norm_bias
@@ -131,13 +155,24 @@ def layer_slots(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], bool]]:
         slots.append(("attn_post_norm", (h,), nb))
     if cfg.pre_mlp_norm:
         slots.append(("mlp_norm", (h,), nb))
-    if cfg.mlp == "gated" and cfg.fused_gate_up:
+    if cfg.moe is not None and cfg.sparse(layer):
+        moe = cfg.moe
+        slots += [("router", (moe.num_experts, h), False), ("expert_gate", (moe.expert_size, h), False),
+                  ("expert_up", (moe.expert_size, h), False), ("expert_down", (h, moe.expert_size), False)]
+        if moe.shared_size:
+            ss = moe.shared_size
+            slots += [("shared_gate", (ss, h), False), ("shared_up", (ss, h), False),
+                      ("shared_down", (h, ss), False)]
+        if moe.shared_gate:
+            slots.append(("shared_expert_gate", (1, h), False))
+    elif cfg.mlp == "gated" and cfg.fused_gate_up:
         slots.append(("gate_up", (2 * ff, h), cfg.mlp_bias))
     elif cfg.mlp == "gated":
         slots += [("gate", (ff, h), cfg.mlp_bias), ("up", (ff, h), cfg.mlp_bias)]
     else:
         slots.append(("up", (ff, h), cfg.mlp_bias))
-    slots.append(("down", (h, ff), cfg.mlp_bias))
+    if not cfg.sparse(layer):
+        slots.append(("down", (h, ff), cfg.mlp_bias))
     if cfg.post_mlp_norm:
         slots.append(("mlp_post_norm", (h,), nb))
     return slots
@@ -148,7 +183,12 @@ def expected_tensors(cfg: ModelConfig, *, tied: bool | None = None) -> dict[str,
     names = names_for(cfg)
     out: dict[str, tuple[int, ...]] = {f"{names.top('embed')}.weight": (cfg.vocab_size, cfg.hidden_size)}
     for i in range(cfg.num_layers):
-        for slot, shape, bias in layer_slots(cfg):
+        for slot, shape, bias in layer_slots(cfg, i):
+            if slot in EXPERT_SLOTS:
+                assert cfg.moe is not None
+                for e in range(cfg.moe.num_experts):
+                    out[f"{names.expert(i, slot, e)}.weight"] = shape
+                continue
             out[f"{names.layer(i, slot)}.weight"] = shape
             if bias:
                 out[f"{names.layer(i, slot)}.bias"] = shape[:1]

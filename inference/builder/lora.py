@@ -31,7 +31,7 @@ from inference.builder.errors import BuildInputError
 from inference.builder.layout import layer_slots, names_for
 from inference.builder.model_config import ModelConfig
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
-from inference.families import family_by_name
+from inference.families import FAMILIES, family_by_name
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -115,6 +115,9 @@ def declared_base(config: dict[str, Any]) -> tuple[str, str] | None:
     cls = mapping.get("base_model_class") if isinstance(mapping, dict) else None
     if not isinstance(cls, str) or not cls.strip():
         return None
+    registered = [f.model_types[0] for f in FAMILIES if cls in f.architectures]
+    if registered:  # the registry knows it (Qwen2MoeForCausalLM is qwen2_moe, not "qwen2moe")
+        return cls, registered[0]
     match = _FAMILY.match(cls)
     return cls, (match[1] if match else cls).lower()
 
@@ -158,7 +161,8 @@ def adapter_arrays(adapter_dir: Path, cfg: ModelConfig) -> tuple[dict[str, np.nd
         layer, module, side = int(match[1]), match[2], match[3]
         if module not in modules:
             raise LoraAdapterError(f"{weights_path}: {key!r}: module {module} is not one of "
-                                   f"{', '.join(modules)} (the {cfg.family} family's LoRA targets)")
+                                   f"{', '.join(modules)} (the {cfg.family} family's LoRA targets"
+                                   f"{'; LoRA of the experts is not supported' if cfg.moe else ''})")
         if layer >= cfg.num_layers:
             raise LoraAdapterError(f"{weights_path}: {key!r}: layer {layer} but the base model has "
                                    f"{cfg.num_layers} layers (an adapter of another model?)")

@@ -56,6 +56,21 @@ class RopeConfig:
         return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
 
+@dataclass(frozen=True)
+class MoeConfig:
+    """A sparse mixture-of-experts MLP: a softmax router picks ``top_k`` of ``num_experts`` gated
+    experts per token (Mixtral, Qwen2-MoE, Qwen3-MoE), plus an optional shared expert."""
+
+    num_experts: int
+    top_k: int
+    expert_size: int  # each expert's intermediate size
+    norm_topk_prob: bool  # the top-k weights renormalised to sum to 1 (else the softmax's own)
+    shared_size: int = 0  # the shared expert's intermediate size (0: none)
+    shared_gate: bool = False  # the shared expert's output times sigmoid(x @ shared_expert_gate)
+    #: layers whose MLP is sparse (the others are the plain gated MLP of ``intermediate_size``)
+    sparse_layers: tuple[int, ...] = ()
+
+
 NORMS = ("rms", "layer")
 QK_NORMS = ("none", "head", "full")
 MLPS = ("gated", "plain")
@@ -120,6 +135,11 @@ class ModelConfig:
     embed_scale: float = 1.0  # the embedding output is multiplied by this
     residual_scale: float = 1.0  # each block's output is multiplied by this before the add
     logits_scale: float = 1.0  # the logits are multiplied by this
+    moe: MoeConfig | None = None  # a mixture-of-experts MLP in ``moe.sparse_layers``
+
+    def sparse(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is the mixture of experts."""
+        return self.moe is not None and layer in self.moe.sparse_layers
 
     @property
     def rotary(self) -> int:
@@ -315,6 +335,8 @@ def model_config_from(raw: Mapping[str, Any], generation: Mapping[str, Any] | No
         "eos_token_ids": eos,
     }
     fields.update(family.features(raw))
+    if isinstance(fields.get("moe"), Mapping):  # families give MoeConfig's fields
+        fields["moe"] = MoeConfig(**fields["moe"])
     if fields["layer_types"] and fields["sliding_window"] is None:
         fields["layer_types"] = ()  # sliding layers without a window attend to everything
     cfg = ModelConfig(**fields)
@@ -327,7 +349,26 @@ def _check(cfg: ModelConfig) -> None:
                                  ("mlp", cfg.mlp, MLPS), ("act", cfg.act, ACTIVATIONS)):
         if value not in allowed:  # a family module's mistake, not the user's
             raise ValueError(f"{cfg.family}: layer feature {name}={value!r} is not one of {allowed}")
+    if cfg.moe is not None:
+        _check_moe(cfg, cfg.moe)
     if cfg.layer_types and (len(cfg.layer_types) != cfg.num_layers
                             or any(t not in LAYER_TYPES for t in cfg.layer_types)):
         raise ValueError(
             f"{cfg.family}: layer_types {cfg.layer_types!r} do not describe {cfg.num_layers} layers")
+
+
+def _check_moe(cfg: ModelConfig, moe: MoeConfig) -> None:
+    """The refusals of the mixture-of-experts MLP (user input: one line naming the field)."""
+    if not 1 <= moe.top_k <= moe.num_experts:
+        raise BuildInputError(f"num_experts_per_tok {moe.top_k} must be between 1 and the number of experts "
+                              f"({moe.num_experts})")
+    if moe.expert_size < 1:
+        raise BuildInputError(f"the experts' intermediate size must be positive, got {moe.expert_size}")
+    if cfg.act != "silu":
+        raise BuildInputError(f"hidden_act {cfg.act!r} in a mixture-of-experts model is not supported: "
+                              "experts run onnxruntime's MoE op, whose gated activation is SwiGLU (silu)")
+    if cfg.mlp_bias or cfg.mlp != "gated" or cfg.fused_gate_up:
+        raise BuildInputError(
+            "mixture-of-experts models with MLP biases (mlp_bias) or ungated experts are not supported")
+    if any(not 0 <= i < cfg.num_layers for i in moe.sparse_layers):
+        raise ValueError(f"{cfg.family}: sparse layers {moe.sparse_layers} outside {cfg.num_layers} layers")

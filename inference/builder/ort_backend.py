@@ -121,6 +121,9 @@ def _metadata(cfg: ModelConfig, io: GraphIO, spec: EngineBuildSpec, source_dtype
         "tokenizer_files": copied,
         "files": files,
         "build_seconds": round(seconds, 3),
+        # Mixture of experts: onnxruntime's MoE op over fp32 experts, whatever the precision.
+        **({"moe": {"num_experts": cfg.moe.num_experts, "top_k": cfg.moe.top_k, "experts_precision": "fp32",
+                    "sparse_layers": list(cfg.moe.sparse_layers)}} if cfg.moe is not None else {}),
     }
 
 

@@ -32,6 +32,18 @@ Features = Callable[[Mapping[str, Any]], dict[str, Any]]
 GgufConfig = Callable[[Callable[[str, Any], Any], frozenset[str]], dict[str, Any]]
 
 LLAMA_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: Mixture-of-experts families: adapters of the attention only (expert LoRA is refused).
+ATTENTION_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+#: GGUF-match hook: (metadata getter as for GgufConfig) -> whether the file is of this family.
+GgufMatch = Callable[[Callable[[str, Any], Any]], bool]
+
+
+def moe_size(raw: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    """A positive integer of a mixture-of-experts config (``BuildInputError`` naming ``key``)."""
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BuildInputError(f"config.json field {key!r} must be a positive integer, got {value!r}")
+    return value
 
 
 def _no_features(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -54,6 +66,9 @@ class Family:
     config_class: str
     tiny: Mapping[str, Any] = field(default_factory=dict)
     gguf_architectures: tuple[str, ...] = ()  #: llama.cpp ``general.architecture`` names
+    #: Where several families share a GGUF architecture (Mixtral is written as "llama"): whether
+    #: a file is this family's, from its metadata (None: the architecture's default family).
+    gguf_match: GgufMatch | None = None
     features: Features = _no_features
     gguf_config: GgufConfig = _no_gguf_config
     #: llama.cpp's converter permuted the Q/K rows (its Llama-style RoPE pairs neighbours).
@@ -76,15 +91,18 @@ class Family:
 
 
 def _load() -> tuple[Family, ...]:
-    from inference.families import llama, mistral, qwen2, qwen3
+    from inference.families import llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe
 
-    return tuple(m.FAMILY for m in (llama, mistral, qwen2, qwen3))
+    return tuple(m.FAMILY for m in (llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe))
 
 
 FAMILIES: tuple[Family, ...] = _load()
 _BY_ARCH = {a: f for f in FAMILIES for a in f.architectures}
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
-_BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_architectures}
+_BY_GGUF: dict[str, list[Family]] = {}
+for _f in FAMILIES:
+    for _a in _f.gguf_architectures:
+        _BY_GGUF.setdefault(_a, []).append(_f)
 
 
 def family_names() -> tuple[str, ...]:
@@ -111,10 +129,18 @@ def family_of_config(raw: Mapping[str, Any]) -> Family:
     raise unsupported(repr(arch if arch is not None else model_type))
 
 
-def family_of_gguf(arch: object) -> Family:
-    """The family of a GGUF's ``general.architecture``."""
+def family_of_gguf(arch: object, meta: Callable[[str, Any], Any] | None = None) -> Family:
+    """The family of a GGUF's ``general.architecture`` (and, where families share one, of its
+    ``<arch>.*`` metadata, read through ``meta``)."""
     if isinstance(arch, str) and arch in _BY_GGUF:
-        return _BY_GGUF[arch]
+        candidates = _BY_GGUF[arch]
+        if meta is not None:
+            for f in candidates:
+                if f.gguf_match is not None and f.gguf_match(meta):
+                    return f
+        default = [f for f in candidates if f.gguf_match is None]
+        if default:
+            return default[0]
     raise unsupported(f"{arch!r} (GGUF general.architecture)")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import transformers as tf
 
 from inference import demo
-from inference.families import FAMILIES, auto_parsers, family_names, support_table
+from inference.families import FAMILIES, auto_parsers, family_names, family_of_gguf, support_table
 from inference.openai.handle import AUTO_PARSERS
 from tests.gguf.ggufs import GGUF_METADATA
 
@@ -39,6 +39,17 @@ def test_the_parser_table_is_the_registrys() -> None:
 
 
 def test_names_are_unique_across_families() -> None:
-    for attr in ("architectures", "model_types", "gguf_architectures"):
+    for attr in ("architectures", "model_types"):
         seen = [x for f in FAMILIES for x in getattr(f, attr)]
         assert len(seen) == len(set(seen)), attr
+    # A GGUF architecture has one default family; another that shares it (Mixtral is written as
+    # "llama") tells its files apart by their metadata (gguf_match).
+    defaults = [a for f in FAMILIES if f.gguf_match is None for a in f.gguf_architectures]
+    assert len(defaults) == len(set(defaults))
+
+
+def test_a_shared_gguf_architecture_goes_by_the_metadata() -> None:
+    meta = {"expert_count": 8}
+    assert family_of_gguf("llama", lambda key, default: meta.get(key, default)).name == "mixtral"
+    assert family_of_gguf("llama", lambda key, default: default).name == "llama"
+    assert family_of_gguf("llama").name == "llama"

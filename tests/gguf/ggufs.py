@@ -45,7 +45,12 @@ COMMON: dict[str, Any] = {
 #: Per family: (untied?) and the tiny config's overrides on top of the family's own ``tiny``.
 _TIED = {"llama": True}
 #: Features a test GGUF cannot carry yet, turned off for its reference.
-_GGUF_OVERRIDES: dict[str, dict[str, Any]] = {"llama": {"rope_parameters": None}}
+_GGUF_OVERRIDES: dict[str, dict[str, Any]] = {
+    "llama": {"rope_parameters": None},
+    # llama.cpp's qwen2moe/qwen3moe make every layer sparse (no mlp_only_layers).
+    "qwen2_moe": {"mlp_only_layers": []},
+    "qwen3_moe": {"mlp_only_layers": []},
+}
 
 
 def hf_config(family: str) -> tf.PretrainedConfig:
@@ -71,15 +76,67 @@ def _qwen3_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
     writer.add_value_length(cfg.head_dim)
 
 
+def _experts(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    """TextModel.set_gguf_parameters: the expert counts (num_local_experts or num_experts)."""
+    writer.add_expert_count(getattr(cfg, "num_local_experts", None) or cfg.num_experts)
+    writer.add_expert_used_count(cfg.num_experts_per_tok)
+
+
+def _mixtral_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    _llama_metadata(writer, cfg)  # written as "llama" by LlamaModel
+    _experts(writer, cfg)
+
+
+def _qwen2_moe_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    _experts(writer, cfg)  # Qwen2MoeModel.set_gguf_parameters
+    writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+
+
+def _qwen3_moe_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    _qwen3_metadata(writer, cfg)  # head_dim in the hparams: key/value lengths
+    _experts(writer, cfg)
+    writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+
+
 #: family -> what llama.cpp's converter writes for it beyond the keys every family has.
 GGUF_METADATA: dict[str, Callable[[gguf.GGUFWriter, Any], None]] = {
     "llama": _llama_metadata,
     "mistral": _mistral_metadata,
     "qwen2": lambda writer, cfg: None,
     "qwen3": _qwen3_metadata,
+    "mixtral": _mixtral_metadata,
+    "qwen2_moe": _qwen2_moe_metadata,
+    "qwen3_moe": _qwen3_moe_metadata,
 }
 #: Families whose Q/K rows llama.cpp's converter permutes (its LlamaModel.modify_tensors).
-PERMUTED = frozenset({"llama", "mistral"})
+PERMUTED = frozenset({"llama", "mistral", "mixtral"})
+#: Tensors the converter keeps in F32 whatever the output type (FFN_GATE_INP, FFN_GATE_INP_SHEXP).
+_ALWAYS_F32 = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
+
+
+def _split_experts(state: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """transformers' fused 3-D experts as the converter's merged per-projection tensors
+    (Qwen2MoeModel.modify_tensors: gate_up_proj split into gate_proj and up_proj)."""
+    items: list[tuple[str, torch.Tensor]] = []
+    for name, param in state.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            base, ff = name.removesuffix(".gate_up_proj"), param.shape[1] // 2
+            items += [(f"{base}.gate_proj.weight", param[:, :ff]), (f"{base}.up_proj.weight", param[:, ff:])]
+        elif name.endswith("mlp.experts.down_proj"):
+            items.append((f"{name}.weight", param))
+        else:
+            items.append((name, param))
+    return items
+
+
+def _join_experts(reference: dict[str, torch.Tensor]) -> None:
+    """The reference's merged expert tensors back into transformers' fused parameters."""
+    for name in [n for n in reference if n.endswith("mlp.experts.gate_proj.weight")]:
+        base = name.removesuffix(".gate_proj.weight")
+        reference[f"{base}.gate_up_proj"] = torch.cat(
+            [reference.pop(name), reference.pop(f"{base}.up_proj.weight")], dim=1)
+        reference[f"{base}.down_proj"] = reference.pop(f"{base}.down_proj.weight")
 #: Families whose norm weights llama.cpp's converter stores as ``w + 1`` (Gemma).
 NORM_PLUS_ONE: frozenset[str] = frozenset()
 
@@ -123,7 +180,7 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
     model = make_model(family)
     cfg = model.config
     qt = gguf.GGMLQuantizationType[qtype]
-    arch = arch or family
+    arch = arch or family_by_name(family).gguf_architectures[0]
     out.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(out / "model.gguf", arch)
     writer.add_block_count(cfg.num_hidden_layers)
@@ -156,7 +213,7 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
     permuted = family in PERMUTED
     name_arch = family_by_name(family).gguf_architectures[0]
     blocks = cfg.num_hidden_layers
-    for name, param in model.state_dict().items():
+    for name, param in _split_experts(model.state_dict()):
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         w = param.detach().numpy().astype(np.float32)
@@ -165,7 +222,7 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
             stored = permute(w, cfg.num_attention_heads)
         elif permuted and name.endswith("k_proj.weight"):
             stored = permute(w, cfg.num_key_value_heads)
-        if w.ndim == 2 and qtype != "F32":
+        if w.ndim >= 2 and qtype != "F32" and not name.endswith(_ALWAYS_F32):
             data = gguf.quants.quantize(stored, qt)
             writer.add_tensor(_gguf_name(name, name_arch, blocks), data, raw_dtype=qt)
             back = gguf.quants.dequantize(data, qt).astype(np.float32).reshape(w.shape)
@@ -184,6 +241,7 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
     writer.write_tensors_to_file()
     writer.close()
 
+    _join_experts(reference)
     model.load_state_dict(reference, strict=False)
     if cfg.tie_word_embeddings:
         model.tie_weights()
