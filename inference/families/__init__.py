@@ -126,6 +126,11 @@ def family_of_config(raw: Mapping[str, Any]) -> Family:
     model_type = raw.get("model_type")
     if arch is None and isinstance(model_type, str) and model_type in _BY_TYPE:
         return _BY_TYPE[model_type]
+    if arch is None and model_type is None:
+        raise BuildInputError(
+            "config.json names no model family (no 'architectures', no 'model_type'); supported: "
+            f"{', '.join(family_names())} (see {DOCS_PAGE})"
+        )
     raise unsupported(repr(arch if arch is not None else model_type))
 
 

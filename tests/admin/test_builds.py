@@ -107,6 +107,10 @@ def test_failed_build_reports_the_error(client: Client, tmp_path: Path) -> None:
     assert "config.json" in r.json()["detail"]
     (not_a_checkpoint / "config.json").write_text("{}")
     r = client.post("/admin/builds", json={"model": str(not_a_checkpoint)})
+    assert r.status_code == 400  # a config.json of no model family: checked before anything is queued
+    assert "names no model family" in r.json()["detail"]
+    (not_a_checkpoint / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    r = client.post("/admin/builds", json={"model": str(not_a_checkpoint)})
     assert r.status_code == 202  # only resolving finds that the weights are missing
     final = _wait(client, r.json()["id"])
     assert final["state"] == "failed"
