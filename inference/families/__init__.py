@@ -76,9 +76,9 @@ class Family:
 
 
 def _load() -> tuple[Family, ...]:
-    from inference.families import llama, mistral, qwen2, qwen3
+    from inference.families import granite, llama, ministral, mistral, phi3, qwen2, qwen3, smollm3
 
-    return tuple(m.FAMILY for m in (llama, mistral, qwen2, qwen3))
+    return tuple(m.FAMILY for m in (llama, mistral, qwen2, qwen3, phi3, granite, smollm3, ministral))
 
 
 FAMILIES: tuple[Family, ...] = _load()
