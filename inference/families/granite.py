@@ -37,7 +37,7 @@ FAMILY = Family(
     config_class="GraniteConfig",
     # Powers of two where Granite's own are (logits_scaling 8, 16), other values elsewhere.
     tiny={"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1,
-          "logits_scaling": 4.0},
+          "logits_scaling": 2.0},
     gguf_architectures=("granite",),
     features=features,
     gguf_config=gguf_config,
