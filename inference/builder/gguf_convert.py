@@ -2,7 +2,8 @@
 
 ``convert_gguf`` writes what the rest of the builder reads from any checkpoint directory:
 
-* ``config.json`` / ``generation_config.json`` from the metadata (llama, mistral, qwen2, qwen3);
+* ``config.json`` / ``generation_config.json`` from the metadata (each family's ``gguf_config``, and
+  the rope tensors ``rope_freqs`` / ``rope_factors_long/short`` as rope scaling);
 * ``tokenizer.json`` / ``tokenizer_config.json`` / ``special_tokens_map.json`` (see
   ``gguf_tokenizer``);
 * ``model.gguf``: a plain copy of the file, or, with ``link`` (a file the cache itself

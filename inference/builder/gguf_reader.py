@@ -227,6 +227,66 @@ def _required(header: GgufHeader, key: str) -> int:
     return value
 
 
+#: llama.cpp's rope tensors (outside the layers): the per-frequency divisors of a llama3 rope
+#: (``rope_freqs``), LongRoPE's short and long factors. They become config.json's rope scaling.
+ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+
+
+def _vector(header: GgufHeader, name: str) -> list[float]:
+    """The values of a small F32/F16 vector tensor (the rope factors)."""
+    t = next(t for t in header.tensors if t.name == name)
+    kinds = {0: "<f4", 1: "<f2"}
+    if t.type_id not in kinds or len(t.dims) != 1:
+        raise BuildInputError(f"GGUF tensor {name!r} is not a float32/float16 vector; the file is corrupt")
+    count = int(t.dims[0])
+    end = t.start + count * np.dtype(kinds[t.type_id]).itemsize
+    if end > header.size:
+        raise BuildInputError(
+            f"{header.path.name} is truncated: tensor {name!r} ends past the file; download it again")
+    values = np.fromfile(header.path, dtype=kinds[t.type_id], count=count, offset=t.start)
+    return [float(v) for v in values.astype(np.float32)]
+
+
+def _rope_scaling(header: GgufHeader, arch: str, names: frozenset[str]) -> dict[str, Any]:
+    """config.json's rope scaling of the file: its ``rope.scaling.*`` keys and rope tensors."""
+    def meta(key: str, default: Any = None) -> Any:
+        return gguf_metadata(header, f"{arch}.rope.{key}", default)
+
+    original = meta("scaling.original_context_length")
+    if "rope_factors_long.weight" in names or "rope_factors_short.weight" in names:
+        if not {"rope_factors_long.weight", "rope_factors_short.weight"} <= names:
+            raise BuildInputError(
+                "the GGUF has only one of rope_factors_long/rope_factors_short; the file is incomplete")
+        scaling: dict[str, Any] = {
+            "rope_type": "longrope",
+            "long_factor": _vector(header, "rope_factors_long.weight"),
+            "short_factor": _vector(header, "rope_factors_short.weight"),
+        }
+        if original:
+            scaling["original_max_position_embeddings"] = int(original)
+        if meta("scaling.attn_factor") is not None:
+            scaling["attention_factor"] = float(meta("scaling.attn_factor"))
+        return scaling
+    if "rope_freqs.weight" in names:
+        # llama.cpp's converter writes a llama3 rope as these divisors instead of its parameters.
+        return {"rope_type": "factors", "factors": _vector(header, "rope_freqs.weight")}
+    kind = meta("scaling.type")
+    if kind in (None, "none"):
+        return {}
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(meta("scaling.factor", 1.0))}
+    if kind == "yarn":
+        scaling = {"rope_type": "yarn", "factor": float(meta("scaling.factor", 1.0))}
+        if original:
+            scaling["original_max_position_embeddings"] = int(original)
+        for key, name in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"),
+                          ("attention_factor", "yarn_attn_factor")):
+            if meta(f"scaling.{name}") is not None:
+                scaling[key] = float(meta(f"scaling.{name}"))
+        return scaling
+    raise BuildInputError(f"unsupported GGUF rope scaling {kind!r}; supported: linear, yarn, longrope")
+
+
 def gguf_config(header: GgufHeader) -> dict[str, Any]:
     """``config.json`` contents from the GGUF metadata and tensor list."""
     family = gguf_family(header)
@@ -240,11 +300,6 @@ def gguf_config(header: GgufHeader) -> dict[str, Any]:
     if embd is None:
         raise BuildInputError("the GGUF has no token_embd.weight tensor; it is not a complete model")
     vocab = gguf_metadata(header, f"{arch}.vocab_size") or int(embd.dims[-1])
-    if "rope_freqs.weight" in names:
-        raise BuildInputError(
-            "this GGUF carries rope_freqs (llama3-style rope scaling), which the converter does not "
-            "support yet; use the original safetensors checkpoint"
-        )
     config: dict[str, Any] = {
         "architectures": [family.architecture],
         "model_type": family.model_types[0],
@@ -262,14 +317,12 @@ def gguf_config(header: GgufHeader) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in names,
         "torch_dtype": "float32",
     }
-    scaling = gguf_metadata(header, f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
-        if scaling != "linear":
-            raise BuildInputError(f"unsupported GGUF rope scaling {scaling!r}; supported: linear")
-        config["rope_scaling"] = {
-            "rope_type": "linear",
-            "factor": float(gguf_metadata(header, f"{arch}.rope.scaling.factor", 1.0)),
-        }
+    rot = gguf_metadata(header, f"{arch}.rope.dimension_count")
+    if isinstance(rot, int) and 0 < rot < int(head_dim):
+        config["partial_rotary_factor"] = rot / int(head_dim)
+    scaling = _rope_scaling(header, arch, names)
+    if scaling:
+        config["rope_scaling"] = scaling
     config.update(family.gguf_config(lambda key, default: gguf_metadata(header, f"{arch}.{key}", default),
                                      names))
     for key, meta in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
@@ -308,8 +361,8 @@ def tensor_plan(header: GgufHeader, config: dict[str, Any]) -> list[GgufTensor]:
     permuted = family.gguf_permuted_qk
     plan: list[GgufTensor] = []
     for t in header.tensors:
-        if t.name == "rope_freqs.weight":
-            continue  # llama3 rope factors: config.json's rope_scaling says the same (gguf_config)
+        if t.name in ROPE_TENSORS:
+            continue  # config.json's rope scaling holds them (gguf_config)
         name, slot = hf_tensor_name(t.name, family)
         try:
             qtype = GGMLQuantizationType(t.type_id)

@@ -700,6 +700,10 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
     gqa = kv_layout == "gqa"
+    if gqa and cfg.rotary != cfg.head_dim and (cfg.rotary // 2) % 8:
+        raise BuildInputError(
+            f"partial_rotary_factor gives {cfg.rotary} rotary dimensions of head_dim {cfg.head_dim}; the CPU "
+            "graph's GroupQueryAttention rotates a multiple of 16 only")
     if kernels is not None and not gqa:
         raise ValueError("quantized weights are onnxruntime ops: only the gqa graph can hold them")
     if lora and not gqa:

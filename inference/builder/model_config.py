@@ -17,12 +17,18 @@ import numpy as np
 
 from inference.builder.errors import BuildInputError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic", "factors")
 
 
 @dataclass(frozen=True)
 class RopeConfig:
-    """Rotary embedding parameters, whichever config convention they came from."""
+    """Rotary embedding parameters, whichever config convention they came from.
+
+    ``rope_type``: transformers' names (``default``, ``linear``, ``llama3``, ``yarn``,
+    ``longrope``, ``dynamic``) plus ``factors``: per-frequency divisors given as such (llama.cpp's
+    ``rope_freqs`` tensor, what its converter writes for a llama3 rope). ``attention_factor``
+    scales cos and sin (YaRN's mscale, LongRoPE's attention factor), as transformers does.
+    """
 
     theta: float
     rope_type: str = "default"
@@ -30,13 +36,47 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    attention_factor: float = 1.0
+    short_factor: tuple[float, ...] = ()  # longrope: divisors within the original context
+    long_factor: tuple[float, ...] = ()  # longrope: divisors beyond it
+    freq_factors: tuple[float, ...] = ()  # factors: the divisors of every frequency
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0
+    truncate: bool = True
 
-    def inv_freq(self, head_dim: int) -> np.ndarray:
-        """Inverse frequencies [head_dim/2] as transformers computes them (float32)."""
+    def _base(self, head_dim: int) -> np.ndarray:
+        """``theta ** (2i / head_dim)`` in float32, as transformers computes it."""
         exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-        inv = (1.0 / (np.float32(self.theta) ** exponents)).astype(np.float32)
+        return (np.float32(self.theta) ** exponents).astype(np.float32)
+
+    def uses_long_factors(self, max_positions: int) -> bool:
+        """LongRoPE: the long factors for a context of ``max_positions`` (llama.cpp's choice by
+        the context size: longer than the original context; transformers instead switches per
+        forward call, by the sequence length it has reached)."""
+        return max_positions > self.original_max_position_embeddings
+
+    def inv_freq(self, head_dim: int, max_positions: int | None = None) -> np.ndarray:
+        """Inverse frequencies [head_dim/2] as transformers computes them (float32) for a context
+        of ``max_positions`` (only LongRoPE and dynamic NTK depend on it)."""
+        base = self._base(head_dim)
+        inv = (1.0 / base).astype(np.float32)
         if self.rope_type == "linear":
             return (inv / np.float32(self.factor)).astype(np.float32)
+        if self.rope_type == "factors":
+            return (inv / np.asarray(self.freq_factors, np.float32)).astype(np.float32)
+        if self.rope_type == "longrope":
+            long = max_positions is not None and self.uses_long_factors(max_positions)
+            ext = np.asarray(self.long_factor if long else self.short_factor, np.float32)
+            return (1.0 / (ext * base)).astype(np.float32)
+        if self.rope_type == "dynamic":
+            if max_positions is not None and max_positions > self.original_max_position_embeddings:
+                raise BuildInputError(
+                    f"dynamic rope scaling changes the frequencies with the sequence length past "
+                    f"max_position_embeddings ({self.original_max_position_embeddings}); build with "
+                    f"max_kv_cache_capacity <= {self.original_max_position_embeddings}")
+            return inv
+        if self.rope_type == "yarn":
+            return self._yarn(head_dim, base)
         if self.rope_type == "llama3":
             old = float(self.original_max_position_embeddings)
             low_wavelen = old / self.low_freq_factor
@@ -49,11 +89,36 @@ class RopeConfig:
             return np.where(medium, smoothed, scaled).astype(np.float32)
         return inv
 
+    def _yarn(self, dim: int, pos_freqs: np.ndarray) -> np.ndarray:
+        """YaRN's blend of interpolated and extrapolated frequencies (transformers'
+        ``_compute_yarn_parameters``)."""
+        def correction_dim(rotations: float) -> float:
+            return (dim * math.log(self.original_max_position_embeddings / (rotations * 2 * math.pi))) / (
+                2 * math.log(self.theta))
+
+        low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # transformers' guard against a zero-width ramp
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low),
+                       0, 1)
+        extrapolation = (1 - ramp.astype(np.float32)).astype(np.float32)
+        inv_extra = (1.0 / pos_freqs).astype(np.float32)
+        inv_inter = (1.0 / (np.float32(self.factor) * pos_freqs)).astype(np.float32)
+        return (inv_inter * (1 - extrapolation) + inv_extra * extrapolation).astype(np.float32)
+
     def cos_sin(self, head_dim: int, max_positions: int) -> tuple[np.ndarray, np.ndarray]:
-        """cos and sin tables [max_positions, head_dim/2] (float32, like transformers)."""
+        """cos and sin tables [max_positions, head_dim/2] (float32, like transformers), times the
+        attention factor."""
         positions = np.arange(max_positions, dtype=np.float32)
-        freqs = np.outer(positions, self.inv_freq(head_dim)).astype(np.float32)
-        return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+        freqs = np.outer(positions, self.inv_freq(head_dim, max_positions)).astype(np.float32)
+        cos, sin = np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+        if self.attention_factor != 1.0:
+            scale = np.float32(self.attention_factor)
+            cos, sin = (cos * scale).astype(np.float32), (sin * scale).astype(np.float32)
+        return cos, sin
 
 
 @dataclass(frozen=True)
@@ -195,7 +260,21 @@ def rope_from(raw: Mapping[str, Any], layer_type: str = "full_attention",
         return RopeConfig(theta=base)
     if rope_type == "linear":
         return RopeConfig(theta=base, rope_type="linear", factor=float(scaling["factor"]))
+    max_positions = int(raw.get("max_position_embeddings", 4096))
+    if rope_type == "dynamic":
+        # transformers computes the default frequencies up to max_position_embeddings and new ones
+        # past it, per sequence length: the same rope while a bundle's context stays within it.
+        return RopeConfig(theta=base, rope_type="dynamic", original_max_position_embeddings=max_positions)
+    # Phi-3 keeps the pretraining context at the top level (transformers prefers it there).
+    original = raw.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
     try:
+        if rope_type == "factors":
+            return RopeConfig(theta=base, rope_type="factors",
+                              freq_factors=tuple(float(f) for f in scaling["factors"]))
+        if rope_type == "longrope":
+            return _longrope(scaling, base, int(original or max_positions), max_positions)
+        if rope_type == "yarn":
+            return _yarn(scaling, base, int(original or max_positions), max_positions)
         return RopeConfig(
             theta=base,
             rope_type="llama3",
@@ -205,7 +284,53 @@ def rope_from(raw: Mapping[str, Any], layer_type: str = "full_attention",
             original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
         )
     except KeyError as exc:
-        raise BuildInputError(f"llama3 rope scaling is missing the field {exc.args[0]!r}") from None
+        raise BuildInputError(f"{rope_type} rope scaling is missing the field {exc.args[0]!r}") from None
+
+
+def _longrope(scaling: Mapping[str, Any], base: float, original: int, max_positions: int) -> RopeConfig:
+    """transformers' ``_compute_longrope_parameters``: short/long factors, and an attention
+    factor from ``factor`` (default: max_position_embeddings / the original context)."""
+    factor = float(scaling.get("factor") or max_positions / original)
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    short, long = scaling["short_factor"], scaling["long_factor"]
+    return RopeConfig(theta=base, rope_type="longrope", factor=factor,
+                      original_max_position_embeddings=original, attention_factor=float(attention),
+                      short_factor=tuple(float(f) for f in short),
+                      long_factor=tuple(float(f) for f in long))
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn(scaling: Mapping[str, Any], base: float, original: int, max_positions: int) -> RopeConfig:
+    """transformers' ``_compute_yarn_parameters``: factor, correction range, attention factor."""
+    factor = float(scaling["factor"] if scaling["factor"] is not None else max_positions / original)
+    attention = scaling.get("attention_factor")
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if attention is None:
+        if mscale and mscale_all_dim:
+            attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention = _yarn_mscale(factor)
+    return RopeConfig(theta=base, rope_type="yarn", factor=factor, original_max_position_embeddings=original,
+                      attention_factor=float(attention), beta_fast=float(scaling.get("beta_fast") or 32),
+                      beta_slow=float(scaling.get("beta_slow") or 1),
+                      truncate=bool(scaling.get("truncate", True)))
+
+
+def check_rope_size(rope: RopeConfig, rotary: int) -> None:
+    """Per-frequency factors must give one value per rotated pair (``rotary / 2``)."""
+    values = {"short_factor": rope.short_factor, "long_factor": rope.long_factor,
+              "factors": rope.freq_factors}
+    needed = {"longrope": ("short_factor", "long_factor"), "factors": ("factors",)}.get(rope.rope_type, ())
+    for name in needed:
+        if len(values[name]) != rotary // 2:
+            raise BuildInputError(
+                f"{rope.rope_type} rope scaling field {name!r} has {len(values[name])} values; the "
+                f"{rotary} rotary dimensions need {rotary // 2}")
 
 
 def _eos_ids(value: Any) -> tuple[int, ...]:
@@ -291,7 +416,9 @@ def model_config_from(raw: Mapping[str, Any], generation: Mapping[str, Any] | No
     if head_dim % 2:
         raise BuildInputError(f"head_dim must be even for rotary embeddings, got {head_dim}")
     layers = _require_int(raw, "num_hidden_layers")
-    partial = float(raw.get("partial_rotary_factor", 1.0))
+    # transformers 5 may keep it inside rope_parameters only (Phi-3's convention).
+    partial = float(raw.get("partial_rotary_factor")
+                    or _rope_params(raw)[0].get("partial_rotary_factor") or 1.0)
     rotary_dim = int(head_dim * partial)
     if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
         raise BuildInputError(
@@ -340,6 +467,8 @@ def model_config_from(raw: Mapping[str, Any], generation: Mapping[str, Any] | No
     if fields["layer_types"] and fields["sliding_window"] is None:
         fields["layer_types"] = ()  # sliding layers without a window attend to everything
     cfg = ModelConfig(**fields)
+    for rope in {cfg.rope, cfg.rope_local or cfg.rope}:
+        check_rope_size(rope, cfg.rotary)
     _check(cfg)
     return cfg
 

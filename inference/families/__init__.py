@@ -91,9 +91,22 @@ class Family:
 
 
 def _load() -> tuple[Family, ...]:
-    from inference.families import llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe
+    from inference.families import (
+        granite,
+        llama,
+        ministral,
+        mistral,
+        mixtral,
+        phi3,
+        qwen2,
+        qwen2_moe,
+        qwen3,
+        qwen3_moe,
+        smollm3,
+    )
 
-    return tuple(m.FAMILY for m in (llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe))
+    return tuple(m.FAMILY for m in (llama, mistral, ministral, qwen2, qwen3, phi3, granite, smollm3,
+                                    mixtral, qwen2_moe, qwen3_moe))
 
 
 FAMILIES: tuple[Family, ...] = _load()

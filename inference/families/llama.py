@@ -26,5 +26,6 @@ FAMILY = Family(
     gguf_config=gguf_biases,
     gguf_permuted_qk=True,
     parsers=("none", "generic"),
-    notes="rope default/linear/llama3; optional attention and MLP biases",
+    notes="rope default/linear/llama3 (from a GGUF: its rope_freqs divisors); optional attention and MLP "
+          "biases",
 )

@@ -36,5 +36,5 @@ FAMILY = Family(
     features=features,
     gguf_config=gguf_config,
     parsers=("none", "hermes"),
-    notes="q/k/v biases; sliding layers from use_sliding_window",
+    notes="q/k/v biases; sliding layers from use_sliding_window; YaRN rope",
 )

@@ -46,8 +46,11 @@ def test_unsupported_architecture_is_named_with_the_supported_list(
     [
         (
             {"rope_parameters": {"rope_type": "bogus", "rope_theta": 1e4, "factor": 4.0}},
-            "unsupported rope scaling type 'bogus'; supported: default, linear, llama3",
+            "unsupported rope scaling type 'bogus'; supported: default, linear, llama3, yarn, longrope, "
+            "dynamic, factors",
         ),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
+         "yarn rope scaling is missing the field 'factor'"),
         ({"hidden_act": "tanh"}, "unsupported hidden_act 'tanh'"),
         ({"layer_types": ["chunked_attention", "full_attention"]},
          r"unsupported layer type in layer_types \['chunked_attention', 'full_attention'\]"),
@@ -62,6 +65,31 @@ def test_unsupported_config_fields(
     tmp_path: Path,
 ) -> None:
     ckpt = copy_dir(hf_checkpoint("qwen2", "fp32", True))
+    _edit_config(ckpt, **changes)
+    _build_fails(ckpt, tmp_path, match)
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"partial_rotary_factor": 0.75, "rope_parameters": None},
+         r"partial_rotary_factor gives 24 rotary dimensions of head_dim 32; the CPU graph's "
+         r"GroupQueryAttention rotates a multiple of 16 only"),
+        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.5,
+                              "short_factor": [1.0] * 8, "long_factor": [1.0] * 7}},
+         r"longrope rope scaling field 'long_factor' has 7 values; the 16 rotary dimensions need 8"),
+        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+         "longrope rope scaling is missing the field 'short_factor'"),
+    ],
+)
+def test_unsupported_phi3_variants(
+    changes: dict[str, object],
+    match: str,
+    hf_checkpoint: Callable[..., Path],
+    copy_dir: Callable[[Path], Path],
+    tmp_path: Path,
+) -> None:
+    ckpt = copy_dir(hf_checkpoint("phi3", "fp32", False))
     _edit_config(ckpt, **changes)
     _build_fails(ckpt, tmp_path, match)
 

@@ -27,7 +27,9 @@ def test_the_docs_table_is_the_registry() -> None:
 def test_every_family_has_a_demo_checkpoint_a_gguf_case_and_a_transformers_class() -> None:
     assert family_names() == demo.ARCHS
     for family in FAMILIES:
-        assert family.name in GGUF_METADATA, f"{family.name} has no GGUF parity case (tests/gguf/ggufs.py)"
+        # A family llama.cpp cannot convert declares no GGUF architecture (and says why in its notes).
+        assert family.name in GGUF_METADATA or not family.gguf_architectures, (
+            f"{family.name} has no GGUF parity case (tests/gguf/ggufs.py)")
         assert hasattr(tf, family.config_class), family.config_class
         for arch in family.architectures:
             assert hasattr(tf, arch), arch

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,9 @@ from inference.families import family_by_name, family_names
 from tests.support.tiny_models import TINY_CONFIG, TINY_VOCAB, random_model
 
 CORPUS = Path(__file__).resolve().parents[2] / "inference" / "data" / "corpus.txt"
-#: Every registered family: each has a GGUF parity case (the metadata llama.cpp's converter
-#: writes for it is in GGUF_METADATA below).
-FAMILIES = family_names()
+#: Every registered family that llama.cpp converts: each has a GGUF parity case (the metadata
+#: llama.cpp's converter writes for it is in GGUF_METADATA below).
+FAMILIES = tuple(f for f in family_names() if family_by_name(f).gguf_architectures)
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1")
 VOCAB = TINY_VOCAB
 CHATML = (
@@ -46,17 +47,16 @@ COMMON: dict[str, Any] = {
 _TIED = {"llama": True}
 #: Features a test GGUF cannot carry yet, turned off for its reference.
 _GGUF_OVERRIDES: dict[str, dict[str, Any]] = {
-    "llama": {"rope_parameters": None},
     # llama.cpp's qwen2moe/qwen3moe make every layer sparse (no mlp_only_layers).
     "qwen2_moe": {"mlp_only_layers": []},
     "qwen3_moe": {"mlp_only_layers": []},
 }
 
 
-def hf_config(family: str) -> tf.PretrainedConfig:
+def hf_config(family: str, **overrides: Any) -> tf.PretrainedConfig:
     fam = family_by_name(family)
     kwargs = {**COMMON, **copy.deepcopy(dict(fam.tiny)), **_GGUF_OVERRIDES.get(family, {}),
-              "tie_word_embeddings": _TIED.get(family, False)}
+              "tie_word_embeddings": _TIED.get(family, False), **overrides}
     config: tf.PretrainedConfig = getattr(tf, fam.config_class)(**kwargs)
     return config
 
@@ -97,6 +97,39 @@ def _qwen3_moe_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
     _qwen3_metadata(writer, cfg)  # head_dim in the hparams: key/value lengths
     _experts(writer, cfg)
     writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+def _rope_scaling_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    """TextModel.set_gguf_parameters' rope scaling keys (linear, yarn; llama3 is a tensor)."""
+    params = cfg.rope_parameters or {}
+    if params.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(params["factor"])
+    elif params.get("rope_type") == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(params["factor"])
+        writer.add_rope_scaling_orig_ctx_len(params["original_max_position_embeddings"])
+        for key, add in (("attention_factor", writer.add_rope_scaling_yarn_attn_factor),
+                         ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+                         ("beta_slow", writer.add_rope_scaling_yarn_beta_slow)):
+            if params.get(key) is not None:
+                add(params[key])
+
+
+def _phi3_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    """Phi3MiniModel.set_gguf_parameters (the rope factors are tensors: :func:`extra_tensors`)."""
+    params = cfg.rope_parameters
+    writer.add_rope_scaling_orig_ctx_len(params.get("original_max_position_embeddings",
+                                                    cfg.max_position_embeddings))
+    rot_pct = params.get("partial_rotary_factor", 1.0)
+    writer.add_rope_dimension_count(int(rot_pct * cfg.hidden_size) // cfg.num_attention_heads)
+    writer.add_sliding_window(cfg.sliding_window or 0)
+
+
+def _granite_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    _llama_metadata(writer, cfg)
+    writer.add_attention_scale(cfg.attention_multiplier)
+    writer.add_embedding_scale(cfg.embedding_multiplier)
+    writer.add_residual_scale(cfg.residual_multiplier)
+    writer.add_logit_scale(cfg.logits_scaling)
 
 
 #: family -> what llama.cpp's converter writes for it beyond the keys every family has.
@@ -108,9 +141,12 @@ GGUF_METADATA: dict[str, Callable[[gguf.GGUFWriter, Any], None]] = {
     "mixtral": _mixtral_metadata,
     "qwen2_moe": _qwen2_moe_metadata,
     "qwen3_moe": _qwen3_moe_metadata,
+    "phi3": _phi3_metadata,
+    "granite": _granite_metadata,
+    "smollm3": _llama_metadata,
 }
 #: Families whose Q/K rows llama.cpp's converter permutes (its LlamaModel.modify_tensors).
-PERMUTED = frozenset({"llama", "mistral", "mixtral"})
+PERMUTED = frozenset({"llama", "mistral", "mixtral", "granite", "smollm3"})
 #: Tensors the converter keeps in F32 whatever the output type (FFN_GATE_INP, FFN_GATE_INP_SHEXP).
 _ALWAYS_F32 = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
 
@@ -137,6 +173,45 @@ def _join_experts(reference: dict[str, torch.Tensor]) -> None:
         reference[f"{base}.gate_up_proj"] = torch.cat(
             [reference.pop(name), reference.pop(f"{base}.up_proj.weight")], dim=1)
         reference[f"{base}.down_proj"] = reference.pop(f"{base}.down_proj.weight")
+
+
+def extra_tensors(cfg: Any) -> dict[str, np.ndarray]:
+    """The tensors llama.cpp's converter generates (``generate_extra_tensors``): LlamaModel's
+    ``rope_freqs`` of a llama3 rope, Phi3MiniModel's LongRoPE factors (and its attention factor,
+    written as metadata by the caller)."""
+    params = cfg.rope_parameters or {}
+    if params.get("rope_type") == "llama3":  # LlamaModel.generate_extra_tensors, as it is written
+        base = params.get("rope_theta", 10000.0)
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        factor = params.get("factor", 8.0)
+        low_freq_factor = params.get("low_freq_factor", 1.0)
+        high_freq_factor = params.get("high_freq_factor", 4.0)
+        old_context_len = params.get("original_max_position_embeddings", 8192)
+        low_freq_wavelen = old_context_len / low_freq_factor
+        high_freq_wavelen = old_context_len / high_freq_factor
+        rope_factors: list[Any] = []
+        for freq in freqs:
+            wavelen = 2 * math.pi / freq
+            if wavelen < high_freq_wavelen:
+                rope_factors.append(1)
+            elif wavelen > low_freq_wavelen:
+                rope_factors.append(factor)
+            else:
+                smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+                rope_factors.append(1 / ((1 - smooth) / factor + smooth))
+        return {"rope_freqs.weight": torch.tensor(rope_factors, dtype=torch.float32).numpy()}
+    if params.get("rope_type") == "longrope" and params.get("long_factor"):
+        return {"rope_factors_long.weight": np.asarray(params["long_factor"], np.float32),
+                "rope_factors_short.weight": np.asarray(params["short_factor"], np.float32)}
+    return {}
+
+
+def _longrope_attn_factor(cfg: Any) -> float:
+    """Phi3MiniModel's attention factor of LongRoPE (max_position_embeddings / the original)."""
+    orig = cfg.rope_parameters["original_max_position_embeddings"]
+    scale = cfg.max_position_embeddings / orig
+    return math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
 #: Families whose norm weights llama.cpp's converter stores as ``w + 1`` (Gemma).
 NORM_PLUS_ONE: frozenset[str] = frozenset()
 
@@ -169,15 +244,16 @@ def _gguf_name(hf: str, arch: str, blocks: int) -> str:
     return name
 
 
-def make_model(family: str, seed: int = 0) -> tf.PreTrainedModel:
-    model: tf.PreTrainedModel = random_model(hf_config(family), seed)
+def make_model(family: str, seed: int = 0, **overrides: Any) -> tf.PreTrainedModel:
+    model: tf.PreTrainedModel = random_model(hf_config(family, **overrides), seed)
     return model
 
 
 def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
-               with_tokenizer: bool = True) -> tuple[Path, Path]:
-    """Write ``out/model.gguf`` and the reference checkpoint ``out/reference``; return both."""
-    model = make_model(family)
+               with_tokenizer: bool = True, **overrides: Any) -> tuple[Path, Path]:
+    """Write ``out/model.gguf`` and the reference checkpoint ``out/reference``; return both.
+    ``overrides``: config fields on top of the family's tiny configuration."""
+    model = make_model(family, **overrides)
     cfg = model.config
     qt = gguf.GGMLQuantizationType[qtype]
     arch = arch or family_by_name(family).gguf_architectures[0]
@@ -195,6 +271,11 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
     if not getattr(cfg, "head_dim", None):
         cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
     GGUF_METADATA[family](writer, cfg)
+    if family != "phi3":  # Phi3MiniModel writes its own rope keys, not TextModel's
+        _rope_scaling_metadata(writer, cfg)
+    extra = extra_tensors(cfg)
+    if "rope_factors_long.weight" in extra:
+        writer.add_rope_scaling_attn_factors(_longrope_attn_factor(cfg))
     if with_tokenizer:
         tok = byte_level_tokenizer()
         vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
@@ -236,6 +317,8 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
                 stored = stored + np.float32(1.0)
             writer.add_tensor(_gguf_name(name, name_arch, blocks), np.ascontiguousarray(stored))
             reference[name] = param.detach().clone()
+    for name, values in extra.items():  # float32 vectors, whatever the weights' type
+        writer.add_tensor(name, values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
