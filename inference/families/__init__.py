@@ -92,6 +92,7 @@ class Family:
 
 def _load() -> tuple[Family, ...]:
     from inference.families import (
+        gemma,
         granite,
         llama,
         ministral,
@@ -105,8 +106,9 @@ def _load() -> tuple[Family, ...]:
         smollm3,
     )
 
-    return tuple(m.FAMILY for m in (llama, mistral, ministral, qwen2, qwen3, phi3, granite, smollm3,
-                                    mixtral, qwen2_moe, qwen3_moe))
+    return (*(m.FAMILY for m in (llama, mistral, ministral, qwen2, qwen3, phi3, granite, smollm3)),
+            gemma.GEMMA, gemma.GEMMA2, gemma.GEMMA3,
+            *(m.FAMILY for m in (mixtral, qwen2_moe, qwen3_moe)))
 
 
 FAMILIES: tuple[Family, ...] = _load()

@@ -44,12 +44,16 @@ COMMON: dict[str, Any] = {
 
 
 #: Per family: (untied?) and the tiny config's overrides on top of the family's own ``tiny``.
-_TIED = {"llama": True}
+_TIED = {"llama": True, "gemma": True, "gemma2": True, "gemma3_text": True}
 #: Features a test GGUF cannot carry yet, turned off for its reference.
 _GGUF_OVERRIDES: dict[str, dict[str, Any]] = {
     # llama.cpp's qwen2moe/qwen3moe make every layer sparse (no mlp_only_layers).
     "qwen2_moe": {"mlp_only_layers": []},
     "qwen3_moe": {"mlp_only_layers": []},
+    # llama.cpp's GGUF has no query_pre_attn_scalar: it takes the head size (hidden / heads for the
+    # 27B shapes), which is what Gemma 2/3 checkpoints other than 27B have.
+    "gemma2": {"query_pre_attn_scalar": 16},
+    "gemma3_text": {"query_pre_attn_scalar": 32},
 }
 
 
@@ -132,6 +136,26 @@ def _granite_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
     writer.add_logit_scale(cfg.logits_scaling)
 
 
+def _gemma_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    """GemmaModel.set_gguf_parameters (and Gemma2Model's, Gemma3Model's beyond it)."""
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+
+
+def _gemma2_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    _gemma_metadata(writer, cfg)
+    writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+    writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    writer.add_sliding_window(cfg.sliding_window)
+
+
+def _gemma3_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    _gemma_metadata(writer, cfg)
+    if cfg.final_logit_softcapping:
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    writer.add_sliding_window(cfg.sliding_window)
+
+
 #: family -> what llama.cpp's converter writes for it beyond the keys every family has.
 GGUF_METADATA: dict[str, Callable[[gguf.GGUFWriter, Any], None]] = {
     "llama": _llama_metadata,
@@ -144,6 +168,9 @@ GGUF_METADATA: dict[str, Callable[[gguf.GGUFWriter, Any], None]] = {
     "phi3": _phi3_metadata,
     "granite": _granite_metadata,
     "smollm3": _llama_metadata,
+    "gemma": _gemma_metadata,
+    "gemma2": _gemma2_metadata,
+    "gemma3_text": _gemma3_metadata,
 }
 #: Families whose Q/K rows llama.cpp's converter permutes (its LlamaModel.modify_tensors).
 PERMUTED = frozenset({"llama", "mistral", "mixtral", "granite", "smollm3"})
@@ -213,7 +240,7 @@ def _longrope_attn_factor(cfg: Any) -> float:
     scale = cfg.max_position_embeddings / orig
     return math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
 #: Families whose norm weights llama.cpp's converter stores as ``w + 1`` (Gemma).
-NORM_PLUS_ONE: frozenset[str] = frozenset()
+NORM_PLUS_ONE: frozenset[str] = frozenset({"gemma", "gemma2", "gemma3_text"})
 
 
 def byte_level_tokenizer() -> Tokenizer:
@@ -265,7 +292,8 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(10000.0)
+    params = dict(getattr(cfg, "rope_parameters", None) or {})
+    writer.add_rope_freq_base(float(params.get("full_attention", params).get("rope_theta", 10000.0)))
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(VOCAB)
     if not getattr(cfg, "head_dim", None):
@@ -313,10 +341,13 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
                 back = _unpermute(back, cfg.num_key_value_heads)
             reference[name] = torch.from_numpy(np.ascontiguousarray(back))
         else:
-            if family in NORM_PLUS_ONE and w.ndim == 1 and "norm" in name:
+            shifted = family in NORM_PLUS_ONE and w.ndim == 1 and "norm" in name
+            if shifted:
                 stored = stored + np.float32(1.0)
             writer.add_tensor(_gguf_name(name, name_arch, blocks), np.ascontiguousarray(stored))
-            reference[name] = param.detach().clone()
+            # What the file holds: (w + 1) - 1 in float32 is w to the last bit only mostly.
+            reference[name] = (torch.from_numpy(np.ascontiguousarray(stored - np.float32(1.0))) if shifted
+                               else param.detach().clone())
     for name, values in extra.items():  # float32 vectors, whatever the weights' type
         writer.add_tensor(name, values)
     writer.write_header_to_file()
