@@ -120,6 +120,9 @@ class ModelConfig:
     embed_scale: float = 1.0  # the embedding output is multiplied by this
     residual_scale: float = 1.0  # each block's output is multiplied by this before the add
     logits_scale: float = 1.0  # the logits are multiplied by this
+    #: attention and MLP side by side on the attention norm's output, one residual add
+    #: (x + attn(n(x)) + mlp(n(x)): StableLM's use_parallel_residual, Phi-1/2, Cohere)
+    parallel_block: bool = False
 
     @property
     def rotary(self) -> int:
@@ -186,6 +189,30 @@ def rope_from(raw: Mapping[str, Any], layer_type: str = "full_attention",
         )
     except KeyError as exc:
         raise BuildInputError(f"llama3 rope scaling is missing the field {exc.args[0]!r}") from None
+
+
+def partial_rotary_factor(raw: Mapping[str, Any], default: float = 1.0) -> float:
+    """The config's ``partial_rotary_factor``: top level (hub checkpoints) or inside
+    ``rope_parameters`` (what transformers 5 writes); ``default`` where neither says."""
+    value = raw.get("partial_rotary_factor")
+    if value is None:
+        value = _rope_params(raw)[0].get("partial_rotary_factor")
+    try:
+        return float(default if value is None else value)
+    except (TypeError, ValueError):
+        raise BuildInputError(f"config.json partial_rotary_factor must be a number, got {value!r}") from None
+
+
+def rotary_dims(raw: Mapping[str, Any], head_dim: int, default_factor: float = 1.0) -> int:
+    """Rotated dimensions per head (``head_dim * partial_rotary_factor``), checked."""
+    partial = partial_rotary_factor(raw, default_factor)
+    rotary_dim = int(head_dim * partial)
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise BuildInputError(
+            f"partial_rotary_factor {partial} gives {rotary_dim} rotary dimensions of head_dim {head_dim}; "
+            "it must be an even number between 2 and head_dim"
+        )
+    return rotary_dim
 
 
 def _eos_ids(value: Any) -> tuple[int, ...]:
@@ -271,13 +298,7 @@ def model_config_from(raw: Mapping[str, Any], generation: Mapping[str, Any] | No
     if head_dim % 2:
         raise BuildInputError(f"head_dim must be even for rotary embeddings, got {head_dim}")
     layers = _require_int(raw, "num_hidden_layers")
-    partial = float(raw.get("partial_rotary_factor", 1.0))
-    rotary_dim = int(head_dim * partial)
-    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
-        raise BuildInputError(
-            f"partial_rotary_factor {partial} gives {rotary_dim} rotary dimensions of head_dim {head_dim}; "
-            "it must be an even number between 2 and head_dim"
-        )
+    rotary_dim = rotary_dims(raw, int(head_dim))
 
     layer_types = layer_types_of(raw, layers)
     sliding = raw.get("sliding_window") if "sliding" in layer_types else None
@@ -327,6 +348,9 @@ def _check(cfg: ModelConfig) -> None:
                                  ("mlp", cfg.mlp, MLPS), ("act", cfg.act, ACTIVATIONS)):
         if value not in allowed:  # a family module's mistake, not the user's
             raise ValueError(f"{cfg.family}: layer feature {name}={value!r} is not one of {allowed}")
+    if cfg.parallel_block and cfg.pre_mlp_norm:
+        raise ValueError(f"{cfg.family}: parallel_block reads the attention norm's output; "
+                         "pre_mlp_norm must be False")
     if cfg.layer_types and (len(cfg.layer_types) != cfg.num_layers
                             or any(t not in LAYER_TYPES for t in cfg.layer_types)):
         raise ValueError(

@@ -76,9 +76,9 @@ class Family:
 
 
 def _load() -> tuple[Family, ...]:
-    from inference.families import llama, mistral, qwen2, qwen3
+    from inference.families import llama, mistral, nemotron, olmo2, qwen2, qwen3, stablelm, starcoder2
 
-    return tuple(m.FAMILY for m in (llama, mistral, qwen2, qwen3))
+    return tuple(m.FAMILY for m in (llama, mistral, qwen2, qwen3, stablelm, starcoder2, nemotron, olmo2))
 
 
 FAMILIES: tuple[Family, ...] = _load()

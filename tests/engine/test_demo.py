@@ -34,6 +34,10 @@ _EXPECTED_CLASS = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "stablelm": "StableLmForCausalLM",
+    "starcoder2": "Starcoder2ForCausalLM",
+    "nemotron": "NemotronForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
 }
 
 

@@ -45,7 +45,8 @@ COMMON: dict[str, Any] = {
 #: Per family: (untied?) and the tiny config's overrides on top of the family's own ``tiny``.
 _TIED = {"llama": True}
 #: Features a test GGUF cannot carry yet, turned off for its reference.
-_GGUF_OVERRIDES: dict[str, dict[str, Any]] = {"llama": {"rope_parameters": None}}
+_GGUF_OVERRIDES: dict[str, dict[str, Any]] = {"llama": {"rope_parameters": None},
+                                               "starcoder2": {"sliding_window": None}}
 
 
 def hf_config(family: str) -> tf.PretrainedConfig:
@@ -71,17 +72,45 @@ def _qwen3_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
     writer.add_value_length(cfg.head_dim)
 
 
+def _stablelm_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    # conversion/stablelm.py: the rotated dims of hidden / heads, the parallel flag, the eps.
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    writer.add_rope_dimension_count(int(cfg.rope_parameters["partial_rotary_factor"] * head_dim))
+    writer.add_parallel_residual(cfg.use_parallel_residual)
+    writer.add_layer_norm_eps(cfg.layer_norm_eps)
+
+
+def _starcoder2_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    writer.add_layer_norm_eps(cfg.norm_epsilon)  # TextModel: norm_epsilon; no sliding window
+
+
+def _nemotron_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    # conversion/nemotron.py: the eps, int(factor * hidden) // heads rotated dims, no rope scaling;
+    # TextModel writes key/value lengths from head_dim.
+    writer.add_layer_norm_eps(cfg.norm_eps)
+    factor = cfg.rope_parameters["partial_rotary_factor"]
+    writer.add_rope_dimension_count(int(factor * cfg.hidden_size) // cfg.num_attention_heads)
+    writer.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+
+
 #: family -> what llama.cpp's converter writes for it beyond the keys every family has.
 GGUF_METADATA: dict[str, Callable[[gguf.GGUFWriter, Any], None]] = {
     "llama": _llama_metadata,
     "mistral": _mistral_metadata,
     "qwen2": lambda writer, cfg: None,
     "qwen3": _qwen3_metadata,
+    "stablelm": _stablelm_metadata,
+    "starcoder2": _starcoder2_metadata,
+    "nemotron": _nemotron_metadata,
+    "olmo2": lambda writer, cfg: None,
 }
 #: Families whose Q/K rows llama.cpp's converter permutes (its LlamaModel.modify_tensors).
 PERMUTED = frozenset({"llama", "mistral"})
-#: Families whose norm weights llama.cpp's converter stores as ``w + 1`` (Gemma).
-NORM_PLUS_ONE: frozenset[str] = frozenset()
+#: Families whose norm weights (not biases) llama.cpp's converter stores as ``w + 1`` (Gemma,
+#: Nemotron's LayerNorm1p).
+NORM_PLUS_ONE: frozenset[str] = frozenset({"nemotron"})
 
 
 def byte_level_tokenizer() -> Tokenizer:
@@ -133,7 +162,7 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
     writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_layer_norm_rms_eps(getattr(cfg, "rms_norm_eps", 1e-5))  # as the config says (TextModel)
     writer.add_vocab_size(VOCAB)
     if not getattr(cfg, "head_dim", None):
         cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
@@ -175,10 +204,12 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
                 back = _unpermute(back, cfg.num_key_value_heads)
             reference[name] = torch.from_numpy(np.ascontiguousarray(back))
         else:
-            if family in NORM_PLUS_ONE and w.ndim == 1 and "norm" in name:
+            if family in NORM_PLUS_ONE and name.endswith("norm.weight"):
                 stored = stored + np.float32(1.0)
             writer.add_tensor(_gguf_name(name, name_arch, blocks), np.ascontiguousarray(stored))
-            reference[name] = param.detach().clone()
+            # The file holds w + 1 rounded to float32: what it means is that value less 1.
+            meant = stored - np.float32(1.0) if stored is not w else None
+            reference[name] = param.detach().clone() if meant is None else torch.from_numpy(meant)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
