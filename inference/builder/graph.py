@@ -577,16 +577,21 @@ class _DecoderBuilder:
 
 
 def check_gqa_rotary(cfg: ModelConfig) -> None:
-    """Refuse a partial rotary size GroupQueryAttention cannot rotate (one line, naming the fields).
+    """Refuse a head or rotary size GroupQueryAttention cannot run (one line, naming the fields).
 
-    onnxruntime's CPU GroupQueryAttention rotates a partial rotary span only when half of it is a
-    multiple of 8 (a full-width rotary of any even head_dim is fine)."""
-    if cfg.rotary != cfg.head_dim and (cfg.rotary // 2) % 8:
+    Measured on onnxruntime's CPU GroupQueryAttention: head_size must be a multiple of 8, and of
+    16 where it rotates; a rotary span (the cos/sin tables' width, rotary_dim / 2) must be a
+    multiple of 8."""
+    hd, rot = cfg.head_dim, cfg.rotary
+    rotates = any(cfg.rope_of(i) is not None for i in range(cfg.num_layers))
+    if hd % 8 or (rotates and hd % 16):
         raise BuildInputError(
-            f"partial_rotary_factor {cfg.rotary / cfg.head_dim:g} of head_dim {cfg.head_dim} rotates "
-            f"{cfg.rotary} dimensions per head; the CPU engine (onnxruntime GroupQueryAttention) needs "
-            "rotary dimensions / 2 to be a multiple of 8"
-        )
+            f"head_dim {hd} is not supported by the CPU engine (onnxruntime GroupQueryAttention needs a "
+            f"multiple of {16 if rotates else 8}{' with rotary embeddings' if rotates else ''})")
+    if rotates and rot != hd and (rot // 2) % 8:
+        raise BuildInputError(
+            f"partial_rotary_factor {rot / hd:g} of head_dim {hd} rotates {rot} dimensions per head; the "
+            "CPU engine (onnxruntime GroupQueryAttention) needs rotary dimensions / 2 to be a multiple of 8")
 
 
 def _finish_logits(em: _Emitter, cfg: ModelConfig) -> None:
