@@ -204,12 +204,13 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
                 back = _unpermute(back, cfg.num_key_value_heads)
             reference[name] = torch.from_numpy(np.ascontiguousarray(back))
         else:
-            if family in NORM_PLUS_ONE and name.endswith("norm.weight"):
+            plus_one = family in NORM_PLUS_ONE and name.endswith("norm.weight")
+            if plus_one:
                 stored = stored + np.float32(1.0)
             writer.add_tensor(_gguf_name(name, name_arch, blocks), np.ascontiguousarray(stored))
             # The file holds w + 1 rounded to float32: what it means is that value less 1.
-            meant = stored - np.float32(1.0) if stored is not w else None
-            reference[name] = param.detach().clone() if meant is None else torch.from_numpy(meant)
+            reference[name] = (torch.from_numpy(stored - np.float32(1.0)) if plus_one
+                               else param.detach().clone())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
