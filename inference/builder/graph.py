@@ -235,6 +235,8 @@ class _DecoderBuilder:
         """LayerNorm without its bias (added by :meth:`norm`)."""
         eps = self.cfg.rms_norm_eps
         em = self.em
+        if self.fused:
+            return em.op1("LayerNormalization", [x, weight], axis=-1, epsilon=eps, stash_type=1)
         mean = em.op1("ReduceMean", [x, self.axes_last], keepdims=1)
         centred = em.op1("Sub", [x, mean])
         var = em.op1("ReduceMean", [em.op1("Mul", [centred, centred]), self.axes_last], keepdims=1)
@@ -463,10 +465,15 @@ class _DecoderBuilder:
         q, k, v = self.projections(normed, parts, cfg.hidden_size, cfg.attention_bias)
         return q, k, v
 
-    def attention_block(self, x: str, i: int) -> str:
+    def attn_input(self, x: str, i: int) -> str:
+        """The attention's input: ``x`` through the layer's pre-attention norm, if it has one."""
+        cfg = self.cfg
+        return self.norm(x, self.names.layer(i, "attn_norm"), cfg.hidden_size) if cfg.pre_attn_norm else x
+
+    def attention_block(self, normed: str, i: int) -> str:
+        """The attention branch of layer ``i`` on its input (:meth:`attn_input`)."""
         cfg, n = self.cfg, self.names
         hd, h, kvh = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-        normed = self.norm(x, n.layer(i, "attn_norm"), cfg.hidden_size) if cfg.pre_attn_norm else x
         q, k, v = self.qkv(normed, i)
         if cfg.qk_norm == "full":
             q = self.norm(q, n.layer(i, "q_norm"), h * hd, rms=True)
@@ -489,9 +496,9 @@ class _DecoderBuilder:
             y = self.norm(y, n.layer(i, "attn_post_norm"), cfg.hidden_size)
         return y
 
-    def mlp_block(self, x: str, i: int) -> str:
+    def mlp_block(self, normed: str, i: int) -> str:
+        """The MLP branch of layer ``i`` on its input (after the pre-MLP norm, if any)."""
         cfg, n = self.cfg, self.names
-        normed = self.norm(x, n.layer(i, "mlp_norm"), cfg.hidden_size) if cfg.pre_mlp_norm else x
         y = self.moe_block(normed, i) if cfg.sparse(i) else self.dense_mlp(normed, i)
         if cfg.post_mlp_norm:
             y = self.norm(y, n.layer(i, "mlp_post_norm"), cfg.hidden_size)
@@ -600,9 +607,15 @@ class _DecoderBuilder:
         return em.op1("Reshape", [em.op1("Transpose", [summed], perm=[1, 0]), em.op1("Shape", [x])])
 
     def layer(self, x: str, i: int) -> str:
-        scale = self.cfg.residual_scale
-        x = self.em.op1("Add", [x, self.scaled(self.attention_block(x, i), scale)])
-        return self.em.op1("Add", [x, self.scaled(self.mlp_block(x, i), scale)])
+        cfg, em = self.cfg, self.em
+        scale = cfg.residual_scale
+        normed = self.attn_input(x, i)
+        attn = self.scaled(self.attention_block(normed, i), scale)
+        if cfg.parallel_block:  # both branches read the attention norm's output; one add
+            return em.op1("Add", [em.op1("Add", [x, attn]), self.scaled(self.mlp_block(normed, i), scale)])
+        x = em.op1("Add", [x, attn])
+        normed = self.norm(x, self.names.layer(i, "mlp_norm"), cfg.hidden_size) if cfg.pre_mlp_norm else x
+        return em.op1("Add", [x, self.scaled(self.mlp_block(normed, i), scale)])
 
     def embedding(self) -> tuple[str, str]:
         """The token embedding lookup; returns (its output, the embedding table's initializer)."""
@@ -656,6 +669,24 @@ class _DecoderBuilder:
         return self.em.op("Reshape", [logits2, shape], outputs=["logits"])[0], True
 
 
+def check_gqa_rotary(cfg: ModelConfig) -> None:
+    """Refuse a head or rotary size GroupQueryAttention cannot run (one line, naming the fields).
+
+    Measured on onnxruntime's CPU GroupQueryAttention: head_size must be a multiple of 8, and of
+    16 where it rotates; a rotary span (the cos/sin tables' width, rotary_dim / 2) must be a
+    multiple of 8."""
+    hd, rot = cfg.head_dim, cfg.rotary
+    rotates = any(cfg.rope_of(i) is not None for i in range(cfg.num_layers))
+    if hd % 8 or (rotates and hd % 16):
+        raise BuildInputError(
+            f"head_dim {hd} is not supported by the CPU engine (onnxruntime GroupQueryAttention needs a "
+            f"multiple of {16 if rotates else 8}{' with rotary embeddings' if rotates else ''})")
+    if rotates and rot != hd and (rot // 2) % 8:
+        raise BuildInputError(
+            f"partial_rotary_factor {rot / hd:g} of head_dim {hd} rotates {rot} dimensions per head; the "
+            "CPU engine (onnxruntime GroupQueryAttention) needs rotary dimensions / 2 to be a multiple of 8")
+
+
 def _finish_logits(em: _Emitter, cfg: ModelConfig) -> None:
     """The family's logit scale and soft-capping after the lm_head (which writes ``logits``)."""
     if cfg.logits_scale == 1.0 and not cfg.final_softcap:
@@ -700,10 +731,8 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
     gqa = kv_layout == "gqa"
-    if gqa and cfg.rotary != cfg.head_dim and (cfg.rotary // 2) % 8:
-        raise BuildInputError(
-            f"partial_rotary_factor gives {cfg.rotary} rotary dimensions of head_dim {cfg.head_dim}; the CPU "
-            "graph's GroupQueryAttention rotates a multiple of 16 only")
+    if gqa:
+        check_gqa_rotary(cfg)
     if kernels is not None and not gqa:
         raise ValueError("quantized weights are onnxruntime ops: only the gqa graph can hold them")
     if lora and not gqa:

@@ -201,6 +201,9 @@ class ModelConfig:
     residual_scale: float = 1.0  # each block's output is multiplied by this before the add
     logits_scale: float = 1.0  # the logits are multiplied by this
     moe: MoeConfig | None = None  # a mixture-of-experts MLP in ``moe.sparse_layers``
+    #: attention and MLP side by side on the attention norm's output, one residual add
+    #: (x + attn(n(x)) + mlp(n(x)): StableLM's use_parallel_residual, Phi-1/2, Cohere)
+    parallel_block: bool = False
 
     def sparse(self, layer: int) -> bool:
         """Whether ``layer``'s MLP is the mixture of experts."""
@@ -333,6 +336,30 @@ def check_rope_size(rope: RopeConfig, rotary: int) -> None:
                 f"{rotary} rotary dimensions need {rotary // 2}")
 
 
+def partial_rotary_factor(raw: Mapping[str, Any], default: float = 1.0) -> float:
+    """The config's ``partial_rotary_factor``: top level (hub checkpoints) or inside
+    ``rope_parameters`` (what transformers 5 writes); ``default`` where neither says."""
+    value = raw.get("partial_rotary_factor")
+    if value is None:
+        value = _rope_params(raw)[0].get("partial_rotary_factor")
+    try:
+        return float(default if value is None else value)
+    except (TypeError, ValueError):
+        raise BuildInputError(f"config.json partial_rotary_factor must be a number, got {value!r}") from None
+
+
+def rotary_dims(raw: Mapping[str, Any], head_dim: int, default_factor: float = 1.0) -> int:
+    """Rotated dimensions per head (``head_dim * partial_rotary_factor``), checked."""
+    partial = partial_rotary_factor(raw, default_factor)
+    rotary_dim = int(head_dim * partial)
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise BuildInputError(
+            f"partial_rotary_factor {partial} gives {rotary_dim} rotary dimensions of head_dim {head_dim}; "
+            "it must be an even number between 2 and head_dim"
+        )
+    return rotary_dim
+
+
 def _eos_ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
@@ -416,15 +443,7 @@ def model_config_from(raw: Mapping[str, Any], generation: Mapping[str, Any] | No
     if head_dim % 2:
         raise BuildInputError(f"head_dim must be even for rotary embeddings, got {head_dim}")
     layers = _require_int(raw, "num_hidden_layers")
-    # transformers 5 may keep it inside rope_parameters only (Phi-3's convention).
-    partial = float(raw.get("partial_rotary_factor")
-                    or _rope_params(raw)[0].get("partial_rotary_factor") or 1.0)
-    rotary_dim = int(head_dim * partial)
-    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
-        raise BuildInputError(
-            f"partial_rotary_factor {partial} gives {rotary_dim} rotary dimensions of head_dim {head_dim}; "
-            "it must be an even number between 2 and head_dim"
-        )
+    rotary_dim = rotary_dims(raw, int(head_dim))
 
     layer_types = layer_types_of(raw, layers)
     sliding = raw.get("sliding_window") if "sliding" in layer_types else None
@@ -480,6 +499,9 @@ def _check(cfg: ModelConfig) -> None:
             raise ValueError(f"{cfg.family}: layer feature {name}={value!r} is not one of {allowed}")
     if cfg.moe is not None:
         _check_moe(cfg, cfg.moe)
+    if cfg.parallel_block and cfg.pre_mlp_norm:
+        raise ValueError(f"{cfg.family}: parallel_block reads the attention norm's output; "
+                         "pre_mlp_norm must be False")
     if cfg.layer_types and (len(cfg.layer_types) != cfg.num_layers
                             or any(t not in LAYER_TYPES for t in cfg.layer_types)):
         raise ValueError(

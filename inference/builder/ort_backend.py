@@ -26,7 +26,7 @@ from inference.builder.bundle_files import (
 from inference.builder.checkpoint_reader import CheckpointReader, open_checkpoint
 from inference.builder.errors import BuildInputError
 from inference.builder.external_data import share_external_data
-from inference.builder.graph import GraphIO, Progress, build_decoder_graph
+from inference.builder.graph import GraphIO, Progress, build_decoder_graph, check_gqa_rotary
 from inference.builder.kernel_plan import KernelPlan, candidate_plans
 from inference.builder.model_config import ModelConfig, load_model_config
 from inference.builder.quality import MIN_AGREEMENT, Quality, run_gate
@@ -201,6 +201,7 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     fused = fused_ops_supported()
     if spec.task == "embed":
         return _build_embedding(cfg, ckpt, checkpoint_dir, out_dir, spec, report, started, fused)
+    check_gqa_rotary(cfg)  # the CPU graph's head and rotary sizes, before any graph is written
     model_path = out_dir / PORTABLE_MODEL
     optimized_path = out_dir / OPTIMIZED_MODEL
     kernels: KernelPlan | None = None

@@ -98,17 +98,21 @@ def _load() -> tuple[Family, ...]:
         ministral,
         mistral,
         mixtral,
+        nemotron,
+        olmo2,
         phi3,
         qwen2,
         qwen2_moe,
         qwen3,
         qwen3_moe,
         smollm3,
+        stablelm,
+        starcoder2,
     )
 
     return (*(m.FAMILY for m in (llama, mistral, ministral, qwen2, qwen3, phi3, granite, smollm3)),
             gemma.GEMMA, gemma.GEMMA2, gemma.GEMMA3,
-            *(m.FAMILY for m in (mixtral, qwen2_moe, qwen3_moe)))
+            *(m.FAMILY for m in (olmo2, stablelm, starcoder2, nemotron, mixtral, qwen2_moe, qwen3_moe)))
 
 
 FAMILIES: tuple[Family, ...] = _load()

@@ -73,8 +73,8 @@ def test_unsupported_config_fields(
     ("changes", "match"),
     [
         ({"partial_rotary_factor": 0.75, "rope_parameters": None},
-         r"partial_rotary_factor gives 24 rotary dimensions of head_dim 32; the CPU graph's "
-         r"GroupQueryAttention rotates a multiple of 16 only"),
+         r"partial_rotary_factor 0.75 of head_dim 32 rotates 24 dimensions per head; the CPU engine "
+         r"\(onnxruntime GroupQueryAttention\) needs rotary dimensions / 2 to be a multiple of 8"),
         ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.5,
                               "short_factor": [1.0] * 8, "long_factor": [1.0] * 7}},
          r"longrope rope scaling field 'long_factor' has 7 values; the 16 rotary dimensions need 8"),

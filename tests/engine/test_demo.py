@@ -44,6 +44,10 @@ _EXPECTED_CLASS = {
     "granite": "GraniteForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
     "ministral": "MinistralForCausalLM",
+    "stablelm": "StableLmForCausalLM",
+    "starcoder2": "Starcoder2ForCausalLM",
+    "nemotron": "NemotronForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
 }
 
 

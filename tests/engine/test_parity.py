@@ -145,7 +145,7 @@ def test_left_padded_batch_matches_transformers(
     assert got == [expected[0][0], expected[1][0]]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "stablelm", "starcoder2", "nemotron", "olmo2"])
 def test_decomposed_opset18_graph_matches_transformers(
     family: str,
     tmp_path: Path,

@@ -54,6 +54,7 @@ _GGUF_OVERRIDES: dict[str, dict[str, Any]] = {
     # 27B shapes), which is what Gemma 2/3 checkpoints other than 27B have.
     "gemma2": {"query_pre_attn_scalar": 16},
     "gemma3_text": {"query_pre_attn_scalar": 32},
+    "starcoder2": {"sliding_window": None},
 }
 
 
@@ -136,6 +137,27 @@ def _granite_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
     writer.add_logit_scale(cfg.logits_scaling)
 
 
+def _stablelm_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    # conversion/stablelm.py: the rotated dims of hidden / heads, the parallel flag, the eps.
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    writer.add_rope_dimension_count(int(cfg.rope_parameters["partial_rotary_factor"] * head_dim))
+    writer.add_parallel_residual(cfg.use_parallel_residual)
+    writer.add_layer_norm_eps(cfg.layer_norm_eps)
+
+
+def _starcoder2_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    writer.add_layer_norm_eps(cfg.norm_epsilon)  # TextModel: norm_epsilon; no sliding window
+
+
+def _nemotron_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    # conversion/nemotron.py: the eps, int(factor * hidden) // heads rotated dims, no rope scaling;
+    # TextModel writes key/value lengths from head_dim.
+    writer.add_layer_norm_eps(cfg.norm_eps)
+    factor = cfg.rope_parameters["partial_rotary_factor"]
+    writer.add_rope_dimension_count(int(factor * cfg.hidden_size) // cfg.num_attention_heads)
+    writer.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+
+
 def _gemma_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
     """GemmaModel.set_gguf_parameters (and Gemma2Model's, Gemma3Model's beyond it)."""
     writer.add_key_length(cfg.head_dim)
@@ -171,6 +193,10 @@ GGUF_METADATA: dict[str, Callable[[gguf.GGUFWriter, Any], None]] = {
     "gemma": _gemma_metadata,
     "gemma2": _gemma2_metadata,
     "gemma3_text": _gemma3_metadata,
+    "stablelm": _stablelm_metadata,
+    "starcoder2": _starcoder2_metadata,
+    "nemotron": _nemotron_metadata,
+    "olmo2": lambda writer, cfg: None,
 }
 #: Families whose Q/K rows llama.cpp's converter permutes (its LlamaModel.modify_tensors).
 PERMUTED = frozenset({"llama", "mistral", "mixtral", "granite", "smollm3"})
@@ -239,8 +265,11 @@ def _longrope_attn_factor(cfg: Any) -> float:
     orig = cfg.rope_parameters["original_max_position_embeddings"]
     scale = cfg.max_position_embeddings / orig
     return math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
-#: Families whose norm weights llama.cpp's converter stores as ``w + 1`` (Gemma).
-NORM_PLUS_ONE: frozenset[str] = frozenset({"gemma", "gemma2", "gemma3_text"})
+
+
+#: Families whose norm weights (not biases) llama.cpp's converter stores as ``w + 1`` (Gemma,
+#: Nemotron's LayerNorm1p).
+NORM_PLUS_ONE: frozenset[str] = frozenset({"gemma", "gemma2", "gemma3_text", "nemotron"})
 
 
 def byte_level_tokenizer() -> Tokenizer:
@@ -294,7 +323,7 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
     writer.add_head_count_kv(cfg.num_key_value_heads)
     params = dict(getattr(cfg, "rope_parameters", None) or {})
     writer.add_rope_freq_base(float(params.get("full_attention", params).get("rope_theta", 10000.0)))
-    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_layer_norm_rms_eps(getattr(cfg, "rms_norm_eps", 1e-5))  # as the config says (TextModel)
     writer.add_vocab_size(VOCAB)
     if not getattr(cfg, "head_dim", None):
         cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
@@ -341,12 +370,12 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
                 back = _unpermute(back, cfg.num_key_value_heads)
             reference[name] = torch.from_numpy(np.ascontiguousarray(back))
         else:
-            shifted = family in NORM_PLUS_ONE and w.ndim == 1 and "norm" in name
-            if shifted:
+            plus_one = family in NORM_PLUS_ONE and name.endswith("norm.weight")
+            if plus_one:
                 stored = stored + np.float32(1.0)
             writer.add_tensor(_gguf_name(name, name_arch, blocks), np.ascontiguousarray(stored))
-            # What the file holds: (w + 1) - 1 in float32 is w to the last bit only mostly.
-            reference[name] = (torch.from_numpy(np.ascontiguousarray(stored - np.float32(1.0))) if shifted
+            # The file holds w + 1 rounded to float32: what it means is that value less 1.
+            reference[name] = (torch.from_numpy(stored - np.float32(1.0)) if plus_one
                                else param.detach().clone())
     for name, values in extra.items():  # float32 vectors, whatever the weights' type
         writer.add_tensor(name, values)
