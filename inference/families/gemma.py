@@ -47,8 +47,19 @@ def _sandwich(raw: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _default_layers(raw: Mapping[str, Any], pattern: int) -> dict[str, Any]:
+    """transformers' layer_types where config.json has none (hub configs written before it):
+    every ``pattern``-th layer global, the others sliding (Gemma 2: 2, Gemma 3:
+    ``sliding_window_pattern``, 6)."""
+    if raw.get("layer_types") or not raw.get("sliding_window"):
+        return {}
+    layers = int(raw["num_hidden_layers"])
+    types = tuple("sliding" if (i + 1) % pattern else "full" for i in range(layers))
+    return {"layer_types": types, "sliding_window": int(raw["sliding_window"])}
+
+
 def gemma2_features(raw: Mapping[str, Any]) -> dict[str, Any]:
-    out = _sandwich(raw)
+    out = {**_sandwich(raw), **_default_layers(raw, 2)}
     if raw.get("attn_logit_softcapping"):
         out["attn_softcap"] = float(raw["attn_logit_softcapping"])
     return out
@@ -64,7 +75,8 @@ def gemma3_features(raw: Mapping[str, Any]) -> dict[str, Any]:
     if raw.get("use_bidirectional_attention"):
         raise BuildInputError("use_bidirectional_attention (an encoder) is not supported; only causal "
                               "decoders are")
-    out = {**_sandwich(raw), "qk_norm": "head"}
+    out = {**_sandwich(raw), **_default_layers(raw, int(raw.get("sliding_window_pattern") or 6)),
+           "qk_norm": "head"}
     params = raw.get("rope_parameters")
     if isinstance(params, dict) and isinstance(params.get("sliding_attention"), dict):
         out["rope"] = rope_from(raw, "full_attention")

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
-from inference.builder.model_config import load_model_config
+from inference.builder.model_config import load_model_config, model_config_from
 from inference.runtime import load_engine
 
 
@@ -55,3 +56,25 @@ def test_sharded_checkpoint_with_index(
     np.testing.assert_allclose(
         engine.prefill(0, prompt), reference_step(model, [prompt])[0][0, -1], atol=1e-4, rtol=0
     )
+
+
+@pytest.mark.parametrize(("config_class", "extra"), [
+    ("Gemma2Config", {}),
+    ("Gemma3TextConfig", {}),
+    ("Gemma3TextConfig", {"sliding_window_pattern": 3}),
+])
+def test_configs_without_layer_types_slide_as_transformers_derives(config_class: str,
+                                                                   extra: dict[str, Any]) -> None:
+    """Hub configs written before ``layer_types`` (Gemma 2, Gemma 3): the layers transformers
+    makes sliding are ours too."""
+    import transformers as tf
+
+    raw = getattr(tf, config_class)(num_hidden_layers=7, sliding_window=8, head_dim=16, **extra).to_dict()
+    expected = tuple("sliding" if t == "sliding_attention" else "full"
+                     for t in getattr(tf, config_class)(**{k: v for k, v in raw.items() if k != "layer_types"}
+                                                        ).layer_types)
+    raw.pop("layer_types")
+    arch = config_class.replace("TextConfig", "ForCausalLM").replace("Config", "ForCausalLM")
+    raw["architectures"] = [arch]
+    assert "full" in expected and "sliding" in expected
+    assert model_config_from(raw).layer_types == expected
