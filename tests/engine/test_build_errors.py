@@ -41,55 +41,39 @@ def test_unsupported_architecture_is_named_with_the_supported_list(
     )
 
 
+LONGROPE = {"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+
+
 @pytest.mark.parametrize(
-    ("changes", "match"),
+    ("family", "changes", "match"),
     [
-        (
-            {"rope_parameters": {"rope_type": "bogus", "rope_theta": 1e4, "factor": 4.0}},
-            "unsupported rope scaling type 'bogus'; supported: default, linear, llama3, yarn, longrope, "
-            "dynamic, factors",
-        ),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
+        ("qwen2", {"rope_parameters": {"rope_type": "bogus", "rope_theta": 1e4, "factor": 4.0}},
+         "unsupported rope scaling type 'bogus'; supported: default, linear, llama3, yarn, longrope, "
+         "dynamic, factors"),
+        ("qwen2", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
          "yarn rope scaling is missing the field 'factor'"),
-        ({"hidden_act": "tanh"}, "unsupported hidden_act 'tanh'"),
-        ({"layer_types": ["chunked_attention", "full_attention"]},
+        ("qwen2", {"hidden_act": "tanh"}, "unsupported hidden_act 'tanh'"),
+        ("qwen2", {"layer_types": ["chunked_attention", "full_attention"]},
          r"unsupported layer type in layer_types \['chunked_attention', 'full_attention'\]"),
-        ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
-    ],
-)
-def test_unsupported_config_fields(
-    changes: dict[str, object],
-    match: str,
-    hf_checkpoint: Callable[..., Path],
-    copy_dir: Callable[[Path], Path],
-    tmp_path: Path,
-) -> None:
-    ckpt = copy_dir(hf_checkpoint("qwen2", "fp32", True))
-    _edit_config(ckpt, **changes)
-    _build_fails(ckpt, tmp_path, match)
-
-
-@pytest.mark.parametrize(
-    ("changes", "match"),
-    [
-        ({"partial_rotary_factor": 0.75, "rope_parameters": None},
+        ("qwen2", {"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
+        ("phi3", {"partial_rotary_factor": 0.75, "rope_parameters": None},
          r"partial_rotary_factor 0.75 of head_dim 32 rotates 24 dimensions per head; the CPU engine "
          r"\(onnxruntime GroupQueryAttention\) needs rotary dimensions / 2 to be a multiple of 8"),
-        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.5,
-                              "short_factor": [1.0] * 8, "long_factor": [1.0] * 7}},
+        ("phi3", {"rope_parameters": {**LONGROPE, "short_factor": [1.0] * 8, "long_factor": [1.0] * 7}},
          r"longrope rope scaling field 'long_factor' has 7 values; the 16 rotary dimensions need 8"),
-        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+        ("phi3", {"rope_parameters": LONGROPE},
          "longrope rope scaling is missing the field 'short_factor'"),
     ],
 )
-def test_unsupported_phi3_variants(
+def test_unsupported_config_fields(
+    family: str,
     changes: dict[str, object],
     match: str,
     hf_checkpoint: Callable[..., Path],
     copy_dir: Callable[[Path], Path],
     tmp_path: Path,
 ) -> None:
-    ckpt = copy_dir(hf_checkpoint("phi3", "fp32", False))
+    ckpt = copy_dir(hf_checkpoint(family, "fp32", family == "qwen2"))
     _edit_config(ckpt, **changes)
     _build_fails(ckpt, tmp_path, match)
 

@@ -210,6 +210,21 @@ def running_server(
                 server.proc.wait()
 
 
+def prepare_demo_checkpoints(root: Path, cache_dir: Path, archs: Sequence[str],
+                             *profile: str) -> dict[str, Path]:
+    """A tiny demo checkpoint of each of ``archs`` (seeds 1, 2, ...) under ``root``, each built by
+    ``cachesvc prepare`` into ``cache_dir`` with the ``profile`` flags; arch -> checkpoint dir."""
+    from inference.demo import write_demo_checkpoint
+
+    checkpoints: dict[str, Path] = {}
+    for i, arch in enumerate(archs):
+        ckpt = write_demo_checkpoint(root / f"{arch}-tiny", arch=arch, size="tiny", seed=i + 1)
+        done = run_cli(cache_dir, "prepare", str(ckpt), *profile, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        checkpoints[arch] = ckpt
+    return checkpoints
+
+
 def run_cli(cache_dir: Path, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
     """Run ``cachesvc --cache-dir DIR ARGS...`` in a separate process and capture its output."""
     return subprocess.run(

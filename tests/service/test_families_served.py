@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from inference.demo import write_demo_checkpoint
 from inference.families import family_names
 from inference.tokenizer import load_tokenizer
-from tests.service.conftest import ServerProcess, run_cli, running_server
+from tests.service.conftest import ServerProcess, prepare_demo_checkpoints, running_server
 
 FAMILIES = family_names()
 PROMPT_IDS = [5, 17, 42, 7, 99, 3, 250, 11]
@@ -25,13 +24,7 @@ PROFILE = ("--max-input-len", "64", "--max-kv-cache-capacity", "128")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
     root = tmp_path_factory.mktemp("families")
     cache_dir = root / "cache"
-    checkpoints: dict[str, Path] = {}
-    for i, family in enumerate(FAMILIES):
-        ckpt = write_demo_checkpoint(root / f"{family}-tiny", arch=family, size="tiny", seed=i + 1)
-        done = run_cli(cache_dir, "prepare", str(ckpt), *PROFILE, timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-        checkpoints[family] = ckpt
-    return cache_dir, checkpoints
+    return cache_dir, prepare_demo_checkpoints(root, cache_dir, FAMILIES, *PROFILE)
 
 
 def _expected(ckpt: Path) -> str:

@@ -21,10 +21,9 @@ import openai
 import pytest
 
 from cachesvc.manager import CacheManager
-from inference.demo import write_demo_checkpoint
 from inference.runtime.registry import memory_estimate
 from inference.tokenizer import load_tokenizer
-from tests.service.conftest import ServerProcess, run_cli, running_server
+from tests.service.conftest import ServerProcess, prepare_demo_checkpoints, run_cli, running_server
 from tests.support.engines import EngineScript, Reply
 
 ARCHS = ("llama", "qwen2", "qwen3")
@@ -51,13 +50,8 @@ class Catalog:
 def catalog(tmp_path_factory: pytest.TempPathFactory) -> Catalog:
     root = tmp_path_factory.mktemp("pool")
     cache_dir = root / "cache"
-    checkpoints: dict[str, Path] = {}
+    checkpoints = prepare_demo_checkpoints(root, cache_dir, ARCHS, *PROFILE)
     bundles: dict[str, str] = {}
-    for i, arch in enumerate(ARCHS):
-        ckpt = write_demo_checkpoint(root / f"{arch}-tiny", arch=arch, size="tiny", seed=i + 1)
-        done = run_cli(cache_dir, "prepare", str(ckpt), *PROFILE, timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-        checkpoints[arch] = ckpt
     manager = CacheManager.open(cache_dir, max_size_bytes=10**12)
     try:
         for b in manager.queries.list_bundles(state="ready").items:
