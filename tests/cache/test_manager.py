@@ -312,6 +312,9 @@ def test_background_build_joins_and_reports_progress(cache: Path, tmp_path: Path
     with pytest.raises(CheckpointError, match=r"config\.json"):
         m.start_build(str(tmp_path / "empty"))  # no config.json: refused up front too
     (tmp_path / "empty" / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="names no model family"):
+        m.start_build(str(tmp_path / "empty"))  # of no model family: refused up front too
+    (tmp_path / "empty" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     failed = m.start_build(str(tmp_path / "empty"))
     assert m.builds.wait(failed.id).state == "failed"
     assert "weight" in (m.builds.get(failed.id).error or "")
