@@ -25,20 +25,34 @@ SANDWICH_NAMES = {
 GEMMA3_LOCAL_THETA = 10000.0
 
 
-def _common(raw: Mapping[str, Any]) -> dict[str, Any]:
-    from inference.builder.model_config import activation
+def _common(raw: Mapping[str, Any], key: str, act: str) -> dict[str, Any]:
+    """The features of every Gemma; ``act``: the activation as transformers reads it (from ``key``)."""
+    from inference.builder.model_config import _ACTIVATION_NAMES
+    from inference.errors import BuildInputError
 
+    if raw.get("use_bidirectional_attention"):
+        raise BuildInputError("use_bidirectional_attention (an encoder) is not supported; only causal "
+                              "decoders are")
+    if act not in _ACTIVATION_NAMES:
+        raise BuildInputError(f"unsupported {key} {act!r}; supported: {', '.join(sorted(_ACTIVATION_NAMES))}")
     bias = bool(raw.get("attention_bias", False))
+    # The embedding scale is float32 sqrt(hidden), as transformers' fp32 run and llama.cpp take it
+    # (transformers casts it to the weights' dtype: a bf16 run uses bf16(sqrt(hidden)), 55.5 for 3072).
     return {"norm_offset": 1.0, "embed_scale": float(raw["hidden_size"]) ** 0.5,
-            "act": activation(raw, "hidden_activation"), "attention_bias": bias, "o_bias": bias}
+            "act": _ACTIVATION_NAMES[act], "attention_bias": bias, "o_bias": bias}
 
 
 def gemma_features(raw: Mapping[str, Any]) -> dict[str, Any]:
-    return _common(raw)
+    # transformers' GemmaConfig reads hidden_act only (hidden_activation is ignored) and takes the
+    # released checkpoints' "gelu" for the tanh approximation it was meant as.
+    act = raw.get("hidden_act") or "gelu_pytorch_tanh"
+    return _common(raw, "hidden_act", "gelu_pytorch_tanh" if act == "gelu" else act)
 
 
 def _sandwich(raw: Mapping[str, Any]) -> dict[str, Any]:
-    out = {**_common(raw), "post_attn_norm": True, "post_mlp_norm": True}
+    # Gemma2Config/Gemma3TextConfig read hidden_activation only (hidden_act is ignored).
+    act = raw.get("hidden_activation") or "gelu_pytorch_tanh"
+    out = {**_common(raw, "hidden_activation", act), "post_attn_norm": True, "post_mlp_norm": True}
     scalar = raw.get("query_pre_attn_scalar")
     if scalar:
         out["attn_scale"] = float(scalar) ** -0.5
@@ -72,9 +86,6 @@ def gemma3_features(raw: Mapping[str, Any]) -> dict[str, Any]:
     if raw.get("attn_logit_softcapping"):
         raise BuildInputError("gemma3 with attn_logit_softcapping is not a Gemma 3 checkpoint cachesvc "
                               "knows; remove the field (Gemma 3 has no attention soft-capping)")
-    if raw.get("use_bidirectional_attention"):
-        raise BuildInputError("use_bidirectional_attention (an encoder) is not supported; only causal "
-                              "decoders are")
     out = {**_sandwich(raw), **_default_layers(raw, int(raw.get("sliding_window_pattern") or 6)),
            "qk_norm": "head"}
     params = raw.get("rope_parameters")
@@ -96,25 +107,36 @@ def gemma_gguf_config(meta: Callable[[str, Any], Any], names: frozenset[str]) ->
     return {"hidden_act": "gelu_pytorch_tanh"}
 
 
+def gguf_layer_types(meta: Callable[[str, Any], Any], pattern: int) -> list[str]:
+    """llama.cpp's sliding layers (``set_swa_pattern``, not dense-first): an integer
+    ``attention.sliding_window_pattern`` where the file has one, else the architecture's ``pattern``;
+    layer ``i`` slides when ``i % n < n - 1`` (n = 0: every layer). The array form of that key is
+    skipped by the header reader (llama.cpp's converter writes none for Gemma 2/3)."""
+    n = meta("attention.sliding_window_pattern", pattern)
+    if not isinstance(n, int) or isinstance(n, bool):
+        n = pattern
+    return ["sliding_attention" if n == 0 or i % n < n - 1 else "full_attention"
+            for i in range(int(meta("block_count", 0)))]
+
+
 def gemma2_gguf_config(meta: Callable[[str, Any], Any], names: frozenset[str]) -> dict[str, Any]:
-    layers = int(meta("block_count", 0))
     return {"hidden_activation": "gelu_pytorch_tanh", **gguf_query_scalar(meta, 46),
             "attn_logit_softcapping": meta("attn_logit_softcapping", None),
             "final_logit_softcapping": meta("final_logit_softcapping", None),
-            "sliding_window": meta("attention.sliding_window", None),
+            # llama.cpp's default window of Gemma 2 where the file has none
+            "sliding_window": meta("attention.sliding_window", None) or 4096,
             # llama.cpp's pattern: even layers slide (transformers' default layer_types too)
-            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]}
+            "layer_types": gguf_layer_types(meta, 2)}
 
 
 def gemma3_gguf_config(meta: Callable[[str, Any], Any], names: frozenset[str]) -> dict[str, Any]:
-    layers = int(meta("block_count", 0))
     window = meta("attention.sliding_window", None)
     return {"hidden_activation": "gelu_pytorch_tanh", **gguf_query_scalar(meta, 62),
             "final_logit_softcapping": meta("final_logit_softcapping", None),
-            "sliding_window": window, "rope_local_base_freq": GEMMA3_LOCAL_THETA,
-            # llama.cpp's (and transformers' default) pattern: every sixth layer is global
-            "layer_types": ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
-            if window else None}
+            # no window: llama.cpp attends fully in every layer
+            "sliding_window": window, "layer_types": gguf_layer_types(meta, 6) if window else None,
+            # the sliding layers' rope base (the converter writes rope.freq_base_swa), unscaled
+            "rope_local_base_freq": float(meta("rope.freq_base_swa", None) or GEMMA3_LOCAL_THETA)}
 
 
 GEMMA = Family(
@@ -122,7 +144,7 @@ GEMMA = Family(
     architectures=("GemmaForCausalLM",),
     model_types=("gemma",),
     config_class="GemmaConfig",
-    tiny={"head_dim": 16},
+    tiny={"head_dim": 32},  # heads x head_dim (128) apart from hidden (64), as Gemma 7B's
     gguf_architectures=("gemma",),
     features=gemma_features,
     gguf_config=gemma_gguf_config,
@@ -135,9 +157,11 @@ GEMMA2 = Family(
     architectures=("Gemma2ForCausalLM",),
     model_types=("gemma2",),
     config_class="Gemma2Config",
-    # a window shorter than the test prompts, a query scale apart from head_dim, caps that bite
-    tiny={"head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 8,
-          "attn_logit_softcapping": 20.0, "final_logit_softcapping": 10.0, "initializer_range": 0.1},
+    # sliding and full layers with a window shorter than the test prompts, a query scale apart from
+    # head_dim, heads x head_dim apart from hidden, caps that bite (without them the
+    # tiny logits move by 0.7 (attention cap) and 2.2 (final cap))
+    tiny={"head_dim": 32, "query_pre_attn_scalar": 24, "sliding_window": 8,
+          "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0, "initializer_range": 0.08},
     gguf_architectures=("gemma2",),
     features=gemma2_features,
     gguf_config=gemma2_gguf_config,
@@ -152,8 +176,11 @@ GEMMA3 = Family(
     architectures=("Gemma3ForCausalLM",),
     model_types=("gemma3_text",),
     config_class="Gemma3TextConfig",
-    # six layers: transformers' and llama.cpp's pattern gives five sliding and one global
-    tiny={"head_dim": 32, "num_hidden_layers": 6, "query_pre_attn_scalar": 24, "sliding_window": 8},
+    # six layers: transformers' and llama.cpp's pattern gives five sliding and one global; the
+    # global rope linearly scaled (Gemma 3 4B-27B), the local one of another base than the default
+    tiny={"head_dim": 32, "num_hidden_layers": 6, "query_pre_attn_scalar": 24, "sliding_window": 8,
+          "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                              "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}},
     gguf_architectures=("gemma3",),
     features=gemma3_features,
     gguf_config=gemma3_gguf_config,

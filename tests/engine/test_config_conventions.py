@@ -38,6 +38,57 @@ def test_top_level_rope_theta_and_scaling_match_rope_parameters(
     np.testing.assert_allclose(engine.prefill(0, prompt), want, atol=1e-4, rtol=0)
 
 
+def _prefill_matches(ckpt: Path, built_bundle: Callable[..., Path], reference: Callable[[Path], Any],
+                     reference_step: Callable[..., Any], seed: int) -> None:
+    prompt = [int(t) for t in np.random.default_rng(seed).integers(0, 384, size=24)]
+    engine = load_engine(built_bundle(ckpt), threads=1)
+    want = reference_step(reference(ckpt), [prompt])[0][0, -1]
+    np.testing.assert_allclose(engine.prefill(0, prompt), want, atol=1e-4, rtol=0)
+
+
+def test_gemma_hidden_act_gelu_is_the_tanh_approximation(
+    hf_checkpoint: Callable[..., Path],
+    copy_dir: Callable[[Path], Path],
+    built_bundle: Callable[..., Path],
+    reference: Callable[[Path], Any],
+    reference_step: Callable[..., Any],
+) -> None:
+    """Gemma (1)'s released configs say ``hidden_act: "gelu"`` (and some a ``hidden_activation``
+    transformers ignores): transformers runs the tanh approximation, so do we."""
+    ckpt = copy_dir(hf_checkpoint("gemma", "fp32", True))
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.update(hidden_act="gelu", hidden_activation="gelu")
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    assert load_model_config(ckpt).act == "gelu_tanh"
+    _prefill_matches(ckpt, built_bundle, reference, reference_step, 12)
+
+
+def test_gemma3_hub_rope_fields_match_rope_parameters(
+    hf_checkpoint: Callable[..., Path],
+    copy_dir: Callable[[Path], Path],
+    built_bundle: Callable[..., Path],
+    reference: Callable[[Path], Any],
+    reference_step: Callable[..., Any],
+) -> None:
+    """Gemma 3's hub convention: rope_theta and rope_scaling of the global layers at the top
+    level, the local layers' base in rope_local_base_freq (transformers 5 writes rope_parameters
+    per layer type)."""
+    original = hf_checkpoint("gemma3_text", "fp32", True)
+    ckpt = copy_dir(original)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    params = cfg.pop("rope_parameters")
+    assert params["full_attention"]["rope_type"] == "linear"
+    assert params["sliding_attention"]["rope_theta"] != params["full_attention"]["rope_theta"]
+    cfg["rope_theta"] = params["full_attention"].pop("rope_theta")
+    cfg["rope_scaling"] = params["full_attention"]
+    cfg["rope_local_base_freq"] = params["sliding_attention"]["rope_theta"]
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    ours, theirs = load_model_config(ckpt), load_model_config(original)
+    assert (ours.rope, ours.rope_local) == (theirs.rope, theirs.rope_local)
+    assert theirs.rope_local is not None and theirs.rope_local != theirs.rope
+    _prefill_matches(ckpt, built_bundle, reference, reference_step, 13)
+
+
 def test_sharded_checkpoint_with_index(
     tmp_path: Path,
     reference: Callable[[Path], Any],

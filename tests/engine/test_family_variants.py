@@ -70,6 +70,11 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     # rotary 8 of head_dim 16: GroupQueryAttention's rotary span (4) is no multiple of 8
     ("nemotron", {"hidden_size": 64, "head_dim": 16}, "partial_rotary_factor 0.5 of head_dim 16"),
     ("nemotron", {"hidden_size": 160, "head_dim": 40, "partial_rotary_factor": 0.4}, "head_dim 40"),
+    # an encoder (EmbeddingGemma-style): every Gemma config class has the switch
+    ("gemma", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ("gemma3_text", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ("gemma2", {"hidden_activation": "relu"}, "hidden_activation 'relu'"),
 ]
 
 

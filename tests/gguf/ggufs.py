@@ -52,7 +52,7 @@ _GGUF_OVERRIDES: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"mlp_only_layers": []},
     # llama.cpp's GGUF has no query_pre_attn_scalar: it takes the head size (hidden / heads for the
     # 27B shapes), which is what Gemma 2/3 checkpoints other than 27B have.
-    "gemma2": {"query_pre_attn_scalar": 16},
+    "gemma2": {"query_pre_attn_scalar": 32},
     "gemma3_text": {"query_pre_attn_scalar": 32},
     "starcoder2": {"sliding_window": None},
 }
@@ -102,9 +102,13 @@ def _qwen3_moe_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
     _qwen3_metadata(writer, cfg)  # head_dim in the hparams: key/value lengths
     _experts(writer, cfg)
     writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+
+
 def _rope_scaling_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
-    """TextModel.set_gguf_parameters' rope scaling keys (linear, yarn; llama3 is a tensor)."""
+    """TextModel.set_gguf_parameters' rope scaling keys (linear, yarn; llama3 is a tensor), of the
+    full-attention layers where a config has a rope per layer type (Gemma 3)."""
     params = cfg.rope_parameters or {}
+    params = params.get("full_attention", params)
     if params.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(params["factor"])
@@ -176,6 +180,8 @@ def _gemma3_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
     if cfg.final_logit_softcapping:
         writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
     writer.add_sliding_window(cfg.sliding_window)
+    # TextModel.set_gguf_parameters: the sliding layers' rope base
+    writer.add_rope_freq_base_swa(cfg.rope_parameters["sliding_attention"]["rope_theta"])
 
 
 #: family -> what llama.cpp's converter writes for it beyond the keys every family has.

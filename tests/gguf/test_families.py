@@ -67,3 +67,28 @@ def test_quantized_bundles_pass_the_gate(small_gguf: SmallGguf, bundle_of: Calla
     print(f"{family} {precision} from {qtype} on {cpu_class()}: plan {meta['kernels']['name']}, "
           f"agreement {quality['greedy_agreement']}")
     assert meta["precision"] == precision and quality["greedy_agreement"] >= 0.9
+
+
+def test_gemma_gguf_window_rules_are_llama_cpps() -> None:
+    """What llama.cpp assumes where a Gemma 2/3 GGUF is silent: Gemma 2's window 4096, every
+    second layer sliding; Gemma 3 without a window attends fully, with one slides five of six
+    layers; an integer ``attention.sliding_window_pattern`` (n: layers i % n < n - 1 slide, 0:
+    all) overrides both; Gemma 3's local rope base is rope.freq_base_swa, 10000 without it."""
+    from inference.families.gemma import gemma2_gguf_config, gemma3_gguf_config
+
+    def meta_of(**values: object) -> Callable[[str, object], object]:
+        return lambda key, default: values.get(key.replace(".", "_"), default)
+
+    s, f = "sliding_attention", "full_attention"
+    g2 = gemma2_gguf_config(meta_of(block_count=4), frozenset())
+    assert (g2["sliding_window"], g2["layer_types"]) == (4096, [s, f, s, f])
+    g2 = gemma2_gguf_config(meta_of(block_count=4, attention_sliding_window_pattern=3), frozenset())
+    assert g2["layer_types"] == [s, s, f, s]
+    g3 = gemma3_gguf_config(meta_of(block_count=7), frozenset())
+    assert (g3["sliding_window"], g3["layer_types"], g3["rope_local_base_freq"]) == (None, None, 10000.0)
+    g3 = gemma3_gguf_config(meta_of(block_count=7, attention_sliding_window=512, rope_freq_base_swa=500.0),
+                            frozenset())
+    assert (g3["layer_types"], g3["rope_local_base_freq"]) == ([s] * 5 + [f, s], 500.0)
+    g3 = gemma3_gguf_config(meta_of(block_count=3, attention_sliding_window=512,
+                                    attention_sliding_window_pattern=0), frozenset())
+    assert g3["layer_types"] == [s, s, s]
