@@ -187,6 +187,7 @@ GEMMA3 = Family(
     gguf_norm_offset=1.0,
     hf_names=SANDWICH_NAMES,
     tokenizer="sentencepiece",
-    notes="Gemma 2's layer without soft-capping, per-head q/k norms (1 + w), the sliding layers' own "
-          "rope (rope_local_base_freq)",
+    notes="Gemma 2's layer without attention soft-capping, per-head q/k norms (1 + w), the sliding "
+          "layers' own rope (rope_parameters per layer type, or rope_local_base_freq; GGUF: "
+          "rope.freq_base_swa)",
 )

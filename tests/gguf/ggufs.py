@@ -273,6 +273,8 @@ def _longrope_attn_factor(cfg: Any) -> float:
     return math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
 
 
+#: Families whose converter writes no rope.freq_base (GemmaModel, Gemma2Model: llama.cpp takes 10000).
+NO_ROPE_BASE = frozenset({"gemma", "gemma2"})
 #: Families whose norm weights (not biases) llama.cpp's converter stores as ``w + 1`` (Gemma,
 #: Nemotron's LayerNorm1p).
 NORM_PLUS_ONE: frozenset[str] = frozenset({"gemma", "gemma2", "gemma3_text", "nemotron"})
@@ -328,7 +330,8 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
     params = dict(getattr(cfg, "rope_parameters", None) or {})
-    writer.add_rope_freq_base(float(params.get("full_attention", params).get("rope_theta", 10000.0)))
+    if family not in NO_ROPE_BASE:
+        writer.add_rope_freq_base(float(params.get("full_attention", params).get("rope_theta", 10000.0)))
     writer.add_layer_norm_rms_eps(getattr(cfg, "rms_norm_eps", 1e-5))  # as the config says (TextModel)
     writer.add_vocab_size(VOCAB)
     if not getattr(cfg, "head_dim", None):
