@@ -126,6 +126,7 @@ class OnnxRuntimeBuilder:
             pooling=options.pooling,
             lora=options.lora,
             kernels=options.kernels,
+            kv_cache_dtype=options.kv_cache_dtype,
         )
         forced = None
         if self.accuracy_level is not None and options.cpu_class is not None:

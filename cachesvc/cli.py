@@ -213,7 +213,11 @@ def cmd_bundles_show(args: argparse.Namespace) -> int:
         ("verified", human_time(b.last_verified_at)),
         ("leased by", ", ".join(f"pid {h.pid} on {h.host} since {h.since}" for h in d.holders) or "-"),
     ]
-    quality = (d.manifest or {}).get("engine", {}).get("quality")
+    engine = (d.manifest or {}).get("engine", {})
+    kv = engine.get("kv_cache")
+    if isinstance(kv, dict) and "dtype" in kv:
+        fields.append(("kv cache", f"{kv['dtype']}, {human_size(int(kv.get('bytes_per_token', 0)))} a token"))
+    quality = engine.get("quality")
     if isinstance(quality, dict):
         fields.append(("quality", _quality_line(quality)))
         for c in quality.get("candidates") or []:
@@ -241,6 +245,8 @@ def cmd_bundles_show(args: argparse.Namespace) -> int:
 def _quality_line(q: dict[str, Any]) -> str:
     """The quality gate's figures of a quantized bundle, in one line."""
     plan = f"kernel plan {q['plan']} (--kernels {q.get('kernels_mode')}), " if "plan" in q else ""
+    if q.get("kv_cache_dtype", "float32") != "float32":
+        plan += f"{q['kv_cache_dtype']} KV, "
     kept = "kept" if q.get("reference_cached") else "computed"
     seconds = f", gate {q.get('seconds')} s, fp32 reference {kept}" if "plan" in q else ""
     return (f"{plan}greedy agreement {q.get('greedy_agreement')} with {q.get('reference')}, min logit cosine "

@@ -83,11 +83,13 @@ from cachesvc.profiles import ProfileRequest
 from inference.build_profile import (
     BACKEND_CHOICES,
     CHAIN_SPECULATIVE_METHODS,
+    DEFAULT_KV_CACHE_DTYPE,
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_INPUT_LEN,
     DEFAULT_MAX_KV_CACHE_CAPACITY,
     DEFAULT_TASK,
     KERNEL_MODES,
+    KV_CACHE_DTYPES,
     METHODS_NEEDING_DRAFT_MODEL,
     METHODS_REFUSING_DRAFT_MODEL,
     METHODS_WITHOUT_DRAFT_MODEL,
@@ -525,6 +527,7 @@ _RULES: dict[str, Callable[[object], Any]] = {
     "backend": _choice_rule(BACKEND_CHOICES),
     "precision": _choice_rule(PRECISION_CHOICES),
     "kernels": _choice_rule(KERNEL_MODES),
+    "kv_cache_dtype": _choice_rule(KV_CACHE_DTYPES),
     "task": _choice_rule(TASKS),
     "pooling": _optional(_choice_rule(POOLING_METHODS)),
     "gpu_disabled": _bool_rule,
@@ -710,6 +713,7 @@ class ServeConfig:
     backend: str = "auto"
     precision: str = "auto"
     kernels: str = "auto"
+    kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE
     task: str = DEFAULT_TASK
     pooling: str | None = None
     # environment only (no flag): see ENVIRONMENT
@@ -993,6 +997,7 @@ class ServeConfig:
             pooling=self.pooling,
             lora=self.lora_enabled,
             kernels=self.kernels,
+            kv_cache_dtype=self.kv_cache_dtype,
         )
 
     @property
@@ -1039,6 +1044,7 @@ class BuildSettings:
     backend: str
     precision: str
     kernels: str
+    kv_cache_dtype: str
     task: str
     pooling: str | None
     enable_lora: bool
@@ -1213,6 +1219,14 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
         "answers equal fp32's on the gate prompts), exact (float32 compute in every layer), fast "
         "(the fastest plan above the agreement floor, answers may differ; said in one log line)",
         choices=KERNEL_MODES,
+    )
+    _add(
+        build,
+        "kv_cache_dtype",
+        "the KV cache's element type on the CPU (onnxruntime): fp32, or fp16 for half the KV memory "
+        "and half the bytes a reused prefix copies (judged by the quality gate against fp32; a "
+        "little slower a step where the CPU has no float16 arithmetic)",
+        choices=KV_CACHE_DTYPES,
     )
     _add(
         build,

@@ -227,6 +227,7 @@ class CacheManager:
             pooling=(request.pooling or DEFAULT_POOLING) if embed else None,
             lora=request.lora,
             kernels=request.kernels,
+            kv_cache_dtype=request.kv_cache_dtype,
         )
 
     def prepare(

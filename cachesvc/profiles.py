@@ -22,6 +22,7 @@ from cachesvc.errors import ConfigError
 from inference.build_profile import (
     BACKEND_CHOICES,
     BACKENDS,
+    DEFAULT_KV_CACHE_DTYPE,
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_INPUT_LEN,
     DEFAULT_MAX_KV_CACHE_CAPACITY,
@@ -35,6 +36,7 @@ from inference.build_profile import (
     ProfileError,
     check_choice,
     check_draft_model,
+    check_kv_cache_dtype,
     check_shapes,
     check_task,
 )
@@ -85,10 +87,13 @@ class BuildOptions:
     #: How a quantized CPU graph's kernels are chosen (``auto``, ``exact``, ``fast``: see
     #: docs/quantization.md); ``auto`` for every other profile.
     kernels: str = "auto"
+    #: The K/V buffers' element type of an onnxruntime generate bundle (``fp32``/``fp16``).
+    kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE
 
     def __post_init__(self) -> None:
         with _as_config_error():
             check_choice("kernels", self.kernels, KERNEL_MODES)
+            check_kv_cache_dtype(self.kv_cache_dtype, self.backend, self.task)
             check_choice("backend", self.backend, BACKENDS)
             check_choice("precision", self.precision, PRECISIONS)
             check_task(self.task, self.pooling, self.backend, self.precision)
@@ -158,13 +163,16 @@ class BuildOptions:
             parts.append("lora")
         if self.kernels != "auto":
             parts.append(f"k{self.kernels}")
+        if self.kv_cache_dtype != DEFAULT_KV_CACHE_DTYPE:
+            parts.append(f"kv{self.kv_cache_dtype}")
         parts += [self.precision, self.digest[:12]]
         return "-".join(parts)
 
 
 #: Profile fields added after bundles existed: omitted from the dict (and the digest) at these
 #: defaults, so every older bundle keeps its id.
-_OPTIONAL_DEFAULTS: dict[str, Any] = {"task": DEFAULT_TASK, "pooling": None, "lora": False, "kernels": "auto"}
+_OPTIONAL_DEFAULTS: dict[str, Any] = {"task": DEFAULT_TASK, "pooling": None, "lora": False, "kernels": "auto",
+                                      "kv_cache_dtype": DEFAULT_KV_CACHE_DTYPE}
 
 
 @dataclass(frozen=True)
@@ -187,11 +195,13 @@ class ProfileRequest:
     pooling: str | None = None
     lora: bool = False
     kernels: str = "auto"
+    kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE
 
     def __post_init__(self) -> None:
         with _as_config_error():
             check_choice("task", self.task, TASKS)
             check_choice("kernels", self.kernels, KERNEL_MODES)
+            check_kv_cache_dtype(self.kv_cache_dtype, self.backend, self.task)
             if self.pooling is not None and self.task != "embed":
                 raise ProfileError("pooling", f"applies only to task 'embed', got task {self.task!r}")
             embed_ok = self.precision in ("auto", "fp32") and self.backend != "tensorrt"

@@ -39,6 +39,14 @@ QUANTIZED_PRECISIONS: tuple[str, ...] = ("int8", "int4")
 #: fp32: the gate's strict test), ``exact`` (float32 compute in every layer), ``fast`` (the fastest
 #: plan above the agreement floor); the plans are ``inference.builder.kernel_plan``'s.
 KERNEL_MODES: tuple[str, ...] = ("auto", "exact", "fast")
+#: ``--kv-cache-dtype`` of an onnxruntime generate build: the element type of its K/V buffers.
+#: ``fp16`` halves the KV memory (and the bytes a stored prefix copies) at a small cost per step
+#: on CPUs without float16 arithmetic (onnxruntime's CPU GroupQueryAttention converts); the
+#: quality gate judges it against fp32 (docs/quantization.md). TensorRT's KV follows its precision.
+KV_CACHE_DTYPES: tuple[str, ...] = ("fp32", "fp16")
+DEFAULT_KV_CACHE_DTYPE = "fp32"
+#: Profile names -> the numpy/``engine.json`` names of the K/V element type.
+KV_CACHE_NUMPY_DTYPES: dict[str, str] = {"fp32": "float32", "fp16": "float16"}
 #: GGUF tensor types -> the precision that keeps them (``auto`` on the CPU): 2-4-bit types
 #: build int4, 5-8-bit int8, float types fp32.
 GGUF_TYPE_PRECISION: dict[str, str] = {
@@ -192,6 +200,15 @@ def check_task(task: str, pooling: str | None, backend: str, precision: str) -> 
         builds = (f"the {backend} backend builds embeddings at {', '.join(allowed)}" if allowed
                   else f"the {backend} backend builds no embedding bundles; use onnxruntime")
         raise ProfileError("task", f"task 'embed' at precision {precision!r}: {builds}")
+
+
+def check_kv_cache_dtype(value: object, backend: str, task: str) -> None:
+    """``kv_cache_dtype`` is one of :data:`KV_CACHE_DTYPES`; other than the default only for a
+    generate bundle of the onnxruntime backend."""
+    check_choice("kv_cache_dtype", value, KV_CACHE_DTYPES)
+    if value != DEFAULT_KV_CACHE_DTYPE and (backend not in ("auto", "onnxruntime") or task != "generate"):
+        raise ProfileError("kv_cache_dtype", f"{value} applies only to generate bundles of the onnxruntime "
+                           f"backend (TensorRT's KV follows its precision), not {backend} {task}")
 
 
 def check_draft_model(method: str | None, has_draft: bool) -> None:

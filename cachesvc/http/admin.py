@@ -303,6 +303,7 @@ class BuildController(Controller):
             pooling=data.pooling,
             lora=data.lora,
             kernels=data.kernels,
+            kv_cache_dtype=data.kv_cache_dtype,
         )
         return to_body(manager.start_build(data.model, request, allowed_roots=model_roots), BuildOut)
 

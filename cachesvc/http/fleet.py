@@ -146,6 +146,7 @@ def _spec(manager: CacheManager, data: DesiredIn, roots: tuple[Path, ...] | None
             pooling=b.pooling,
             lora=b.lora,
             kernels=b.kernels,
+            kv_cache_dtype=b.kv_cache_dtype,
         )
         profile = {k: getattr(request, k) for k in ProfileRequest.__dataclass_fields__}
         bundles.append(DesiredBundle(model=b.model, profile=profile, pin=b.pin, load=b.load))

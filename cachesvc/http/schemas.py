@@ -78,6 +78,7 @@ SpeculativeMethod = Literal["eagle3", "mtp", "dflash", "jetspec", "dspark", "ngr
 Task = Literal["generate", "embed"]
 Pooling = Literal["last", "mean"]
 KernelsChoice = Literal["auto", "exact", "fast"]
+KvCacheDtype = Literal["fp32", "fp16"]
 
 PositiveDim = Annotated[int, Meta(ge=1, le=MAX_TOKENS_LIMIT)]
 BatchSize = Annotated[int, Meta(ge=1, le=MAX_BATCH_SIZE_LIMIT)]
@@ -256,6 +257,8 @@ class BuildRequest(Struct, frozen=True, forbid_unknown_fields=True):
     lora: bool = False
     #: int8/int4 on the CPU: how the quality gate picks the kernels (``--kernels``).
     kernels: KernelsChoice = "auto"
+    #: The KV cache's element type on the CPU (``--kv-cache-dtype``): fp16 halves its memory.
+    kv_cache_dtype: KvCacheDtype = "fp32"
 
 
 class BuildOut(Struct, frozen=True):

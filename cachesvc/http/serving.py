@@ -28,6 +28,7 @@ from cachesvc.http.schemas import (
     BackendChoice,
     BatchSize,
     KernelsChoice,
+    KvCacheDtype,
     Pooling,
     PositiveDim,
     PrecisionChoice,
@@ -129,6 +130,7 @@ class AliasRequest(Struct, frozen=True, forbid_unknown_fields=True):
     pooling: Pooling | None = None
     lora: bool | None = None
     kernels: KernelsChoice | None = None
+    kv_cache_dtype: KvCacheDtype | None = None
 
     def profile(self) -> dict[str, Any]:
         """The build-profile fields given (empty: no profile)."""

@@ -13,6 +13,10 @@ writes only the new positions in place. Its I/O:
   input_ids [B,S] int64, seqlens_k [B] int32 (past length + S - 1 per row), total_sequence_length
   [] int32, logits_to_keep [1] int64, past_key_values.{i}.key/value [B,kv_heads,max_T,head_dim]
   -> logits [B,K,vocab], present.{i}.key/value (the same buffers).
+``kv_dtype="float16"`` (gqa only) holds those buffers in float16 (``--kv-cache-dtype fp16``): q/k/v
+and the rope tables enter GroupQueryAttention in float16 and its output returns to float32, so
+everything else computes as before; half the KV memory and half the bytes a stored prefix
+copies.
 
 Portable graph I/O (B = batch, S = new tokens, P = past length, T = P + S):
   input_ids [B,S] int64, attention_mask [B,T] int64 (0 = left padding), position_ids [B,S] int64,
@@ -42,6 +46,8 @@ from inference.builder.quantized import GgufBlocks, QuantizedEmitter, Table8
 FUSED_OPSET = 23
 MS_DOMAIN = "com.microsoft"
 KV_LAYOUTS = ("portable", "gqa")
+#: K/V buffer element types of the gqa graph -> their ONNX type (float16: ``--kv-cache-dtype fp16``).
+KV_DTYPES: dict[str, int] = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 DECOMPOSED_OPSET = 18
 # Additive mask value: large enough to zero a probability, small enough that a fully masked
 # row (a left-padding query) stays finite instead of turning into NaN.
@@ -156,8 +162,13 @@ class _Emitter:
 class _DecoderBuilder:
     def __init__(self, cfg: ModelConfig, ckpt: CheckpointReader, em: _Emitter, *,
                  max_positions: int, fused_ops: bool, kv_layout: str = "portable",
-                 quant: QuantizedEmitter | None = None, lora: bool = False) -> None:
+                 quant: QuantizedEmitter | None = None, lora: bool = False,
+                 kv_fp16: bool = False) -> None:
         self.cfg, self.ckpt, self.em = cfg, ckpt, em
+        #: float16 K/V buffers (gqa only): GroupQueryAttention runs in float16.
+        self.kv_fp16 = kv_fp16
+        self.half_tables: dict[str, str] = {}  # rope table -> its float16 copy
+        self.table_values: dict[str, np.ndarray] = {}
         self.lora = lora
         #: The LoRA inputs (overridable initializers), in the order they were added.
         self.lora_inputs: list[onnx.ValueInfoProto] = []
@@ -346,7 +357,10 @@ class _DecoderBuilder:
         if cfg.attn_softcap:
             attrs["softcap"] = float(cfg.attn_softcap)
         cos_t, sin_t = (tables[0], tables[1]) if tables is not None else (self.cos_table, self.sin_table)
-        return self.em.op(
+        if self.kv_fp16:
+            q, k, v = (self.em.op1("Cast", [t], to=TensorProto.FLOAT16) if t else t for t in (q, k, v))
+            cos_t, sin_t = self.half_table(cos_t), self.half_table(sin_t)
+        y = self.em.op(
             "GroupQueryAttention",
             [q, k, v, past_k, past_v, "seqlens_k", "total_sequence_length", cos_t, sin_t],
             n_out=3, outputs=[f"attn_{layer}_y", pres_k, pres_v], domain=MS_DOMAIN,
@@ -354,6 +368,14 @@ class _DecoderBuilder:
             do_rotary=0 if tables is None else 1, rotary_interleaved=0,
             local_window_size=-1 if window is None else window, **attrs,
         )[0]
+        return self.em.op1("Cast", [y], to=TensorProto.FLOAT) if self.kv_fp16 else y
+
+    def half_table(self, name: str) -> str:
+        """The float16 copy of the rope table ``name`` (written once)."""
+        if name not in self.half_tables:
+            half = self.table_values[name].astype(np.float16)
+            self.half_tables[name] = self.em.weight(f"{name}.fp16", half)
+        return self.half_tables[name]
 
     def mask_of(self, layer: int) -> str:
         window = self.cfg.window(layer)
@@ -399,6 +421,7 @@ class _DecoderBuilder:
                 cos, sin = rope.cos_sin(cfg.rotary, self.max_positions)
                 cos_t = self.em.weight(f"rope.cos{suffix}", cos)
                 sin_t = self.em.weight(f"rope.sin{suffix}", sin)
+                self.table_values.update({cos_t: cos, sin_t: sin})
                 cos_full = sin_full = ""
                 if not self.fused and not self.gqa:
                     cos_g = self.em.op1("Gather", [cos_t, "position_ids"])  # [B,S,rot/2]
@@ -413,6 +436,7 @@ class _DecoderBuilder:
         if not made:  # every layer NoPE: GroupQueryAttention still takes (unused) tables
             cos, sin = cfg.rope.cos_sin(cfg.rotary, 1)
             made[None] = (self.em.weight("rope.cos", cos), self.em.weight("rope.sin", sin), "", "")
+            self.table_values.update({"rope.cos": cos, "rope.sin": sin})
         first = next(iter(made.values()))
         self.cos_table, self.sin_table = first[0], first[1]
 
@@ -708,7 +732,8 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
                         max_positions: int, fused_ops: bool, untie_lm_head: bool = False,
                         progress: Progress | None = None, kv_layout: str = "portable",
                         kernels: KernelPlan | None = None, pooling: str | None = None,
-                        lora: bool = False, weights_in: dict[str, np.ndarray] | None = None) -> GraphIO:
+                        lora: bool = False, weights_in: dict[str, np.ndarray] | None = None,
+                        kv_dtype: str = "float32") -> GraphIO:
     """Write ``model_path`` (+ ``<name>.data``) for ``cfg``; return the graph's I/O names.
 
     ``kv_layout`` "portable" writes the standard-op graph; "gqa" the ONNX Runtime CPU variant
@@ -725,6 +750,8 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
     gate/up/down: ``model.layers.{i}.self_attn.q_proj.lora_A`` ...), overridable initializers
     of rank 0 that an onnxruntime adapter (:mod:`inference.builder.lora`) replaces per run.
 
+    ``kv_dtype`` (gqa only) is the K/V buffers' element type: ``float32`` or ``float16``.
+
     ``weights_in`` (a dict) receives the large weights by name instead of ``<name>.data``, which
     is then not written: open the graph with ``cpu_session(..., initializers=weights_in)``.
     """
@@ -737,6 +764,8 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         raise ValueError("quantized weights are onnxruntime ops: only the gqa graph can hold them")
     if lora and not gqa:
         raise ValueError("LoRA inputs are written into the gqa graph only")
+    if kv_dtype not in KV_DTYPES or (kv_dtype != "float32" and not gqa):
+        raise ValueError(f"kv_dtype must be one of {tuple(KV_DTYPES)} (float16: gqa only), got {kv_dtype!r}")
     if pooling is not None and (gqa or pooling not in POOLING_METHODS):
         raise ValueError(f"pooling must be one of {POOLING_METHODS} on the portable graph, got {pooling!r}")
     weights = _ExternalWeights(model_path.with_name(model_path.name + ".data"), weights_in)
@@ -747,7 +776,7 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         names, level_of = names_for(cfg), kernels.level_of
         quant.level_of = lambda weight: level_of(names.as_llama(weight))
     b = _DecoderBuilder(cfg, ckpt, em, max_positions=max_positions, fused_ops=fused_ops, kv_layout=kv_layout,
-                        quant=quant, lora=lora)
+                        quant=quant, lora=lora, kv_fp16=kv_dtype == "float16")
     try:
         b.build_rope_tables()
         x, embed = b.embedding()
@@ -792,12 +821,13 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
     if pooling is not None:
         inputs.pop()  # logits_to_keep
         outputs = [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", cfg.hidden_size])]
+    kv_elem = KV_DTYPES[kv_dtype]
     for i in range(cfg.num_layers):
         for name in past_names(i):
-            inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_in))
+            inputs.append(helper.make_tensor_value_info(name, kv_elem, kv_shape_in))
         if pooling is None:
             for name in present_names(i):
-                outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_out))
+                outputs.append(helper.make_tensor_value_info(name, kv_elem, kv_shape_out))
     inputs.extend(b.lora_inputs)
     opset = FUSED_OPSET if fused_ops else DECOMPOSED_OPSET
     graph = helper.make_graph(em.nodes, f"{cfg.model_type}_decoder", inputs, outputs, em.initializers)

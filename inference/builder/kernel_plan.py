@@ -139,6 +139,13 @@ def kernel_plan(precision: str, cpu_class: str, *, accuracy_level: int | None = 
                       name="exact" if accuracy_level is None else "forced")
 
 
+def float_plan(precision: str, cpu_class: str) -> KernelPlan:
+    """The one "plan" of a float graph (fp32 weights, no ``MatMulNBits``): what the quality gate
+    measures when only the KV dtype differs from fp32 (``--kv-cache-dtype fp16``)."""
+    return KernelPlan(precision=precision, cpu_class=cpu_class, weight_bits=32, accuracy_level=0,
+                      head_bits=32, head_accuracy_level=0, rescore_top_k=0, name="exact")
+
+
 def candidate_plans(precision: str, cpu_class: str, mode: str = "auto") -> list[KernelPlan]:
     """The plans the gate tries for ``precision`` on ``cpu_class``, fastest first, the exact plan
     last (``mode`` ``exact``: the exact plan only; ``generic`` CPUs have no other)."""

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from inference.build_profile import QUANTIZED_PRECISIONS
+from inference.build_profile import KV_CACHE_NUMPY_DTYPES, QUANTIZED_PRECISIONS
 from inference.builder.bundle_files import (
     ENGINE_FILE,
     ENGINE_FORMAT_VERSION,
@@ -27,7 +27,7 @@ from inference.builder.checkpoint_reader import CheckpointReader, open_checkpoin
 from inference.builder.errors import BuildInputError
 from inference.builder.external_data import share_external_data
 from inference.builder.graph import GraphIO, Progress, build_decoder_graph, check_gqa_rotary
-from inference.builder.kernel_plan import KernelPlan, candidate_plans
+from inference.builder.kernel_plan import KernelPlan, candidate_plans, float_plan
 from inference.builder.model_config import ModelConfig, load_model_config
 from inference.builder.quality import MIN_AGREEMENT, Quality, run_gate
 from inference.builder.spec import EngineBuildSpec
@@ -80,8 +80,9 @@ def _kv_cache_meta(cfg: ModelConfig, cpu_io: GraphIO, spec: EngineBuildSpec) -> 
         "outputs": list(cpu_io.outputs),
         # One buffer per layer for K and one for V, bound as both past input and present output.
         "buffer_shape": ["slots", cfg.num_kv_heads, spec.max_kv_cache_capacity, cfg.head_dim],
-        "dtype": "float32",
-        "bytes_per_token": 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4,
+        "dtype": KV_CACHE_NUMPY_DTYPES[spec.kv_cache_dtype],
+        "bytes_per_token": 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
+        * np.dtype(KV_CACHE_NUMPY_DTYPES[spec.kv_cache_dtype]).itemsize,
         "sliding_window": cfg.sliding_window,
     }
 
@@ -207,11 +208,14 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     kernels: KernelPlan | None = None
     plans: list[KernelPlan] = []
     quality: Quality | None = None
+    kv_dtype = KV_CACHE_NUMPY_DTYPES[spec.kv_cache_dtype]
     if spec.precision in QUANTIZED_PRECISIONS:
         plans = ([kernels_override] if kernels_override is not None
                  else candidate_plans(spec.precision, spec.cpu_class or cpu_class(), spec.kernels))
         # The graph is written once, with the exact plan's levels; the gate retargets them.
         kernels = plans[-1]
+    # fp32 weights with float16 KV: the gate judges the KV dtype alone (one float plan, strict).
+    gated = kernels is not None or kv_dtype != "float32"
     # fp32: two graphs of the same weights, the portable one (standard ops) and the CPU one
     # (GroupQueryAttention, in-place KV). Quantized: the CPU graph only, since MatMulNBits and
     # GatherBlockQuantized are onnxruntime (com.microsoft) ops that TensorRT cannot run, plus
@@ -223,15 +227,15 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
             io = build_decoder_graph(cfg, ckpt, model_path, max_positions=spec.max_kv_cache_capacity,
                                      fused_ops=fused, progress=report)
             cpu_io = build_decoder_graph(cfg, ckpt, cpu_src, max_positions=spec.max_kv_cache_capacity,
-                                         fused_ops=fused, kv_layout="gqa", lora=spec.lora)
+                                         fused_ops=fused, kv_layout="gqa", lora=spec.lora, kv_dtype=kv_dtype)
         else:
             report("quantize", 0.0)
             cpu_io = io = build_decoder_graph(
                 cfg, ckpt, cpu_src, max_positions=spec.max_kv_cache_capacity, fused_ops=fused,
-                kv_layout="gqa", kernels=kernels, progress=report, lora=spec.lora)
+                kv_layout="gqa", kernels=kernels, progress=report, lora=spec.lora, kv_dtype=kv_dtype)
         report("optimize", 0.0)
         _optimize(cpu_src, optimized_path)
-        if kernels is not None:
+        if gated:
             report("quality", 0.0)
             def fp32_reference() -> tuple[Path, dict[str, np.ndarray]]:
                 # Its weights stay in memory: only its graph is written (on this machine's disk,
@@ -263,15 +267,18 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                     os.replace(path, kept)
                 codes = replace(plan, int8_layout="codes")
                 build_decoder_graph(cfg, ckpt, work / "codes.onnx", max_positions=spec.max_kv_cache_capacity,
-                                    fused_ops=fused, kv_layout="gqa", kernels=codes, lora=spec.lora)
+                                    fused_ops=fused, kv_layout="gqa", kernels=codes, lora=spec.lora,
+                                    kv_dtype=kv_dtype)
                 _optimize(work / "codes.onnx", optimized_path)
                 return codes
 
-            kernels, quality = run_gate(
+            chosen, quality = run_gate(
                 fp32_reference, optimized_path, gate_meta, checkpoint_dir, cpu_class=cpu_class(),
-                threads=available_cores(), plans=plans, threshold=min_agreement,
-                mode="forced" if kernels_override is not None else spec.kernels,
-                reference_file=reference_file, relayout=None if kernels_override is not None else relayout)
+                threads=available_cores(), plans=plans or [float_plan(spec.precision, cpu_class())],
+                threshold=min_agreement, mode="forced" if kernels_override is not None else spec.kernels,
+                reference_file=reference_file, strict=kernels is None,
+                relayout=None if kernels_override is not None or kernels is None else relayout)
+            kernels = chosen if kernels is not None else None
     if model_path.exists():
         report("share", 0.0)
         share_external_data(model_path, optimized_path)
@@ -289,8 +296,9 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     meta.update(memory_fields(weight_bytes=onnx_weight_bytes(optimized_path),
                               kv_bytes_per_token=int(kv_cache["bytes_per_token"]),
                               capacity=spec.max_kv_cache_capacity, slots=spec.max_batch_size))
-    if kernels is not None and quality is not None:
+    if kernels is not None:
         meta["kernels"] = kernels.record()
+    if quality is not None:
         meta["quality"] = quality.record()
     if spec.lora:  # absent otherwise, as speculative below
         meta["lora"] = True

@@ -122,6 +122,8 @@ class Quality:
     plan: str = "exact"
     identical: int = 0
     identity_tokens: int = IDENTITY_TOKENS
+    #: The candidate's K/V element type (``engine.json``'s ``kv_cache.dtype``); fp32's is float32.
+    kv_cache_dtype: str = "float32"
     #: Whether fp32's answers came from the per-checkpoint file instead of a fresh decode.
     reference_cached: bool = False
     reference_seconds: float = 0.0
@@ -331,7 +333,7 @@ def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]]
              plans: Sequence[KernelPlan], mode: str = "auto", threshold: float = MIN_AGREEMENT,
              reference_file: Path | None = None,
              relayout: Callable[[KernelPlan | None], KernelPlan | None] | None = None,
-             ) -> tuple[KernelPlan, Quality]:
+             strict: bool = False) -> tuple[KernelPlan, Quality]:
     """Choose among ``plans`` (fastest first, the written graph ``candidate_model`` holding their
     weights) by measuring each against fp32 of the same weights (``fp32_reference()`` writes its
     GQA graph of the same bundle metadata ``meta`` and returns it with its large weights, called
@@ -339,7 +341,10 @@ def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]]
 
     ``relayout(plan)`` may rewrite ``candidate_model`` in a faster layout of the chosen ``plan``
     and return that plan (None: nothing faster); it is measured under the same rule and kept when
-    it passes, else ``relayout(None)`` puts back what the gate measured.
+    it passes, else ``relayout(None)`` puts back what the gate measured. ``strict``: every plan,
+    the exact one too, must give fp32's first tokens (a float graph whose float16 KV is all that
+    differs from fp32: no weight rounding excuses a different answer).
+    The candidate's KV dtype is ``meta``'s (``kv_cache.dtype``); fp32's reference holds float32.
     Leaves ``candidate_model`` set to the chosen plan and returns it with the figures; raises
     :class:`QualityGateError` when no plan passes (see the module docstring for ``mode``)."""
     started = time.monotonic()
@@ -350,7 +355,9 @@ def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]]
     # KV buffers as long as the gate needs, not the bundle's capacity (8 slots of 8k positions
     # would allocate gigabytes for nothing).
     needed = {"max_kv_cache_capacity": max(len(p) for p in prompts) + tokens}
-    ref_meta = {**meta, **needed, "optimized_model": None}
+    kv_dtype = str(meta.get("kv_cache", {}).get("dtype", "float32"))
+    ref_meta = {**meta, **needed, "optimized_model": None,
+                "kv_cache": {**meta.get("kv_cache", {}), "dtype": "float32"}}
 
     def open_reference(slots: int) -> GqaEngine:
         model, weights = fp32_reference()
@@ -383,7 +390,9 @@ def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]]
         figures, free = _try_plan(candidate_model, plan, run_meta, reference, threads)
         # A plan that trades float32 compute for speed must give fp32's answers (``auto``); the
         # exact plan, ``fast`` and a plan the caller forces (``forced``) face the floor alone.
+        wanted = [ref[:IDENTITY_TOKENS] for ref in reference.tokens]
         passed = figures.greedy_agreement >= threshold and (
+            free == wanted if strict else
             mode in ("fast", "forced") or plan.name == "exact" or answers_like_exact(free))
         tried.append(replace(figures, passed=passed))
         return passed
@@ -403,15 +412,23 @@ def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]]
                       min_logit_cosine=round(last.min_logit_cosine, 5),
                       cpu_class=cpu_class, threshold=threshold,
                       seconds=round(time.monotonic() - started, 2), kernels_mode=mode, plan=last.plan,
-                      identical=last.identical, reference_cached=cached,
+                      identical=last.identical, reference_cached=cached, kv_cache_dtype=kv_dtype,
                       reference_seconds=round(reference_seconds, 2), candidates=tried)
     if chosen is None:
         precision = str(meta["precision"])
-        instead = "int8 or fp32" if precision == "int4" else "fp32"
+        instead = "--precision " + ("int8 or fp32" if precision == "int4" else "fp32")
+        what = f"the {precision} build"
+        if kv_dtype != "float32":
+            what += " with float16 KV (--kv-cache-dtype fp16)"
+            instead = ("--kv-cache-dtype fp32" if precision not in ("int8", "int4")
+                       else instead + " or --kv-cache-dtype fp32")
+        figure = (f"greedy agreement with fp32 {last.greedy_agreement:.3f} < {threshold}"
+                  if last.greedy_agreement < threshold else
+                  f"{last.identical} of {quality.prompts} prompts' first {IDENTITY_TOKENS} tokens "
+                  "equal fp32's")
         raise QualityGateError(
-            f"the {precision} build failed the quality gate on this CPU ({cpu_class}): greedy agreement "
-            f"with fp32 {last.greedy_agreement:.3f} < {threshold} over {quality.prompts} prompts x "
-            f"{tokens} tokens; build --precision {instead} instead"
+            f"{what} failed the quality gate on this CPU ({cpu_class}): {figure} over {quality.prompts} "
+            f"prompts x {tokens} tokens; build {instead} instead"
         )
     if mode == "fast" and chosen.name != "exact":
         log.info("--kernels fast: the %s build runs plan %r (agreement %.3f, %d of %d prompts identical to "

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from inference.build_profile import (
     BACKEND_PRECISIONS,
+    DEFAULT_KV_CACHE_DTYPE,
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_INPUT_LEN,
     DEFAULT_MAX_KV_CACHE_CAPACITY,
@@ -19,6 +20,7 @@ from inference.build_profile import (
     ProfileError,
     check_backend_precision,
     check_backend_speculative,
+    check_kv_cache_dtype,
     check_shapes,
     check_task,
 )
@@ -49,6 +51,8 @@ class EngineBuildSpec:
     lora: bool = False
     #: How a quantized graph's kernels are chosen (:data:`inference.build_profile.KERNEL_MODES`).
     kernels: str = "auto"
+    #: The K/V buffers' element type (:data:`inference.build_profile.KV_CACHE_DTYPES`).
+    kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE
 
     def __post_init__(self) -> None:
         try:
@@ -60,6 +64,7 @@ class EngineBuildSpec:
                 raise ProfileError("lora", "applies only to task 'generate'")
             check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
             check_backend_speculative("onnxruntime", self.speculative_method)
+            check_kv_cache_dtype(self.kv_cache_dtype, "onnxruntime", self.task)
         except ProfileError as exc:
             raise BuildInputError(str(exc)) from None
         if self.kernels not in KERNEL_MODES:

@@ -1,7 +1,8 @@
 """The in-place KV engine: ONNX Runtime's GroupQueryAttention over one preallocated KV pool.
 
 KV layout (recorded in ``engine.json`` under ``kv_cache``): per layer one K and one V buffer
-``[max_slots, kv_heads, capacity, head_dim]`` float32, allocated once when the engine loads.
+``[max_slots, kv_heads, capacity, head_dim]`` of ``kv_cache.dtype`` (float32, or float16 for a
+``--kv-cache-dtype fp16`` build), allocated once when the engine loads.
 Slot ``s`` owns row ``s``; it holds positions ``[0, slot_length(s))`` with no padding.
 
 How a step writes in place: the session runs with IO binding and each layer's past and present
@@ -78,6 +79,18 @@ def onnx_engine_info(meta: dict[str, Any], model_path: Path, *, max_slots: int, 
     )
 
 
+#: ``engine.json``'s ``kv_cache.dtype`` values the engine holds.
+KV_DTYPES: tuple[str, ...] = ("float32", "float16")
+
+
+def kv_dtype_of(kv: Mapping[str, Any]) -> np.dtype:
+    """The K/V buffers' numpy dtype recorded under ``kv_cache`` (float32 when unrecorded)."""
+    name = str(kv.get("dtype", "float32"))
+    if name not in KV_DTYPES:
+        raise ValueError(f"kv_cache.dtype {name!r} is not one this runtime holds ({', '.join(KV_DTYPES)})")
+    return np.dtype(name)
+
+
 class GqaEngine(SlotLengths):
     """An Engine over one onnxruntime session of a bundle's GroupQueryAttention graph."""
 
@@ -91,6 +104,7 @@ class GqaEngine(SlotLengths):
             initializers=initializers, profile_prefix=profile_prefix,
         )
         kv = meta["kv_cache"]
+        self._kv_dtype = kv_dtype_of(kv)
         self._layers = int(meta["num_layers"])
         self._kv_heads = int(meta["num_kv_heads"])
         self._head_dim = int(meta["head_dim"])
@@ -103,7 +117,7 @@ class GqaEngine(SlotLengths):
         previous = _set_hugepage(False)
         try:
             shape = (max_slots, self._kv_heads, self._cap, self._head_dim)
-            self._kv = [np.zeros(shape, dtype=np.float32) for _ in self._names]
+            self._kv = [np.zeros(shape, dtype=self._kv_dtype) for _ in self._names]
         finally:
             _set_hugepage(previous)
         self._row_elems = self._kv_heads * self._cap * self._head_dim
@@ -150,7 +164,7 @@ class GqaEngine(SlotLengths):
     @property
     def kv_bytes_per_token(self) -> int:
         """KV bytes one position takes over all layers (K and V)."""
-        return 2 * self._layers * self._kv_heads * self._head_dim * 4
+        return 2 * self._layers * self._kv_heads * self._head_dim * self._kv_dtype.itemsize
 
     # --- slot bookkeeping (slot_length, reset: SlotLengths) -------------------------------
     def truncate(self, slot: int, n: int) -> None:
@@ -177,7 +191,7 @@ class GqaEngine(SlotLengths):
         if start < 0 or n < 0 or start + n > self._lengths[slot]:
             raise ValueError(f"slot {slot} holds {self._lengths[slot]} positions; cannot export "
                              f"[{start}, {start + n})")
-        out = np.empty((len(self._kv), self._kv_heads, n, self._head_dim), dtype=np.float32)
+        out = np.empty((len(self._kv), self._kv_heads, n, self._head_dim), dtype=self._kv_dtype)
         for j, buf in enumerate(self._kv):
             out[j] = buf[slot, :, start:start + n]
         return out
@@ -188,6 +202,8 @@ class GqaEngine(SlotLengths):
         n = int(kv.shape[2])
         if kv.shape != (len(self._kv), self._kv_heads, n, self._head_dim):
             raise ValueError(f"KV block of shape {kv.shape} does not fit this engine")
+        if kv.dtype != self._kv_dtype:
+            raise ValueError(f"KV block of dtype {kv.dtype} does not fit this engine's {self._kv_dtype} KV")
         if not 0 <= start <= self._lengths[slot] or start + n > self._cap:
             raise ValueError(f"cannot import {n} positions at {start} into slot {slot} "
                              f"holding {self._lengths[slot]} (capacity {self._cap})")
@@ -238,11 +254,11 @@ class GqaEngine(SlotLengths):
         if self._bound == (lo, batch, keep):
             return
         shape = [batch, self._kv_heads, self._cap, self._head_dim]
-        offset = lo * self._row_elems * 4
+        offset = lo * self._row_elems * self._kv_dtype.itemsize
         for (past, present), buf in zip(self._names, self._kv, strict=True):
             ptr = buf.ctypes.data + offset
-            self._binding.bind_input(past, "cpu", 0, np.float32, shape, ptr)
-            self._binding.bind_output(present, "cpu", 0, np.float32, shape, ptr)
+            self._binding.bind_input(past, "cpu", 0, self._kv_dtype.type, shape, ptr)
+            self._binding.bind_output(present, "cpu", 0, self._kv_dtype.type, shape, ptr)
         logits = self._logits.get((batch, keep))
         if logits is None:
             logits = self._logits[batch, keep] = np.empty((batch, keep, self._vocab), dtype=np.float32)

@@ -10,7 +10,7 @@ import onnxruntime as ort
 from inference.cpu_class import cpu_class_mismatch
 from inference.runtime.embedding_engine import EMBEDDING_MODEL, EmbeddingEngine
 from inference.runtime.errors import EngineLoadError
-from inference.runtime.onnxruntime_engine import KV_LAYOUT, GqaEngine
+from inference.runtime.onnxruntime_engine import KV_LAYOUT, GqaEngine, kv_dtype_of
 from inference.runtime.ort_session import available_cores
 from inference.runtime.registry import ENGINE_FILE, is_embedding, load_engine, memory_estimate, read_meta
 
@@ -53,6 +53,10 @@ def read_engine_meta(bundle_dir: Path) -> dict[str, Any]:
         raise EngineLoadError(
             f"{path} has KV layout {layout!r}; this runtime runs {KV_LAYOUT!r}. Rebuild the bundle"
         )
+    try:
+        kv_dtype_of(kv)
+    except ValueError as exc:
+        raise EngineLoadError(f"{path}: {exc}. Rebuild the bundle") from None
     return meta
 
 

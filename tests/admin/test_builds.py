@@ -128,11 +128,16 @@ def test_task_embed_builds_an_embedding_profile_apart(client: Client, builder: F
     assert text["state"] == embed["state"] == "done"
     assert embed["profile"]["task"] == "embed" and embed["profile"]["pooling"] == "last"
     assert "task" not in text["profile"] and embed["bundle_id"] != text["bundle_id"]
+    half = _wait(client, client.post("/admin/builds", json={**base, "kv_cache_dtype": "fp16"}).json()["id"])
+    assert half["profile"]["kv_cache_dtype"] == "fp16" and "kv_cache_dtype" not in text["profile"]
+    assert half["bundle_id"] != text["bundle_id"]
     mean = client.post("/admin/builds", json={**base, "task": "embed", "pooling": "mean"}).json()
     assert _wait(client, mean["id"])["profile"]["pooling"] == "mean"
     for body, field in (({**base, "pooling": "mean"}, "pooling"),
                         ({**base, "task": "embed", "precision": "int8"}, "task"),
-                        ({**base, "task": "rerank"}, "task")):
+                        ({**base, "task": "rerank"}, "task"),
+                        ({**base, "task": "embed", "kv_cache_dtype": "fp16"}, "kv_cache_dtype"),
+                        ({**base, "kv_cache_dtype": "q8_0"}, "kv_cache_dtype")):
         r = client.post("/admin/builds", json=body)
         assert r.status_code == 400, r.text
         assert field in r.text

@@ -92,6 +92,28 @@ def test_prepare_ls_show_pin_verify_prune(
     assert code == 0 and "up to date" in out
 
 
+def test_prepare_with_fp16_kv_is_its_own_gated_bundle_with_half_the_kv(
+    tmp_path: Path, ckpt: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = ["--cache-dir", str(tmp_path / "c")]
+    code, out, _ = run(capsys, *cache, "prepare", str(ckpt), "--max-input-len", "256", "--json")
+    assert code == 0
+    full = json.loads(out)
+    code, out, err = run(capsys, *cache, "prepare", str(ckpt), "--max-input-len", "256",
+                         "--kv-cache-dtype", "fp16", "--json")
+    assert code == 0, err
+    half = json.loads(out)
+    assert half["built"] is True and half["bundle_id"] != full["bundle_id"]
+    engine = [json.loads((Path(b["bundle_dir"]) / "engine.json").read_text()) for b in (full, half)]
+    assert [e["kv_cache"]["dtype"] for e in engine] == ["float32", "float16"]
+    assert engine[1]["kv_bytes_per_token"] * 2 == engine[0]["kv_bytes_per_token"]
+    code, out, _ = run(capsys, *cache, "bundles", "show", half["bundle_id"])
+    assert code == 0 and "-kvfp16-" in out
+    assert "float16, " in out and "float16 KV, greedy agreement" in out
+    code, out, _ = run(capsys, *cache, "bundles", "show", full["bundle_id"])
+    assert "float32, " in out and "quality" not in out
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
@@ -100,6 +122,9 @@ def test_prepare_ls_show_pin_verify_prune(
         (["prune", "--max-size-bytes", "-1"], "--max-size-bytes"),
         (["prepare", "/definitely/not/here"], "no such directory"),
         (["prepare", "/tmp", "--max-batch-size", "0"], "--max-batch-size"),
+        (["prepare", "/tmp", "--kv-cache-dtype", "q8_0"], "--kv-cache-dtype"),
+        (["prepare", "/tmp", "--kv-cache-dtype", "fp16", "--task", "embed"], "--kv-cache-dtype"),
+        (["prepare", "/tmp", "--kv-cache-dtype", "fp16", "--backend", "tensorrt"], "--kv-cache-dtype"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -55,3 +55,21 @@ def test_kernels_is_part_of_a_quantized_cpu_profile_only() -> None:
         BuildOptions(precision="int4", cpu_class="avx2", kernels="turbo")
     with pytest.raises(ConfigError, match="kernels"):
         ProfileRequest(kernels="turbo")
+
+
+def test_kv_cache_dtype_keys_a_cpu_generate_profile_and_keeps_old_ids_at_fp32() -> None:
+    base = BuildOptions()
+    assert "kv_cache_dtype" not in base.to_dict()
+    half = BuildOptions(kv_cache_dtype="fp16")
+    assert half.to_dict()["kv_cache_dtype"] == "fp16" and half.digest != base.digest
+    assert "-kvfp16-fp32-" in half.name and BuildOptions.from_dict(half.to_dict()) == half
+    quantized = BuildOptions(precision="int4", cpu_class="avx2", kv_cache_dtype="fp16")
+    assert quantized.digest != BuildOptions(precision="int4", cpu_class="avx2").digest
+    with pytest.raises(ConfigError, match="kv_cache_dtype: fp16 applies only to generate bundles"):
+        BuildOptions(backend="tensorrt", precision="fp16", device_arch="sm90", kv_cache_dtype="fp16")
+    with pytest.raises(ConfigError, match="kv_cache_dtype"):
+        BuildOptions(task="embed", pooling="last", kv_cache_dtype="fp16")
+    with pytest.raises(ConfigError, match="kv_cache_dtype: must be one of fp32, fp16"):
+        ProfileRequest(kv_cache_dtype="q8_0")
+    with pytest.raises(ConfigError, match="kv_cache_dtype"):
+        ProfileRequest(backend="tensorrt", kv_cache_dtype="fp16")

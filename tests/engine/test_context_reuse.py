@@ -383,3 +383,31 @@ def test_store_evicts_least_recently_used_by_records_and_by_bytes() -> None:
     assert small.stats().evictions == 2
     assert not PrefixStore("test", max_records=0).insert(keys[0], tokens[:64], kv)
     assert not PrefixStore("test", max_records=9, max_bytes=kv.nbytes - 1).insert(keys[0], tokens[:64], kv)
+
+
+def test_fp16_kv_reuses_prefixes_with_the_same_tokens_in_about_half_the_bytes(
+    hf_checkpoint: Callable[..., Path], built_bundle: Callable[..., Path]
+) -> None:
+    """A ``--kv-cache-dtype fp16`` bundle stores and restores float16 blocks: reuse changes no
+    token, and the same conversation's records take about half the bytes of fp32 KV's (the logits
+    kept with a record stay float32)."""
+    prompts = _conversation()
+    used: list[int] = []
+    answers: list[list[list[int]]] = []
+    for dtype in ("fp32", "fp16"):
+        bundle_dir = built_bundle(hf_checkpoint("llama"), max_batch_size=2, max_kv_cache_capacity=512,
+                                  kv_cache_dtype=dtype)
+        cold = _Runner(load_engine(bundle_dir, threads=1), None, batch=1)
+        want = cold.one_by_one(prompts, 10)
+        cold.stop()
+        store = PrefixStore("test", max_records=64)
+        warm = _Runner(load_engine(bundle_dir, threads=1), store, batch=2)
+        assert warm.one_by_one(prompts, 10) == want
+        warm.settle()
+        warm.stop()
+        stats = store.stats()
+        assert stats.hits >= 6 and stats.tokens_reused > 800
+        used.append(stats.bytes)
+        answers.append(want)
+    assert answers[1] == answers[0]
+    assert 0.4 < used[1] / used[0] < 0.75, used

@@ -72,6 +72,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "backend": "auto",
     "precision": "auto",
     "kernels": "auto",
+    "kv_cache_dtype": "fp32",
     "task": "generate",
     "pooling": None,
     "enable_lora": False,

@@ -52,6 +52,7 @@ def test_http_build_request_literals_equal_the_registry() -> None:
     pooling = [a for a in get_args(hints["pooling"]) if a is not type(None)]
     assert get_args(pooling[0]) == reg.POOLING_METHODS
     assert get_args(hints["kernels"]) == reg.KERNEL_MODES
+    assert get_args(hints["kv_cache_dtype"]) == reg.KV_CACHE_DTYPES
     assert get_args(schemas.BackendName) == reg.BACKENDS
     assert get_args(schemas.SortKey) == SORT_KEYS
     assert get_args(schemas.SortOrder) == SORT_ORDERS
