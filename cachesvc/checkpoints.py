@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from cachesvc.errors import CheckpointError, ConfigError, HubUnreachableError, UnsupportedModelError
 from cachesvc.gguf_checkpoints import (
@@ -414,6 +414,24 @@ def check_family(directory: Path) -> None:
         family_of_config(raw)
     except ValueError as exc:
         raise UnsupportedModelError(str(exc)) from None
+    _check_layers(raw, "config.json")
+
+
+def _check_layers(raw: dict[str, Any], source: str) -> None:
+    """``UnsupportedModelError`` when the builder's reading of a config (``source``: config.json, or
+    a GGUF's metadata) refuses a variant of a known family that no engine builds (Gemma's
+    bidirectional attention, a rope type or activation of no family, a quantization_config, ...):
+    bad input, refused before anything is recorded, in the words the build would fail with. A
+    config the builder cannot read for other reasons (a missing field) is the build's to report."""
+    from inference.builder.model_config import model_config_from
+    from inference.errors import BuildInputError, UnsupportedFeatureError
+
+    try:
+        model_config_from(raw)
+    except UnsupportedFeatureError as exc:
+        raise UnsupportedModelError(f"{source}: {exc}") from None
+    except (BuildInputError, ValueError, TypeError, KeyError):
+        return
 
 
 def _is_bundle_dir(directory: Path) -> bool:
@@ -649,18 +667,28 @@ def check_model_name(field: str, model: str, allowed_roots: tuple[Path, ...] | N
 
 def check_gguf_family(path: Path) -> None:
     """``UnsupportedModelError`` when the GGUF file's ``general.architecture`` is of no registered
-    family (its header only; anything else wrong with the file is the conversion's to say)."""
-    from inference.builder.gguf_reader import gguf_metadata, read_gguf_header
+    family or its metadata describes a variant no engine builds (its header
+    only; anything else wrong with the file is the conversion's to say)."""
+    from inference.builder.gguf_reader import gguf_config, gguf_metadata, read_gguf_header
+    from inference.errors import UnsupportedFeatureError
     from inference.families import family_of_gguf
 
     try:
-        arch = gguf_metadata(read_gguf_header(path), "general.architecture")
+        header = read_gguf_header(path)
+        arch = gguf_metadata(header, "general.architecture")
     except (OSError, ValueError):
         return
     try:
         family_of_gguf(arch)
     except ValueError as exc:
         raise UnsupportedModelError(str(exc)) from None
+    try:
+        raw = gguf_config(header)
+    except UnsupportedFeatureError as exc:
+        raise UnsupportedModelError(f"{path.name}: {exc}") from None
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # the conversion says what is wrong with the file
+    _check_layers(raw, f"{path.name} (its metadata)")
 
 
 def check_local_path(field: str, given: str, allowed_roots: tuple[Path, ...] | None, *, what: str) -> Path:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from inference.builder.errors import BuildInputError
+from inference.errors import UnsupportedFeatureError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic", "factors")
 
@@ -256,7 +257,7 @@ def rope_from(raw: Mapping[str, Any], layer_type: str = "full_attention",
     base = float(base if theta is None else theta)
     rope_type = str(scaling.get("rope_type", scaling.get("type", "default")))
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise BuildInputError(
+        raise UnsupportedFeatureError(
             f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
     if rope_type == "default":
@@ -379,7 +380,7 @@ def activation(raw: Mapping[str, Any], *keys: str) -> str:
     """Our name of the config's activation (the first of ``keys`` present; default silu)."""
     name = next((raw[k] for k in (*keys, "hidden_act") if raw.get(k) is not None), "silu")
     if name not in _ACTIVATION_NAMES:
-        raise BuildInputError(
+        raise UnsupportedFeatureError(
             f"unsupported hidden_act {name!r}; supported: {', '.join(sorted(_ACTIVATION_NAMES))}"
         )
     return _ACTIVATION_NAMES[name]
@@ -395,7 +396,7 @@ def layer_types_of(raw: Mapping[str, Any], layers: int) -> tuple[str, ...]:
             f"config.json layer_types must list one type per layer ({layers}), got {types!r}")
     names = {"full_attention": "full", "sliding_attention": "sliding"}
     if any(t not in names for t in types):
-        raise BuildInputError(
+        raise UnsupportedFeatureError(
             f"unsupported layer type in layer_types {sorted(set(types))}; supported: {', '.join(names)}"
         )
     return tuple(names[t] for t in types)
@@ -428,7 +429,7 @@ def model_config_from(raw: Mapping[str, Any], generation: Mapping[str, Any] | No
 
     family = family_of_config(raw)
     if raw.get("quantization_config"):
-        raise BuildInputError(
+        raise UnsupportedFeatureError(
             "quantized checkpoints (quantization_config) are not supported; use fp32/fp16/bf16 weights"
         )
 
@@ -516,10 +517,11 @@ def _check_moe(cfg: ModelConfig, moe: MoeConfig) -> None:
     if moe.expert_size < 1:
         raise BuildInputError(f"the experts' intermediate size must be positive, got {moe.expert_size}")
     if cfg.act != "silu":
-        raise BuildInputError(f"hidden_act {cfg.act!r} in a mixture-of-experts model is not supported: "
-                              "experts run onnxruntime's MoE op, whose gated activation is SwiGLU (silu)")
+        raise UnsupportedFeatureError(
+            f"hidden_act {cfg.act!r} in a mixture-of-experts model is not supported: experts run "
+            "onnxruntime's MoE op, whose gated activation is SwiGLU (silu)")
     if cfg.mlp_bias or cfg.mlp != "gated" or cfg.fused_gate_up:
-        raise BuildInputError(
+        raise UnsupportedFeatureError(
             "mixture-of-experts models with MLP biases (mlp_bias) or ungated experts are not supported")
     if any(not 0 <= i < cfg.num_layers for i in moe.sparse_layers):
         raise ValueError(f"{cfg.family}: sparse layers {moe.sparse_layers} outside {cfg.num_layers} layers")

@@ -28,13 +28,14 @@ GEMMA3_LOCAL_THETA = 10000.0
 def _common(raw: Mapping[str, Any], key: str, act: str) -> dict[str, Any]:
     """The features of every Gemma; ``act``: the activation as transformers reads it (from ``key``)."""
     from inference.builder.model_config import _ACTIVATION_NAMES
-    from inference.errors import BuildInputError
+    from inference.errors import UnsupportedFeatureError
 
     if raw.get("use_bidirectional_attention"):
-        raise BuildInputError("use_bidirectional_attention (an encoder) is not supported; only causal "
-                              "decoders are")
+        raise UnsupportedFeatureError(
+            "use_bidirectional_attention (an encoder) is not supported; only causal decoders are")
     if act not in _ACTIVATION_NAMES:
-        raise BuildInputError(f"unsupported {key} {act!r}; supported: {', '.join(sorted(_ACTIVATION_NAMES))}")
+        raise UnsupportedFeatureError(
+            f"unsupported {key} {act!r}; supported: {', '.join(sorted(_ACTIVATION_NAMES))}")
     bias = bool(raw.get("attention_bias", False))
     # The embedding scale is float32 sqrt(hidden), as transformers' fp32 run and llama.cpp take it
     # (transformers casts it to the weights' dtype: a bf16 run uses bf16(sqrt(hidden)), 55.5 for 3072).
@@ -81,11 +82,12 @@ def gemma2_features(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 def gemma3_features(raw: Mapping[str, Any]) -> dict[str, Any]:
     from inference.builder.model_config import RopeConfig, rope_from
-    from inference.errors import BuildInputError
+    from inference.errors import UnsupportedFeatureError
 
     if raw.get("attn_logit_softcapping"):
-        raise BuildInputError("gemma3 with attn_logit_softcapping is not a Gemma 3 checkpoint cachesvc "
-                              "knows; remove the field (Gemma 3 has no attention soft-capping)")
+        raise UnsupportedFeatureError(
+            "gemma3 with attn_logit_softcapping is not a Gemma 3 checkpoint cachesvc knows; remove the "
+            "field (Gemma 3 has no attention soft-capping)")
     out = {**_sandwich(raw), **_default_layers(raw, int(raw.get("sliding_window_pattern") or 6)),
            "qk_norm": "head"}
     params = raw.get("rope_parameters")

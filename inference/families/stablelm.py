@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from inference.errors import BuildInputError
+from inference.errors import UnsupportedFeatureError
 from inference.families import DOCS_PAGE, Family
 
 #: transformers' StableLmConfig default when the config says nothing.
@@ -16,7 +16,7 @@ DEFAULT_PARTIAL_ROTARY = 0.25
 def features(raw: Mapping[str, Any]) -> dict[str, Any]:
     from inference.builder.model_config import rotary_dims  # (the builder imports the registry)
     if raw.get("qk_layernorm"):
-        raise BuildInputError(
+        raise UnsupportedFeatureError(
             "stablelm with qk_layernorm (a LayerNorm with its own weights per attention head) is not "
             f"supported yet (see {DOCS_PAGE})")
     # transformers' StableLM ignores head_dim: every head is hidden_size / num_attention_heads wide.

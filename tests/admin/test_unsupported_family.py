@@ -15,10 +15,11 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
-from inference.families import family_names
+from inference.families import family_by_name, family_names
 from tests.admin.conftest import problem
 from tests.service.conftest import cachesvc_command
 from tests.support.cache import child_env, make_checkpoint
+from tests.support.tiny_models import TINY_CONFIG
 
 
 def _gpt2(path: Path) -> Path:
@@ -84,3 +85,40 @@ def test_the_build_route_refuses_with_400_before_queueing(
     assert r.status_code == 400, r.text
     _check_line(problem(r)["detail"], "GPT2LMHeadModel" if kind == "safetensors" else "rwkv7")
     assert (client.get("/admin/checkpoints").json(), client.get("/admin/builds").json()) == before
+
+
+def _variant(path: Path, kind: str) -> tuple[Path, str]:
+    """A checkpoint of a known family in a variant no engine builds, and the words that say so."""
+    make_checkpoint(path)
+    fam = family_by_name("gemma3_text" if kind == "encoder" else "llama")
+    config: dict[str, Any] = {**TINY_CONFIG, **fam.tiny, "architectures": list(fam.architectures[:1]),
+                              "model_type": fam.model_types[0]}
+    if kind == "encoder":
+        config["use_bidirectional_attention"] = True
+        words = "use_bidirectional_attention (an encoder) is not supported"
+    else:
+        config["hidden_act"] = "xielu"
+        words = "unsupported hidden_act 'xielu'"
+    (path / "config.json").write_text(json.dumps(config))
+    return path, words
+
+
+@pytest.mark.parametrize("kind", ["encoder", "activation"])
+def test_a_variant_no_engine_builds_is_refused_up_front_too(
+    tmp_path: Path, kind: str, client: TestClient[Litestar]
+) -> None:
+    """Not a failed build (exit 1, a catalog row): exit 2 / HTTP 400 before anything is recorded,
+    in the builder's own words."""
+    model, words = _variant(tmp_path / "ckpt", kind)
+    cache = tmp_path / "cache"
+    before = _state(cache)
+    r = _cli(cache, "prepare", str(model))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "config.json: " in lines[0] and words in lines[0], r.stderr
+    assert _state(cache) == before
+    seen = (client.get("/admin/checkpoints").json(), client.get("/admin/builds").json())
+    r2 = client.post("/admin/builds", json={"model": str(model)})
+    assert r2.status_code == 400, r2.text
+    assert words in problem(r2)["detail"]
+    assert (client.get("/admin/checkpoints").json(), client.get("/admin/builds").json()) == seen
