@@ -41,7 +41,15 @@ from inference.builder.errors import BuildInputError
 from inference.builder.kernel_plan import KernelPlan
 from inference.builder.layout import names_for
 from inference.builder.model_config import ModelConfig
-from inference.builder.quantized import GgufBlocks, QuantizedEmitter, Table8
+from inference.builder.quantized import (
+    BLOCK,
+    BlockWeight,
+    GgufBlocks,
+    QuantizedEmitter,
+    Table8,
+    interleave_rows,
+    quantize_4bit,
+)
 
 FUSED_OPSET = 23
 MS_DOMAIN = "com.microsoft"
@@ -566,28 +574,63 @@ class _DecoderBuilder:
         fc1 = np.stack([gate, up], axis=2).reshape(e_count, 2 * ff, h)
         return fc1, down
 
+    def float_moe(self, x: str, flat_logits: str, i: int) -> str:
+        """The experts of layer ``i`` in float32: ``MoE`` on the CPU graph, every expert weighed
+        on the portable one."""
+        em, moe = self.em, self.cfg.moe
+        assert moe is not None
+        fc1_w, fc2_w = self.expert_weights(i)
+        fc1 = em.weight(f"model.layers.{i}.mlp.experts.fc1", fc1_w)
+        fc2 = em.weight(f"model.layers.{i}.mlp.experts.fc2", fc2_w)
+        if not self.gqa:
+            return self.dense_experts(x, flat_logits, fc1, fc2)
+        return em.op1("MoE", [x, flat_logits, fc1, "", fc2], domain=MS_DOMAIN, k=moe.top_k,
+                      activation_type="swiglu", swiglu_fusion=1,
+                      normalize_routing_weights=int(moe.norm_topk_prob))
+
+    def quantized_moe(self, x: str, flat_logits: str, i: int) -> str:
+        """The experts of layer ``i`` as 4-bit ``QMoE`` (int4 builds): per expert, the GGUF's own
+        Q4_0 blocks or weights quantized here (:meth:`QuantizedEmitter.expert_weight`)."""
+        cfg, n, quant = self.cfg, self.names, self.quant
+        assert cfg.moe is not None and quant is not None
+        e_count, ff, h = cfg.moe.num_experts, cfg.moe.expert_size, cfg.hidden_size
+        fused = f"model.layers.{i}.mlp.experts"
+        fc1: list[BlockWeight] = []
+        fc2: list[BlockWeight] = []
+        if f"{fused}.gate_up_proj" in self.ckpt:  # transformers' fused in-memory layout
+            gate_up = self.ckpt.get_f32(f"{fused}.gate_up_proj", (e_count, 2 * ff, h))
+            down = self.ckpt.get_f32(f"{fused}.down_proj", (e_count, h, ff))
+            for e in range(e_count):
+                fc1.append(interleave_rows(quantize_4bit(gate_up[e, :ff]), quantize_4bit(gate_up[e, ff:])))
+                fc2.append(quantize_4bit(down[e]))
+        else:
+            def weight(slot: str, e: int, rows: int, cols: int) -> BlockWeight:
+                name = f"{n.expert(i, slot, e)}.weight"
+                return quant.expert_weight(name, rows, cols, lambda: self.ckpt.get_f32(name, (rows, cols)))
+            for e in range(e_count):
+                fc1.append(interleave_rows(weight("expert_gate", e, ff, h), weight("expert_up", e, ff, h)))
+                fc2.append(weight("expert_down", e, h, ff))
+        return quant.moe(x, flat_logits, f"model.layers.{i}.mlp.experts", fc1, fc2,
+                         top_k=cfg.moe.top_k, normalize=cfg.moe.norm_topk_prob)
+
     def moe_block(self, x: str, i: int) -> str:
         """The mixture of experts of layer ``i`` on the normed ``x`` [B,S,H]: softmax router, top-k
         experts (weights renormalised with ``norm_topk_prob``), SwiGLU experts, plus the shared
         expert (times its sigmoid gate). The CPU graph runs com.microsoft ``MoE`` (only the chosen
         experts compute); the portable graph computes every expert and weighs the unchosen by 0
-        (standard ops only: exact, E/k times the work). Experts stay fp32 in quantized builds."""
+        (standard ops only: exact, E/k times the work). int4 builds hold the experts in 4 bits
+        (``QMoE``, :func:`quantized_experts`); int8 builds keep them fp32."""
         cfg, n, em = self.cfg, self.names, self.em
         moe = cfg.moe
         assert moe is not None
         h, e_count = cfg.hidden_size, moe.num_experts
         router = self.ckpt.get_f32(f"{n.layer(i, 'router')}.weight", (e_count, h))
         logits = em.op1("MatMul", [x, em.weight(f"{n.layer(i, 'router')}.weight", router.T)])  # [B,S,E]
-        fc1_w, fc2_w = self.expert_weights(i)
-        fc1 = em.weight(f"model.layers.{i}.mlp.experts.fc1", fc1_w)
-        fc2 = em.weight(f"model.layers.{i}.mlp.experts.fc2", fc2_w)
         flat_logits = em.op1("Reshape", [logits, em.const(np.array([-1, e_count], np.int64))])
-        if self.gqa:
-            y = em.op1("MoE", [x, flat_logits, fc1, "", fc2], domain=MS_DOMAIN, k=moe.top_k,
-                       activation_type="swiglu", swiglu_fusion=1,
-                       normalize_routing_weights=int(moe.norm_topk_prob))
+        if self.quant is not None and quantized_experts(cfg, self.quant.bits):
+            y = self.quantized_moe(x, flat_logits, i)
         else:
-            y = self.dense_experts(x, flat_logits, fc1, fc2)
+            y = self.float_moe(x, flat_logits, i)
         if moe.shared_size:
             parts = [(n.layer(i, "shared_gate"), moe.shared_size), (n.layer(i, "shared_up"), moe.shared_size)]
             gate, up = self.projections(x, parts, h, False, adapt=False)
@@ -726,6 +769,16 @@ def _finish_logits(em: _Emitter, cfg: ModelConfig) -> None:
         cap = em.const(np.float32(cfg.final_softcap))
         y = em.op1("Mul", [em.op1("Tanh", [em.op1("Div", [y, cap])]), cap])
     em.op("Identity", [y], outputs=["logits"])
+
+
+def quantized_experts(cfg: ModelConfig, weight_bits: int) -> bool:
+    """Whether a quantized CPU graph of ``weight_bits`` holds ``cfg``'s experts quantized: 4-bit
+    ``QMoE`` when both expert dimensions split into blocks of 32. int8 keeps them float32:
+    onnxruntime's 8-bit ``QMoE`` has no float path (its int8 activations at every accuracy
+    level would make the exact plan inexact)."""
+    moe = cfg.moe
+    return (moe is not None and weight_bits == 4 and cfg.hidden_size % BLOCK == 0
+            and moe.expert_size % BLOCK == 0)
 
 
 def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Path, *,

@@ -165,18 +165,27 @@ def _layer_weight(node: onnx.NodeProto) -> str | None:
 
 def retarget(model: onnx.ModelProto, plan: KernelPlan) -> int:
     """Set the accuracy level of every layer ``MatMulNBits`` of ``model`` to ``plan``'s (the head
-    keeps its own); returns how many nodes the plan puts at level 4."""
+    keeps its own), and of every ``QMoE`` (int4 experts: level 4 only in a plan that puts both of
+    the MLP's groups there); returns how many nodes the plan puts at level 4."""
     fast = 0
+    experts_level = 4 if {"gate_up", "down"} <= set(plan.int8_groups) else plan.accuracy_level
     for node in model.graph.node:
+        if node.op_type == "QMoE":  # int4 experts: int8 activations with the whole MLP only
+            fast += experts_level == 4
+            _set_level(node, experts_level)
+            continue
         weight = _layer_weight(node)
         if weight is None:
             continue
         level = plan.level_of(weight)
         fast += level == 4
-        for attr in node.attribute:
-            if attr.name == "accuracy_level":
-                attr.i = level
-                break
-        else:
-            node.attribute.append(onnx.helper.make_attribute("accuracy_level", level))
+        _set_level(node, level)
     return fast
+
+
+def _set_level(node: onnx.NodeProto, level: int) -> None:
+    for attr in node.attribute:
+        if attr.name == "accuracy_level":
+            attr.i = level
+            return
+    node.attribute.append(onnx.helper.make_attribute("accuracy_level", level))

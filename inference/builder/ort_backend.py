@@ -26,7 +26,13 @@ from inference.builder.bundle_files import (
 from inference.builder.checkpoint_reader import CheckpointReader, open_checkpoint
 from inference.builder.errors import BuildInputError
 from inference.builder.external_data import share_external_data
-from inference.builder.graph import GraphIO, Progress, build_decoder_graph, check_gqa_rotary
+from inference.builder.graph import (
+    GraphIO,
+    Progress,
+    build_decoder_graph,
+    check_gqa_rotary,
+    quantized_experts,
+)
 from inference.builder.kernel_plan import KernelPlan, candidate_plans, float_plan
 from inference.builder.model_config import ModelConfig, load_model_config
 from inference.builder.quality import MIN_AGREEMENT, Quality, run_gate
@@ -122,8 +128,10 @@ def _metadata(cfg: ModelConfig, io: GraphIO, spec: EngineBuildSpec, source_dtype
         "tokenizer_files": copied,
         "files": files,
         "build_seconds": round(seconds, 3),
-        # Mixture of experts: onnxruntime's MoE op over fp32 experts, whatever the precision.
-        **({"moe": {"num_experts": cfg.moe.num_experts, "top_k": cfg.moe.top_k, "experts_precision": "fp32",
+        # Mixture of experts: onnxruntime's MoE op over fp32 experts, or QMoE over int4 ones.
+        **({"moe": {"num_experts": cfg.moe.num_experts, "top_k": cfg.moe.top_k,
+                    "experts_precision": "int4" if spec.precision == "int4" and quantized_experts(cfg, 4)
+                    else "fp32",
                     "sparse_layers": list(cfg.moe.sparse_layers)}} if cfg.moe is not None else {}),
     }
 

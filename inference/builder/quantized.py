@@ -195,6 +195,23 @@ def _concat(weights: list[BlockWeight]) -> BlockWeight:
                        np.concatenate([w.scales for w in weights]), zero_points, block_min)
 
 
+def interleave_rows(a: BlockWeight, b: BlockWeight) -> BlockWeight:
+    """Two 4-bit weights of the same shape as one whose rows alternate ``a[0], b[0], a[1], ...``
+    (the gate/up layout of a fused SwiGLU, ``swiglu_fusion=1``)."""
+    n, kb = a.scales.shape[0], a.codes.shape[1]
+    per_row = (kb + 1) // 2
+
+    def zps(w: BlockWeight) -> np.ndarray:
+        packed = w.zero_points if w.zero_points is not None else _packed_zero_points(8, n, kb)
+        return packed.reshape(n, per_row)
+
+    def both(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.stack([x, y], axis=1).reshape(2 * n, *x.shape[1:])
+
+    return BlockWeight(4, both(a.codes, b.codes), both(a.scales.reshape(n, kb), b.scales.reshape(n, kb)),
+                       both(zps(a), zps(b)).reshape(-1))
+
+
 @dataclass(frozen=True)
 class Table8:
     """An 8-bit weight ``[n, k]`` written into the graph, in one of two layouts: ``codes`` (one
@@ -313,6 +330,55 @@ class QuantizedEmitter:
         if q.block_min is None:
             return y
         return self.em.op1("Add", [y, self._min_term(x, base, q, k)])
+
+    # --- mixture of experts -----------------------------------------------------------------
+    def expert_weight(self, name: str, n: int, k: int, load: Callable[[], np.ndarray]) -> BlockWeight:
+        """One expert's 4-bit weight for ``QMoE``: the GGUF's own Q4_0 blocks where it has them
+        (scale ``d``, zero point 8), else quantized here (min/max, integer zero point): QMoE
+        takes integer zero points only, so Q4_1's ``m`` term has no place and its experts are
+        quantized again from their float values."""
+        raw = self.q4.get(name, n, k)
+        if raw is not None and raw.block_min is None:
+            self.counts["gguf_blocks"] += 1
+            return raw
+        self.counts["quantized"] += 1
+        return quantize_4bit(load())
+
+    def moe(self, x: str, router_logits: str, base: str, fc1: list[BlockWeight], fc2: list[BlockWeight],
+            *, top_k: int, normalize: bool) -> str:
+        """onnxruntime's ``QMoE`` over 4-bit experts (blocks of 32 along the input, one scale and
+        one integer zero point each): ``fc1`` per expert ``[2F, H]`` (gate and up rows
+        interleaved, ``swiglu_fusion=1``), ``fc2`` ``[H, F]``. At accuracy level 0 the products
+        are float32's of the dequantized weights (measured equal to ``MoE`` over them to 4e-7);
+        the gate's fastest plan retargets the node to level 4 (:func:`.kernel_plan.retarget`)."""
+        em = self.em
+        y_width = fc2[0].scales.shape[0]  # the hidden size
+        names: list[str] = []
+        for tag, weights in (("fc1", fc1), ("fc2", fc2)):
+            n, kb = weights[0].scales.shape[0], weights[0].codes.shape[1]
+            codes = np.stack([w.codes.reshape(n, kb * BLOCK // 2) for w in weights])
+            scales = np.stack([w.scales.reshape(n, kb) for w in weights])
+            zps = np.stack([(w.zero_points if w.zero_points is not None
+                             else _packed_zero_points(8, n, kb)).reshape(n, (kb + 1) // 2) for w in weights])
+            names.append(em.weight(f"{base}.{tag}.q4", codes))
+            names.append(em.weight(f"{base}.{tag}.q4_scales", scales))
+            names.append(em.weight(f"{base}.{tag}.q4_zero_points", zps))
+        fc1_w, fc1_s, fc1_z, fc2_w, fc2_s, fc2_z = names
+        # onnxruntime 1.32's CPU QMoE renormalises the top-k weights whatever
+        # normalize_routing_weights says (measured: MoE's unnormalised result differs by the
+        # top-k's share of the softmax). Un-normalised routing is that share times the
+        # renormalised result, per token: the sum of the top-k softmax probabilities.
+        y = em.op("QMoE", [x, router_logits, fc1_w, fc1_s, "", fc2_w, fc2_s, "", "", "", "", fc1_z, fc2_z],
+                  domain=MS_DOMAIN, k=top_k, activation_type="swiglu", swiglu_fusion=1,
+                  normalize_routing_weights=1, expert_weight_bits=4, block_size=BLOCK,
+                  weights_prepacked=0, accuracy_level=0)[0]
+        if normalize:
+            return y
+        probs = em.op1("Softmax", [router_logits], axis=-1)  # [T, E]
+        top = em.op("TopK", [probs, em.const(np.array([top_k], np.int64))], n_out=2, axis=-1)[0]
+        share = em.op1("ReduceSum", [top, em.const(np.array([-1], np.int64))], keepdims=1)  # [T, 1]
+        flat = em.op1("Reshape", [y, em.const(np.array([-1, y_width], np.int64))])
+        return em.op1("Reshape", [em.op1("Mul", [flat, share]), em.op1("Shape", [x])])
 
     # --- 8-bit tables (int8 layers, embedding, lm_head) -------------------------------------
     def _table(self, base: str, q: BlockWeight, layout: str) -> Table8:

@@ -45,6 +45,6 @@ FAMILY = Family(
               "expert_down": "block_sparse_moe.experts.{e}.w2"},
     parsers=("none", "generic"),
     lora_targets=ATTENTION_LORA_TARGETS,
-    notes="mixture of experts in every layer (onnxruntime's MoE op; experts stay fp32 in int8/int4 builds); "
-          "GGUF: a \"llama\" file with expert_count",
+    notes="mixture of experts in every layer (onnxruntime's MoE op; experts 4-bit QMoE in int4 builds, "
+          "fp32 in int8); GGUF: a \"llama\" file with expert_count",
 )

@@ -61,6 +61,6 @@ FAMILY = Family(
     gguf_config=gguf_config,
     parsers=("none", "hermes"),
     lora_targets=ATTENTION_LORA_TARGETS,
-    notes="q/k/v biases; mixture of experts with a sigmoid-gated shared expert (experts fp32 in int8/int4 "
-          "builds); dense layers from mlp_only_layers / decoder_sparse_step",
+    notes="q/k/v biases; mixture of experts with a sigmoid-gated shared expert (experts 4-bit in int4, "
+          "fp32 in int8 builds); dense layers from mlp_only_layers / decoder_sparse_step",
 )

@@ -31,6 +31,6 @@ FAMILY = Family(
     gguf_config=gguf_config,
     parsers=("qwen3", "hermes"),
     lora_targets=ATTENTION_LORA_TARGETS,
-    notes="q/k norms per head; mixture of experts, norm_topk_prob (experts fp32 in int8/int4 builds); dense "
-          "layers from mlp_only_layers / decoder_sparse_step",
+    notes="q/k norms per head; mixture of experts, norm_topk_prob (experts 4-bit in int4, fp32 in int8 "
+          "builds); dense layers from mlp_only_layers / decoder_sparse_step",
 )

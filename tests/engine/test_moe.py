@@ -1,4 +1,5 @@
-"""Mixture-of-experts bundles beyond the parity cases: quantized builds (experts kept fp32), LoRA
+"""Mixture-of-experts bundles beyond the parity cases: quantized builds (int4 experts in QMoE, int8's
+kept fp32), LoRA
 of the attention (and the experts' refused), refused variants, transformers' fused 3-D experts."""
 
 from __future__ import annotations
@@ -27,12 +28,28 @@ MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]
 PROMPT = [5, 17, 99, 3, 250, 42, 7, 8, 300, 11]
 
 
+def _dequantize_4bit(codes: np.ndarray, scales: np.ndarray, zps: np.ndarray) -> np.ndarray:
+    """QMoE's 4-bit experts as float: ``codes`` [E, N, K/2] (low nibble first), ``scales`` [E, N,
+    K/32], ``zps`` [E, N, ceil(K/64)] (two a byte) -> [E, N, K]."""
+    e_count, n, half = codes.shape
+    q = np.empty((e_count, n, half * 2), np.float32)
+    q[..., 0::2], q[..., 1::2] = codes & 0x0F, codes >> 4
+    kb = scales.shape[-1]
+    z = np.empty((e_count, n, zps.shape[-1] * 2), np.float32)
+    z[..., 0::2], z[..., 1::2] = zps & 0x0F, zps >> 4
+    blocks = q.reshape(e_count, n, kb, 32) - z[..., :kb, None]
+    return (blocks * scales[..., None]).reshape(e_count, n, kb * 32)
+
+
 @pytest.mark.parametrize("precision", ["int8", "int4"])
 @pytest.mark.parametrize("family", MOE)
-def test_quantized_builds_run_with_fp32_experts(family: str, precision: str,
-                                                hf_checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+def test_quantized_builds_hold_int4_experts_in_qmoe_and_int8_keeps_them_fp32(
+    family: str, precision: str, hf_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
     """The build does not crash on the experts (the gate may refuse random tiny weights, so one
-    plan is forced); engine.json says the experts stay fp32, and the graph holds them so."""
+    plan is forced); int4 experts are 4-bit ``QMoE`` (gate and up rows interleaved), whose
+    dequantized weights are the checkpoint's within half a quantization step; int8 experts stay
+    fp32 ``MoE`` (onnxruntime's 8-bit QMoE has no float path); engine.json says which."""
     checkpoint = hf_checkpoint(family)
     cfg = load_model_config(checkpoint)
     assert cfg.moe is not None
@@ -40,19 +57,110 @@ def test_quantized_builds_run_with_fp32_experts(family: str, precision: str,
     meta = build_bundle(checkpoint, tmp_path, EngineBuildSpec(precision=precision, max_kv_cache_capacity=128,
                                                               max_input_len=32), kernels_override=plan,
                        min_agreement=0.0)
-    assert meta["moe"]["experts_precision"] == "fp32"
+    assert meta["moe"]["experts_precision"] == ("int4" if precision == "int4" else "fp32")
     assert meta["moe"]["sparse_layers"] == list(cfg.moe.sparse_layers)
-    model = onnx.load(str(tmp_path / meta["optimized_model"]), load_external_data=False)
-    moes = [n for n in model.graph.node if n.op_type == "MoE"]
+    model = onnx.load(str(tmp_path / meta["optimized_model"]))
+    op = "QMoE" if precision == "int4" else "MoE"
+    moes = [n for n in model.graph.node if n.op_type == op]
     assert len(moes) == len(cfg.moe.sparse_layers)
-    types = {t.name: t.data_type for t in model.graph.initializer}
-    assert all(types[n.input[2]] == onnx.TensorProto.FLOAT for n in moes)
+    assert not [n for n in model.graph.node if n.op_type == ("MoE" if op == "QMoE" else "QMoE")]
+    inits = {t.name: t for t in model.graph.initializer}
     assert any(n.op_type == "MatMulNBits" for n in model.graph.node)  # the rest is quantized
+    if precision == "int8":
+        assert all(inits[n.input[2]].data_type == onnx.TensorProto.FLOAT for n in moes)
+    else:
+        reference = make_hf_model(family, False)
+        layer = cfg.moe.sparse_layers[0]
+        node = next(n for n in moes if f"layers.{layer}." in n.input[2])
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert (attrs["expert_weight_bits"], attrs["block_size"], attrs["swiglu_fusion"]) == (4, 32, 1)
+        assert attrs["accuracy_level"] == 0  # the exact plan: float32 activations
+
+        def array(name: str) -> np.ndarray:
+            return onnx.numpy_helper.to_array(inits[name])
+
+        fc1 = _dequantize_4bit(array(node.input[2]), array(node.input[3]), array(node.input[11]))
+        fc2 = _dequantize_4bit(array(node.input[5]), array(node.input[6]), array(node.input[12]))
+        state = {k: v.detach().float().numpy() for k, v in reference.state_dict().items()}
+        experts = f"model.layers.{layer}.mlp.experts"
+        if f"{experts}.gate_up_proj" in state:
+            gate_up, down = state[f"{experts}.gate_up_proj"], state[f"{experts}.down_proj"]
+            ff = cfg.moe.expert_size
+            gate, up = gate_up[:, :ff], gate_up[:, ff:]
+        else:
+            raise AssertionError(f"transformers' experts are not fused here: {sorted(state)[:5]}")
+        want_fc1 = np.stack([gate, up], axis=2).reshape(fc1.shape)
+        for got, want, scales in ((fc1, want_fc1, array(node.input[3])), (fc2, down, array(node.input[6]))):
+            step = np.repeat(scales, 32, axis=-1)
+            assert np.all(np.abs(got - want) <= step / 2 + 1e-6)
     engine = load_engine(tmp_path, threads=1)
     try:
         assert np.isfinite(engine.prefill(0, PROMPT)).all()
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_qmoe_at_level_0_computes_moe_of_the_dequantized_experts_exactly(
+    tmp_path: Path, normalize: bool
+) -> None:
+    """What the emitter writes for int4 experts (interleaved gate/up rows, zero points two a
+    byte; for un-normalised routing, onnxruntime's always-renormalised QMoE times the top-k's
+    share of the softmax) gives the float32 ``MoE`` result over the same dequantized weights at
+    accuracy level 0; level 4 (the fast plan's int8 activations) does not."""
+    import onnxruntime as ort
+
+    from inference.builder.graph import _Emitter, _ExternalWeights
+    from inference.builder.kernel_plan import retarget
+    from inference.builder.quantized import GgufBlocks, QuantizedEmitter, interleave_rows, quantize_4bit
+
+    rng = np.random.default_rng(0)
+    e_count, ff, h, tokens = 4, 64, 128, 5
+    gate, up = (rng.normal(size=(e_count, ff, h)).astype(np.float32) * 0.1 for _ in range(2))
+    down = rng.normal(size=(e_count, h, ff)).astype(np.float32) * 0.1
+    fc1 = [interleave_rows(quantize_4bit(gate[e]), quantize_4bit(up[e])) for e in range(e_count)]
+    fc2 = [quantize_4bit(down[e]) for e in range(e_count)]
+
+    def dequantized(ws: list, n: int) -> np.ndarray:
+        kb = ws[0].codes.shape[1]
+        return _dequantize_4bit(np.stack([w.codes.reshape(n, -1) for w in ws]),
+                                np.stack([w.scales.reshape(n, kb) for w in ws]),
+                                np.stack([w.zero_points.reshape(n, -1) for w in ws]))
+
+    d1, d2 = dequantized(fc1, 2 * ff), dequantized(fc2, h)
+    assert np.abs(d1[:, 0::2] - gate).max() < 0.05 and np.abs(d1[:, 1::2] - up).max() < 0.05
+    weights = _ExternalWeights(tmp_path / "m.onnx.data")
+    em = _Emitter(weights)
+    quant = QuantizedEmitter(em, candidate_plans("int4", cpu_class())[-1], GgufBlocks(None))
+    y = quant.moe("x", "r", "experts", fc1, fc2, top_k=2, normalize=normalize)
+    weights.close()
+    em.nodes.append(onnx.helper.make_node(
+        "MoE", ["x", "r", "d1", "", "d2"], ["ref"], domain="com.microsoft", k=2, activation_type="swiglu",
+        swiglu_fusion=1, normalize_routing_weights=int(normalize)))
+    graph = onnx.helper.make_graph(
+        em.nodes, "qmoe",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, tokens, h]),
+         onnx.helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, [tokens, e_count])],
+        [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in (y, "ref")],
+        [*em.initializers, onnx.numpy_helper.from_array(d1, "d1"), onnx.numpy_helper.from_array(d2, "d2")])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18),
+                                                         onnx.helper.make_opsetid("com.microsoft", 1)])
+    x = rng.normal(size=(1, tokens, h)).astype(np.float32)
+    router = rng.normal(size=(tokens, e_count)).astype(np.float32)
+    errors = {}
+    for name, plan in (("exact", candidate_plans("int4", cpu_class())[-1]),
+                       ("fast", candidate_plans("int4", cpu_class(), "fast")[0])):
+        retarget(model, plan)
+        onnx.save(model, str(tmp_path / "m.onnx"))
+        session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+        got, ref = session.run(None, {"x": x, "r": router})
+        assert got.shape == ref.shape == (1, tokens, h)
+        errors[name] = float(np.abs(got - ref).max() / np.abs(ref).max())
+    print(f"CPU class {cpu_class()}: QMoE relative error, exact plan {errors['exact']:.1e}, "
+          f"fast plan {errors.get('fast', 0.0):.1e}")
+    assert errors["exact"] < 1e-5
+    if candidate_plans("int4", cpu_class(), "fast")[0].name == "fast":
+        assert errors["fast"] > 1e-4  # level 4: int8 activations
 
 
 def test_attention_lora_matches_peft_and_expert_lora_is_refused(
