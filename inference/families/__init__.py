@@ -92,6 +92,7 @@ class Family:
 
 def _load() -> tuple[Family, ...]:
     from inference.families import (
+        arcee,
         gemma,
         granite,
         llama,
@@ -105,6 +106,7 @@ def _load() -> tuple[Family, ...]:
         qwen2_moe,
         qwen3,
         qwen3_moe,
+        seed_oss,
         smollm3,
         stablelm,
         starcoder2,
@@ -112,7 +114,8 @@ def _load() -> tuple[Family, ...]:
 
     return (*(m.FAMILY for m in (llama, mistral, ministral, qwen2, qwen3, phi3, granite, smollm3)),
             gemma.GEMMA, gemma.GEMMA2, gemma.GEMMA3,
-            *(m.FAMILY for m in (olmo2, stablelm, starcoder2, nemotron, mixtral, qwen2_moe, qwen3_moe)))
+            *(m.FAMILY for m in (olmo2, stablelm, starcoder2, nemotron, seed_oss, arcee, mixtral, qwen2_moe,
+                                 qwen3_moe)))
 
 
 FAMILIES: tuple[Family, ...] = _load()

@@ -203,9 +203,11 @@ GGUF_METADATA: dict[str, Callable[[gguf.GGUFWriter, Any], None]] = {
     "starcoder2": _starcoder2_metadata,
     "nemotron": _nemotron_metadata,
     "olmo2": lambda writer, cfg: None,
+    "seed_oss": lambda writer, cfg: None,
+    "arcee": lambda writer, cfg: None,
 }
 #: Families whose Q/K rows llama.cpp's converter permutes (its LlamaModel.modify_tensors).
-PERMUTED = frozenset({"llama", "mistral", "mixtral", "granite", "smollm3"})
+PERMUTED = frozenset({"llama", "mistral", "mixtral", "granite", "smollm3", "arcee"})
 #: Tensors the converter keeps in F32 whatever the output type (FFN_GATE_INP, FFN_GATE_INP_SHEXP).
 _ALWAYS_F32 = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
 
