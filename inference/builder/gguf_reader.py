@@ -109,13 +109,20 @@ class GgufTensorInfo:
     start: int  # absolute byte offset of the data in the file
 
 
+#: Numeric metadata arrays up to this length are kept (one value per layer, per head); longer
+#: ones (the vocabulary's scores and types) are skipped over.
+MAX_KEPT_ARRAY = 4096
+
+
 @dataclass(frozen=True)
 class GgufHeader:
     """What a GGUF's header says: scalar metadata and the tensor table (no tensor data read)."""
 
     path: Path
     size: int  # bytes in the file
-    metadata: dict[str, Any]  # numbers, bools and strings; array values are skipped, not kept
+    #: numbers, bools and strings; short numeric arrays (per-layer values) as tuples; the
+    #: vocabulary's arrays are skipped, not kept
+    metadata: dict[str, Any]
     tensors: tuple[GgufTensorInfo, ...]
 
 
@@ -144,7 +151,8 @@ class _Cursor:
         return bytes(self.buf[start:start + n]).decode("utf-8", errors="replace")
 
     def value(self, kind: int) -> Any:
-        """Read one value of type ``kind``; arrays are skipped over (returns None for them)."""
+        """Read one value of type ``kind``: numeric arrays of up to :data:`MAX_KEPT_ARRAY` values
+        as tuples; longer ones, and arrays of strings, are skipped over (None)."""
         if kind in _SCALARS:
             return self.unpack(_SCALARS[kind])
         if kind == _STRING:
@@ -152,7 +160,11 @@ class _Cursor:
         if kind == _ARRAY:
             elem, count = self.unpack("<I"), self.unpack("<Q")
             if elem in _SCALARS:
-                self.take(struct.calcsize(_SCALARS[elem]) * count)
+                size = struct.calcsize(_SCALARS[elem])
+                start = self.pos
+                self.take(size * count)
+                if count <= MAX_KEPT_ARRAY:  # per-layer values (a sliding-window pattern ...)
+                    return struct.unpack_from(f"<{count}{_SCALARS[elem][1:]}", self.buf, start)
             else:  # strings (vocabularies, merges) or nested arrays: each has its own length
                 for _ in range(count):
                     self.value(elem)
@@ -209,7 +221,8 @@ def read_gguf_header(path: Path) -> GgufHeader:
 
 
 def gguf_metadata(header: GgufHeader, key: str, default: Any = None) -> Any:
-    """The value of one scalar or string metadata key (``default`` when absent or an array)."""
+    """The value of one metadata key: a scalar, a string or a short numeric array's tuple
+    (``default`` when absent or a skipped array)."""
     return header.metadata.get(key, default)
 
 

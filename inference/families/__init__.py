@@ -46,6 +46,16 @@ def moe_size(raw: Mapping[str, Any], key: str, default: int | None = None) -> in
     return value
 
 
+def gguf_swa_layers(meta: Callable[[str, Any], Any]) -> list[str] | None:
+    """config.json's ``layer_types`` from llama.cpp's per-layer ``attention.sliding_window_pattern``
+    array (true: the layer slides), or None where the file has no such array of one value a layer."""
+    pattern = meta("attention.sliding_window_pattern", None)
+    layers = meta("block_count", 0)
+    if not isinstance(pattern, tuple) or len(pattern) != layers:
+        return None
+    return ["sliding_attention" if flag else "full_attention" for flag in pattern]
+
+
 def _no_features(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
@@ -93,6 +103,7 @@ class Family:
 def _load() -> tuple[Family, ...]:
     from inference.families import (
         arcee,
+        exaone4,
         gemma,
         granite,
         llama,
@@ -101,6 +112,7 @@ def _load() -> tuple[Family, ...]:
         mixtral,
         nemotron,
         olmo2,
+        olmo3,
         phi3,
         qwen2,
         qwen2_moe,
@@ -114,8 +126,8 @@ def _load() -> tuple[Family, ...]:
 
     return (*(m.FAMILY for m in (llama, mistral, ministral, qwen2, qwen3, phi3, granite, smollm3)),
             gemma.GEMMA, gemma.GEMMA2, gemma.GEMMA3,
-            *(m.FAMILY for m in (olmo2, stablelm, starcoder2, nemotron, seed_oss, arcee, mixtral, qwen2_moe,
-                                 qwen3_moe)))
+            *(m.FAMILY for m in (olmo2, olmo3, exaone4, stablelm, starcoder2, nemotron, seed_oss, arcee)),
+            *(m.FAMILY for m in (mixtral, qwen2_moe, qwen3_moe)))
 
 
 FAMILIES: tuple[Family, ...] = _load()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from inference.families import Family
+from inference.families import Family, gguf_swa_layers
 
 #: Gemma 2/3's four norms per layer, by slot.
 SANDWICH_NAMES = {
@@ -112,8 +112,11 @@ def gemma_gguf_config(meta: Callable[[str, Any], Any], names: frozenset[str]) ->
 def gguf_layer_types(meta: Callable[[str, Any], Any], pattern: int) -> list[str]:
     """llama.cpp's sliding layers (``set_swa_pattern``, not dense-first): an integer
     ``attention.sliding_window_pattern`` where the file has one, else the architecture's ``pattern``;
-    layer ``i`` slides when ``i % n < n - 1`` (n = 0: every layer). The array form of that key is
-    skipped by the header reader (llama.cpp's converter writes none for Gemma 2/3)."""
+    layer ``i`` slides when ``i % n < n - 1`` (n = 0: every layer); the array form of that key (a
+    flag a layer) where the file has it."""
+    listed = gguf_swa_layers(meta)  # newer converters write one flag a layer
+    if listed is not None:
+        return listed
     n = meta("attention.sliding_window_pattern", pattern)
     if not isinstance(n, int) or isinstance(n, bool):
         n = pattern

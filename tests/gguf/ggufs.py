@@ -185,6 +185,19 @@ def _gemma3_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
 
 
 #: family -> what llama.cpp's converter writes for it beyond the keys every family has.
+def _exaone4_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    """Exaone4Model.set_gguf_parameters: the window and one flag a layer (true: it slides)."""
+    if cfg.sliding_window is not None:
+        writer.add_sliding_window(cfg.sliding_window)
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+
+
+def _olmo3_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    """Olmo2Model.set_gguf_parameters for an OLMo 3: the window and one flag a layer."""
+    writer.add_sliding_window(cfg.sliding_window)
+    writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+
+
 GGUF_METADATA: dict[str, Callable[[gguf.GGUFWriter, Any], None]] = {
     "llama": _llama_metadata,
     "mistral": _mistral_metadata,
@@ -204,6 +217,8 @@ GGUF_METADATA: dict[str, Callable[[gguf.GGUFWriter, Any], None]] = {
     "nemotron": _nemotron_metadata,
     "olmo2": lambda writer, cfg: None,
     "seed_oss": lambda writer, cfg: None,
+    "exaone4": _exaone4_metadata,
+    "olmo3": _olmo3_metadata,
     "arcee": lambda writer, cfg: None,
 }
 #: Families whose Q/K rows llama.cpp's converter permutes (its LlamaModel.modify_tensors).

@@ -1,0 +1,68 @@
+"""EXAONE 4.0 (Exaone4ForCausalLM): OLMo 2's post-norms (after attention and after the MLP, none
+before), RMSNorm q/k norms per head, and, in the hybrid models (a ``sliding_window``), sliding
+layers with rope and global layers without (NoPE)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from inference.errors import BuildInputError
+from inference.families import Family, gguf_swa_layers
+
+
+def _layer_types(raw: Mapping[str, Any], layers: int) -> list[str]:
+    """transformers' layer types: config.json's ``layer_types``, else every
+    ``sliding_window_pattern``-th layer (1-based) global, the others sliding."""
+    types = raw.get("layer_types")
+    if types:
+        return list(types)
+    pattern = raw.get("sliding_window_pattern", 4)
+    if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:  # "LLLG"
+        return ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention"
+                for i in range(layers)]
+    if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 1:
+        raise BuildInputError(f"config.json sliding_window_pattern must be a positive integer or a string "
+                              f"of L and G, got {pattern!r}")
+    return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+
+
+def features(raw: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"pre_attn_norm": False, "pre_mlp_norm": False, "post_attn_norm": True,
+                           "post_mlp_norm": True, "qk_norm": "head"}
+    if raw.get("sliding_window") is None:  # one kind of layer, every one with rope
+        return {**out, "layer_types": (), "sliding_window": None}
+    layers = int(raw["num_hidden_layers"])
+    types = _layer_types(raw, layers)
+    if len(types) != layers:
+        raise BuildInputError(
+            f"config.json layer_types must list one type per layer ({layers}), got {types!r}")
+    short = {"sliding_attention": "sliding", "full_attention": "full"}
+    return {**out, "layer_types": tuple(short.get(t, t) for t in types),
+            "sliding_window": int(raw["sliding_window"]),
+            # "We use global NoPE for hybrid attention model": only the sliding layers rotate.
+            "nope_layers": tuple(i for i, t in enumerate(types) if t == "full_attention")}
+
+
+def gguf_config(meta: Callable[[str, Any], Any], names: frozenset[str]) -> dict[str, Any]:
+    window = meta("attention.sliding_window", None)
+    types = gguf_swa_layers(meta)
+    if not window or types is None:
+        return {"sliding_window": None}
+    return {"sliding_window": int(window), "layer_types": types}
+
+
+FAMILY = Family(
+    name="exaone4",
+    architectures=("Exaone4ForCausalLM",),
+    model_types=("exaone4",),
+    config_class="Exaone4Config",
+    # A hybrid model: three sliding layers with rope (a window shorter than the test prompts), then
+    # a global NoPE layer.
+    tiny={"num_hidden_layers": 4, "sliding_window": 8, "sliding_window_pattern": 4, "rms_norm_eps": 1e-3},
+    gguf_architectures=("exaone4",),
+    features=features,
+    gguf_config=gguf_config,
+    notes="post-norms only (after attention and MLP); RMSNorm q/k norms per head; hybrid models "
+          "(sliding_window): sliding layers with rope, global layers NoPE",
+)

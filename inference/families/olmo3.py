@@ -1,0 +1,69 @@
+"""OLMo 3 (Olmo3ForCausalLM): OLMo 2's layer (post-norms, q/k norms over the full projection) with
+sliding-window layers, three of every four by default, whose rope is never scaled: a YaRN or other
+scaling applies to the full-attention layers only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from inference.errors import BuildInputError
+from inference.families import Family, gguf_swa_layers
+from inference.families.olmo2 import features as olmo2_features
+from inference.families.olmo2 import gguf_config as olmo2_gguf_config
+
+
+def features(raw: Mapping[str, Any]) -> dict[str, Any]:
+    from inference.builder.model_config import RopeConfig, rope_from  # (the builder imports the registry)
+
+    layers = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers:
+        raise BuildInputError(
+            f"config.json layer_types must list one type per layer ({layers}), got {types!r}")
+    short = {"sliding_attention": "sliding", "full_attention": "full"}
+    out: dict[str, Any] = {**olmo2_features(raw), "layer_types": tuple(short.get(t, t) for t in types)}
+    window = raw.get("sliding_window")
+    out["sliding_window"] = int(window) if window else None
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("sliding_attention"), dict):
+        out["rope"] = rope_from(raw, "full_attention")
+        out["rope_local"] = rope_from(raw, "sliding_attention")
+    else:  # the hub's convention: rope_theta for both, rope_scaling for the full layers only
+        out["rope_local"] = RopeConfig(theta=float(raw.get("rope_theta", 500000.0)))
+    return out
+
+
+def is_olmo3_gguf(meta: Callable[[str, Any], Any]) -> bool:
+    """llama.cpp writes OLMo 3 as an "olmo2" file with a sliding window."""
+    return bool(meta("attention.sliding_window", None))
+
+
+def gguf_config(meta: Callable[[str, Any], Any], names: frozenset[str]) -> dict[str, Any]:
+    out = {**olmo2_gguf_config(meta, names), "sliding_window": int(meta("attention.sliding_window", 0))}
+    types = gguf_swa_layers(meta)
+    if types is not None:  # else llama.cpp's default, as transformers': every fourth layer full
+        out["layer_types"] = types
+    return out
+
+
+FAMILY = Family(
+    name="olmo3",
+    architectures=("Olmo3ForCausalLM",),
+    model_types=("olmo3",),
+    config_class="Olmo3Config",
+    # A window shorter than the test prompts; the full layers' rope yarn-scaled, the sliding
+    # layers' not (transformers' per-layer-type rope_parameters).
+    tiny={"num_hidden_layers": 4, "sliding_window": 8, "rms_norm_eps": 1e-3,
+          "rope_parameters": {
+              "full_attention": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                 "original_max_position_embeddings": 32},
+              "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    gguf_architectures=("olmo2",),
+    gguf_match=is_olmo3_gguf,
+    features=features,
+    gguf_config=gguf_config,
+    notes="OLMo 2's layer with sliding layers (layer_types; three of four by default) whose rope is "
+          "never scaled; GGUF: llama.cpp's olmo2 with a sliding window",
+)
