@@ -48,6 +48,10 @@ _EXPECTED_CLASS = {
     "starcoder2": "Starcoder2ForCausalLM",
     "nemotron": "NemotronForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
+    "olmo3": "Olmo3ForCausalLM",
+    "exaone4": "Exaone4ForCausalLM",
+    "seed_oss": "SeedOssForCausalLM",
+    "arcee": "ArceeForCausalLM",
 }
 
 

@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -22,6 +23,7 @@ from inference.builder.checkpoint_reader import open_checkpoint
 from inference.builder.gguf_convert import convert_gguf
 from inference.builder.gguf_reader import (
     GGUF_FILE,
+    MAX_KEPT_ARRAY,
     ROPE_TENSORS,
     GgufCheckpoint,
     gguf_config,
@@ -78,11 +80,19 @@ def test_converted_weights_equal_the_reference(small_gguf: SmallGguf, family: st
 
 
 def assert_header_matches_gguf_reader(path: Path) -> None:
-    """Our header parser reads what the gguf package's reader reads (scalars, tensor table)."""
+    """Our header parser reads what the gguf package's reader reads (scalars, short numeric
+    arrays, tensor table)."""
     reader, header = open_gguf(path), read_gguf_header(path)
-    scalars = {name: f.contents() for name, f in reader.fields.items()
-               if f.types and f.types[0] != gguf.GGUFValueType.ARRAY and not name.startswith("GGUF.")}
-    assert header.metadata == scalars
+    kept: dict[str, Any] = {}
+    for name, f in reader.fields.items():
+        if not f.types or name.startswith("GGUF."):
+            continue
+        if f.types[0] != gguf.GGUFValueType.ARRAY:
+            kept[name] = f.contents()
+        elif (len(f.types) == 2 and f.types[1] not in (gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY)
+              and len(f.data) <= MAX_KEPT_ARRAY):
+            kept[name] = tuple(f.contents())
+    assert header.metadata == kept
     assert [(t.name, t.dims, t.type_id, t.start) for t in header.tensors] == [
         (t.name, tuple(int(d) for d in t.shape), int(t.tensor_type), int(t.data_offset))
         for t in reader.tensors
