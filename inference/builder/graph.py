@@ -284,23 +284,32 @@ class _DecoderBuilder:
         return x if factor == 1.0 else self.em.op1("Mul", [x, self.em.const(np.float32(factor))])
 
     def rope(self, x: str, layer: int) -> str:
-        """x [B,H,S,hd] -> rotated, rotate_half convention (as transformers), over the first
-        ``rotary`` dimensions of each head; a NoPE layer's x as it is."""
+        """x [B,H,S,hd] -> rotated over the first ``rotary`` dimensions of each head, in the
+        rotate_half convention (as transformers' Llama) or with neighbouring pairs
+        (``rope_interleaved``); a NoPE layer's x as it is."""
         tables = self.layer_tables[layer]
         if tables is None:
             return x
         cos_t, sin_t, cos_full, sin_full = tables
         rot, hd = self.cfg.rotary, self.cfg.head_dim
+        interleaved = self.cfg.rope_interleaved
         if self.fused:
             attrs = {} if rot == hd else {"rotary_embedding_dim": rot}
-            return self.em.op1("RotaryEmbedding", [x, cos_t, sin_t, "position_ids"], interleaved=0, **attrs)
+            return self.em.op1("RotaryEmbedding", [x, cos_t, sin_t, "position_ids"],
+                               interleaved=int(interleaved), **attrs)
         em = self.em
         def part(lo: int, hi: int) -> str:
             return em.op1("Slice", [x, em.const(np.array([lo])), em.const(np.array([hi])), self.axes_last])
-        half = rot // 2
-        x1, x2 = part(0, half), part(half, rot)
-        rotated = em.op1("Concat", [em.op1("Neg", [x2]), x1], axis=-1)
         xr = x if rot == hd else part(0, rot)
+        if interleaved:  # pairs (x0, x1) ... -> (-x1, x0) ...
+            pairs = em.op1("Reshape", [xr, em.const(np.array([0, 0, 0, rot // 2, 2], np.int64))])
+            even, odd = em.op("Split", [pairs, em.const(np.array([1, 1], np.int64))], n_out=2, axis=-1)
+            swapped = em.op1("Concat", [em.op1("Neg", [odd]), even], axis=-1)
+            rotated = em.op1("Reshape", [swapped, em.const(np.array([0, 0, 0, rot], np.int64))])
+        else:
+            half = rot // 2
+            x1, x2 = part(0, half), part(half, rot)
+            rotated = em.op1("Concat", [em.op1("Neg", [x2]), x1], axis=-1)
         y = em.op1("Add", [em.op1("Mul", [xr, cos_full]), em.op1("Mul", [rotated, sin_full])])
         return y if rot == hd else em.op1("Concat", [y, part(rot, hd)], axis=-1)
 
@@ -373,7 +382,7 @@ class _DecoderBuilder:
             [q, k, v, past_k, past_v, "seqlens_k", "total_sequence_length", cos_t, sin_t],
             n_out=3, outputs=[f"attn_{layer}_y", pres_k, pres_v], domain=MS_DOMAIN,
             num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, scale=float(cfg.query_scale),
-            do_rotary=0 if tables is None else 1, rotary_interleaved=0,
+            do_rotary=0 if tables is None else 1, rotary_interleaved=int(cfg.rope_interleaved),
             local_window_size=-1 if window is None else window, **attrs,
         )[0]
         return self.em.op1("Cast", [y], to=TensorProto.FLOAT) if self.kv_fp16 else y
@@ -435,8 +444,7 @@ class _DecoderBuilder:
                     cos_g = self.em.op1("Gather", [cos_t, "position_ids"])  # [B,S,rot/2]
                     sin_g = self.em.op1("Gather", [sin_t, "position_ids"])
                     axes = self.em.const(np.array([1]))
-                    both_cos = self.em.op1("Concat", [cos_g, cos_g], axis=-1)
-                    both_sin = self.em.op1("Concat", [sin_g, sin_g], axis=-1)
+                    both_cos, both_sin = (self.full_table(t) for t in (cos_g, sin_g))
                     cos_full = self.em.op1("Unsqueeze", [both_cos, axes])
                     sin_full = self.em.op1("Unsqueeze", [both_sin, axes])
                 made[rope] = (cos_t, sin_t, cos_full, sin_full)
@@ -447,6 +455,16 @@ class _DecoderBuilder:
             self.table_values.update({"rope.cos": cos, "rope.sin": sin})
         first = next(iter(made.values()))
         self.cos_table, self.sin_table = first[0], first[1]
+
+    def full_table(self, half: str) -> str:
+        """A gathered cos/sin table [B,S,rot/2] widened to the rotated dimensions: [t | t] for
+        rotate_half, each value twice in place (t0, t0, t1, t1 ...) for neighbouring pairs."""
+        em = self.em
+        if not self.cfg.rope_interleaved:
+            return em.op1("Concat", [half, half], axis=-1)
+        twice = em.op1("Unsqueeze", [half, em.const(np.array([-1]))])
+        pairs = em.op1("Concat", [twice, twice], axis=-1)  # [B,S,rot/2,2]
+        return em.op1("Reshape", [pairs, em.const(np.array([0, 0, self.cfg.rotary], np.int64))])
 
     def projections(self, x: str, parts: list[tuple[str, int]], in_dim: int,
                     bias: bool, *, split: bool = True, adapt: bool = True) -> list[str]:

@@ -192,6 +192,9 @@ class ModelConfig:
     fused_qkv: bool = False  # one qkv_proj weight (Phi-3)
     fused_gate_up: bool = False  # one gate_up_proj weight (Phi-3)
     rotary_dim: int = 0  # dimensions of each head that rotate (0: all of head_dim)
+    #: rotary pairs are neighbours (x0, x1), (x2, x3) ... (GPT-J style: Cohere, GLM-4), not the
+    #: two halves of the rotated dimensions (rotate_half: Llama and most others)
+    rope_interleaved: bool = False
     layer_types: tuple[str, ...] = ()  # per layer "full" or "sliding" (empty: all full)
     rope_local: RopeConfig | None = None  # the sliding layers' rope, where it differs
     nope_layers: tuple[int, ...] = ()  # layers whose attention has no rotary embedding

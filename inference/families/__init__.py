@@ -103,8 +103,10 @@ class Family:
 def _load() -> tuple[Family, ...]:
     from inference.families import (
         arcee,
+        cohere,
         exaone4,
         gemma,
+        glm4,
         granite,
         llama,
         ministral,
@@ -127,6 +129,7 @@ def _load() -> tuple[Family, ...]:
     return (*(m.FAMILY for m in (llama, mistral, ministral, qwen2, qwen3, phi3, granite, smollm3)),
             gemma.GEMMA, gemma.GEMMA2, gemma.GEMMA3,
             *(m.FAMILY for m in (olmo2, olmo3, exaone4, stablelm, starcoder2, nemotron, seed_oss, arcee)),
+            cohere.COHERE, cohere.COHERE2, glm4.FAMILY,
             *(m.FAMILY for m in (mixtral, qwen2_moe, qwen3_moe)))
 
 

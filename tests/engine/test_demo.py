@@ -52,6 +52,9 @@ _EXPECTED_CLASS = {
     "exaone4": "Exaone4ForCausalLM",
     "seed_oss": "SeedOssForCausalLM",
     "arcee": "ArceeForCausalLM",
+    "cohere": "CohereForCausalLM",
+    "cohere2": "Cohere2ForCausalLM",
+    "glm4": "Glm4ForCausalLM",
 }
 
 

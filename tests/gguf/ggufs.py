@@ -44,7 +44,8 @@ COMMON: dict[str, Any] = {
 
 
 #: Per family: (untied?) and the tiny config's overrides on top of the family's own ``tiny``.
-_TIED = {"llama": True, "gemma": True, "gemma2": True, "gemma3_text": True}
+_TIED = {"llama": True, "gemma": True, "gemma2": True, "gemma3_text": True,
+         "cohere": True, "cohere2": True}  # llama.cpp's command-r and cohere2 have no output tensor
 #: Features a test GGUF cannot carry yet, turned off for its reference.
 _GGUF_OVERRIDES: dict[str, dict[str, Any]] = {
     # llama.cpp's qwen2moe/qwen3moe make every layer sparse (no mlp_only_layers).
@@ -192,6 +193,27 @@ def _exaone4_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
         writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
 
 
+def _cohere_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    """CommandR2Model.set_gguf_parameters (TextModel's LayerNorm epsilon, the logit scale)."""
+    writer.add_layer_norm_eps(cfg.layer_norm_eps)
+    writer.add_logit_scale(cfg.logit_scale)
+
+
+def _cohere2_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    """Cohere2Model.set_gguf_parameters: the window, no pattern (llama.cpp assumes every fourth
+    layer global, as transformers' default)."""
+    _cohere_metadata(writer, cfg)
+    writer.add_sliding_window(cfg.sliding_window)
+
+
+def _glm4_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    """Glm4Model.set_gguf_parameters: the rotated dimensions (and TextModel's head size)."""
+    _qwen3_metadata(writer, cfg)
+    factor = getattr(cfg, "partial_rotary_factor", None) or (cfg.rope_parameters or {}).get(
+        "partial_rotary_factor", 0.5)
+    writer.add_rope_dimension_count(int(cfg.head_dim * factor))
+
+
 def _olmo3_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
     """Olmo2Model.set_gguf_parameters for an OLMo 3: the window and one flag a layer."""
     writer.add_sliding_window(cfg.sliding_window)
@@ -219,6 +241,9 @@ GGUF_METADATA: dict[str, Callable[[gguf.GGUFWriter, Any], None]] = {
     "seed_oss": lambda writer, cfg: None,
     "exaone4": _exaone4_metadata,
     "olmo3": _olmo3_metadata,
+    "cohere": _cohere_metadata,
+    "cohere2": _cohere2_metadata,
+    "glm4": _glm4_metadata,
     "arcee": lambda writer, cfg: None,
 }
 #: Families whose Q/K rows llama.cpp's converter permutes (its LlamaModel.modify_tensors).
