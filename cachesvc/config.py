@@ -73,7 +73,6 @@ from cachesvc.settings.rules import (
     int_rule,
     keep_alive_rule,
     list_rule,
-    lora_module_pairs,
     lora_modules_rule,
     non_negative_float,
     non_negative_int,
@@ -85,13 +84,19 @@ from cachesvc.settings.rules import (
     split_list,
     text_rule,
 )
+from cachesvc.settings.rules import (
+    lora_module_pairs as lora_module_pairs,
+)
 from cachesvc.settings.speculative import (
     METHODS_OVERRIDING_DRAFT_STEP,
     SPEC_EXAMPLE,
-    SpeculativeConfig,
     speculative_arg,
     speculative_rule,
 )
+from cachesvc.settings.speculative import (
+    SpeculativeConfig as SpeculativeConfig,
+)
+from cachesvc.settings.table import markdown_table
 from inference.build_profile import (
     BACKEND_CHOICES,
     CHAIN_SPECULATIVE_METHODS,
@@ -113,30 +118,6 @@ from inference.context_cache import DEFAULT_MAX_BYTES as DEFAULT_RECORD_POOL_BYT
 from inference.context_disk import DEFAULT_DISK_BYTES
 from inference.openai.reasoning import REASONING_PARSER_CHOICES as REASONING_PARSERS
 from inference.openai.tool_parsers import TOOL_PARSER_CHOICES as TOOL_CALL_PARSERS
-
-__all__ = [
-    "CACHE_OPTIONS",
-    "ENVIRONMENT",
-    "METHODS_OVERRIDING_DRAFT_STEP",
-    "SETTINGS_GROUPS",
-    "BuildSettings",
-    "CacheSettings",
-    "EnvVar",
-    "FleetSettings",
-    "HttpSettings",
-    "ServeConfig",
-    "ServingSettings",
-    "SpeculativeConfig",
-    "add_build_arguments",
-    "add_cache_flags",
-    "add_serve_arguments",
-    "cli_message",
-    "engine_factory_spec",
-    "env_value",
-    "field_default",
-    "flag_for",
-    "lora_module_pairs",
-]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_MAX_LORAS = 4
@@ -583,6 +564,12 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     ),
 )
 _ENV_BY_NAME = {var.name: var for var in ENVIRONMENT}
+
+
+def settings_table() -> str:
+    """The Markdown table of every setting and variable (kept in docs/configuration.md)."""
+    items = ((GROUP_OF[d.name], d) for d in DECLARED.values())
+    return markdown_table(items, [var for var in ENVIRONMENT if var.setting is None])
 
 
 def field_default(name: str) -> Any:

@@ -78,5 +78,6 @@ def add_plain_flag(group: Any, item: Declared, dest: str) -> None:
     help_text = item.spec.help
     if item.spec.show_default and item.default is not None:
         help_text += f" (default: {item.default})"
-    group.add_argument(item.flag, dest=dest, default=argparse.SUPPRESS, metavar=item.spec.metavar,
-                       help=help_text, **kwargs)
+    group.add_argument(
+        item.flag, dest=dest, default=argparse.SUPPRESS, metavar=item.spec.metavar, help=help_text, **kwargs
+    )

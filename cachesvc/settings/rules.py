@@ -142,21 +142,25 @@ def _lora_module(item: object) -> tuple[str, str]:
         try:
             obj = json.loads(item)
         except ValueError:
-            raise Invalid(f"{item!r} is not valid JSON; give NAME=PATH or "
-                           '{"name": NAME, "path": PATH}') from None
-        if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)
-                and isinstance(obj.get("path"), str)):
+            raise Invalid(
+                f'{item!r} is not valid JSON; give NAME=PATH or {{"name": NAME, "path": PATH}}'
+            ) from None
+        if not (
+            isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("path"), str)
+        ):
             raise Invalid(f'{item!r} needs string "name" and "path" keys')
         name, path = obj["name"], obj["path"]
     elif isinstance(item, str) and "=" in item:
         name, _, path = item.partition("=")
     else:
-        raise Invalid(f"{item!r} is not NAME=PATH (a served name, then the PEFT adapter's directory "
-                       "or hub id)")
+        raise Invalid(
+            f"{item!r} is not NAME=PATH (a served name, then the PEFT adapter's directory or hub id)"
+        )
     name, path = name.strip(), path.strip()
     if not _LORA_NAME_RE.match(name):
-        raise Invalid(f"adapter name {name!r} must be 1-128 letters, digits or ._:/- (first a letter "
-                       "or digit)")
+        raise Invalid(
+            f"adapter name {name!r} must be 1-128 letters, digits or ._:/- (first a letter or digit)"
+        )
     if not path:
         raise Invalid(f"adapter {name!r} has no path")
     return name, path
@@ -188,6 +192,7 @@ def catalog_url_rule(value: object) -> str | None:
             f"or postgresql+psycopg://user@host/db, got {value!r}"
         )
     return value
+
 
 def shape_rule(name: str) -> Callable[[object], int]:
     def check(value: object) -> int:

@@ -140,4 +140,3 @@ def speculative_rule(value: object) -> SpeculativeConfig | None:
         f"must be a SpeculativeConfig or None, got {type(value).__name__} "
         "(use ServeConfig.from_mapping or SpeculativeConfig.parse for JSON text)"
     )
-
