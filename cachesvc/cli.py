@@ -22,6 +22,7 @@ from cachesvc import __version__
 from cachesvc.build_progress import BuildProgress
 from cachesvc.config import (
     CACHE_OPTIONS,
+    DECLARED,
     ServeConfig,
     add_build_arguments,
     add_cache_flags,
@@ -700,8 +701,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "prepare", help="build (or find) the bundle for a model and profile", allow_abbrev=False
     )
-    p.add_argument("model", nargs="?", default=None,
-                   help="HF model id, checkpoint dir or .gguf file (default: SmolLM2 if installed)")
+    # Checked with the rest of the config (from_namespace): its error is the config's.
+    p.add_argument("model", nargs="?", default=None, help=DECLARED["model"].spec.help)
     add_build_arguments(p)
     p.add_argument("--gguf-file", default=None, metavar="NAME",
                    help="serve this .gguf file of the hub repo given as the model")

@@ -11,9 +11,9 @@ Each setting is declared once, as a field of its group (:class:`HttpSettings`,
 :class:`CacheSettings`, :class:`BuildSettings`, :class:`ServingSettings`,
 :class:`FleetSettings`): type and default on the field, help, rule, flag layout and environment
 variable in its :class:`~cachesvc.settings.declare.Setting`. The flags, ``--help``, the
-environment list (:data:`ENVIRONMENT`) and the table of ``docs/configuration.md`` are generated
-from the declarations. :class:`ServeConfig` is composed of the groups: ``config.http.port``,
-``config.build.precision``, ``config.serving.keep_alive``...
+environment list (:data:`ENVIRONMENT`) and the table of ``docs/configuration.md``
+(:func:`settings_table`) are generated from the declarations. :class:`ServeConfig` is composed
+of the groups: code reads ``config.http.port``, ``config.build.precision``...
 
 Three ways in, one set of rules:
 
@@ -676,8 +676,7 @@ class ServeConfig:
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> ServeConfig:
         """Build from python names or flag names; unknown keys are rejected by name."""
-        values = mapping_values(mapping, DECLARED)
-        return cls(**values)
+        return cls(**mapping_values(mapping, DECLARED))
 
     @classmethod
     def from_namespace(cls, namespace: argparse.Namespace) -> ServeConfig:
