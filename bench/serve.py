@@ -147,12 +147,13 @@ def ensure_checkpoint(work: Path, size: str = "0.5b") -> Path:
 
 def prepare_bundle(config: ServeConfig) -> tuple[str, Path]:
     """Prepare (hit, or build with progress) the bundle the server will serve."""
-    manager = CacheManager.open(config.cache_dir, max_size_bytes=config.engine_cache_max_size_bytes)
+    cache = config.cache
+    manager = CacheManager.open(cache.cache_dir, max_size_bytes=cache.engine_cache_max_size_bytes)
     try:
         start = time.perf_counter()
-        assert config.model is not None
+        assert config.build.model is not None
         result = manager.prepare(
-            config.model,
+            config.build.model,
             config.profile_request(),
             progress=lambda stage, f: print(f"  prepare: {stage} {f:4.0%}", file=sys.stderr),
         )
@@ -251,9 +252,9 @@ def start_server(config: ServeConfig, port: int, log_path: Path) -> subprocess.P
     argv = [
         *cmd,
         "serve",
-        str(config.model),
+        str(config.build.model),
         "--cache-dir",
-        str(config.cache_dir),
+        str(config.cache.cache_dir),
         "--host",
         "127.0.0.1",
         "--port",
@@ -261,15 +262,15 @@ def start_server(config: ServeConfig, port: int, log_path: Path) -> subprocess.P
         "--served-model-name",
         MODEL_NAME,
         "--max-input-len",
-        str(config.max_input_len),
+        str(config.build.max_input_len),
         "--max-kv-cache-capacity",
-        str(config.max_kv_cache_capacity),
+        str(config.build.max_kv_cache_capacity),
         "--max-batch-size",
-        str(config.max_batch_size),
+        str(config.build.max_batch_size),
         "--max-queued-requests",
-        str(config.max_queued_requests),
+        str(config.serving.max_queued_requests),
         "--log-level",
-        config.log_level,
+        config.http.log_level,
     ]
     return _launch(argv, port, log_path, timeout=600, interval=0.2)
 
@@ -714,7 +715,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ceilings = [Ceiling(b, min(prefill), b * (args.n2 - args.n1) / min(decode[b])) for b in counts]
     http = [summarize(b, *rounds[b], args.n1, args.n2) for b in counts]
     print()
-    print_table(http, ceilings, config.max_batch_size, args)
+    print_table(http, ceilings, config.build.max_batch_size, args)
     return 0
 
 

@@ -106,11 +106,11 @@ def create_app(
 
     agent = NodeAgent(
         manager,
-        interval=config.heartbeat_seconds,
+        interval=config.fleet.heartbeat_seconds,
         loaded_models=pool.loaded_names,
         allowed_roots=config.model_roots(),
         load_model=load_desired,
-        event_retention=(config.event_retention_days, config.event_retention_rows),
+        event_retention=(config.fleet.event_retention_days, config.fleet.event_retention_rows),
     )
 
     @asynccontextmanager
@@ -141,18 +141,18 @@ def create_app(
     handlers: list[Any] = [
         health,
         ready,
-        admin_router(admin_api_key=config.admin_api_key, model_roots=config.model_roots()),
+        admin_router(admin_api_key=config.http.admin_api_key, model_roots=config.model_roots()),
         dashboard_router(),
-        serving_router(admin_api_key=config.admin_api_key),
-        lora_router(admin_api_key=config.admin_api_key),
-        metrics_route(metrics, admin_api_key=config.admin_api_key),
-        openai_router(pool, api_key=config.api_key),
+        serving_router(admin_api_key=config.http.admin_api_key),
+        lora_router(admin_api_key=config.http.admin_api_key),
+        metrics_route(metrics, admin_api_key=config.http.admin_api_key),
+        openai_router(pool, api_key=config.http.api_key),
     ]
-    origins = config.cors_origins()
+    origins = config.http.cors_origins()
     return Litestar(
         route_handlers=handlers,
         # DNS rebinding: a page whose name resolves to 127.0.0.1 still sends its own Host.
-        allowed_hosts=AllowedHostsConfig(allowed_hosts=list(config.allowed_host_headers())),
+        allowed_hosts=AllowedHostsConfig(allowed_hosts=list(config.http.allowed_host_headers())),
         # Browsers may call /v1 from these origins; admin routes refuse any foreign Origin in
         # their guard, so the app-wide CORS headers open nothing there.
         cors_config=CORSConfig(allow_origins=list(origins)) if origins else None,
@@ -179,7 +179,7 @@ def create_app(
                 path="/schema",
                 route_handlers=[docs_asset],
                 include_in_schema=False,
-                guards=[admin_guard(config.admin_api_key)] if config.admin_api_key else [],
+                guards=[admin_guard(config.http.admin_api_key)] if config.http.admin_api_key else [],
                 exception_handlers=admin_exception_handlers(),
                 response_headers=RESPONSE_HEADERS,
             ),

@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from cachesvc import __version__
 from cachesvc.build_progress import BuildProgress
 from cachesvc.config import (
+    CACHE_OPTIONS,
+    DECLARED,
     ServeConfig,
     add_build_arguments,
+    add_cache_flags,
     add_serve_arguments,
     cli_message,
     engine_factory_spec,
-    field_default,
 )
 from cachesvc.errors import CacheError, CheckpointError, ConfigError, NotFoundError
 from cachesvc.gguf_checkpoints import hub_gguf_spec
@@ -102,7 +104,7 @@ def bundle_json(info: BundleInfo, root: Path) -> dict[str, Any]:
 
 def _cache_config(args: argparse.Namespace) -> ServeConfig:
     """The cache options given on the command line, validated and defaulted like ``serve``'s."""
-    given = {name: getattr(args, name, None) for name in _CACHE_OPTIONS}
+    given = {name: getattr(args, name, None) for name in CACHE_OPTIONS}
     return ServeConfig.from_mapping({k: v for k, v in given.items() if v is not None})
 
 
@@ -120,7 +122,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     try:
         with BuildProgress() as progress:
             result = m.prepare(
-                config.model or choose(config.cache_dir)[0],
+                config.build.model or choose(config.cache.cache_dir)[0],
                 config.profile_request(),
                 progress=progress,
             )
@@ -537,7 +539,7 @@ def cmd_db_repair(args: argparse.Namespace) -> int:
     from cachesvc.errors import CatalogError
 
     config = _cache_config(args)
-    url = config.catalog_url_resolved
+    url = config.cache.catalog_url_resolved
     if not args.force:
         catalog = Catalog(url, node="cli")
         try:
@@ -570,7 +572,7 @@ def cmd_db(args: argparse.Namespace) -> int:
     from cachesvc.catalog import Catalog
     from cachesvc.catalog.migrate import head_revision
 
-    catalog = Catalog(_cache_config(args).catalog_url_resolved, node="cli")
+    catalog = Catalog(_cache_config(args).cache.catalog_url_resolved, node="cli")
     try:
         if args.db_command == "upgrade":
             catalog.upgrade(args.revision)
@@ -590,7 +592,7 @@ def cmd_fleet_status(args: argparse.Namespace) -> int:
     from cachesvc.catalog.fleet import FleetCatalog
     from cachesvc.fleet.status import exit_code, status_lines
 
-    catalog = Catalog(_cache_config(args).catalog_url_resolved, node="cli")
+    catalog = Catalog(_cache_config(args).cache.catalog_url_resolved, node="cli")
     try:
         nodes = FleetCatalog(catalog).nodes()
     finally:
@@ -616,9 +618,10 @@ def _serve_config(args: argparse.Namespace) -> ServeConfig:
     config = ServeConfig.from_namespace(args)
     gguf_file = getattr(args, "gguf_file", None)
     if gguf_file is not None:
-        if config.model is None:
+        if config.build.model is None:
             raise CheckpointError("--gguf-file names a file in a hub repo; give the repo id as the model")
-        config = dataclasses.replace(config, model=hub_gguf_spec(config.model, gguf_file))
+        build = dataclasses.replace(config.build, model=hub_gguf_spec(config.build.model, gguf_file))
+        config = dataclasses.replace(config, build=build)
     return config
 
 
@@ -634,7 +637,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(
         config,
         engine_factory=engine_factory_from_spec(engine_factory_spec()),
-        default_model=lambda: choose(config.cache_dir),
+        default_model=lambda: choose(config.cache.cache_dir),
     )
 
 
@@ -664,36 +667,11 @@ def _add_cache_commands(sub: Any, parents: list[argparse.ArgumentParser]) -> Non
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-_CACHE_OPTIONS = ("cache_dir", "catalog_url", "engine_cache_max_size_gb")
-
-
 def _cache_options(prefix: str = "") -> _OneLineParser:
     """The cache options; the top level stores them under ``top_*`` so that a subcommand's own
     defaults (argparse lets a subparser's defaults overwrite the parent's values) cannot hide them."""
     p = _OneLineParser(add_help=False)
-    g = p.add_argument_group("cache")
-    g.add_argument(
-        "--cache-dir",
-        dest=prefix + "cache_dir",
-        default=argparse.SUPPRESS,
-        metavar="DIR",
-        help="cache root (default: $CACHESVC_CACHE_DIR or ~/.cache/cachesvc)",
-    )
-    g.add_argument(
-        "--catalog-url",
-        dest=prefix + "catalog_url",
-        default=argparse.SUPPRESS,
-        metavar="URL",
-        help="catalog SQLAlchemy URL (default: sqlite:///<cache-dir>/catalog.sqlite3)",
-    )
-    g.add_argument(
-        "--engine-cache-max-size-gb",
-        dest=prefix + "engine_cache_max_size_gb",
-        type=float,
-        default=argparse.SUPPRESS,
-        metavar="GB",
-        help=f"cache size cap in GB (default: {field_default('engine_cache_max_size_gb')})",
-    )
+    add_cache_flags(p.add_argument_group("cache"), prefix)
     return p
 
 
@@ -729,8 +707,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "prepare", help="build (or find) the bundle for a model and profile", allow_abbrev=False
     )
-    p.add_argument("model", nargs="?", default=None,
-                   help="HF model id, checkpoint dir or .gguf file (default: SmolLM2 if installed)")
+    # Checked with the rest of the config (from_namespace): its error is the config's.
+    p.add_argument("model", nargs="?", default=None, help=DECLARED["model"].spec.help)
     add_build_arguments(p)
     p.add_argument("--gguf-file", default=None, metavar="NAME",
                    help="serve this .gguf file of the hub repo given as the model")
@@ -866,7 +844,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``cachesvc`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    for name in _CACHE_OPTIONS:
+    for name in CACHE_OPTIONS:
         # A value given after the command wins over one given before it.
         if getattr(args, name, None) is None:
             setattr(args, name, getattr(args, "top_" + name, None))

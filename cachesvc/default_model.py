@@ -103,17 +103,18 @@ def startup_config(
     if not empty and not manager.queries.list_bundles(state="ready", model=model, limit=1).items:
         return None
     log.info("no model given: serving the default model %s%s", model, "" if empty else " and the catalog")
-    return dataclasses.replace(config, model=model, served_model_name=config.served_model_name or name)
+    serving = dataclasses.replace(config.serving, served_model_name=config.serving.served_model_name or name)
+    return dataclasses.replace(config, build=dataclasses.replace(config.build, model=model), serving=serving)
 
 
 def fp32_fallback(config: ServeConfig, exc: QualityGateError) -> ServeConfig:
     """The default model's config after its build at the file's precision failed the quality
     gate (``exc``): the same at fp32, with one line saying why. A precision the user named is
     not swapped behind their back: ``exc`` is raised again."""
-    if config.precision != "auto":
+    if config.build.precision != "auto":
         raise exc
     log.warning("%s; serving the default model at fp32 instead", exc)
-    return dataclasses.replace(config, precision="fp32")
+    return dataclasses.replace(config, build=dataclasses.replace(config.build, precision="fp32"))
 
 
 __all__ = [

@@ -17,13 +17,13 @@ def open_cache(config: ServeConfig, *, serving: bool = False) -> CacheManager:
 
     ``serving`` (``cachesvc serve``): the directory is claimed for ``--node-name`` (default: the
     host name) and refused when another node owns it; commands act as the node that owns it.
-    ``CACHESVC_DISABLE_GPU`` reaches the cache here, as ``config.gpu_disabled`` (no tensorrt
+    ``CACHESVC_DISABLE_GPU`` reaches the cache here, as ``config.build.gpu_disabled`` (no tensorrt
     builder, TensorRT bundles stale on this node)."""
     return CacheManager.open(
-        config.cache_dir,
-        catalog_url=config.catalog_url_resolved,
-        max_size_bytes=config.engine_cache_max_size_bytes,
-        node=config.node_name_resolved if serving else config.node_name,
+        config.cache.cache_dir,
+        catalog_url=config.cache.catalog_url_resolved,
+        max_size_bytes=config.cache.engine_cache_max_size_bytes,
+        node=config.fleet.node_name_resolved if serving else config.fleet.node_name,
         claim_node=serving,
-        gpu_disabled=config.gpu_disabled,
+        gpu_disabled=config.build.gpu_disabled,
     )

@@ -80,13 +80,13 @@ def load_runtime(
     observer: Any = None,
 ) -> Runtime:
     """Prepare (hit or build), lease, load the engine and build the OpenAI server for ``config``."""
-    if config.model is None:
+    if config.build.model is None:
         raise CacheError("no model to serve: pass a model id or checkpoint directory")
     # The full re-hash against the manifest happens here, once per start (every other load
     # checks sizes and sampled hashes): a corrupt bundle is rebuilt, never loaded.
     with BuildProgress() as progress:
         prepared, lease = manager.prepare_and_lease(
-            config.model, config.profile_request(), progress=progress, full_verify=True,
+            config.build.model, config.profile_request(), progress=progress, full_verify=True,
         )
     started = time.monotonic()
     try:
@@ -123,7 +123,7 @@ def load_lora_modules(config: ServeConfig, manager: CacheManager, serving: Model
     the base model), leased while loaded, loaded into the engine under its digest id, and its
     served name mapped to it; the leases returned by served name (released with the model's
     lease, or when the name is unloaded at run time)."""
-    pairs = lora_module_pairs(config.lora_modules)
+    pairs = lora_module_pairs(config.serving.lora_modules)
     if not pairs:
         return {}
     engine: Any = serving.engine
@@ -204,8 +204,9 @@ class LoraAdapters:
             if name in handle.lora_names or name in taken:
                 raise ConflictError(f"the name {name!r} is already served; unload it or pick another",
                                     reason="name_taken")
-            if len(set(handle.lora_names.values())) >= self._config.max_loras:
-                raise ConflictError(f"{self._config.max_loras} LoRA adapters are loaded (--max-loras); "
+            max_loras = self._config.serving.max_loras
+            if len(set(handle.lora_names.values())) >= max_loras:
+                raise ConflictError(f"{max_loras} LoRA adapters are loaded (--max-loras); "
                                     "unload one first", reason="max_loras")
             info, self._leases[name] = attach_adapter(
                 self._manager, handle, self._runtime.prepared.model_dir, name, source)
@@ -266,7 +267,7 @@ def build_serving(
 
     A bundle built with speculative decoding (``speculative`` in its ``engine.json``) gets its
     proposer; ``draft_model`` loads the draft bundle ``draft_dir`` next to it."""
-    engine = engine_factory(bundle_dir, max_slots=config.max_batch_size)
+    engine = engine_factory(bundle_dir, max_slots=config.build.max_batch_size)
     closers: list[Callable[[], None]] = []
     try:
         proposer = _proposer(config, engine_factory, bundle_dir, draft_dir, closers)
@@ -274,19 +275,19 @@ def build_serving(
         info = engine.info
         options = ServingOptions(
             served_model_name=name,
-            max_model_len=min(info.max_kv_capacity, config.max_kv_cache_capacity),
-            max_input_len=min(info.max_input_len, config.max_input_len),
-            max_batch_size=min(info.max_slots, config.max_batch_size),
-            max_queued_requests=config.max_queued_requests,
-            queue_timeout=config.queue_timeout,
-            reasoning_parser=config.reasoning_parser,
-            tool_call_parser=config.tool_call_parser,
-            enable_auto_tool_choice=config.enable_auto_tool_choice,
+            max_model_len=min(info.max_kv_capacity, config.build.max_kv_cache_capacity),
+            max_input_len=min(info.max_input_len, config.build.max_input_len),
+            max_batch_size=min(info.max_slots, config.build.max_batch_size),
+            max_queued_requests=config.serving.max_queued_requests,
+            queue_timeout=config.serving.queue_timeout,
+            reasoning_parser=config.serving.reasoning_parser,
+            tool_call_parser=config.serving.tool_call_parser,
+            enable_auto_tool_choice=config.serving.enable_auto_tool_choice,
             model_type=info.model_type,
             grammar_limits=GrammarLimits(
-                max_schema_bytes=config.max_schema_bytes,
-                max_schema_properties=config.max_schema_properties,
-                compile_timeout=config.grammar_compile_timeout,
+                max_schema_bytes=config.serving.max_schema_bytes,
+                max_schema_properties=config.serving.max_schema_properties,
+                compile_timeout=config.serving.grammar_compile_timeout,
             ),
             capabilities={
                 "bundle_id": bundle_id,
@@ -329,19 +330,19 @@ def _proposer(
     record = read_meta(bundle_dir).get("speculative")
     if not isinstance(record, dict) or record.get("method") not in CHAIN_SPECULATIVE_METHODS:
         return None
-    spec = config.speculative_config
+    spec = config.build.speculative_config
     options = dict(record)
     steps: int | None = None
     if spec is not None and spec.method == record["method"]:
         options.update({k: v for k, v in spec.to_dict().items() if v is not None and k != "model"})
-        steps = config.effective_draft_step
+        steps = config.build.effective_draft_step
     draft = None
     if record["method"] in METHODS_WITH_DRAFT_BUNDLE:
         if draft_dir is None:
             log.warning("bundle %s speculates with a draft model whose bundle is not ready here; "
                         "decoding without speculation", bundle_dir)
             return None
-        draft = engine_factory(draft_dir, max_slots=config.max_batch_size)
+        draft = engine_factory(draft_dir, max_slots=config.build.max_batch_size)
         closers.append(draft.close)
     return proposer_factory(options, num_speculative_tokens=steps, draft_engine=draft)
 
@@ -369,20 +370,20 @@ def handle_factory(
 
 def context_pool_bytes(config: ServeConfig) -> int:
     """The memory each loaded model's context-reuse record pool may take (0 with reuse off)."""
-    if not config.enable_context_reuse:
+    if not config.serving.enable_context_reuse:
         return 0
-    return record_pool_bytes(config.context_cache_partial_kv_snapshot_pool_bytes)
+    return record_pool_bytes(config.serving.context_cache_partial_kv_snapshot_pool_bytes)
 
 
 def _context_cache(config: ServeConfig, bundle_id: str) -> PrefixStore | None:
     """The prefix store of ``--enable-context-reuse``, namespaced by the bundle (so records never
     serve another model or build); None when reuse is off."""
-    if not config.enable_context_reuse:
+    if not config.serving.enable_context_reuse:
         return None
     return PrefixStore(
         f"bundle:{bundle_id}",
-        max_records=config.context_cache_max_records,
-        max_bytes=config.context_cache_partial_kv_snapshot_pool_bytes,
+        max_records=config.serving.context_cache_max_records,
+        max_bytes=config.serving.context_cache_partial_kv_snapshot_pool_bytes,
         disk=context_disk(config, bundle_id),
     )
 
@@ -394,11 +395,11 @@ def context_disk(config: ServeConfig, bundle_id: str) -> DiskRecords | None:
     before every write or removal there. A folder refused or a cache root that cannot be read
     leaves the bundle's records in memory only (one warning saying why); a failed write, the
     record it was for (counted, logged once per outage)."""
-    if config.context_cache_disk_bytes <= 0:
+    if config.serving.context_cache_disk_bytes <= 0:
         return None
-    layout = CacheLayout(config.cache_dir)
+    layout = CacheLayout(config.cache.cache_dir)
     try:
-        return DiskRecords(layout.context_dir(bundle_id), max_bytes=config.context_cache_disk_bytes,
+        return DiskRecords(layout.context_dir(bundle_id), max_bytes=config.serving.context_cache_disk_bytes,
                            dir_mode=layout.dir_mode(),  # made on the first write
                            guard=functools.partial(layout.checked_context_dir, bundle_id))
     except (OSError, CacheError, ValueError) as exc:
@@ -437,24 +438,26 @@ def make_pool(
     engine_factory: EngineFactory | None = None,
 ) -> ModelPool:
     """The model pool over the catalog, with the startup model (``runtime``) adopted and kept."""
-    source = CatalogModels(manager, max_slots=config.max_batch_size, context_bytes=context_pool_bytes(config))
+    source = CatalogModels(
+        manager, max_slots=config.build.max_batch_size, context_bytes=context_pool_bytes(config)
+    )
     pool = ModelPool(
         source,
         handle_factory(config, engine_factory, metrics),
         PoolLimits(
-            max_loaded=config.max_loaded_models,
-            memory_budget=config.memory_budget_bytes,
-            keep_alive=config.keep_alive,
-            queue_timeout=config.queue_timeout,
+            max_loaded=config.serving.max_loaded_models,
+            memory_budget=config.serving.memory_budget_bytes,
+            keep_alive=config.serving.keep_alive,
+            queue_timeout=config.serving.queue_timeout,
             unload_grace=config.serving.shutdown_grace_seconds,
-            max_queued=config.max_queued_requests,
+            max_queued=config.serving.max_queued_requests,
         ),
         observer=metrics.pool if metrics is not None else None,
     )
     if runtime is not None:
         names = [config.served_name, runtime.serving.options.served_model_name]
-        if config.model is not None:
-            names.append(config.model)
+        if config.build.model is not None:
+            names.append(config.build.model)
         names = list(dict.fromkeys(names))
         for adapter in runtime.serving.lora_names:  # --lora-modules: names of the same bundle
             source.parents[adapter] = config.served_name

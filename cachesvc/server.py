@@ -64,7 +64,7 @@ def serve(
     import uvicorn
 
     logging.basicConfig(
-        level=getattr(logging, config.log_level.upper()),
+        level=getattr(logging, config.http.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
         force=True,
@@ -89,18 +89,18 @@ def serve(
             len(report.stale),
             len(report.restored),
         )
-        if config.clear_engine_cache:
+        if config.cache.clear_engine_cache:
             cleared = manager.evictor.clear()
             log.info("--clear-engine-cache: removed %d bundles", len(cleared.evicted))
-        if config.model is None and default_model is not None:
+        if config.build.model is None and default_model is not None:
             chosen = startup_config(config, manager, default_model)
             if chosen is not None:
                 is_default = True
                 config = chosen
-        if config.model is not None:
+        if config.build.model is not None:
             runtime = load_startup_runtime(config, manager, engine_factory, metrics, default=is_default)
     except (CacheError, ValueError, OSError, ImportError, AttributeError) as exc:
-        log.error("cannot serve %s: %s", config.model or "the catalog", _describe(exc))
+        log.error("cannot serve %s: %s", config.build.model or "the catalog", _describe(exc))
         manager.close()
         return 1
     pool = make_pool(
@@ -114,9 +114,9 @@ def serve(
     server = _Server(
         uvicorn.Config(
             app,
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
+            host=config.http.host,
+            port=config.http.port,
+            log_level=config.http.log_level,
             # Longer than the app's drain: uvicorn only waits for the last answers to be written.
             timeout_graceful_shutdown=int(config.serving.shutdown_grace_seconds + _FLUSH_SECONDS),
             lifespan="on",

@@ -43,7 +43,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def test_gguf_file_flag_names_a_hub_file() -> None:
     args = _parse(["serve", "org/m-GGUF", "--gguf-file", "m.Q4_0.gguf"])
-    assert cli._serve_config(args).model == "org/m-GGUF/m.Q4_0.gguf"
+    assert cli._serve_config(args).build.model == "org/m-GGUF/m.Q4_0.gguf"
     with pytest.raises(cli.CheckpointError, match="give the repo id"):
         cli._serve_config(_parse(["prepare", "--gguf-file", "m.gguf"]))
 
@@ -60,7 +60,7 @@ def test_the_default_model_runs_at_its_files_precision_only_where_the_gate_passe
 
     config = ServeConfig(model=str(smollm2_gguf), served_model_name=DEFAULT_SERVED_NAME,
                          max_input_len=256, max_kv_cache_capacity=512)
-    assert config.precision == "auto"
+    assert config.build.precision == "auto"
     # A bad kernel choice (int8 activations in every layer) and exact agreement asked: the Q4_1
     # file's int4 cannot pass, so the default model falls back to fp32 and says why in one line.
     strict = {"onnxruntime": OnnxRuntimeBuilder(min_agreement=1.0, accuracy_level=4)}

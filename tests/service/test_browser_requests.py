@@ -61,13 +61,13 @@ def test_v1_refuses_non_json_bodies(app: App) -> None:
 
 def test_default_allowed_hosts_are_loopback_and_the_bind_address() -> None:
     cfg = ServeConfig(host="10.1.2.3", port=9000)
-    assert set(cfg.allowed_host_names()) == {"localhost", "127.0.0.1", "::1", "10.1.2.3"}
-    assert {"[::1]:9000", "10.1.2.3", "10.1.2.3:9000"} <= set(cfg.allowed_host_headers())
-    assert ServeConfig(allowed_hosts="a.example, b.example").allowed_host_names() == (
+    assert set(cfg.http.allowed_host_names()) == {"localhost", "127.0.0.1", "::1", "10.1.2.3"}
+    assert {"[::1]:9000", "10.1.2.3", "10.1.2.3:9000"} <= set(cfg.http.allowed_host_headers())
+    assert ServeConfig(allowed_hosts="a.example, b.example").http.allowed_host_names() == (
         "a.example",
         "b.example",
     )
-    assert ServeConfig(allowed_hosts="*").allowed_host_headers() == ("*",)
+    assert ServeConfig(allowed_hosts="*").http.allowed_host_headers() == ("*",)
 
 
 @pytest.fixture(scope="module")

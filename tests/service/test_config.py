@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 from cachesvc.config import (
     CACHE_DIR_ENV,
+    DECLARED,
     ENVIRONMENT,
+    GROUP_OF,
     SETTINGS_GROUPS,
     ServeConfig,
     SpeculativeConfig,
@@ -124,6 +126,11 @@ def from_argv(argv: list[str], parser: argparse.ArgumentParser | None = None) ->
     return ServeConfig.from_namespace((parser or serve_parser()).parse_args(argv))
 
 
+def setting(config: ServeConfig, name: str) -> Any:
+    """The value of the setting ``name`` (read from its group)."""
+    return getattr(getattr(config, GROUP_OF[name]), name)
+
+
 def error_line(capsys: pytest.CaptureFixture[str], prog: str) -> str:
     """argparse's error line without the prefix; the usage above it names every flag and would match
     anything, so tests look at this line only."""
@@ -155,7 +162,7 @@ def assert_config_error(exc: ConfigError, flag: str) -> None:
 
 
 def test_every_field_has_an_expected_default() -> None:
-    names = {f.name for f in dataclasses.fields(ServeConfig)}
+    names = set(DECLARED)
     assert names == set(EXPECTED_DEFAULTS) | set(ENV_DEFAULTS) | {"cache_dir"}
 
 
@@ -167,9 +174,9 @@ def test_defaults(build: str, _isolated_env: Path) -> None:
         "argv": lambda: from_argv([]),
     }[build]()
     for name, expected in {**EXPECTED_DEFAULTS, **ENV_DEFAULTS}.items():
-        value = getattr(config, name)
+        value = setting(config, name)
         assert value == expected and type(value) is type(expected), name
-    assert config.cache_dir == _isolated_env / ".cache" / "cachesvc"
+    assert config.cache.cache_dir == _isolated_env / ".cache" / "cachesvc"
 
 
 def test_help_names_every_flag_and_shows_defaults() -> None:
@@ -186,19 +193,19 @@ def test_help_names_every_flag_and_shows_defaults() -> None:
 
 def test_cache_dir_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "from-env"))
-    assert ServeConfig().cache_dir == tmp_path / "from-env"
-    assert from_argv([]).cache_dir == tmp_path / "from-env"
+    assert ServeConfig().cache.cache_dir == tmp_path / "from-env"
+    assert from_argv([]).cache.cache_dir == tmp_path / "from-env"
     # The flag beats the environment.
-    assert from_argv([f"--cache-dir={tmp_path / 'flag'}"]).cache_dir == tmp_path / "flag"
+    assert from_argv([f"--cache-dir={tmp_path / 'flag'}"]).cache.cache_dir == tmp_path / "flag"
 
 
 def test_cache_dir_environment_is_expanded_and_blank_means_unset(
     monkeypatch: pytest.MonkeyPatch, _isolated_env: Path
 ) -> None:
     monkeypatch.setenv(CACHE_DIR_ENV, "~/envcache")
-    assert ServeConfig().cache_dir == _isolated_env / "envcache"
+    assert ServeConfig().cache.cache_dir == _isolated_env / "envcache"
     monkeypatch.setenv(CACHE_DIR_ENV, "  ")
-    assert ServeConfig().cache_dir == _isolated_env / ".cache" / "cachesvc"
+    assert ServeConfig().cache.cache_dir == _isolated_env / ".cache" / "cachesvc"
 
 
 @pytest.mark.parametrize("build", ["mapping", "argv", "direct"])
@@ -208,8 +215,8 @@ def test_cache_dir_expands_user(build: str, _isolated_env: Path) -> None:
         "argv": lambda: from_argv(["--cache-dir", "~/c"]),
         "direct": lambda: ServeConfig(cache_dir=Path("~/c")),
     }[build]()
-    assert config.cache_dir == _isolated_env / "c"
-    assert isinstance(config.cache_dir, Path)
+    assert config.cache.cache_dir == _isolated_env / "c"
+    assert isinstance(config.cache.cache_dir, Path)
 
 
 # --- every rule, valid ---------------------------------------------------------------------------
@@ -253,30 +260,30 @@ def _argv_for(name: str, text: str) -> list[str]:
 
 @pytest.mark.parametrize(("name", "text", "expected"), VALID)
 def test_valid_value_via_argv(name: str, text: str, expected: Any) -> None:
-    value = getattr(from_argv(_argv_for(name, text)), name)
+    value = setting(from_argv(_argv_for(name, text)), name)
     assert value == expected and type(value) is type(expected)
 
 
 @pytest.mark.parametrize(("name", "text", "expected"), VALID)
 def test_valid_value_via_mapping(name: str, text: str, expected: Any) -> None:
-    assert getattr(ServeConfig.from_mapping({name: expected}), name) == expected
+    assert setting(ServeConfig.from_mapping({name: expected}), name) == expected
 
 
 @pytest.mark.parametrize("flag", ["--enable-auto-tool-choice", "--clear-engine-cache"])
 def test_bool_flags(flag: str) -> None:
     name = flag[2:].replace("-", "_")
-    assert getattr(from_argv([flag]), name) is True
-    assert getattr(from_argv([]), name) is False
-    assert getattr(ServeConfig.from_mapping({name: True}), name) is True
+    assert setting(from_argv([flag]), name) is True
+    assert setting(from_argv([]), name) is False
+    assert setting(ServeConfig.from_mapping({name: True}), name) is True
 
 
 def test_context_reuse_is_on_by_default_and_both_spellings_parse() -> None:
-    assert from_argv([]).enable_context_reuse is True
-    assert ServeConfig().enable_context_reuse is True
+    assert from_argv([]).serving.enable_context_reuse is True
+    assert ServeConfig().serving.enable_context_reuse is True
     # The replaced server's opt-in flag keeps working (a no-op now), the new one opts out.
-    assert from_argv(["--enable-context-reuse"]).enable_context_reuse is True
-    assert from_argv(["--no-enable-context-reuse"]).enable_context_reuse is False
-    assert ServeConfig.from_mapping({"enable-context-reuse": False}).enable_context_reuse is False
+    assert from_argv(["--enable-context-reuse"]).serving.enable_context_reuse is True
+    assert from_argv(["--no-enable-context-reuse"]).serving.enable_context_reuse is False
+    assert ServeConfig.from_mapping({"enable-context-reuse": False}).serving.enable_context_reuse is False
     help_text = serve_parser().format_help()
     assert "--no-enable-context-reuse" in help_text and "llama-server" in help_text
 
@@ -299,23 +306,24 @@ def test_help_says_where_the_serving_defaults_differ_and_why() -> None:
     ],
 )
 def test_context_cache_values_with_reuse(name: str, value: int) -> None:
-    assert getattr(from_argv(["--enable-context-reuse", f"{flag_for(name)}={value}"]), name) == value
+    assert setting(from_argv(["--enable-context-reuse", f"{flag_for(name)}={value}"]), name) == value
     config = ServeConfig.from_mapping({"enable_context_reuse": True, name: value})
-    assert getattr(config, name) == value
+    assert setting(config, name) == value
 
 
 def test_mapping_converts_only_unambiguous_types() -> None:
     config = ServeConfig.from_mapping({"max_batch_size": 4.0, "queue_timeout": 5, "cache_dir": "/x"})
-    assert config.max_batch_size == 4 and type(config.max_batch_size) is int
-    assert config.queue_timeout == 5.0 and type(config.queue_timeout) is float
-    assert config.cache_dir == Path("/x")
+    assert config.build.max_batch_size == 4 and type(config.build.max_batch_size) is int
+    assert config.serving.queue_timeout == 5.0 and type(config.serving.queue_timeout) is float
+    assert config.cache.cache_dir == Path("/x")
     # None for cache_dir means "the default", as it does on the command line.
-    assert ServeConfig.from_mapping({"cache_dir": None}).cache_dir == ServeConfig().cache_dir
+    assert ServeConfig.from_mapping({"cache_dir": None}).cache.cache_dir == ServeConfig().cache.cache_dir
 
 
 def test_direct_construction_normalises_floats() -> None:
     config = ServeConfig(queue_timeout=5, engine_cache_max_size_gb=2)
-    assert type(config.queue_timeout) is float and type(config.engine_cache_max_size_gb) is float
+    assert type(config.serving.queue_timeout) is float
+    assert type(config.cache.engine_cache_max_size_gb) is float
 
 
 # --- every rule, invalid -------------------------------------------------------------------------
@@ -500,7 +508,7 @@ def test_direct_construction_validates() -> None:
         ServeConfig(port=0)
     assert_config_error(info.value, "--port")
     with pytest.raises(ConfigError) as info:
-        ServeConfig(speculative_config='{"method": "mtp"}')  # type: ignore[arg-type]
+        ServeConfig(speculative_config='{"method": "mtp"}')
     assert_config_error(info.value, "--speculative-config")
     assert "SpeculativeConfig.parse" in str(info.value)
 
@@ -509,7 +517,7 @@ def test_direct_construction_validates() -> None:
 @given(port=st.integers(min_value=-(2**70), max_value=2**70))
 def test_port_range_property(port: int) -> None:
     if 1 <= port <= 65535:
-        assert ServeConfig(port=port).port == port
+        assert ServeConfig(port=port).http.port == port
     else:
         with pytest.raises(ConfigError, match="--port"):
             ServeConfig(port=port)
@@ -520,7 +528,7 @@ def test_port_range_property(port: int) -> None:
 def test_context_records_range_property(records: int) -> None:
     if 0 <= records <= 2**31 - 1:
         config = ServeConfig(enable_context_reuse=True, context_cache_max_records=records)
-        assert config.context_cache_max_records == records
+        assert config.serving.context_cache_max_records == records
     else:
         with pytest.raises(ConfigError, match="--context-cache-max-records"):
             ServeConfig(enable_context_reuse=True, context_cache_max_records=records)
@@ -531,7 +539,7 @@ def test_context_records_range_property(records: int) -> None:
 
 def test_max_input_len_must_fit_kv_capacity(capsys: pytest.CaptureFixture[str]) -> None:
     ok = from_argv(["--max-input-len=4096", "--max-kv-cache-capacity=4096"])
-    assert ok.max_input_len == ok.max_kv_cache_capacity == 4096
+    assert ok.build.max_input_len == ok.build.max_kv_cache_capacity == 4096
     message = argv_error(["--max-input-len=5000", "--max-kv-cache-capacity=4096"], capsys)
     assert message.startswith("--max-input-len: ") and "--max-kv-cache-capacity" in message
     with pytest.raises(ConfigError) as info:
@@ -550,12 +558,12 @@ def test_context_cache_flags_need_context_reuse(name: str, capsys: pytest.Captur
     assert_config_error(info.value, flag_for(name))
     # Restating the default is not a change.
     off = ServeConfig.from_mapping({"enable_context_reuse": False, name: EXPECTED_DEFAULTS[name]})
-    assert getattr(off, name) == EXPECTED_DEFAULTS[name]
+    assert setting(off, name) == EXPECTED_DEFAULTS[name]
     if name == "context_cache_recurrent_snapshot_pool_bytes":
         return  # with reuse on it has no effect: refused (test_no_effect_flags_are_refused)
     # Reuse is on by default: the flag alone is fine, and so is it next to the old opt-in flag.
-    assert getattr(from_argv([f"{flag_for(name)}={changed}"]), name) == changed
-    assert getattr(from_argv(["--enable-context-reuse", f"{flag_for(name)}={changed}"]), name) == changed
+    assert setting(from_argv([f"{flag_for(name)}={changed}"]), name) == changed
+    assert setting(from_argv(["--enable-context-reuse", f"{flag_for(name)}={changed}"]), name) == changed
 
 
 # --- speculative config --------------------------------------------------------------------------
@@ -588,9 +596,10 @@ VALID_SPEC: list[tuple[str, SpeculativeConfig]] = [
 def test_valid_speculative_config(text: str, expected: SpeculativeConfig) -> None:
     assert SpeculativeConfig.parse(text) == expected
     assert SpeculativeConfig.parse(json.loads(text)) == expected
-    assert ServeConfig.from_mapping({"speculative_config": text}).speculative_config == expected
-    assert ServeConfig.from_mapping({"speculative-config": json.loads(text)}).speculative_config == expected
-    assert from_argv(["--speculative-config", text]).speculative_config == expected
+    assert ServeConfig.from_mapping({"speculative_config": text}).build.speculative_config == expected
+    dashed = ServeConfig.from_mapping({"speculative-config": json.loads(text)})
+    assert dashed.build.speculative_config == expected
+    assert from_argv(["--speculative-config", text]).build.speculative_config == expected
 
 
 # (text, a fragment the message must contain)
@@ -667,7 +676,7 @@ def test_speculative_config_round_trip(spec: SpeculativeConfig) -> None:
     text = spec.to_json()
     assert SpeculativeConfig.parse(text) == spec
     assert SpeculativeConfig.parse(json.loads(text)) == spec
-    assert ServeConfig.from_mapping({"speculative_config": text}).speculative_config == spec
+    assert ServeConfig.from_mapping({"speculative_config": text}).build.speculative_config == spec
 
 
 @pytest.mark.parametrize(
@@ -687,8 +696,8 @@ def test_effective_draft_step(spec: str | None, draft_step: int | None, expected
     argv = [] if spec is None else ["--speculative-config", spec]
     argv += [] if draft_step is None else [f"--draft-step={draft_step}"]
     config = from_argv(argv)
-    assert config.effective_draft_step == expected
-    assert config.draft_step == draft_step
+    assert config.build.effective_draft_step == expected
+    assert config.build.draft_step == draft_step
 
 
 # --- from_mapping keys, from_namespace, parsers -------------------------------------------------
@@ -709,7 +718,7 @@ def test_unknown_option_suggests_the_close_name() -> None:
 
 def test_dashed_and_flag_names_accepted() -> None:
     config = ServeConfig.from_mapping({"max-batch-size": 4, "--port": 9000, "log_level": "debug"})
-    assert (config.max_batch_size, config.port, config.log_level) == (4, 9000, "debug")
+    assert (config.build.max_batch_size, config.http.port, config.http.log_level) == (4, 9000, "debug")
 
 
 def test_same_option_twice_rejected() -> None:
@@ -729,7 +738,7 @@ def test_from_namespace_ignores_other_attributes() -> None:
     namespace.command = "serve"
     namespace.handler = print
     config = ServeConfig.from_namespace(namespace)
-    assert (config.model, config.port) == ("org/m", 9001)
+    assert (config.build.model, config.http.port) == ("org/m", 9001)
 
 
 def test_full_command_line() -> None:
@@ -796,7 +805,7 @@ def test_full_command_line() -> None:
 def test_without_http_flags(capsys: pytest.CaptureFixture[str]) -> None:
     parser = serve_parser(include_http=False)
     config = from_argv(["org/m", "--max-batch-size=2"], parser)
-    assert (config.model, config.max_batch_size, config.port) == ("org/m", 2, 8000)
+    assert (config.build.model, config.build.max_batch_size, config.http.port) == ("org/m", 2, 8000)
     with pytest.raises(SystemExit):
         parser.parse_args(["--port=9000"])
     assert error_line(capsys, "cachesvc serve") == "unrecognized arguments: --port=9000"
@@ -825,7 +834,7 @@ def test_build_arguments_only(capsys: pytest.CaptureFixture[str]) -> None:
     for flag in ("--port", "--api-key", "--enable-context-reuse", "--log-level"):
         assert flag not in text
     config = from_argv(["org/m", "--max-input-len=100", "--backend=tensorrt"], parser)
-    assert (config.model, config.max_input_len, config.backend, config.port) == (
+    assert (config.build.model, config.build.max_input_len, config.build.backend, config.http.port) == (
         "org/m",
         100,
         "tensorrt",
@@ -841,9 +850,9 @@ def test_build_arguments_only(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_catalog_url_resolved_default_opens_a_real_sqlite_file(tmp_path: Path) -> None:
     config = ServeConfig(cache_dir=tmp_path / "cache")
-    assert config.catalog_url_resolved == f"sqlite:///{tmp_path / 'cache' / 'catalog.sqlite3'}"
+    assert config.cache.catalog_url_resolved == f"sqlite:///{tmp_path / 'cache' / 'catalog.sqlite3'}"
     (tmp_path / "cache").mkdir()
-    engine = sqlalchemy.create_engine(config.catalog_url_resolved)
+    engine = sqlalchemy.create_engine(config.cache.catalog_url_resolved)
     with engine.connect() as connection:
         connection.execute(sqlalchemy.text("CREATE TABLE t (x INTEGER)"))
     engine.dispose()
@@ -852,14 +861,14 @@ def test_catalog_url_resolved_default_opens_a_real_sqlite_file(tmp_path: Path) -
 
 def test_catalog_url_resolved_explicit() -> None:
     url = "postgresql+psycopg://u@h/db"
-    assert ServeConfig(catalog_url=url).catalog_url_resolved == url
+    assert ServeConfig(catalog_url=url).cache.catalog_url_resolved == url
 
 
 @pytest.mark.parametrize(
     ("gb", "expected"), [(50.0, 50_000_000_000), (0.5, 500_000_000), (1.5, 1_500_000_000), (3, 3_000_000_000)]
 )
 def test_engine_cache_max_size_bytes(gb: float, expected: int) -> None:
-    assert ServeConfig(engine_cache_max_size_gb=gb).engine_cache_max_size_bytes == expected
+    assert ServeConfig(engine_cache_max_size_gb=gb).cache.engine_cache_max_size_bytes == expected
 
 
 @pytest.mark.parametrize(
@@ -892,7 +901,7 @@ def test_profile_request() -> None:
 def test_frozen() -> None:
     config = ServeConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.port = 1  # type: ignore[misc]
+        config.http.port = 1  # type: ignore[misc]
     spec = SpeculativeConfig("mtp")
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.method = "eagle3"  # type: ignore[misc]
@@ -914,7 +923,7 @@ def test_admin_key_must_differ_from_api_key() -> None:
     with pytest.raises(ConfigError, match=r"--admin-api-key.*differ"):
         ServeConfig.from_mapping({"api_key": "same", "admin_api_key": "same"})
     cfg = ServeConfig.from_mapping({"api_key": "a", "admin_api_key": "b"})
-    assert (cfg.api_key, cfg.admin_api_key) == ("a", "b")
+    assert (cfg.http.api_key, cfg.http.admin_api_key) == ("a", "b")
 
 
 def test_help_shows_real_defaults_never_none() -> None:
@@ -922,7 +931,7 @@ def test_help_shows_real_defaults_never_none() -> None:
     the real default; optional flags without one show no default at all."""
     text = serve_parser().format_help()
     assert "(default: None)" not in text
-    assert f"(default: {ServeConfig().engine_cache_max_size_gb})" in " ".join(text.split())
+    assert f"(default: {ServeConfig().cache.engine_cache_max_size_gb})" in " ".join(text.split())
 
 
 @pytest.mark.parametrize("method", ['{"method": "ngram"}', '{"method": "draft_model", "model": "d"}'])
@@ -954,10 +963,10 @@ def test_no_effect_flags_are_refused(argv: list[str], flag: str, capsys: pytest.
 
 def test_no_effect_flags_at_their_default_and_draft_step_with_a_chain_method_are_accepted() -> None:
     config = from_argv(["--context-cache-recurrent-snapshot-pool-bytes=0"])
-    assert config.context_cache_recurrent_snapshot_pool_bytes == 0
+    assert config.serving.context_cache_recurrent_snapshot_pool_bytes == 0
     for spec in ('{"method": "ngram"}', '{"method": "draft_model", "model": "d"}'):
         config = from_argv(["--speculative-config", spec, "--draft-step=4"])
-        assert config.draft_step == config.effective_draft_step == 4
+        assert config.build.draft_step == config.build.effective_draft_step == 4
     # --help still documents them (CLI compatibility: the names parse, the refusal names them).
     text = serve_parser().format_help()
     for flag in ("--draft-top-k", "--draft-step", "--verify-tree-size", "--allowed-local-media-path",
@@ -969,15 +978,16 @@ def test_no_effect_flags_at_their_default_and_draft_step_with_a_chain_method_are
 
 
 def test_every_setting_is_in_exactly_one_group() -> None:
-    fields = {f.name: f for f in dataclasses.fields(ServeConfig)}
+    assert [f.name for f in dataclasses.fields(ServeConfig)] == list(SETTINGS_GROUPS)
     seen: dict[str, str] = {}
     for group, cls in SETTINGS_GROUPS.items():
         for f in dataclasses.fields(cls):
-            assert f.name in fields, f"{group}.{f.name} is no ServeConfig field"
             assert f.name not in seen, f"{f.name} is in {seen[f.name]} and {group}"
-            assert f.type == fields[f.name].type, f.name
+            assert DECLARED[f.name].spec.help.strip(), f.name
             seen[f.name] = group
-    assert set(seen) == set(fields), f"not in any group: {sorted(set(fields) - set(seen))}"
+    assert seen == GROUP_OF
+    expected = set(EXPECTED_DEFAULTS) | set(ENV_DEFAULTS) | {"cache_dir"}
+    assert set(seen) == expected, f"not in any group: {sorted(expected - set(seen))}"
 
 
 def test_group_views_carry_the_values() -> None:
@@ -1005,11 +1015,12 @@ def test_settings_from_the_environment(
 ) -> None:
     monkeypatch.setenv(var, text)
     for config in (ServeConfig(), ServeConfig.from_mapping({}), from_argv([])):
-        assert getattr(config, name) == expected
+        assert setting(config, name) == expected
     # A value given in code wins over the environment; replace() keeps the value read once.
     other = {"prefill_chunk": 8, "shutdown_grace_seconds": 1.0, "gpu_disabled": not expected}[name]
-    assert getattr(ServeConfig.from_mapping({name: other}), name) == other
-    assert getattr(dataclasses.replace(ServeConfig(), port=1), name) == expected
+    assert setting(ServeConfig.from_mapping({name: other}), name) == other
+    # A setting by name goes to its group (mypy knows the groups only).
+    assert setting(dataclasses.replace(ServeConfig(), port=1), name) == expected  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(
@@ -1034,7 +1045,7 @@ def test_invalid_environment_names_the_variable(
 def test_every_variable_is_declared_with_a_default_and_help() -> None:
     names = [var.name for var in ENVIRONMENT]
     assert len(names) == len(set(names))
-    fields = {f.name for f in dataclasses.fields(ServeConfig)}
+    fields = set(DECLARED)
     for var in ENVIRONMENT:
         assert var.name.startswith("CACHESVC_") and var.help.strip()
         assert var.setting is None or var.setting in fields
@@ -1071,7 +1082,7 @@ def test_task_embed_asks_for_an_embedding_profile() -> None:
 def test_lora_modules_parse_in_both_forms_and_imply_lora_bundles() -> None:
     config = from_argv(["--lora-modules", "sql=/adapters/sql", "--lora-modules",
                         '{"name": "chat", "path": "org/chat-lora"}'])
-    assert config.lora_modules == ("sql=/adapters/sql", "chat=org/chat-lora")
+    assert config.serving.lora_modules == ("sql=/adapters/sql", "chat=org/chat-lora")
     assert config.profile_request().lora is True
     assert ServeConfig().profile_request().lora is False
     assert from_argv(["--enable-lora"]).profile_request().lora is True

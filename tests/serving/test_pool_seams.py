@@ -73,5 +73,5 @@ def test_keep_alive_is_minus_one_zero_or_seconds(value: float) -> None:
 
     with pytest.raises(ConfigError, match="--keep-alive"):
         ServeConfig(keep_alive=value)
-    assert ServeConfig(keep_alive=-1).keep_alive == -1
-    assert ServeConfig(memory_budget_gb=2).memory_budget_bytes == 2 * 10**9
+    assert ServeConfig(keep_alive=-1).serving.keep_alive == -1
+    assert ServeConfig(memory_budget_gb=2).serving.memory_budget_bytes == 2 * 10**9

@@ -97,7 +97,7 @@ def test_no_device_is_named_as_what_is_missing(fake_trt: ModuleType, monkeypatch
     # CACHESVC_DISABLE_GPU is read by the launch config and passed down (never read here).
     monkeypatch.setenv("CACHESVC_DISABLE_GPU", "1")
     assert "tensorrt" in default_builders()
-    assert "tensorrt" not in default_builders(gpu_disabled=ServeConfig().gpu_disabled)
+    assert "tensorrt" not in default_builders(gpu_disabled=ServeConfig().build.gpu_disabled)
 
 
 def test_auto_builds_a_tensorrt_bundle_keyed_by_arch(
