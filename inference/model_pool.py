@@ -683,11 +683,6 @@ class ModelPool:
         entries = list(self._loaded.values())  # one C-level copy: no iteration over a changing dict
         return sorted({name for entry in entries for name in tuple(entry.names)})
 
-    @property
-    def loaded_count(self) -> int:
-        """How many engines are loaded now."""
-        return len(self._loaded)
-
     async def list_models(self) -> ModelList:
         """``GET /v1/models``: every servable name, with whether its bundle is loaded."""
         self.check_admitting()

@@ -20,9 +20,9 @@ from litestar.connection import ASGIConnection
 from litestar.exceptions import HTTPException, NotAuthorizedException, PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
 
+from inference.openai.api_keys import any_key_matches
+from inference.openai.api_keys import presented_keys as _presented_keys
 from inference.openai.body_checks import foreign_origin, has_body, is_json_media_type
-from inference.openai.routes import any_key_matches
-from inference.openai.routes import presented_keys as _presented_keys
 
 Guard = Callable[[ASGIConnection, BaseRouteHandler], None]
 

@@ -37,6 +37,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from inference.build_profile import POOLING_METHODS
 from inference.builder.checkpoint_reader import CheckpointReader
+from inference.builder.emit import Emitter, ExternalWeights
 from inference.builder.errors import BuildInputError
 from inference.builder.kernel_plan import KernelPlan
 from inference.builder.layout import names_for
@@ -60,8 +61,6 @@ DECOMPOSED_OPSET = 18
 # Additive mask value: large enough to zero a probability, small enough that a fully masked
 # row (a left-padding query) stays finite instead of turning into NaN.
 MASK_NEG = -1.0e9
-_ALIGN = 4096  # page-aligned external data lets ONNX Runtime memory-map the weights
-_INLINE_MAX_BYTES = 1024
 
 Progress = Callable[[str, float], None]
 
@@ -88,87 +87,8 @@ def present_names(layer: int) -> tuple[str, str]:
     return f"present.{layer}.key", f"present.{layer}.value"
 
 
-class _ExternalWeights:
-    """Appends tensors to one external-data file and returns initializers that point into it.
-
-    With ``memory`` (a dict), the large tensors go there by name instead and no data file is
-    written: a session opened with them as its initializers (``cpu_session(initializers=...)``)
-    never reads the file the graph names (the quality gate's throw-away fp32 reference)."""
-
-    def __init__(self, path: Path, memory: dict[str, np.ndarray] | None = None) -> None:
-        self.path = path
-        self._memory = memory
-        # In memory, the data file is still made, empty: onnxruntime checks that the file the
-        # graph names exists before it takes the initializers from memory.
-        self._fh = path.open("wb") if memory is None else None
-        if memory is not None:
-            path.touch()
-        self._offset = 0
-
-    def add(self, name: str, array: np.ndarray) -> TensorProto:
-        array = np.ascontiguousarray(array)
-        if array.nbytes <= _INLINE_MAX_BYTES:
-            return numpy_helper.from_array(array, name)
-        pad = (-self._offset) % _ALIGN
-        if self._fh is None:
-            assert self._memory is not None
-            self._memory[name] = array
-        else:
-            if pad:
-                self._fh.write(b"\0" * pad)
-            self._fh.write(array.tobytes())
-        self._offset += pad
-        tensor = TensorProto()
-        tensor.name = name
-        tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
-        tensor.dims.extend(array.shape)
-        tensor.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", self.path.name), ("offset", str(self._offset)),
-                           ("length", str(array.nbytes))):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, value
-        self._offset += array.nbytes
-        return tensor
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.flush()
-            self._fh.close()
-
-
-class _Emitter:
-    """Collects nodes and initializers with unique names."""
-
-    def __init__(self, weights: _ExternalWeights) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[TensorProto] = []
-        self._weights = weights
-        self._count = 0
-
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, name: str | None = None,
-           outputs: list[str] | None = None, **attrs: Any) -> list[str]:
-        self._count += 1
-        base = name or f"{op_type.lower()}_{self._count}"
-        outs = outputs or [f"{base}_out{i}" for i in range(n_out)]
-        self.nodes.append(helper.make_node(op_type, inputs, outs, name=base, **attrs))
-        return outs
-
-    def op1(self, op_type: str, inputs: list[str], **attrs: Any) -> str:
-        return self.op(op_type, inputs, **attrs)[0]
-
-    def const(self, value: np.ndarray | np.generic, name: str | None = None) -> str:
-        self._count += 1
-        cname = name or f"const_{self._count}"
-        self.initializers.append(numpy_helper.from_array(np.asarray(value), cname))
-        return cname
-
-    def weight(self, name: str, array: np.ndarray) -> str:
-        self.initializers.append(self._weights.add(name, array))
-        return name
-
-
 class _DecoderBuilder:
-    def __init__(self, cfg: ModelConfig, ckpt: CheckpointReader, em: _Emitter, *,
+    def __init__(self, cfg: ModelConfig, ckpt: CheckpointReader, em: Emitter, *,
                  max_positions: int, fused_ops: bool, kv_layout: str = "portable",
                  quant: QuantizedEmitter | None = None, lora: bool = False,
                  kv_fp16: bool = False) -> None:
@@ -772,7 +692,7 @@ def check_gqa_rotary(cfg: ModelConfig) -> None:
             "CPU engine (onnxruntime GroupQueryAttention) needs rotary dimensions / 2 to be a multiple of 8")
 
 
-def _finish_logits(em: _Emitter, cfg: ModelConfig) -> None:
+def _finish_logits(em: Emitter, cfg: ModelConfig) -> None:
     """The family's logit scale and soft-capping after the lm_head (which writes ``logits``)."""
     if cfg.logits_scale == 1.0 and not cfg.final_softcap:
         return
@@ -839,8 +759,8 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         raise ValueError(f"kv_dtype must be one of {tuple(KV_DTYPES)} (float16: gqa only), got {kv_dtype!r}")
     if pooling is not None and (gqa or pooling not in POOLING_METHODS):
         raise ValueError(f"pooling must be one of {POOLING_METHODS} on the portable graph, got {pooling!r}")
-    weights = _ExternalWeights(model_path.with_name(model_path.name + ".data"), weights_in)
-    em = _Emitter(weights)
+    weights = ExternalWeights(model_path.with_name(model_path.name + ".data"), weights_in)
+    em = Emitter(weights)
     quant = None if kernels is None else QuantizedEmitter(em, kernels, GgufBlocks(ckpt))
     if quant is not None and kernels is not None:
         # The plan's projection groups are by Llama's names: find a family's by slot.

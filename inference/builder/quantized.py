@@ -44,7 +44,7 @@ from inference.builder.gguf_reader import Q4_TYPES, RawBlocks
 
 if TYPE_CHECKING:
     from inference.builder.checkpoint_reader import CheckpointReader
-    from inference.builder.graph import _Emitter
+    from inference.builder.emit import Emitter
     from inference.builder.kernel_plan import KernelPlan
 
 BLOCK = 32
@@ -227,7 +227,7 @@ class Table8:
 class QuantizedEmitter:
     """Writes quantized linear layers, embedding and lm_head into a graph being built."""
 
-    def __init__(self, em: _Emitter, plan: KernelPlan, q4: GgufBlocks) -> None:
+    def __init__(self, em: Emitter, plan: KernelPlan, q4: GgufBlocks) -> None:
         head_layout, head_level = plan.head_layout, plan.head_accuracy_level
         if head_layout not in ("codes", "planes") or (head_layout == "codes" and head_level == 0):
             raise ValueError(f"head layout {head_layout!r} at level {head_level}: "

@@ -57,6 +57,7 @@ from inference.builder.errors import BuildInputError
 from inference.builder.graph import Progress, build_decoder_graph
 from inference.builder.model_config import ModelConfig, load_model_config
 from inference.cuda_device import CudaDevice, cuda_device
+from inference.trt_logging import collecting_logger
 
 log = logging.getLogger("inference.builder.trt")
 
@@ -277,23 +278,6 @@ def _norm_layers(network: Any, trt: Any) -> list[Any]:
     return list(picked.values())
 
 
-def _collecting_logger(trt: Any) -> Any:
-    class CollectingLogger(trt.ILogger):
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-            self.errors: list[str] = []
-
-        def log(self, severity: Any, msg: str) -> None:
-            # Membership, not <=: the severity is a pybind11 enum, not guaranteed to be ordered.
-            if severity in (trt.ILogger.Severity.INTERNAL_ERROR, trt.ILogger.Severity.ERROR):
-                self.errors.append(msg)
-                log.error("tensorrt: %s", msg)
-            elif severity == trt.ILogger.Severity.WARNING:
-                log.warning("tensorrt: %s", msg)
-
-    return CollectingLogger()
-
-
 def _profile_shapes(cfg: ModelConfig, spec: TrtBuildSpec) -> dict[str, tuple[tuple[int, ...], ...]]:
     b, s, cap = spec.max_batch_size, spec.max_input_len, spec.max_kv_cache_capacity
     kv, hd = cfg.num_kv_heads, cfg.head_dim
@@ -322,7 +306,7 @@ def _build_plan(
     spec: TrtBuildSpec,
     cache_path: Path | None,
 ) -> tuple[bytes, list[str]]:
-    logger = _collecting_logger(trt)
+    logger = collecting_logger(trt)
     builder = trt.Builder(logger)
     # TensorRT 10: explicit batch is implicit (EXPLICIT_BATCH is deprecated); not strongly typed,
     # so the precision flags and per-layer precisions below apply.

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +36,7 @@ from inference.openai.anthropic_protocol import (
     AnthropicErrorResponse,
     AnthropicMessagesRequest,
 )
+from inference.openai.api_keys import any_key_matches, presented_keys
 from inference.openai.body_checks import (
     LARGE_BODY_BYTES,
     has_body,
@@ -78,10 +78,8 @@ __all__ = [
     "TOKENIZER",
     "ErrorSurface",
     "Route",
-    "any_key_matches",
     "check_api_key",
     "openai_router",
-    "presented_keys",
 ]
 
 # OpenAPI descriptions of the error statuses /v1 answers.
@@ -127,27 +125,6 @@ class Route:
     surface: ErrorSurface
     #: The endpoint method: the body in, a response or an iterator of SSE events out.
     answer: Callable[[Any], Awaitable[Any]]
-
-
-def presented_keys(authorization: str | None, x_api_key: str | None) -> list[str]:
-    """Credentials a request carries: ``Authorization: Bearer <key>`` and ``x-api-key: <key>``."""
-    keys: list[str] = []
-    if authorization:
-        scheme, _, token = authorization.strip().partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            keys.append(token.strip())
-    if x_api_key and x_api_key.strip():
-        keys.append(x_api_key.strip())
-    return keys
-
-
-def any_key_matches(candidates: list[str], expected: str) -> bool:
-    """Constant-time check of every candidate (no early exit, so timing does not reveal which)."""
-    want = expected.encode("utf-8")
-    ok = False
-    for cand in candidates:
-        ok |= hmac.compare_digest(cand.encode("utf-8"), want)
-    return ok
 
 
 def check_api_key(expected: str | None, authorization: str | None, x_api_key: str | None) -> None:

@@ -53,8 +53,8 @@ class TrtEngine(SlotLengths):
         import pycuda.driver as cuda
         import tensorrt as trt
 
-        from inference.builder.trt_backend import _collecting_logger
         from inference.cuda_device import cuda_device, plan_mismatch
+        from inference.trt_logging import collecting_logger
 
         self._cuda, self._trt = cuda, trt
         device = cuda_device(0)
@@ -74,7 +74,7 @@ class TrtEngine(SlotLengths):
         self._past_names = [n for n in meta["inputs"] if n.startswith("past_key_values.")]
         self._present_names = [n for n in meta["outputs"] if n.startswith("present.")]
         self._ctx = cuda.Device(device.ordinal).retain_primary_context()
-        self._logger = _collecting_logger(trt)
+        self._logger = collecting_logger(trt)
         self._allocs: list[Any] = []
         self._allocated = 0
         self._closed = False

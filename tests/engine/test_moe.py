@@ -110,7 +110,7 @@ def test_qmoe_at_level_0_computes_moe_of_the_dequantized_experts_exactly(
     accuracy level 0; level 4 (the fast plan's int8 activations) does not."""
     import onnxruntime as ort
 
-    from inference.builder.graph import _Emitter, _ExternalWeights
+    from inference.builder.emit import Emitter, ExternalWeights
     from inference.builder.kernel_plan import retarget
     from inference.builder.quantized import GgufBlocks, QuantizedEmitter, interleave_rows, quantize_4bit
 
@@ -129,8 +129,8 @@ def test_qmoe_at_level_0_computes_moe_of_the_dequantized_experts_exactly(
 
     d1, d2 = dequantized(fc1, 2 * ff), dequantized(fc2, h)
     assert np.abs(d1[:, 0::2] - gate).max() < 0.05 and np.abs(d1[:, 1::2] - up).max() < 0.05
-    weights = _ExternalWeights(tmp_path / "m.onnx.data")
-    em = _Emitter(weights)
+    weights = ExternalWeights(tmp_path / "m.onnx.data")
+    em = Emitter(weights)
     quant = QuantizedEmitter(em, candidate_plans("int4", cpu_class())[-1], GgufBlocks(None))
     y = quant.moe("x", "r", "experts", fc1, fc2, top_k=2, normalize=normalize)
     weights.close()
