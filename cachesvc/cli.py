@@ -266,7 +266,7 @@ def _pin_command(pinned: bool) -> Callable[[argparse.Namespace], int]:
     """``bundles pin`` (``pinned``) or ``bundles unpin``."""
 
     def run(args: argparse.Namespace) -> int:
-        info = _manager(args).catalog.set_pinned(args.id, pinned)
+        info = _manager(args).catalog.bundles.set_pinned(args.id, pinned)
         print(f"{'pinned' if pinned else 'unpinned'} {info.id}")
         return 0
 
@@ -432,7 +432,7 @@ def cmd_models_alias(args: argparse.Namespace) -> int:
 
 
 def cmd_models_unalias(args: argparse.Namespace) -> int:
-    _manager(args).catalog.remove_alias(args.name)
+    _manager(args).catalog.aliases.remove(args.name)
     print(f"removed {args.name}")
     return 0
 
@@ -536,7 +536,7 @@ def cmd_db_repair(args: argparse.Namespace) -> int:
         catalog = Catalog(url, node="cli")
         try:
             catalog.current_revision()
-            catalog.list_bundles(limit=1)
+            catalog.bundles.page(limit=1)
         except CatalogError:
             pass
         else:

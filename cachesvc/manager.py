@@ -167,9 +167,9 @@ class CacheManager:
         except DiskFullError as exc:
             # The GGUF conversion, a build's first stage, ran out of disk part way: recorded as
             # a bundle build that does (no row: the bundle's id needs the converted files).
-            self.catalog.add_event("build_failed", model=model, seconds=0.0, detail=str(exc))
+            self.catalog.events.add("build_failed", model=model, seconds=0.0, detail=str(exc))
             raise
-        self.catalog.upsert_checkpoint(
+        self.catalog.checkpoints.upsert(
             digest=ckpt.digest,
             source=model,
             path=ckpt.path,
@@ -194,7 +194,7 @@ class CacheManager:
 
     def _known_checkpoint(self, field: str, model: str) -> tuple[str, Path]:
         wanted = model.rstrip("/")
-        for ckpt in self.catalog.list_checkpoints():
+        for ckpt in self.catalog.checkpoints.all():
             if wanted in (ckpt.source.rstrip("/"), str(ckpt.path)):
                 return ckpt.digest, Path(ckpt.path)
         raise NotFoundError(
@@ -288,17 +288,17 @@ class CacheManager:
         not know is verified and adopted instead of rebuilt.
         """
         final = self.layout.root / rel
-        info = self.catalog.get_bundle(bid)
+        info = self.catalog.bundles.get(bid)
         if info is not None and info.state == "stale":
             # Built for another GPU or TensorRT version: ready again if that is back (the
             # reconcile at the next start would say so too); else rebuilt under the lock.
             if self.verifier.stale_reason(info) is not None:
                 return None
-            info = self.catalog.set_stale(bid, None)
+            info = self.catalog.bundles.set_stale(bid, None)
         if info is not None and info.state == "ready":
             if self.verifier.load_check(bid, final) is not None:
                 return None
-            self.catalog.record_hit(bid)
+            self.catalog.bundles.record_hit(bid)
             return final
         if adopt and info is None and (final / "manifest.json").exists():
             try:
@@ -307,7 +307,7 @@ class CacheManager:
                 return None
             if manifest.bundle_id == bid and verify_bundle(final, manifest).ok:
                 self.reconciler.adopt(rel, manifest, model)
-                self.catalog.record_hit(bid)
+                self.catalog.bundles.record_hit(bid)
                 return final
         return None
 
@@ -323,13 +323,13 @@ class CacheManager:
     ) -> float:
         bid, rel = key.id, key.relpath
         builder = self.builders[options.backend]
-        old = self.catalog.get_bundle(bid)
+        old = self.catalog.bundles.get(bid)
         final = self.layout.root / rel
         if old is not None and old.state in ("corrupt", "stale") and final.exists():
             # Never served: rebuilt in place (a stale bundle's builder says if this GPU cannot).
             self.store.remove(rel)
             self.layout.remove_context(bid)  # KV of the old build is not the new one's
-            self.catalog.add_event(
+            self.catalog.events.add(
                 "evict",
                 bundle_id=bid,
                 model=old.model,
@@ -341,7 +341,7 @@ class CacheManager:
         needed = build_disk_bytes(ckpt.path, options)
         if needed is not None:  # refused before anything is written (the cap is checked after)
             require_free(self.layout.root, needed, what)
-        self.catalog.begin_build(key, model=model)
+        self.catalog.bundles.begin_build(key, model=model)
         log.info("building bundle %s for %s (%s)", bid, model, options.name)
         staging = self.store.new_staging_dir(bid)
         if track is not None:
@@ -361,7 +361,7 @@ class CacheManager:
             seconds = time.monotonic() - started
             self.store.remove_staging(staging)
             reason = str(exc) or type(exc).__name__
-            self.catalog.fail_build(bid, error=reason, seconds=seconds)
+            self.catalog.bundles.fail_build(bid, error=reason, seconds=seconds)
             log.error("build of %s failed after %.1fs: %s", bid, seconds, reason)
             if isinstance(exc, CacheError) or not isinstance(exc, Exception):
                 raise
@@ -373,14 +373,14 @@ class CacheManager:
         crash_point("build:published")
         if manifest.size_bytes > self.max_size_bytes:
             self.store.remove(rel)
-            self.catalog.delete_bundle(
+            self.catalog.bundles.delete(
                 bid, reason="lru", nbytes=manifest.size_bytes, detail="larger than the cap"
             )
             raise InsufficientStorageError(
                 f"the bundle for {model} needs {human_size(manifest.size_bytes)} but the cache cap is "
                 f"{human_size(self.max_size_bytes)}; raise --engine-cache-max-size-gb"
             )
-        self.catalog.finish_build(
+        self.catalog.bundles.finish_build(
             bid, size_bytes=manifest.size_bytes, file_count=manifest.file_count, seconds=seconds
         )
         progress("done", 1.0)
@@ -404,7 +404,7 @@ class CacheManager:
         Under the lease, the bundle gets the quick check of a cache hit (sizes and sampled
         hashes against its manifest): a bundle whose bytes changed since it was published is
         marked corrupt and refused here, so no engine ever loads it."""
-        info = self.catalog.require_bundle(bid)
+        info = self.catalog.bundles.require(bid)
         if info.state != "ready":
             raise CorruptBundleError(f"bundle {bid} is {info.state}, not ready; prepare it again")
         lease = self.store.locks.lease(bid, timeout=timeout if timeout is not None else self.lock_timeout)
@@ -425,7 +425,7 @@ class CacheManager:
                 "the next prepare (POST /admin/builds, or a restart with this model) rebuilds it"
             )
         try:
-            self.catalog.add_lease(bid, os.getpid())
+            self.catalog.leases.add(bid, os.getpid())
         except BaseException:
             lease.release()  # a catalog outage here must not leave the bundle locked
             raise
@@ -472,12 +472,12 @@ class CacheManager:
         if not name.strip() or name.strip() != name:
             raise ConfigError("name", f"must be a non-blank name, got {name!r}")
         if bundle_id is not None:
-            self.catalog.require_bundle(bundle_id)
-        elif model is not None and not self.catalog.list_bundles(model=model, node=self.node, limit=1).items:
+            self.catalog.bundles.require(bundle_id)
+        elif model is not None and not self.catalog.bundles.page(model=model, node=self.node, limit=1).items:
             raise NotFoundError(
                 f"no bundle of {model!r} is in the catalog; build it first (POST /admin/builds)"
             )
-        return self.catalog.set_alias(name, bundle_id=bundle_id, model=model)
+        return self.catalog.aliases.set(name, bundle_id=bundle_id, model=model)
 
     @property
     def node(self) -> str:
@@ -516,7 +516,7 @@ class CacheManager:
             digest, options, path = self._known_build(model, request)
         except NotFoundError:
             return
-        info = self.catalog.get_bundle(BundleKey.of(digest, options).id)
+        info = self.catalog.bundles.get(BundleKey.of(digest, options).id)
         if info is not None and info.state == "ready":
             return
         needed = build_disk_bytes(path, options)

@@ -249,7 +249,7 @@ class BundleController(Controller):
     )
     def pin_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleOut:
         """Protect a bundle from eviction."""
-        return to_body(manager.catalog.set_pinned(bundle_id, True), BundleOut)
+        return to_body(manager.catalog.bundles.set_pinned(bundle_id, True), BundleOut)
 
     @delete(
         "/{bundle_id:str}/pin",
@@ -260,7 +260,7 @@ class BundleController(Controller):
     )
     def unpin_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleOut:
         """Let a bundle be evicted again."""
-        return to_body(manager.catalog.set_pinned(bundle_id, False), BundleOut)
+        return to_body(manager.catalog.bundles.set_pinned(bundle_id, False), BundleOut)
 
     @post(
         "/{bundle_id:str}/verify",

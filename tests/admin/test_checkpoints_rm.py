@@ -110,7 +110,7 @@ def test_bundles_go_only_when_asked(client: Client, manager: CacheManager, check
 
 def test_a_pinned_bundle_blocks_removal(client: Client, manager: CacheManager, checkpoint: Path) -> None:
     result = manager.prepare(str(checkpoint), PROFILE)
-    manager.catalog.set_pinned(result.bundle_id, True)
+    manager.catalog.bundles.set_pinned(result.bundle_id, True)
     digest = manager.resolve(str(checkpoint)).digest
     before = _state(client)
     r = client.delete(f"/admin/checkpoints/{digest}", params={"with_bundles": "true"})

@@ -79,7 +79,7 @@ def test_pagination_over_250_returns_each_bundle_once_in_order(
 
 def test_filters_model_state_backend_pinned(client: Client, manager: CacheManager) -> None:
     ids = seed_rows(manager, 30)
-    manager.catalog.set_verified(ids[1], ok=False, detail="tampered")
+    manager.catalog.bundles.set_verified(ids[1], ok=False, detail="tampered")
     everything = client.get("/admin/bundles", params={"limit": 1000}).json()["items"]
 
     def ids_for(**params: Any) -> set[str]:
@@ -227,7 +227,7 @@ def test_prune_dry_run_plans_then_prune_evicts_lru_skipping_pinned(
 ) -> None:
     ids = [manager.prepare(str(make_checkpoint(tmp_path / f"m{i}", seed=10 + i))).bundle_id for i in range(3)]
     sizes = {b: manager.queries.get_bundle(b).size_bytes for b in ids}
-    manager.catalog.set_pinned(ids[0], True)
+    manager.catalog.bundles.set_pinned(ids[0], True)
     total = sum(sizes.values())
     plan = client.post("/admin/cache/prune", json={"max_size_bytes": 0, "dry_run": True})
     assert plan.status_code == 200, plan.text
@@ -282,7 +282,7 @@ def test_clear_removes_idle_bundles_but_keeps_checkpoints(
     client: Client, manager: CacheManager, tmp_path: Path
 ) -> None:
     ids = [manager.prepare(str(make_checkpoint(tmp_path / f"c{i}", seed=20 + i))).bundle_id for i in range(2)]
-    manager.catalog.set_pinned(ids[1], True)
+    manager.catalog.bundles.set_pinned(ids[1], True)
     dry = client.post("/admin/cache/clear", json={"dry_run": True}).json()
     assert dry["reason"] == "clear" and dry["evicted"] == [ids[0]] and dry["dry_run"] is True
     assert manager.queries.get_bundle(ids[0]) is not None
@@ -315,7 +315,7 @@ def test_reconcile_forgets_vanished_and_removes_stale_staging(
 def test_events_filters_and_newest_first(client: Client, manager: CacheManager, checkpoint: Path) -> None:
     bid = manager.prepare(str(checkpoint)).bundle_id
     manager.prepare(str(checkpoint))
-    manager.catalog.set_pinned(bid, True)
+    manager.catalog.bundles.set_pinned(bid, True)
     items = client.get("/admin/events").json()["items"]
     assert [e["kind"] for e in items] == ["pin", "hit", "build_ok", "miss"]
     assert [e["id"] for e in items] == sorted((e["id"] for e in items), reverse=True)

@@ -122,10 +122,10 @@ def test_lru_eviction_takes_adapters_with_bundles_and_keeps_pinned_and_leased(
     a = m.adapters.prepare(str(models["a"]), models["base"])
     b = m.adapters.prepare(str(models["b"]), models["base"])
     now = utcnow()
-    m.catalog.touch(old_bundle, now - timedelta(hours=4))
-    m.catalog.touch_adapter(a.id, now - timedelta(hours=3))
-    m.catalog.touch_adapter(b.id, now - timedelta(hours=2))
-    m.catalog.touch(new_bundle, now - timedelta(hours=1))
+    m.catalog.bundles.touch(old_bundle, now - timedelta(hours=4))
+    m.catalog.adapters.touch(a.id, now - timedelta(hours=3))
+    m.catalog.adapters.touch(b.id, now - timedelta(hours=2))
+    m.catalog.bundles.touch(new_bundle, now - timedelta(hours=1))
     total = m.evictor.total_size()
     bundle_size = m.queries.get_bundle(old_bundle).size_bytes
     plan = m.evictor.prune(total - bundle_size - 1, dry_run=True).plan
@@ -150,7 +150,7 @@ def test_lru_eviction_takes_adapters_with_bundles_and_keeps_pinned_and_leased(
     assert m.evictor.total_size() == a.size_bytes + b.size_bytes
     result = m.evictor.prune(a.size_bytes)
     assert list(result.evicted) == [b.id] and not b.path.exists() and a.path.is_file()
-    assert result.total_after == a.size_bytes and m.catalog.get_adapter(b.id) is None
+    assert result.total_after == a.size_bytes and m.catalog.adapters.get(b.id) is None
     removed = m.queries.events(kind="adapter_rm")
     assert [(e.reason, e.bytes) for e in removed] == [("lru", b.size_bytes)]
     # Clearing the cache keeps the pinned adapter; unpinned, it goes.

@@ -170,10 +170,10 @@ def test_the_row_state_alone_refuses_a_lease(big_manager: CacheManager, tmp_path
     files pass the load check: the row is the verdict until a verify or a prepare changes it."""
     result = big_manager.prepare(str(make_checkpoint(tmp_path / "ckpt", seed=9)))
     bid = result.bundle_id
-    big_manager.catalog.set_verified(bid, ok=False, detail="found corrupt elsewhere")
+    big_manager.catalog.bundles.set_verified(bid, ok=False, detail="found corrupt elsewhere")
     with pytest.raises(CorruptBundleError):
         big_manager.lease(bid)
-    big_manager.catalog.set_verified(bid, ok=True, detail=None, stale="built for another GPU")
+    big_manager.catalog.bundles.set_verified(bid, ok=True, detail=None, stale="built for another GPU")
     assert big_manager.queries.get_bundle(bid).state == "stale"
     with pytest.raises(CorruptBundleError):
         big_manager.lease(bid)

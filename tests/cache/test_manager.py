@@ -173,14 +173,14 @@ def test_leased_and_pinned_bundles_survive_prune(cache: Path, tmp_path: Path) ->
     proc, leased_id = _spawn_leaser(cache, leased_ckpt)
     try:
         pinned_id = m.prepare(str(make_checkpoint(tmp_path / "pinned", seed=2))).bundle_id
-        m.catalog.set_pinned(pinned_id, True)
+        m.catalog.bundles.set_pinned(pinned_id, True)
         idle = [
             m.prepare(str(make_checkpoint(tmp_path / f"idle{i}", seed=10 + i))).bundle_id for i in range(3)
         ]
         # Make the protected ones the least recently used, so LRU would pick them first.
         base = utcnow() - timedelta(days=1)
         for i, bid in enumerate([leased_id, pinned_id, *idle]):
-            m.catalog.touch(bid, base + timedelta(minutes=i))
+            m.catalog.bundles.touch(bid, base + timedelta(minutes=i))
         plan = m.evictor.plan(1)
         assert [e.bundle_id for e in plan.evict] == idle
         assert {(s.bundle_id, s.reason) for s in plan.skipped} == {
@@ -362,7 +362,7 @@ def test_a_bundle_pinned_after_planning_is_skipped_at_execution(cache: Path, tmp
     bid = m.prepare(str(make_checkpoint(tmp_path / "late-pin", seed=6))).bundle_id
     plan = m.evictor.plan(0)
     assert [e.bundle_id for e in plan.evict] == [bid]
-    m.catalog.set_pinned(bid, True)
+    m.catalog.bundles.set_pinned(bid, True)
     result = m.evictor.execute(plan)
     assert result.evicted == ()
     assert [(s.bundle_id, s.reason) for s in result.skipped] == [(bid, "pinned")]

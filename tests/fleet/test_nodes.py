@@ -97,7 +97,7 @@ def test_converger_builds_pins_and_evicts_to_the_cap(open_node: NodeOpener, tmp_
     assert states[f"{ckpts[0]}[max_input_len=64]"] == "pinned"
     assert states[ckpts[1]] == "ready" and states[str(tmp_path / "missing")] == "failed"
     assert states["max_size_bytes"] == "ready"
-    assert a.catalog.get_bundle(old) is None and b.queries.get_bundle(other).state == "ready"
+    assert a.catalog.bundles.get(old) is None and b.queries.get_bundle(other).state == "ready"
     pinned = a.prepare(ckpts[0], ProfileRequest(max_input_len=64)).bundle_id
     assert a.queries.get_bundle(pinned).pinned
     # A node-specific state wins over the fleet default; a failed item is not retried per pass.

@@ -30,10 +30,10 @@ def test_reconcile_and_the_stale_sweep_see_only_their_own_node(
     x = a.prepare(shared).bundle_id
     assert b.prepare(shared).bundle_id == x  # the same bundle, a row per node
     z = b.prepare(only_b).bundle_id
-    b.catalog.set_stale(x, "built for a GPU this node no longer has")
+    b.catalog.bundles.set_stale(x, "built for a GPU this node no longer has")
 
     # Reconcile on A: B's bundles are not A's to forget, and A's own X is adopted back.
-    a.catalog.forget_bundle(x)  # A's row lost (e.g. a catalog restored from an old backup)
+    a.catalog.bundles.forget(x)  # A's row lost (e.g. a catalog restored from an old backup)
     report = a.reconciler.reconcile()
     assert x in report.adopted, report
     assert z not in report.forgotten and x not in report.forgotten, report
@@ -43,7 +43,7 @@ def test_reconcile_and_the_stale_sweep_see_only_their_own_node(
         (z, "ready"),
     }
 
-    a.catalog.touch(x, utcnow())  # X is A's most recently used bundle
+    a.catalog.bundles.touch(x, utcnow())  # X is A's most recently used bundle
     # A prune on A frees one bundle's bytes: A's LRU one (Y), never A's ready X for B's stale X.
     total = sum(r.size_bytes for r in a.queries.list_bundles(node="node-a", limit=10).items)
     result = a.evictor.prune(total - 1)

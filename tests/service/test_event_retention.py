@@ -64,17 +64,18 @@ def test_age_limit_and_other_nodes(tmp_path: Path, catalog_db: str) -> None:
     try:
         old = utcnow() - timedelta(days=8)
         for catalog in (manager.catalog, other):
-            catalog.add_event("load", bundle_id="b" * 16, model="m", at=old)
-            catalog.add_event("load", bundle_id="b" * 16, model="m")
-        assert manager.catalog.apply_retention(max_age_days=7, max_rows=0) == 1
+            catalog.events.add("load", bundle_id="b" * 16, model="m", at=old)
+            catalog.events.add("load", bundle_id="b" * 16, model="m")
+        assert manager.catalog.events.apply_retention(max_age_days=7, max_rows=0) == 1
         mine = manager.queries.events(limit=100, node=manager.node)
         assert len(mine) == 1 and mine[0].at > old + timedelta(days=1)
         assert len(manager.queries.events(limit=100, node="other-node")) == 2, "another node's events went"
-        assert manager.catalog.apply_retention(max_age_days=0, max_rows=1) == 0
-        manager.catalog.add_event("unload", bundle_id="b" * 16, model="m", reason="idle")
-        assert manager.catalog.apply_retention(max_age_days=0, max_rows=1) == 1
+        assert manager.catalog.events.apply_retention(max_age_days=0, max_rows=1) == 0
+        manager.catalog.events.add("unload", bundle_id="b" * 16, model="m", reason="idle")
+        assert manager.catalog.events.apply_retention(max_age_days=0, max_rows=1) == 1
         assert [e.kind for e in manager.queries.events(limit=100, node=manager.node)] == ["unload"]
-        assert manager.catalog.apply_retention(max_age_days=0, max_rows=0) == 0  # 0, 0: keep everything
+        # 0, 0: keep everything
+        assert manager.catalog.events.apply_retention(max_age_days=0, max_rows=0) == 0
     finally:
         other.close()
         manager.close()

@@ -162,7 +162,7 @@ def test_a_pinned_stale_bundle_stays_but_is_listed_as_stale(
 ) -> None:
     ort_id, trt_id = built
     assert node.manager is not None
-    node.manager.catalog.set_pinned(trt_id, True)
+    node.manager.catalog.bundles.set_pinned(trt_id, True)
     node.gpu(GPU_B)
     m = node.start()
     m.reconciler.reconcile()
