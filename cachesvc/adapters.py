@@ -144,7 +144,8 @@ def check_against_base(adapter_dir: Path, base_checkpoint_dir: Path) -> LoraInfo
 
 
 class AdapterStore:
-    """The manager's ``adapters`` section: prepare (convert once), list, touch, pin, lease, remove.
+    """The manager's ``adapters`` section: prepare (convert once), list, touch, pin (``set_pinned``),
+    lease, remove.
 
     ``after_add`` runs after a new adapter was converted (the manager prunes the cache back
     under its cap, keeping the new adapter)."""
@@ -259,13 +260,10 @@ class AdapterStore:
         """Record a use of the adapter (its ``last_used_at``: eviction is LRU)."""
         self.catalog.adapters.touch(adapter_id)
 
-    def pin(self, ref: str) -> AdapterInfo:
-        """Protect an adapter from eviction."""
-        return self._absolute(self.catalog.adapters.set_pinned(self.get(ref).id, True))
-
-    def unpin(self, ref: str) -> AdapterInfo:
-        """Let an adapter be evicted again."""
-        return self._absolute(self.catalog.adapters.set_pinned(self.get(ref).id, False))
+    def set_pinned(self, ref: str, pinned: bool) -> AdapterInfo:
+        """Protect the adapter ``ref`` names (see ``get``) from eviction, or let it be evicted
+        again; an ``adapter_pin``/``adapter_unpin`` event when it changes."""
+        return self._absolute(self.catalog.adapters.set_pinned(self.get(ref).id, pinned))
 
     def lease(self, adapter_id: str, *, timeout: float | None = None) -> Lease:
         """A shared lock on the adapter's file for as long as an engine has it loaded: no

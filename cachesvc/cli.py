@@ -266,7 +266,7 @@ def _pin_command(pinned: bool) -> Callable[[argparse.Namespace], int]:
     """``bundles pin`` (``pinned``) or ``bundles unpin``."""
 
     def run(args: argparse.Namespace) -> int:
-        info = _manager(args).catalog.bundles.set_pinned(args.id, pinned)
+        info = _manager(args).set_pinned(args.id, pinned)
         print(f"{'pinned' if pinned else 'unpinned'} {info.id}")
         return 0
 
@@ -432,7 +432,7 @@ def cmd_models_alias(args: argparse.Namespace) -> int:
 
 
 def cmd_models_unalias(args: argparse.Namespace) -> int:
-    _manager(args).catalog.aliases.remove(args.name)
+    _manager(args).remove_alias(args.name)
     print(f"removed {args.name}")
     return 0
 
@@ -499,7 +499,7 @@ def _adapter_pin_command(pinned: bool) -> Callable[[argparse.Namespace], int]:
 
     def run(args: argparse.Namespace) -> int:
         m = _manager(args)
-        info = m.adapters.pin(args.id) if pinned else m.adapters.unpin(args.id)
+        info = m.adapters.set_pinned(args.id, pinned)
         if args.json:
             emit_json(info)
         else:

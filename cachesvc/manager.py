@@ -5,8 +5,14 @@ used as attributes: ``queries`` (read-only views, :mod:`cachesvc.queries`), ``ve
 (:mod:`cachesvc.verification`), ``evictor`` (:mod:`cachesvc.eviction`), ``reconciler``
 (:mod:`cachesvc.reconcile`), ``builds`` (background builds, :mod:`cachesvc.build_jobs`),
 ``adapters`` (LoRA adapters converted into the cache, :mod:`cachesvc.adapters`),
-``fleet`` (:mod:`cachesvc.catalog.fleet`) and the ``catalog`` itself for plain row writes
-(pin, aliases, events, their retention). The rules they keep: docs/cache.md.
+``fleet`` (:mod:`cachesvc.catalog.fleet`: nodes, desired state) and the ``catalog`` itself
+(:mod:`cachesvc.catalog`: one repository per table, ``catalog.bundles`` …) for reads.
+
+Every admin write (pins, aliases, desired state, adapters, event retention, serving events)
+goes through a method here or through a section (``adapters``, ``evictor``), with its checks:
+the HTTP routes, the CLI, serving and the fleet agent never write ``manager.catalog`` rows
+themselves (the agent's heartbeat, its own ``nodes`` row, is ``manager.fleet.heartbeat``).
+The rules they keep: docs/cache.md.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from cachesvc.adapters import AdapterStore, check_adapter_source
 from cachesvc.build_jobs import Build, BuildJobs
@@ -44,10 +51,18 @@ from cachesvc.errors import (
     NotFoundError,
 )
 from cachesvc.eviction import Evictor
+from cachesvc.fleet_records import DesiredSpec, DesiredState
 from cachesvc.profiles import BuildOptions, BundleKey, ProfileRequest
 from cachesvc.queries import CacheQueries
 from cachesvc.reconcile import Reconciler
-from cachesvc.records import AdapterInfo, AliasInfo, BuildStatus, CheckpointRemoval, PrepareResult
+from cachesvc.records import (
+    AdapterInfo,
+    AliasInfo,
+    BuildStatus,
+    BundleInfo,
+    CheckpointRemoval,
+    PrepareResult,
+)
 from cachesvc.store import BundleStore, CacheLayout, read_manifest, verify_bundle
 from cachesvc.store.space import disk_full, human_size, require_free
 from cachesvc.verification import BundleVerifier
@@ -465,7 +480,12 @@ class CacheManager:
                 )
         raise AssertionError("unreachable")
 
-    # -- served names --------------------------------------------------------------------
+    # -- admin writes: pins, served names, desired state, event retention ------------------
+
+    def set_pinned(self, bundle_id: str, pinned: bool) -> BundleInfo:
+        """Pin (protect from eviction) or unpin this node's bundle ``bundle_id``; a ``pin`` or
+        ``unpin`` event when it changes. NotFoundError when this node has no such bundle."""
+        return self.catalog.bundles.set_pinned(bundle_id, pinned)
 
     def set_alias(self, name: str, *, bundle_id: str | None = None, model: str | None = None) -> AliasInfo:
         """Serve ``name`` from a bundle, or a checkpoint (its last used ready bundle), in the catalog."""
@@ -478,6 +498,33 @@ class CacheManager:
                 f"no bundle of {model!r} is in the catalog; build it first (POST /admin/builds)"
             )
         return self.catalog.aliases.set(name, bundle_id=bundle_id, model=model)
+
+    def remove_alias(self, name: str) -> None:
+        """Stop serving ``name`` (NotFoundError when there is no such alias).
+
+        Deliberately without ``set_alias``'s name check: a name that could never have been set
+        is simply not found (404 / exit 1), as it always was."""
+        self.catalog.aliases.remove(name)
+
+    def set_desired(self, node: str, spec: DesiredSpec) -> DesiredState:
+        """Store the desired state of ``node`` (``*``: the fleet default), its generation bumped;
+        each node's agent converges on it. ``spec`` was checked where it was read (the model
+        names against ``--allowed-model-roots``, each profile like ``POST /admin/builds``)."""
+        return self.fleet.set_desired(node, spec)
+
+    def clear_desired(self, node: str) -> None:
+        """Forget the desired state of ``node`` (it follows the fleet default again);
+        NotFoundError when none is stored."""
+        self.fleet.clear_desired(node)
+
+    def apply_event_retention(self, *, max_age_days: float, max_rows: int) -> int:
+        """Drop this node's events past the retention (0 disables a limit; the running totals
+        behind stats stay); how many went."""
+        return self.catalog.events.apply_retention(max_age_days=max_age_days, max_rows=max_rows)
+
+    def record_event(self, kind: str, **fields: Any) -> None:
+        """Append an event this node's serving saw (``load``, ``unload``) to the audit log."""
+        self.catalog.events.add(kind, **fields)
 
     @property
     def node(self) -> str:

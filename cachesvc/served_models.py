@@ -236,7 +236,7 @@ class CatalogModels:
         """Append a load/unload event to the catalog's audit log (skipped while the catalog is
         down: the outage is logged once by its health tracker, serving goes on)."""
         with suppress(CatalogUnavailableError):
-            self.manager.catalog.events.add(
+            self.manager.record_event(
                 kind,
                 bundle_id=bundle_id,
                 model=detail.get("model"),

@@ -249,7 +249,7 @@ class BundleController(Controller):
     )
     def pin_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleOut:
         """Protect a bundle from eviction."""
-        return to_body(manager.catalog.bundles.set_pinned(bundle_id, True), BundleOut)
+        return to_body(manager.set_pinned(bundle_id, True), BundleOut)
 
     @delete(
         "/{bundle_id:str}/pin",
@@ -260,7 +260,7 @@ class BundleController(Controller):
     )
     def unpin_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleOut:
         """Let a bundle be evicted again."""
-        return to_body(manager.catalog.bundles.set_pinned(bundle_id, False), BundleOut)
+        return to_body(manager.set_pinned(bundle_id, False), BundleOut)
 
     @post(
         "/{bundle_id:str}/verify",
@@ -504,7 +504,7 @@ class AdapterController(Controller):
     )
     def pin_adapter(self, manager: Manager, adapter_id: AdapterId) -> AdapterOut:
         """Protect an adapter from eviction."""
-        return to_body(manager.adapters.pin(adapter_id), AdapterOut)
+        return to_body(manager.adapters.set_pinned(adapter_id, True), AdapterOut)
 
     @post(
         "/{adapter_id:str}/unpin",
@@ -515,7 +515,7 @@ class AdapterController(Controller):
     )
     def unpin_adapter(self, manager: Manager, adapter_id: AdapterId) -> AdapterOut:
         """Let an adapter be evicted again."""
-        return to_body(manager.adapters.unpin(adapter_id), AdapterOut)
+        return to_body(manager.adapters.set_pinned(adapter_id, False), AdapterOut)
 
 
 async def _reject_bad_json(request: Request) -> None:

@@ -289,7 +289,7 @@ class ModelController(Controller):
     )
     async def remove_alias(self, manager: Manager, pool: Pool, name: ModelName) -> None:
         """Delete an alias (loaded engines stop answering it)."""
-        await anyio.to_thread.run_sync(manager.catalog.aliases.remove, name)
+        await anyio.to_thread.run_sync(manager.remove_alias, name)
         pool.forget_name(name)
 
 

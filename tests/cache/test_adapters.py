@@ -130,7 +130,7 @@ def test_lru_eviction_takes_adapters_with_bundles_and_keeps_pinned_and_leased(
     bundle_size = m.queries.get_bundle(old_bundle).size_bytes
     plan = m.evictor.prune(total - bundle_size - 1, dry_run=True).plan
     assert [(e.bundle_id, e.kind) for e in plan.evict] == [(old_bundle, "bundle"), (a.id, "adapter")]
-    m.adapters.pin(a.id)
+    m.adapters.set_pinned(a.id, True)
     plan = m.evictor.prune(total - bundle_size - 1, dry_run=True).plan
     assert [(e.bundle_id, e.kind) for e in plan.evict] == [(old_bundle, "bundle"), (b.id, "adapter")]
     assert [(s.bundle_id, s.reason, s.kind) for s in plan.skipped] == [(a.id, "pinned", "adapter")]
@@ -156,7 +156,7 @@ def test_lru_eviction_takes_adapters_with_bundles_and_keeps_pinned_and_leased(
     # Clearing the cache keeps the pinned adapter; unpinned, it goes.
     m.evictor.clear()
     assert m.adapters.list()[0].id == a.id
-    m.adapters.unpin(a.id)
+    m.adapters.set_pinned(a.id, False)
     assert a.id in m.evictor.clear().evicted and m.adapters.list() == []
 
 
@@ -165,11 +165,11 @@ def test_remove_is_refused_while_pinned_then_deletes_row_and_file(
 ) -> None:
     m = open_manager(tmp_path / "cache")
     a = m.adapters.prepare(str(models["a"]), models["base"])
-    m.adapters.pin(a.id)
+    m.adapters.set_pinned(a.id, True)
     with pytest.raises(PinnedError):
         m.adapters.remove(a.id)
     assert a.path.is_file()
-    m.adapters.unpin(a.id)
+    m.adapters.set_pinned(a.id, False)
     assert m.adapters.remove(a.id) == a.size_bytes
     assert not a.path.parent.exists() and m.adapters.list() == []
     assert [e.reason for e in m.queries.events(kind="adapter_rm")] == ["manual"]
