@@ -286,7 +286,7 @@ def cmd_bundles_verify(args: argparse.Namespace) -> int:
         print(
             f"{result.bundle_id}: files ok, but STALE (built for another GPU or TensorRT version; "
             "never loaded here, evicted first): "
-            f"{m.queries.get_bundle(result.bundle_id).error}"
+            f"{m.catalog.bundles.require(result.bundle_id).error}"
         )
     elif result.ok:
         print(f"{result.bundle_id}: ok ({result.files_checked} files, {human_size(result.bytes_checked)})")
@@ -410,7 +410,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_models_ls(args: argparse.Namespace) -> int:
-    items = _manager(args).queries.aliases()
+    items = _manager(args).catalog.aliases.all()
     if args.json:
         emit_json(items)
         return 0
@@ -423,7 +423,7 @@ def cmd_models_alias(args: argparse.Namespace) -> int:
     manager = _manager(args)
     target: str = args.target
     try:
-        manager.queries.get_bundle(target)
+        manager.catalog.bundles.require(target)
         alias = manager.set_alias(args.name, bundle_id=target)
     except NotFoundError:
         alias = manager.set_alias(args.name, model=target)
@@ -438,7 +438,7 @@ def cmd_models_unalias(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints_ls(args: argparse.Namespace) -> int:
-    items = _manager(args).queries.list_checkpoints()
+    items = _manager(args).catalog.checkpoints.all()
     if args.json:
         emit_json(items)
         return 0

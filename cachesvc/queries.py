@@ -1,5 +1,10 @@
 """CacheQueries: the read-only views of the cache (``manager.queries``) that the admin API, the
-CLI, serving and the fleet agent show: bundles, checkpoints, aliases, events, stats, holders.
+CLI, serving and the fleet agent show, where a view is more than one catalog read: bundle
+listings (checked filters), details, draft bundles, checkpoint lookup, stats, lease holders.
+Plain records come from the catalog's tables through the manager (``manager.catalog.bundles
+.require(id)``, ``.aliases.all()``, ``.checkpoints.all()``, ``.events.recent(...)``,
+``.events.version()``); ``node`` and ``catalog_state`` stay here as the metrics'
+``StatsSource``.
 
 Nothing here writes the catalog or the disk; every write goes through
 :class:`cachesvc.manager.CacheManager` and its sections.
@@ -12,7 +17,6 @@ import re
 import socket
 import threading
 from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +26,12 @@ from cachesvc.errors import ConfigError, CorruptBundleError, NotFoundError
 from cachesvc.profiles import BuildOptions, BundleKey
 from cachesvc.records import (
     BUNDLE_STATES,
-    AliasInfo,
     BundleDetail,
     BundleInfo,
     BundlePage,
     CacheStats,
     CatalogState,
     CheckpointInfo,
-    EventInfo,
     LeaseHolder,
 )
 from cachesvc.store import BundleStore, dir_size, read_manifest
@@ -64,10 +66,6 @@ class CacheQueries:
         here = {self.catalog.node, socket.gethostname()}
         remote = [h for h in self.catalog.leases.holders(bid) if h.host not in here]
         return local + remote
-
-    def get_bundle(self, bid: str) -> BundleInfo:
-        """One bundle (NotFoundError when unknown)."""
-        return self.catalog.bundles.require(bid)
 
     def draft_bundle(self, info: BundleInfo) -> BundleInfo | None:
         """The draft checkpoint's own bundle that ``info`` speculates with (``draft_model``), when
@@ -115,23 +113,11 @@ class CacheQueries:
         )
 
     def list_bundles(self, **filters: Any) -> BundlePage:
-        """Filter, sort and page bundles (see ``Catalog.list_bundles``)."""
+        """Filter, sort and page bundles (see ``BundleTable.page``); an unknown state is a ConfigError."""
         state = filters.get("state")
         if state is not None and state not in BUNDLE_STATES:
             raise ConfigError("state", f"must be one of {', '.join(BUNDLE_STATES)}, got {state!r}")
         return self.catalog.bundles.page(**filters)
-
-    def catalog_version(self) -> int:
-        """Grows with every catalog change a bundle listing can show (cache key for readers)."""
-        return self.catalog.events.version()
-
-    def aliases(self) -> list[AliasInfo]:
-        """Every operator-given served name."""
-        return self.catalog.aliases.all()
-
-    def list_checkpoints(self) -> list[CheckpointInfo]:
-        """Resolved checkpoints with their bundle ids."""
-        return self.catalog.checkpoints.all()
 
     def find_checkpoint(self, ref: str, *, by_path: bool = True) -> CheckpointInfo:
         """The catalog's checkpoint named by ``ref``: its digest or a unique prefix of it (at least
@@ -158,18 +144,6 @@ class CacheQueries:
             f"no checkpoint {ref!r} in the catalog (`cachesvc checkpoints ls` / GET /admin/checkpoints "
             "list them by digest)"
         )
-
-    def events(
-        self,
-        *,
-        kind: str | None = None,
-        since: datetime | None = None,
-        limit: int = 100,
-        bundle_id: str | None = None,
-        node: str | None = None,
-    ) -> list[EventInfo]:
-        """The audit log, newest first (every node's unless ``node`` is given)."""
-        return self.catalog.events.recent(kind=kind, since=since, limit=limit, bundle_id=bundle_id, node=node)
 
     def catalog_state(self) -> CatalogState:
         """Whether the catalog database answers (``/health``)."""

@@ -183,7 +183,7 @@ class BundleController(Controller):
         # Dashboards poll the same pages: answer from memory until the catalog changes. The
         # version read is one indexed aggregate over a tiny table, cheap enough for the event
         # loop; a miss (a real listing) goes to a worker thread.
-        key = (id(manager), manager.queries.catalog_version(), params)
+        key = (id(manager), manager.catalog.events.version(), params)
         cached = _LIST_CACHE.get(key)
         if cached is not None:
             return cached
@@ -403,7 +403,9 @@ def list_events(
     node: NodeFilter = None,
 ) -> EventListOut:
     """The audit log, newest first (every node's unless ``node`` is given)."""
-    events = manager.queries.events(kind=kind, since=_utc(since), limit=limit, bundle_id=bundle_id, node=node)
+    events = manager.catalog.events.recent(
+        kind=kind, since=_utc(since), limit=limit, bundle_id=bundle_id, node=node
+    )
     return to_body({"items": events}, EventListOut)
 
 
@@ -416,7 +418,7 @@ def list_events(
 )
 def list_checkpoints(manager: Manager) -> CheckpointListOut:
     """Resolved checkpoints with digest, size and the bundles built from them."""
-    return to_body({"items": manager.queries.list_checkpoints()}, CheckpointListOut)
+    return to_body({"items": manager.catalog.checkpoints.all()}, CheckpointListOut)
 
 
 CheckpointId = Annotated[

@@ -249,7 +249,7 @@ class ModelController(Controller):
         """Every alias."""
         return [
             AliasOut(name=a.name, bundle_id=a.bundle_id, model=a.model, created_at=a.created_at.isoformat())
-            for a in manager.queries.aliases()
+            for a in manager.catalog.aliases.all()
         ]
 
     @put(
@@ -272,7 +272,7 @@ class ModelController(Controller):
         if profile and model is not None:
             bundle_id = manager.catalog_bundle_id(model, ProfileRequest(**profile))
             try:
-                manager.queries.get_bundle(bundle_id)
+                manager.catalog.bundles.require(bundle_id)
             except NotFoundError:
                 raise NotFoundError(
                     f"{model!r} has no bundle with this profile ({bundle_id}) on this node; build it "

@@ -91,6 +91,6 @@ def test_reconcile_drops_the_records_of_bundles_that_are_gone(tmp_path: Path) ->
     m.reconciler.reconcile()
     assert m.layout.context_bundle_ids() == [a]
     # A bundle whose directory vanished is forgotten, and its records with it.
-    m.store.remove(m.queries.get_bundle(a).path)
+    m.store.remove(m.catalog.bundles.require(a).path)
     m.reconciler.reconcile()
     assert m.catalog.bundles.get(a) is None and m.layout.context_bundle_ids() == []

@@ -34,7 +34,7 @@ def test_a_build_killed_mid_way_leaves_no_row_after_reconcile(tmp_path: Path) ->
         assert m.queries.list_bundles().total == 0, "bundles ls lists a directory that does not exist"
         stats = m.queries.stats()
         assert stats.bundles == 0 and stats.builds_failed == 1
-        failed = m.queries.events(kind="build_failed")
+        failed = m.catalog.events.recent(kind="build_failed")
         assert len(failed) == 1 and "interrupted" in (failed[0].detail or "")
     finally:
         m.close()

@@ -187,7 +187,7 @@ def test_sqlite_locked_past_its_timeout(
                 assert "cachesvc_catalog_up 0.0" in h.get("/metrics").text
                 assert h.get("/health").json()["catalog"]["status"] == "unavailable"
                 # Nothing changed: the pin was refused.
-                assert not manager.queries.get_bundle(cold.bundle_id).pinned
+                assert not manager.catalog.bundles.require(cold.bundle_id).pinned
         finally:
             holder.execute("ROLLBACK")
             holder.close()
