@@ -222,7 +222,7 @@ class BundleTable(CatalogTable):
     ) -> list[tuple[str, int, datetime, bool, str]]:
         """(id, size, last_used_at, pinned, path) of evictable bundles, LRU first, one keyset page.
 
-        Stale bundles are not among them: the planner takes those first (``stale_bundles``).
+        Stale bundles are not among them: the planner takes those first (``Evictor._stale_rows``).
         Reads only indexed columns a page at a time, so planning over 100k rows stays cheap.
         """
         stmt = (
