@@ -503,7 +503,7 @@ class CacheManager:
         """Stop serving ``name`` (NotFoundError when there is no such alias).
 
         Deliberately without ``set_alias``'s name check: a name that could never have been set
-        is simply not found (404 / exit 1), as it always was."""
+        is simply not found (a 404, not a 400; the CLI's message says so), as it always was."""
         self.catalog.aliases.remove(name)
 
     def set_desired(self, node: str, spec: DesiredSpec) -> DesiredState:
