@@ -162,7 +162,7 @@ def populate(url: str, cache_dir: Path, n_bundles: int, n_events: int, seed: int
             for i in range(0, len(events), 5000):
                 conn.execute(insert(EventRow), events[i : i + 5000])
         # The running totals the catalog maintains per event, rebuilt from the log.
-        catalog.rebuild_totals()
+        catalog.events.rebuild_totals()
         if catalog.engine.dialect.name == "postgresql":
             # What autovacuum does after a bulk load, done now: without planner statistics
             # PostgreSQL sorts the node's rows for every keyset page instead of walking the index.
@@ -326,7 +326,7 @@ def plan_eviction(url: str, cache_dir: Path, rows: int, repeats: int = 5) -> tup
         cache_dir, catalog_url=url, node="bench", max_size_bytes=MAX_SIZE_BYTES, builders={}
     )
     try:
-        cap = manager.catalog.total_size() // 2
+        cap = manager.catalog.bundles.total_size() // 2
         times, planned = [], 0
         for _ in range(repeats):
             t0 = time.perf_counter()

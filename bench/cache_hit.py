@@ -97,7 +97,7 @@ def planning(root: Path, rows: int, repeat: int = 5) -> tuple[float, float, int]
         times.append((time.perf_counter() - t) * 1000)
     assert plan is not None
     t = time.perf_counter()
-    total = m.catalog.total_size()
+    total = m.catalog.bundles.total_size()
     sum_ms = (time.perf_counter() - t) * 1000
     assert total == rows * 1_000_000
     m.close()

@@ -144,7 +144,8 @@ def check_against_base(adapter_dir: Path, base_checkpoint_dir: Path) -> LoraInfo
 
 
 class AdapterStore:
-    """The manager's ``adapters`` section: prepare (convert once), list, touch, pin, lease, remove.
+    """The manager's ``adapters`` section: prepare (convert once), list, touch, pin (``set_pinned``),
+    lease, remove.
 
     ``after_add`` runs after a new adapter was converted (the manager prunes the cache back
     under its cap, keeping the new adapter)."""
@@ -186,7 +187,7 @@ class AdapterStore:
                 return hit
             if not final.is_file():
                 self._convert(resolved, base_checkpoint_dir, final)
-            row, added = self.catalog.add_adapter(
+            row, added = self.catalog.adapters.add(
                 adapter_id=aid, digest=resolved.digest, source=source,
                 path=final.relative_to(self.layout.root), rank=info.rank, targets=info.targets,
                 size_bytes=final.stat().st_size,
@@ -198,15 +199,15 @@ class AdapterStore:
         return self._absolute(row)
 
     def _hit(self, aid: str, final: Path) -> AdapterInfo | None:
-        row = self.catalog.get_adapter(aid)
+        row = self.catalog.adapters.get(aid)
         if row is None:
             return None
         if not final.is_file():
             # The file vanished under its row: forget the row, convert again.
-            self.catalog.delete_adapter(aid, reason="stale", nbytes=row.size_bytes, detail="file vanished")
+            self.catalog.adapters.delete(aid, reason="stale", nbytes=row.size_bytes, detail="file vanished")
             return None
-        self.catalog.touch_adapter(aid)
-        return self._absolute(self.catalog.require_adapter(aid))
+        self.catalog.adapters.touch(aid)
+        return self._absolute(self.catalog.adapters.require(aid))
 
     def _convert(self, resolved: ResolvedAdapter, base_checkpoint_dir: Path, final: Path) -> None:
         """Write the converted file: temp name, fsync, rename (the caller holds the lock)."""
@@ -236,16 +237,16 @@ class AdapterStore:
 
     def list(self) -> list[AdapterInfo]:
         """This node's adapters, most recently used first (absolute paths)."""
-        return [self._absolute(a) for a in self.catalog.list_adapters()]
+        return [self._absolute(a) for a in self.catalog.adapters.all()]
 
     def get(self, ref: str) -> AdapterInfo:
         """The adapter ``ref`` names: its id, its digest (or its first 8+ digits), or the source
         it was prepared from. NotFoundError otherwise."""
-        exact = self.catalog.get_adapter(ref)
+        exact = self.catalog.adapters.get(ref)
         if exact is not None:
             return self._absolute(exact)
         wanted = ref.rstrip("/")
-        every = self.catalog.list_adapters()
+        every = self.catalog.adapters.all()
         by_digest = [a for a in every if len(ref) >= 8 and a.digest.startswith(ref.lower())]
         by_source = [a for a in every if a.source.rstrip("/") == wanted]
         found = by_digest or by_source
@@ -257,20 +258,17 @@ class AdapterStore:
 
     def touch(self, adapter_id: str) -> None:
         """Record a use of the adapter (its ``last_used_at``: eviction is LRU)."""
-        self.catalog.touch_adapter(adapter_id)
+        self.catalog.adapters.touch(adapter_id)
 
-    def pin(self, ref: str) -> AdapterInfo:
-        """Protect an adapter from eviction."""
-        return self._absolute(self.catalog.set_adapter_pinned(self.get(ref).id, True))
-
-    def unpin(self, ref: str) -> AdapterInfo:
-        """Let an adapter be evicted again."""
-        return self._absolute(self.catalog.set_adapter_pinned(self.get(ref).id, False))
+    def set_pinned(self, ref: str, pinned: bool) -> AdapterInfo:
+        """Protect the adapter ``ref`` names (see ``get``) from eviction, or let it be evicted
+        again; an ``adapter_pin``/``adapter_unpin`` event when it changes."""
+        return self._absolute(self.catalog.adapters.set_pinned(self.get(ref).id, pinned))
 
     def lease(self, adapter_id: str, *, timeout: float | None = None) -> Lease:
         """A shared lock on the adapter's file for as long as an engine has it loaded: no
         process evicts or removes it meanwhile. Release it when the engine drops the adapter."""
-        info = self.catalog.require_adapter(adapter_id)
+        info = self.catalog.adapters.require(adapter_id)
         lease = self.store.locks.lease(
             adapter_lock_key(adapter_id), timeout=timeout if timeout is not None else self.lock_timeout
         )
@@ -295,6 +293,6 @@ class AdapterStore:
                 raise LeasedError.held_by(f"LoRA adapter {info.id} is in use", self._holders(key),
                                           "stop serving it first")
             remove_tree(self.layout, info.path.parent, f"adapter-{info.id}")
-            self.catalog.delete_adapter(info.id, reason="manual", nbytes=info.size_bytes)
+            self.catalog.adapters.delete(info.id, reason="manual", nbytes=info.size_bytes)
         return info.size_bytes
 

@@ -108,7 +108,7 @@ class BuildJobs:
             )
             log.error("background build %s failed: %s", build.status.id, exc)
             return
-        info = self._catalog.get_bundle(result.bundle_id)
+        info = self._catalog.bundles.get(result.bundle_id)
         nbytes = info.size_bytes if info is not None else 0
         build.status = replace(
             build.status,

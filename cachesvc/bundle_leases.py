@@ -37,7 +37,7 @@ class BundleLease:
             return
         self._lease.release()
         try:
-            self._catalog.remove_lease(self.bundle_id, os.getpid())
+            self._catalog.leases.remove(self.bundle_id, os.getpid())
         except CatalogUnavailableError:
             pass  # the catalog's health logs the outage; reconcile drops the stale row later
         except Exception:  # the lock is the truth; a stale row is cleaned by reconcile

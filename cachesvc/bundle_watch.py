@@ -58,7 +58,7 @@ class BundleWatch:
             for status in self.pool.engines():
                 bid = status.bundle_id
                 try:
-                    info = await asyncio.to_thread(self.manager.catalog.get_bundle, bid)
+                    info = await asyncio.to_thread(self.manager.catalog.bundles.get, bid)
                 except CatalogUnavailableError:
                     continue  # logged once per outage by the catalog's health tracker
                 except Exception:  # a busy or broken catalog must not take the model down

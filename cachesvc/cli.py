@@ -274,7 +274,7 @@ def _pin_command(pinned: bool) -> Callable[[argparse.Namespace], int]:
     """``bundles pin`` (``pinned``) or ``bundles unpin``."""
 
     def run(args: argparse.Namespace) -> int:
-        info = _manager(args).catalog.set_pinned(args.id, pinned)
+        info = _manager(args).set_pinned(args.id, pinned)
         print(f"{'pinned' if pinned else 'unpinned'} {info.id}")
         return 0
 
@@ -294,7 +294,7 @@ def cmd_bundles_verify(args: argparse.Namespace) -> int:
         print(
             f"{result.bundle_id}: files ok, but STALE (built for another GPU or TensorRT version; "
             "never loaded here, evicted first): "
-            f"{m.queries.get_bundle(result.bundle_id).error}"
+            f"{m.catalog.bundles.require(result.bundle_id).error}"
         )
     elif result.ok:
         print(f"{result.bundle_id}: ok ({result.files_checked} files, {human_size(result.bytes_checked)})")
@@ -418,7 +418,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_models_ls(args: argparse.Namespace) -> int:
-    items = _manager(args).queries.aliases()
+    items = _manager(args).catalog.aliases.all()
     if args.json:
         emit_json(items)
         return 0
@@ -431,7 +431,7 @@ def cmd_models_alias(args: argparse.Namespace) -> int:
     manager = _manager(args)
     target: str = args.target
     try:
-        manager.queries.get_bundle(target)
+        manager.catalog.bundles.require(target)
         alias = manager.set_alias(args.name, bundle_id=target)
     except NotFoundError:
         alias = manager.set_alias(args.name, model=target)
@@ -440,13 +440,13 @@ def cmd_models_alias(args: argparse.Namespace) -> int:
 
 
 def cmd_models_unalias(args: argparse.Namespace) -> int:
-    _manager(args).catalog.remove_alias(args.name)
+    _manager(args).remove_alias(args.name)
     print(f"removed {args.name}")
     return 0
 
 
 def cmd_checkpoints_ls(args: argparse.Namespace) -> int:
-    items = _manager(args).queries.list_checkpoints()
+    items = _manager(args).catalog.checkpoints.all()
     if args.json:
         emit_json(items)
         return 0
@@ -507,7 +507,7 @@ def _adapter_pin_command(pinned: bool) -> Callable[[argparse.Namespace], int]:
 
     def run(args: argparse.Namespace) -> int:
         m = _manager(args)
-        info = m.adapters.pin(args.id) if pinned else m.adapters.unpin(args.id)
+        info = m.adapters.set_pinned(args.id, pinned)
         if args.json:
             emit_json(info)
         else:
@@ -544,7 +544,7 @@ def cmd_db_repair(args: argparse.Namespace) -> int:
         catalog = Catalog(url, node="cli")
         try:
             catalog.current_revision()
-            catalog.list_bundles(limit=1)
+            catalog.bundles.page(limit=1)
         except CatalogError:
             pass
         else:

@@ -67,7 +67,7 @@ class Evictor:
 
     def remove(self, bid: str) -> int:
         """Evict one bundle now (reason ``manual``); returns bytes freed."""
-        info = self.catalog.require_bundle(bid)
+        info = self.catalog.bundles.require(bid)
         if info.pinned:
             raise PinnedError(f"bundle {bid} is pinned; unpin it first (`cachesvc bundles unpin {bid}`)")
         with self.store.locks.try_exclusive(bid) as got:
@@ -76,7 +76,7 @@ class Evictor:
             context = self.store.layout.context_bytes(bid)
             self.store.remove(info.path)
             self.store.layout.remove_context(bid)  # its context records go with it
-            self.catalog.delete_bundle(bid, reason="manual", nbytes=info.size_bytes)
+            self.catalog.bundles.delete(bid, reason="manual", nbytes=info.size_bytes)
         return info.size_bytes + context
 
     def _busy(self, subject: str, bundles: list[BundleInfo], then: str) -> ConflictError:
@@ -149,18 +149,18 @@ class Evictor:
     def total_size(self) -> int:
         """The cache's size as eviction counts it: bundles (catalog sizes), their context records
         (``context/<bundle_id>/``, which go with their bundle) and converted LoRA adapters."""
-        return (self.catalog.total_size() + self.store.layout.context_bytes()
-                + self.catalog.adapter_total_size())
+        return (self.catalog.bundles.total_size() + self.store.layout.context_bytes()
+                + self.catalog.adapters.total_size())
 
     def _stale_rows(self) -> Iterator[_Candidate]:
         """Stale rows (few: one node's bundles for another GPU), least recently used first."""
-        for b in self.catalog.all_bundles(states=("stale",)):
+        for b in self.catalog.bundles.all(states=("stale",)):
             yield (b.id, b.size_bytes, b.last_used_at, b.pinned, str(b.path)), True, "bundle"
 
     def _lru_rows(self) -> Iterator[_Candidate]:
         """Other evictable bundles and the converted LoRA adapters, together least recently used
         first (adapters are few and read at once; bundles in keyset pages)."""
-        adapters = ((row, False, "adapter") for row in self.catalog.adapter_candidates())
+        adapters = ((row, False, "adapter") for row in self.catalog.adapters.eviction_candidates())
         yield from heapq.merge(self._lru_bundle_rows(), adapters, key=lambda c: (c[0][2], c[0][0]))
 
     def _lru_bundle_rows(self) -> Iterator[_Candidate]:
@@ -168,7 +168,7 @@ class Evictor:
         when not needed)."""
         after: tuple[datetime, str] | None = None
         while True:
-            rows = self.catalog.eviction_candidates(limit=PLAN_BATCH, after=after)
+            rows = self.catalog.bundles.eviction_candidates(limit=PLAN_BATCH, after=after)
             for row in rows:
                 yield row, False, "bundle"
             if len(rows) < PLAN_BATCH:
@@ -187,7 +187,7 @@ class Evictor:
                     evicted.append(item.bundle_id)
                     freed += adapter_freed
                 continue
-            info = self.catalog.get_bundle(item.bundle_id)
+            info = self.catalog.bundles.get(item.bundle_id)
             if info is None:
                 continue
             if info.pinned:
@@ -200,7 +200,7 @@ class Evictor:
                 context = self.store.layout.context_bytes(item.bundle_id)
                 self.store.remove(info.path)
                 self.store.layout.remove_context(item.bundle_id)
-                self.catalog.delete_bundle(
+                self.catalog.bundles.delete(
                     item.bundle_id,
                     reason=item.reason,
                     nbytes=info.size_bytes,
@@ -220,7 +220,7 @@ class Evictor:
     def _evict_adapter(self, item: PlannedEviction, skipped: list[SkippedBundle]) -> int | None:
         """Evict one planned adapter under its exclusive lock (taken non-blocking; pin re-read);
         the bytes freed, or None when it was skipped or is gone."""
-        info = self.catalog.get_adapter(item.bundle_id)
+        info = self.catalog.adapters.get(item.bundle_id)
         if info is None:
             return None
         if info.pinned:
@@ -232,7 +232,7 @@ class Evictor:
                 return None
             layout = self.store.layout
             remove_tree(layout, layout.root / info.path.parent, f"adapter-{info.id}")
-            self.catalog.delete_adapter(info.id, reason=item.reason, nbytes=info.size_bytes)
+            self.catalog.adapters.delete(info.id, reason=item.reason, nbytes=info.size_bytes)
         return info.size_bytes
 
     def prune(
@@ -260,7 +260,7 @@ class Evictor:
         ``manual``) per bundle, then ``checkpoint_rm`` with the bytes deleted.
         """
         digest, short, layout = ckpt.digest, ckpt.digest[:16], self.store.layout
-        bundles = self.catalog.checkpoint_bundles(digest)
+        bundles = self.catalog.checkpoints.bundles_of(digest)
         mine = [b for b in bundles if b.node == self.catalog.node]
         others = sorted({b.node for b in bundles if b.node != self.catalog.node})
         pinned = [b.id for b in mine if b.pinned]
@@ -291,7 +291,7 @@ class Evictor:
             # started since): a conflict stops here with the checkpoint row still in place.
             bundle_bytes += self.remove(b.id)
             removed.append(b.id)
-        row = self.catalog.checkpoint_row(digest)
+        row = self.catalog.checkpoints.get_with_node(digest)
         owned = (
             row is not None
             and row[1] == self.catalog.node
@@ -306,7 +306,7 @@ class Evictor:
             detail = f"deleted {ckpt.path}"
         else:
             detail = f"forgotten; files at {ckpt.path} left in place (not the cache's own)"
-        self.catalog.delete_checkpoint(digest, nbytes=file_bytes, detail=detail)
+        self.catalog.checkpoints.delete(digest, nbytes=file_bytes, detail=detail)
         layout.remove_gate_reference(digest)
         log.info("checkpoint %s removed (%s; %d bundle(s))", short, detail, len(removed))
         return CheckpointRemoval(

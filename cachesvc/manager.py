@@ -5,8 +5,14 @@ used as attributes: ``queries`` (read-only views, :mod:`cachesvc.queries`), ``ve
 (:mod:`cachesvc.verification`), ``evictor`` (:mod:`cachesvc.eviction`), ``reconciler``
 (:mod:`cachesvc.reconcile`), ``builds`` (background builds, :mod:`cachesvc.build_jobs`),
 ``adapters`` (LoRA adapters converted into the cache, :mod:`cachesvc.adapters`),
-``fleet`` (:mod:`cachesvc.catalog.fleet`) and the ``catalog`` itself for plain row writes
-(pin, aliases, events, their retention). The rules they keep: docs/cache.md.
+``fleet`` (:mod:`cachesvc.catalog.fleet`: nodes, desired state) and the ``catalog`` itself
+(:mod:`cachesvc.catalog`: one repository per table, ``catalog.bundles`` …) for reads.
+
+Every admin write (pins, aliases, desired state, adapters, event retention, serving events)
+goes through a method here or through a section (``adapters``, ``evictor``), with its checks:
+the HTTP routes, the CLI, serving and the fleet agent never write ``manager.catalog`` rows
+themselves (the agent's heartbeat, its own ``nodes`` row, is ``manager.fleet.heartbeat``).
+The rules they keep: docs/cache.md.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from cachesvc.adapters import AdapterStore, check_adapter_source
 from cachesvc.build_jobs import Build, BuildJobs
@@ -44,10 +51,18 @@ from cachesvc.errors import (
     NotFoundError,
 )
 from cachesvc.eviction import Evictor
+from cachesvc.fleet_records import DesiredSpec, DesiredState
 from cachesvc.profiles import BuildOptions, BundleKey, ProfileRequest
 from cachesvc.queries import CacheQueries
 from cachesvc.reconcile import Reconciler
-from cachesvc.records import AdapterInfo, AliasInfo, BuildStatus, CheckpointRemoval, PrepareResult
+from cachesvc.records import (
+    AdapterInfo,
+    AliasInfo,
+    BuildStatus,
+    BundleInfo,
+    CheckpointRemoval,
+    PrepareResult,
+)
 from cachesvc.store import BundleStore, CacheLayout, read_manifest, verify_bundle
 from cachesvc.store.space import disk_full, human_size, require_free
 from cachesvc.verification import BundleVerifier
@@ -167,9 +182,9 @@ class CacheManager:
         except DiskFullError as exc:
             # The GGUF conversion, a build's first stage, ran out of disk part way: recorded as
             # a bundle build that does (no row: the bundle's id needs the converted files).
-            self.catalog.add_event("build_failed", model=model, seconds=0.0, detail=str(exc))
+            self.catalog.events.add("build_failed", model=model, seconds=0.0, detail=str(exc))
             raise
-        self.catalog.upsert_checkpoint(
+        self.catalog.checkpoints.upsert(
             digest=ckpt.digest,
             source=model,
             path=ckpt.path,
@@ -194,7 +209,7 @@ class CacheManager:
 
     def _known_checkpoint(self, field: str, model: str) -> tuple[str, Path]:
         wanted = model.rstrip("/")
-        for ckpt in self.catalog.list_checkpoints():
+        for ckpt in self.catalog.checkpoints.all():
             if wanted in (ckpt.source.rstrip("/"), str(ckpt.path)):
                 return ckpt.digest, Path(ckpt.path)
         raise NotFoundError(
@@ -289,17 +304,17 @@ class CacheManager:
         not know is verified and adopted instead of rebuilt.
         """
         final = self.layout.root / rel
-        info = self.catalog.get_bundle(bid)
+        info = self.catalog.bundles.get(bid)
         if info is not None and info.state == "stale":
             # Built for another GPU or TensorRT version: ready again if that is back (the
             # reconcile at the next start would say so too); else rebuilt under the lock.
             if self.verifier.stale_reason(info) is not None:
                 return None
-            info = self.catalog.set_stale(bid, None)
+            info = self.catalog.bundles.set_stale(bid, None)
         if info is not None and info.state == "ready":
             if self.verifier.load_check(bid, final) is not None:
                 return None
-            self.catalog.record_hit(bid)
+            self.catalog.bundles.record_hit(bid)
             return final
         if adopt and info is None and (final / "manifest.json").exists():
             try:
@@ -308,7 +323,7 @@ class CacheManager:
                 return None
             if manifest.bundle_id == bid and verify_bundle(final, manifest).ok:
                 self.reconciler.adopt(rel, manifest, model)
-                self.catalog.record_hit(bid)
+                self.catalog.bundles.record_hit(bid)
                 return final
         return None
 
@@ -324,13 +339,13 @@ class CacheManager:
     ) -> float:
         bid, rel = key.id, key.relpath
         builder = self.builders[options.backend]
-        old = self.catalog.get_bundle(bid)
+        old = self.catalog.bundles.get(bid)
         final = self.layout.root / rel
         if old is not None and old.state in ("corrupt", "stale") and final.exists():
             # Never served: rebuilt in place (a stale bundle's builder says if this GPU cannot).
             self.store.remove(rel)
             self.layout.remove_context(bid)  # KV of the old build is not the new one's
-            self.catalog.add_event(
+            self.catalog.events.add(
                 "evict",
                 bundle_id=bid,
                 model=old.model,
@@ -342,7 +357,7 @@ class CacheManager:
         needed = build_disk_bytes(ckpt.path, options)
         if needed is not None:  # refused before anything is written (the cap is checked after)
             require_free(self.layout.root, needed, what)
-        self.catalog.begin_build(key, model=model)
+        self.catalog.bundles.begin_build(key, model=model)
         log.info("building bundle %s for %s (%s)", bid, model, options.name)
         staging = self.store.new_staging_dir(bid)
         if track is not None:
@@ -362,7 +377,7 @@ class CacheManager:
             seconds = time.monotonic() - started
             self.store.remove_staging(staging)
             reason = str(exc) or type(exc).__name__
-            self.catalog.fail_build(bid, error=reason, seconds=seconds)
+            self.catalog.bundles.fail_build(bid, error=reason, seconds=seconds)
             log.error("build of %s failed after %.1fs: %s", bid, seconds, reason)
             if isinstance(exc, CacheError) or not isinstance(exc, Exception):
                 raise
@@ -374,14 +389,14 @@ class CacheManager:
         crash_point("build:published")
         if manifest.size_bytes > self.max_size_bytes:
             self.store.remove(rel)
-            self.catalog.delete_bundle(
+            self.catalog.bundles.delete(
                 bid, reason="lru", nbytes=manifest.size_bytes, detail="larger than the cap"
             )
             raise InsufficientStorageError(
                 f"the bundle for {model} needs {human_size(manifest.size_bytes)} but the cache cap is "
                 f"{human_size(self.max_size_bytes)}; raise --engine-cache-max-size-gb"
             )
-        self.catalog.finish_build(
+        self.catalog.bundles.finish_build(
             bid, size_bytes=manifest.size_bytes, file_count=manifest.file_count, seconds=seconds
         )
         progress("done", 1.0)
@@ -405,7 +420,7 @@ class CacheManager:
         Under the lease, the bundle gets the quick check of a cache hit (sizes and sampled
         hashes against its manifest): a bundle whose bytes changed since it was published is
         marked corrupt and refused here, so no engine ever loads it."""
-        info = self.catalog.require_bundle(bid)
+        info = self.catalog.bundles.require(bid)
         if info.state != "ready":
             raise CorruptBundleError(f"bundle {bid} is {info.state}, not ready; prepare it again")
         lease = self.store.locks.lease(bid, timeout=timeout if timeout is not None else self.lock_timeout)
@@ -426,7 +441,7 @@ class CacheManager:
                 "the next prepare (POST /admin/builds, or a restart with this model) rebuilds it"
             )
         try:
-            self.catalog.add_lease(bid, os.getpid())
+            self.catalog.leases.add(bid, os.getpid())
         except BaseException:
             lease.release()  # a catalog outage here must not leave the bundle locked
             raise
@@ -466,19 +481,51 @@ class CacheManager:
                 )
         raise AssertionError("unreachable")
 
-    # -- served names --------------------------------------------------------------------
+    # -- admin writes: pins, served names, desired state, event retention ------------------
+
+    def set_pinned(self, bundle_id: str, pinned: bool) -> BundleInfo:
+        """Pin (protect from eviction) or unpin this node's bundle ``bundle_id``; a ``pin`` or
+        ``unpin`` event when it changes. NotFoundError when this node has no such bundle."""
+        return self.catalog.bundles.set_pinned(bundle_id, pinned)
 
     def set_alias(self, name: str, *, bundle_id: str | None = None, model: str | None = None) -> AliasInfo:
         """Serve ``name`` from a bundle, or a checkpoint (its last used ready bundle), in the catalog."""
         if not name.strip() or name.strip() != name:
             raise ConfigError("name", f"must be a non-blank name, got {name!r}")
         if bundle_id is not None:
-            self.catalog.require_bundle(bundle_id)
-        elif model is not None and not self.catalog.list_bundles(model=model, node=self.node, limit=1).items:
+            self.catalog.bundles.require(bundle_id)
+        elif model is not None and not self.catalog.bundles.page(model=model, node=self.node, limit=1).items:
             raise NotFoundError(
                 f"no bundle of {model!r} is in the catalog; build it first (POST /admin/builds)"
             )
-        return self.catalog.set_alias(name, bundle_id=bundle_id, model=model)
+        return self.catalog.aliases.set(name, bundle_id=bundle_id, model=model)
+
+    def remove_alias(self, name: str) -> None:
+        """Stop serving ``name`` (NotFoundError when there is no such alias).
+
+        Deliberately without ``set_alias``'s name check: a name that could never have been set
+        is simply not found (a 404, not a 400; the CLI's message says so), as it always was."""
+        self.catalog.aliases.remove(name)
+
+    def set_desired(self, node: str, spec: DesiredSpec) -> DesiredState:
+        """Store the desired state of ``node`` (``*``: the fleet default), its generation bumped;
+        each node's agent converges on it. ``spec`` was checked where it was read (the model
+        names against ``--allowed-model-roots``, each profile like ``POST /admin/builds``)."""
+        return self.fleet.set_desired(node, spec)
+
+    def clear_desired(self, node: str) -> None:
+        """Forget the desired state of ``node`` (it follows the fleet default again);
+        NotFoundError when none is stored."""
+        self.fleet.clear_desired(node)
+
+    def apply_event_retention(self, *, max_age_days: float, max_rows: int) -> int:
+        """Drop this node's events past the retention (0 disables a limit; the running totals
+        behind stats stay); how many went."""
+        return self.catalog.events.apply_retention(max_age_days=max_age_days, max_rows=max_rows)
+
+    def record_event(self, kind: str, **fields: Any) -> None:
+        """Append an event this node's serving saw (``load``, ``unload``) to the audit log."""
+        self.catalog.events.add(kind, **fields)
 
     @property
     def node(self) -> str:
@@ -517,7 +564,7 @@ class CacheManager:
             digest, options, path = self._known_build(model, request)
         except NotFoundError:
             return
-        info = self.catalog.get_bundle(BundleKey.of(digest, options).id)
+        info = self.catalog.bundles.get(BundleKey.of(digest, options).id)
         if info is not None and info.state == "ready":
             return
         needed = build_disk_bytes(path, options)

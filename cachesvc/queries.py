@@ -1,5 +1,10 @@
 """CacheQueries: the read-only views of the cache (``manager.queries``) that the admin API, the
-CLI, serving and the fleet agent show: bundles, checkpoints, aliases, events, stats, holders.
+CLI, serving and the fleet agent show, where a view is more than one catalog read: bundle
+listings (checked filters), details, draft bundles, checkpoint lookup, stats, lease holders.
+Plain records come from the catalog's tables through the manager (``manager.catalog.bundles
+.require(id)``, ``.aliases.all()``, ``.checkpoints.all()``, ``.events.recent(...)``,
+``.events.version()``); ``node`` and ``catalog_state`` stay here as the metrics'
+``StatsSource``.
 
 Nothing here writes the catalog or the disk; every write goes through
 :class:`cachesvc.manager.CacheManager` and its sections.
@@ -12,7 +17,6 @@ import re
 import socket
 import threading
 from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +26,12 @@ from cachesvc.errors import ConfigError, CorruptBundleError, NotFoundError
 from cachesvc.profiles import BuildOptions, BundleKey
 from cachesvc.records import (
     BUNDLE_STATES,
-    AliasInfo,
     BundleDetail,
     BundleInfo,
     BundlePage,
     CacheStats,
     CatalogState,
     CheckpointInfo,
-    EventInfo,
     LeaseHolder,
 )
 from cachesvc.store import BundleStore, dir_size, read_manifest
@@ -62,12 +64,8 @@ class CacheQueries:
             for h in self.store.locks.holders(bid)
         ]
         here = {self.catalog.node, socket.gethostname()}
-        remote = [h for h in self.catalog.leases(bid) if h.host not in here]
+        remote = [h for h in self.catalog.leases.holders(bid) if h.host not in here]
         return local + remote
-
-    def get_bundle(self, bid: str) -> BundleInfo:
-        """One bundle (NotFoundError when unknown)."""
-        return self.catalog.require_bundle(bid)
 
     def draft_bundle(self, info: BundleInfo) -> BundleInfo | None:
         """The draft checkpoint's own bundle that ``info`` speculates with (``draft_model``), when
@@ -76,7 +74,7 @@ class CacheQueries:
         if profile.get("speculative_method") not in METHODS_WITH_DRAFT_BUNDLE or not info.draft_digest:
             return None
         options = BuildOptions(**{**profile, "speculative_method": None, "draft_digest": None})
-        draft = self.catalog.get_bundle(BundleKey.of(info.draft_digest, options).id)
+        draft = self.catalog.bundles.get(BundleKey.of(info.draft_digest, options).id)
         return draft if draft is not None and draft.state == "ready" else None
 
     def bundle_dir(self, info: BundleInfo) -> Path:
@@ -85,7 +83,7 @@ class CacheQueries:
 
     def bundle_detail(self, bid: str, *, events: int = 20) -> BundleDetail:
         """A bundle with its manifest summary, files, lease holders and recent events."""
-        info = self.catalog.require_bundle(bid)
+        info = self.catalog.bundles.require(bid)
         manifest: dict[str, Any] | None = None
         files: tuple[dict[str, Any], ...] = ()
         try:
@@ -111,27 +109,15 @@ class CacheQueries:
             manifest=manifest,
             files=files,
             holders=tuple(self.holders(bid)),
-            events=tuple(self.catalog.events(bundle_id=bid, limit=events)),
+            events=tuple(self.catalog.events.recent(bundle_id=bid, limit=events)),
         )
 
     def list_bundles(self, **filters: Any) -> BundlePage:
-        """Filter, sort and page bundles (see ``Catalog.list_bundles``)."""
+        """Filter, sort and page bundles (see ``BundleTable.page``); an unknown state is a ConfigError."""
         state = filters.get("state")
         if state is not None and state not in BUNDLE_STATES:
             raise ConfigError("state", f"must be one of {', '.join(BUNDLE_STATES)}, got {state!r}")
-        return self.catalog.list_bundles(**filters)
-
-    def catalog_version(self) -> int:
-        """Grows with every catalog change a bundle listing can show (cache key for readers)."""
-        return self.catalog.version()
-
-    def aliases(self) -> list[AliasInfo]:
-        """Every operator-given served name."""
-        return self.catalog.aliases()
-
-    def list_checkpoints(self) -> list[CheckpointInfo]:
-        """Resolved checkpoints with their bundle ids."""
-        return self.catalog.list_checkpoints()
+        return self.catalog.bundles.page(**filters)
 
     def find_checkpoint(self, ref: str, *, by_path: bool = True) -> CheckpointInfo:
         """The catalog's checkpoint named by ``ref``: its digest or a unique prefix of it (at least
@@ -139,7 +125,7 @@ class CacheQueries:
         from. NotFoundError when none matches; ConfigError (field ``checkpoint``) when a prefix
         matches several."""
         wanted = ref.strip()
-        known = self.catalog.list_checkpoints()
+        known = self.catalog.checkpoints.all()
         if re.fullmatch(r"[0-9a-f]{8,64}", wanted):
             matches = [c for c in known if c.digest.startswith(wanted)]
             if len(matches) == 1:
@@ -159,18 +145,6 @@ class CacheQueries:
             "list them by digest)"
         )
 
-    def events(
-        self,
-        *,
-        kind: str | None = None,
-        since: datetime | None = None,
-        limit: int = 100,
-        bundle_id: str | None = None,
-        node: str | None = None,
-    ) -> list[EventInfo]:
-        """The audit log, newest first (every node's unless ``node`` is given)."""
-        return self.catalog.events(kind=kind, since=since, limit=limit, bundle_id=bundle_id, node=node)
-
     def catalog_state(self) -> CatalogState:
         """Whether the catalog database answers (``/health``)."""
         return self.catalog.state()
@@ -185,13 +159,13 @@ class CacheQueries:
         if node != self.node and not self.fleet.knows(node):
             raise NotFoundError(f"no node named {node!r} in the catalog (GET /admin/nodes lists them)")
         cap = self.max_size_bytes if node == self.node else (self.fleet.node_cap(node) or 0)
-        key = (self.catalog.version(), self.catalog.checkpoint_count(), cap, node)
+        key = (self.catalog.events.version(), self.catalog.checkpoints.count(), cap, node)
         with self._stats_lock:
             stats = None
             if self._stats_cache is not None and self._stats_cache[0] == key:
                 stats = self._stats_cache[1]
         if stats is None:
-            stats = self.catalog.stats(max_size_bytes=cap, node=node)
+            stats = self.catalog.events.stats(max_size_bytes=cap, node=node)
             with self._stats_lock:
                 self._stats_cache = (key, stats)
         if node != self.node:
@@ -201,5 +175,5 @@ class CacheQueries:
         # count in the cache's size.
         return replace(stats, checkpoint_bytes=dir_size(self.layout.checkpoints),
                        size_bytes=stats.size_bytes + self.layout.context_bytes()
-                       + self.catalog.adapter_total_size())
+                       + self.catalog.adapters.total_size())
 

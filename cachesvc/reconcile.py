@@ -65,13 +65,13 @@ class Reconciler:
         # the first stage of a build that died, recorded as a bundle build's death is below.
         for orphan in remove_orphaned_conversions(self.store.layout.checkpoints):
             staging_removed.append(f"checkpoints/{orphan.path}")
-            self.catalog.add_event(
+            self.catalog.events.add(
                 "build_failed", model=orphan.source, seconds=0.0,
                 detail="GGUF conversion interrupted (the converting process died)",
             )
         adopted: list[str] = []
         corrupt: list[str] = []
-        known = {b.id: b for b in self.catalog.all_bundles()}
+        known = {b.id: b for b in self.catalog.bundles.all()}
         on_disk: set[str] = set()
         manifests: dict[str, Manifest] = {}
         for scanned in self.store.scan():
@@ -111,26 +111,26 @@ class Reconciler:
             if info.state == "failed":
                 # Left by an older version: the failure is an event already; a row without a
                 # directory only misleads listings and stats.
-                self.catalog.forget_bundle(bid)
+                self.catalog.bundles.forget(bid)
                 forgotten.append(bid)
                 continue
             with self.store.locks.try_exclusive(bid) as got:
                 if not got:  # being built or served right now
                     continue
                 if info.state == "building":
-                    self.catalog.fail_build(
+                    self.catalog.bundles.fail_build(
                         bid, error="build interrupted (the building process died)", seconds=0.0
                     )
                     forgotten.append(bid)
                     continue
                 if not ((self.store.layout.root / info.path) / "manifest.json").exists():
-                    self.catalog.delete_bundle(
+                    self.catalog.bundles.delete(
                         bid, reason="stale", nbytes=info.size_bytes, detail="directory vanished"
                     )
                     forgotten.append(bid)
-        for info in self.catalog.all_bundles():
+        for info in self.catalog.bundles.all():
             live = {h.pid for h in self._holders(info.id) if h.host == self.catalog.node}
-            self.catalog.drop_stale_leases(info.id, live)
+            self.catalog.leases.drop_stale(info.id, live)
         self._drop_orphaned_context()
         stale, restored = self._recheck_environment(manifests)
         adapters_forgotten, adapter_files_removed = self._reconcile_adapters()
@@ -162,13 +162,13 @@ class Reconciler:
         forgotten: list[str] = []
         removed: list[str] = []
         unknown: list[str] = []
-        rows = {a.id: a for a in self.catalog.list_adapters()}
+        rows = {a.id: a for a in self.catalog.adapters.all()}
         for aid, info in rows.items():
             if (layout.root / info.path).is_file():
                 continue
             with self.store.locks.try_exclusive(adapter_lock_key(aid)) as got:
                 if got and not (layout.root / info.path).is_file():
-                    self.catalog.delete_adapter(aid, reason="stale", nbytes=info.size_bytes,
+                    self.catalog.adapters.delete(aid, reason="stale", nbytes=info.size_bytes,
                                                 detail="file vanished")
                     forgotten.append(aid)
         try:
@@ -206,7 +206,7 @@ class Reconciler:
     def _drop_orphaned_context(self) -> None:
         """Remove context records (``context/<bundle_id>/``) whose bundle is gone."""
         layout = self.store.layout
-        kept = {b.id for b in self.catalog.all_bundles()}
+        kept = {b.id for b in self.catalog.bundles.all()}
         for bid in layout.context_bundle_ids():
             if bid not in kept and layout.remove_context(bid):
                 log.info("reconcile: removed the context records of bundle %s (bundle gone)", bid)
@@ -219,7 +219,7 @@ class Reconciler:
         lock is held is being served on this node right now, so it runs here: it is not flagged."""
         stale: list[str] = []
         restored: list[str] = []
-        for info in self.catalog.all_bundles(states=("ready", "stale")):
+        for info in self.catalog.bundles.all(states=("ready", "stale")):
             manifest = manifests.get(info.id)
             if manifest is None:
                 continue
@@ -227,11 +227,11 @@ class Reconciler:
             if why is not None and info.state == "ready":
                 if self.store.locks.is_locked(info.id):
                     continue
-                self.catalog.set_stale(info.id, why)
+                self.catalog.bundles.set_stale(info.id, why)
                 log.warning("bundle %s is stale and will not be loaded: %s", info.id, why)
                 stale.append(info.id)
             elif why is None and info.state == "stale":
-                self.catalog.set_stale(info.id, None)
+                self.catalog.bundles.set_stale(info.id, None)
                 log.info("bundle %s runs here again: ready", info.id)
                 restored.append(info.id)
         return stale, restored
@@ -240,7 +240,7 @@ class Reconciler:
         """A process died after publishing but before marking the row ready: finish its work."""
         with self.store.locks.try_exclusive(manifest.bundle_id) as got:
             if got and verify_bundle(path, manifest).ok:
-                self.catalog.finish_build(
+                self.catalog.bundles.finish_build(
                     manifest.bundle_id,
                     size_bytes=manifest.size_bytes,
                     file_count=manifest.file_count,
@@ -250,7 +250,7 @@ class Reconciler:
 
     def adopt(self, rel: Path, manifest: Manifest, model: str) -> None:
         """Insert a ready row for a published, verified directory the catalog did not know."""
-        self.catalog.adopt_bundle(
+        self.catalog.bundles.adopt(
             BundleKey.from_manifest(manifest, rel),
             model=model or manifest.checkpoint_digest[:16],
             size_bytes=manifest.size_bytes,

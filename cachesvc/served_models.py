@@ -66,11 +66,11 @@ class CatalogModels:
         bid = self.startup.get(name)
         if bid is not None:
             return self._ready(name, self._bundle(name, bid))
-        alias = next((a for a in self.manager.queries.aliases() if a.name == name), None)
+        alias = next((a for a in self.manager.catalog.aliases.all() if a.name == name), None)
         if alias is not None:
             return self._alias(alias)
         try:
-            info = self.manager.queries.get_bundle(name)
+            info = self.manager.catalog.bundles.require(name)
         except NotFoundError:
             info = None
         if info is not None:
@@ -110,7 +110,7 @@ class CatalogModels:
 
     def _bundle(self, name: str, bid: str) -> BundleInfo:
         try:
-            return self.manager.queries.get_bundle(bid)
+            return self.manager.catalog.bundles.require(bid)
         except NotFoundError:
             raise ModelNotFoundError(
                 f"the model {name!r} names bundle {bid}, which is no longer in the catalog; "
@@ -192,7 +192,7 @@ class CatalogModels:
         for name, bid in self.startup.items():
             if not _is_path(name):  # the model argument given as a directory
                 add(name, by_id.get(bid))
-        for alias in self.manager.queries.aliases():
+        for alias in self.manager.catalog.aliases.all():
             if alias.bundle_id is not None:
                 add(alias.name, by_id.get(alias.bundle_id))
             else:
@@ -236,7 +236,7 @@ class CatalogModels:
         """Append a load/unload event to the catalog's audit log (skipped while the catalog is
         down: the outage is logged once by its health tracker, serving goes on)."""
         with suppress(CatalogUnavailableError):
-            self.manager.catalog.add_event(
+            self.manager.record_event(
                 kind,
                 bundle_id=bundle_id,
                 model=detail.get("model"),

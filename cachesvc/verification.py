@@ -37,7 +37,7 @@ class BundleVerifier:
     def mark_corrupt(self, bid: str, detail: str) -> None:
         """Mark ``bid`` corrupt (never served; the next prepare rebuilds it) and tell the listeners."""
         try:
-            self.catalog.set_verified(bid, ok=False, detail=detail)
+            self.catalog.bundles.set_verified(bid, ok=False, detail=detail)
         except NotFoundError:
             return
         for listener in list(self._corrupt_listeners):
@@ -61,7 +61,7 @@ class BundleVerifier:
 
         Files that match but were built for another GPU or TensorRT version than this node has
         mark it ``stale``; a clean verify makes a corrupt or stale bundle ready again."""
-        info = self.catalog.require_bundle(bid)
+        info = self.catalog.bundles.require(bid)
         if info.state == "building":
             raise LeasedError(f"bundle {bid} is being built; verify it when the build finishes")
         bundle_dir = self.store.layout.root / info.path
@@ -82,11 +82,11 @@ class BundleVerifier:
                 stale = None
             if stale is not None:
                 log.warning("bundle %s is stale and will not be loaded: %s", bid, stale)
-            updated = self.catalog.set_verified(bid, ok=True, detail=None, stale=stale)
+            updated = self.catalog.bundles.set_verified(bid, ok=True, detail=None, stale=stale)
         else:
             log.error("bundle %s is corrupt: %s", bid, detail)
             self.mark_corrupt(bid, detail or "corrupt")
-            updated = self.catalog.require_bundle(bid)
+            updated = self.catalog.bundles.require(bid)
         return VerifyResult(bid, ok, files_checked, bytes_checked, mismatches, updated.state)
 
     def load_check(self, bid: str, final: Path) -> str | None:

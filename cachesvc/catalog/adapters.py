@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
-from cachesvc.catalog.base import CatalogBase, utcnow
+from cachesvc.catalog.base import CatalogTable, utcnow
 from cachesvc.catalog.models import AdapterRow
 from cachesvc.errors import NotFoundError
 from cachesvc.records import AdapterInfo
@@ -19,13 +19,13 @@ from cachesvc.records import AdapterInfo
 AdapterCandidate = tuple[str, int, datetime, bool, str]
 
 
-class AdapterTable(CatalogBase):
+class AdapterTable(CatalogTable):
     """Record, list, touch, pin and forget this node's converted adapters.
 
     Paths in the records this table returns are relative to the cache root (as in the rows);
     the manager's ``adapters`` section hands out absolute ones."""
 
-    def add_adapter(
+    def add(
         self, *, adapter_id: str, digest: str, source: str, path: Path, rank: int,
         targets: tuple[str, ...], size_bytes: int,
     ) -> tuple[AdapterInfo, bool]:
@@ -33,7 +33,7 @@ class AdapterTable(CatalogBase):
         already there and False (another process converted it first: no second event)."""
         now = utcnow()
         try:
-            with self._tx() as session:
+            with self.core.tx() as session:
                 known = session.get(AdapterRow, (adapter_id, self.node), with_for_update=True)
                 if known is not None:
                     return adapter_info(known), False
@@ -43,34 +43,34 @@ class AdapterTable(CatalogBase):
                     last_used_at=now, node=self.node,
                 )
                 session.add(row)
-                self._add_event(session, "adapter_add", checkpoint_digest=digest, model=source,
+                self.core.add_event(session, "adapter_add", checkpoint_digest=digest, model=source,
                                 nbytes=size_bytes, detail=f"adapter {adapter_id} (rank {rank})")
                 session.flush()
                 return adapter_info(row), True
         except IntegrityError:  # inserted by another process between our read and our insert
-            known_info = self.get_adapter(adapter_id)
+            known_info = self.get(adapter_id)
             if known_info is None:
                 raise
             return known_info, False
 
-    def get_adapter(self, adapter_id: str) -> AdapterInfo | None:
+    def get(self, adapter_id: str) -> AdapterInfo | None:
         """This node's row of ``adapter_id``, or None."""
-        with self._read() as session:
+        with self.core.read() as session:
             row = session.get(AdapterRow, (adapter_id, self.node))
             return None if row is None else adapter_info(row)
 
-    def require_adapter(self, adapter_id: str) -> AdapterInfo:
+    def require(self, adapter_id: str) -> AdapterInfo:
         """This node's row of ``adapter_id`` (NotFoundError when there is none)."""
-        info = self.get_adapter(adapter_id)
+        info = self.get(adapter_id)
         if info is None:
             raise NotFoundError(
                 f"no LoRA adapter with id {adapter_id!r} (list them with `cachesvc adapters ls`)"
             )
         return info
 
-    def list_adapters(self) -> list[AdapterInfo]:
+    def all(self) -> list[AdapterInfo]:
         """This node's adapters, most recently used first."""
-        with self._read() as session:
+        with self.core.read() as session:
             rows = session.scalars(
                 select(AdapterRow)
                 .where(AdapterRow.node == self.node)
@@ -78,10 +78,10 @@ class AdapterTable(CatalogBase):
             ).all()
             return [adapter_info(r) for r in rows]
 
-    def touch_adapter(self, adapter_id: str, at: datetime | None = None) -> None:
+    def touch(self, adapter_id: str, at: datetime | None = None) -> None:
         """Set ``last_used_at`` (now by default): the adapter was used. No event."""
-        self._untracked_changes += 1
-        with self._tx() as session:
+        self.core.untracked_changes += 1
+        with self.core.tx() as session:
             done = session.execute(
                 update(AdapterRow)
                 .where(AdapterRow.id == adapter_id, AdapterRow.node == self.node)
@@ -90,9 +90,9 @@ class AdapterTable(CatalogBase):
             if getattr(done, "rowcount", 1) == 0:
                 raise NotFoundError(f"no LoRA adapter with id {adapter_id!r}")
 
-    def set_adapter_pinned(self, adapter_id: str, pinned: bool) -> AdapterInfo:
+    def set_pinned(self, adapter_id: str, pinned: bool) -> AdapterInfo:
         """Pin or unpin an adapter; an ``adapter_pin``/``adapter_unpin`` event when it changes."""
-        with self._tx() as session:
+        with self.core.tx() as session:
             row = session.get(AdapterRow, (adapter_id, self.node), with_for_update=True)
             if row is None:
                 raise NotFoundError(
@@ -100,25 +100,25 @@ class AdapterTable(CatalogBase):
                 )
             if row.pinned != pinned:
                 row.pinned = pinned
-                self._add_event(session, "adapter_pin" if pinned else "adapter_unpin",
+                self.core.add_event(session, "adapter_pin" if pinned else "adapter_unpin",
                                 checkpoint_digest=row.digest, model=row.source, detail=f"adapter {row.id}")
             return adapter_info(row)
 
-    def delete_adapter(self, adapter_id: str, *, reason: str, nbytes: int, detail: str | None = None) -> bool:
+    def delete(self, adapter_id: str, *, reason: str, nbytes: int, detail: str | None = None) -> bool:
         """Forget an adapter (its file is the caller's business): an ``adapter_rm`` event with
         ``reason`` (an eviction reason) and the bytes freed. False when it was gone."""
-        with self._tx() as session:
+        with self.core.tx() as session:
             row = session.get(AdapterRow, (adapter_id, self.node), with_for_update=True)
             if row is None:
                 return False
-            self._add_event(session, "adapter_rm", checkpoint_digest=row.digest, model=row.source,
+            self.core.add_event(session, "adapter_rm", checkpoint_digest=row.digest, model=row.source,
                             reason=reason, nbytes=nbytes, detail=detail or f"adapter {adapter_id}")
             session.delete(row)
             return True
 
-    def adapter_total_size(self) -> int:
+    def total_size(self) -> int:
         """Bytes of this node's converted adapter files (catalog sizes, no walk)."""
-        with self._read() as session:
+        with self.core.read() as session:
             return int(
                 session.scalar(
                     select(func.coalesce(func.sum(AdapterRow.size_bytes), 0))
@@ -127,7 +127,7 @@ class AdapterTable(CatalogBase):
                 or 0
             )
 
-    def adapter_candidates(self) -> list[AdapterCandidate]:
+    def eviction_candidates(self) -> list[AdapterCandidate]:
         """(id, size, last_used_at, pinned, path) of this node's adapters, least recently used
         first (few rows: read at once)."""
         stmt = (
@@ -136,7 +136,7 @@ class AdapterTable(CatalogBase):
             .where(AdapterRow.node == self.node)
             .order_by(AdapterRow.last_used_at.asc(), AdapterRow.id.asc())
         )
-        with self._read() as session:
+        with self.core.read() as session:
             return [(r[0], int(r[1]), r[2], bool(r[3]), r[4]) for r in session.execute(stmt)]
 
 

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from cachesvc.catalog.base import CatalogBase, utcnow
+from cachesvc.catalog.base import CatalogTable, utcnow
 from cachesvc.catalog.models import AliasRow
 from cachesvc.errors import ConfigError, NotFoundError
 from cachesvc.records import AliasInfo
 
 
-class AliasTable(CatalogBase):
+class AliasTable(CatalogTable):
     """Set, remove and list aliases."""
 
-    def set_alias(self, name: str, *, bundle_id: str | None = None, model: str | None = None) -> AliasInfo:
+    def set(self, name: str, *, bundle_id: str | None = None, model: str | None = None) -> AliasInfo:
         """Create or replace the alias ``name`` (exactly one of ``bundle_id``, ``model``)."""
         if (bundle_id is None) == (model is None):
             raise ConfigError("bundle_id", "give exactly one of bundle_id and model")
-        with self._tx() as session:
+        with self.core.tx() as session:
             row = session.get(AliasRow, name)
             if row is None:
                 row = AliasRow(name=name, created_at=utcnow())
@@ -25,17 +25,17 @@ class AliasTable(CatalogBase):
             row.bundle_id, row.model = bundle_id, model
             return AliasInfo(name=name, bundle_id=bundle_id, model=model, created_at=row.created_at)
 
-    def remove_alias(self, name: str) -> None:
+    def remove(self, name: str) -> None:
         """Delete the alias ``name`` (NotFoundError when there is none)."""
-        with self._tx() as session:
+        with self.core.tx() as session:
             row = session.get(AliasRow, name)
             if row is None:
                 raise NotFoundError(f"no model alias named {name!r}")
             session.delete(row)
 
-    def aliases(self) -> list[AliasInfo]:
+    def all(self) -> list[AliasInfo]:
         """Every alias, by name."""
-        with self._read() as session:
+        with self.core.read() as session:
             rows = session.scalars(select(AliasRow).order_by(AliasRow.name)).all()
             return [
                 AliasInfo(name=r.name, bundle_id=r.bundle_id, model=r.model, created_at=r.created_at)

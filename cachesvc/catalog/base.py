@@ -1,10 +1,10 @@
 """What every catalog table's repository shares: the engine and its sessions, this node's name,
 the row lock of a bundle, and the event written in the same transaction as the change it records.
 
-One repository class per table (``bundles``, ``checkpoints``, ``events``, ``leases``,
-``aliases``, ``adapters``;
-the fleet's tables in :mod:`cachesvc.catalog.fleet`) builds on :class:`CatalogBase`;
-:class:`cachesvc.catalog.Catalog` is all of them over one database.
+One repository object per table (``bundles``, ``checkpoints``, ``events``, ``leases``,
+``aliases``, ``adapters``; the fleet's tables in :mod:`cachesvc.catalog.fleet`), each a
+:class:`CatalogTable` holding the one :class:`CatalogCore` of its database;
+:class:`cachesvc.catalog.Catalog` holds them all as attributes (``catalog.bundles`` …).
 """
 
 from __future__ import annotations
@@ -34,14 +34,12 @@ def utcnow() -> datetime:
     """Aware UTC now (the catalog stores UTC only)."""
     return datetime.now(UTC)
 
-
-
-class CatalogBase:
+class CatalogCore:
     """The database connection of the catalog and the helpers its table repositories share.
 
-    Every public method of a repository is one short transaction: ``_tx`` (a write; SQLite's
-    ``BEGIN IMMEDIATE``) or ``_read``. Rows changed inside a write transaction are read
-    ``FOR UPDATE`` (``_lock_bundle``): a row lock on PostgreSQL.
+    Every public method of a repository is one short transaction: ``tx`` (a write; SQLite's
+    ``BEGIN IMMEDIATE``) or ``read``. Rows changed inside a write transaction are read
+    ``FOR UPDATE`` (``lock_bundle``): a row lock on PostgreSQL.
     """
 
     def __init__(self, url: str, *, node: str) -> None:
@@ -50,11 +48,12 @@ class CatalogBase:
         #: Up/down state of the database (``/health``); fed by the engine's error hooks.
         self.health = CatalogHealth(self.backend_name(url))
         self.engine = create_catalog_engine(url, self.health)
-        self._read = sessionmaker(self.engine, expire_on_commit=False)
+        #: A read session (``with core.read() as session``).
+        self.read = sessionmaker(self.engine, expire_on_commit=False)
         self._write_engine = self.engine.execution_options(sqlite_immediate=True)
         self._write = sessionmaker(self._write_engine, expire_on_commit=False)
-        # Changes this process made without an event (``touch``), folded into ``version()``.
-        self._untracked_changes = 0
+        #: Changes this process made without an event (``touch``), folded into ``version()``.
+        self.untracked_changes = 0
 
     @staticmethod
     def backend_name(url: str) -> str:
@@ -62,20 +61,21 @@ class CatalogBase:
         return make_url(url).get_backend_name()
 
     @contextmanager
-    def _tx(self) -> Iterator[Session]:
+    def tx(self) -> Iterator[Session]:
+        """A write transaction (SQLite: ``BEGIN IMMEDIATE``), committed on leaving the block."""
         with self._write() as session, session.begin():
             yield session
 
-    def _lock_bundle(self, session: Session, bundle_id: str) -> BundleRow | None:
+    def lock_bundle(self, session: Session, bundle_id: str) -> BundleRow | None:
         """This node's row of ``bundle_id`` locked for update, or None."""
         return session.get(BundleRow, (bundle_id, self.node), with_for_update=True)
 
-    def _bundle_event(self, session: Session, kind: str, row: BundleRow, **fields: Any) -> None:
+    def bundle_event(self, session: Session, kind: str, row: BundleRow, **fields: Any) -> None:
         """An event about ``row``'s bundle (its id, checkpoint and model) in ``session``'s transaction."""
         digest, model = row.checkpoint_digest, row.model
-        self._add_event(session, kind, bundle_id=row.id, checkpoint_digest=digest, model=model, **fields)
+        self.add_event(session, kind, bundle_id=row.id, checkpoint_digest=digest, model=model, **fields)
 
-    def _add_event(
+    def add_event(
         self,
         session: Session,
         kind: str,
@@ -89,6 +89,7 @@ class CatalogBase:
         detail: str | None = None,
         at: datetime | None = None,
     ) -> None:
+        """An event (and its running total) in ``session``'s transaction."""
         if kind not in EVENT_KINDS:
             raise ValueError(f"unknown event kind {kind!r}")
         at = at or utcnow()
@@ -106,9 +107,9 @@ class CatalogBase:
                 node=self.node,
             )
         )
-        self._bump_total(session, kind, reason or "", model or "", nbytes or 0, seconds or 0.0, at)
+        self.bump_total(session, kind, reason or "", model or "", nbytes or 0, seconds or 0.0, at)
 
-    def _bump_total(
+    def bump_total(
         self,
         session: Session,
         kind: str,
@@ -120,6 +121,7 @@ class CatalogBase:
         *,
         node: str | None = None,
     ) -> None:
+        """Add one event of ``kind`` to its running total (``event_totals``) in ``session``."""
         node = node or self.node
         values = {
             "node": node,
@@ -154,6 +156,18 @@ class CatalogBase:
             row.count += 1
             row.bytes += nbytes
             row.seconds += seconds
+
+
+class CatalogTable:
+    """One table's repository: its queries and transitions over the shared :class:`CatalogCore`."""
+
+    def __init__(self, core: CatalogCore) -> None:
+        self.core = core
+
+    @property
+    def node(self) -> str:
+        """This process's node name (every write touches only its rows)."""
+        return self.core.node
 
 
 def require_row(session: Session, bundle_id: str, node: str, *, lock: bool = True) -> BundleRow:

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Select, and_, func, literal, or_, select, tuple_, update
 
-from cachesvc.catalog.base import BUCKET_KIND, CatalogBase, bundle_info, require_row, utcnow
+from cachesvc.catalog.base import BUCKET_KIND, CatalogTable, bundle_info, require_row, utcnow
 from cachesvc.catalog.models import BundleRow, UTCDateTime
 from cachesvc.errors import ConfigError
 from cachesvc.profiles import BundleKey
@@ -28,26 +28,26 @@ assert tuple(SORT_COLUMNS) == SORT_KEYS, "every listing sort key needs a column"
 _DATETIME_SORTS = {"last_used", "created"}
 
 
-class BundleTable(CatalogBase):
+class BundleTable(CatalogTable):
     """This node's bundle rows (writes) and every node's (listings)."""
 
-    def get_bundle(self, bundle_id: str) -> BundleInfo | None:
+    def get(self, bundle_id: str) -> BundleInfo | None:
         """This node's bundle, or None."""
-        with self._read() as session:
+        with self.core.read() as session:
             row = session.get(BundleRow, (bundle_id, self.node))
             return None if row is None else bundle_info(row)
 
-    def require_bundle(self, bundle_id: str, *, node: str | None = None) -> BundleInfo:
+    def require(self, bundle_id: str, *, node: str | None = None) -> BundleInfo:
         """This node's bundle (or ``node``'s), or NotFoundError."""
-        with self._read() as session:
+        with self.core.read() as session:
             return bundle_info(require_row(session, bundle_id, node or self.node, lock=False))
 
     def begin_build(self, key: BundleKey, *, model: str) -> None:
         """Insert (or reset) the row of a bundle about to be built: state ``building``; a miss event."""
         now = utcnow()
         bundle_id = key.id
-        with self._tx() as session:
-            row = self._lock_bundle(session, bundle_id)
+        with self.core.tx() as session:
+            row = self.core.lock_bundle(session, bundle_id)
             if row is None:
                 row = BundleRow(id=bundle_id, node=self.node, created_at=now, hit_count=0, pinned=False)
                 session.add(row)
@@ -56,21 +56,21 @@ class BundleTable(CatalogBase):
             row.backend, row.path = key.backend, str(key.relpath)
             row.size_bytes, row.file_count, row.state, row.error = 0, 0, "building", None
             row.last_used_at, row.node = now, self.node
-            self._bundle_event(session, "miss", row)
+            self.core.bundle_event(session, "miss", row)
 
     def finish_build(self, bundle_id: str, *, size_bytes: int, file_count: int, seconds: float) -> BundleInfo:
         """Mark a build ready (after its directory was published); a build_ok event."""
         now = utcnow()
-        with self._tx() as session:
+        with self.core.tx() as session:
             row = require_row(session, bundle_id, self.node)
             row.state, row.size_bytes, row.file_count = "ready", size_bytes, file_count
             row.built_at, row.build_seconds, row.last_used_at, row.last_verified_at = now, seconds, now, now
             row.error = None
-            self._bundle_event(session, "build_ok", row, nbytes=size_bytes, seconds=seconds)
+            self.core.bundle_event(session, "build_ok", row, nbytes=size_bytes, seconds=seconds)
             # Histogram of build durations as running totals (one row per bucket), so stats
             # and /metrics never read the build events themselves.
             bound = next((b for b in BUILD_SECONDS_BUCKETS if seconds <= b), math.inf)
-            self._bump_total(session, BUCKET_KIND, repr(float(bound)), "", 0, seconds, utcnow())
+            self.core.bump_total(session, BUCKET_KIND, repr(float(bound)), "", 0, seconds, utcnow())
             return bundle_info(row)
 
     def fail_build(self, bundle_id: str, *, error: str, seconds: float) -> None:
@@ -80,29 +80,30 @@ class BundleTable(CatalogBase):
         A row promises a directory: a kept ``failed`` row would list a path that does not exist
         and count in stats. The failure itself stays in the event log (and in the build status).
         """
-        with self._tx() as session:
-            row = self._lock_bundle(session, bundle_id)
+        with self.core.tx() as session:
+            row = self.core.lock_bundle(session, bundle_id)
             if row is None:
                 return
             session.delete(row)
-            self._bundle_event(session, "build_failed", row, seconds=seconds, detail=error[:4000])
+            self.core.bundle_event(session, "build_failed", row, seconds=seconds, detail=error[:4000])
 
     def record_hit(self, bundle_id: str) -> BundleInfo:
         """A cache hit: last_used_at = now, hit_count + 1, a hit event."""
-        with self._tx() as session:
+        with self.core.tx() as session:
             row = require_row(session, bundle_id, self.node)
             row.hit_count += 1
             row.last_used_at = utcnow()
-            self._bundle_event(session, "hit", row)
+            self.core.bundle_event(session, "hit", row)
             return bundle_info(row)
 
     def set_pinned(self, bundle_id: str, pinned: bool) -> BundleInfo:
         """Pin or unpin; an event when it changes."""
-        with self._tx() as session:
+        with self.core.tx() as session:
             row = require_row(session, bundle_id, self.node)
             if row.pinned != pinned:
                 row.pinned = pinned
-                self._add_event(session, "pin" if pinned else "unpin", bundle_id=bundle_id, model=row.model)
+                kind = "pin" if pinned else "unpin"
+                self.core.add_event(session, kind, bundle_id=bundle_id, model=row.model)
             return bundle_info(row)
 
     def set_verified(
@@ -111,7 +112,7 @@ class BundleTable(CatalogBase):
         """Record a verify: a mismatch marks the bundle corrupt; files that match but were built
         for another environment (``stale`` says why) mark it stale; a clean verify makes a
         corrupt or stale bundle ready again."""
-        with self._tx() as session:
+        with self.core.tx() as session:
             row = require_row(session, bundle_id, self.node)
             row.last_verified_at = utcnow()
             if not ok:
@@ -120,7 +121,7 @@ class BundleTable(CatalogBase):
                 row.state, row.error = "stale", stale
             elif row.state in ("corrupt", "stale"):
                 row.state, row.error = "ready", None
-            self._add_event(
+            self.core.add_event(
                 session,
                 "verify",
                 bundle_id=bundle_id,
@@ -134,7 +135,7 @@ class BundleTable(CatalogBase):
         """``reason`` given: a ready bundle becomes ``stale`` (error = why); None: a stale bundle is
         ``ready`` again. A ``reconcile`` event (reason ``stale``/``ready``) when the state changes;
         other states (building, failed, corrupt) are left as they are."""
-        with self._tx() as session:
+        with self.core.tx() as session:
             row = require_row(session, bundle_id, self.node)
             if reason is not None and row.state == "ready":
                 row.state, row.error = "stale", reason
@@ -142,7 +143,7 @@ class BundleTable(CatalogBase):
                 row.state, row.error = "ready", None
             else:
                 return bundle_info(row)
-            self._add_event(
+            self.core.add_event(
                 session,
                 "reconcile",
                 bundle_id=bundle_id,
@@ -152,30 +153,30 @@ class BundleTable(CatalogBase):
             )
             return bundle_info(row)
 
-    def delete_bundle(self, bundle_id: str, *, reason: str, nbytes: int, detail: str | None = None) -> None:
+    def delete(self, bundle_id: str, *, reason: str, nbytes: int, detail: str | None = None) -> None:
         """Forget a bundle whose directory is gone; an evict event with the reason and bytes."""
-        with self._tx() as session:
-            row = self._lock_bundle(session, bundle_id)
+        with self.core.tx() as session:
+            row = self.core.lock_bundle(session, bundle_id)
             if row is None:
                 return
-            self._bundle_event(session, "evict", row, reason=reason, nbytes=nbytes, detail=detail)
+            self.core.bundle_event(session, "evict", row, reason=reason, nbytes=nbytes, detail=detail)
             session.delete(row)
 
-    def forget_bundle(self, bundle_id: str) -> None:
+    def forget(self, bundle_id: str) -> None:
         """Delete a row without an event (its story is in the log already, e.g. a failed build)."""
-        with self._tx() as session:
-            row = self._lock_bundle(session, bundle_id)
+        with self.core.tx() as session:
+            row = self.core.lock_bundle(session, bundle_id)
             if row is not None:
                 session.delete(row)
 
-    def adopt_bundle(
+    def adopt(
         self, key: BundleKey, *, model: str, size_bytes: int, file_count: int, built_at: datetime
     ) -> None:
         """Insert a ready row for a published directory the catalog did not know."""
         now = utcnow()
         bundle_id, checkpoint_digest, draft_digest = key.id, key.checkpoint_digest, key.draft_digest
         profile, profile_name, backend, path = dict(key.profile), key.name, key.backend, key.relpath
-        with self._tx() as session:
+        with self.core.tx() as session:
             if session.get(BundleRow, (bundle_id, self.node)) is not None:
                 return
             session.add(
@@ -200,11 +201,11 @@ class BundleTable(CatalogBase):
                     node=self.node,
                 )
             )
-            self._add_event(
+            self.core.add_event(
                 session, "reconcile", bundle_id=bundle_id, model=model, reason="adopted", nbytes=size_bytes
             )
 
-    def all_bundles(self, *, states: Sequence[str] | None = None) -> list[BundleInfo]:
+    def all(self, *, states: Sequence[str] | None = None) -> list[BundleInfo]:
         """Every bundle of this node (optionally of some states), least recently used first."""
         stmt = (
             select(BundleRow)
@@ -213,7 +214,7 @@ class BundleTable(CatalogBase):
         )
         if states is not None:
             stmt = stmt.where(BundleRow.state.in_(list(states)))
-        with self._read() as session:
+        with self.core.read() as session:
             return [bundle_info(r) for r in session.scalars(stmt)]
 
     def eviction_candidates(
@@ -221,7 +222,7 @@ class BundleTable(CatalogBase):
     ) -> list[tuple[str, int, datetime, bool, str]]:
         """(id, size, last_used_at, pinned, path) of evictable bundles, LRU first, one keyset page.
 
-        Stale bundles are not among them: the planner takes those first (``stale_bundles``).
+        Stale bundles are not among them: the planner takes those first (``Evictor._stale_rows``).
         Reads only indexed columns a page at a time, so planning over 100k rows stays cheap.
         """
         stmt = (
@@ -240,12 +241,12 @@ class BundleTable(CatalogBase):
                 tuple_(BundleRow.last_used_at, BundleRow.id)
                 > tuple_(literal(at, UTCDateTime()), literal(last_id))
             )
-        with self._read() as session:
+        with self.core.read() as session:
             return [(r[0], int(r[1]), r[2], bool(r[3]), r[4]) for r in session.execute(stmt)]
 
     def total_size(self) -> int:
         """Sum of catalog sizes of this node's bundles (no directory walks)."""
-        with self._read() as session:
+        with self.core.read() as session:
             return int(
                 session.scalar(
                     select(func.coalesce(func.sum(BundleRow.size_bytes), 0)).where(
@@ -255,7 +256,7 @@ class BundleTable(CatalogBase):
                 or 0
             )
 
-    def list_bundles(
+    def page(
         self,
         *,
         model: str | None = None,
@@ -313,7 +314,7 @@ class BundleTable(CatalogBase):
         stmt = stmt.limit(limit + 1)
         if offset:
             stmt = stmt.offset(offset)
-        with self.engine.connect() as session:
+        with self.core.engine.connect() as session:
             rows = list(session.execute(stmt))
             total, total_bytes = session.execute(
                 select(func.count(), func.coalesce(func.sum(BundleRow.size_bytes), 0))
@@ -335,8 +336,8 @@ class BundleTable(CatalogBase):
 
     def touch(self, bundle_id: str, at: datetime) -> None:
         """Set last_used_at (tests and benchmarks arrange LRU order with it; no event)."""
-        self._untracked_changes += 1
-        with self._tx() as session:
+        self.core.untracked_changes += 1
+        with self.core.tx() as session:
             session.execute(
                 update(BundleRow)
                 .where(BundleRow.id == bundle_id, BundleRow.node == self.node)

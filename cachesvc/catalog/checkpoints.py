@@ -7,19 +7,19 @@ from pathlib import Path
 from sqlalchemy import Table, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from cachesvc.catalog.base import CatalogBase, bundle_info, utcnow
+from cachesvc.catalog.base import CatalogTable, bundle_info, utcnow
 from cachesvc.catalog.models import BundleRow, CheckpointRow
 from cachesvc.records import BundleInfo, CheckpointInfo
 
 
-class CheckpointTable(CatalogBase):
+class CheckpointTable(CatalogTable):
     """Record, list and forget resolved checkpoints."""
 
-    def upsert_checkpoint(
+    def upsert(
         self, *, digest: str, source: str, path: Path, size_bytes: int, file_count: int
     ) -> None:
         """Record (or refresh) a resolved checkpoint; an unchanged one costs a read, not a write."""
-        with self._read() as session:
+        with self.core.read() as session:
             known = session.get(CheckpointRow, digest)
             if known is not None and (known.source, known.path, known.size_bytes, known.file_count) == (
                 source,
@@ -28,7 +28,7 @@ class CheckpointTable(CatalogBase):
                 file_count,
             ):
                 return
-        with self._tx() as session:
+        with self.core.tx() as session:
             values = {
                 "digest": digest,
                 "source": source,
@@ -64,26 +64,26 @@ class CheckpointTable(CatalogBase):
                 )
                 row.resolved_at = utcnow()
 
-    def list_checkpoints(self) -> list[CheckpointInfo]:
+    def all(self) -> list[CheckpointInfo]:
         """Every resolved checkpoint with the ids of its bundles."""
-        with self._read() as session:
+        with self.core.read() as session:
             rows = session.scalars(select(CheckpointRow).order_by(CheckpointRow.resolved_at.desc())).all()
             by_digest: dict[str, list[str]] = {}
             for bid, digest in session.execute(select(BundleRow.id, BundleRow.checkpoint_digest)):
                 by_digest.setdefault(digest, []).append(bid)
             return [_checkpoint_info(r, tuple(sorted(by_digest.get(r.digest, [])))) for r in rows]
 
-    def checkpoint_row(self, digest: str) -> tuple[CheckpointInfo, str] | None:
+    def get_with_node(self, digest: str) -> tuple[CheckpointInfo, str] | None:
         """One checkpoint (without bundle ids) and the node whose disk its path is on, or None."""
-        with self._read() as session:
+        with self.core.read() as session:
             r = session.get(CheckpointRow, digest)
             if r is None:
                 return None
             return _checkpoint_info(r), r.node
 
-    def checkpoint_bundles(self, digest: str) -> list[BundleInfo]:
+    def bundles_of(self, digest: str) -> list[BundleInfo]:
         """Every node's bundles built from checkpoint ``digest``, or with it as their draft."""
-        with self._read() as session:
+        with self.core.read() as session:
             rows = session.scalars(
                 select(BundleRow)
                 .where(or_(BundleRow.checkpoint_digest == digest, BundleRow.draft_digest == digest))
@@ -91,23 +91,23 @@ class CheckpointTable(CatalogBase):
             ).all()
             return [bundle_info(r) for r in rows]
 
-    def delete_checkpoint(self, digest: str, *, nbytes: int, detail: str) -> bool:
+    def delete(self, digest: str, *, nbytes: int, detail: str) -> bool:
         """Forget checkpoint ``digest`` (its files are the caller's business); a ``checkpoint_rm``
         event with the bytes deleted and what happened to the files. False when it was gone."""
-        with self._tx() as session:
+        with self.core.tx() as session:
             row = session.get(CheckpointRow, digest, with_for_update=True)
             if row is None:
                 return False
-            self._add_event(
+            self.core.add_event(
                 session, "checkpoint_rm", checkpoint_digest=digest, model=row.source, nbytes=nbytes,
                 detail=detail,
             )
             session.delete(row)
             return True
 
-    def checkpoint_count(self) -> int:
+    def count(self) -> int:
         """Number of resolved checkpoints."""
-        with self._read() as session:
+        with self.core.read() as session:
             return int(session.scalar(select(func.count()).select_from(CheckpointRow)) or 0)
 
 

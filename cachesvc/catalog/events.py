@@ -10,35 +10,35 @@ from typing import Any
 
 from sqlalchemy import delete, func, insert, select
 
-from cachesvc.catalog.base import BUCKET_KIND, CatalogBase, event_info, utcnow
+from cachesvc.catalog.base import BUCKET_KIND, CatalogTable, event_info, utcnow
 from cachesvc.catalog.models import BundleRow, CheckpointRow, EventRow, EventTotalRow
 from cachesvc.records import BUILD_SECONDS_BUCKETS, CacheStats, EventInfo, ModelStats
 
 log = logging.getLogger("cachesvc.manager")
 
 
-class EventTable(CatalogBase):
+class EventTable(CatalogTable):
     """Append, prune and read the audit log; stats and the version from its totals."""
 
-    def add_event(self, kind: str, **fields: Any) -> None:
+    def add(self, kind: str, **fields: Any) -> None:
         """Append one event (and its running total) in its own transaction."""
-        with self._tx() as session:
-            self._add_event(session, kind, **fields)
+        with self.core.tx() as session:
+            self.core.add_event(session, kind, **fields)
 
     def apply_retention(self, *, max_age_days: float, max_rows: int) -> int:
         """The audit log's retention on this node's events (0 disables a limit); the running
         totals behind stats and metrics are kept. Returns how many events went."""
         older_than = utcnow() - timedelta(days=max_age_days) if max_age_days > 0 else None
-        removed = self.prune_events(older_than=older_than, keep_rows=max_rows or None)
+        removed = self.prune(older_than=older_than, keep_rows=max_rows or None)
         if removed:
             log.info("event retention: removed %d old events of node %s", removed, self.node)
         return removed
 
-    def prune_events(self, *, older_than: datetime | None, keep_rows: int | None) -> int:
+    def prune(self, *, older_than: datetime | None, keep_rows: int | None) -> int:
         """Delete this node's events older than ``older_than`` and all but its ``keep_rows``
         newest; the running totals (counters, stats) stay. Returns how many rows went."""
         removed = 0
-        with self._tx() as session:
+        with self.core.tx() as session:
             mine = EventRow.node == self.node
             if older_than is not None:
                 result = session.execute(delete(EventRow).where(mine, EventRow.at < older_than))
@@ -52,7 +52,7 @@ class EventTable(CatalogBase):
                     removed += int(getattr(result, "rowcount", 0) or 0)
         return removed
 
-    def events(
+    def recent(
         self,
         *,
         kind: str | None = None,
@@ -74,7 +74,7 @@ class EventTable(CatalogBase):
             stmt = stmt.where(EventRow.bundle_id == bundle_id)
         if before_id is not None:
             stmt = stmt.where(EventRow.id < before_id)
-        with self._read() as session:
+        with self.core.read() as session:
             return [event_info(r) for r in session.scalars(stmt)]
 
     def version(self) -> int:
@@ -83,9 +83,9 @@ class EventTable(CatalogBase):
         The total of ``event_totals`` rather than ``max(events.id)``: ids can commit out of
         order on PostgreSQL, the total cannot go backwards once a transaction is visible.
         """
-        with self.engine.connect() as conn:
+        with self.core.engine.connect() as conn:
             total = int(conn.scalar(select(func.coalesce(func.sum(EventTotalRow.count), 0))) or 0)
-        return total + self._untracked_changes
+        return total + self.core.untracked_changes
 
     def stats(self, *, max_size_bytes: int, node: str | None = None) -> CacheStats:
         """Cache statistics from the event totals and indexed bundle columns (no log scans).
@@ -98,7 +98,7 @@ class EventTable(CatalogBase):
         event_on_node = [EventRow.node == node] if node is not None else []
         # Core connection, not an ORM session: the session's per-statement overhead was most
         # of this call's time on a 10k-bundle catalog.
-        with self.engine.connect() as session:
+        with self.core.engine.connect() as session:
             # SQLite aggregates in C; Python sees a few rows per kind/reason and two per model.
             totals = session.execute(
                 select(t.kind, t.reason, func.sum(t.count), func.sum(t.bytes), func.sum(t.seconds))
@@ -197,7 +197,7 @@ class EventTable(CatalogBase):
         """Recompute ``event_totals`` from the events (repair, bulk imports, benchmarks)."""
         reason = func.coalesce(EventRow.reason, "")
         model = func.coalesce(EventRow.model, "")
-        with self._tx() as session:
+        with self.core.tx() as session:
             session.execute(delete(EventTotalRow))
             session.execute(
                 insert(EventTotalRow).from_select(
@@ -222,6 +222,6 @@ class EventTable(CatalogBase):
             for event_node, value in seconds:
                 duration = float(value or 0.0)
                 bound = next((b for b in BUILD_SECONDS_BUCKETS if duration <= b), math.inf)
-                self._bump_total(
+                self.core.bump_total(
                     session, BUCKET_KIND, repr(float(bound)), "", 0, duration, utcnow(), node=event_node
                 )

@@ -44,7 +44,7 @@ class FleetCatalog:
         self.node = catalog.node
 
     def _tx(self) -> Any:
-        return self.catalog._tx()
+        return self.catalog.core.tx()
 
     # -- heartbeat -------------------------------------------------------------------------
 
@@ -231,7 +231,7 @@ class FleetCatalog:
 
     def desired(self, node: str, *, fallback: bool = True) -> DesiredState | None:
         """The desired state of ``node``, else (with ``fallback``) the fleet default, else None."""
-        with self.catalog._read() as session:
+        with self.catalog.core.read() as session:
             row = session.get(DesiredStateRow, node)
             if row is None and fallback and node != FLEET_DEFAULT:
                 row = session.get(DesiredStateRow, FLEET_DEFAULT)

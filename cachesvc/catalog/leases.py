@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from sqlalchemy import delete, select
 
-from cachesvc.catalog.base import CatalogBase, utcnow
+from cachesvc.catalog.base import CatalogTable, utcnow
 from cachesvc.catalog.models import LeaseRow
 from cachesvc.records import LeaseHolder
 
 
-class LeaseTable(CatalogBase):
+class LeaseTable(CatalogTable):
     """Add, remove and list lease rows."""
 
-    def add_lease(self, bundle_id: str, pid: int) -> None:
+    def add(self, bundle_id: str, pid: int) -> None:
         """Record that this node's ``pid`` serves ``bundle_id``."""
-        with self._tx() as session:
+        with self.core.tx() as session:
             session.execute(
                 delete(LeaseRow).where(
                     LeaseRow.bundle_id == bundle_id, LeaseRow.node == self.node, LeaseRow.pid == pid
@@ -23,18 +23,18 @@ class LeaseTable(CatalogBase):
             )
             session.add(LeaseRow(bundle_id=bundle_id, node=self.node, pid=pid, since=utcnow()))
 
-    def remove_lease(self, bundle_id: str, pid: int) -> None:
+    def remove(self, bundle_id: str, pid: int) -> None:
         """Forget this node's ``pid`` as a holder of ``bundle_id``."""
-        with self._tx() as session:
+        with self.core.tx() as session:
             session.execute(
                 delete(LeaseRow).where(
                     LeaseRow.bundle_id == bundle_id, LeaseRow.node == self.node, LeaseRow.pid == pid
                 )
             )
 
-    def leases(self, bundle_id: str, *, node: str | None = None) -> list[LeaseHolder]:
+    def holders(self, bundle_id: str, *, node: str | None = None) -> list[LeaseHolder]:
         """Recorded holders of this node's (or ``node``'s) copy of a bundle (rows may be stale)."""
-        with self._read() as session:
+        with self.core.read() as session:
             rows = session.scalars(
                 select(LeaseRow)
                 .where(LeaseRow.bundle_id == bundle_id, LeaseRow.node == (node or self.node))
@@ -42,9 +42,9 @@ class LeaseTable(CatalogBase):
             )
             return [LeaseHolder(pid=r.pid, host=r.node, since=r.since.isoformat()) for r in rows]
 
-    def drop_stale_leases(self, bundle_id: str, live_pids: set[int]) -> None:
+    def drop_stale(self, bundle_id: str, live_pids: set[int]) -> None:
         """Delete this node's lease rows whose process no longer holds the lock."""
-        with self._tx() as session:
+        with self.core.tx() as session:
             stmt = delete(LeaseRow).where(LeaseRow.bundle_id == bundle_id, LeaseRow.node == self.node)
             if live_pids:
                 stmt = stmt.where(LeaseRow.pid.not_in(sorted(live_pids)))

@@ -9,7 +9,7 @@ from sqlalchemy import literal, select
 
 from cachesvc.catalog.adapters import AdapterTable
 from cachesvc.catalog.aliases import AliasTable
-from cachesvc.catalog.base import utcnow
+from cachesvc.catalog.base import CatalogCore, utcnow
 from cachesvc.catalog.bundles import BundleTable
 from cachesvc.catalog.checkpoints import CheckpointTable
 from cachesvc.catalog.events import EventTable
@@ -19,14 +19,31 @@ from cachesvc.records import CatalogState
 __all__ = ["Catalog", "utcnow"]
 
 
-class Catalog(BundleTable, CheckpointTable, EventTable, LeaseTable, AliasTable, AdapterTable):
-    """The SQL index of the cache. Every method is one short transaction.
+class Catalog:
+    """The SQL index of the cache: one repository per table (``bundles``, ``checkpoints``,
+    ``events``, ``leases``, ``aliases``, ``adapters``) over one :class:`CatalogCore` (the
+    engine, its sessions, this node). Every table method is one short transaction.
 
     Fleet rule: writes and the eviction/reconcile reads touch only this catalog's ``node``
     (its own disk); listings, events and stats take a ``node`` filter. Rows changed inside a
     write transaction are read ``FOR UPDATE`` (a row lock on PostgreSQL; SQLite's
     ``BEGIN IMMEDIATE`` already serialises writers).
     """
+
+    def __init__(self, url: str, *, node: str) -> None:
+        #: The engine, its sessions and this node's name, shared by every table.
+        self.core = CatalogCore(url, node=node)
+        self.url = url
+        self.node = node
+        self.engine = self.core.engine
+        #: Up/down state of the database (``/health``); fed by the engine's error hooks.
+        self.health = self.core.health
+        self.bundles = BundleTable(self.core)
+        self.checkpoints = CheckpointTable(self.core)
+        self.events = EventTable(self.core)
+        self.leases = LeaseTable(self.core)
+        self.aliases = AliasTable(self.core)
+        self.adapters = AdapterTable(self.core)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -50,7 +67,7 @@ class Catalog(BundleTable, CheckpointTable, EventTable, LeaseTable, AliasTable, 
         """One write transaction that changes nothing: raises :class:`CatalogUnavailableError`
         when the database cannot take a write now (a server down, or on SQLite another process
         holding the write lock past the busy timeout)."""
-        with self._tx() as session:
+        with self.core.tx() as session:
             session.execute(select(literal(1)))
 
     def state(self) -> CatalogState:

@@ -107,7 +107,7 @@ class NodeAgent:
             return
         days, rows = self._retention
         try:
-            self.manager.catalog.apply_retention(max_age_days=days, max_rows=rows)
+            self.manager.apply_event_retention(max_age_days=days, max_rows=rows)
         except CatalogUnavailableError:
             pass  # logged once per outage by the catalog's health tracker
         except Exception:

@@ -92,7 +92,7 @@ class Converger:
                         check_model_name(field, str(value), self.allowed_roots)
                 result = self.manager.prepare(bundle.model, ProfileRequest(**bundle.profile))
                 if bundle.pin:
-                    self.manager.catalog.set_pinned(result.bundle_id, True)
+                    self.manager.set_pinned(result.bundle_id, True)
             except (CacheError, ValueError, TypeError) as exc:
                 error = str(exc) or type(exc).__name__
                 log.warning("desired %s failed on %s: %s", name, self.manager.node, error)
@@ -106,7 +106,7 @@ class Converger:
         offset = len(spec.bundles)
         for index, bid in enumerate(spec.pin):
             try:
-                self.manager.catalog.set_pinned(bid, True)
+                self.manager.set_pinned(bid, True)
             except NotFoundError:
                 items[offset + index] = ItemStatus(
                     f"pin:{bid}", "failed", bundle_id=bid, error="no such bundle on this node"

@@ -183,7 +183,7 @@ class BundleController(Controller):
         # Dashboards poll the same pages: answer from memory until the catalog changes. The
         # version read is one indexed aggregate over a tiny table, cheap enough for the event
         # loop; a miss (a real listing) goes to a worker thread.
-        key = (id(manager), manager.queries.catalog_version(), params)
+        key = (id(manager), manager.catalog.events.version(), params)
         cached = _LIST_CACHE.get(key)
         if cached is not None:
             return cached
@@ -249,7 +249,7 @@ class BundleController(Controller):
     )
     def pin_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleOut:
         """Protect a bundle from eviction."""
-        return to_body(manager.catalog.set_pinned(bundle_id, True), BundleOut)
+        return to_body(manager.set_pinned(bundle_id, True), BundleOut)
 
     @delete(
         "/{bundle_id:str}/pin",
@@ -260,7 +260,7 @@ class BundleController(Controller):
     )
     def unpin_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleOut:
         """Let a bundle be evicted again."""
-        return to_body(manager.catalog.set_pinned(bundle_id, False), BundleOut)
+        return to_body(manager.set_pinned(bundle_id, False), BundleOut)
 
     @post(
         "/{bundle_id:str}/verify",
@@ -404,7 +404,9 @@ def list_events(
     node: NodeFilter = None,
 ) -> EventListOut:
     """The audit log, newest first (every node's unless ``node`` is given)."""
-    events = manager.queries.events(kind=kind, since=_utc(since), limit=limit, bundle_id=bundle_id, node=node)
+    events = manager.catalog.events.recent(
+        kind=kind, since=_utc(since), limit=limit, bundle_id=bundle_id, node=node
+    )
     return to_body({"items": events}, EventListOut)
 
 
@@ -417,7 +419,7 @@ def list_events(
 )
 def list_checkpoints(manager: Manager) -> CheckpointListOut:
     """Resolved checkpoints with digest, size and the bundles built from them."""
-    return to_body({"items": manager.queries.list_checkpoints()}, CheckpointListOut)
+    return to_body({"items": manager.catalog.checkpoints.all()}, CheckpointListOut)
 
 
 CheckpointId = Annotated[
@@ -505,7 +507,7 @@ class AdapterController(Controller):
     )
     def pin_adapter(self, manager: Manager, adapter_id: AdapterId) -> AdapterOut:
         """Protect an adapter from eviction."""
-        return to_body(manager.adapters.pin(adapter_id), AdapterOut)
+        return to_body(manager.adapters.set_pinned(adapter_id, True), AdapterOut)
 
     @post(
         "/{adapter_id:str}/unpin",
@@ -516,7 +518,7 @@ class AdapterController(Controller):
     )
     def unpin_adapter(self, manager: Manager, adapter_id: AdapterId) -> AdapterOut:
         """Let an adapter be evicted again."""
-        return to_body(manager.adapters.unpin(adapter_id), AdapterOut)
+        return to_body(manager.adapters.set_pinned(adapter_id, False), AdapterOut)
 
 
 async def _reject_bad_json(request: Request) -> None:

@@ -1,7 +1,8 @@
 """Fleet admin routes: ``/admin/nodes``, per-node and fleet-wide desired state.
 
-Thin wrappers over ``manager.fleet`` (the catalog's nodes and desired-state rows). Desired
-state is only stored here; each node's own agent (:mod:`cachesvc.fleet`) acts on it.
+Thin wrappers: reads from ``manager.fleet`` (the catalog's nodes and desired-state rows),
+writes through the manager (``set_desired``, ``clear_desired``). Desired state is only stored
+here; each node's own agent (:mod:`cachesvc.fleet`) acts on it.
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ class NodeController(Controller):
         data: Annotated[DesiredIn, StrictBody],
     ) -> DesiredOut:
         """Set the desired state of one node; its agent converges on it."""
-        return _desired_body(manager.fleet.set_desired(node, _spec(manager, data, model_roots)))
+        return _desired_body(manager.set_desired(node, _spec(manager, data, model_roots)))
 
     @delete(
         "/{node:str}/desired",
@@ -213,7 +214,7 @@ class NodeController(Controller):
     )
     def delete_desired(self, manager: Manager, node: NodeName) -> None:
         """Forget a node's own desired state (it follows the fleet default again)."""
-        manager.fleet.clear_desired(node)
+        manager.clear_desired(node)
 
 
 class FleetController(Controller):
@@ -235,7 +236,7 @@ class FleetController(Controller):
         self, manager: Manager, model_roots: ModelRoots, data: Annotated[DesiredIn, StrictBody]
     ) -> DesiredOut:
         """Set the fleet-wide default desired state."""
-        return _desired_body(manager.fleet.set_desired(FLEET_DEFAULT, _spec(manager, data, model_roots)))
+        return _desired_body(manager.set_desired(FLEET_DEFAULT, _spec(manager, data, model_roots)))
 
 
 FLEET_HANDLERS = [NodeController, FleetController]

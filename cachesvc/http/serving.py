@@ -251,7 +251,7 @@ class ModelController(Controller):
         """Every alias."""
         return [
             AliasOut(name=a.name, bundle_id=a.bundle_id, model=a.model, created_at=a.created_at.isoformat())
-            for a in manager.queries.aliases()
+            for a in manager.catalog.aliases.all()
         ]
 
     @put(
@@ -274,7 +274,7 @@ class ModelController(Controller):
         if profile and model is not None:
             bundle_id = manager.catalog_bundle_id(model, ProfileRequest(**profile))
             try:
-                manager.queries.get_bundle(bundle_id)
+                manager.catalog.bundles.require(bundle_id)
             except NotFoundError:
                 raise NotFoundError(
                     f"{model!r} has no bundle with this profile ({bundle_id}) on this node; build it "
@@ -291,7 +291,7 @@ class ModelController(Controller):
     )
     async def remove_alias(self, manager: Manager, pool: Pool, name: ModelName) -> None:
         """Delete an alias (loaded engines stop answering it)."""
-        await anyio.to_thread.run_sync(manager.catalog.remove_alias, name)
+        await anyio.to_thread.run_sync(manager.remove_alias, name)
         pool.forget_name(name)
 
 

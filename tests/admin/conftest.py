@@ -115,16 +115,17 @@ def seed_rows(manager: CacheManager, count: int, *, start: datetime | None = Non
         opts = BuildOptions(max_input_len=128 + (i % 5), builder_version="seed")
         key = BundleKey.of(digest, opts)
         bid = key.id
-        manager.catalog.adopt_bundle(
+        manager.catalog.bundles.adopt(
             key,
             model=f"org/model-{i % 3}",
             size_bytes=1000 + (i * 7919) % 5003,
             file_count=3,
             built_at=base + timedelta(minutes=(i * 37) % count),
         )
-        manager.catalog.touch(bid, base + timedelta(hours=1, seconds=(i * 53) % (count * 2) + i * 1e-3))
+        used = base + timedelta(hours=1, seconds=(i * 53) % (count * 2) + i * 1e-3)
+        manager.catalog.bundles.touch(bid, used)
         if i % 7 == 0:
-            manager.catalog.set_pinned(bid, True)
+            manager.catalog.bundles.set_pinned(bid, True)
         ids.append(bid)
     return ids
 

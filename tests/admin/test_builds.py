@@ -76,7 +76,7 @@ def test_concurrent_posts_for_one_profile_make_one_build_with_visible_progress(
     final = _wait(client, build_id)
     assert final["state"] == "done", final
     assert final["progress"] == 1.0 and final["error"] is None and final["built"] is True
-    assert final["bytes_written"] == manager.queries.get_bundle(final["bundle_id"]).size_bytes
+    assert final["bytes_written"] == manager.catalog.bundles.require(final["bundle_id"]).size_bytes
     assert builder.calls == 1
     assert [b["id"] for b in client.get("/admin/builds").json()["items"]] == [build_id]
     bundle = client.get(f"/admin/bundles/{final['bundle_id']}").json()["bundle"]

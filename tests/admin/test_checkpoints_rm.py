@@ -110,7 +110,7 @@ def test_bundles_go_only_when_asked(client: Client, manager: CacheManager, check
 
 def test_a_pinned_bundle_blocks_removal(client: Client, manager: CacheManager, checkpoint: Path) -> None:
     result = manager.prepare(str(checkpoint), PROFILE)
-    manager.catalog.set_pinned(result.bundle_id, True)
+    manager.catalog.bundles.set_pinned(result.bundle_id, True)
     digest = manager.resolve(str(checkpoint)).digest
     before = _state(client)
     r = client.delete(f"/admin/checkpoints/{digest}", params={"with_bundles": "true"})
@@ -130,7 +130,7 @@ def test_a_leased_bundle_blocks_removal(
     assert r.status_code == 409, r.text
     body = problem(r)
     assert body["reason"] == "leased" and [h["pid"] for h in body["holders"]] == [proc.pid]
-    info = manager.queries.get_bundle(bundle_id)
+    info = manager.catalog.bundles.require(bundle_id)
     assert _state(client) == before and info is not None and manager.queries.bundle_dir(info).is_dir()
     assert _rm_events(client) == []
 
@@ -212,7 +212,7 @@ def test_cli_checkpoints_rm(
     assert main([*cache, "checkpoints", "rm", str(checkpoint)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("cachesvc: error: ") and "--with-bundles" in err and "1 bundle(s)" in err
-    assert result.bundle_dir.is_dir() and len(manager.queries.list_checkpoints()) == 1
+    assert result.bundle_dir.is_dir() and len(manager.catalog.checkpoints.all()) == 1
 
     assert main([*cache, "checkpoints", "rm", str(checkpoint / "nope")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
@@ -220,7 +220,7 @@ def test_cli_checkpoints_rm(
     assert main([*cache, "checkpoints", "rm", str(checkpoint), "--with-bundles"]) == 0
     out = capsys.readouterr().out
     assert "removed 1 bundle(s)" in out and "forgot checkpoint" in out
-    assert not result.bundle_dir.exists() and manager.queries.list_checkpoints() == []
+    assert not result.bundle_dir.exists() and manager.catalog.checkpoints.all() == []
     assert checkpoint.is_dir() and (checkpoint / "config.json").is_file()
 
 

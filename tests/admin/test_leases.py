@@ -61,7 +61,7 @@ def test_delete_of_leased_bundle_is_409_with_holder_and_files_stay(
     client: Client, manager: CacheManager, leased: tuple[str, subprocess.Popen[str]]
 ) -> None:
     bid, pid = leased[0], leased[1].pid
-    bundle_dir = manager.queries.bundle_dir(manager.queries.get_bundle(bid))
+    bundle_dir = manager.queries.bundle_dir(manager.catalog.bundles.require(bid))
     files_before = sorted(p.name for p in bundle_dir.iterdir())
     body = problem(client.delete(f"/admin/bundles/{bid}"))
     assert body["status"] == 409 and body["reason"] == "leased"
@@ -69,7 +69,7 @@ def test_delete_of_leased_bundle_is_409_with_holder_and_files_stay(
     assert body["holders"][0]["since"]
     assert str(pid) in body["detail"]
     assert sorted(p.name for p in bundle_dir.iterdir()) == files_before
-    assert manager.queries.get_bundle(bid).state == "ready"
+    assert manager.catalog.bundles.require(bid).state == "ready"
 
     detail = client.get(f"/admin/bundles/{bid}").json()
     assert [h["pid"] for h in detail["holders"]] == [pid]
@@ -77,7 +77,7 @@ def test_delete_of_leased_bundle_is_409_with_holder_and_files_stay(
     plan = client.post("/admin/cache/prune", json={"max_size_bytes": 0}).json()
     assert plan["evicted"] == [] and plan["skipped"][0] == {
         "bundle_id": bid,
-        "size_bytes": manager.queries.get_bundle(bid).size_bytes,
+        "size_bytes": manager.catalog.bundles.require(bid).size_bytes,
         "reason": "leased",
         "stale": False,
         "kind": "bundle",
@@ -91,7 +91,7 @@ def test_once_the_holder_is_gone_the_bundle_can_be_evicted(
     client: Client, manager: CacheManager, leased: tuple[str, subprocess.Popen[str]]
 ) -> None:
     bid, proc = leased
-    bundle_dir = manager.queries.bundle_dir(manager.queries.get_bundle(bid))
+    bundle_dir = manager.queries.bundle_dir(manager.catalog.bundles.require(bid))
     assert problem(client.delete(f"/admin/bundles/{bid}"))["status"] == 409
     proc.kill()  # a crashed server: the OS drops its lock, its holder record is stale
     proc.wait(timeout=10)

@@ -27,11 +27,11 @@ def test_every_change_shows_in_the_next_listing(
     assert sorted(before) == sorted(bundles)
     assert ids(client) == before  # same answer again (from memory)
 
-    manager.catalog.set_pinned(bundles[0], True)  # an event
+    manager.catalog.bundles.set_pinned(bundles[0], True)  # an event
     items = client.get("/admin/bundles").json()["items"]
     assert [b["pinned"] for b in items if b["id"] == bundles[0]] == [True]
 
-    manager.catalog.touch(bundles[2], utcnow() + timedelta(days=1))  # no event, still seen
+    manager.catalog.bundles.touch(bundles[2], utcnow() + timedelta(days=1))  # no event, still seen
     assert ids(client)[0] == bundles[2]
 
     # A change made by another process sharing the catalog is seen too.

@@ -51,13 +51,13 @@ def test_bad_profile_aliases_are_refused_and_change_nothing(
     words: str,
 ) -> None:
     bundle = manager.prepare(str(checkpoint), ProfileRequest(max_input_len=64)).bundle_id
-    checkpoints = manager.queries.list_checkpoints()
+    checkpoints = manager.catalog.checkpoints.all()
     body = {k: (str(checkpoint) if v == "MODEL" else bundle if v == "BUNDLE" else v) for k, v in body.items()}
     r = client.put("/admin/models/chat", json=body)
     assert r.status_code == status, r.text
     assert words in r.text
     assert client.get("/admin/models").json() == []
-    assert manager.queries.list_checkpoints() == checkpoints  # nothing resolved, hashed or recorded
+    assert manager.catalog.checkpoints.all() == checkpoints  # nothing resolved, hashed or recorded
 
 
 def test_an_alias_body_takes_every_build_profile_field() -> None:

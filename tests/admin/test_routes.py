@@ -79,7 +79,7 @@ def test_pagination_over_250_returns_each_bundle_once_in_order(
 
 def test_filters_model_state_backend_pinned(client: Client, manager: CacheManager) -> None:
     ids = seed_rows(manager, 30)
-    manager.catalog.set_verified(ids[1], ok=False, detail="tampered")
+    manager.catalog.bundles.set_verified(ids[1], ok=False, detail="tampered")
     everything = client.get("/admin/bundles", params={"limit": 1000}).json()["items"]
 
     def ids_for(**params: Any) -> set[str]:
@@ -175,7 +175,7 @@ def test_delete_frees_bytes_and_removes_files(
     client: Client, manager: CacheManager, checkpoint: Path
 ) -> None:
     result = manager.prepare(str(checkpoint))
-    size = manager.queries.get_bundle(result.bundle_id).size_bytes
+    size = manager.catalog.bundles.require(result.bundle_id).size_bytes
     r = client.delete(f"/admin/bundles/{result.bundle_id}")
     assert r.status_code == 200, r.text
     assert r.json() == {"bundle_id": result.bundle_id, "freed_bytes": size}
@@ -194,7 +194,7 @@ def test_pin_blocks_delete_with_409_until_unpinned(
     body = problem(client.delete(f"/admin/bundles/{bid}"))
     assert body["status"] == 409 and body["reason"] == "pinned"
     assert "unpin" in body["detail"]
-    assert manager.queries.bundle_dir(manager.queries.get_bundle(bid)).exists()
+    assert manager.queries.bundle_dir(manager.catalog.bundles.require(bid)).exists()
     r = client.delete(f"/admin/bundles/{bid}/pin")
     assert r.status_code == 200 and r.json()["pinned"] is False
     assert client.delete(f"/admin/bundles/{bid}").status_code == 200
@@ -226,8 +226,8 @@ def test_prune_dry_run_plans_then_prune_evicts_lru_skipping_pinned(
     client: Client, manager: CacheManager, tmp_path: Path
 ) -> None:
     ids = [manager.prepare(str(make_checkpoint(tmp_path / f"m{i}", seed=10 + i))).bundle_id for i in range(3)]
-    sizes = {b: manager.queries.get_bundle(b).size_bytes for b in ids}
-    manager.catalog.set_pinned(ids[0], True)
+    sizes = {b: manager.catalog.bundles.require(b).size_bytes for b in ids}
+    manager.catalog.bundles.set_pinned(ids[0], True)
     total = sum(sizes.values())
     plan = client.post("/admin/cache/prune", json={"max_size_bytes": 0, "dry_run": True})
     assert plan.status_code == 200, plan.text
@@ -239,7 +239,7 @@ def test_prune_dry_run_plans_then_prune_evicts_lru_skipping_pinned(
          "kind": "bundle"}
     ]
     assert body["freed_bytes"] == sizes[ids[1]] + sizes[ids[2]]
-    assert all(manager.queries.bundle_dir(manager.queries.get_bundle(b)).exists() for b in ids)
+    assert all(manager.queries.bundle_dir(manager.catalog.bundles.require(b)).exists() for b in ids)
     done = client.post("/admin/cache/prune", json={"max_size_bytes": 0}).json()
     assert done["dry_run"] is False and sorted(done["evicted"]) == sorted(ids[1:])
     assert done["total_after"] == sizes[ids[0]]
@@ -282,10 +282,10 @@ def test_clear_removes_idle_bundles_but_keeps_checkpoints(
     client: Client, manager: CacheManager, tmp_path: Path
 ) -> None:
     ids = [manager.prepare(str(make_checkpoint(tmp_path / f"c{i}", seed=20 + i))).bundle_id for i in range(2)]
-    manager.catalog.set_pinned(ids[1], True)
+    manager.catalog.bundles.set_pinned(ids[1], True)
     dry = client.post("/admin/cache/clear", json={"dry_run": True}).json()
     assert dry["reason"] == "clear" and dry["evicted"] == [ids[0]] and dry["dry_run"] is True
-    assert manager.queries.get_bundle(ids[0]) is not None
+    assert manager.catalog.bundles.require(ids[0]) is not None
     done = client.post("/admin/cache/clear", json={}).json()
     assert done["evicted"] == [ids[0]] and done["skipped"][0]["reason"] == "pinned"
     reasons = {e["reason"] for e in client.get("/admin/events", params={"kind": "evict"}).json()["items"]}
@@ -315,7 +315,7 @@ def test_reconcile_forgets_vanished_and_removes_stale_staging(
 def test_events_filters_and_newest_first(client: Client, manager: CacheManager, checkpoint: Path) -> None:
     bid = manager.prepare(str(checkpoint)).bundle_id
     manager.prepare(str(checkpoint))
-    manager.catalog.set_pinned(bid, True)
+    manager.catalog.bundles.set_pinned(bid, True)
     items = client.get("/admin/events").json()["items"]
     assert [e["kind"] for e in items] == ["pin", "hit", "build_ok", "miss"]
     assert [e["id"] for e in items] == sorted((e["id"] for e in items), reverse=True)

@@ -43,9 +43,9 @@ def _scripted_sequence(manager: CacheManager, tmp_path: Path) -> None:
     second = manager.prepare(ck[1]).bundle_id  # miss + build_ok
     manager.evictor.remove(second)  # evict manual
     manager.prepare(ck[2])  # miss + build_ok
-    manager.catalog.set_pinned(first, True)
+    manager.catalog.bundles.set_pinned(first, True)
     manager.evictor.clear()  # evict clear (ck[2]); ck[0] is pinned
-    manager.catalog.set_pinned(first, False)
+    manager.catalog.bundles.set_pinned(first, False)
     manager.evictor.prune(0)  # evict lru (ck[0])
     failing = CacheManager.open(
         manager.layout.root,

@@ -17,7 +17,7 @@ def assert_consistent(manager: CacheManager) -> None:
     """Every row is ready with a directory that verifies; every bundle directory has a row;
     nothing is left in staging or trash."""
     root = manager.layout.root
-    rows = {b.id: b for b in manager.catalog.all_bundles()}
+    rows = {b.id: b for b in manager.catalog.bundles.all()}
     for bid, info in rows.items():
         assert info.state == "ready", f"row {bid} is {info.state}"
         report = verify_bundle(root / info.path)

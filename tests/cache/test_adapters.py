@@ -99,7 +99,7 @@ def test_prepare_converts_once_and_counts_in_the_cache_size(tmp_path: Path, mode
     again = m.adapters.prepare(str(models["a"]), models["base"])
     assert (again.id, again.path, again.size_bytes) == (info.id, info.path, info.size_bytes)
     assert again.last_used_at >= info.last_used_at and info.path.stat().st_mtime_ns == stamp
-    assert [e.kind for e in m.queries.events()].count("adapter_add") == 1
+    assert [e.kind for e in m.catalog.events.recent()].count("adapter_add") == 1
     assert [p.name for p in info.path.parent.iterdir()] == ["adapter.onnx_adapter"]  # no temp files
     assert m.queries.stats().size_bytes == before + info.size_bytes
     assert m.evictor.total_size() == info.size_bytes
@@ -122,15 +122,15 @@ def test_lru_eviction_takes_adapters_with_bundles_and_keeps_pinned_and_leased(
     a = m.adapters.prepare(str(models["a"]), models["base"])
     b = m.adapters.prepare(str(models["b"]), models["base"])
     now = utcnow()
-    m.catalog.touch(old_bundle, now - timedelta(hours=4))
-    m.catalog.touch_adapter(a.id, now - timedelta(hours=3))
-    m.catalog.touch_adapter(b.id, now - timedelta(hours=2))
-    m.catalog.touch(new_bundle, now - timedelta(hours=1))
+    m.catalog.bundles.touch(old_bundle, now - timedelta(hours=4))
+    m.catalog.adapters.touch(a.id, now - timedelta(hours=3))
+    m.catalog.adapters.touch(b.id, now - timedelta(hours=2))
+    m.catalog.bundles.touch(new_bundle, now - timedelta(hours=1))
     total = m.evictor.total_size()
-    bundle_size = m.queries.get_bundle(old_bundle).size_bytes
+    bundle_size = m.catalog.bundles.require(old_bundle).size_bytes
     plan = m.evictor.prune(total - bundle_size - 1, dry_run=True).plan
     assert [(e.bundle_id, e.kind) for e in plan.evict] == [(old_bundle, "bundle"), (a.id, "adapter")]
-    m.adapters.pin(a.id)
+    m.adapters.set_pinned(a.id, True)
     plan = m.evictor.prune(total - bundle_size - 1, dry_run=True).plan
     assert [(e.bundle_id, e.kind) for e in plan.evict] == [(old_bundle, "bundle"), (b.id, "adapter")]
     assert [(s.bundle_id, s.reason, s.kind) for s in plan.skipped] == [(a.id, "pinned", "adapter")]
@@ -150,13 +150,13 @@ def test_lru_eviction_takes_adapters_with_bundles_and_keeps_pinned_and_leased(
     assert m.evictor.total_size() == a.size_bytes + b.size_bytes
     result = m.evictor.prune(a.size_bytes)
     assert list(result.evicted) == [b.id] and not b.path.exists() and a.path.is_file()
-    assert result.total_after == a.size_bytes and m.catalog.get_adapter(b.id) is None
-    removed = m.queries.events(kind="adapter_rm")
+    assert result.total_after == a.size_bytes and m.catalog.adapters.get(b.id) is None
+    removed = m.catalog.events.recent(kind="adapter_rm")
     assert [(e.reason, e.bytes) for e in removed] == [("lru", b.size_bytes)]
     # Clearing the cache keeps the pinned adapter; unpinned, it goes.
     m.evictor.clear()
     assert m.adapters.list()[0].id == a.id
-    m.adapters.unpin(a.id)
+    m.adapters.set_pinned(a.id, False)
     assert a.id in m.evictor.clear().evicted and m.adapters.list() == []
 
 
@@ -165,15 +165,15 @@ def test_remove_is_refused_while_pinned_then_deletes_row_and_file(
 ) -> None:
     m = open_manager(tmp_path / "cache")
     a = m.adapters.prepare(str(models["a"]), models["base"])
-    m.adapters.pin(a.id)
+    m.adapters.set_pinned(a.id, True)
     with pytest.raises(PinnedError):
         m.adapters.remove(a.id)
     assert a.path.is_file()
-    m.adapters.unpin(a.id)
+    m.adapters.set_pinned(a.id, False)
     assert m.adapters.remove(a.id) == a.size_bytes
     assert not a.path.parent.exists() and m.adapters.list() == []
-    assert [e.reason for e in m.queries.events(kind="adapter_rm")] == ["manual"]
-    assert [e.kind for e in m.queries.events()][:3] == ["adapter_rm", "adapter_unpin", "adapter_pin"]
+    assert [e.reason for e in m.catalog.events.recent(kind="adapter_rm")] == ["manual"]
+    assert [e.kind for e in m.catalog.events.recent()][:3] == ["adapter_rm", "adapter_unpin", "adapter_pin"]
     with pytest.raises(NotFoundError):
         m.adapters.remove(a.id)
     # Converted again on the next prepare.
@@ -203,7 +203,8 @@ def test_reconcile_forgets_rows_without_files_removes_dead_conversions_keeps_fil
     assert not dead.exists() and not leftover.exists() and foreign.is_dir() and b.path.is_file()
     assert (unknown / "adapter.onnx_adapter").read_bytes() == b"x" * 10
     assert [x.id for x in m.adapters.list()] == [b.id]
-    assert [(e.reason, e.detail) for e in m.queries.events(kind="adapter_rm")] == [("stale", "file vanished")]
+    removed = m.catalog.events.recent(kind="adapter_rm")
+    assert [(e.reason, e.detail) for e in removed] == [("stale", "file vanished")]
     # A folder whose lock is held (being converted or in use) is left alone.
     held = m.layout.adapters / ("e" * 16)
     held.mkdir()
@@ -226,7 +227,7 @@ def test_prepare_hits_after_a_reopen_and_recovers_a_vanished_file(
     a.path.unlink()
     again = m.adapters.prepare(str(models["a"]), models["base"])
     assert again.path.is_file() and again.id == a.id
-    assert [e.kind for e in m.queries.events()].count("adapter_add") == 2
+    assert [e.kind for e in m.catalog.events.recent()].count("adapter_add") == 2
 
 
 def test_the_weights_file_name_is_peft_s() -> None:

@@ -32,10 +32,10 @@ def _refused(catalog: Catalog, reason: str) -> None:
         catalog.ping()  # a write transaction
     assert str(caught.value) == f"catalog unavailable: {reason}"
     with pytest.raises(CatalogUnavailableError):
-        catalog.aliases()  # a read: the data it would show is no longer the catalog's
+        catalog.aliases.all()  # a read: the data it would show is no longer the catalog's
     catalog.engine.dispose()  # a new connection neither creates the file nor opens another one
     with pytest.raises(CatalogUnavailableError):
-        catalog.aliases()
+        catalog.aliases.all()
     state = catalog.state()
     assert not state.available and state.reason == reason
 
@@ -50,8 +50,8 @@ def test_a_deleted_file_is_an_outage_and_never_created_again(tmp_path: Path) -> 
         os.rename(aside, path)  # the very file is back: the next write ends the outage
         catalog.ping()
         assert catalog.state().available
-        catalog.set_alias("back", model="org/m")
-        assert [a.name for a in catalog.aliases()] == ["back"]
+        catalog.aliases.set("back", model="org/m")
+        assert [a.name for a in catalog.aliases.all()] == ["back"]
     finally:
         catalog.close()
 

@@ -77,7 +77,7 @@ def test_the_cap_counts_the_records(tmp_path: Path) -> None:
     assert plan.total_before == 2 * BUNDLE_BYTES + nbytes
     assert [e.bundle_id for e in plan.evict] == [a]
     m.evictor.prune(int(2.5 * BUNDLE_BYTES))
-    assert m.catalog.get_bundle(a) is None and m.catalog.get_bundle(b) is not None
+    assert m.catalog.bundles.get(a) is None and m.catalog.bundles.get(b) is not None
     # Now b's records push b itself over a cap its files alone would fit.
     plan = m.evictor.plan(BUNDLE_BYTES + nbytes // 2)
     assert [(e.bundle_id, e.size_bytes) for e in plan.evict] == [(b, BUNDLE_BYTES + nbytes)]
@@ -91,6 +91,6 @@ def test_reconcile_drops_the_records_of_bundles_that_are_gone(tmp_path: Path) ->
     m.reconciler.reconcile()
     assert m.layout.context_bundle_ids() == [a]
     # A bundle whose directory vanished is forgotten, and its records with it.
-    m.store.remove(m.queries.get_bundle(a).path)
+    m.store.remove(m.catalog.bundles.require(a).path)
     m.reconciler.reconcile()
-    assert m.catalog.get_bundle(a) is None and m.layout.context_bundle_ids() == []
+    assert m.catalog.bundles.get(a) is None and m.layout.context_bundle_ids() == []

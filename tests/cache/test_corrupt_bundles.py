@@ -53,7 +53,7 @@ def test_a_hit_with_flipped_sampled_bytes_is_rebuilt_not_served(
     again = big_manager.prepare(ckpt)
     assert again.built, "a bundle with flipped bytes was served as a hit"
     assert big_manager.verifier.verify(again.bundle_id).ok
-    kinds = [(e.kind, e.reason) for e in big_manager.queries.events(bundle_id=first.bundle_id)]
+    kinds = [(e.kind, e.reason) for e in big_manager.catalog.events.recent(bundle_id=first.bundle_id)]
     assert ("verify", "corrupt") in kinds
 
 
@@ -155,11 +155,11 @@ def test_an_unloaded_model_with_a_flipped_byte_is_refused_at_load_and_rebuilt(tm
             assert bad.bundle_id in error["message"] and "manifest" in error["message"], error
             assert error["code"] == "bundle_corrupt"
             assert bad.bundle_id not in {e["bundle_id"] for e in h.get("/admin/engines").json()["engines"]}
-        assert manager.queries.get_bundle(bad.bundle_id).state == "corrupt"
+        assert manager.catalog.bundles.require(bad.bundle_id).state == "corrupt"
         assert not manager.store.locks.is_locked(bad.bundle_id), "the refused load kept its lease"
         again = manager.prepare(flipped)  # the next prepare rebuilds it
         assert again.built and again.bundle_id == bad.bundle_id
-        assert manager.queries.get_bundle(bad.bundle_id).state == "ready"
+        assert manager.catalog.bundles.require(bad.bundle_id).state == "ready"
         with app.http() as h:
             assert h.post("/v1/completions", json={**body, "model": flipped}).status_code == 200
         assert good.bundle_id != bad.bundle_id
@@ -170,11 +170,11 @@ def test_the_row_state_alone_refuses_a_lease(big_manager: CacheManager, tmp_path
     files pass the load check: the row is the verdict until a verify or a prepare changes it."""
     result = big_manager.prepare(str(make_checkpoint(tmp_path / "ckpt", seed=9)))
     bid = result.bundle_id
-    big_manager.catalog.set_verified(bid, ok=False, detail="found corrupt elsewhere")
+    big_manager.catalog.bundles.set_verified(bid, ok=False, detail="found corrupt elsewhere")
     with pytest.raises(CorruptBundleError):
         big_manager.lease(bid)
-    big_manager.catalog.set_verified(bid, ok=True, detail=None, stale="built for another GPU")
-    assert big_manager.queries.get_bundle(bid).state == "stale"
+    big_manager.catalog.bundles.set_verified(bid, ok=True, detail=None, stale="built for another GPU")
+    assert big_manager.catalog.bundles.require(bid).state == "stale"
     with pytest.raises(CorruptBundleError):
         big_manager.lease(bid)
     assert not big_manager.store.locks.is_locked(bid)

@@ -120,7 +120,7 @@ def test_serve_rebuilds_a_bit_flipped_bundle_before_loading_it(demo_dir: Path, t
         bid = server.bundle_id()
     m = CacheManager.open(cache, max_size_bytes=10**12)
     try:
-        bundle = m.queries.bundle_dir(m.queries.get_bundle(bid))
+        bundle = m.queries.bundle_dir(m.catalog.bundles.require(bid))
         weights = max((p for p in bundle.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
         data = bytearray(weights.read_bytes())
         data[len(data) // 4] ^= 0x10  # outside the sampled hash of a hit: only the full check sees it
@@ -134,7 +134,7 @@ def test_serve_rebuilds_a_bit_flipped_bundle_before_loading_it(demo_dir: Path, t
     m = CacheManager.open(cache, max_size_bytes=10**12)
     try:
         assert m.verifier.verify(bid).ok
-        assert "corrupt" in [e.reason for e in m.queries.events(kind="verify", bundle_id=bid)]
+        assert "corrupt" in [e.reason for e in m.catalog.events.recent(kind="verify", bundle_id=bid)]
     finally:
         m.close()
 

@@ -61,9 +61,9 @@ def test_a_bundle_built_for_another_cpu_class_is_stale_refused_and_evicted_first
     try:
         fp32 = manager.prepare(str(demo), ProfileRequest(precision="fp32", **SMALL))
         int8 = manager.prepare(str(demo), ProfileRequest(precision="int8", **SMALL))  # used last
-        info = manager.catalog.require_bundle(int8.bundle_id)
+        info = manager.catalog.bundles.require(int8.bundle_id)
         assert info.profile["cpu_class"] == here and f"-{here.replace('-', '')}-int8-" in info.profile_name
-        assert manager.catalog.require_bundle(fp32.bundle_id).profile["cpu_class"] is None
+        assert manager.catalog.bundles.require(fp32.bundle_id).profile["cpu_class"] is None
         # The gate's figures are shown with the bundle (GET /admin/bundles/{id} returns this detail).
         detail = manager.queries.bundle_detail(int8.bundle_id)
         assert detail.manifest is not None
@@ -79,7 +79,7 @@ def test_a_bundle_built_for_another_cpu_class_is_stale_refused_and_evicted_first
         assert moved_to in ("avx2", "amx") and moved_to != here
         report = manager.reconciler.reconcile()
         assert report.stale == (int8.bundle_id,)  # fp32 runs the same float kernels everywhere
-        assert manager.catalog.require_bundle(int8.bundle_id).state == "stale"
+        assert manager.catalog.bundles.require(int8.bundle_id).state == "stale"
         with pytest.raises(EngineLoadError, match=f"built for CPU class {here} but this CPU is {moved_to}"):
             load_engine(int8.bundle_dir, threads=1)
         engine = load_engine(fp32.bundle_dir, threads=1)

@@ -41,7 +41,7 @@ def test_disk_full_during_a_build(small_disk: Path, tmp_path: Path) -> None:
         assert "cachesvc prune" in str(info.value)
         assert list((cache / ".staging").iterdir()) == []
         assert m.queries.list_bundles().total == 0
-        assert [e.kind for e in m.queries.events(kind="build_failed")] == ["build_failed"]
+        assert [e.kind for e in m.catalog.events.recent(kind="build_failed")] == ["build_failed"]
         m.reconciler.reconcile()
         assert_consistent(m)
         # With a builder that fits, the same cache works at once.
@@ -105,7 +105,7 @@ def _one_line(r: subprocess.CompletedProcess[str]) -> str:
 def _events(cache: Path, catalog: Path) -> list[tuple[str, str | None, str | None]]:
     m = CacheManager.open(cache, catalog_url=f"sqlite:///{catalog}", max_size_bytes=2**30, offline=True)
     try:
-        return [(e.kind, e.model, e.detail) for e in reversed(m.queries.events(limit=100))]
+        return [(e.kind, e.model, e.detail) for e in reversed(m.catalog.events.recent(limit=100))]
     finally:
         m.close()
 

@@ -53,10 +53,10 @@ def test_prepare_miss_then_hit_records_events(cache: Path, tmp_path: Path) -> No
     assert (first.bundle_dir / "manifest.json").exists()
     second = m.prepare(str(ckpt))
     assert not second.built and second.bundle_id == first.bundle_id and builder.calls == 1
-    info = m.queries.get_bundle(first.bundle_id)
+    info = m.catalog.bundles.require(first.bundle_id)
     assert info.state == "ready" and info.hit_count == 1 and info.file_count == 5
     assert info.size_bytes == 5 * 1024
-    kinds = [e.kind for e in m.queries.events()][::-1]
+    kinds = [e.kind for e in m.catalog.events.recent()][::-1]
     assert kinds == ["miss", "build_ok", "hit"]
     stats = m.queries.stats()
     assert (stats.hits, stats.misses, stats.builds_ok, stats.bundles) == (1, 1, 1, 1)
@@ -89,7 +89,7 @@ def test_build_failure_publishes_nothing(cache: Path, tmp_path: Path) -> None:
     assert list((cache / ".staging").iterdir()) == []
     # No row for a bundle that does not exist; the failure stays in the event log.
     assert m.queries.list_bundles().total == 0
-    failed = m.queries.events(kind="build_failed")
+    failed = m.catalog.events.recent(kind="build_failed")
     assert len(failed) == 1 and "lm_head" in (failed[0].detail or "")
     assert m.queries.stats().builds_failed == 1
     # A working builder then builds the same profile cleanly.
@@ -154,7 +154,7 @@ def test_sigkill_mid_build_leaves_nothing_half_written(cache: Path, tmp_path: Pa
     result = m.prepare(str(ckpt))
     assert result.built == (not whole)
     assert m.verifier.verify(result.bundle_id).ok
-    assert m.queries.get_bundle(result.bundle_id).state == "ready"
+    assert m.catalog.bundles.require(result.bundle_id).state == "ready"
 
 
 def _spawn_leaser(cache: Path, ckpt: Path) -> tuple[subprocess.Popen[str], str]:
@@ -173,14 +173,14 @@ def test_leased_and_pinned_bundles_survive_prune(cache: Path, tmp_path: Path) ->
     proc, leased_id = _spawn_leaser(cache, leased_ckpt)
     try:
         pinned_id = m.prepare(str(make_checkpoint(tmp_path / "pinned", seed=2))).bundle_id
-        m.catalog.set_pinned(pinned_id, True)
+        m.catalog.bundles.set_pinned(pinned_id, True)
         idle = [
             m.prepare(str(make_checkpoint(tmp_path / f"idle{i}", seed=10 + i))).bundle_id for i in range(3)
         ]
         # Make the protected ones the least recently used, so LRU would pick them first.
         base = utcnow() - timedelta(days=1)
         for i, bid in enumerate([leased_id, pinned_id, *idle]):
-            m.catalog.touch(bid, base + timedelta(minutes=i))
+            m.catalog.bundles.touch(bid, base + timedelta(minutes=i))
         plan = m.evictor.plan(1)
         assert [e.bundle_id for e in plan.evict] == idle
         assert {(s.bundle_id, s.reason) for s in plan.skipped} == {
@@ -189,18 +189,18 @@ def test_leased_and_pinned_bundles_survive_prune(cache: Path, tmp_path: Path) ->
         }
         dry = m.evictor.prune(1, dry_run=True)
         assert dry.evicted == tuple(idle) and dry.dry_run
-        assert all(m.queries.get_bundle(b).state == "ready" for b in idle)  # dry run changed nothing
+        assert all(m.catalog.bundles.require(b).state == "ready" for b in idle)  # dry run changed nothing
         result = m.evictor.prune(1)
         assert result.evicted == dry.evicted and result.freed_bytes == dry.freed_bytes
         assert {s.bundle_id for s in result.skipped} == {leased_id, pinned_id}
-        assert (m.layout.root / m.queries.get_bundle(leased_id).path / "manifest.json").exists()
-        assert (m.layout.root / m.queries.get_bundle(pinned_id).path / "manifest.json").exists()
+        assert (m.layout.root / m.catalog.bundles.require(leased_id).path / "manifest.json").exists()
+        assert (m.layout.root / m.catalog.bundles.require(pinned_id).path / "manifest.json").exists()
         with pytest.raises(LeasedError) as exc:
             m.evictor.remove(leased_id)
         assert exc.value.holders and exc.value.holders[0]["pid"] == proc.pid
         with pytest.raises(PinnedError):
             m.evictor.remove(pinned_id)
-        evictions = [e for e in m.queries.events(kind="evict")]
+        evictions = [e for e in m.catalog.events.recent(kind="evict")]
         assert {e.bundle_id for e in evictions} == set(idle) and all(e.reason == "lru" for e in evictions)
     finally:
         proc.kill()
@@ -208,7 +208,7 @@ def test_leased_and_pinned_bundles_survive_prune(cache: Path, tmp_path: Path) ->
     # Once the holder is gone the bundle can go.
     assert m.evictor.remove(leased_id) > 0
     with pytest.raises(NotFoundError):
-        m.queries.get_bundle(leased_id)
+        m.catalog.bundles.require(leased_id)
 
 
 def test_prune_after_build_keeps_cache_under_cap(cache: Path, tmp_path: Path) -> None:
@@ -236,7 +236,7 @@ def test_clear_never_touches_checkpoints(cache: Path, tmp_path: Path) -> None:
     assert len(result.evicted) == 2 and m.queries.list_bundles().total == 0
     assert (hub_like / "x").read_text() == "keep" and ckpt.exists()
     assert m.queries.stats().evictions_by_reason == {"clear": 2}
-    assert len(m.queries.list_checkpoints()) == 1
+    assert len(m.catalog.checkpoints.all()) == 1
 
 
 def test_reconcile_forgets_vanished_and_adopts_unknown(cache: Path, tmp_path: Path) -> None:
@@ -257,7 +257,7 @@ def test_reconcile_forgets_vanished_and_adopts_unknown(cache: Path, tmp_path: Pa
     report = m.reconciler.reconcile()
     assert report.forgotten == (gone.bundle_id,)
     assert report.adopted == (built.bundle_id,)
-    assert m.queries.get_bundle(built.bundle_id).state == "ready"
+    assert m.catalog.bundles.require(built.bundle_id).state == "ready"
     assert m.queries.stats().evictions_by_reason == {"stale": 1}
     assert m.prepare(str(tmp_path / "ckpt2")).built is False  # the adopted bundle is a hit
     assert m.prepare(str(ckpt), profiles(2)[1]).bundle_id == kept.bundle_id
@@ -287,14 +287,14 @@ def test_bit_flip_caught_by_verify_and_never_served(cache: Path, tmp_path: Path)
     victim.write_bytes(bytes(data))
     result = m.verifier.verify(first.bundle_id)
     assert not result.ok and result.mismatches == ({"path": "part-002.bin", "reason": "sha256"},)
-    assert m.queries.get_bundle(first.bundle_id).state == "corrupt"
+    assert m.catalog.bundles.require(first.bundle_id).state == "corrupt"
     with pytest.raises(Exception, match="corrupt"):
         m.lease(first.bundle_id)
     again = m.prepare(str(ckpt))
     assert again.built and builder.calls == 2  # rebuilt, never handed out corrupt
     assert m.verifier.verify(again.bundle_id).ok
     assert victim.read_bytes() != bytes(data)
-    assert [e.reason for e in m.queries.events(kind="evict")] == ["corrupt"]
+    assert [e.reason for e in m.catalog.events.recent(kind="evict")] == ["corrupt"]
 
 
 def test_background_build_joins_and_reports_progress(cache: Path, tmp_path: Path) -> None:
@@ -326,7 +326,7 @@ def test_background_build_joins_and_reports_progress(cache: Path, tmp_path: Path
 def test_lease_blocks_eviction_in_process_and_releases(cache: Path, tmp_path: Path) -> None:
     m = open_manager(cache)
     res = m.prepare(str(make_checkpoint(tmp_path / "ckpt")))
-    size = m.queries.get_bundle(res.bundle_id).size_bytes
+    size = m.catalog.bundles.require(res.bundle_id).size_bytes
     lease = m.lease(res.bundle_id)
     assert [h.pid for h in m.queries.holders(res.bundle_id)] == [os.getpid()]
     with pytest.raises(LeasedError):
@@ -351,7 +351,7 @@ def test_a_bundle_leased_after_planning_is_skipped_at_execution(cache: Path, tmp
         result = m.evictor.execute(plan)
         assert result.evicted == ()
         assert [(s.bundle_id, s.reason) for s in result.skipped] == [(bid, "leased")]
-        assert (m.queries.bundle_dir(m.queries.get_bundle(bid)) / "manifest.json").exists()
+        assert (m.queries.bundle_dir(m.catalog.bundles.require(bid)) / "manifest.json").exists()
     finally:
         proc.kill()
         proc.wait()
@@ -362,11 +362,11 @@ def test_a_bundle_pinned_after_planning_is_skipped_at_execution(cache: Path, tmp
     bid = m.prepare(str(make_checkpoint(tmp_path / "late-pin", seed=6))).bundle_id
     plan = m.evictor.plan(0)
     assert [e.bundle_id for e in plan.evict] == [bid]
-    m.catalog.set_pinned(bid, True)
+    m.catalog.bundles.set_pinned(bid, True)
     result = m.evictor.execute(plan)
     assert result.evicted == ()
     assert [(s.bundle_id, s.reason) for s in result.skipped] == [(bid, "pinned")]
-    assert (m.queries.bundle_dir(m.queries.get_bundle(bid)) / "manifest.json").exists()
+    assert (m.queries.bundle_dir(m.catalog.bundles.require(bid)) / "manifest.json").exists()
 
 
 def test_reconcile_leaves_a_running_build_alone(cache: Path, tmp_path: Path) -> None:

@@ -27,14 +27,14 @@ def test_a_build_killed_mid_way_leaves_no_row_after_reconcile(tmp_path: Path) ->
     assert proc.returncode == -signal.SIGKILL
     m = open_manager(cache)
     try:
-        building: list[BundleInfo] = list(m.catalog.all_bundles())
+        building: list[BundleInfo] = list(m.catalog.bundles.all())
         assert [b.state for b in building] == ["building"]
         report = m.reconciler.reconcile()
         assert report.forgotten == (building[0].id,)
         assert m.queries.list_bundles().total == 0, "bundles ls lists a directory that does not exist"
         stats = m.queries.stats()
         assert stats.bundles == 0 and stats.builds_failed == 1
-        failed = m.queries.events(kind="build_failed")
+        failed = m.catalog.events.recent(kind="build_failed")
         assert len(failed) == 1 and "interrupted" in (failed[0].detail or "")
     finally:
         m.close()
@@ -44,7 +44,7 @@ def test_failed_rows_from_older_versions_are_forgotten(tmp_path: Path) -> None:
     m = open_manager(tmp_path / "cache")
     try:
         (bid,) = seed_rows(m, 1)
-        with m.catalog._tx() as session:  # a row as older versions left it
+        with m.catalog.core.tx() as session:  # a row as older versions left it
             row = session.get(BundleRow, (bid, m.catalog.node))
             assert row is not None
             row.state = "failed"

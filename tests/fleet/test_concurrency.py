@@ -37,13 +37,13 @@ def test_concurrent_hits_lose_no_update(fleet_url: str) -> None:
     nodes = [Catalog(fleet_url, node=n) for n in ("node-a", "node-a", "node-b")]
     nodes[0].upgrade()
     for c in (nodes[0], nodes[2]):
-        c.adopt_bundle(_key(1), model="m", size_bytes=10, file_count=1, built_at=utcnow())
+        c.bundles.adopt(_key(1), model="m", size_bytes=10, file_count=1, built_at=utcnow())
     errors: list[BaseException] = []
 
     def hammer(c: Catalog) -> None:
         try:
             for _ in range(25):
-                c.record_hit(_key(1).id)
+                c.bundles.record_hit(_key(1).id)
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -54,10 +54,10 @@ def test_concurrent_hits_lose_no_update(fleet_url: str) -> None:
         t.join()
     assert errors == []
     # Two catalogs (four threads) on node-a's row, one (two threads) on node-b's.
-    assert nodes[0].require_bundle(_key(1).id).hit_count == 100
-    assert nodes[2].require_bundle(_key(1).id).hit_count == 50
-    assert nodes[0].stats(max_size_bytes=1, node="node-a").hits == 100
-    assert nodes[0].stats(max_size_bytes=1).hits == 150
+    assert nodes[0].bundles.require(_key(1).id).hit_count == 100
+    assert nodes[2].bundles.require(_key(1).id).hit_count == 50
+    assert nodes[0].events.stats(max_size_bytes=1, node="node-a").hits == 100
+    assert nodes[0].events.stats(max_size_bytes=1).hits == 150
     for c in nodes:
         c.close()
 

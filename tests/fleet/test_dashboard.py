@@ -199,7 +199,7 @@ def test_dashboard_in_chromium_shows_the_api_numbers(seeded: tuple[CacheManager,
             # Live refresh: a new hit shows up without a reload.
             hits_before = int(_value(page, "hits"))
             bid = manager.queries.list_bundles(node="node-a", state="ready", limit=1).items[0]
-            manager.catalog.record_hit(bid.id)
+            manager.catalog.bundles.record_hit(bid.id)
             _wait(page, lambda: _value(page, "hits") == str(hits_before + 1), "the new hit", 15)
             _check_numbers(page, api, "node-a")
 

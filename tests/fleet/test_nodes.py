@@ -39,10 +39,10 @@ def test_same_bundle_on_two_nodes_is_two_rows_and_eviction_stays_home(
     cleared = a.evictor.clear()
     assert cleared.evicted == (ra.bundle_id,)
     assert not ra.bundle_dir.exists() and rb.bundle_dir.is_dir()
-    assert b.queries.get_bundle(rb.bundle_id).state == "ready"
+    assert b.catalog.bundles.require(rb.bundle_id).state == "ready"
     assert [i.node for i in a.queries.list_bundles().items] == ["node-b"]
     # Events and stats carry and filter by node.
-    assert {e.node for e in a.queries.events(node="node-a")} == {"node-a"}
+    assert {e.node for e in a.catalog.events.recent(node="node-a")} == {"node-a"}
     assert a.queries.stats().evictions_by_reason == {"clear": 1}
     assert a.queries.stats("node-b").evictions_by_reason == {}
     b_stats = a.queries.stats("node-b")
@@ -50,7 +50,7 @@ def test_same_bundle_on_two_nodes_is_two_rows_and_eviction_stays_home(
 
 
 def rb_size(m: CacheManager, bid: str) -> int:
-    return m.queries.get_bundle(bid).size_bytes
+    return m.catalog.bundles.require(bid).size_bytes
 
 
 def test_nodes_list_heartbeat_and_down(open_node: NodeOpener, tmp_path: Path) -> None:
@@ -97,9 +97,9 @@ def test_converger_builds_pins_and_evicts_to_the_cap(open_node: NodeOpener, tmp_
     assert states[f"{ckpts[0]}[max_input_len=64]"] == "pinned"
     assert states[ckpts[1]] == "ready" and states[str(tmp_path / "missing")] == "failed"
     assert states["max_size_bytes"] == "ready"
-    assert a.catalog.get_bundle(old) is None and b.queries.get_bundle(other).state == "ready"
+    assert a.catalog.bundles.get(old) is None and b.catalog.bundles.require(other).state == "ready"
     pinned = a.prepare(ckpts[0], ProfileRequest(max_input_len=64)).bundle_id
-    assert a.queries.get_bundle(pinned).pinned
+    assert a.catalog.bundles.require(pinned).pinned
     # A node-specific state wins over the fleet default; a failed item is not retried per pass.
     a.fleet.set_desired("node-a", DesiredSpec(bundles=(DesiredBundle(ckpts[1]),)))
     again = Converger(a, on_status=seen.append).run_once()

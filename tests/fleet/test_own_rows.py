@@ -30,27 +30,27 @@ def test_reconcile_and_the_stale_sweep_see_only_their_own_node(
     x = a.prepare(shared).bundle_id
     assert b.prepare(shared).bundle_id == x  # the same bundle, a row per node
     z = b.prepare(only_b).bundle_id
-    b.catalog.set_stale(x, "built for a GPU this node no longer has")
+    b.catalog.bundles.set_stale(x, "built for a GPU this node no longer has")
 
     # Reconcile on A: B's bundles are not A's to forget, and A's own X is adopted back.
-    a.catalog.forget_bundle(x)  # A's row lost (e.g. a catalog restored from an old backup)
+    a.catalog.bundles.forget(x)  # A's row lost (e.g. a catalog restored from an old backup)
     report = a.reconciler.reconcile()
     assert x in report.adopted, report
     assert z not in report.forgotten and x not in report.forgotten, report
-    assert a.queries.get_bundle(x).state == "ready"
+    assert a.catalog.bundles.require(x).state == "ready"
     assert {(r.id, r.state) for r in b.queries.list_bundles(node="node-b", limit=10).items} == {
         (x, "stale"),
         (z, "ready"),
     }
 
-    a.catalog.touch(x, utcnow())  # X is A's most recently used bundle
+    a.catalog.bundles.touch(x, utcnow())  # X is A's most recently used bundle
     # A prune on A frees one bundle's bytes: A's LRU one (Y), never A's ready X for B's stale X.
     total = sum(r.size_bytes for r in a.queries.list_bundles(node="node-a", limit=10).items)
     result = a.evictor.prune(total - 1)
     assert result.evicted == (y,), result
-    assert a.queries.get_bundle(x).state == "ready"
-    assert (a.layout.root / a.queries.get_bundle(x).path / "manifest.json").exists()
-    assert b.queries.get_bundle(x).state == "stale"
+    assert a.catalog.bundles.require(x).state == "ready"
+    assert (a.layout.root / a.catalog.bundles.require(x).path / "manifest.json").exists()
+    assert b.catalog.bundles.require(x).state == "stale"
 
 
 def test_the_first_serve_takes_over_what_commands_did_before_it_and_nothing_else(
@@ -88,7 +88,7 @@ def test_the_first_serve_takes_over_what_commands_did_before_it_and_nothing_else
         )
         assert {(r.id, r.node) for r in rows if r.node == "node-b"} == b_rows | {(xid, "node-b")}
         assert {n.name for n in server.fleet.nodes()} == {"node-a", "node-b"}
-        assert all(e.node != provisional for e in server.queries.events(limit=1000))
+        assert all(e.node != provisional for e in server.catalog.events.recent(limit=1000))
         assert server.queries.stats("node-a").misses == misses_before + 1  # x's miss, moved over
     finally:
         server.close()

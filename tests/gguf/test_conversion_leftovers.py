@@ -87,7 +87,7 @@ def test_a_killed_conversion_leaves_a_build_failed_event_as_a_killed_build_does(
     def failures() -> list[tuple[str | None, str | None]]:
         m = CacheManager.open(cache, max_size_bytes=2**30, offline=True)
         try:
-            return [(e.model, e.detail) for e in reversed(m.queries.events(kind="build_failed"))]
+            return [(e.model, e.detail) for e in reversed(m.catalog.events.recent(kind="build_failed"))]
         finally:
             m.close()
 

@@ -170,10 +170,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="all-bundles-every-node",
-        why="the catalog's all_bundles drops its node filter: reconcile and the stale-first "
+        why="the catalog's bundles.all drops its node filter: reconcile and the stale-first "
         "eviction see other nodes' rows (on a shared catalog)",
         path="cachesvc/catalog/bundles.py",
-        function="BundleTable.all_bundles",
+        function="BundleTable.all",
         find=r"\.where\(BundleRow\.node == self\.node\)",
         replace="",
         tests=("tests/fleet/test_own_rows.py",),

@@ -187,7 +187,7 @@ def test_sqlite_locked_past_its_timeout(
                 assert "cachesvc_catalog_up 0.0" in h.get("/metrics").text
                 assert h.get("/health").json()["catalog"]["status"] == "unavailable"
                 # Nothing changed: the pin was refused.
-                assert not manager.queries.get_bundle(cold.bundle_id).pinned
+                assert not manager.catalog.bundles.require(cold.bundle_id).pinned
         finally:
             holder.execute("ROLLBACK")
             holder.close()
@@ -211,13 +211,13 @@ def test_a_statement_refused_by_a_running_server_is_503_but_no_outage(
         with holder.begin() as conn:  # another writer holds the bundle's row
             conn.execute(text("SELECT 1 FROM bundles WHERE id = :id FOR UPDATE"), {"id": bid})
             with pytest.raises(CatalogUnavailableError) as caught:
-                impatient.set_pinned(bid, True)
+                impatient.bundles.set_pinned(bid, True)
         # The error class names the cause; the driver's sentence ("canceling statement ...") stays out.
         assert str(caught.value) == (
             "catalog unavailable: the database server failed the operation (LockNotAvailable)"
         )
         assert impatient.state().available, "one refused statement is not an outage"
-        assert impatient.set_pinned(bid, True).pinned
+        assert impatient.bundles.set_pinned(bid, True).pinned
     finally:
         holder.dispose()
         impatient.close()

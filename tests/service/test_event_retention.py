@@ -25,7 +25,7 @@ CAP = 30
 
 
 def _my_events(manager: CacheManager) -> int:
-    return len(manager.queries.events(limit=100_000, node=manager.node))
+    return len(manager.catalog.events.recent(limit=100_000, node=manager.node))
 
 
 def test_a_model_swap_storm_stays_bounded(tmp_path: Path) -> None:
@@ -41,20 +41,21 @@ def test_a_model_swap_storm_stays_bounded(tmp_path: Path) -> None:
 
     settings = {"max_loaded_models": 1, "heartbeat_seconds": 0.05, "event_retention_rows": CAP}
     with running_app(tmp_path, manager=manager, engine_factory=engines, **settings) as app:
-        written_before = manager.queries.catalog_version()
+        written_before = manager.catalog.events.version()
         with app.http() as h:
             for i in range(60):  # one engine at a time: every request swaps
                 r = h.post("/v1/completions", json={"model": models[i % 2], "prompt": "hi", "max_tokens": 1})
                 assert r.status_code == 200, r.text
-        written = manager.queries.catalog_version() - written_before
+        written = manager.catalog.events.version() - written_before
         assert written >= 100, "the storm did not swap models"
         deadline = time.monotonic() + 20
         while _my_events(manager) > CAP:
             assert time.monotonic() < deadline, f"{_my_events(manager)} events kept, cap {CAP}"
             time.sleep(0.1)
         # Totals are kept: counters and stats go on counting what retention dropped.
-        assert manager.queries.catalog_version() - written_before >= written
-        loads = sum(1 for e in manager.queries.events(limit=CAP, node=manager.node) if e.kind == "load")
+        assert manager.catalog.events.version() - written_before >= written
+        mine = manager.catalog.events.recent(limit=CAP, node=manager.node)
+        loads = sum(1 for e in mine if e.kind == "load")
         assert loads > 0, "the newest events were dropped instead of the oldest"
 
 
@@ -64,17 +65,19 @@ def test_age_limit_and_other_nodes(tmp_path: Path, catalog_db: str) -> None:
     try:
         old = utcnow() - timedelta(days=8)
         for catalog in (manager.catalog, other):
-            catalog.add_event("load", bundle_id="b" * 16, model="m", at=old)
-            catalog.add_event("load", bundle_id="b" * 16, model="m")
-        assert manager.catalog.apply_retention(max_age_days=7, max_rows=0) == 1
-        mine = manager.queries.events(limit=100, node=manager.node)
+            catalog.events.add("load", bundle_id="b" * 16, model="m", at=old)
+            catalog.events.add("load", bundle_id="b" * 16, model="m")
+        assert manager.catalog.events.apply_retention(max_age_days=7, max_rows=0) == 1
+        mine = manager.catalog.events.recent(limit=100, node=manager.node)
         assert len(mine) == 1 and mine[0].at > old + timedelta(days=1)
-        assert len(manager.queries.events(limit=100, node="other-node")) == 2, "another node's events went"
-        assert manager.catalog.apply_retention(max_age_days=0, max_rows=1) == 0
-        manager.catalog.add_event("unload", bundle_id="b" * 16, model="m", reason="idle")
-        assert manager.catalog.apply_retention(max_age_days=0, max_rows=1) == 1
-        assert [e.kind for e in manager.queries.events(limit=100, node=manager.node)] == ["unload"]
-        assert manager.catalog.apply_retention(max_age_days=0, max_rows=0) == 0  # 0, 0: keep everything
+        theirs = manager.catalog.events.recent(limit=100, node="other-node")
+        assert len(theirs) == 2, "another node's events went"
+        assert manager.catalog.events.apply_retention(max_age_days=0, max_rows=1) == 0
+        manager.catalog.events.add("unload", bundle_id="b" * 16, model="m", reason="idle")
+        assert manager.catalog.events.apply_retention(max_age_days=0, max_rows=1) == 1
+        assert [e.kind for e in manager.catalog.events.recent(limit=100, node=manager.node)] == ["unload"]
+        # 0, 0: keep everything
+        assert manager.catalog.events.apply_retention(max_age_days=0, max_rows=0) == 0
     finally:
         other.close()
         manager.close()

@@ -41,7 +41,7 @@ ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Go on."}]
 def _bundle_path(cache_dir: Path, bundle_id: str) -> Path:
     manager = CacheManager.open(cache_dir, max_size_bytes=10**12)
     try:
-        return manager.queries.bundle_dir(manager.queries.get_bundle(bundle_id))
+        return manager.queries.bundle_dir(manager.catalog.bundles.require(bundle_id))
     finally:
         manager.close()
 

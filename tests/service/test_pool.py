@@ -113,7 +113,7 @@ def _metric(server: ServerProcess, prefix: str) -> float:
 def _events(cache_dir: Path, kind: str) -> list[Any]:
     manager = CacheManager.open(cache_dir, max_size_bytes=10**12)
     try:
-        return list(manager.queries.events(kind=kind, limit=1000))
+        return list(manager.catalog.events.recent(kind=kind, limit=1000))
     finally:
         manager.close()
 
@@ -241,7 +241,7 @@ def test_memory_budget_smaller_than_two_models_keeps_one(catalog: Catalog, tmp_p
     try:
         sizes = [
             memory_estimate(
-                manager.queries.bundle_dir(manager.queries.get_bundle(catalog.bundles[a])), max_slots=1
+                manager.queries.bundle_dir(manager.catalog.bundles.require(catalog.bundles[a])), max_slots=1
             )
             for a in ("llama", "qwen2")
         ]

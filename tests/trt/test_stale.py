@@ -105,10 +105,10 @@ def test_another_gpu_flags_stale_never_serves_evicts_first_and_the_gpu_back_rest
     m = node.start()
     report = m.reconciler.reconcile()
     assert report.stale == (trt_id,) and report.restored == ()
-    info = m.queries.get_bundle(trt_id)
+    info = m.catalog.bundles.require(trt_id)
     assert info.state == "stale" and "compute capability 9.0" in (info.error or "")
-    assert "8.9" in (info.error or "") and m.queries.get_bundle(ort_id).state == "ready"
-    event = m.queries.events(kind="reconcile", bundle_id=trt_id)[0]
+    assert "8.9" in (info.error or "") and m.catalog.bundles.require(ort_id).state == "ready"
+    event = m.catalog.events.recent(kind="reconcile", bundle_id=trt_id)[0]
     assert (event.reason, event.detail) == ("stale", info.error)
     assert m.reconciler.reconcile().stale == ()  # flagged once
 
@@ -131,16 +131,17 @@ def test_another_gpu_flags_stale_never_serves_evicts_first_and_the_gpu_back_rest
     node.gpu(GPU_A)
     m = node.start()
     assert m.reconciler.reconcile().restored == (trt_id,)
-    assert (m.queries.get_bundle(trt_id).state, m.queries.get_bundle(trt_id).error) == ("ready", None)
-    assert m.queries.events(kind="reconcile", bundle_id=trt_id)[0].reason == "ready"
+    restored = m.catalog.bundles.require(trt_id)
+    assert (restored.state, restored.error) == ("ready", None)
+    assert m.catalog.events.recent(kind="reconcile", bundle_id=trt_id)[0].reason == "ready"
     m.lease(trt_id).release()
 
     # Another GPU again: the stale bundle goes first, though the onnxruntime one is older.
     node.gpu(GPU_B)
     m = node.start()
     m.reconciler.reconcile()
-    sizes = {b: m.queries.get_bundle(b).size_bytes for b in built}
-    assert m.queries.get_bundle(ort_id).last_used_at < m.queries.get_bundle(trt_id).last_used_at  # type: ignore[operator]
+    sizes = {b: m.catalog.bundles.require(b).size_bytes for b in built}
+    assert m.catalog.bundles.require(ort_id).last_used_at < m.catalog.bundles.require(trt_id).last_used_at  # type: ignore[operator]
     cap = sum(sizes.values()) - 1  # one of the two has to go
     plan = _cli(node.cache, capsys, "prune", "--max-size-bytes", str(cap), "--dry-run")
     assert [(e["id"], e["reason"]) for e in plan["evict"]] == [(trt_id, "stale")]
@@ -151,9 +152,9 @@ def test_another_gpu_flags_stale_never_serves_evicts_first_and_the_gpu_back_rest
         assert [(p["bundle_id"], p["reason"]) for p in body["planned"]] == [(trt_id, "stale")]
     done = m.evictor.prune(cap)
     assert done.evicted == (trt_id,) and not m.queries.bundle_dir(info).exists()
-    evict = m.queries.events(kind="evict", bundle_id=trt_id)[0]
+    evict = m.catalog.events.recent(kind="evict", bundle_id=trt_id)[0]
     assert (evict.reason, evict.bytes) == ("stale", sizes[trt_id]) and "9.0" in (evict.detail or "")
-    assert m.queries.get_bundle(ort_id).state == "ready"
+    assert m.catalog.bundles.require(ort_id).state == "ready"
     assert m.queries.stats().evictions_by_reason == {"stale": 1}
 
 
@@ -162,20 +163,20 @@ def test_a_pinned_stale_bundle_stays_but_is_listed_as_stale(
 ) -> None:
     ort_id, trt_id = built
     assert node.manager is not None
-    node.manager.catalog.set_pinned(trt_id, True)
+    node.manager.catalog.bundles.set_pinned(trt_id, True)
     node.gpu(GPU_B)
     m = node.start()
     m.reconciler.reconcile()
-    assert m.queries.get_bundle(trt_id).state == "stale"
+    assert m.catalog.bundles.require(trt_id).state == "stale"
     result = m.evictor.prune(0)
     assert result.evicted == (ort_id,)
     assert [(s.bundle_id, s.reason, s.stale) for s in result.skipped] == [(trt_id, "pinned", True)]
-    assert m.queries.bundle_dir(m.queries.get_bundle(trt_id)).exists()
+    assert m.queries.bundle_dir(m.catalog.bundles.require(trt_id)).exists()
     plan = _cli(node.cache, capsys, "prune", "--max-size-bytes", "0", "--dry-run")
     assert plan["skipped"] == [
         {
             "id": trt_id,
-            "size_bytes": m.queries.get_bundle(trt_id).size_bytes,
+            "size_bytes": m.catalog.bundles.require(trt_id).size_bytes,
             "reason": "pinned",
             "stale": True,
         }
@@ -194,21 +195,21 @@ def test_another_tensorrt_version_or_no_gpu_is_stale_too_and_verify_says_so(
     trt_version("10.99.0.0")
     m = node.start()
     assert m.reconciler.reconcile().stale == (trt_id,)
-    assert f"TensorRT {original}" in (m.queries.get_bundle(trt_id).error or "")
+    assert f"TensorRT {original}" in (m.catalog.bundles.require(trt_id).error or "")
     trt_version(original)
     assert m.reconciler.reconcile().restored == (trt_id,)
     monkeypatch.setenv("FAKE_CUDA_DEVICES", "0")
     m = node.start()
     assert m.reconciler.reconcile().stale == (trt_id,)
-    assert "no CUDA device" in (m.queries.get_bundle(trt_id).error or "")
+    assert "no CUDA device" in (m.catalog.bundles.require(trt_id).error or "")
     monkeypatch.delenv("FAKE_CUDA_DEVICES")
     verified = m.verifier.verify(trt_id)
     assert (verified.ok, verified.state) == (True, "ready")
     node.gpu(GPU_B)
     verified = m.verifier.verify(trt_id)
     assert (verified.ok, verified.state) == (True, "stale")
-    assert "compute capability 9.0" in (m.queries.get_bundle(trt_id).error or "")
-    assert [e.reason for e in m.queries.events(kind="verify", bundle_id=trt_id)][:2] == ["stale", "ok"]
+    assert "compute capability 9.0" in (m.catalog.bundles.require(trt_id).error or "")
+    assert [e.reason for e in m.catalog.events.recent(kind="verify", bundle_id=trt_id)][:2] == ["stale", "ok"]
 
 
 def test_a_gpu_with_another_name_but_the_same_compute_capability_is_not_stale(
@@ -217,7 +218,7 @@ def test_a_gpu_with_another_name_but_the_same_compute_capability_is_not_stale(
     _, trt_id = built
     node.gpu(("9.0", "Fake NVIDIA H200 (CPU emulation)"))
     m = node.start()
-    assert m.reconciler.reconcile().stale == () and m.queries.get_bundle(trt_id).state == "ready"
+    assert m.reconciler.reconcile().stale == () and m.catalog.bundles.require(trt_id).state == "ready"
 
 
 def test_a_bundle_served_on_this_node_right_now_is_not_flagged(node: Node, built: tuple[str, str]) -> None:
@@ -241,7 +242,7 @@ def test_prepare_takes_a_stale_bundle_back_when_its_gpu_is_back(
     m = node.start()
     again = m.prepare(str(hf_checkpoint("llama")), ProfileRequest(backend="tensorrt", **SHAPES))
     assert (again.bundle_id, again.built) == (trt_id, False)
-    assert m.queries.get_bundle(trt_id).state == "ready"
+    assert m.catalog.bundles.require(trt_id).state == "ready"
 
 
 def test_prepare_rebuilds_a_stale_bundle_that_still_cannot_run(
@@ -251,15 +252,15 @@ def test_prepare_rebuilds_a_stale_bundle_that_still_cannot_run(
     m = node.start()
     # The manifest says the plan came from another TensorRT (as a bundle copied from another
     # node would): same key, files intact, but it cannot run here.
-    bundle_dir = m.queries.bundle_dir(m.queries.get_bundle(trt_id))
+    bundle_dir = m.queries.bundle_dir(m.catalog.bundles.require(trt_id))
     manifest = json.loads((bundle_dir / "manifest.json").read_text())
     manifest["engine"]["tensorrt_version"] = "10.0.0.0"
     (bundle_dir / "manifest.json").write_text(json.dumps(manifest))
     assert m.reconciler.reconcile().stale == (trt_id,)
     again = m.prepare(str(hf_checkpoint("llama")), ProfileRequest(backend="tensorrt", **SHAPES))
     assert (again.bundle_id, again.built) == (trt_id, True)
-    assert m.queries.get_bundle(trt_id).state == "ready"
-    assert [e.reason for e in m.queries.events(kind="evict", bundle_id=trt_id)] == ["stale"]
+    assert m.catalog.bundles.require(trt_id).state == "ready"
+    assert [e.reason for e in m.catalog.events.recent(kind="evict", bundle_id=trt_id)] == ["stale"]
     assert m.reconciler.reconcile().stale == ()
 
 
