@@ -56,6 +56,17 @@ def gguf_swa_layers(meta: Callable[[str, Any], Any]) -> list[str] | None:
     return ["sliding_attention" if flag else "full_attention" for flag in pattern]
 
 
+def gguf_sliding(meta: Callable[[str, Any], Any]) -> dict[str, Any]:
+    """config.json's ``sliding_window`` (None without one) and, where the file lists them, its
+    ``layer_types`` (:func:`gguf_swa_layers`; else the family's default pattern applies)."""
+    window = meta("attention.sliding_window", None)
+    out: dict[str, Any] = {"sliding_window": int(window) if window else None}
+    types = gguf_swa_layers(meta)
+    if window and types is not None:
+        out["layer_types"] = types
+    return out
+
+
 def _no_features(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 

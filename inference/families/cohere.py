@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from inference.errors import BuildInputError, UnsupportedFeatureError
-from inference.families import Family, gguf_swa_layers
+from inference.families import Family, gguf_sliding
 
 
 def features(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -51,11 +51,7 @@ def gguf_config(meta: Callable[[str, Any], Any], names: frozenset[str]) -> dict[
 
 
 def cohere2_gguf_config(meta: Callable[[str, Any], Any], names: frozenset[str]) -> dict[str, Any]:
-    out = {**gguf_config(meta, names), "sliding_window": meta("attention.sliding_window", None)}
-    types = gguf_swa_layers(meta)
-    if types is not None:
-        out["layer_types"] = types
-    return out
+    return {**gguf_config(meta, names), **gguf_sliding(meta)}
 
 
 COHERE = Family(

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from inference.errors import BuildInputError
-from inference.families import Family, gguf_swa_layers
+from inference.families import Family, gguf_sliding
 
 
 def _layer_types(raw: Mapping[str, Any], layers: int) -> list[str]:
@@ -45,11 +45,8 @@ def features(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def gguf_config(meta: Callable[[str, Any], Any], names: frozenset[str]) -> dict[str, Any]:
-    window = meta("attention.sliding_window", None)
-    types = gguf_swa_layers(meta)
-    if not window or types is None:
-        return {"sliding_window": None}
-    return {"sliding_window": int(window), "layer_types": types}
+    out = gguf_sliding(meta)  # llama.cpp's converter lists the layers whenever there is a window
+    return out if "layer_types" in out else {"sliding_window": None}
 
 
 FAMILY = Family(

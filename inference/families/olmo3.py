@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from inference.errors import BuildInputError
-from inference.families import Family, gguf_swa_layers
+from inference.families import Family, gguf_sliding
 from inference.families.olmo2 import features as olmo2_features
 from inference.families.olmo2 import gguf_config as olmo2_gguf_config
 
@@ -41,11 +41,8 @@ def is_olmo3_gguf(meta: Callable[[str, Any], Any]) -> bool:
 
 
 def gguf_config(meta: Callable[[str, Any], Any], names: frozenset[str]) -> dict[str, Any]:
-    out = {**olmo2_gguf_config(meta, names), "sliding_window": int(meta("attention.sliding_window", 0))}
-    types = gguf_swa_layers(meta)
-    if types is not None:  # else llama.cpp's default, as transformers': every fourth layer full
-        out["layer_types"] = types
-    return out
+    # Without a list of flags: llama.cpp's default, as transformers', every fourth layer full.
+    return {**olmo2_gguf_config(meta, names), **gguf_sliding(meta)}
 
 
 FAMILY = Family(
