@@ -143,6 +143,8 @@ class StepOutput:
     completion_tokens: int
     #: On the last output of a request cut by a stop string: that string (Anthropic's stop_sequence).
     stop_string: str | None = None
+    #: Prompt tokens whose KV came from the context cache instead of a prefill.
+    cached_tokens: int = 0
 
     @property
     def finished(self) -> bool:
@@ -175,6 +177,8 @@ class GenerationState:
         self._stops = StopStringMatcher(stop)
         self._want_logprobs = want_logprobs
         self.completion_tokens = 0
+        #: Prompt tokens the scheduler took from the context cache (set when the slot is prepared).
+        self.cached_tokens = 0
         self.finish_reason: str | None = None
 
     def _logprob(self, sample: SampleResult) -> TokenLogprob:
@@ -196,6 +200,7 @@ class GenerationState:
             self.prompt_tokens,
             self.completion_tokens,
             stop_string=self._stops.matched if self.finish_reason is not None else None,
+            cached_tokens=self.cached_tokens,
         )
 
     def push(self, sample: SampleResult) -> StepOutput:

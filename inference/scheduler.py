@@ -428,6 +428,7 @@ class Scheduler:
             kv.truncate(slot, reused)
         self._slot_tokens[slot] = list(prompt[:reused])
         run.prefilled = run.reused = reused
+        run.req.state.cached_tokens = reused
         store.note_lookup(reused)
         self._notify_cache()
 

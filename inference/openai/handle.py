@@ -31,6 +31,7 @@ from inference.openai.errors import (
 from inference.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    PromptTokensDetails,
     ResponseFormat,
     Usage,
 )
@@ -694,5 +695,7 @@ def usage_of(*outs: StepOutput, n: int | None = None) -> Usage:
     list of prompts, prompt-major), else all of them do."""
     per = n or len(outs)
     prompt = sum(out.prompt_tokens for out in outs[::per])
+    cached = sum(out.cached_tokens for out in outs[::per])
     completion = sum(out.completion_tokens for out in outs)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))

@@ -487,12 +487,20 @@ class DetokenizeResponse(msgspec.Struct):
     prompt: str
 
 
+class PromptTokensDetails(msgspec.Struct):
+    """What the prompt count is made of: ``cached_tokens``, the prompt tokens whose KV came from
+    the context cache (a reused prefix) instead of a prefill, as OpenAI reports its prompt cache."""
+
+    cached_tokens: int = 0
+
+
 class Usage(msgspec.Struct):
     """Token counts."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
 
 
 class ModelCard(msgspec.Struct):

@@ -180,6 +180,7 @@ def _usage(usage: Usage | None) -> ResponseUsage | None:
         input_tokens=usage.prompt_tokens,
         output_tokens=usage.completion_tokens,
         total_tokens=usage.total_tokens,
+        input_tokens_details={"cached_tokens": usage.prompt_tokens_details.cached_tokens},
     )
 
 

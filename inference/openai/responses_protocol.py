@@ -162,7 +162,8 @@ class ResponseFunctionCallItem(msgspec.Struct, kw_only=True):
 
 
 class ResponseUsage(msgspec.Struct):
-    """Token counts (nothing is cached across requests here, and reasoning is not counted apart)."""
+    """Token counts (``input_tokens_details.cached_tokens``: prompt tokens from the context cache;
+    reasoning is not counted apart)."""
 
     input_tokens: int
     output_tokens: int

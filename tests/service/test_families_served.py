@@ -90,6 +90,8 @@ def test_each_family_answers_structured_output_and_a_seen_prefix(
     assert first.choices[0].text is not None
     assert again.choices[0].text == _expected(ckpt, longer)
     assert _tokens_reused(server) - before >= 55  # the 56-token prefix, from the slot that kept it
+    details = again.usage.prompt_tokens_details if again.usage is not None else None
+    assert details is not None and (details.cached_tokens or 0) >= 55, again.usage  # as OpenAI reports it
 
 
 def _tokens_reused(server: ServerProcess) -> float:

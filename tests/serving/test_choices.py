@@ -58,6 +58,7 @@ async def test_n_choices_prefill_the_prompt_once(tokenizer: Tokenizer) -> None:
         "prompt_tokens": len(ids),
         "completion_tokens": 15,
         "total_tokens": len(ids) + 15,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     # The prompt ran once; the two other choices got its KV and prefilled only its last token.
     assert engine.prefill_chunks == [len(ids), 1, 1]
@@ -217,6 +218,7 @@ async def test_a_prompt_list_is_one_batch_indexed_prompt_major(tokenizer: Tokeni
         "prompt_tokens": sum(map(len, ids)),
         "completion_tokens": 72,
         "total_tokens": sum(map(len, ids)) + 72,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     # Submitted together: once prefilled (one chunk per step), the six sequences decode in one
     # batch; run one prompt after another, at most two (one prompt's choices) would.

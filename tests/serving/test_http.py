@@ -82,6 +82,7 @@ async def test_completion_greedy_equals_engine_greedy(tokenizer: Tokenizer) -> N
             "prompt_tokens": len(prompt_ids),
             "completion_tokens": 12,
             "total_tokens": len(prompt_ids) + 12,
+            "prompt_tokens_details": {"cached_tokens": 0},
         }
 
 
