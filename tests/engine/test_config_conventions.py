@@ -31,18 +31,18 @@ def test_top_level_rope_theta_and_scaling_match_rope_parameters(
     cfg["rope_scaling"] = params
     (ckpt / "config.json").write_text(json.dumps(cfg))
     assert load_model_config(ckpt).rope == load_model_config(original).rope
-
-    prompt = [int(t) for t in np.random.default_rng(11).integers(0, 384, size=40)]  # past the 32 of llama3
-    engine = load_engine(built_bundle(ckpt), threads=1)
-    want = reference_step(reference(original), [prompt])[0][0, -1]
-    np.testing.assert_allclose(engine.prefill(0, prompt), want, atol=1e-4, rtol=0)
+    # 40 tokens: past the 32 of the llama3 rope's original context
+    _prefill_matches(ckpt, built_bundle, reference, reference_step, 11, size=40, reference_of=original)
 
 
 def _prefill_matches(ckpt: Path, built_bundle: Callable[..., Path], reference: Callable[[Path], Any],
-                     reference_step: Callable[..., Any], seed: int) -> None:
-    prompt = [int(t) for t in np.random.default_rng(seed).integers(0, 384, size=24)]
+                     reference_step: Callable[..., Any], seed: int, *, size: int = 24,
+                     reference_of: Path | None = None) -> None:
+    """The bundle of ``ckpt`` prefills a random prompt to transformers' last logits (of
+    ``reference_of``, by default ``ckpt`` itself)."""
+    prompt = [int(t) for t in np.random.default_rng(seed).integers(0, 384, size=size)]
     engine = load_engine(built_bundle(ckpt), threads=1)
-    want = reference_step(reference(ckpt), [prompt])[0][0, -1]
+    want = reference_step(reference(reference_of or ckpt), [prompt])[0][0, -1]
     np.testing.assert_allclose(engine.prefill(0, prompt), want, atol=1e-4, rtol=0)
 
 
