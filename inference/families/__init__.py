@@ -46,6 +46,21 @@ def moe_size(raw: Mapping[str, Any], key: str, default: int | None = None) -> in
     return value
 
 
+def pattern_layer_types(raw: Mapping[str, Any], pattern: object) -> tuple[str, ...]:
+    """The layers' types as the builder takes them ("full"/"sliding"): config.json's
+    ``layer_types`` where it lists them, else transformers' default for a sliding-window family:
+    every ``pattern``-th layer (1-based) global, the others sliding."""
+    from inference.builder.model_config import layer_types_of  # (the builder imports the registry)
+
+    layers = int(raw["num_hidden_layers"])
+    if raw.get("layer_types"):
+        return layer_types_of(raw, layers)
+    if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 1:
+        raise BuildInputError(
+            f"config.json sliding_window_pattern must be a positive integer, got {pattern!r}")
+    return tuple("sliding" if (i + 1) % pattern else "full" for i in range(layers))
+
+
 def gguf_swa_layers(meta: Callable[[str, Any], Any]) -> list[str] | None:
     """config.json's ``layer_types`` from llama.cpp's per-layer ``attention.sliding_window_pattern``
     array (true: the layer slides), or None where the file has no such array of one value a layer."""

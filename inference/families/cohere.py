@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from inference.errors import BuildInputError, UnsupportedFeatureError
-from inference.families import Family, gguf_sliding
+from inference.errors import UnsupportedFeatureError
+from inference.families import Family, gguf_sliding, pattern_layer_types
 
 
 def features(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -24,24 +24,11 @@ def features(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def cohere2_features(raw: Mapping[str, Any]) -> dict[str, Any]:
-    out = features(raw)
-    layers = int(raw["num_hidden_layers"])
-    types = raw.get("layer_types")
-    if not types:
-        pattern = raw.get("sliding_window_pattern", 4)
-        if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 1:
-            raise BuildInputError(
-                f"config.json sliding_window_pattern must be a positive integer, got {pattern!r}")
-        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
-    if not isinstance(types, list) or len(types) != layers:
-        raise BuildInputError(
-            f"config.json layer_types must list one type per layer ({layers}), got {types!r}")
-    short = {"sliding_attention": "sliding", "full_attention": "full"}
+    types = pattern_layer_types(raw, raw.get("sliding_window_pattern", 4))
     window = raw.get("sliding_window")
-    return {**out, "layer_types": tuple(short.get(t, t) for t in types),
-            "sliding_window": int(window) if window else None,
+    return {**features(raw), "layer_types": types, "sliding_window": int(window) if window else None,
             # transformers rotates in the sliding layers only: the global ones are NoPE
-            "nope_layers": tuple(i for i, t in enumerate(types) if t == "full_attention")}
+            "nope_layers": tuple(i for i, t in enumerate(types) if t == "full")}
 
 
 def gguf_config(meta: Callable[[str, Any], Any], names: frozenset[str]) -> dict[str, Any]:

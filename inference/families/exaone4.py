@@ -8,23 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from inference.errors import BuildInputError
-from inference.families import Family, gguf_sliding
-
-
-def _layer_types(raw: Mapping[str, Any], layers: int) -> list[str]:
-    """transformers' layer types: config.json's ``layer_types``, else every
-    ``sliding_window_pattern``-th layer (1-based) global, the others sliding."""
-    types = raw.get("layer_types")
-    if types:
-        return list(types)
-    pattern = raw.get("sliding_window_pattern", 4)
-    if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:  # "LLLG"
-        return ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention"
-                for i in range(layers)]
-    if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 1:
-        raise BuildInputError(f"config.json sliding_window_pattern must be a positive integer or a string "
-                              f"of L and G, got {pattern!r}")
-    return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+from inference.families import Family, gguf_sliding, pattern_layer_types
 
 
 def features(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -32,16 +16,17 @@ def features(raw: Mapping[str, Any]) -> dict[str, Any]:
                            "post_mlp_norm": True, "qk_norm": "head"}
     if raw.get("sliding_window") is None:  # one kind of layer, every one with rope
         return {**out, "layer_types": (), "sliding_window": None}
-    layers = int(raw["num_hidden_layers"])
-    types = _layer_types(raw, layers)
-    if len(types) != layers:
-        raise BuildInputError(
-            f"config.json layer_types must list one type per layer ({layers}), got {types!r}")
-    short = {"sliding_attention": "sliding", "full_attention": "full"}
-    return {**out, "layer_types": tuple(short.get(t, t) for t in types),
-            "sliding_window": int(raw["sliding_window"]),
+    pattern = raw.get("sliding_window_pattern", 4)
+    if isinstance(pattern, str) and not raw.get("layer_types"):  # "LLLG": the layers, repeated
+        if not pattern or not set(pattern) <= {"L", "G"}:
+            raise BuildInputError(f"config.json sliding_window_pattern must be a positive integer or a "
+                                  f"string of L and G, got {pattern!r}")
+        raw = {**raw, "layer_types": ["sliding_attention" if pattern[i % len(pattern)] == "L" else
+                                      "full_attention" for i in range(int(raw["num_hidden_layers"]))]}
+    types = pattern_layer_types(raw, pattern)
+    return {**out, "layer_types": types, "sliding_window": int(raw["sliding_window"]),
             # "We use global NoPE for hybrid attention model": only the sliding layers rotate.
-            "nope_layers": tuple(i for i, t in enumerate(types) if t == "full_attention")}
+            "nope_layers": tuple(i for i, t in enumerate(types) if t == "full")}
 
 
 def gguf_config(meta: Callable[[str, Any], Any], names: frozenset[str]) -> dict[str, Any]:

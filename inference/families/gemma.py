@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from inference.families import Family, gguf_swa_layers
+from inference.families import Family, gguf_swa_layers, pattern_layer_types
 
 #: Gemma 2/3's four norms per layer, by slot.
 SANDWICH_NAMES = {
@@ -68,9 +68,7 @@ def _default_layers(raw: Mapping[str, Any], pattern: int) -> dict[str, Any]:
     ``sliding_window_pattern``, 6)."""
     if raw.get("layer_types") or not raw.get("sliding_window"):
         return {}
-    layers = int(raw["num_hidden_layers"])
-    types = tuple("sliding" if (i + 1) % pattern else "full" for i in range(layers))
-    return {"layer_types": types, "sliding_window": int(raw["sliding_window"])}
+    return {"layer_types": pattern_layer_types(raw, pattern), "sliding_window": int(raw["sliding_window"])}
 
 
 def gemma2_features(raw: Mapping[str, Any]) -> dict[str, Any]:

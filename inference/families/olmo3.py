@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from inference.errors import BuildInputError
-from inference.families import Family, gguf_sliding
+from inference.families import Family, gguf_sliding, pattern_layer_types
 from inference.families.olmo2 import features as olmo2_features
 from inference.families.olmo2 import gguf_config as olmo2_gguf_config
 
@@ -16,14 +15,7 @@ from inference.families.olmo2 import gguf_config as olmo2_gguf_config
 def features(raw: Mapping[str, Any]) -> dict[str, Any]:
     from inference.builder.model_config import RopeConfig, rope_from  # (the builder imports the registry)
 
-    layers = int(raw["num_hidden_layers"])
-    types = raw.get("layer_types") or [
-        "sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)]
-    if not isinstance(types, list) or len(types) != layers:
-        raise BuildInputError(
-            f"config.json layer_types must list one type per layer ({layers}), got {types!r}")
-    short = {"sliding_attention": "sliding", "full_attention": "full"}
-    out: dict[str, Any] = {**olmo2_features(raw), "layer_types": tuple(short.get(t, t) for t in types)}
+    out: dict[str, Any] = {**olmo2_features(raw), "layer_types": pattern_layer_types(raw, 4)}
     window = raw.get("sliding_window")
     out["sliding_window"] = int(window) if window else None
     params = raw.get("rope_parameters")
