@@ -79,6 +79,14 @@ def _packed_zero_points(value: int, n: int, kb: int) -> np.ndarray:
     return np.full((n * per_row,), value | (value << 4), dtype=np.uint8)
 
 
+def zero_point_rows(w: BlockWeight) -> np.ndarray:
+    """A 4-bit weight's packed zero points, one row of ``ceil(K/64)`` bytes per output row, the
+    op's default (8) spelled out where ``w`` has none."""
+    n, kb = w.codes.shape[0], w.codes.shape[1]
+    packed = w.zero_points if w.zero_points is not None else _packed_zero_points(8, n, kb)
+    return packed.reshape(n, (kb + 1) // 2)
+
+
 def from_q4_blocks(rows: np.ndarray, type_name: str, n: int, k: int) -> BlockWeight:
     """GGUF Q4_0 / Q4_1 rows (``[N, kb * block bytes]``) -> 4-bit weight, codes untouched."""
     kb = k // BLOCK
@@ -180,12 +188,9 @@ def _concat(weights: list[BlockWeight]) -> BlockWeight:
     bits = weights[0].bits
     if any(w.bits != bits for w in weights):
         raise ValueError("cannot fuse weights of different bit widths")
-    kb = weights[0].codes.shape[1]
     zero_points = None
     if any(w.zero_points is not None for w in weights):  # the op's default (8 for 4 bits) spelled out
-        zero_points = np.concatenate([
-            w.zero_points if w.zero_points is not None else _packed_zero_points(8, w.codes.shape[0], kb)
-            for w in weights])
+        zero_points = np.concatenate([zero_point_rows(w).reshape(-1) for w in weights])
     block_min = None
     if any(w.block_min is not None for w in weights):
         block_min = np.concatenate([
@@ -199,17 +204,12 @@ def interleave_rows(a: BlockWeight, b: BlockWeight) -> BlockWeight:
     """Two 4-bit weights of the same shape as one whose rows alternate ``a[0], b[0], a[1], ...``
     (the gate/up layout of a fused SwiGLU, ``swiglu_fusion=1``)."""
     n, kb = a.scales.shape[0], a.codes.shape[1]
-    per_row = (kb + 1) // 2
-
-    def zps(w: BlockWeight) -> np.ndarray:
-        packed = w.zero_points if w.zero_points is not None else _packed_zero_points(8, n, kb)
-        return packed.reshape(n, per_row)
 
     def both(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.stack([x, y], axis=1).reshape(2 * n, *x.shape[1:])
 
     return BlockWeight(4, both(a.codes, b.codes), both(a.scales.reshape(n, kb), b.scales.reshape(n, kb)),
-                       both(zps(a), zps(b)).reshape(-1))
+                       both(zero_point_rows(a), zero_point_rows(b)).reshape(-1))
 
 
 @dataclass(frozen=True)
@@ -358,8 +358,7 @@ class QuantizedEmitter:
             n, kb = weights[0].scales.shape[0], weights[0].codes.shape[1]
             codes = np.stack([w.codes.reshape(n, kb * BLOCK // 2) for w in weights])
             scales = np.stack([w.scales.reshape(n, kb) for w in weights])
-            zps = np.stack([(w.zero_points if w.zero_points is not None
-                             else _packed_zero_points(8, n, kb)).reshape(n, (kb + 1) // 2) for w in weights])
+            zps = np.stack([zero_point_rows(w) for w in weights])
             names.append(em.weight(f"{base}.{tag}.q4", codes))
             names.append(em.weight(f"{base}.{tag}.q4_scales", scales))
             names.append(em.weight(f"{base}.{tag}.q4_zero_points", zps))
