@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from inference.build_profile import POOLING_METHODS
+from inference.build_profile import KV_CACHE_NUMPY_DTYPES, POOLING_METHODS
 from inference.builder.checkpoint_reader import CheckpointReader
 from inference.builder.emit import Emitter, ExternalWeights
 from inference.builder.errors import BuildInputError
@@ -56,7 +56,8 @@ FUSED_OPSET = 23
 MS_DOMAIN = "com.microsoft"
 KV_LAYOUTS = ("portable", "gqa")
 #: K/V buffer element types of the gqa graph -> their ONNX type (float16: ``--kv-cache-dtype fp16``).
-KV_DTYPES: dict[str, int] = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+KV_DTYPES: dict[str, int] = {name: helper.np_dtype_to_tensor_dtype(np.dtype(name))
+                             for name in KV_CACHE_NUMPY_DTYPES.values()}
 DECOMPOSED_OPSET = 18
 # Additive mask value: large enough to zero a probability, small enough that a fully masked
 # row (a left-padding query) stays finite instead of turning into NaN.

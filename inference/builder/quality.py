@@ -367,12 +367,12 @@ def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]]
     reference_seconds = time.monotonic() - started
 
     exact_free: list[list[int]] | None = None
+    wanted = [ref[:IDENTITY_TOKENS] for ref in reference.tokens]  # fp32's free-running answers
 
     def answers_like_exact(free: list[list[int]]) -> bool:
         """Whether each prompt's free-running tokens are fp32's or, where the exact plan's own
         differ from fp32's (the weights' rounding), the exact plan's."""
         nonlocal exact_free
-        wanted = [ref[:IDENTITY_TOKENS] for ref in reference.tokens]
         if free == wanted:
             return True
         if exact_free is None:
@@ -390,7 +390,6 @@ def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]]
         figures, free = _try_plan(candidate_model, plan, run_meta, reference, threads)
         # A plan that trades float32 compute for speed must give fp32's answers (``auto``); the
         # exact plan, ``fast`` and a plan the caller forces (``forced``) face the floor alone.
-        wanted = [ref[:IDENTITY_TOKENS] for ref in reference.tokens]
         passed = figures.greedy_agreement >= threshold and (
             free == wanted if strict else
             mode in ("fast", "forced") or plan.name == "exact" or answers_like_exact(free))

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from inference.build_profile import KV_CACHE_NUMPY_DTYPES
 from inference.runtime.ort_session import cpu_session
 from inference.runtime.protocol import EngineInfo
 from inference.runtime.slot_checks import (
@@ -79,8 +80,8 @@ def onnx_engine_info(meta: dict[str, Any], model_path: Path, *, max_slots: int, 
     )
 
 
-#: ``engine.json``'s ``kv_cache.dtype`` values the engine holds.
-KV_DTYPES: tuple[str, ...] = ("float32", "float16")
+#: ``engine.json``'s ``kv_cache.dtype`` values the engine holds (the profile's, numpy-named).
+KV_DTYPES: tuple[str, ...] = tuple(KV_CACHE_NUMPY_DTYPES.values())
 
 
 def kv_dtype_of(kv: Mapping[str, Any]) -> np.dtype:
