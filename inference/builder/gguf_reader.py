@@ -45,7 +45,7 @@ def hf_tensor_name(gguf_name: str, family: Family) -> tuple[str, str | None]:
     """(Hugging Face name, layout slot) of a GGUF tensor name of ``family``
     (``BuildInputError`` for a name of no slot)."""
     parts = gguf_name.split(".")
-    names = Names(family.hf_names)
+    names = Names(family.hf_names, family.hf_global_names)
     if len(parts) == 2 and parts[0] in GGUF_GLOBAL_SLOTS:
         slot = GGUF_GLOBAL_SLOTS[parts[0]]
         return f"{names.top(slot)}.{parts[1]}", slot

@@ -654,21 +654,23 @@ class _DecoderBuilder:
         tied = cfg.tie_word_embeddings or "lm_head.weight" not in self.ckpt
         if tied and not cfg.tie_word_embeddings:
             self.ckpt.get_f32("lm_head.weight")  # raises the clear "missing weight" error
+        # The lm_head's bias (Phi-1/2; tied or not): added before the quantized head picks its top-k.
+        bias = self.vector("lm_head.bias", cfg.vocab_size) if cfg.lm_head_bias else None
         if self.quant is not None and self.quant.fits(cfg.hidden_size):
             if tied and self.embed_q8 is not None:
-                return self.quant.lm_head(h, self.embed_q8), True
+                return self.quant.lm_head(h, self.embed_q8, bias), True
             weight = self.ckpt.get_f32("model.embed_tokens.weight" if tied else "lm_head.weight",
                                        (cfg.vocab_size, cfg.hidden_size))
-            return self.quant.lm_head(h, weight), tied
-        if not tied:
-            w = self.linear_weight("lm_head.weight", cfg.vocab_size, cfg.hidden_size)
-            return self.em.op("MatMul", [h, w], outputs=["logits"])[0], False
-        if untie:
-            w = self.em.weight("lm_head.weight", self.ckpt.get_f32("model.embed_tokens.weight").T)
+            return self.quant.lm_head(h, weight, bias), tied
+        if not tied or untie:
+            w = (self.linear_weight("lm_head.weight", cfg.vocab_size, cfg.hidden_size) if not tied else
+                 self.em.weight("lm_head.weight", self.ckpt.get_f32("model.embed_tokens.weight").T))
+            if bias is not None:
+                return self.em.op("Add", [self.em.op1("MatMul", [h, w]), bias], outputs=["logits"])[0], False
             return self.em.op("MatMul", [h, w], outputs=["logits"])[0], False
         # Gemm with transB reads the embedding table as is: no transposed copy of the weights.
         flat = self.em.op1("Reshape", [h, self.em.const(np.array([-1, cfg.hidden_size], dtype=np.int64))])
-        logits2 = self.em.op1("Gemm", [flat, embed], transB=1)
+        logits2 = self.em.op1("Gemm", [flat, embed, *([bias] if bias is not None else [])], transB=1)
         lead = self.em.op1("Shape", [h], start=0, end=2)
         vocab = self.em.const(np.array([cfg.vocab_size], dtype=np.int64))
         shape = self.em.op1("Concat", [lead, vocab], axis=0)
@@ -777,7 +779,7 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
             x = b.layer(x, i)
             if progress is not None:
                 progress("graph", (i + 1) / (cfg.num_layers + 1))
-        x = b.norm(x, "model.norm", cfg.hidden_size)
+        x = b.norm(x, b.names.top("final_norm"), cfg.hidden_size)
         if pooling is not None:
             b.pool(x, pooling)
             tied = False

@@ -86,8 +86,10 @@ NORM_SLOTS = ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm", "q_nor
 class Names:
     """The Hugging Face names of one family's weights."""
 
-    def __init__(self, overrides: Mapping[str, str] | None = None) -> None:
+    def __init__(self, overrides: Mapping[str, str] | None = None,
+                 global_overrides: Mapping[str, str] | None = None) -> None:
         self.layer_names = {**HF_LAYER_NAMES, **(overrides or {})}
+        self.global_names = {**HF_GLOBAL_NAMES, **(global_overrides or {})}
 
     def layer(self, i: int, slot: str) -> str:
         """The module name (no ``.weight``) of ``slot`` in layer ``i``."""
@@ -97,10 +99,9 @@ class Names:
         """The module name of expert ``e``'s ``slot`` (one of :data:`EXPERT_SLOTS`) in layer ``i``."""
         return f"model.layers.{i}.{self.layer_names[slot].format(e=e)}"
 
-    @staticmethod
-    def top(slot: str) -> str:
+    def top(self, slot: str) -> str:
         """The module name of a tensor outside the layers."""
-        return HF_GLOBAL_NAMES[slot]
+        return self.global_names[slot]
 
     def as_llama(self, name: str) -> str:
         """``name`` (a layer weight of this family, or fused names joined by ``+``) under Llama's
@@ -129,7 +130,8 @@ def names_for(cfg: ModelConfig) -> Names:
     """The names of ``cfg``'s family."""
     from inference.families import family_by_name
 
-    return Names(family_by_name(cfg.family).hf_names)
+    family = family_by_name(cfg.family)
+    return Names(family.hf_names, family.hf_global_names)
 
 
 def layer_slots(cfg: ModelConfig, layer: int = 0) -> list[tuple[str, tuple[int, ...], bool]]:
@@ -197,4 +199,6 @@ def expected_tensors(cfg: ModelConfig, *, tied: bool | None = None) -> dict[str,
         out[f"{names.top('final_norm')}.bias"] = (cfg.hidden_size,)
     if not (cfg.tie_word_embeddings if tied is None else tied):
         out[f"{names.top('lm_head')}.weight"] = (cfg.vocab_size, cfg.hidden_size)
+    if cfg.lm_head_bias:  # tied or not (transformers' Phi keeps its own bias)
+        out[f"{names.top('lm_head')}.bias"] = (cfg.vocab_size,)
     return out

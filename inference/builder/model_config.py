@@ -208,6 +208,7 @@ class ModelConfig:
     #: attention and MLP side by side on the attention norm's output, one residual add
     #: (x + attn(n(x)) + mlp(n(x)): StableLM's use_parallel_residual, Phi-1/2, Cohere)
     parallel_block: bool = False
+    lm_head_bias: bool = False  # an untied lm_head with a bias (Phi-1/2)
 
     def sparse(self, layer: int) -> bool:
         """Whether ``layer``'s MLP is the mixture of experts."""

@@ -438,18 +438,25 @@ class QuantizedEmitter:
                         self.head_layout)
         return self._table_rows(t, ids), t
 
-    def lm_head(self, hidden: str, table: Table8 | np.ndarray) -> str:
+    def lm_head(self, hidden: str, table: Table8 | np.ndarray, bias: str | None = None) -> str:
         """Logits ``[B, S, vocab]`` of ``hidden`` [B, S, H] through the 8-bit lm_head: the tied
-        embedding's :class:`Table8`, or an untied weight [V, H]. At level 4 the top-k logits are
-        recomputed exactly (see the module docstring); at level 0 every logit is exact."""
+        embedding's :class:`Table8`, or an untied weight [V, H] (plus ``bias``, an initializer
+        [V], where it has one). At level 4 the top-k logits are recomputed exactly (see the
+        module docstring); at level 0 every logit is exact."""
         em = self.em
         t = table if isinstance(table, Table8) else self._table(
             "lm_head", self._weight_8bit("lm_head.weight", table), self.head_layout)
         if self.head_level == 0 or self.top_k <= 0:
-            return self._table_matmul(hidden, t, self.head_level, out="logits")
+            if bias is None:
+                return self._table_matmul(hidden, t, self.head_level, out="logits")
+            return em.op("Add", [self._table_matmul(hidden, t, self.head_level), bias], outputs=["logits"])[0]
         fast = self._table_matmul(hidden, t, self.head_level)
+        if bias is not None:
+            fast = em.op1("Add", [fast, bias])
         _, top = em.op("TopK", [fast, em.const(np.array([self.top_k], np.int64))], n_out=2, axis=-1)
         rows = self._table_rows(t, top)  # [B,S,k,H]
         col = em.op1("Unsqueeze", [hidden, em.const(np.array([-1], np.int64))])  # [B,S,H,1]
         exact = em.op1("Squeeze", [em.op1("MatMul", [rows, col]), em.const(np.array([-1], np.int64))])
+        if bias is not None:
+            exact = em.op1("Add", [exact, em.op1("Gather", [bias, top])])
         return em.op("ScatterElements", [fast, top, exact], outputs=["logits"], axis=-1)[0]

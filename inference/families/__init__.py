@@ -115,6 +115,9 @@ class Family:
     gguf_slots: Mapping[str, str] = field(default_factory=dict)
     #: layout slot -> Hugging Face name under ``model.layers.{i}.``, where it differs from Llama's.
     hf_names: Mapping[str, str] = field(default_factory=dict)
+    #: slot -> Hugging Face name of a tensor outside the layers (``final_norm``), where it
+    #: differs from :data:`layout.HF_GLOBAL_NAMES`.
+    hf_global_names: Mapping[str, str] = field(default_factory=dict)
     tokenizer: str = "bpe"  #: "bpe" or "sentencepiece" (as its GGUF's tokenizer.ggml.model says)
     parsers: tuple[str, str] = ("none", "none")  #: ``auto`` (reasoning, tool-call) parsers
     lora_targets: tuple[str, ...] = LLAMA_LORA_TARGETS
@@ -141,6 +144,7 @@ def _load() -> tuple[Family, ...]:
         nemotron,
         olmo2,
         olmo3,
+        phi,
         phi3,
         qwen2,
         qwen2_moe,
@@ -152,7 +156,7 @@ def _load() -> tuple[Family, ...]:
         starcoder2,
     )
 
-    return (*(m.FAMILY for m in (llama, mistral, ministral, qwen2, qwen3, phi3, granite, smollm3)),
+    return (*(m.FAMILY for m in (llama, mistral, ministral, qwen2, qwen3, phi3, phi, granite, smollm3)),
             gemma.GEMMA, gemma.GEMMA2, gemma.GEMMA3,
             *(m.FAMILY for m in (olmo2, olmo3, exaone4, stablelm, starcoder2, nemotron, seed_oss, arcee)),
             cohere.COHERE, cohere.COHERE2, glm4.FAMILY,

@@ -150,6 +150,15 @@ def _stablelm_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
     writer.add_layer_norm_eps(cfg.layer_norm_eps)
 
 
+def _phi_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    # conversion/phi.py Phi2Model: the eps, int(factor * hidden) // heads rotated dims. (It also
+    # writes feed_forward_length as 4 x hidden, every released Phi's size; the tiny model's MLP is
+    # narrower, so this writer keeps the real size.)
+    writer.add_layer_norm_eps(cfg.layer_norm_eps)
+    factor = cfg.rope_parameters["partial_rotary_factor"]
+    writer.add_rope_dimension_count(int(factor * cfg.hidden_size) // cfg.num_attention_heads)
+
+
 def _starcoder2_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
     writer.add_layer_norm_eps(cfg.norm_epsilon)  # TextModel: norm_epsilon; no sliding window
 
@@ -229,6 +238,7 @@ GGUF_METADATA: dict[str, Callable[[gguf.GGUFWriter, Any], None]] = {
     "qwen2_moe": _qwen2_moe_metadata,
     "qwen3_moe": _qwen3_moe_metadata,
     "phi3": _phi3_metadata,
+    "phi": _phi_metadata,
     "granite": _granite_metadata,
     "smollm3": _llama_metadata,
     "gemma": _gemma_metadata,
@@ -356,9 +366,12 @@ def make_model(family: str, seed: int = 0, **overrides: Any) -> tf.PreTrainedMod
 
 
 def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
-               with_tokenizer: bool = True, **overrides: Any) -> tuple[Path, Path]:
+               with_tokenizer: bool = True, fuse_qkv: bool = False, **overrides: Any) -> tuple[Path, Path]:
     """Write ``out/model.gguf`` and the reference checkpoint ``out/reference``; return both.
-    ``overrides``: config fields on top of the family's tiny configuration."""
+    ``overrides``: config fields on top of the family's tiny configuration. ``fuse_qkv`` (F32
+    only): each layer's q/k/v weights and biases as one ``attn_qkv`` tensor, as llama.cpp writes
+    a checkpoint that has one (Phi-2's original ``Wqkv``)."""
+    assert not fuse_qkv or qtype == "F32"
     model = make_model(family, **overrides)
     cfg = model.config
     qt = gguf.GGMLQuantizationType[qtype]
@@ -402,8 +415,13 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
     permuted = family in PERMUTED
     name_arch = family_by_name(family).gguf_architectures[0]
     blocks = cfg.num_hidden_layers
+    fused: dict[str, list[np.ndarray]] = {}
     for name, param in _split_experts(model.state_dict()):
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        if fuse_qkv and ".self_attn." in name and name.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "v_proj"):
+            layer, kind = int(name.split(".")[2]), name.rsplit(".", 1)[-1]
+            fused.setdefault(f"blk.{layer}.attn_qkv.{kind}", []).append(param.detach().numpy())
             continue
         w = param.detach().numpy().astype(np.float32)
         stored = w
@@ -428,6 +446,8 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
             # The file holds w + 1 rounded to float32: what it means is that value less 1.
             reference[name] = (torch.from_numpy(stored - np.float32(1.0)) if plus_one
                                else param.detach().clone())
+    for name, parts in fused.items():  # q, k, v in the state dict's order
+        writer.add_tensor(name, np.ascontiguousarray(np.concatenate(parts).astype(np.float32)))
     for name, values in extra.items():  # float32 vectors, whatever the weights' type
         writer.add_tensor(name, values)
     writer.write_header_to_file()

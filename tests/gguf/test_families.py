@@ -69,6 +69,31 @@ def test_quantized_bundles_pass_the_gate(small_gguf: SmallGguf, bundle_of: Calla
     assert meta["precision"] == precision and quality["greedy_agreement"] >= 0.9
 
 
+def test_a_phi2_file_with_one_fused_qkv_answers_like_transformers(
+        bundle_of: Callable[..., Path], tmp_path: Path) -> None:
+    """llama.cpp writes Phi-2's original checkpoints (``Wqkv``) with one ``attn_qkv`` tensor
+    (weight and bias) a layer: read as the fused projection, the answers are transformers'."""
+    from inference.builder.gguf_reader import read_gguf_header
+    from tests.gguf.ggufs import write_pair
+
+    path, reference = write_pair("phi", "F32", tmp_path / "fused", fuse_qkv=True)
+    names = {t.name for t in read_gguf_header(path).tensors}
+    assert {"blk.0.attn_qkv.weight", "blk.0.attn_qkv.bias"} <= names and "blk.0.attn_q.weight" not in names
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    convert_gguf(path, converted)
+    assert json.loads((converted / "config.json").read_text())["cachesvc_fused_qkv"] is True
+    model = load_reference(reference)
+    engine = load_engine(bundle_of(converted), threads=1)
+    try:
+        for prompt in _prompts():
+            want, _ = hf_greedy(model, prompt, GREEDY)
+            assert generate(engine, prompt, GREEDY, eos_ids=()) == [want]
+            engine.reset(0)
+    finally:
+        engine.close()
+
+
 def test_gemma_gguf_window_rules_are_llama_cpps() -> None:
     """What llama.cpp assumes where a Gemma 2/3 GGUF is silent: Gemma 2's window 4096, every
     second layer sliding; Gemma 3 without a window attends fully, with one slides five of six
