@@ -141,10 +141,21 @@ class AnthropicToolUseBlock(msgspec.Struct, tag_field="type", tag="tool_use"):
 
 
 class AnthropicUsage(msgspec.Struct):
-    """Token counts."""
+    """Token counts, as Anthropic splits the prompt: ``input_tokens`` computed for this request,
+    ``cache_read_input_tokens`` whose KV came from the context cache (their sum is the prompt).
+    The context cache is automatic (no ``cache_control`` writes), so ``cache_creation_input_tokens``
+    is 0."""
 
     input_tokens: int
     output_tokens: int
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+
+    @classmethod
+    def of(cls, prompt_tokens: int, cached_tokens: int, output_tokens: int) -> AnthropicUsage:
+        """The Anthropic split of a prompt of ``prompt_tokens`` of which ``cached_tokens`` were reused."""
+        return cls(input_tokens=prompt_tokens - cached_tokens, output_tokens=output_tokens,
+                   cache_read_input_tokens=cached_tokens)
 
 
 class AnthropicMessagesResponse(msgspec.Struct, kw_only=True):

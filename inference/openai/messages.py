@@ -250,7 +250,8 @@ class MessagesEndpoint:
             content=content,
             stop_reason=anthropic_stop_reason(result.finish_reason, result.stop_string),
             stop_sequence=result.stop_string,
-            usage=AnthropicUsage(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens),
+            usage=AnthropicUsage.of(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens,
+                                    usage.completion_tokens),
         )
 
     async def count_message_tokens(self, req: AnthropicCountTokensRequest) -> AnthropicCountTokensResponse:
@@ -282,6 +283,7 @@ class MessagesEndpoint:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
+            # The cached share is known once the request is admitted: message_delta's usage says it.
             "usage": {"input_tokens": len(turn.plan.prompt_ids), "output_tokens": 0},
         }
         block = -1
@@ -340,7 +342,9 @@ class MessagesEndpoint:
                     "stop_reason": anthropic_stop_reason(finish, stop_string),
                     "stop_sequence": stop_string,
                 },
-                usage={"output_tokens": usage.completion_tokens if usage else 0},
+                usage=(msgspec.to_builtins(AnthropicUsage.of(
+                    usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens, usage.completion_tokens))
+                       if usage else {"output_tokens": 0}),
             )
             yield _event("message_stop")
         except OpenAIError as exc:

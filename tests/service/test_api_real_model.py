@@ -66,11 +66,34 @@ def test_messages(smollm2: ServerProcess) -> None:
     r = client.messages.create(model=MODEL, max_tokens=16, messages=QUESTION, extra_body=GREEDY)
     assert r.content and r.content[0].type == "text" and r.content[0].text.strip()
     assert r.stop_reason in ("end_turn", "max_tokens") and 0 < r.usage.output_tokens <= 16
-    assert client.messages.count_tokens(model=MODEL, messages=QUESTION).input_tokens == r.usage.input_tokens
+    counted = client.messages.count_tokens(model=MODEL, messages=QUESTION).input_tokens
+    assert counted == r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0)
     with client.messages.stream(model=MODEL, max_tokens=16, messages=QUESTION, extra_body=GREEDY) as stream:
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert final.content[0].type == "text" and streamed == final.content[0].text == r.content[0].text
+
+
+def test_messages_usage_counts_a_seen_prefix_as_cache_read(smollm2: ServerProcess) -> None:
+    """A conversation continued: the turn already answered comes from the context cache and is
+    reported as Anthropic reports a cache hit (``cache_read_input_tokens``), the rest as
+    ``input_tokens``, the two summing to the prompt; streamed, the final ``message_delta``
+    carries the same split."""
+    client = anthropic.Anthropic(base_url=smollm2.base_url, api_key="unused", max_retries=0, timeout=120)
+    first: list[Any] = [{"role": "user", "content": "Name three colours of the rainbow, and say why."}]
+    answer = client.messages.create(model=MODEL, max_tokens=8, messages=first, extra_body=GREEDY)
+    assert answer.content and answer.content[0].type == "text"
+    more: list[Any] = [*first, {"role": "assistant", "content": answer.content[0].text},
+                       {"role": "user", "content": "And two more?"}]
+    expected = client.messages.count_tokens(model=MODEL, messages=more).input_tokens
+    again = client.messages.create(model=MODEL, max_tokens=4, messages=more, extra_body=GREEDY)
+    cached = again.usage.cache_read_input_tokens or 0
+    assert cached > 0 and again.usage.input_tokens + cached == expected, again.usage
+    assert again.usage.cache_creation_input_tokens == 0
+    with client.messages.stream(model=MODEL, max_tokens=4, messages=more, extra_body=GREEDY) as stream:
+        final = stream.get_final_message()
+    streamed = final.usage.cache_read_input_tokens or 0
+    assert streamed > 0 and final.usage.input_tokens + streamed == expected, final.usage
 
 
 def test_responses(smollm2: ServerProcess) -> None:
