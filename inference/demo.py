@@ -426,7 +426,15 @@ def _config(arch: str, shape: _Shape, *, dtype: str, tied: bool, ids: dict[str, 
         config["max_window_layers"] = shape.layers
     # The family's distinctive features (the tiny shape's head_dim is already in ``shape``).
     config.update({k: v for k, v in family.tiny.items() if k not in ("head_dim", "rope_parameters")})
-    if "rope_parameters" in family.tiny:  # written in the hub's convention: rope_theta + rope_scaling
+    if "vocab_size_per_layer_input" in config:  # Gemma 4's per-layer table covers the vocabulary
+        config["vocab_size_per_layer_input"] = shape.vocab
+    params = family.tiny.get("rope_parameters")
+    if isinstance(params, dict) and any(isinstance(v, dict) and v.get("rope_type") == "proportional"
+                                        for v in params.values()):
+        # per layer type, as transformers 5 writes it: Gemma 4's proportional rope has no hub form
+        config["rope_parameters"] = params
+        del config["rope_theta"], config["rope_scaling"]
+    elif "rope_parameters" in family.tiny:  # written in the hub's convention: rope_theta + rope_scaling
         scaling = dict(family.tiny["rope_parameters"])
         config["rope_theta"] = float(scaling.pop("rope_theta", shape.rope_theta))
         config["rope_scaling"] = scaling if scaling.get("rope_type", "default") != "default" else None

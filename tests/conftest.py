@@ -79,6 +79,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "engine/test_extend.py": ("integration",),
     "engine/test_families.py": ("unit",),
     "engine/test_family_variants.py": ("integration",),
+    "engine/test_gemma4.py": ("integration",),
     "engine/test_moe.py": ("integration",),
     "engine/test_rope_scaling.py": ("integration",),
     "engine/test_int8.py": ("integration",),

@@ -26,7 +26,14 @@ from typing import Any
 import numpy as np
 
 from inference.builder.errors import BuildInputError
-from inference.builder.layout import EXPERT_SLOTS, GGUF_GLOBAL_SLOTS, GGUF_SLOTS, NORM_SLOTS, Names
+from inference.builder.layout import (
+    BARE_SLOTS,
+    EXPERT_SLOTS,
+    GGUF_GLOBAL_SLOTS,
+    GGUF_SLOTS,
+    NORM_SLOTS,
+    Names,
+)
 from inference.families import DOCS_PAGE, Family, family_of_gguf
 
 #: The GGUF file inside a converted checkpoint directory (see ``gguf_convert``).
@@ -52,6 +59,8 @@ def hf_tensor_name(gguf_name: str, family: Family) -> tuple[str, str | None]:
     slots = {**GGUF_SLOTS, **family.gguf_slots}
     if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in slots:
         slot = slots[parts[2]]
+        if slot in BARE_SLOTS:  # a tensor named by its module alone (Gemma 4's layer_scalar)
+            return names.layer(int(parts[1]), slot), slot
         return f"{names.layer(int(parts[1]), slot)}.{parts[3]}", slot
     raise BuildInputError(
         f"GGUF tensor {gguf_name!r} has no counterpart in cachesvc's {family.name} layer; this file is "
@@ -233,6 +242,12 @@ def gguf_family(header: GgufHeader) -> Family:
     return family_of_gguf(arch, lambda key, default: gguf_metadata(header, f"{arch}.{key}", default))
 
 
+def _first(value: Any) -> Any:
+    """A per-layer metadata array's first value (Gemma 4 writes K/V heads and MLP widths per layer;
+    its family reads the whole array), else the value itself."""
+    return value[0] if isinstance(value, tuple) and value else value
+
+
 def _required(header: GgufHeader, key: str) -> int:
     value = gguf_metadata(header, key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -306,7 +321,7 @@ def gguf_config(header: GgufHeader) -> dict[str, Any]:
     arch = str(gguf_metadata(header, "general.architecture"))
     names = frozenset(t.name for t in header.tensors)
     heads = _required(header, f"{arch}.attention.head_count")
-    kv_heads = gguf_metadata(header, f"{arch}.attention.head_count_kv") or heads
+    kv_heads = _first(gguf_metadata(header, f"{arch}.attention.head_count_kv")) or heads
     hidden = _required(header, f"{arch}.embedding_length")
     head_dim = gguf_metadata(header, f"{arch}.attention.key_length") or hidden // heads
     embd = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
@@ -318,7 +333,8 @@ def gguf_config(header: GgufHeader) -> dict[str, Any]:
         "model_type": family.model_types[0],
         "vocab_size": int(vocab),
         "hidden_size": hidden,
-        "intermediate_size": _required(header, f"{arch}.feed_forward_length"),
+        "intermediate_size": _first(gguf_metadata(header, f"{arch}.feed_forward_length"))
+        or _required(header, f"{arch}.feed_forward_length"),
         "num_hidden_layers": _required(header, f"{arch}.block_count"),
         "num_attention_heads": heads,
         "num_key_value_heads": int(kv_heads),
@@ -330,6 +346,9 @@ def gguf_config(header: GgufHeader) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in names,
         "torch_dtype": "float32",
     }
+    ple = next((t for t in header.tensors if t.name == "per_layer_token_embd.weight"), None)
+    if ple is not None:  # Gemma 4's per-layer input table: its rows are that vocabulary
+        config["vocab_size_per_layer_input"] = int(ple.dims[-1])
     rot = gguf_metadata(header, f"{arch}.rope.dimension_count")
     if isinstance(rot, int) and 0 < rot < int(head_dim):
         config["partial_rotary_factor"] = rot / int(head_dim)

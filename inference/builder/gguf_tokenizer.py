@@ -121,11 +121,12 @@ def _sentencepiece(tokens: Sequence[str], merges: Sequence[str] | None, scores: 
     tok.pre_tokenizer = pre_tokenizers.Metaspace(
         replacement="▁", prepend_scheme="first" if add_space_prefix else "never", split=False
     )
+    # The space a prefix put in front comes off again; without one, a leading space is the text's.
     tok.decoder = decoders.Sequence([
         decoders.Replace("▁", " "),
         decoders.ByteFallback(),
         decoders.Fuse(),
-        decoders.Strip(" ", 1, 0),
+        *([decoders.Strip(" ", 1, 0)] if add_space_prefix else []),
     ])
     return tok
 
@@ -172,14 +173,16 @@ def build_tokenizer(reader: Any) -> tuple[Tokenizer, dict[str, Any]]:
         # transformers adds no BOS to byte-level vocabularies whatever the file says; chat
         # templates of these models write their own start tokens.
         add_bos = add_eos = False
-    elif kind == "llama":
+    elif kind in ("llama", "gemma4"):
+        # gemma4: SentencePiece-style BPE (spaces as U+2581, byte fallback) with merges, no space
+        # prefix (llama.cpp's converter writes it so; llama.cpp splits on newlines only).
         scores = _field(reader, "tokenizer.ggml.scores")
-        prefix = bool(_field(reader, "tokenizer.ggml.add_space_prefix", True))
+        prefix = bool(_field(reader, "tokenizer.ggml.add_space_prefix", kind == "llama"))
         tok = _sentencepiece(tokens, merges, scores, token("unknown_token_id"), prefix)
     else:
         raise BuildInputError(
             f"unsupported GGUF tokenizer model {kind!r}; supported: 'gpt2' (byte-level BPE), "
-            "'llama' (SentencePiece BPE)"
+            "'llama' (SentencePiece BPE), 'gemma4' (SentencePiece-style BPE with merges)"
         )
     _add_special_tokens(tok, tokens, types, byte_level=kind == "gpt2")
     tok.post_processor = _post_processor(tok, bos if add_bos else None, eos if add_eos else None)

@@ -108,6 +108,11 @@ class _DecoderBuilder:
         self.embed_q8: Table8 | None = None  # the 8-bit embedding, shared by a tied lm_head
         self.names = names_for(cfg)
         self.masks: dict[int | None, str] = {}  # portable graph: the additive mask per window
+        #: K/V a layer attends over, by layer, for the layers that share them (Gemma 4): the gqa
+        #: graph's new k/v inputs (a sharing layer writes the same values into the same buffer),
+        #: the portable graph's present tensors.
+        self.kv_of: dict[int, tuple[str, str]] = {}
+        self.per_layer_inputs = ""  # Gemma 4: [B,S,layers,width], one slice a layer
 
     # --- weights -------------------------------------------------------------------------
     def linear_weight(self, name: str, out_dim: int, in_dim: int) -> str:
@@ -212,7 +217,7 @@ class _DecoderBuilder:
         if tables is None:
             return x
         cos_t, sin_t, cos_full, sin_full = tables
-        rot, hd = self.cfg.rotary, self.cfg.head_dim
+        rot, hd = self.cfg.rotary_of(layer), self.cfg.head_dim_of(layer)
         interleaved = self.cfg.rope_interleaved
         if self.fused:
             attrs = {} if rot == hd else {"rotary_embedding_dim": rot}
@@ -234,12 +239,16 @@ class _DecoderBuilder:
         y = em.op1("Add", [em.op1("Mul", [xr, cos_full]), em.op1("Mul", [rotated, sin_full])])
         return y if rot == hd else em.op1("Concat", [y, part(rot, hd)], axis=-1)
 
-    def heads(self, x: str, n_heads: int, norm_module: str | None) -> str:
-        """[B,S,n*hd] -> [B,n,S,hd], with the optional per-head norm (qwen3)."""
-        shape = self.em.const(np.array([0, 0, n_heads, self.cfg.head_dim], dtype=np.int64))
+    def heads(self, x: str, n_heads: int, norm_module: str | None, hd: int, *,
+              plain_norm: bool = False) -> str:
+        """[B,S,n*hd] -> [B,n,S,hd], with the optional per-head norm (qwen3), or a weightless one
+        (``plain_norm``: Gemma 4's values)."""
+        shape = self.em.const(np.array([0, 0, n_heads, hd], dtype=np.int64))
         y = self.em.op1("Reshape", [x, shape])
         if norm_module is not None:
-            y = self.norm(y, norm_module, self.cfg.head_dim, rms=True)
+            y = self.norm(y, norm_module, hd, rms=True)
+        elif plain_norm:
+            y = self.rms_norm(y, self.em.const(np.ones(hd, np.float32)))
         return self.em.op1("Transpose", [y], perm=[0, 2, 1, 3])
 
     def attention(self, q: str, k: str, v: str, layer: int) -> str:
@@ -248,19 +257,30 @@ class _DecoderBuilder:
         past_k, past_v = past_names(layer)
         pres_k, pres_v = present_names(layer)
         mask = self.mask_of(layer)
+        kvh, hd, scale = cfg.kv_heads_of(layer), cfg.head_dim_of(layer), cfg.query_scale_of(layer)
+        source = cfg.kv_source(layer)
+        if source != layer:  # K/V of an earlier layer (all positions): its present, passed on
+            k_all, v_all = self.kv_of[source]
+            self.em.op("Identity", [k_all], outputs=[pres_k])
+            self.em.op("Identity", [v_all], outputs=[pres_v])
         if self.fused:
-            attrs: dict[str, Any] = {"scale": float(cfg.query_scale)}
+            attrs: dict[str, Any] = {"scale": float(scale)}
             if cfg.attn_softcap:
                 attrs["softcap"] = float(cfg.attn_softcap)
+            if source != layer:
+                return self.em.op("Attention", [q, k_all, v_all, mask], outputs=[f"attn_{layer}_y"],
+                                  **attrs)[0]
+            self.kv_of[layer] = (pres_k, pres_v)
             return self.em.op("Attention", [q, k, v, mask, past_k, past_v], n_out=3,
                               outputs=[f"attn_{layer}_y", pres_k, pres_v], **attrs)[0]
-        k_all = self.em.op("Concat", [past_k, k], axis=2, outputs=[pres_k])[0]
-        v_all = self.em.op("Concat", [past_v, v], axis=2, outputs=[pres_v])[0]
-        group = cfg.num_heads // cfg.num_kv_heads
+        if source == layer:
+            k_all = self.em.op("Concat", [past_k, k], axis=2, outputs=[pres_k])[0]
+            v_all = self.em.op("Concat", [past_v, v], axis=2, outputs=[pres_v])[0]
+            self.kv_of[layer] = (k_all, v_all)
+        group = cfg.num_heads // kvh
         # Query head h reads kv head h // group: view q as [B,kv,group,S,hd] and broadcast.
-        q5 = self.em.op1("Reshape", [q, self.em.const(
-            np.array([0, cfg.num_kv_heads, group, -1, cfg.head_dim], dtype=np.int64))])
-        q5 = self.em.op1("Mul", [q5, self.em.const(np.float32(cfg.query_scale))])
+        q5 = self.em.op1("Reshape", [q, self.em.const(np.array([0, kvh, group, -1, hd], dtype=np.int64))])
+        q5 = self.em.op1("Mul", [q5, self.em.const(np.float32(scale))])
         k5 = self.em.op1("Unsqueeze", [k_all, self.em.const(np.array([2]))])
         v5 = self.em.op1("Unsqueeze", [v_all, self.em.const(np.array([2]))])
         scores = self.em.op1("MatMul", [q5, self.em.op1("Transpose", [k5], perm=[0, 1, 2, 4, 3])])
@@ -270,14 +290,15 @@ class _DecoderBuilder:
         scores = self.em.op1("Add", [scores, self.em.op1("Unsqueeze", [mask, self.em.const(np.array([2]))])])
         probs = self.em.op1("Softmax", [scores], axis=-1)
         out5 = self.em.op1("MatMul", [probs, v5])
-        return self.em.op1("Reshape", [out5, self.em.const(
-            np.array([0, cfg.num_heads, -1, cfg.head_dim], dtype=np.int64))])
+        shape = self.em.const(np.array([0, cfg.num_heads, -1, hd], dtype=np.int64))
+        return self.em.op1("Reshape", [out5, shape])
 
-    def head_norm(self, x: str, n_heads: int, module: str) -> str:
-        """Per-head norm (qwen3) on [B,S,n*hd], keeping that layout."""
-        hd = self.cfg.head_dim
+    def head_norm(self, x: str, n_heads: int, module: str | None, hd: int) -> str:
+        """Per-head norm (qwen3) on [B,S,n*hd], keeping that layout; ``module`` None: a weightless
+        RMSNorm (Gemma 4's values)."""
         y = self.em.op1("Reshape", [x, self.em.const(np.array([0, 0, n_heads, hd], dtype=np.int64))])
-        y = self.norm(y, module, hd, rms=True)
+        y = (self.norm(y, module, hd, rms=True) if module is not None
+             else self.rms_norm(y, self.em.const(np.ones(hd, np.float32))))
         return self.em.op1("Reshape", [y, self.em.const(np.array([0, 0, n_heads * hd], dtype=np.int64))])
 
     def gqa_attention(self, q: str, k: str, v: str, layer: int) -> str:
@@ -298,11 +319,19 @@ class _DecoderBuilder:
         if self.kv_fp16:
             q, k, v = (self.em.op1("Cast", [t], to=TensorProto.FLOAT16) if t else t for t in (q, k, v))
             cos_t, sin_t = self.half_table(cos_t), self.half_table(sin_t)
+        source = cfg.kv_source(layer)
+        if source != layer:
+            # The engine binds this layer's K/V to its source's buffers: the source's new k/v,
+            # written again at the same positions, are the values already there.
+            k, v = self.kv_of[source]
+        elif cfg.kv_sources:
+            self.kv_of[layer] = (k, v)
         y = self.em.op(
             "GroupQueryAttention",
             [q, k, v, past_k, past_v, "seqlens_k", "total_sequence_length", cos_t, sin_t],
             n_out=3, outputs=[f"attn_{layer}_y", pres_k, pres_v], domain=MS_DOMAIN,
-            num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, scale=float(cfg.query_scale),
+            num_heads=cfg.num_heads, kv_num_heads=cfg.kv_heads_of(layer),
+            scale=float(cfg.query_scale_of(layer)),
             do_rotary=0 if tables is None else 1, rotary_interleaved=int(cfg.rope_interleaved),
             local_window_size=-1 if window is None else window, **attrs,
         )[0]
@@ -347,16 +376,17 @@ class _DecoderBuilder:
         cfg = self.cfg
         if not self.fused:
             self.axes_last = self.em.const(np.array([-1]), "axes_last")
-        made: dict[Any, tuple[str, str, str, str]] = {}
+        made: dict[tuple[Any, int], tuple[str, str, str, str]] = {}
         self.layer_tables: list[tuple[str, str, str, str] | None] = []
         for i in range(cfg.num_layers):
             rope = cfg.rope_of(i)
             if rope is None:
                 self.layer_tables.append(None)
                 continue
-            if rope not in made:
+            key = (rope, cfg.rotary_of(i))
+            if key not in made:
                 suffix = "" if not made else f".{len(made)}"
-                cos, sin = rope.cos_sin(cfg.rotary, self.max_positions)
+                cos, sin = rope.cos_sin(key[1], self.max_positions)
                 cos_t = self.em.weight(f"rope.cos{suffix}", cos)
                 sin_t = self.em.weight(f"rope.sin{suffix}", sin)
                 self.table_values.update({cos_t: cos, sin_t: sin})
@@ -365,19 +395,19 @@ class _DecoderBuilder:
                     cos_g = self.em.op1("Gather", [cos_t, "position_ids"])  # [B,S,rot/2]
                     sin_g = self.em.op1("Gather", [sin_t, "position_ids"])
                     axes = self.em.const(np.array([1]))
-                    both_cos, both_sin = (self.full_table(t) for t in (cos_g, sin_g))
+                    both_cos, both_sin = (self.full_table(t, key[1]) for t in (cos_g, sin_g))
                     cos_full = self.em.op1("Unsqueeze", [both_cos, axes])
                     sin_full = self.em.op1("Unsqueeze", [both_sin, axes])
-                made[rope] = (cos_t, sin_t, cos_full, sin_full)
-            self.layer_tables.append(made[rope])
+                made[key] = (cos_t, sin_t, cos_full, sin_full)
+            self.layer_tables.append(made[key])
         if not made:  # every layer NoPE: GroupQueryAttention still takes (unused) tables
             cos, sin = cfg.rope.cos_sin(cfg.rotary, 1)
-            made[None] = (self.em.weight("rope.cos", cos), self.em.weight("rope.sin", sin), "", "")
+            made[None, 0] = (self.em.weight("rope.cos", cos), self.em.weight("rope.sin", sin), "", "")
             self.table_values.update({"rope.cos": cos, "rope.sin": sin})
         first = next(iter(made.values()))
         self.cos_table, self.sin_table = first[0], first[1]
 
-    def full_table(self, half: str) -> str:
+    def full_table(self, half: str, rot: int) -> str:
         """A gathered cos/sin table [B,S,rot/2] widened to the rotated dimensions: [t | t] for
         rotate_half, each value twice in place (t0, t0, t1, t1 ...) for neighbouring pairs."""
         em = self.em
@@ -385,7 +415,7 @@ class _DecoderBuilder:
             return em.op1("Concat", [half, half], axis=-1)
         twice = em.op1("Unsqueeze", [half, em.const(np.array([-1]))])
         pairs = em.op1("Concat", [twice, twice], axis=-1)  # [B,S,rot/2,2]
-        return em.op1("Reshape", [pairs, em.const(np.array([0, 0, self.cfg.rotary], np.int64))])
+        return em.op1("Reshape", [pairs, em.const(np.array([0, 0, rot], np.int64))])
 
     def projections(self, x: str, parts: list[tuple[str, int]], in_dim: int,
                     bias: bool, *, split: bool = True, adapt: bool = True) -> list[str]:
@@ -418,17 +448,24 @@ class _DecoderBuilder:
 
     def qkv(self, normed: str, i: int) -> tuple[str, str, str]:
         """The layer's q, k, v [B,S,heads*hd]; (packed, "", "") when GroupQueryAttention can take
-        the three side by side (no norm between the projection and the attention)."""
+        the three side by side (no norm between the projection and the attention); a layer
+        sharing another's K/V: (q, "", ""); keys as values (Gemma 4): v is k's projection."""
         cfg, n = self.cfg, self.names
-        hd = cfg.head_dim
-        sizes = [cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.num_kv_heads * hd]
-        packed_ok = self.gqa and cfg.qk_norm == "none"
+        hd = cfg.head_dim_of(i)
+        sizes = [cfg.num_heads * hd, cfg.kv_heads_of(i) * hd, cfg.kv_heads_of(i) * hd]
+        if cfg.kv_source(i) != i:
+            return self.linear(normed, n.layer(i, "q"), sizes[0], cfg.hidden_size, cfg.attention_bias), "", ""
+        packed_ok = self.gqa and cfg.qk_norm == "none" and not cfg.v_norm and cfg.uniform_kv
         if cfg.fused_qkv:
             fused = self.linear(normed, n.layer(i, "qkv"), sum(sizes), cfg.hidden_size, cfg.attention_bias)
             if packed_ok:
                 return fused, "", ""
             q, k, v = self.split(fused, sizes)
             return q, k, v
+        if i in cfg.keys_as_values:
+            parts = [(n.layer(i, s), size) for s, size in zip(("q", "k"), sizes, strict=False)]
+            q, k = self.projections(normed, parts, cfg.hidden_size, cfg.attention_bias)
+            return q, k, k
         parts = [(n.layer(i, s), size) for s, size in zip(("q", "k", "v"), sizes, strict=True)]
         if packed_ok and self.quant is not None and self.quant.fits(cfg.hidden_size):
             packed = self.projections(normed, parts, cfg.hidden_size, cfg.attention_bias, split=False)[0]
@@ -444,7 +481,8 @@ class _DecoderBuilder:
     def attention_block(self, normed: str, i: int) -> str:
         """The attention branch of layer ``i`` on its input (:meth:`attn_input`)."""
         cfg, n = self.cfg, self.names
-        hd, h, kvh = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        hd, h, kvh = cfg.head_dim_of(i), cfg.num_heads, cfg.kv_heads_of(i)
+        own = cfg.kv_source(i) == i
         q, k, v = self.qkv(normed, i)
         if cfg.qk_norm == "full":
             q = self.norm(q, n.layer(i, "q_norm"), h * hd, rms=True)
@@ -452,13 +490,18 @@ class _DecoderBuilder:
         head_norms = cfg.qk_norm == "head"
         if self.gqa:
             if head_norms:
-                q = self.head_norm(q, h, n.layer(i, "q_norm"))
-                k = self.head_norm(k, kvh, n.layer(i, "k_norm"))
+                q = self.head_norm(q, h, n.layer(i, "q_norm"), hd)
+                if own:
+                    k = self.head_norm(k, kvh, n.layer(i, "k_norm"), hd)
+            if cfg.v_norm and own:
+                v = self.head_norm(v, kvh, None, hd)
             y = self.gqa_attention(q, k, v, i)
         else:
-            q4 = self.rope(self.heads(q, h, n.layer(i, "q_norm") if head_norms else None), i)
-            k4 = self.rope(self.heads(k, kvh, n.layer(i, "k_norm") if head_norms else None), i)
-            v4 = self.heads(v, kvh, None)
+            q4 = self.rope(self.heads(q, h, n.layer(i, "q_norm") if head_norms else None, hd), i)
+            k4 = v4 = ""
+            if own:
+                k4 = self.rope(self.heads(k, kvh, n.layer(i, "k_norm") if head_norms else None, hd), i)
+                v4 = self.heads(v, kvh, None, hd, plain_norm=cfg.v_norm)
             y = self.attention(q4, k4, v4, i)
             y = self.em.op1("Transpose", [y], perm=[0, 2, 1, 3])
             y = self.em.op1("Reshape", [y, self.em.const(np.array([0, 0, h * hd], dtype=np.int64))])
@@ -477,7 +520,7 @@ class _DecoderBuilder:
 
     def dense_mlp(self, normed: str, i: int) -> str:
         cfg, n = self.cfg, self.names
-        ff = cfg.intermediate_size
+        ff = cfg.intermediate_of(i)
         if cfg.mlp == "plain":
             hidden = self.activation(self.linear(normed, n.layer(i, "up"), ff, cfg.hidden_size, cfg.mlp_bias))
         else:
@@ -621,7 +664,41 @@ class _DecoderBuilder:
             return em.op1("Add", [em.op1("Add", [x, attn]), self.scaled(self.mlp_block(normed, i), scale)])
         x = em.op1("Add", [x, attn])
         normed = self.norm(x, self.names.layer(i, "mlp_norm"), cfg.hidden_size) if cfg.pre_mlp_norm else x
-        return em.op1("Add", [x, self.scaled(self.mlp_block(normed, i), scale)])
+        x = em.op1("Add", [x, self.scaled(self.mlp_block(normed, i), scale)])
+        if cfg.per_layer_input:
+            x = em.op1("Add", [x, self.per_layer_block(x, i)])
+        if cfg.layer_scalar:
+            name = self.names.layer(i, "layer_scalar")
+            x = em.op1("Mul", [x, em.weight(name, self.ckpt.get_f32(name, (1,)))])
+        return x
+
+    def per_layer_inputs_of(self, ids: str, embeds: str) -> None:
+        """Gemma 4's per-layer inputs [B,S,layers,width]: the token's row of the per-layer table
+        (times sqrt(width)) plus the normed projection of the (scaled) embedding (times
+        hidden**-0.5), the sum times 2**-0.5."""
+        cfg, em, n = self.cfg, self.em, self.names
+        width, layers, h = cfg.per_layer_input, cfg.num_layers, cfg.hidden_size
+        name = f"{n.top('ple_embed')}.weight"
+        table = self.ckpt.get_f32(name, (cfg.per_layer_vocab, layers * width))
+        if self.quant is not None and self.quant.fits(layers * width):
+            rows = self.quant.table_rows(n.top("ple_embed"), name, table, ids)
+        else:
+            rows = em.op1("Gather", [em.weight(name, table), ids])
+        shape4 = em.const(np.array([0, 0, layers, width], np.int64))
+        token = em.op1("Reshape", [self.scaled(rows, float(np.float32(width) ** 0.5)), shape4])
+        proj = self.linear(embeds, n.top("ple_model_proj"), layers * width, h, False, adapt=False)
+        proj = em.op1("Reshape", [self.scaled(proj, h ** -0.5), shape4])
+        proj = self.norm(proj, n.top("ple_proj_norm"), width, rms=True)
+        self.per_layer_inputs = self.scaled(em.op1("Add", [proj, token]), 2.0 ** -0.5)
+
+    def per_layer_block(self, x: str, i: int) -> str:
+        """Gemma 4's per-layer input branch of layer ``i``: norm(proj(act(gate(x)) * input_i))."""
+        cfg, em, n = self.cfg, self.em, self.names
+        width, h = cfg.per_layer_input, cfg.hidden_size
+        mine = em.op1("Gather", [self.per_layer_inputs, em.const(np.array(i, np.int64))], axis=2)
+        gate = self.activation(self.linear(x, n.layer(i, "ple_gate"), width, h, False, adapt=False))
+        y = self.linear(em.op1("Mul", [gate, mine]), n.layer(i, "ple_proj"), h, width, False, adapt=False)
+        return self.norm(y, n.layer(i, "ple_norm"), h)
 
     def embedding(self) -> tuple[str, str]:
         """The token embedding lookup; returns (its output, the embedding table's initializer)."""
@@ -683,16 +760,18 @@ def check_gqa_rotary(cfg: ModelConfig) -> None:
     Measured on onnxruntime's CPU GroupQueryAttention: head_size must be a multiple of 8, and of
     16 where it rotates; a rotary span (the cos/sin tables' width, rotary_dim / 2) must be a
     multiple of 8."""
-    hd, rot = cfg.head_dim, cfg.rotary
-    rotates = any(cfg.rope_of(i) is not None for i in range(cfg.num_layers))
-    if hd % 8 or (rotates and hd % 16):
-        raise BuildInputError(
-            f"head_dim {hd} is not supported by the CPU engine (onnxruntime GroupQueryAttention needs a "
-            f"multiple of {16 if rotates else 8}{' with rotary embeddings' if rotates else ''})")
-    if rotates and rot != hd and (rot // 2) % 8:
-        raise BuildInputError(
-            f"partial_rotary_factor {rot / hd:g} of head_dim {hd} rotates {rot} dimensions per head; the "
-            "CPU engine (onnxruntime GroupQueryAttention) needs rotary dimensions / 2 to be a multiple of 8")
+    for layer in range(cfg.num_layers):
+        hd, rot = cfg.head_dim_of(layer), cfg.rotary_of(layer)
+        rotates = cfg.rope_of(layer) is not None
+        if hd % 8 or (rotates and hd % 16):
+            raise BuildInputError(
+                f"head_dim {hd} is not supported by the CPU engine (onnxruntime GroupQueryAttention needs a "
+                f"multiple of {16 if rotates else 8}{' with rotary embeddings' if rotates else ''})")
+        if rotates and rot != hd and (rot // 2) % 8:
+            raise BuildInputError(
+                f"partial_rotary_factor {rot / hd:g} of head_dim {hd} rotates {rot} dimensions per head; "
+                "the CPU engine (onnxruntime GroupQueryAttention) needs rotary dimensions / 2 to be a "
+                "multiple of 8")
 
 
 def _finish_logits(em: Emitter, cfg: ModelConfig) -> None:
@@ -775,6 +854,8 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         b.build_rope_tables()
         x, embed = b.embedding()
         x = b.scaled(x, cfg.embed_scale)
+        if cfg.per_layer_input:
+            b.per_layer_inputs_of("input_ids", x)
         for i in range(cfg.num_layers):
             x = b.layer(x, i)
             if progress is not None:
@@ -792,11 +873,14 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
     finally:
         weights.close()
 
-    kv_shape_in: list[str | int | None] = ["batch", cfg.num_kv_heads, "past_sequence_length", cfg.head_dim]
-    kv_shape_out: list[str | int | None] = ["batch", cfg.num_kv_heads, "total_sequence_length", cfg.head_dim]
+    def kv_shapes(i: int) -> tuple[list[str | int | None], list[str | int | None]]:
+        kvh, hd = cfg.kv_heads_of(i), cfg.head_dim_of(i)
+        if gqa:
+            return ["batch", kvh, "max_sequence_length", hd], ["batch", kvh, "max_sequence_length", hd]
+        return ["batch", kvh, "past_sequence_length", hd], ["batch", kvh, "total_sequence_length", hd]
+
     total: list[str | int | None] = ["batch", "total_sequence_length"]
     if gqa:
-        kv_shape_in = kv_shape_out = ["batch", cfg.num_kv_heads, "max_sequence_length", cfg.head_dim]
         inputs = [
             helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
             helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
@@ -817,6 +901,7 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         outputs = [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", cfg.hidden_size])]
     kv_elem = KV_DTYPES[kv_dtype]
     for i in range(cfg.num_layers):
+        kv_shape_in, kv_shape_out = kv_shapes(i)
         for name in past_names(i):
             inputs.append(helper.make_tensor_value_info(name, kv_elem, kv_shape_in))
         if pooling is None:

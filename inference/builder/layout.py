@@ -39,6 +39,12 @@ HF_LAYER_NAMES: dict[str, str] = {
     "shared_up": "mlp.shared_expert.up_proj",
     "shared_down": "mlp.shared_expert.down_proj",
     "shared_expert_gate": "mlp.shared_expert_gate",
+    # Per-layer inputs (Gemma 4's PLE): the gate from the hidden state, the projection back, its norm;
+    # and the layer's output scalar (a tensor of one value, no ``.weight``).
+    "ple_gate": "per_layer_input_gate",
+    "ple_proj": "per_layer_projection",
+    "ple_norm": "post_per_layer_input_norm",
+    "layer_scalar": "layer_scalar",
 }
 #: Slots of one tensor per expert (llama.cpp stores each as one 3-D tensor of every expert).
 EXPERT_SLOTS = ("expert_gate", "expert_up", "expert_down")
@@ -47,7 +53,14 @@ HF_GLOBAL_NAMES: dict[str, str] = {
     "embed": "model.embed_tokens",
     "final_norm": "model.norm",
     "lm_head": "lm_head",
+    # Gemma 4's per-layer inputs: the token table of every layer's slice, the projection of the
+    # embedding to them, its norm
+    "ple_embed": "model.embed_tokens_per_layer",
+    "ple_model_proj": "model.per_layer_model_projection",
+    "ple_proj_norm": "model.per_layer_projection_norm",
 }
+#: Slots whose tensor is the module name itself (no ``.weight``).
+BARE_SLOTS = ("layer_scalar",)
 #: llama.cpp's layer tensor names (``blk.{i}.<name>.weight``) -> slot.
 GGUF_SLOTS: dict[str, str] = {
     "attn_norm": "attn_norm",
@@ -78,9 +91,13 @@ GGUF_GLOBAL_SLOTS: dict[str, str] = {
     "token_embd": "embed",
     "output_norm": "final_norm",
     "output": "lm_head",
+    "per_layer_token_embd": "ple_embed",
+    "per_layer_model_proj": "ple_model_proj",
+    "per_layer_proj_norm": "ple_proj_norm",
 }
 #: Norm slots (a family's norm offset applies to these; their weights are vectors).
-NORM_SLOTS = ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm", "q_norm", "k_norm", "final_norm")
+NORM_SLOTS = ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm", "q_norm", "k_norm", "final_norm",
+              "ple_norm", "ple_proj_norm")
 
 
 class Names:
@@ -137,19 +154,23 @@ def names_for(cfg: ModelConfig) -> Names:
 def layer_slots(cfg: ModelConfig, layer: int = 0) -> list[tuple[str, tuple[int, ...], bool]]:
     """(slot, weight shape, has a bias) of every weight of layer ``layer`` of ``cfg`` (an expert
     slot stands for each expert's tensor of that shape)."""
-    h, hd = cfg.hidden_size, cfg.head_dim
-    q_out, kv_out, ff = cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.intermediate_size
+    h, hd = cfg.hidden_size, cfg.head_dim_of(layer)
+    q_out, kv_out, ff = cfg.num_heads * hd, cfg.kv_heads_of(layer) * hd, cfg.intermediate_of(layer)
     nb = cfg.norm_bias
+    own_kv = cfg.kv_source(layer) == layer  # a layer sharing another's K/V has no k/v weights
     slots: list[tuple[str, tuple[int, ...], bool]] = []
     if cfg.pre_attn_norm:
         slots.append(("attn_norm", (h,), nb))
     if cfg.fused_qkv:
         slots.append(("qkv", (q_out + 2 * kv_out, h), cfg.attention_bias))
     else:
-        slots += [("q", (q_out, h), cfg.attention_bias), ("k", (kv_out, h), cfg.attention_bias),
-                  ("v", (kv_out, h), cfg.attention_bias)]
+        slots.append(("q", (q_out, h), cfg.attention_bias))
+        if own_kv:
+            slots.append(("k", (kv_out, h), cfg.attention_bias))
+            if layer not in cfg.keys_as_values:
+                slots.append(("v", (kv_out, h), cfg.attention_bias))
     if cfg.qk_norm == "head":
-        slots += [("q_norm", (hd,), False), ("k_norm", (hd,), False)]
+        slots += [("q_norm", (hd,), False)] + ([("k_norm", (hd,), False)] if own_kv else [])
     elif cfg.qk_norm == "full":
         slots += [("q_norm", (q_out,), False), ("k_norm", (kv_out,), False)]
     slots.append(("o", (h, q_out), cfg.o_bias))
@@ -177,6 +198,11 @@ def layer_slots(cfg: ModelConfig, layer: int = 0) -> list[tuple[str, tuple[int, 
         slots.append(("down", (h, ff), cfg.mlp_bias))
     if cfg.post_mlp_norm:
         slots.append(("mlp_post_norm", (h,), nb))
+    if cfg.per_layer_input:
+        p = cfg.per_layer_input
+        slots += [("ple_gate", (p, h), False), ("ple_proj", (h, p), False), ("ple_norm", (h,), False)]
+    if cfg.layer_scalar:
+        slots.append(("layer_scalar", (1,), False))
     return slots
 
 
@@ -191,9 +217,14 @@ def expected_tensors(cfg: ModelConfig, *, tied: bool | None = None) -> dict[str,
                 for e in range(cfg.moe.num_experts):
                     out[f"{names.expert(i, slot, e)}.weight"] = shape
                 continue
-            out[f"{names.layer(i, slot)}.weight"] = shape
+            out[names.layer(i, slot) if slot in BARE_SLOTS else f"{names.layer(i, slot)}.weight"] = shape
             if bias:
                 out[f"{names.layer(i, slot)}.bias"] = shape[:1]
+    if cfg.per_layer_input:
+        width = cfg.num_layers * cfg.per_layer_input
+        out[f"{names.top('ple_embed')}.weight"] = (cfg.per_layer_vocab, width)
+        out[f"{names.top('ple_model_proj')}.weight"] = (width, cfg.hidden_size)
+        out[f"{names.top('ple_proj_norm')}.weight"] = (cfg.per_layer_input,)
     out[f"{names.top('final_norm')}.weight"] = (cfg.hidden_size,)
     if cfg.norm_bias:
         out[f"{names.top('final_norm')}.bias"] = (cfg.hidden_size,)

@@ -61,13 +61,15 @@ class LoraInfo:
                 "layers": self.layers, "parameters": self.parameters}
 
 
-def lora_modules(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
-    """The projections an adapter may target in ``cfg``'s family (its ``lora_targets``, by
-    module path under ``model.layers.{i}.``, e.g. ``self_attn.q_proj``) -> (in, out)."""
+def lora_modules(cfg: ModelConfig, layer: int = 0) -> dict[str, tuple[int, int]]:
+    """The projections an adapter may target in layer ``layer`` of ``cfg``'s family (its
+    ``lora_targets``, by module path under ``model.layers.{i}.``, e.g. ``self_attn.q_proj``) ->
+    (in, out). Layers differ where the family's do (Gemma 4's global layers, its layers sharing
+    another's K/V, which have no k/v projections)."""
     names = names_for(cfg)
     targets = family_by_name(cfg.family).lora_targets
     out: dict[str, tuple[int, int]] = {}
-    for slot, shape, _ in layer_slots(cfg):
+    for slot, shape, _ in layer_slots(cfg, layer):
         path = names.layer_names[slot]
         if len(shape) == 2 and path.rsplit(".", 1)[-1] in targets:
             out[path] = (shape[1], shape[0])
@@ -150,7 +152,7 @@ def adapter_arrays(adapter_dir: Path, cfg: ModelConfig) -> tuple[dict[str, np.nd
         raise LoraAdapterError(f"{adapter_dir} has no {ADAPTER_WEIGHTS} (PEFT's safetensors weights)")
     reader = SafetensorsCheckpoint.from_file(weights_path)
     scale = adapter_scale(config)
-    modules = lora_modules(cfg)
+    modules = {m: io for i in range(cfg.num_layers) for m, io in lora_modules(cfg, i).items()}
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     for key in reader.names():
         match = _KEY.match(key)
@@ -166,6 +168,9 @@ def adapter_arrays(adapter_dir: Path, cfg: ModelConfig) -> tuple[dict[str, np.nd
         if layer >= cfg.num_layers:
             raise LoraAdapterError(f"{weights_path}: {key!r}: layer {layer} but the base model has "
                                    f"{cfg.num_layers} layers (an adapter of another model?)")
+        if module not in lora_modules(cfg, layer):
+            raise LoraAdapterError(f"{weights_path}: {key!r}: layer {layer} of the base model has no "
+                                   f"{module} (an adapter of another model?)")
         pairs.setdefault((layer, module), {})[side] = reader.get_f32(key)
     if not pairs:
         raise LoraAdapterError(f"{weights_path} holds no LoRA weights")
@@ -176,7 +181,7 @@ def adapter_arrays(adapter_dir: Path, cfg: ModelConfig) -> tuple[dict[str, np.nd
         if set(sides) != {"A", "B"}:
             raise LoraAdapterError(f"{weights_path}: {prefix} has lora_{''.join(sides)} only; both A and B "
                                    "are needed")
-        d_in, d_out = modules[module]
+        d_in, d_out = lora_modules(cfg, layer)[module]
         a, b = sides["A"], sides["B"]
         if a.shape != (rank, d_in) or b.shape != (d_out, rank):
             raise LoraAdapterError(

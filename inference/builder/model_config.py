@@ -18,7 +18,8 @@ import numpy as np
 from inference.builder.errors import BuildInputError
 from inference.errors import UnsupportedFeatureError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic", "factors")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic", "factors",
+                        "proportional")
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,10 @@ class RopeConfig:
     beta_fast: float = 32.0  # yarn
     beta_slow: float = 1.0
     truncate: bool = True
+    #: proportional (Gemma 4's global layers): the share of each head's frequency pairs that
+    #: rotate (``theta ** (2i / head_dim)`` for the first ``fraction * head_dim / 2``), the rest
+    #: at frequency 0 (cos 1, sin 0): the whole head is "rotated", most of it not at all.
+    fraction: float = 1.0
 
     def _base(self, head_dim: int) -> np.ndarray:
         """``theta ** (2i / head_dim)`` in float32, as transformers computes it."""
@@ -78,6 +83,10 @@ class RopeConfig:
             return inv
         if self.rope_type == "yarn":
             return self._yarn(head_dim, base)
+        if self.rope_type == "proportional":
+            angles = int(self.fraction * head_dim // 2)
+            inv[angles:] = 0.0
+            return inv
         if self.rope_type == "llama3":
             old = float(self.original_max_position_embeddings)
             low_wavelen = old / self.low_freq_factor
@@ -209,6 +218,22 @@ class ModelConfig:
     #: (x + attn(n(x)) + mlp(n(x)): StableLM's use_parallel_residual, Phi-1/2, Cohere)
     parallel_block: bool = False
     lm_head_bias: bool = False  # an untied lm_head with a bias (Phi-1/2)
+    #: Per-layer attention shapes where layers differ (Gemma 4's global layers): one (kv heads,
+    #: head dim) per layer; empty: every layer has (num_kv_heads, head_dim).
+    layer_attention: tuple[tuple[int, int], ...] = ()
+    #: KV shared across layers (Gemma 4): per layer, the layer whose K/V it attends over (its own
+    #: index where it computes its own); empty: none shared.
+    kv_sources: tuple[int, ...] = ()
+    #: layers whose values are their key projection's output (Gemma 4's ``attention_k_eq_v``)
+    keys_as_values: tuple[int, ...] = ()
+    v_norm: bool = False  # a weightless RMSNorm per head on the values (Gemma 4)
+    #: Per-layer input embeddings (Gemma 4's PLE): the width per layer (0: none) and its vocabulary
+    per_layer_input: int = 0
+    per_layer_vocab: int = 0
+    layer_scalar: bool = False  # each layer's output times its own scalar (``layer_scalar``)
+    #: per layer MLP width where layers differ (Gemma 4's double-wide shared layers); empty: all
+    #: ``intermediate_size``
+    layer_intermediate: tuple[int, ...] = ()
 
     def sparse(self, layer: int) -> bool:
         """Whether ``layer``'s MLP is the mixture of experts."""
@@ -219,10 +244,39 @@ class ModelConfig:
         """Rotated dimensions per head."""
         return self.rotary_dim or self.head_dim
 
+    def head_dim_of(self, layer: int) -> int:
+        """The head size of ``layer``."""
+        return self.layer_attention[layer][1] if self.layer_attention else self.head_dim
+
+    def kv_heads_of(self, layer: int) -> int:
+        """The K/V heads of ``layer``."""
+        return self.layer_attention[layer][0] if self.layer_attention else self.num_kv_heads
+
+    def rotary_of(self, layer: int) -> int:
+        """Rotated dimensions per head of ``layer``."""
+        return self.rotary_dim or self.head_dim_of(layer)
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose K/V ``layer`` attends over (itself unless KV is shared)."""
+        return self.kv_sources[layer] if self.kv_sources else layer
+
+    def intermediate_of(self, layer: int) -> int:
+        """The MLP width of ``layer``."""
+        return self.layer_intermediate[layer] if self.layer_intermediate else self.intermediate_size
+
+    @property
+    def uniform_kv(self) -> bool:
+        """Every layer holds its own K/V of one shape (the engines' plain layout)."""
+        return not self.layer_attention and not self.kv_sources
+
     @property
     def query_scale(self) -> float:
         """The attention's query scale."""
         return self.attn_scale or self.head_dim ** -0.5
+
+    def query_scale_of(self, layer: int) -> float:
+        """The query scale of ``layer`` (its own head size where layers differ)."""
+        return self.attn_scale or self.head_dim_of(layer) ** -0.5
 
     def layer_type(self, layer: int) -> str:
         """"full" or "sliding" for ``layer``."""
@@ -268,6 +322,11 @@ def rope_from(raw: Mapping[str, Any], layer_type: str = "full_attention",
         return RopeConfig(theta=base)
     if rope_type == "linear":
         return RopeConfig(theta=base, rope_type="linear", factor=float(scaling["factor"]))
+    if rope_type == "proportional":
+        if float(scaling.get("factor", 1.0)) != 1.0:
+            raise UnsupportedFeatureError("proportional rope with a scaling factor is not supported")
+        return RopeConfig(theta=base, rope_type="proportional",
+                          fraction=float(scaling.get("partial_rotary_factor", 1.0)))
     max_positions = int(raw.get("max_position_embeddings", 4096))
     if rope_type == "dynamic":
         # transformers computes the default frequencies up to max_position_embeddings and new ones
@@ -491,8 +550,9 @@ def model_config_from(raw: Mapping[str, Any], generation: Mapping[str, Any] | No
     if fields["layer_types"] and fields["sliding_window"] is None:
         fields["layer_types"] = ()  # sliding layers without a window attend to everything
     cfg = ModelConfig(**fields)
-    for rope in {cfg.rope, cfg.rope_local or cfg.rope}:
-        check_rope_size(rope, cfg.rotary)
+    for rope, rotary in {(cfg.rope_of(i), cfg.rotary_of(i)) for i in range(cfg.num_layers)}:
+        if rope is not None:
+            check_rope_size(rope, rotary)
     _check(cfg)
     return cfg
 
@@ -507,6 +567,20 @@ def _check(cfg: ModelConfig) -> None:
     if cfg.parallel_block and cfg.pre_mlp_norm:
         raise ValueError(f"{cfg.family}: parallel_block reads the attention norm's output; "
                          "pre_mlp_norm must be False")
+    for name, per_layer in (("layer_attention", cfg.layer_attention), ("kv_sources", cfg.kv_sources),
+                            ("layer_intermediate", cfg.layer_intermediate)):
+        if per_layer and len(per_layer) != cfg.num_layers:
+            raise ValueError(f"{cfg.family}: {name} lists {len(per_layer)} layers, not {cfg.num_layers}")
+    for i in range(cfg.num_layers):
+        src = cfg.kv_source(i)
+        if not 0 <= src <= i or cfg.kv_source(src) != src or (
+                cfg.kv_heads_of(src), cfg.head_dim_of(src)) != (cfg.kv_heads_of(i), cfg.head_dim_of(i)):
+            raise BuildInputError(
+                f"layer {i} shares the K/V of layer {src}, which is not an earlier layer computing its own "
+                "K/V of the same shape")
+        if cfg.num_heads % cfg.kv_heads_of(i):
+            raise BuildInputError(f"layer {i}: num_attention_heads ({cfg.num_heads}) must be a multiple of "
+                                  f"its K/V heads ({cfg.kv_heads_of(i)})")
     if cfg.layer_types and (len(cfg.layer_types) != cfg.num_layers
                             or any(t not in LAYER_TYPES for t in cfg.layer_types)):
         raise ValueError(

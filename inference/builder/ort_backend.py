@@ -79,7 +79,9 @@ def _optimize(model_path: Path, out_path: Path) -> None:
 
 def _kv_cache_meta(cfg: ModelConfig, cpu_io: GraphIO, spec: EngineBuildSpec) -> dict[str, Any]:
     """How the CPU engine holds KV: what ``engine.json`` records under ``kv_cache``."""
-    return {
+    itemsize = np.dtype(KV_CACHE_NUMPY_DTYPES[spec.kv_cache_dtype]).itemsize
+    own = [i for i in range(cfg.num_layers) if cfg.kv_source(i) == i]
+    meta: dict[str, Any] = {
         "layout": KV_LAYOUT,
         "model": OPTIMIZED_MODEL,
         "inputs": list(cpu_io.inputs),
@@ -87,10 +89,19 @@ def _kv_cache_meta(cfg: ModelConfig, cpu_io: GraphIO, spec: EngineBuildSpec) -> 
         # One buffer per layer for K and one for V, bound as both past input and present output.
         "buffer_shape": ["slots", cfg.num_kv_heads, spec.max_kv_cache_capacity, cfg.head_dim],
         "dtype": KV_CACHE_NUMPY_DTYPES[spec.kv_cache_dtype],
-        "bytes_per_token": 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
-        * np.dtype(KV_CACHE_NUMPY_DTYPES[spec.kv_cache_dtype]).itemsize,
+        "bytes_per_token": sum(2 * cfg.kv_heads_of(i) * cfg.head_dim_of(i) * itemsize for i in own),
         "sliding_window": cfg.sliding_window,
     }
+    return meta
+
+
+def kv_layers_meta(cfg: ModelConfig) -> dict[str, Any]:
+    """``engine.json``'s ``kv_layers`` where layers differ (Gemma 4): per layer its K/V heads, head
+    size and the layer whose K/V it attends over (itself, or the earlier layer it shares them with)."""
+    if cfg.uniform_kv:
+        return {}
+    return {"kv_layers": [{"kv_heads": cfg.kv_heads_of(i), "head_dim": cfg.head_dim_of(i),
+                           "source": cfg.kv_source(i)} for i in range(cfg.num_layers)]}
 
 
 def _metadata(cfg: ModelConfig, io: GraphIO, spec: EngineBuildSpec, source_dtypes: set[str],
@@ -125,6 +136,7 @@ def _metadata(cfg: ModelConfig, io: GraphIO, spec: EngineBuildSpec, source_dtype
         "max_batch_size": spec.max_batch_size,
         "max_kv_cache_capacity": spec.max_kv_cache_capacity,
         "kv_cache": kv_cache,
+        **kv_layers_meta(cfg),
         "tokenizer_files": copied,
         "files": files,
         "build_seconds": round(seconds, 3),

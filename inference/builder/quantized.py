@@ -438,6 +438,11 @@ class QuantizedEmitter:
                         self.head_layout)
         return self._table_rows(t, ids), t
 
+    def table_rows(self, base: str, name: str, table: np.ndarray, ids: str) -> str:
+        """Rows ``ids`` of another token table (Gemma 4's per-layer inputs, ``name`` [V, W]) held
+        at 8 bits like the embedding: float32 ``[*ids.shape, W]``."""
+        return self._table_rows(self._table(base, self._weight_8bit(name, table), self.head_layout), ids)
+
     def lm_head(self, hidden: str, table: Table8 | np.ndarray, bias: str | None = None) -> str:
         """Logits ``[B, S, vocab]`` of ``hidden`` [B, S, H] through the 8-bit lm_head: the tied
         embedding's :class:`Table8`, or an untied weight [V, H] (plus ``bias``, an initializer

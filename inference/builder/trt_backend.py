@@ -368,6 +368,11 @@ def build_trt_bundle(
     version = str(trt.__version__)
     report("read", 0.0)
     cfg = load_model_config(checkpoint_dir)
+    if not cfg.uniform_kv:
+        from inference.errors import UnsupportedFeatureError
+        raise UnsupportedFeatureError(
+            f"{cfg.family}: layers with their own K/V shapes or sharing another layer's K/V (Gemma 4) are "
+            "built for the CPU engine only; the TensorRT engine holds one K/V shape for every layer")
     ckpt = open_checkpoint(checkpoint_dir)
     fused = parses_fused_ops(version)
     shapes = _profile_shapes(cfg, spec)

@@ -135,6 +135,7 @@ def _load() -> tuple[Family, ...]:
         cohere,
         exaone4,
         gemma,
+        gemma4,
         glm4,
         granite,
         llama,
@@ -157,7 +158,7 @@ def _load() -> tuple[Family, ...]:
     )
 
     return (*(m.FAMILY for m in (llama, mistral, ministral, qwen2, qwen3, phi3, phi, granite, smollm3)),
-            gemma.GEMMA, gemma.GEMMA2, gemma.GEMMA3,
+            gemma.GEMMA, gemma.GEMMA2, gemma.GEMMA3, gemma4.GEMMA4,
             *(m.FAMILY for m in (olmo2, olmo3, exaone4, stablelm, starcoder2, nemotron, seed_oss, arcee)),
             cohere.COHERE, cohere.COHERE2, glm4.FAMILY,
             *(m.FAMILY for m in (mixtral, qwen2_moe, qwen3_moe)))

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from inference.runtime.kv_layers import kv_layer_shapes
+
 #: Most inputs in one run (short inputs: one run of this many amortises the per-run overhead).
 MAX_ROWS = 32
 
@@ -62,7 +64,7 @@ def working_bytes(meta: Mapping[str, Any]) -> int:
     128 / 334 / 1,013 MiB against a bound of 212 / 549 / 1,602 MiB; the tiny demo model
     35 / 126 (2,000 tokens) / 511 MiB against 43 / 145 / 567 MiB."""
     tokens = int(meta["max_input_len"])
-    kv_floats = 2 * int(meta["num_layers"]) * int(meta["num_kv_heads"]) * int(meta["head_dim"])
+    kv_floats = sum(2 * heads * dim for i, (heads, dim, src) in enumerate(kv_layer_shapes(meta)) if src == i)
     per_token = 4 * (_ACTIVATION_FLOATS_PER_HIDDEN * int(meta["hidden_size"]) + kv_floats)
     per_pair = 4 * (int(meta["num_heads"]) + 1) + 2
     return int((tokens * per_token + tokens * tokens * per_pair) * _ARENA_SLACK)

@@ -30,6 +30,7 @@ import numpy as np
 import onnxruntime as ort
 
 from inference.runtime.embedding_batches import MAX_ROWS, run_plan
+from inference.runtime.kv_layers import kv_layer_shapes
 from inference.runtime.ort_session import cpu_session
 from inference.runtime.protocol import EngineInfo
 from inference.runtime.registry import is_embedding
@@ -52,8 +53,9 @@ class EmbeddingEngine:
                              f"{meta.get('task', 'generate')!r})")
         self._session: ort.InferenceSession | None = cpu_session(model_path, threads=threads, optimized=False)
         self._past = [n for n in meta["inputs"] if n.startswith("past_key_values.")]
-        self._kv_heads = int(meta["num_kv_heads"])
-        self._head_dim = int(meta["head_dim"])
+        shapes = kv_layer_shapes(meta)
+        #: each past input's (K/V heads, head size): a run feeds them empty
+        self._past_shapes = {name: shapes[int(name.split(".")[1])][:2] for name in self._past}
         self.vocab_size = int(meta["vocab_size"])
         self.dimensions = int(meta["embedding_dim"])
         self.max_input_len = int(meta["max_input_len"])
@@ -136,12 +138,12 @@ class EmbeddingEngine:
         for row, tokens in enumerate(batch):
             ids[row, width - len(tokens):] = tokens
             mask[row, width - len(tokens):] = 1
-        empty = np.zeros((len(batch), self._kv_heads, 0, self._head_dim), dtype=np.float32)
         feed: dict[str, np.ndarray] = {
             "input_ids": ids,
             "attention_mask": mask,
             "position_ids": np.maximum(np.cumsum(mask, axis=1) - 1, 0),
-            **dict.fromkeys(self._past, empty),
+            **{name: np.zeros((len(batch), heads, 0, dim), dtype=np.float32)
+               for name, (heads, dim) in self._past_shapes.items()},
         }
         with self._lock:
             if self._session is None:

@@ -19,11 +19,19 @@ so passengers are rare.
 
 GroupQueryAttention on the CPU refuses a multi-token chunk on top of a past when batch > 1, so
 prefill runs one sequence at a time (the scheduler interleaves prefill chunks with decode steps).
+
+Layers that differ (``kv_layers`` in ``engine.json``, Gemma 4): each layer's buffers have
+its own heads and head size, and a layer that shares an earlier layer's K/V has no buffers: its
+past and present are bound to that layer's (it writes the same values at the same positions). A
+KV block of such an engine (:meth:`GqaEngine.export_kv`) is ``[rows, 1, n, unit]``: every buffer's
+``[heads, n, head_dim]`` cut into ``head_dim / unit`` pieces of ``unit`` (the head sizes' greatest
+common divisor) and stacked, so a block is one array with the tokens on axis 2, as for the others.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +40,7 @@ import numpy as np
 import onnxruntime as ort
 
 from inference.build_profile import KV_CACHE_NUMPY_DTYPES
+from inference.runtime.kv_layers import kv_layer_shapes
 from inference.runtime.ort_session import cpu_session
 from inference.runtime.protocol import EngineInfo
 from inference.runtime.slot_checks import (
@@ -113,15 +122,24 @@ class GqaEngine(SlotLengths):
         self._vocab = int(meta["vocab_size"])
         self._slots = max_slots
         self._chunk = min(int(meta["max_input_len"]), _MAX_PREFILL_CHUNK)
-        self._names = [(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}")
-                       for i in range(self._layers) for kind in ("key", "value")]
+        # Per layer: (K/V heads, head size, the layer whose buffers it is bound to).
+        self._layer_shapes = kv_layer_shapes(meta)
+        self._uniform = not meta.get("kv_layers")
+        own = [i for i, (_, _, src) in enumerate(self._layer_shapes) if src == i]
         previous = _set_hugepage(False)
         try:
-            shape = (max_slots, self._kv_heads, self._cap, self._head_dim)
-            self._kv = [np.zeros(shape, dtype=self._kv_dtype) for _ in self._names]
+            # Two buffers (K, V) per layer that computes its own K/V.
+            self._kv = [np.zeros((max_slots, self._layer_shapes[i][0], self._cap, self._layer_shapes[i][1]),
+                                 dtype=self._kv_dtype) for i in own for _ in ("key", "value")]
         finally:
             _set_hugepage(previous)
-        self._row_elems = self._kv_heads * self._cap * self._head_dim
+        index = {layer: 2 * j for j, layer in enumerate(own)}
+        #: (past input, present output, buffer) of every layer's K and V
+        self._names = [(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}",
+                        index[self._layer_shapes[i][2]] + k)
+                       for i in range(self._layers) for k, kind in enumerate(("key", "value"))]
+        #: a KV block's piece size (:meth:`export_kv`): the head sizes' greatest common divisor
+        self._unit = math.gcd(*(buf.shape[3] for buf in self._kv)) if self._kv else self._head_dim
         self._lengths = [0] * max_slots
         self._binding = self._session.io_binding()
         self._bound: tuple[int, int, int] | None = None  # (first row, batch, kept logits) bound
@@ -165,7 +183,7 @@ class GqaEngine(SlotLengths):
     @property
     def kv_bytes_per_token(self) -> int:
         """KV bytes one position takes over all layers (K and V)."""
-        return 2 * self._layers * self._kv_heads * self._head_dim * self._kv_dtype.itemsize
+        return sum(buf.shape[1] * buf.shape[3] for buf in self._kv) * self._kv_dtype.itemsize
 
     # --- slot bookkeeping (slot_length, reset: SlotLengths) -------------------------------
     def truncate(self, slot: int, n: int) -> None:
@@ -186,30 +204,56 @@ class GqaEngine(SlotLengths):
                 buf[dst, :, :n] = buf[src, :, :n]
         self._lengths[dst] = n
 
+    def _block_shape(self, n: int) -> tuple[int, ...]:
+        """The shape of an exported block of ``n`` positions."""
+        if self._uniform:
+            return (len(self._kv), self._kv_heads, n, self._head_dim)
+        rows = sum(buf.shape[1] * buf.shape[3] // self._unit for buf in self._kv)
+        return (rows, 1, n, self._unit)
+
     def export_kv(self, slot: int, start: int, n: int) -> np.ndarray:
-        """A copy of positions ``[start, start + n)`` of ``slot``: ``[2*layers, kv_heads, n, head_dim]``."""
+        """A copy of positions ``[start, start + n)`` of ``slot``: ``[2*layers, kv_heads, n, head_dim]``
+        (layers that differ: ``[rows, 1, n, unit]``, see the module docstring)."""
         self._check_slot(slot)
         if start < 0 or n < 0 or start + n > self._lengths[slot]:
             raise ValueError(f"slot {slot} holds {self._lengths[slot]} positions; cannot export "
                              f"[{start}, {start + n})")
-        out = np.empty((len(self._kv), self._kv_heads, n, self._head_dim), dtype=self._kv_dtype)
-        for j, buf in enumerate(self._kv):
-            out[j] = buf[slot, :, start:start + n]
+        out = np.empty(self._block_shape(n), dtype=self._kv_dtype)
+        if self._uniform:
+            for j, buf in enumerate(self._kv):
+                out[j] = buf[slot, :, start:start + n]
+            return out
+        row = 0
+        for buf in self._kv:
+            heads, dim = buf.shape[1], buf.shape[3]
+            pieces = heads * dim // self._unit
+            part = buf[slot, :, start:start + n].reshape(heads, n, dim // self._unit, self._unit)
+            out[row:row + pieces, 0] = part.transpose(0, 2, 1, 3).reshape(pieces, n, self._unit)
+            row += pieces
         return out
 
     def import_kv(self, slot: int, start: int, kv: np.ndarray) -> None:
         """Write ``kv`` (as from :meth:`export_kv`) at ``start``; the slot then holds ``start + n``."""
         self._check_slot(slot)
-        n = int(kv.shape[2])
-        if kv.shape != (len(self._kv), self._kv_heads, n, self._head_dim):
+        n = int(kv.shape[2]) if kv.ndim == 4 else -1
+        if kv.shape != self._block_shape(max(n, 0)):
             raise ValueError(f"KV block of shape {kv.shape} does not fit this engine")
         if kv.dtype != self._kv_dtype:
             raise ValueError(f"KV block of dtype {kv.dtype} does not fit this engine's {self._kv_dtype} KV")
         if not 0 <= start <= self._lengths[slot] or start + n > self._cap:
             raise ValueError(f"cannot import {n} positions at {start} into slot {slot} "
                              f"holding {self._lengths[slot]} (capacity {self._cap})")
-        for j, buf in enumerate(self._kv):
-            buf[slot, :, start:start + n] = kv[j]
+        if self._uniform:
+            for j, buf in enumerate(self._kv):
+                buf[slot, :, start:start + n] = kv[j]
+        else:
+            row = 0
+            for buf in self._kv:
+                heads, dim = buf.shape[1], buf.shape[3]
+                pieces = heads * dim // self._unit
+                part = kv[row:row + pieces, 0].reshape(heads, dim // self._unit, n, self._unit)
+                buf[slot, :, start:start + n] = part.transpose(0, 2, 1, 3).reshape(heads, n, dim)
+                row += pieces
         self._lengths[slot] = start + n
 
     # --- LoRA adapters ---------------------------------------------------------------------
@@ -254,10 +298,10 @@ class GqaEngine(SlotLengths):
     def _bind_kv(self, lo: int, batch: int, keep: int) -> None:
         if self._bound == (lo, batch, keep):
             return
-        shape = [batch, self._kv_heads, self._cap, self._head_dim]
-        offset = lo * self._row_elems * self._kv_dtype.itemsize
-        for (past, present), buf in zip(self._names, self._kv, strict=True):
-            ptr = buf.ctypes.data + offset
+        for past, present, j in self._names:
+            buf = self._kv[j]
+            shape = [batch, buf.shape[1], self._cap, buf.shape[3]]
+            ptr = buf.ctypes.data + lo * buf[0].nbytes
             self._binding.bind_input(past, "cpu", 0, self._kv_dtype.type, shape, ptr)
             self._binding.bind_output(present, "cpu", 0, self._kv_dtype.type, shape, ptr)
         logits = self._logits.get((batch, keep))

@@ -80,7 +80,17 @@ class GraphRunner:
         self.layers, self.kv_heads, self.head_dim = num_layers, kv_heads, head_dim
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
-        return [np.zeros((batch, self.kv_heads, 0, self.head_dim), np.float32)] * (2 * self.layers)
+        """Empty past K/V per layer, each in its input's own heads and head size (Gemma 4's global
+        layers differ from the others)."""
+        shapes = {i.name: i.shape for i in self.session.get_inputs()}
+        out = []
+        for i in range(self.layers):
+            for kind in ("key", "value"):
+                shape = shapes[f"past_key_values.{i}.{kind}"]
+                heads = shape[1] if isinstance(shape[1], int) else self.kv_heads
+                dim = shape[3] if isinstance(shape[3], int) else self.head_dim
+                out.append(np.zeros((batch, heads, 0, dim), np.float32))
+        return out
 
     def run(
         self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[np.ndarray], keep: int = 0

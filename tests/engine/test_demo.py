@@ -37,6 +37,7 @@ _EXPECTED_CLASS = {
     "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "gemma4_text": "Gemma4ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
@@ -136,7 +137,9 @@ def test_config_follows_hub_convention(checkpoints: dict[str, Path], arch: str) 
     assert config["model_type"] == arch
     assert config["architectures"] == [_EXPECTED_CLASS[arch]]
     assert config["torch_dtype"] == config["dtype"] == "float32"
-    assert isinstance(config["rope_theta"], float)
+    # (Gemma 4's proportional rope has only transformers 5's per-layer-type form)
+    assert isinstance(config["rope_theta"] if "rope_theta" in config
+                      else config["rope_parameters"]["full_attention"]["rope_theta"], float)
     assert config["tie_word_embeddings"] is True
     assert config["vocab_size"] == TOKENIZER_VOCAB_SIZE
     tok = demo_tokenizer()

@@ -44,6 +44,10 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("stablelm", {"use_qkv_bias": False, "partial_rotary_factor": 0.5}),
     ("starcoder2", {"use_bias": False, "sliding_window": None}),
     ("nemotron", {"attention_bias": True, "mlp_bias": True}),
+    # Gemma 4 without K/V sharing (every layer its own buffers, one MLP width), and without per-layer
+    # inputs and keys-as-values (the global layers' own v_proj)
+    ("gemma4_text", {"num_kv_shared_layers": 0, "use_double_wide_mlp": False}),
+    ("gemma4_text", {"attention_k_eq_v": False, "hidden_size_per_layer_input": 0}),
 ]
 
 
@@ -75,6 +79,10 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
     ("gemma3_text", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
     ("gemma2", {"hidden_activation": "relu"}, "hidden_activation 'relu'"),
+    ("gemma4_text", {"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
+    ("gemma4_text", {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+                     "moe_intermediate_size": 32}, "enable_moe_block"),
+    ("phi", {"qk_layernorm": True}, "qk_layernorm"),
 ]
 
 

@@ -195,6 +195,37 @@ def _gemma3_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
 
 
 #: family -> what llama.cpp's converter writes for it beyond the keys every family has.
+def _gemma4_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
+    """Gemma3Model's and Gemma4Model's set_gguf_parameters: the window, the global head size as
+    key/value length and the sliding one as *_swa, a flag a layer, K/V heads (and, double-wide, MLP
+    widths) per layer, the shared layers, the per-layer input width, both rope dimension counts
+    and the sliding layers' rope base (TextModel)."""
+    types = list(cfg.layer_types)
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    full_dim = cfg.per_layer_config[full[0]].head_dim
+    full_kv = cfg.per_layer_config[full[0]].num_key_value_heads
+    if cfg.final_logit_softcapping:
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    writer.add_sliding_window(cfg.sliding_window)
+    writer.add_shared_kv_layers(cfg.num_kv_shared_layers)
+    writer.add_embedding_length_per_layer_input(cfg.hidden_size_per_layer_input or 0)
+    writer.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+    writer.add_key_length(full_dim)
+    writer.add_value_length(full_dim)
+    writer.add_key_length_swa(cfg.head_dim)
+    writer.add_value_length_swa(cfg.head_dim)
+    first_shared = cfg.num_hidden_layers - cfg.num_kv_shared_layers
+    if cfg.use_double_wide_mlp:
+        ff = cfg.intermediate_size
+        widths = [ff if i < first_shared else 2 * ff for i in range(cfg.num_hidden_layers)]
+        writer.add_feed_forward_length(widths)
+    kv = cfg.num_key_value_heads
+    writer.add_head_count_kv([kv if t == "sliding_attention" else full_kv for t in types])
+    writer.add_rope_dimension_count(full_dim)
+    writer.add_rope_dimension_count_swa(cfg.head_dim)
+    writer.add_rope_freq_base_swa(cfg.rope_parameters["sliding_attention"]["rope_theta"])
+
+
 def _exaone4_metadata(writer: gguf.GGUFWriter, cfg: Any) -> None:
     """Exaone4Model.set_gguf_parameters: the window and one flag a layer (true: it slides)."""
     if cfg.sliding_window is not None:
@@ -244,6 +275,7 @@ GGUF_METADATA: dict[str, Callable[[gguf.GGUFWriter, Any], None]] = {
     "gemma": _gemma_metadata,
     "gemma2": _gemma2_metadata,
     "gemma3_text": _gemma3_metadata,
+    "gemma4_text": _gemma4_metadata,
     "stablelm": _stablelm_metadata,
     "starcoder2": _starcoder2_metadata,
     "nemotron": _nemotron_metadata,
@@ -312,6 +344,13 @@ def extra_tensors(cfg: Any) -> dict[str, np.ndarray]:
                 smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
                 rope_factors.append(1 / ((1 - smooth) / factor + smooth))
         return {"rope_freqs.weight": torch.tensor(rope_factors, dtype=torch.float32).numpy()}
+    full = params.get("full_attention")
+    if isinstance(full, dict) and full.get("rope_type") == "proportional":
+        # Gemma4Model.generate_extra_tensors: the global layers' pairs that do not rotate get 1e30
+        head_full = cfg.per_layer_config[list(cfg.layer_types).index("full_attention")].head_dim
+        n_rot = int(head_full * full["partial_rotary_factor"] / 2)
+        values = [1.0] * n_rot + [1e30] * (head_full // 2 - n_rot)
+        return {"rope_freqs.weight": np.asarray(values, np.float32)}
     if params.get("rope_type") == "longrope" and params.get("long_factor"):
         return {"rope_factors_long.weight": np.asarray(params["long_factor"], np.float32),
                 "rope_factors_short.weight": np.asarray(params["short_factor"], np.float32)}
@@ -378,6 +417,9 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
     arch = arch or family_by_name(family).gguf_architectures[0]
     out.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(out / "model.gguf", arch)
+    if getattr(cfg, "per_layer_config", None) is not None:
+        # Gemma 4: the global values (the sliding layers') where a layer's own differ
+        cfg.allow_global_per_layer_attribute_access = True
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
@@ -419,6 +461,8 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
     for name, param in _split_experts(model.state_dict()):
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
+        # Gemma4Model.filter_tensors names the layer scalar as a weight
+        source = f"{name}.weight" if name.endswith("layer_scalar") else name
         if fuse_qkv and ".self_attn." in name and name.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "v_proj"):
             layer, kind = int(name.split(".")[2]), name.rsplit(".", 1)[-1]
             fused.setdefault(f"blk.{layer}.attn_qkv.{kind}", []).append(param.detach().numpy())
@@ -429,9 +473,12 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
             stored = permute(w, cfg.num_attention_heads)
         elif permuted and name.endswith("k_proj.weight"):
             stored = permute(w, cfg.num_key_value_heads)
-        if w.ndim >= 2 and qtype != "F32" and not name.endswith(_ALWAYS_F32):
+        # rows of no whole block stay F32, as llama.cpp's converter falls back for them (Gemma 4's
+        # per-layer projection of 16 inputs)
+        if w.ndim >= 2 and qtype != "F32" and not name.endswith(_ALWAYS_F32) \
+                and w.shape[-1] % gguf.GGML_QUANT_SIZES[qt][0] == 0:
             data = gguf.quants.quantize(stored, qt)
-            writer.add_tensor(_gguf_name(name, name_arch, blocks), data, raw_dtype=qt)
+            writer.add_tensor(_gguf_name(source, name_arch, blocks), data, raw_dtype=qt)
             back = gguf.quants.dequantize(data, qt).astype(np.float32).reshape(w.shape)
             if permuted and name.endswith("q_proj.weight"):
                 back = _unpermute(back, cfg.num_attention_heads)
@@ -442,7 +489,7 @@ def write_pair(family: str, qtype: str, out: Path, *, arch: str | None = None,
             plus_one = family in NORM_PLUS_ONE and name.endswith("norm.weight")
             if plus_one:
                 stored = stored + np.float32(1.0)
-            writer.add_tensor(_gguf_name(name, name_arch, blocks), np.ascontiguousarray(stored))
+            writer.add_tensor(_gguf_name(source, name_arch, blocks), np.ascontiguousarray(stored))
             # The file holds w + 1 rounded to float32: what it means is that value less 1.
             reference[name] = (torch.from_numpy(stored - np.float32(1.0)) if plus_one
                                else param.detach().clone())

@@ -338,6 +338,55 @@ def test_sentencepiece_tokenizer_matches_transformers(tmp_path: Path) -> None:
         assert ours.decode(expected) == theirs.decode(expected, skip_special_tokens=True), text
 
 
+def test_gemma4_tokenizer_model_matches_the_checkpoints(tmp_path: Path) -> None:
+    """A ``gemma4`` tokenizer model (what llama.cpp's converter writes for Gemma 4: SentencePiece-
+    style BPE with merges, spaces as U+2581, byte fallback, no space prefix) encodes and decodes
+    as the tokenizer.json it was converted from."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    from tests.gguf.ggufs import CORPUS
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
+    theirs = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    theirs.normalizer = normalizers.Replace(" ", "\u2581")
+    theirs.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                        decoders.Fuse()])
+    theirs.train([str(CORPUS)], trainers.BpeTrainer(vocab_size=700, special_tokens=specials,
+                                                    show_progress=False))
+    tokens = [t for t, _ in sorted(theirs.get_vocab().items(), key=lambda kv: kv[1])]
+    pairs = json.loads(theirs.to_str())["model"]["merges"]
+    merges = [" ".join(m) if not isinstance(m, str) else m for m in pairs]
+    path = tmp_path / "gemma4.gguf"
+    writer = gguf.GGUFWriter(path, "gemma4")
+    writer.add_tokenizer_model("gemma4")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] * 4 + [6] * 256 + [1] * (len(tokens) - 260))
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_add_space_prefix(False)
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    from inference.builder.gguf_tokenizer import write_tokenizer_files
+
+    out = tmp_path / "tok"
+    out.mkdir()
+    write_tokenizer_files(open_gguf(path), out)
+    ours = load_tokenizer(out)
+    for text in ("Hello world", "the cache  holds   bundles",
+                 "\u00fcn\u00efcode \u4f60\u597d \U0001f917 (byte fallback)", " leading",
+                 "two\nlines\n\nand code: f(x)=x**2"):
+        expected = theirs.encode(text).ids
+        assert ours.encode(text, add_special_tokens=False) == expected, text
+        assert ours.decode(expected) == theirs.decode(expected, skip_special_tokens=False), text
+
+
 # --------------------------------------------------------------------------- the cache
 
 

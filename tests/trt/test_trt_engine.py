@@ -283,3 +283,18 @@ def test_context_reuse_operations_match_the_cpu_engine(
         gpu.import_kv(1, 0, np.zeros((1, 2, 3, 4), dtype=np.float32))
     with pytest.raises(ValueError, match="cannot import"):
         gpu.import_kv(1, gpu.slot_length(1) + 1, gpu.export_kv(0, 0, 2))
+
+
+def test_a_model_with_per_layer_kv_is_refused_in_one_line(
+    hf_checkpoint: Callable[..., Path], tmp_path: Path, fake_trt: ModuleType
+) -> None:
+    """Gemma 4's layers of their own K/V shapes and shared K/V: the CPU engine's, not TensorRT's."""
+    from inference.builder.trt_backend import TrtBuildSpec, build_trt_bundle
+    from inference.errors import UnsupportedFeatureError
+
+    out = tmp_path / "bundle"
+    out.mkdir()
+    with pytest.raises(UnsupportedFeatureError, match="CPU engine only") as err:
+        build_trt_bundle(hf_checkpoint("gemma4_text"), out,
+                         TrtBuildSpec(max_kv_cache_capacity=256, max_input_len=64))
+    assert "\n" not in str(err.value) and not any(out.iterdir())
