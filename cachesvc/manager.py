@@ -49,6 +49,8 @@ from cachesvc.errors import (
     DiskFullError,
     InsufficientStorageError,
     NotFoundError,
+    RegistryError,
+    RegistryNotFoundError,
 )
 from cachesvc.eviction import Evictor
 from cachesvc.fleet_records import DesiredSpec, DesiredState
@@ -63,6 +65,7 @@ from cachesvc.records import (
     CheckpointRemoval,
     PrepareResult,
 )
+from cachesvc.registry import BundleRegistry, PullResult, RegistrySettings
 from cachesvc.store import BundleStore, CacheLayout, read_manifest, verify_bundle
 from cachesvc.store.space import disk_full, human_size, require_free
 from cachesvc.verification import BundleVerifier
@@ -91,6 +94,7 @@ class CacheManager:
         lock_timeout: float | None = None,
         offline: bool | None = None,
         gpu_disabled: bool = False,
+        registry: RegistrySettings | None = None,
     ) -> None:
         if max_size_bytes <= 0:
             raise ConfigError("max_size_bytes", "must be greater than 0")
@@ -119,6 +123,12 @@ class CacheManager:
             catalog, self.store, holders=holders, offline=offline, lock_timeout=lock_timeout,
             after_add=self._prune_after_build,
         )
+        #: The fleet's OCI registry (:mod:`cachesvc.registry`): push, pull, list; with one
+        #: configured, a miss is pulled from it before anything is built.
+        self.registry = BundleRegistry(
+            catalog, self.store, self.builders,
+            settings=registry or RegistrySettings(), max_size_bytes=max_size_bytes,
+        )
 
     @classmethod
     def open(
@@ -134,6 +144,7 @@ class CacheManager:
         upgrade: bool = True,
         claim_node: bool = False,
         gpu_disabled: bool = False,
+        registry: RegistrySettings | None = None,
     ) -> CacheManager:
         """Open (creating if needed) the cache at ``cache_dir`` and upgrade the catalog schema.
 
@@ -166,6 +177,7 @@ class CacheManager:
             lock_timeout=lock_timeout,
             offline=offline,
             gpu_disabled=gpu_disabled,
+            registry=registry,
         )
 
     def close(self) -> None:
@@ -283,8 +295,15 @@ class CacheManager:
             hit = self._try_hit(bid, rel, adopt=True, model=model)
             if hit is not None:
                 return PrepareResult(bid, hit, ckpt.path, draft.path if draft else None, built=False)
-            seconds = self._build_locked(model, ckpt, draft, options, key, progress, track)
+            pulled = self._try_pull(model, key, progress)
+            if pulled is None:
+                seconds = self._build_locked(model, ckpt, draft, options, key, progress, track)
         self._prune_after_build(bid)
+        if pulled is not None:
+            return PrepareResult(bid, pulled.bundle_dir, ckpt.path, draft.path if draft else None,
+                                 built=False, pulled_from=pulled.ref)
+        if self.registry.settings.push:
+            self._push_quietly(bid)
         return PrepareResult(
             bid,
             self.layout.root / rel,
@@ -293,6 +312,30 @@ class CacheManager:
             built=True,
             build_seconds=seconds,
         )
+
+    def _try_pull(self, model: str, key: BundleKey, progress: ProgressFn) -> PullResult | None:
+        """With a registry configured, pull the bundle of ``key`` from it (the caller holds the
+        exclusive lock); None (and a local build) when it has none, or is down, or sends
+        something refused: one log line says which."""
+        ref = self.registry.settings.ref
+        if ref is None:
+            return None
+        progress("pull", 0.0)
+        try:
+            return self.registry.pull_locked(ref.with_tag(key.id), expected=key, model=model)
+        except RegistryNotFoundError:
+            log.info("registry %s has no bundle %s; building it here", ref, key.id)
+        except (RegistryError, InsufficientStorageError) as exc:
+            log.warning("could not pull bundle %s from %s (%s); building it here", key.id, ref, exc)
+        return None
+
+    def _push_quietly(self, bid: str) -> None:
+        """``--registry-push``: share a bundle just built; a failure is logged, never raised (the
+        bundle is built and served either way)."""
+        try:
+            self.registry.push(bid)
+        except (RegistryError, CacheError) as exc:
+            log.warning("could not push bundle %s to %s: %s", bid, self.registry.settings.ref, exc)
 
     def _try_hit(self, bid: str, rel: Path, *, adopt: bool = False, model: str = "") -> Path | None:
         """A ready row whose files pass the quick check is a hit (records it); else None.

@@ -101,6 +101,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "gguf/test_serve.py": ("e2e", "slow"),
     "gguf/test_structured_real.py": ("integration", "slow"),
     "gguf/test_written.py": ("integration",),
+    "registry/test_push_pull.py": ("integration",),
     "service/test_admission.py": ("e2e",),
     "service/test_api_real_model.py": ("e2e", "slow"),
     "service/test_api_surface.py": ("e2e",),

@@ -50,6 +50,8 @@ EventKind = Literal[
     "adapter_rm",
     "adapter_pin",
     "adapter_unpin",
+    "pull",
+    "push",
 ]
 EvictReason = Literal["lru", "manual", "clear", "stale", "corrupt"]
 BuildState = Literal["queued", "running", "done", "failed"]

@@ -1,0 +1,44 @@
+"""Push a bundle to a real registry from one node, pull it into another (two cache dirs, two
+catalogs): the pulled bundle verifies, is recorded as pulled, and nothing is built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cachesvc.profiles import ProfileRequest
+from tests.cache.conftest import assert_consistent
+from tests.registry.conftest import Registry, open_node
+from tests.support.cache import FileBuilder
+
+INT4 = ProfileRequest(precision="int4")
+
+
+def test_push_then_pull_round_trip_into_a_second_node(
+    tmp_path: Path, registry: Registry, checkpoint: Path
+) -> None:
+    a = open_node(tmp_path / "node-a", registry)
+    built = a.prepare(str(checkpoint), INT4)
+    assert built.built and built.pulled_from is None
+    pushed = a.registry.push(built.bundle_id)
+    # The test builder's three files hold the same bytes: one blob, uploaded once.
+    assert pushed.tags[0] == built.bundle_id and (pushed.blobs_uploaded, pushed.blobs_skipped) == (1, 2)
+    again = a.registry.push(built.bundle_id)
+    assert again.blobs_uploaded == 0 and again.blobs_skipped == 3 and again.digest == pushed.digest
+
+    builder_b = FileBuilder(files=3, file_size=4096)
+    b = open_node(tmp_path / "node-b", registry, builder=builder_b)
+    got = b.prepare(str(checkpoint), INT4)
+    assert got.bundle_id == built.bundle_id
+    assert not got.built and got.pulled_from == f"{registry.url}:{built.bundle_id}"
+    assert builder_b.calls == 0
+    assert b.verifier.verify(got.bundle_id).ok
+    assert (got.bundle_dir / "manifest.json").read_bytes() == (
+        built.bundle_dir / "manifest.json"
+    ).read_bytes()
+    kinds = [e.kind for e in b.catalog.events.recent(limit=20)]
+    assert "pull" in kinds and "build_ok" not in kinds
+    assert_consistent(b)
+    # The next prepare is a plain hit.
+    assert b.prepare(str(checkpoint), INT4).pulled_from is None
+    a.close()
+    b.close()
