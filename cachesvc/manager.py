@@ -65,7 +65,7 @@ from cachesvc.records import (
     CheckpointRemoval,
     PrepareResult,
 )
-from cachesvc.registry import BundleRegistry, PullResult, RegistrySettings
+from cachesvc.registry import BundleRegistry, PullResult, RegistryRef, RegistrySettings, parse_ref
 from cachesvc.store import BundleStore, CacheLayout, read_manifest, verify_bundle
 from cachesvc.store.space import disk_full, human_size, require_free
 from cachesvc.verification import BundleVerifier
@@ -328,6 +328,40 @@ class CacheManager:
         except (RegistryError, InsufficientStorageError) as exc:
             log.warning("could not pull bundle %s from %s (%s); building it here", key.id, ref, exc)
         return None
+
+    def pull(self, model: str | None = None, request: ProfileRequest | None = None, *,
+             ref: str | None = None) -> PullResult:
+        """Pull a bundle from the registry into the cache (no build either way).
+
+        With ``model``: the bundle of ``model`` built with ``request`` for this node, looked up
+        by its key (its id is the canonical tag) in ``ref`` (a namespace; default: the
+        configured registry). Without: ``ref`` must name a tag (``oci://host/ns:TAG``), and the
+        bundle it holds must fit this node. A bundle already here is a hit (``already``)."""
+        if model is None:
+            if not ref:
+                raise ConfigError("ref", "give a model (--model) or a reference with a tag (oci://host/ns:TAG)")
+            target = parse_ref(ref, field="ref")
+            if target.tag is None:
+                raise ConfigError("ref", f"{ref} names no tag; give oci://host[:port]/namespace:TAG or --model")
+            with self.registry.client(target) as client:
+                key = self.registry.check_fits(self.registry.fetch(target, client), str(target))
+            return self._pull_key(key, target, None)
+        request = request or ProfileRequest()
+        ckpt = self.resolve(model)
+        draft = self.resolve(request.draft_model) if request.draft_model else None
+        key = BundleKey.of(ckpt.digest, self.build_options(request, draft.digest if draft else None, ckpt.path))
+        base = self.registry.resolve_ref(ref)
+        return self._pull_key(key, base if base.tag else base.with_tag(key.id), model)
+
+    def _pull_key(self, key: BundleKey, target: RegistryRef, model: str | None) -> PullResult:
+        with self.store.locks.exclusive(key.id, timeout=self.lock_timeout):
+            hit = self._try_hit(key.id, key.relpath, adopt=True, model=model or "")
+            if hit is not None:
+                info = self.catalog.bundles.require(key.id)
+                return PullResult(key.id, str(target), hit, info.size_bytes, 0.0, info, already=True)
+            result = self.registry.pull_locked(target, expected=key, model=model)
+        self._prune_after_build(key.id)
+        return result
 
     def _push_quietly(self, bid: str) -> None:
         """``--registry-push``: share a bundle just built; a failure is logged, never raised (the

@@ -102,6 +102,8 @@ TIERS: dict[str, tuple[str, ...]] = {
     "gguf/test_structured_real.py": ("integration", "slow"),
     "gguf/test_written.py": ("integration",),
     "registry/test_push_pull.py": ("integration",),
+    "registry/test_refs.py": ("unit",),
+    "registry/test_untrusted.py": ("reliability",),
     "service/test_admission.py": ("e2e",),
     "service/test_api_real_model.py": ("e2e", "slow"),
     "service/test_api_surface.py": ("e2e",),

@@ -31,6 +31,7 @@ from cachesvc.registry.artifact import (
     ANN_ID,
     ANN_MODEL,
     ANN_PROFILE,
+    Artifact,
     RemoteBundle,
     bundle_artifact,
     check_artifact_type,
@@ -80,6 +81,8 @@ class PullResult:
     size_bytes: int
     seconds: float
     info: BundleInfo
+    #: The bundle was in the cache already: nothing was downloaded.
+    already: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,18 +153,8 @@ class BundleRegistry:
             bundle_dir = self.store.layout.root / info.path
             manifest = read_manifest(bundle_dir)
             artifact = bundle_artifact(manifest, info.model, info.profile_name)
-            uploaded = skipped = nbytes = 0
-            repo = target.repository
             with self.client(target) as client:
-                for layer in artifact.layers:
-                    if client.push_blob(repo, layer.digest, layer.size, bundle_dir / layer.path):
-                        uploaded, nbytes = uploaded + 1, nbytes + layer.size
-                    else:
-                        skipped += 1
-                client.push_blob(repo, artifact.config_digest, len(artifact.config), artifact.config)
-                digest = ""
-                for tag in artifact.tags:
-                    digest = client.put_manifest(repo, tag, artifact.manifest)
+                uploaded, skipped, nbytes, digest = upload(client, target.repository, artifact, bundle_dir)
         finally:
             lease.release()
         self.catalog.events.add(
@@ -330,3 +323,22 @@ class BundleRegistry:
                     )
                 )
         return found
+
+
+def upload(client: RegistryClient, repository: str, artifact: Artifact, files_dir: Path,
+           tags: tuple[str, ...] | None = None) -> tuple[int, int, int, str]:
+    """Upload ``artifact`` (its layers read from ``files_dir``; blobs the registry has are
+    skipped), its config, then its manifest under ``tags`` (default: the artifact's).
+    Returns (blobs uploaded, blobs skipped, bytes uploaded, manifest digest)."""
+    uploaded = skipped = nbytes = 0
+    for layer in artifact.layers:
+        if client.push_blob(repository, layer.digest, layer.size, files_dir / layer.path):
+            uploaded, nbytes = uploaded + 1, nbytes + layer.size
+        else:
+            skipped += 1
+    client.push_blob(repository, artifact.config_digest, len(artifact.config), artifact.config)
+    digest = ""
+    # The manifest goes last: a tag never names an artifact whose blobs are not all there.
+    for tag in tags or artifact.tags:
+        digest = client.put_manifest(repository, tag, artifact.manifest)
+    return uploaded, skipped, nbytes, digest
