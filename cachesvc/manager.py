@@ -342,14 +342,15 @@ class CacheManager:
                 raise ConfigError("ref", "give a model (--model) or a reference with a tag (oci://host/ns:TAG)")
             target = parse_ref(ref, field="ref")
             if target.tag is None:
-                raise ConfigError("ref", f"{ref} names no tag; give oci://host[:port]/namespace:TAG or --model")
+                raise ConfigError("ref", f"{ref} names no tag; give oci://host/namespace:TAG or --model")
             with self.registry.client(target) as client:
                 key = self.registry.check_fits(self.registry.fetch(target, client), str(target))
             return self._pull_key(key, target, None)
         request = request or ProfileRequest()
         ckpt = self.resolve(model)
         draft = self.resolve(request.draft_model) if request.draft_model else None
-        key = BundleKey.of(ckpt.digest, self.build_options(request, draft.digest if draft else None, ckpt.path))
+        options = self.build_options(request, draft.digest if draft else None, ckpt.path)
+        key = BundleKey.of(ckpt.digest, options)
         base = self.registry.resolve_ref(ref)
         return self._pull_key(key, base if base.tag else base.with_tag(key.id), model)
 

@@ -325,8 +325,13 @@ class BundleRegistry:
         return found
 
 
-def upload(client: RegistryClient, repository: str, artifact: Artifact, files_dir: Path,
-           tags: tuple[str, ...] | None = None) -> tuple[int, int, int, str]:
+def upload(
+    client: RegistryClient,
+    repository: str,
+    artifact: Artifact,
+    files_dir: Path,
+    tags: tuple[str, ...] | None = None,
+) -> tuple[int, int, int, str]:
     """Upload ``artifact`` (its layers read from ``files_dir``; blobs the registry has are
     skipped), its config, then its manifest under ``tags`` (default: the artifact's).
     Returns (blobs uploaded, blobs skipped, bytes uploaded, manifest digest)."""

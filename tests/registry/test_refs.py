@@ -56,7 +56,9 @@ def test_readable_tags_fit_the_tag_grammar(model: str) -> None:
     assert readable_tag("org/SmolLM2-135M", "p-int4-abc").startswith("SmolLM2-135M-p-int4")
 
 
-@pytest.mark.parametrize("path", ["/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a\\b", "manifest.json", ""])
+@pytest.mark.parametrize(
+    "path", ["/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a\\b", "manifest.json", ""]
+)
 def test_unsafe_layer_paths_are_refused(path: str) -> None:
     assert not safe_relpath(path)
 

@@ -24,10 +24,10 @@ from cachesvc.registry.artifact import Artifact, bundle_artifact
 from cachesvc.registry.client import MANIFEST_MEDIA_TYPE, RegistryClient
 from cachesvc.registry.transfer import upload
 from cachesvc.store import read_manifest
+from inference.cpu_class import CPU_CLASSES, cpu_class
 from tests.cache.conftest import assert_consistent
 from tests.registry.conftest import Registry, open_node
 from tests.support.cache import FileBuilder
-from inference.cpu_class import CPU_CLASSES, cpu_class
 from tests.support.net import free_port
 
 INT4 = ProfileRequest(precision="int4")
@@ -50,7 +50,7 @@ def _nothing_published(m: CacheManager) -> None:
 def test_a_tampered_blob_is_refused_and_the_miss_builds_locally(
     tmp_path: Path, registry: Registry, checkpoint: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    a, bid = _pushed(tmp_path, registry, checkpoint)
+    a, _bid = _pushed(tmp_path, registry, checkpoint)
     # The bundle files' blob (4096 bytes): same size, other bytes.
     (blob,) = [p for p in registry.blobs() if p.stat().st_size == 4096]
     data = bytearray(blob.read_bytes())
@@ -68,7 +68,11 @@ def test_a_tampered_blob_is_refused_and_the_miss_builds_locally(
         result = c.prepare(str(checkpoint), INT4)
     assert result.built and result.pulled_from is None and builder.calls == 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "does not match its digest" in warnings[0] and "building it here" in warnings[0]
+    assert (
+        len(warnings) == 1
+        and "does not match its digest" in warnings[0]
+        and "building it here" in warnings[0]
+    )
     assert_consistent(c)
     for m in (a, b, c):
         m.close()
@@ -86,7 +90,9 @@ def _foreign_class_artifact(a: CacheManager, bid: str) -> tuple[str, Artifact, P
     return key.id, bundle_artifact(foreign, info.model, options.name), bundle_dir
 
 
-def test_a_bundle_of_another_cpu_class_is_never_pulled(tmp_path: Path, registry: Registry, checkpoint: Path) -> None:
+def test_a_bundle_of_another_cpu_class_is_never_pulled(
+    tmp_path: Path, registry: Registry, checkpoint: Path
+) -> None:
     a, bid = _pushed(tmp_path, registry, checkpoint)
     foreign_id, artifact, files = _foreign_class_artifact(a, bid)
     ns = parse_ref(registry.url)
@@ -94,7 +100,7 @@ def test_a_bundle_of_another_cpu_class_is_never_pulled(tmp_path: Path, registry:
         upload(client, ns.repository, artifact, files)
 
     b = open_node(tmp_path / "node-b", registry)
-    with pytest.raises(UntrustedArtifactError, match="built for CPU class .*; not pulled"):
+    with pytest.raises(UntrustedArtifactError, match=r"built for CPU class .*; not pulled"):
         b.pull(ref=f"{registry.url}:{foreign_id}")
     _nothing_published(b)
     # Listing says it does not fit this node.
@@ -106,7 +112,7 @@ def test_a_bundle_of_another_cpu_class_is_never_pulled(tmp_path: Path, registry:
         upload(client, ns.repository, artifact, files, tags=(bid,))
     builder = FileBuilder(files=3, file_size=4096)
     c = open_node(tmp_path / "node-c", registry, builder=builder)
-    with pytest.raises(UntrustedArtifactError, match="not pulled|refused"):
+    with pytest.raises(UntrustedArtifactError, match=r"not pulled|refused"):
         c.pull(str(checkpoint), INT4)
     result = c.prepare(str(checkpoint), INT4)
     assert result.built and builder.calls == 1
