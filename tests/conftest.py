@@ -101,6 +101,8 @@ TIERS: dict[str, tuple[str, ...]] = {
     "gguf/test_serve.py": ("e2e", "slow"),
     "gguf/test_structured_real.py": ("integration", "slow"),
     "gguf/test_written.py": ("integration",),
+    "registry/test_auth.py": ("integration",),
+    "registry/test_crash_pull.py": ("reliability",),
     "registry/test_push_pull.py": ("integration",),
     "registry/test_refs.py": ("unit",),
     "registry/test_untrusted.py": ("reliability",),
