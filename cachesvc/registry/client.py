@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,13 +60,19 @@ class Credentials:
         return f"Credentials(username={self.username!r}, password='***')"
 
 
-def docker_config_credentials(host: str, env: dict[str, str] | None = None) -> Credentials | None:
-    """The credentials the Docker config file (or ``REGISTRY_AUTH_FILE``) holds for ``host``."""
-    env = dict(os.environ) if env is None else env
+def docker_config_credentials(host: str, env: Mapping[str, str] | None = None) -> Credentials | None:
+    """The credentials the Docker config file (or ``REGISTRY_AUTH_FILE``) holds for ``host``;
+    ``env`` stands in for the environment (tests)."""
+    if env is None:
+        env = {
+            "DOCKER_CONFIG": os.environ.get("DOCKER_CONFIG", ""),
+            "REGISTRY_AUTH_FILE": os.environ.get("REGISTRY_AUTH_FILE", ""),
+            "HOME": os.environ.get("HOME", ""),
+        }
     candidates = []
     if env.get("DOCKER_CONFIG"):
         candidates.append(Path(env["DOCKER_CONFIG"]) / "config.json")
-    candidates.append(Path(env.get("HOME", str(Path.home()))) / ".docker" / "config.json")
+    candidates.append(Path(env.get("HOME") or str(Path.home())) / ".docker" / "config.json")
     if env.get("REGISTRY_AUTH_FILE"):
         candidates.append(Path(env["REGISTRY_AUTH_FILE"]))
     for path in candidates:

@@ -65,3 +65,23 @@ def test_unsafe_layer_paths_are_refused(path: str) -> None:
 
 def test_safe_layer_paths_pass() -> None:
     assert safe_relpath("model.onnx") and safe_relpath("tokenizer/vocab.json")
+
+
+def test_the_registry_setting_comes_from_the_flag_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cachesvc.config import REGISTRY_ENV, ServeConfig
+
+    monkeypatch.delenv(REGISTRY_ENV, raising=False)
+    assert ServeConfig().fleet.registry_settings is None
+    monkeypatch.setenv(REGISTRY_ENV, "oci://127.0.0.1:5000/fleet/b")
+    settings = ServeConfig().fleet.registry_settings
+    assert settings is not None and settings.ref is not None and settings.ref.repository == "fleet/b"
+    assert not settings.insecure and not settings.push
+    flagged = ServeConfig.from_mapping(
+        {"registry": "oci://h:1/x", "registry_insecure": True, "registry_push": True}
+    )
+    assert flagged.fleet.registry_settings == type(settings)(
+        parse_ref("oci://h:1/x"), insecure=True, push=True
+    )
+    monkeypatch.setenv(REGISTRY_ENV, "oci://h/ns:tag")
+    with pytest.raises(ConfigError, match="must name a namespace, not a tag"):
+        ServeConfig()
