@@ -115,6 +115,8 @@ class CacheManager:
         self.evictor = Evictor(catalog, self.store, max_size_bytes=max_size_bytes, holders=holders)
         self.reconciler = Reconciler(catalog, self.store, holders=holders, gpu_disabled=gpu_disabled)
         self.builds = BuildJobs(self._prepare, catalog)
+        #: Background pulls from the registry (``POST /admin/pulls``), tracked like builds.
+        self.pulls = BuildJobs(self._pull_job, catalog, kind="pull")
         #: The manifest checks: full verify, the quick check of every hit and load, staleness.
         self.verifier = BundleVerifier(catalog, self.store, gpu_disabled=gpu_disabled)
         #: LoRA adapters converted into the cache (:mod:`cachesvc.adapters`); a new one prunes
@@ -183,6 +185,7 @@ class CacheManager:
     def close(self) -> None:
         """Stop background builds from being started and dispose of the catalog engine."""
         self.builds.close()
+        self.pulls.close()
         self.catalog.close()
 
     # -- prepare ---------------------------------------------------------------------------
@@ -337,22 +340,46 @@ class CacheManager:
         by its key (its id is the canonical tag) in ``ref`` (a namespace; default: the
         configured registry). Without: ``ref`` must name a tag (``oci://host/ns:TAG``), and the
         bundle it holds must fit this node. A bundle already here is a hit (``already``)."""
-        if model is None:
-            if not ref:
-                raise ConfigError("ref", "give a model (--model) or a reference with a tag (oci://host/ns:TAG)")
-            target = parse_ref(ref, field="ref")
-            if target.tag is None:
-                raise ConfigError("ref", f"{ref} names no tag; give oci://host/namespace:TAG or --model")
-            with self.registry.client(target) as client:
-                key = self.registry.check_fits(self.registry.fetch(target, client), str(target))
-            return self._pull_key(key, target, None)
-        request = request or ProfileRequest()
+        if model is not None:
+            return self._pull_model(model, request or ProfileRequest(), ref, None)[0]
+        if not ref:
+            raise ConfigError("ref", "give a model (--model) or a reference with a tag (oci://host/ns:TAG)")
+        target = parse_ref(ref, field="ref")
+        if target.tag is None:
+            raise ConfigError("ref", f"{ref} names no tag; give oci://host/namespace:TAG or --model")
+        with self.registry.client(target) as client:
+            key = self.registry.check_fits(self.registry.fetch(target, client), str(target))
+        return self._pull_key(key, target, None)
+
+    def _pull_model(self, model: str, request: ProfileRequest, ref: str | None, track: Build | None
+                    ) -> tuple[PullResult, ResolvedCheckpoint]:
+        base = self.registry.resolve_ref(ref)  # bad input is refused before any hashing
         ckpt = self.resolve(model)
         draft = self.resolve(request.draft_model) if request.draft_model else None
         options = self.build_options(request, draft.digest if draft else None, ckpt.path)
         key = BundleKey.of(ckpt.digest, options)
-        base = self.registry.resolve_ref(ref)
-        return self._pull_key(key, base if base.tag else base.with_tag(key.id), model)
+        if track is not None:
+            track.status = replace(track.status, bundle_id=key.id, profile=options.to_dict())
+        return self._pull_key(key, base if base.tag else base.with_tag(key.id), model), ckpt
+
+    def start_pull(self, model: str, request: ProfileRequest | None = None, *, ref: str | None = None,
+                   allowed_roots: tuple[Path, ...] | None = None) -> BuildStatus:
+        """Queue a pull of ``model``'s bundle in the background (``POST /admin/pulls``), after
+        the checks that need no download (400s: the model name, the reference, a registry)."""
+        request = request or ProfileRequest()
+        check_model_name("model", model, allowed_roots)
+        self.registry.resolve_ref(ref)
+        self.catalog.ping()
+        return self.pulls.start(model, request, ref=ref)
+
+    def _pull_job(
+        self, model: str, request: ProfileRequest, progress: ProgressFn, track: Build
+    ) -> PrepareResult:
+        progress("pull", 0.0)
+        result, ckpt = self._pull_model(model, request, track.ref, track)
+        progress("done", 1.0)
+        return PrepareResult(result.bundle_id, result.bundle_dir, ckpt.path, None, built=False,
+                             pulled_from=result.ref)
 
     def _pull_key(self, key: BundleKey, target: RegistryRef, model: str | None) -> PullResult:
         with self.store.locks.exclusive(key.id, timeout=self.lock_timeout):

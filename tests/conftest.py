@@ -101,6 +101,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "gguf/test_serve.py": ("e2e", "slow"),
     "gguf/test_structured_real.py": ("integration", "slow"),
     "gguf/test_written.py": ("integration",),
+    "registry/test_admin_routes.py": ("integration",),
     "registry/test_auth.py": ("integration",),
     "registry/test_cli.py": ("integration",),
     "registry/test_crash_pull.py": ("reliability",),

@@ -263,6 +263,25 @@ class BuildRequest(Struct, frozen=True, forbid_unknown_fields=True):
     kv_cache_dtype: KvCacheDtype = "fp32"
 
 
+class PullRequest(BuildRequest, frozen=True, forbid_unknown_fields=True):
+    """Pull the bundle of a model and build profile from the OCI registry (no build)."""
+
+    #: ``oci://host[:port]/namespace`` (default: the server's ``--registry``), or one tag in it.
+    ref: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None
+
+
+class PushOut(Struct, frozen=True):
+    """What a push uploaded, where, under which tags."""
+
+    bundle_id: str
+    ref: str
+    tags: list[str]
+    digest: str
+    blobs_uploaded: int
+    blobs_skipped: int
+    bytes_uploaded: int
+
+
 class BuildOut(Struct, frozen=True):
     """Progress and state of a background build."""
 

@@ -125,7 +125,7 @@ class BundleRegistry:
         if isinstance(ref, RegistryRef):
             return ref
         if ref:
-            return parse_ref(ref)
+            return parse_ref(ref, field="ref")
         if self.settings.ref is None:
             raise ConfigError(
                 "registry", "no registry is configured; give --registry oci://host[:port]/namespace"
