@@ -142,14 +142,19 @@ class RegistryClient:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def _request(self, method: str, url: str, *, scope: str, **kwargs: Any) -> httpx.Response:
-        """One request, answering one auth challenge (Basic, or a Bearer token for ``scope``)."""
+    def _send(
+        self, method: str, url: str, *, scope: str, stream: bool = False, **kwargs: Any
+    ) -> httpx.Response:
+        """One request, answering one auth challenge (Basic, or a Bearer token for ``scope``);
+        the status is not checked. A streamed body is sent once: the upload's ``POST`` has
+        already answered the challenge of its scope."""
         headers = dict(kwargs.pop("headers", {}) or {})
         for attempt in range(2):
             if scope in self._auth:
                 headers["Authorization"] = self._auth[scope]
             try:
-                response = self._http.request(method, url, headers=headers, **kwargs)
+                request = self._http.build_request(method, url, headers=headers, **kwargs)
+                response = self._http.send(request, stream=stream)
             except httpx.TimeoutException as exc:
                 raise RegistryUnavailableError(
                     f"registry {self.host} timed out ({type(exc).__name__})"
@@ -159,9 +164,14 @@ class RegistryClient:
                     f"registry {self.host} is unreachable: {_reason(exc)}"
                 ) from exc
             if response.status_code != 401 or attempt == 1:
-                return self._check_status(response, method, url)
+                return response
+            response.close()
             self._authenticate(response, scope)
         raise AssertionError("unreachable")
+
+    def _request(self, method: str, url: str, *, scope: str, **kwargs: Any) -> httpx.Response:
+        """One request, read whole, its status checked."""
+        return self._check_status(self._send(method, url, scope=scope, **kwargs), method, url)
 
     def _authenticate(self, response: httpx.Response, scope: str) -> None:
         challenge = response.headers.get("www-authenticate", "")
@@ -351,25 +361,7 @@ class RegistryClient:
         self, method: str, url: str, *, scope: str, headers: dict[str, str] | None = None
     ) -> Iterator[httpx.Response]:
         """A streamed response, after the auth handshake and the status checks."""
-        hdrs = dict(headers or {})
-        for attempt in range(2):
-            if scope in self._auth:
-                hdrs["Authorization"] = self._auth[scope]
-            try:
-                response = self._http.send(self._http.build_request(method, url, headers=hdrs), stream=True)
-            except httpx.TimeoutException as exc:
-                raise RegistryUnavailableError(
-                    f"registry {self.host} timed out ({type(exc).__name__})"
-                ) from exc
-            except httpx.TransportError as exc:
-                raise RegistryUnavailableError(
-                    f"registry {self.host} is unreachable: {_reason(exc)}"
-                ) from exc
-            if response.status_code == 401 and attempt == 0:
-                response.close()
-                self._authenticate(response, scope)
-                continue
-            break
+        response = self._send(method, url, scope=scope, stream=True, headers=headers)
         try:
             if response.status_code >= 400:
                 response.read()
