@@ -392,6 +392,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("checkpoints", f"{s.checkpoints} ({human_size(s.checkpoint_bytes)} under checkpoints/)"),
         ("hits / misses", f"{s.hits} / {s.misses} (hit rate {rate})"),
         ("builds ok / failed", f"{s.builds_ok} / {s.builds_failed} (median {median})"),
+        ("registry pulls / pushes", f"{s.pulls} ({human_size(s.pulled_bytes)}) / {s.pushes} "
+                                    f"({human_size(s.pushed_bytes)})"),
         (
             "evictions",
             ", ".join(

@@ -323,6 +323,12 @@ class CacheStats:
     #: Bytes under the cache's ``checkpoints/`` (downloads, GGUF conversions and any leftovers
     #: of a conversion that did not finish); counted on disk, so only for the answering node.
     checkpoint_bytes: int = 0
+    #: Bundles pulled from the OCI registry instead of built, and the bytes they moved; bundles
+    #: pushed and the bytes uploaded (blobs the registry had are not counted).
+    pulls: int = 0
+    pulled_bytes: int = 0
+    pushes: int = 0
+    pushed_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -403,6 +403,11 @@ class StatsOut(Struct, frozen=True):
     per_model: list[ModelStatsOut]
     since: datetime | None
     checkpoint_bytes: int = 0
+    #: Bundles pulled from the OCI registry (no build) and the bytes moved; pushes likewise.
+    pulls: int = 0
+    pulled_bytes: int = 0
+    pushes: int = 0
+    pushed_bytes: int = 0
 
 
 class CheckpointOut(Struct, frozen=True):

@@ -65,6 +65,11 @@ def test_push_route_then_a_pull_job_on_another_node(
         assert [p["id"] for p in client.get("/admin/pulls").json()["items"]] == [r.json()["id"]]
         events = client.get("/admin/events", params={"kind": "pull"}).json()["items"]
         assert len(events) == 1 and events[0]["detail"] == f"{registry.url}:{bid}"
+        stats = client.get("/admin/stats").json()
+        assert (stats["pulls"], stats["pulled_bytes"], stats["builds_ok"]) == (1, 3 * 4096, 0)
+        metrics = client.get("/metrics").text
+        assert 'cachesvc_registry_transfers_total{direction="pull"} 1.0' in metrics
+        assert 'cachesvc_registry_bytes_total{direction="pull"} 12288.0' in metrics
         # A profile the registry does not hold: the job fails with the registry's 404, nothing built.
         other = client.post("/admin/pulls", json={"model": str(checkpoint), "precision": "fp32"})
         failed = _wait(client, other.json()["id"])

@@ -38,6 +38,9 @@ def test_push_then_pull_round_trip_into_a_second_node(
     kinds = [e.kind for e in b.catalog.events.recent(limit=20)]
     assert "pull" in kinds and "build_ok" not in kinds
     assert_consistent(b)
+    pulled, pushed_stats = b.queries.stats(), a.queries.stats()
+    assert (pulled.pulls, pulled.pulled_bytes, pulled.builds_ok, pulled.misses) == (1, 3 * 4096, 0, 1)
+    assert (pushed_stats.pushes, pushed_stats.pushed_bytes) == (2, 4096)
     # The next prepare is a plain hit.
     assert b.prepare(str(checkpoint), INT4).pulled_from is None
     a.close()
