@@ -111,3 +111,6 @@ class NodeInfo:
     convergence: str
     desired_generation: int | None
     items: tuple[ItemStatus, ...]
+    #: Bundles this node pulled from the OCI registry, and bundles it built (catalog events).
+    pulled: int = 0
+    built: int = 0

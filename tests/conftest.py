@@ -105,6 +105,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "registry/test_auth.py": ("integration",),
     "registry/test_cli.py": ("integration",),
     "registry/test_crash_pull.py": ("reliability",),
+    "registry/test_fleet_share.py": ("integration",),
     "registry/test_push_pull.py": ("integration",),
     "registry/test_refs.py": ("unit",),
     "registry/test_untrusted.py": ("reliability",),

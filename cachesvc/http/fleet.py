@@ -80,6 +80,9 @@ class NodeOut(Struct, frozen=True):
     convergence: ConvergenceState
     desired_generation: int | None
     items: list[ItemOut]
+    #: Bundles this node pulled from the OCI registry, and bundles it built.
+    pulled: int = 0
+    built: int = 0
 
 
 class NodeListOut(Struct, frozen=True):

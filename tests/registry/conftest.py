@@ -21,7 +21,7 @@ from cachesvc.manager import CacheManager
 from cachesvc.registry import RegistrySettings, parse_ref
 from tests.admin.conftest import MAX_SIZE
 from tests.support.cache import FileBuilder, make_checkpoint
-from tests.support.databases import catalog_url_for
+from tests.support.databases import catalog_url_for, shared_catalog_url
 from tests.support.net import NotReadyError, free_port
 
 REGISTRY_BIN = shutil.which("docker-registry")
@@ -113,18 +113,28 @@ def open_node(
     *,
     push: bool = False,
     builder: FileBuilder | None = None,
+    catalog_url: str | None = None,
+    node: str | None = None,
 ) -> CacheManager:
-    """A node: its own cache directory and SQLite catalog, the file-writing test builder, and
-    (optionally) the registry configured over plain HTTP."""
+    """A node: its own cache directory and catalog (or ``catalog_url``, shared, as node
+    ``node``), the file-writing test builder, and (optionally) the registry over plain HTTP."""
     settings = RegistrySettings(parse_ref(registry.url), insecure=True, push=push) if registry else None
     return CacheManager.open(
         cache_dir,
-        catalog_url=catalog_url_for(cache_dir),
+        catalog_url=catalog_url or catalog_url_for(cache_dir),
         max_size_bytes=MAX_SIZE,
         builders={"onnxruntime": builder or FileBuilder(files=3, file_size=4096)},
         offline=True,
         registry=settings,
+        node=node,
+        claim_node=node is not None,
     )
+
+
+def fleet_catalog_url(tmp_path: Path) -> str:
+    """One catalog for several nodes: a PostgreSQL database under ``catalog_db``'s postgresql
+    variant, else one SQLite file."""
+    return shared_catalog_url("registry_fleet") or f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
 
 
 @pytest.fixture
