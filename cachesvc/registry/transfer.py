@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,7 +24,13 @@ from typing import Any
 from cachesvc.builders import Builder
 from cachesvc.catalog import Catalog
 from cachesvc.crashpoints import crash_point
-from cachesvc.errors import ConfigError, ConflictError, CorruptBundleError, UntrustedArtifactError
+from cachesvc.errors import (
+    ConfigError,
+    ConflictError,
+    CorruptBundleError,
+    RegistryUnavailableError,
+    UntrustedArtifactError,
+)
 from cachesvc.profiles import BuildOptions, BundleKey, is_bundle_id
 from cachesvc.records import BundleInfo
 from cachesvc.registry.artifact import (
@@ -40,7 +47,8 @@ from cachesvc.registry.artifact import (
 )
 from cachesvc.registry.client import MAX_DOCUMENT_BYTES, RegistryClient
 from cachesvc.registry.reference import RegistryRef, parse_ref
-from cachesvc.store import BundleStore, read_manifest
+from cachesvc.store import MANIFEST_NAME, BundleStore, read_manifest
+from cachesvc.store.manifest import sha256_file, walk_entries
 from cachesvc.store.space import human_size, require_free
 from inference.cpu_class import cpu_class
 
@@ -83,6 +91,8 @@ class PullResult:
     info: BundleInfo
     #: The bundle was in the cache already: nothing was downloaded.
     already: bool = False
+    #: Files a killed pull had already downloaded, checked and kept (a resumed pull).
+    reused: int = 0
 
 
 @dataclass(frozen=True)
@@ -248,13 +258,17 @@ class BundleRegistry:
                     f"{where} is {human_size(size)}, over the cache cap of {human_size(self.max_size_bytes)}"
                 )
             require_free(self.store.layout.root, size, f"pulling {where}")
-            staging = self.store.new_staging_dir(key.id)
+            staging = self._resume_dir(key.id) or self.store.new_staging_dir(key.id)
             try:
-                self._download(client, ref.repository, remote, staging)
+                reused = self._download(client, ref.repository, remote, staging)
                 try:
                     self.store.publish_as(staging, key, remote.manifest)
                 except CorruptBundleError as exc:
                     raise UntrustedArtifactError(f"{where}: {exc}") from None
+            except RegistryUnavailableError:
+                # The registry went away part way: what arrived stays in staging, checked
+                # file by file when the next pull resumes it (reconcile removes it otherwise).
+                raise
             except BaseException:
                 self.store.remove_staging(staging)
                 raise
@@ -267,22 +281,55 @@ class BundleRegistry:
             seconds=seconds,
             ref=where,
         )
-        log.info("pulled bundle %s from %s in %.1fs (%s)", key.id, where, seconds, human_size(size))
-        return PullResult(key.id, where, self.store.layout.root / key.relpath, size, seconds, info)
+        log.info(
+            "pulled bundle %s from %s in %.1fs (%s; %d files resumed)",
+            key.id,
+            where,
+            seconds,
+            human_size(size),
+            reused,
+        )
+        return PullResult(
+            key.id, where, self.store.layout.root / key.relpath, size, seconds, info, reused=reused
+        )
 
-    def _download(self, client: RegistryClient, repository: str, remote: RemoteBundle, staging: Path) -> None:
+    def _resume_dir(self, bundle_id: str) -> Path | None:
+        """A staging directory a killed pull (or build) of ``bundle_id`` left, to resume into;
+        the caller holds the bundle's exclusive lock, so nothing writes there any more. Older
+        ones go."""
+        leftovers = sorted(
+            (p for bid, p in self.store.staging_dirs() if bid == bundle_id), key=lambda p: p.stat().st_mtime
+        )
+        for old in leftovers[:-1]:
+            self.store.remove_staging(old)
+        return leftovers[-1] if leftovers else None
+
+    def _download(self, client: RegistryClient, repository: str, remote: RemoteBundle, staging: Path) -> int:
+        """Stream every layer into ``staging``; a file already there (a resumed pull) with the
+        layer's size and SHA-256 is kept. Anything else in ``staging`` is removed. Returns how
+        many files were kept."""
         root = staging.resolve()
+        wanted = {layer.path for layer in remote.layers}
+        for rel, _st in walk_entries(staging):
+            if rel not in wanted and rel != MANIFEST_NAME:
+                (staging / rel).unlink()
+        reused = 0
         for index, layer in enumerate(remote.layers):
             target = staging / layer.path
             target.parent.mkdir(parents=True, exist_ok=True)
             # The path was checked for '..' and absolute parts; resolving guards the rest.
             if not target.parent.resolve().is_relative_to(root):
                 raise UntrustedArtifactError(f"layer path {layer.path!r} leaves the bundle: refused")
+            if _holds(target, layer.size, layer.digest):
+                reused += 1
+                continue
+            target.unlink(missing_ok=True)
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "wb") as out:
                 client.download_blob(repository, layer.digest, layer.size, out)
             if index == 0:
                 crash_point("pull:layer")
+        return reused
 
     # -- listing -----------------------------------------------------------------------------
 
@@ -347,3 +394,14 @@ def upload(
     for tag in tags or artifact.tags:
         digest = client.put_manifest(repository, tag, artifact.manifest)
     return uploaded, skipped, nbytes, digest
+
+
+def _holds(path: Path, size: int, digest: str) -> bool:
+    """Whether ``path`` is a regular file (not a symlink) of ``size`` bytes hashing to ``digest``."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+        return False
+    return f"sha256:{sha256_file(path)[1]}" == digest

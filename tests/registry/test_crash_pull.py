@@ -1,6 +1,6 @@
 """kill -9 in the middle of a pull (a real child process, stopped at the ``pull:layer`` crash
-point: one layer is in staging): nothing is published, reconcile removes the staging
-directory, and a rerun pulls the bundle whole."""
+point: one layer is in staging): nothing is published; a rerun resumes (keeps the checked
+layer) and completes; or reconcile removes the staging directory and a rerun pulls it whole."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import multiprocessing
 import os
 import signal
 from pathlib import Path
+
+import pytest
 
 from cachesvc.crashpoints import ENV_VAR
 from cachesvc.profiles import ProfileRequest
@@ -25,8 +27,9 @@ def _pull_child(cache: str, registry: Registry, checkpoint: str) -> None:
     os._exit(0)  # not reached: the crash point kills the process first
 
 
+@pytest.mark.parametrize("resume", [True, False], ids=["resumed", "after-reconcile"])
 def test_kill_9_mid_pull_publishes_nothing_and_a_rerun_completes(
-    tmp_path: Path, registry: Registry, checkpoint: Path
+    tmp_path: Path, registry: Registry, checkpoint: Path, resume: bool
 ) -> None:
     a = open_node(tmp_path / "node-a", registry)
     bid = a.prepare(str(checkpoint), INT4).bundle_id
@@ -44,10 +47,17 @@ def test_kill_9_mid_pull_publishes_nothing_and_a_rerun_completes(
     assert list((cache_b / "engines").glob("*/*")) == []
     (leftover,) = list(b.layout.staging.iterdir())
     assert leftover.name.startswith(f"{bid}.") and len(list(leftover.iterdir())) == 1
-    report = b.reconciler.reconcile()
-    assert report.staging_removed == (leftover.name,)
-
-    again = b.pull(str(checkpoint), INT4)
+    if resume:
+        # A stray file and a truncated layer in the leftover: removed and downloaded again.
+        (leftover / "stray.bin").write_bytes(b"x")
+        (leftover / "part-002.bin").write_bytes(b"half")
+        again = b.pull(str(checkpoint), INT4)
+        assert again.reused == 1
+    else:
+        report = b.reconciler.reconcile()
+        assert report.staging_removed == (leftover.name,)
+        again = b.pull(str(checkpoint), INT4)
+        assert again.reused == 0
     assert not again.already and again.bundle_id == bid
     assert b.verifier.verify(bid).ok
     assert_consistent(b)
