@@ -3,9 +3,12 @@ catalogs): the pulled bundle verifies, is recorded as pulled, and nothing is bui
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
+from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
+from cachesvc.records import PrepareResult
 from tests.cache.conftest import assert_consistent
 from tests.registry.conftest import Registry, open_node
 from tests.support.cache import FileBuilder
@@ -45,3 +48,28 @@ def test_push_then_pull_round_trip_into_a_second_node(
     assert b.prepare(str(checkpoint), INT4).pulled_from is None
     a.close()
     b.close()
+
+
+def test_concurrent_misses_for_one_key_make_one_pull(tmp_path: Path, registry: Registry, checkpoint: Path) -> None:
+    a = open_node(tmp_path / "node-a", registry)
+    a.registry.push(a.prepare(str(checkpoint), INT4).bundle_id)
+    # Two managers on one cache directory, as two processes of one node would be.
+    builders = [FileBuilder(files=3, file_size=4096) for _ in range(2)]
+    nodes = [open_node(tmp_path / "node-b", registry, builder=b) for b in builders]
+    barrier = threading.Barrier(2)
+    results: list[PrepareResult] = []
+
+    def prepare(m: CacheManager) -> None:
+        barrier.wait()
+        results.append(m.prepare(str(checkpoint), INT4))
+
+    threads = [threading.Thread(target=prepare, args=(m,)) for m in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 2 and sum(r.pulled_from is not None for r in results) == 1
+    assert not any(r.built for r in results) and all(b.calls == 0 for b in builders)
+    assert [e.kind for e in nodes[0].catalog.events.recent(kind="pull")] == ["pull"]
+    for m in (a, *nodes):
+        m.close()
