@@ -328,7 +328,7 @@ class CacheManager:
             return self.registry.pull_locked(ref.with_tag(key.id), expected=key, model=model)
         except RegistryNotFoundError:
             log.info("registry %s has no bundle %s; building it here", ref, key.id)
-        except (RegistryError, InsufficientStorageError) as exc:
+        except (RegistryError, InsufficientStorageError, OSError) as exc:
             log.warning("could not pull bundle %s from %s (%s); building it here", key.id, ref, exc)
         return None
 

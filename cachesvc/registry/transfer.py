@@ -35,7 +35,6 @@ from cachesvc.profiles import BuildOptions, BundleKey, is_bundle_id
 from cachesvc.records import BundleInfo
 from cachesvc.registry.artifact import (
     ANN_CLASS,
-    ANN_ID,
     ANN_MODEL,
     ANN_PROFILE,
     Artifact,
@@ -347,27 +346,28 @@ class BundleRegistry:
                 here.add(f"gpu:{arch}")
         with self.client(target) as client:
             for tag in sorted(t for t in client.tags(target.repository) if is_bundle_id(t)):
-                oci, _ = client.get_manifest(target.repository, tag)
-                if oci.get("artifactType") is None:
+                # Annotations are the registry's word, shown as they are; a pull checks the
+                # artifact itself (``check_fits``) before it trusts any of it.
+                try:
+                    oci, _ = client.get_manifest(target.repository, tag)
+                    check_artifact_type(oci, str(target.with_tag(tag)))
+                except UntrustedArtifactError as exc:
+                    log.info("registry ls: skipped %s (%s)", tag, exc)
                     continue
-                notes: dict[str, Any] = oci.get("annotations") or {}
+                raw_notes = oci.get("annotations")
+                notes: dict[str, Any] = raw_notes if isinstance(raw_notes, dict) else {}
                 name = str(notes.get(ANN_MODEL, ""))
                 if model is not None and model not in name:
                     continue
+                raw_layers = oci.get("layers")
+                layers: list[Any] = raw_layers if isinstance(raw_layers, list) else []
                 size = sum(
-                    int(layer.get("size", 0)) for layer in oci.get("layers") or [] if isinstance(layer, dict)
+                    x["size"] for x in layers if isinstance(x, dict) and isinstance(x.get("size"), int)
                 )
                 klass = str(notes.get(ANN_CLASS, "any"))
+                profile = str(notes.get(ANN_PROFILE, ""))
                 found.append(
-                    RemoteEntry(
-                        str(notes.get(ANN_ID, tag)),
-                        name,
-                        str(notes.get(ANN_PROFILE, "")),
-                        klass,
-                        size,
-                        str(target.with_tag(tag)),
-                        klass in here,
-                    )
+                    RemoteEntry(tag, name, profile, klass, size, str(target.with_tag(tag)), klass in here)
                 )
         return found
 

@@ -50,7 +50,9 @@ def test_push_then_pull_round_trip_into_a_second_node(
     b.close()
 
 
-def test_concurrent_misses_for_one_key_make_one_pull(tmp_path: Path, registry: Registry, checkpoint: Path) -> None:
+def test_concurrent_misses_for_one_key_make_one_pull(
+    tmp_path: Path, registry: Registry, checkpoint: Path
+) -> None:
     a = open_node(tmp_path / "node-a", registry)
     a.registry.push(a.prepare(str(checkpoint), INT4).bundle_id)
     # Two managers on one cache directory, as two processes of one node would be.
