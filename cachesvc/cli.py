@@ -140,10 +140,13 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                 "draft_bundle_dir": str(result.draft_bundle_dir) if result.draft_bundle_dir else None,
                 "built": result.built,
                 "build_seconds": result.build_seconds,
+                "pulled_from": result.pulled_from,
             }
         )
     else:
         verb = f"built in {result.build_seconds:.1f}s" if result.built else "cache hit"
+        if result.pulled_from is not None:
+            verb = f"pulled from {result.pulled_from}"
         print(f"{result.bundle_id}  {verb}\n{result.bundle_dir}")
     return 0
 

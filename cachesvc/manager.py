@@ -4,8 +4,9 @@ Prepare (hit or build under the bundle's lock) and leases are here; the rest are
 used as attributes: ``queries`` (read-only views, :mod:`cachesvc.queries`), ``verifier``
 (:mod:`cachesvc.verification`), ``evictor`` (:mod:`cachesvc.eviction`), ``reconciler``
 (:mod:`cachesvc.reconcile`), ``builds`` (background builds, :mod:`cachesvc.build_jobs`),
-``adapters`` (LoRA adapters converted into the cache, :mod:`cachesvc.adapters`),
-``fleet`` (:mod:`cachesvc.catalog.fleet`: nodes, desired state) and the ``catalog`` itself
+``adapters`` (LoRA adapters converted into the cache, :mod:`cachesvc.adapters`), ``registry``
+(the fleet's OCI registry: push, pull, list, :mod:`cachesvc.registry`), ``pulls`` (background
+pulls), ``fleet`` (:mod:`cachesvc.catalog.fleet`: nodes, desired state) and the ``catalog`` itself
 (:mod:`cachesvc.catalog`: one repository per table, ``catalog.bundles`` …) for reads.
 
 Every admin write (pins, aliases, desired state, adapters, event retention, serving events)

@@ -50,7 +50,11 @@ def test_prepare_pushes_and_another_node_pulls_without_building(
     assert code == 0
     # A node that prepares with the registry serves the pulled bundle: a hit, nothing built.
     code, out, _ = run(capsys, *b, "prepare", str(ckpt), "--max-input-len", "256", *reg, "--json")
-    assert json.loads(out)["built"] is False
+    assert json.loads(out)["built"] is False and json.loads(out)["pulled_from"] is None
+    # A third node's prepare pulls on its miss and says so.
+    c = ["--cache-dir", str(tmp_path / "c")]
+    code, out, _ = run(capsys, *c, "prepare", str(ckpt), "--max-input-len", "256", *reg)
+    assert code == 0 and out.startswith(f"{bid}  pulled from {registry.url}:{bid}")
 
     code, out, _ = run(capsys, *a, "bundles", "push", bid, *reg)
     assert code == 0 and "0 blobs uploaded" in out
