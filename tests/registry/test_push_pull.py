@@ -53,10 +53,11 @@ def test_push_then_pull_round_trip_into_a_second_node(
 def test_concurrent_misses_for_one_key_make_one_pull(
     tmp_path: Path, registry: Registry, checkpoint: Path
 ) -> None:
-    a = open_node(tmp_path / "node-a", registry)
+    # Files of 4 MiB: a pull long enough that two unlocked misses would both see the miss.
+    a = open_node(tmp_path / "node-a", registry, builder=FileBuilder(files=3, file_size=4 << 20))
     a.registry.push(a.prepare(str(checkpoint), INT4).bundle_id)
     # Two managers on one cache directory, as two processes of one node would be.
-    builders = [FileBuilder(files=3, file_size=4096) for _ in range(2)]
+    builders = [FileBuilder(files=3, file_size=4 << 20) for _ in range(2)]
     nodes = [open_node(tmp_path / "node-b", registry, builder=b) for b in builders]
     barrier = threading.Barrier(2)
     results: list[PrepareResult] = []
