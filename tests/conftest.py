@@ -106,6 +106,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "registry/test_cli.py": ("integration",),
     "registry/test_crash_pull.py": ("reliability",),
     "registry/test_fleet_share.py": ("integration",),
+    "registry/test_machine_class.py": ("unit",),
     "registry/test_push_pull.py": ("integration",),
     "registry/test_refs.py": ("unit",),
     "registry/test_untrusted.py": ("reliability",),
