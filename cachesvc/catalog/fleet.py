@@ -197,6 +197,7 @@ class FleetCatalog:
                             state=str(i.get("state", "pending")),
                             bundle_id=i.get("bundle_id"),
                             error=i.get("error"),
+                            source=i.get("source"),
                         )
                         for i in status.get("items", ())
                     ),

@@ -409,6 +409,8 @@ def _reason(exc: Exception) -> str:
     text = str(exc) or type(exc).__name__
     if "refused" in text.lower():
         return "connection refused"
+    if "SSL" in text or "TLS" in text:
+        return f"TLS failed ({text.splitlines()[0][:120]}); a plain-HTTP registry needs --registry-insecure"
     return text.splitlines()[0][:200]
 
 

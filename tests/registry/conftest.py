@@ -118,7 +118,8 @@ def open_node(
 ) -> CacheManager:
     """A node: its own cache directory and catalog (or ``catalog_url``, shared, as node
     ``node``), the file-writing test builder, and (optionally) the registry over plain HTTP."""
-    settings = RegistrySettings(parse_ref(registry.url), insecure=True, push=push) if registry else None
+    # Plain HTTP for every registry this node talks to (loopback), named here or per call.
+    settings = RegistrySettings(parse_ref(registry.url) if registry else None, insecure=True, push=push)
     return CacheManager.open(
         cache_dir,
         catalog_url=catalog_url or catalog_url_for(cache_dir),
