@@ -102,6 +102,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "gguf/test_structured_real.py": ("integration", "slow"),
     "gguf/test_written.py": ("integration",),
     "registry/test_admin_routes.py": ("integration",),
+    "registry/test_artifact.py": ("unit",),
     "registry/test_auth.py": ("integration",),
     "registry/test_cli.py": ("integration",),
     "registry/test_crash_pull.py": ("reliability",),

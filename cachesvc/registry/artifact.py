@@ -40,6 +40,8 @@ ANN_PROFILE = "org.cachesvc.bundle.profile"
 ANN_CLASS = "org.cachesvc.bundle.machine-class"
 #: A bundle has tens of files; more layers than this is not a bundle of ours.
 MAX_LAYERS = 10_000
+#: The longest model name a pulled bundle's catalog row takes from the registry.
+MAX_MODEL_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,10 @@ def read_remote(oci: dict[str, Any], config: bytes, where: str) -> RemoteBundle:
         raise UntrustedArtifactError(f"{where}: its config is not a cachesvc bundle config ({exc})") from None
     if not isinstance(model, str) or not is_bundle_id(manifest.bundle_id):
         raise UntrustedArtifactError(f"{where}: its config names no model or no valid bundle id")
+    if not model or len(model) > MAX_MODEL_CHARS or not model.isprintable():
+        raise UntrustedArtifactError(
+            f"{where}: its model name is empty, longer than {MAX_MODEL_CHARS} characters or not printable"
+        )
     items = oci.get("layers")
     if not isinstance(items, list) or len(items) > MAX_LAYERS:
         raise UntrustedArtifactError(f"{where}: layers must be a list of at most {MAX_LAYERS}")
