@@ -110,6 +110,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "registry/test_machine_class.py": ("unit",),
     "registry/test_push_pull.py": ("integration",),
     "registry/test_refs.py": ("unit",),
+    "registry/test_two_nodes_e2e.py": ("e2e", "slow"),
     "registry/test_untrusted.py": ("reliability",),
     "service/test_admission.py": ("e2e",),
     "service/test_api_real_model.py": ("e2e", "slow"),
