@@ -17,6 +17,7 @@ import os
 import stat
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from cachesvc.registry.artifact import (
     ANN_MODEL,
     ANN_PROFILE,
     Artifact,
+    Layer,
     RemoteBundle,
     bundle_artifact,
     check_artifact_type,
@@ -52,6 +54,9 @@ from cachesvc.store.space import human_size, require_free
 from inference.cpu_class import cpu_class
 
 log = logging.getLogger("cachesvc.registry")
+
+#: Layers of one pull downloaded at once (a bundle's few large files share the bandwidth).
+PARALLEL_LAYERS = 4
 
 
 @dataclass(frozen=True)
@@ -304,31 +309,47 @@ class BundleRegistry:
         return leftovers[-1] if leftovers else None
 
     def _download(self, client: RegistryClient, repository: str, remote: RemoteBundle, staging: Path) -> int:
-        """Stream every layer into ``staging``; a file already there (a resumed pull) with the
-        layer's size and SHA-256 is kept. Anything else in ``staging`` is removed. Returns how
-        many files were kept."""
+        """Stream the layers into ``staging``, ``PARALLEL_LAYERS`` at once; a file already there
+        (a resumed pull) with the layer's size and SHA-256 is kept, anything else in ``staging``
+        is removed. Returns how many files were kept. The first failure stops the rest (layers
+        not started are cancelled) and is raised."""
         root = staging.resolve()
         wanted = {layer.path for layer in remote.layers}
         for rel, _st in walk_entries(staging):
             if rel not in wanted and rel != MANIFEST_NAME:
                 (staging / rel).unlink()
-        reused = 0
-        for index, layer in enumerate(remote.layers):
+        todo: list[tuple[Layer, Path]] = []
+        for layer in remote.layers:
             target = staging / layer.path
             target.parent.mkdir(parents=True, exist_ok=True)
             # The path was checked for '..' and absolute parts; resolving guards the rest.
             if not target.parent.resolve().is_relative_to(root):
                 raise UntrustedArtifactError(f"layer path {layer.path!r} leaves the bundle: refused")
-            if _holds(target, layer.size, layer.digest):
-                reused += 1
-                continue
-            target.unlink(missing_ok=True)
+            if not _holds(target, layer.size, layer.digest):
+                target.unlink(missing_ok=True)
+                todo.append((layer, target))
+        if not todo:
+            return len(remote.layers)
+
+        def fetch(layer: Layer, target: Path) -> None:
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "wb") as out:
                 client.download_blob(repository, layer.digest, layer.size, out)
-            if index == 0:
-                crash_point("pull:layer")
-        return reused
+
+        with ThreadPoolExecutor(
+            max_workers=min(PARALLEL_LAYERS, len(todo)), thread_name_prefix="cachesvc-pull"
+        ) as pool:
+            futures = [pool.submit(fetch, layer, target) for layer, target in todo]
+            try:
+                for index, future in enumerate(as_completed(futures)):
+                    future.result()
+                    if index == 0:
+                        crash_point("pull:layer")
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+        return len(remote.layers) - len(todo)
 
     # -- listing -----------------------------------------------------------------------------
 
