@@ -331,6 +331,10 @@ class CacheManager:
             log.info("registry %s has no bundle %s; building it here", ref, key.id)
         except (RegistryError, InsufficientStorageError, OSError) as exc:
             log.warning("could not pull bundle %s from %s (%s); building it here", key.id, ref, exc)
+            # A pull cut short keeps its staging directory to resume; the build replaces it.
+            for bid, path in self.store.staging_dirs():
+                if bid == key.id:
+                    self.store.remove_staging(path)
         return None
 
     def pull(self, model: str | None = None, request: ProfileRequest | None = None, *,

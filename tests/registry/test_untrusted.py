@@ -161,10 +161,15 @@ def test_a_registry_that_is_down_fails_fast_and_a_miss_builds_locally(
         b.pull(str(checkpoint), INT4)
     builder = FileBuilder(files=3, file_size=4096)
     c = open_node(tmp_path / "node-c", down, builder=builder)
+    # What an earlier pull cut short left to resume: the local build that follows replaces it.
+    c.resolve(str(checkpoint))
+    partial = c.store.new_staging_dir(c.catalog_bundle_id(str(checkpoint), INT4))
+    (partial / "part-000.bin").write_bytes(b"half")
     with caplog.at_level(logging.WARNING, logger="cachesvc.manager"):
         assert c.prepare(str(checkpoint), INT4).built
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "unreachable" in warnings[0]
     assert builder.calls == 1
+    assert_consistent(c)
     b.close()
     c.close()
