@@ -37,13 +37,18 @@ class Build:
     key: tuple[str, ProfileRequest]
     staging: Path | None = None
     started: float | None = None
+    #: A pull job's registry reference (None: the configured registry; builds have none).
+    ref: str | None = None
 
 
 class BuildJobs:
     """The background builds of one process."""
 
-    def __init__(self, prepare: PrepareFn, catalog: Catalog, *, workers: int = 2) -> None:
+    def __init__(
+        self, prepare: PrepareFn, catalog: Catalog, *, workers: int = 2, kind: str = "build"
+    ) -> None:
         self._prepare = prepare
+        self._kind = kind
         self._catalog = catalog
         self._workers = workers
         self._builds: dict[str, Build] = {}
@@ -56,14 +61,15 @@ class BuildJobs:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
 
-    def start(self, model: str, request: ProfileRequest) -> BuildStatus:
-        """Queue a build in the background; the same model and profile join the running build."""
+    def start(self, model: str, request: ProfileRequest, *, ref: str | None = None) -> BuildStatus:
+        """Queue a build in the background; the same model and profile join the running build
+        (``ref``: a pull job's registry reference, part of what a job joins on)."""
         key = (model, request)
         with self._builds_lock:
             for build in self._builds.values():
-                if build.key == key and build.status.state in ("queued", "running"):
+                if build.key == key and build.ref == ref and build.status.state in ("queued", "running"):
                     return self._snapshot(build)
-            build_id = "build-" + uuid.uuid4().hex[:16]
+            build_id = f"{self._kind}-" + uuid.uuid4().hex[:16]
             build = Build(
                 status=BuildStatus(
                     id=build_id,
@@ -80,11 +86,12 @@ class BuildJobs:
                     error=None,
                 ),
                 key=key,
+                ref=ref,
             )
             self._builds[build_id] = build
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(
-                    max_workers=self._workers, thread_name_prefix="cachesvc-build"
+                    max_workers=self._workers, thread_name_prefix=f"cachesvc-{self._kind}"
                 )
             self._executor.submit(self._run, build)
             return self._snapshot(build)
@@ -106,7 +113,7 @@ class BuildJobs:
                 error=str(exc) or type(exc).__name__,
                 finished_at=utcnow(),
             )
-            log.error("background build %s failed: %s", build.status.id, exc)
+            log.error("background %s %s failed: %s", self._kind, build.status.id, exc)
             return
         info = self._catalog.bundles.get(result.bundle_id)
         nbytes = info.size_bytes if info is not None else 0
@@ -137,7 +144,7 @@ class BuildJobs:
         with self._builds_lock:
             build = self._builds.get(build_id)
         if build is None:
-            raise NotFoundError(f"no build with id {build_id!r}")
+            raise NotFoundError(f"no {self._kind} with id {build_id!r}")
         return self._snapshot(build)
 
     def all_builds(self) -> list[BuildStatus]:

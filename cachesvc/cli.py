@@ -1,4 +1,5 @@
-"""The ``cachesvc`` command line: serve, prepare, bundles, checkpoints, adapters, db, demo-checkpoint.
+"""The ``cachesvc`` command line: serve, prepare, bundles, registry, checkpoints, adapters, db,
+demo-checkpoint.
 
 Cache options (``--cache-dir``, ``--catalog-url``, ``--engine-cache-max-size-gb``) go before
 the command and apply to every command; ``prepare`` and ``serve`` also accept them after.
@@ -139,10 +140,13 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                 "draft_bundle_dir": str(result.draft_bundle_dir) if result.draft_bundle_dir else None,
                 "built": result.built,
                 "build_seconds": result.build_seconds,
+                "pulled_from": result.pulled_from,
             }
         )
     else:
         verb = f"built in {result.build_seconds:.1f}s" if result.built else "cache hit"
+        if result.pulled_from is not None:
+            verb = f"pulled from {result.pulled_from}"
         print(f"{result.bundle_id}  {verb}\n{result.bundle_dir}")
     return 0
 
@@ -391,6 +395,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("checkpoints", f"{s.checkpoints} ({human_size(s.checkpoint_bytes)} under checkpoints/)"),
         ("hits / misses", f"{s.hits} / {s.misses} (hit rate {rate})"),
         ("builds ok / failed", f"{s.builds_ok} / {s.builds_failed} (median {median})"),
+        ("registry pulls / pushes", f"{s.pulls} ({human_size(s.pulled_bytes)}) / {s.pushes} "
+                                    f"({human_size(s.pushed_bytes)})"),
         (
             "evictions",
             ", ".join(
@@ -604,6 +610,59 @@ def cmd_fleet_status(args: argparse.Namespace) -> int:
     return exit_code(nodes)
 
 
+def cmd_bundles_push(args: argparse.Namespace) -> int:
+    m = _manager(args)
+    try:
+        result = m.registry.push(args.id)
+    finally:
+        m.close()
+    if args.json:
+        emit_json(dataclasses.asdict(result))
+    else:
+        print(f"{result.bundle_id}  pushed to {result.ref} as {', '.join(result.tags)}: "
+              f"{result.blobs_uploaded} blobs uploaded ({human_size(result.bytes_uploaded)}), "
+              f"{result.blobs_skipped} already there")
+    return 0
+
+
+def cmd_bundles_pull(args: argparse.Namespace) -> int:
+    from cachesvc.entry import open_cache
+
+    config = ServeConfig.from_namespace(args)
+    model = config.build.model
+    if model is None and args.ref is None:
+        raise ConfigError("--model", "give a model (--model M) or a reference with a tag (oci://host/ns:TAG)")
+    m = open_cache(config)
+    try:
+        result = m.pull(model, config.profile_request() if model else None, ref=args.ref)
+    finally:
+        m.close()
+    if args.json:
+        emit_json({"bundle_id": result.bundle_id, "ref": result.ref, "bundle_dir": str(result.bundle_dir),
+                   "size_bytes": result.size_bytes, "seconds": result.seconds, "already": result.already})
+    elif result.already:
+        print(f"{result.bundle_id}  already in the cache\n{result.bundle_dir}")
+    else:
+        print(f"{result.bundle_id}  pulled from {result.ref} in {result.seconds:.1f}s "
+              f"({human_size(result.size_bytes)})\n{result.bundle_dir}")
+    return 0
+
+
+def cmd_registry_ls(args: argparse.Namespace) -> int:
+    m = _manager(args)
+    try:
+        entries = m.registry.list_remote(model=args.model)
+    finally:
+        m.close()
+    if args.json:
+        emit_json({"items": [dataclasses.asdict(e) for e in entries]})
+        return 0
+    rows = [(e.bundle_id, _short_model(e.model), e.profile, e.machine_class, human_size(e.size_bytes),
+             "yes" if e.fits_this_node else "no") for e in entries]
+    print(table(("BUNDLE", "MODEL", "PROFILE", "CLASS", "SIZE", "FITS HERE"), rows, right=(4,)))
+    return 0
+
+
 def cmd_demo_checkpoint(args: argparse.Namespace) -> int:
     from inference.demo import write_demo_checkpoint
 
@@ -739,8 +798,31 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("show", "verify"):
             p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=fn)
+    p = bsub.add_parser("push", help="push a bundle to the OCI registry (--registry)", parents=[cache_opts])
+    p.add_argument("id", help="bundle id (see `cachesvc bundles ls`)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_bundles_push)
+    p = bsub.add_parser(
+        "pull", help="pull a bundle from the OCI registry: by model and profile, or by reference",
+        allow_abbrev=False,
+    )
+    p.add_argument("ref", nargs="?", default=None, metavar="REF",
+                   help="oci://host[:port]/namespace:TAG (default: --registry, looked up by --model's key)")
+    p.add_argument("--model", dest="model", default=None, help="the model whose bundle to pull")
+    add_build_arguments(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_bundles_pull, engine_cache_max_size_gb=None)
     _add_cache_commands(bsub, [cache_opts])
     _add_cache_commands(sub, [cache_opts])
+
+    registry = sub.add_parser("registry", help="the fleet's OCI registry of bundles")
+    rsub = registry.add_subparsers(dest="registry_command", metavar="COMMAND")
+    rsub.required = True
+    p = rsub.add_parser("ls", help="bundles the registry holds, and whether each fits this node",
+                        parents=[cache_opts])
+    p.add_argument("--model", default=None, help="only models whose name contains this")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_registry_ls)
 
     ckpts = sub.add_parser("checkpoints", help="resolved checkpoints")
     csub = ckpts.add_subparsers(dest="checkpoints_command", metavar="COMMAND")

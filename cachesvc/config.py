@@ -61,12 +61,14 @@ from typing import Any
 from cachesvc import crashpoints
 from cachesvc.errors import ConfigError
 from cachesvc.profiles import ProfileRequest
+from cachesvc.registry import RegistrySettings, parse_ref
 from cachesvc.settings.arguments import add_flag, add_flags, add_plain_flag
 from cachesvc.settings.compose import build_groups, mapping_values, namespace_values
 from cachesvc.settings.declare import Declared, EnvVar, Group, Setting, declared, setting, setting_from
 from cachesvc.settings.rules import (
     INT32_MAX,
     INT64_MAX,
+    Invalid,
     bool_rule,
     catalog_url_rule,
     choice_rule,
@@ -128,6 +130,7 @@ CACHE_DIR_ENV = "CACHESVC_CACHE_DIR"
 SHUTDOWN_GRACE_ENV = "CACHESVC_SHUTDOWN_GRACE_SECONDS"
 PREFILL_CHUNK_ENV = "CACHESVC_PREFILL_CHUNK"
 DISABLE_GPU_ENV = "CACHESVC_DISABLE_GPU"
+REGISTRY_ENV = "CACHESVC_REGISTRY"
 ENGINE_FACTORY_ENV = "CACHESVC_ENGINE_FACTORY"
 
 #: The ``--help`` headings, in order; :func:`add_build_arguments` adds the first two.
@@ -162,6 +165,23 @@ def engine_factory_spec() -> str | None:
 def default_cache_dir() -> Path:
     """``$CACHESVC_CACHE_DIR`` when set and non-empty, else ``~/.cache/cachesvc`` (expanded)."""
     return Path(env_value(CACHE_DIR_ENV)).expanduser()
+
+
+def default_registry() -> str | None:
+    """``$CACHESVC_REGISTRY`` when set and non-empty, else None (no registry)."""
+    return env_value(REGISTRY_ENV) or None
+
+
+def registry_rule(value: object) -> str | None:
+    """An ``oci://host[:port]/namespace`` reference (no tag), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise Invalid(f"must be oci://host[:port]/namespace, got {type(value).__name__}")
+    try:
+        return str(parse_ref(value, allow_tag=False))
+    except ConfigError as exc:
+        raise Invalid(exc.detail) from None
 
 
 def _env_setting(env: str, text: str, convert: Callable[[str], Any], what: str, spec: Setting) -> Any:
@@ -527,6 +547,25 @@ class FleetSettings(Group):
     event_retention_rows: int = setting(100_000, Setting(
         "keep at most this many of this node's newest audit events (0: no cap); totals are kept",
         int_rule(0, INT64_MAX), HTTP))
+    registry: str | None = setting_from(default_registry, Setting(
+        "the fleet's OCI registry of engine bundles, oci://host[:port]/namespace: a cache miss pulls "
+        f"the bundle from it before building (default: ${REGISTRY_ENV}; none)", registry_rule, CACHE,
+        env=REGISTRY_ENV, env_help="the fleet's OCI registry of engine bundles (read when a config is built)",
+        metavar="REF", show_default=False, doc_default="`$CACHESVC_REGISTRY` or none"))
+    registry_insecure: bool = setting(False, Setting(
+        "talk plain HTTP to --registry (loopback and tests); TLS otherwise", bool_rule, CACHE,
+        action="store_true"))
+    registry_push: bool = setting(False, Setting(
+        "push every bundle this node builds (after its quality gate) to --registry", bool_rule, CACHE,
+        action="store_true"))
+
+    @property
+    def registry_settings(self) -> RegistrySettings | None:
+        """``--registry`` and its options for the cache (None: no registry)."""
+        if self.registry is None:
+            return None
+        ref = parse_ref(self.registry)
+        return RegistrySettings(ref, insecure=self.registry_insecure, push=self.registry_push)
 
     @property
     def node_name_resolved(self) -> str:

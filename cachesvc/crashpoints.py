@@ -11,6 +11,8 @@ name, so a test can stop a build or a publish exactly between two steps whose or
 - ``publish:renamed``: the staging directory was renamed onto the final path; its parent is not
   fsynced yet.
 - ``build:published``: the bundle is published; the catalog row is not marked ready yet.
+- ``pull:layer``: the first layer of a bundle pulled from a registry is in its staging
+  directory; nothing is published yet.
 - ``gguf:converted``: a GGUF file is converted into its staging directory (under
   ``checkpoints/gguf/``), which is not published yet.
 """
@@ -21,7 +23,8 @@ import os
 import signal
 
 ENV_VAR = "CACHESVC_CRASH_AT"
-POINTS = ("publish:staged", "publish:moved-aside", "publish:renamed", "build:published", "gguf:converted")
+POINTS = ("publish:staged", "publish:moved-aside", "publish:renamed", "build:published", "pull:layer",
+          "gguf:converted")
 
 
 def crash_point(name: str) -> None:

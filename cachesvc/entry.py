@@ -18,7 +18,8 @@ def open_cache(config: ServeConfig, *, serving: bool = False) -> CacheManager:
     ``serving`` (``cachesvc serve``): the directory is claimed for ``--node-name`` (default: the
     host name) and refused when another node owns it; commands act as the node that owns it.
     ``CACHESVC_DISABLE_GPU`` reaches the cache here, as ``config.build.gpu_disabled`` (no tensorrt
-    builder, TensorRT bundles stale on this node)."""
+    builder, TensorRT bundles stale on this node). ``--registry`` (with ``--registry-insecure``,
+    ``--registry-push``) gives the cache its fleet registry."""
     return CacheManager.open(
         config.cache.cache_dir,
         catalog_url=config.cache.catalog_url_resolved,
@@ -26,4 +27,5 @@ def open_cache(config: ServeConfig, *, serving: bool = False) -> CacheManager:
         node=config.fleet.node_name_resolved if serving else config.fleet.node_name,
         claim_node=serving,
         gpu_disabled=config.build.gpu_disabled,
+        registry=config.fleet.registry_settings,
     )

@@ -111,3 +111,25 @@ class CatalogUnavailableError(CatalogError):
         super().__init__(f"catalog unavailable: {reason}")
         self.reason = reason
         self.retry_after = retry_after
+
+
+class RegistryError(CacheError):
+    """An OCI registry refused a request, answered something we cannot use, or sent an artifact
+    that does not match what it claims (nothing was published; 502 on the admin API)."""
+
+
+class RegistryUnavailableError(RegistryError):
+    """The registry cannot be reached now (connection refused, timeout, a 5xx answer)."""
+
+
+class RegistryAuthError(RegistryError):
+    """The registry wants credentials we do not have, or refused the ones we sent (401/403)."""
+
+
+class RegistryNotFoundError(RegistryError, NotFoundError):
+    """The registry holds no manifest under the tag asked for (404)."""
+
+
+class UntrustedArtifactError(RegistryError):
+    """What the registry sent fails a check (digest, size, path, artifact type, machine class);
+    it is refused and nothing is published."""

@@ -18,6 +18,8 @@ CONVERGENCE_STATES = ("none", "converged", "converging", "failed")
 ITEM_STATES = ("pending", "building", "ready", "pinned", "loaded", "failed")
 #: Item states that count as done (converged).
 DONE_ITEM_STATES = ("ready", "pinned", "loaded")
+#: Where a desired bundle came from on a node.
+ITEM_SOURCES = ("pulled", "built", "cached")
 #: The desired-state row that applies to every node without one of its own.
 FLEET_DEFAULT = "*"
 #: A node whose heartbeat is older than this many heartbeat intervals is down.
@@ -32,6 +34,8 @@ class DesiredBundle:
     profile: dict[str, Any] = field(default_factory=dict)
     pin: bool = False
     load: bool = False
+    #: ``oci://host[:port]/namespace``: pull the bundle from this registry before building it.
+    registry: str | None = None
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,8 @@ class DesiredSpec:
         """JSON form stored in the catalog."""
         return {
             "bundles": [
-                {"model": b.model, "profile": dict(b.profile), "pin": b.pin, "load": b.load}
+                {"model": b.model, "profile": dict(b.profile), "pin": b.pin, "load": b.load,
+                 "registry": b.registry}
                 for b in self.bundles
             ],
             "pin": list(self.pin),
@@ -63,6 +68,7 @@ class DesiredSpec:
                     profile=dict(b.get("profile") or {}),
                     pin=bool(b.get("pin", False)),
                     load=bool(b.get("load", False)),
+                    registry=b.get("registry"),
                 )
                 for b in raw.get("bundles", ())
             ),
@@ -89,6 +95,8 @@ class ItemStatus:
     state: str
     bundle_id: str | None = None
     error: str | None = None
+    #: Where a done bundle came from: ``pulled`` (the OCI registry), ``built`` or ``cached``.
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -111,3 +119,6 @@ class NodeInfo:
     convergence: str
     desired_generation: int | None
     items: tuple[ItemStatus, ...]
+    #: Bundles this node pulled from the OCI registry, and bundles it built (catalog events).
+    pulled: int = 0
+    built: int = 0

@@ -4,8 +4,9 @@ Prepare (hit or build under the bundle's lock) and leases are here; the rest are
 used as attributes: ``queries`` (read-only views, :mod:`cachesvc.queries`), ``verifier``
 (:mod:`cachesvc.verification`), ``evictor`` (:mod:`cachesvc.eviction`), ``reconciler``
 (:mod:`cachesvc.reconcile`), ``builds`` (background builds, :mod:`cachesvc.build_jobs`),
-``adapters`` (LoRA adapters converted into the cache, :mod:`cachesvc.adapters`),
-``fleet`` (:mod:`cachesvc.catalog.fleet`: nodes, desired state) and the ``catalog`` itself
+``adapters`` (LoRA adapters converted into the cache, :mod:`cachesvc.adapters`), ``registry``
+(the fleet's OCI registry: push, pull, list, :mod:`cachesvc.registry`), ``pulls`` (background
+pulls), ``fleet`` (:mod:`cachesvc.catalog.fleet`: nodes, desired state) and the ``catalog`` itself
 (:mod:`cachesvc.catalog`: one repository per table, ``catalog.bundles`` …) for reads.
 
 Every admin write (pins, aliases, desired state, adapters, event retention, serving events)
@@ -49,6 +50,8 @@ from cachesvc.errors import (
     DiskFullError,
     InsufficientStorageError,
     NotFoundError,
+    RegistryError,
+    RegistryNotFoundError,
 )
 from cachesvc.eviction import Evictor
 from cachesvc.fleet_records import DesiredSpec, DesiredState
@@ -63,6 +66,7 @@ from cachesvc.records import (
     CheckpointRemoval,
     PrepareResult,
 )
+from cachesvc.registry import BundleRegistry, PullResult, RegistryRef, RegistrySettings, parse_ref
 from cachesvc.store import BundleStore, CacheLayout, read_manifest, verify_bundle
 from cachesvc.store.space import disk_full, human_size, require_free
 from cachesvc.verification import BundleVerifier
@@ -91,6 +95,7 @@ class CacheManager:
         lock_timeout: float | None = None,
         offline: bool | None = None,
         gpu_disabled: bool = False,
+        registry: RegistrySettings | None = None,
     ) -> None:
         if max_size_bytes <= 0:
             raise ConfigError("max_size_bytes", "must be greater than 0")
@@ -111,6 +116,8 @@ class CacheManager:
         self.evictor = Evictor(catalog, self.store, max_size_bytes=max_size_bytes, holders=holders)
         self.reconciler = Reconciler(catalog, self.store, holders=holders, gpu_disabled=gpu_disabled)
         self.builds = BuildJobs(self._prepare, catalog)
+        #: Background pulls from the registry (``POST /admin/pulls``), tracked like builds.
+        self.pulls = BuildJobs(self._pull_job, catalog, kind="pull")
         #: The manifest checks: full verify, the quick check of every hit and load, staleness.
         self.verifier = BundleVerifier(catalog, self.store, gpu_disabled=gpu_disabled)
         #: LoRA adapters converted into the cache (:mod:`cachesvc.adapters`); a new one prunes
@@ -118,6 +125,12 @@ class CacheManager:
         self.adapters = AdapterStore(
             catalog, self.store, holders=holders, offline=offline, lock_timeout=lock_timeout,
             after_add=self._prune_after_build,
+        )
+        #: The fleet's OCI registry (:mod:`cachesvc.registry`): push, pull, list; with one
+        #: configured, a miss is pulled from it before anything is built.
+        self.registry = BundleRegistry(
+            catalog, self.store, self.builders,
+            settings=registry or RegistrySettings(), max_size_bytes=max_size_bytes,
         )
 
     @classmethod
@@ -134,6 +147,7 @@ class CacheManager:
         upgrade: bool = True,
         claim_node: bool = False,
         gpu_disabled: bool = False,
+        registry: RegistrySettings | None = None,
     ) -> CacheManager:
         """Open (creating if needed) the cache at ``cache_dir`` and upgrade the catalog schema.
 
@@ -166,11 +180,13 @@ class CacheManager:
             lock_timeout=lock_timeout,
             offline=offline,
             gpu_disabled=gpu_disabled,
+            registry=registry,
         )
 
     def close(self) -> None:
         """Stop background builds from being started and dispose of the catalog engine."""
         self.builds.close()
+        self.pulls.close()
         self.catalog.close()
 
     # -- prepare ---------------------------------------------------------------------------
@@ -283,8 +299,15 @@ class CacheManager:
             hit = self._try_hit(bid, rel, adopt=True, model=model)
             if hit is not None:
                 return PrepareResult(bid, hit, ckpt.path, draft.path if draft else None, built=False)
-            seconds = self._build_locked(model, ckpt, draft, options, key, progress, track)
+            pulled = self._try_pull(model, key, progress)
+            if pulled is None:
+                seconds = self._build_locked(model, ckpt, draft, options, key, progress, track)
         self._prune_after_build(bid)
+        if pulled is not None:
+            return PrepareResult(bid, pulled.bundle_dir, ckpt.path, draft.path if draft else None,
+                                 built=False, pulled_from=pulled.ref)
+        if self.registry.settings.push:
+            self._push_quietly(bid)
         return PrepareResult(
             bid,
             self.layout.root / rel,
@@ -293,6 +316,93 @@ class CacheManager:
             built=True,
             build_seconds=seconds,
         )
+
+    def _try_pull(self, model: str, key: BundleKey, progress: ProgressFn) -> PullResult | None:
+        """With a registry configured, pull the bundle of ``key`` from it (the caller holds the
+        exclusive lock); None (and a local build) when it has none, or is down, or sends
+        something refused: one log line says which."""
+        ref = self.registry.settings.ref
+        if ref is None:
+            return None
+        progress("pull", 0.0)
+        try:
+            return self.registry.pull_locked(ref.with_tag(key.id), expected=key, model=model)
+        except RegistryNotFoundError:
+            log.info("registry %s has no bundle %s; building it here", ref, key.id)
+        except (RegistryError, InsufficientStorageError, OSError) as exc:
+            log.warning("could not pull bundle %s from %s (%s); building it here", key.id, ref, exc)
+            # A pull cut short keeps its staging directory to resume; the build replaces it.
+            for bid, path in self.store.staging_dirs():
+                if bid == key.id:
+                    self.store.remove_staging(path)
+        return None
+
+    def pull(self, model: str | None = None, request: ProfileRequest | None = None, *,
+             ref: str | None = None) -> PullResult:
+        """Pull a bundle from the registry into the cache (no build either way).
+
+        With ``model``: the bundle of ``model`` built with ``request`` for this node, looked up
+        by its key (its id is the canonical tag) in ``ref`` (a namespace; default: the
+        configured registry). Without: ``ref`` must name a tag (``oci://host/ns:TAG``), and the
+        bundle it holds must fit this node. A bundle already here is a hit (``already``)."""
+        if model is not None:
+            return self._pull_model(model, request or ProfileRequest(), ref, None)[0]
+        if not ref:
+            raise ConfigError("ref", "give a model (--model) or a reference with a tag (oci://host/ns:TAG)")
+        target = parse_ref(ref, field="ref")
+        if target.tag is None:
+            raise ConfigError("ref", f"{ref} names no tag; give oci://host/namespace:TAG or --model")
+        with self.registry.client(target) as client:
+            key = self.registry.check_fits(self.registry.fetch(target, client), str(target))
+        return self._pull_key(key, target, None)
+
+    def _pull_model(self, model: str, request: ProfileRequest, ref: str | None, track: Build | None
+                    ) -> tuple[PullResult, ResolvedCheckpoint]:
+        base = self.registry.resolve_ref(ref)  # bad input is refused before any hashing
+        ckpt = self.resolve(model)
+        draft = self.resolve(request.draft_model) if request.draft_model else None
+        options = self.build_options(request, draft.digest if draft else None, ckpt.path)
+        key = BundleKey.of(ckpt.digest, options)
+        if track is not None:
+            track.status = replace(track.status, bundle_id=key.id, profile=options.to_dict())
+        return self._pull_key(key, base if base.tag else base.with_tag(key.id), model), ckpt
+
+    def start_pull(self, model: str, request: ProfileRequest | None = None, *, ref: str | None = None,
+                   allowed_roots: tuple[Path, ...] | None = None) -> BuildStatus:
+        """Queue a pull of ``model``'s bundle in the background (``POST /admin/pulls``), after
+        the checks that need no download (400s: the model name, the reference, a registry)."""
+        request = request or ProfileRequest()
+        check_model_name("model", model, allowed_roots)
+        self.registry.resolve_ref(ref)
+        self.catalog.ping()
+        return self.pulls.start(model, request, ref=ref)
+
+    def _pull_job(
+        self, model: str, request: ProfileRequest, progress: ProgressFn, track: Build
+    ) -> PrepareResult:
+        progress("pull", 0.0)
+        result, ckpt = self._pull_model(model, request, track.ref, track)
+        progress("done", 1.0)
+        return PrepareResult(result.bundle_id, result.bundle_dir, ckpt.path, None, built=False,
+                             pulled_from=result.ref)
+
+    def _pull_key(self, key: BundleKey, target: RegistryRef, model: str | None) -> PullResult:
+        with self.store.locks.exclusive(key.id, timeout=self.lock_timeout):
+            hit = self._try_hit(key.id, key.relpath, adopt=True, model=model or "")
+            if hit is not None:
+                info = self.catalog.bundles.require(key.id)
+                return PullResult(key.id, str(target), hit, info.size_bytes, 0.0, info, already=True)
+            result = self.registry.pull_locked(target, expected=key, model=model)
+        self._prune_after_build(key.id)
+        return result
+
+    def _push_quietly(self, bid: str) -> None:
+        """``--registry-push``: share a bundle just built; a failure is logged, never raised (the
+        bundle is built and served either way)."""
+        try:
+            self.registry.push(bid)
+        except (RegistryError, CacheError) as exc:
+            log.warning("could not push bundle %s to %s: %s", bid, self.registry.settings.ref, exc)
 
     def _try_hit(self, bid: str, rel: Path, *, adopt: bool = False, model: str = "") -> Path | None:
         """A ready row whose files pass the quick check is a hit (records it); else None.

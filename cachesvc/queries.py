@@ -119,6 +119,14 @@ class CacheQueries:
             raise ConfigError("state", f"must be one of {', '.join(BUNDLE_STATES)}, got {state!r}")
         return self.catalog.bundles.page(**filters)
 
+    def bundle_source(self, bid: str) -> str | None:
+        """``pulled`` or ``built``: how this node's bundle ``bid`` last came to be (its newest
+        ``pull`` or ``build_ok`` event); None when the log no longer says (retention)."""
+        for event in self.catalog.events.recent(bundle_id=bid, node=self.node, limit=50):
+            if event.kind in ("pull", "build_ok"):
+                return "pulled" if event.kind == "pull" else "built"
+        return None
+
     def find_checkpoint(self, ref: str, *, by_path: bool = True) -> CheckpointInfo:
         """The catalog's checkpoint named by ``ref``: its digest or a unique prefix of it (at least
         8 hex characters) or, with ``by_path``, its path or the model string it was resolved

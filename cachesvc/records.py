@@ -33,6 +33,10 @@ EVENT_KINDS = (
     "adapter_rm",
     "adapter_pin",
     "adapter_unpin",
+    # A bundle pulled from an OCI registry instead of built (``detail``: the registry reference,
+    # ``bytes`` moved), and one pushed to a registry (``bytes``: the blobs uploaded).
+    "pull",
+    "push",
 )
 #: Why a serving process unloaded an engine (the ``reason`` of ``unload`` events).
 UNLOAD_REASONS = ("idle", "memory", "admin", "evict", "shutdown")
@@ -151,6 +155,8 @@ class PrepareResult:
     draft_dir: Path | None
     built: bool
     build_seconds: float | None = None
+    #: Pulled from the OCI registry (``pulled_from``: its reference) instead of built.
+    pulled_from: str | None = None
     # speculative method draft_model: the draft checkpoint's own bundle (same profile, no speculation)
     draft_bundle_id: str | None = None
     draft_bundle_dir: Path | None = None
@@ -317,6 +323,12 @@ class CacheStats:
     #: Bytes under the cache's ``checkpoints/`` (downloads, GGUF conversions and any leftovers
     #: of a conversion that did not finish); counted on disk, so only for the answering node.
     checkpoint_bytes: int = 0
+    #: Bundles pulled from the OCI registry instead of built, and the bytes they moved; bundles
+    #: pushed and the bytes uploaded (blobs the registry had are not counted).
+    pulls: int = 0
+    pulled_bytes: int = 0
+    pushes: int = 0
+    pushed_bytes: int = 0
 
 
 @dataclass(frozen=True)

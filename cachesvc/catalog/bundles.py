@@ -205,6 +205,27 @@ class BundleTable(CatalogTable):
                 session, "reconcile", bundle_id=bundle_id, model=model, reason="adopted", nbytes=size_bytes
             )
 
+    def record_pull(
+        self, key: BundleKey, *, model: str, size_bytes: int, file_count: int, seconds: float, ref: str
+    ) -> BundleInfo:
+        """A bundle pulled from a registry was published: its ``ready`` row (replacing a corrupt
+        or stale one), a miss event and a ``pull`` event with the reference and the bytes moved."""
+        now = utcnow()
+        with self.core.tx() as session:
+            row = self.core.lock_bundle(session, key.id)
+            if row is None:
+                row = BundleRow(id=key.id, node=self.node, created_at=now, hit_count=0, pinned=False)
+                session.add(row)
+            row.model, row.checkpoint_digest = model, key.checkpoint_digest
+            row.draft_digest, row.profile, row.profile_name = key.draft_digest, dict(key.profile), key.name
+            row.backend, row.path = key.backend, str(key.relpath)
+            row.size_bytes, row.file_count, row.state, row.error = size_bytes, file_count, "ready", None
+            row.built_at, row.build_seconds = now, seconds
+            row.last_used_at, row.last_verified_at, row.node = now, now, self.node
+            self.core.bundle_event(session, "miss", row)
+            self.core.bundle_event(session, "pull", row, nbytes=size_bytes, seconds=seconds, detail=ref)
+            return bundle_info(row)
+
     def all(self, *, states: Sequence[str] | None = None) -> list[BundleInfo]:
         """Every bundle of this node (optionally of some states), least recently used first."""
         stmt = (

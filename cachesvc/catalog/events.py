@@ -138,6 +138,7 @@ class EventTable(CatalogTable):
                 median = sum(middle) / len(middle) if middle else None
             checkpoints = int(session.scalar(select(func.count()).select_from(CheckpointRow)) or 0)
         hits = misses = builds_failed = 0
+        transfers = {"pull": [0, 0], "push": [0, 0]}
         evictions: dict[str, int] = {}
         evicted_bytes: dict[str, int] = {}
         per_model: dict[str, list[int]] = {}
@@ -154,6 +155,9 @@ class EventTable(CatalogTable):
             elif kind == "evict":
                 evictions[reason] = count
                 evicted_bytes[reason] = nbytes
+            elif kind in transfers:
+                transfers[kind][0] += count
+                transfers[kind][1] += nbytes
             elif kind == BUCKET_KIND:
                 buckets[float(reason)] = count
                 build_sum += float(seconds)
@@ -191,6 +195,10 @@ class EventTable(CatalogTable):
             since=since,
             build_buckets=tuple(cumulative),
             build_seconds_sum=build_sum,
+            pulls=transfers["pull"][0],
+            pulled_bytes=transfers["pull"][1],
+            pushes=transfers["push"][0],
+            pushed_bytes=transfers["push"][1],
         )
 
     def rebuild_totals(self) -> None:

@@ -148,6 +148,13 @@ class FleetCatalog:
                 node: int(count)
                 for node, count in conn.execute(select(LeaseRow.node, func.count()).group_by(LeaseRow.node))
             }
+            sources: dict[str, dict[str, int]] = {}
+            for node, kind, count in conn.execute(
+                select(EventTotalRow.node, EventTotalRow.kind, func.sum(EventTotalRow.count))
+                .where(EventTotalRow.kind.in_(("pull", "build_ok")))
+                .group_by(EventTotalRow.node, EventTotalRow.kind)
+            ):
+                sources.setdefault(node, {})[kind] = int(count)
             generations = {
                 r.node: int(r.generation)
                 for r in conn.execute(select(DesiredStateRow.node, DesiredStateRow.generation))
@@ -182,12 +189,15 @@ class FleetCatalog:
                     leases=leases.get(name, 0),
                     convergence=convergence,
                     desired_generation=wanted,
+                    pulled=sources.get(name, {}).get("pull", 0),
+                    built=sources.get(name, {}).get("build_ok", 0),
                     items=tuple(
                         ItemStatus(
                             item=str(i.get("item", "")),
                             state=str(i.get("state", "pending")),
                             bundle_id=i.get("bundle_id"),
                             error=i.get("error"),
+                            source=i.get("source"),
                         )
                         for i in status.get("items", ())
                     ),

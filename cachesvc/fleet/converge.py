@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from cachesvc.checkpoints import check_model_name
-from cachesvc.errors import CacheError, NotFoundError
+from cachesvc.errors import CacheError, NotFoundError, RegistryError
 from cachesvc.fleet_records import DONE_ITEM_STATES, DesiredBundle, DesiredState, ItemStatus
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
@@ -90,19 +91,21 @@ class Converger:
                     value = bundle.model if field == "model" else bundle.profile.get("draft_model")
                     if value is not None:
                         check_model_name(field, str(value), self.allowed_roots)
-                result = self.manager.prepare(bundle.model, ProfileRequest(**bundle.profile))
+                bundle_id, source = self._obtain(bundle)
                 if bundle.pin:
-                    self.manager.set_pinned(result.bundle_id, True)
+                    self.manager.set_pinned(bundle_id, True)
             except (CacheError, ValueError, TypeError) as exc:
                 error = str(exc) or type(exc).__name__
                 log.warning("desired %s failed on %s: %s", name, self.manager.node, error)
                 self._failed[name] = (generation, error)
                 items[index] = ItemStatus(name, "failed", error=error)
                 continue
-            keep.add(result.bundle_id)
-            items[index] = ItemStatus(name, "pinned" if bundle.pin else "ready", bundle_id=result.bundle_id)
+            keep.add(bundle_id)
+            items[index] = ItemStatus(
+                name, "pinned" if bundle.pin else "ready", bundle_id=bundle_id, source=source
+            )
             if bundle.load:
-                items[index] = self._load(name, result.bundle_id)
+                items[index] = replace(self._load(name, bundle_id), source=source)
         offset = len(spec.bundles)
         for index, bid in enumerate(spec.pin):
             try:
@@ -131,6 +134,27 @@ class Converger:
         self._last = (generation, {i.item: i for i in items})
         return report()
 
+    def _obtain(self, bundle: DesiredBundle) -> tuple[str, str]:
+        """The bundle id of a desired bundle, present on this node, and where it came from
+        (``pulled``, ``built``, or ``cached`` when the event log no longer says): pulled from
+        the item's registry when it names one (a registry that has none, is down or sends
+        something refused: one log line, then the node's own prepare), else prepared (a hit, a
+        pull from ``--registry``, or a build)."""
+        request = ProfileRequest(**bundle.profile)
+        if bundle.registry is not None:
+            try:
+                bid = self.manager.pull(bundle.model, request, ref=bundle.registry).bundle_id
+                return bid, self.manager.queries.bundle_source(bid) or "cached"
+            except RegistryError as exc:
+                log.warning(
+                    "desired %s: not pulled from %s (%s); preparing it here",
+                    item_name(bundle),
+                    bundle.registry,
+                    exc,
+                )
+        bid = self.manager.prepare(bundle.model, request).bundle_id
+        # A later pass finds it in the cache: it still says how it got here (the event log).
+        return bid, self.manager.queries.bundle_source(bid) or "cached"
 
     def _load(self, name: str, bundle_id: str) -> ItemStatus:
         """Make the model pool hold ``bundle_id``. A failure (memory budget, a model that cannot
@@ -158,6 +182,7 @@ def _status(generation: int, items: list[ItemStatus]) -> dict[str, Any]:
         "generation": generation,
         "state": state,
         "items": [
-            {"item": i.item, "state": i.state, "bundle_id": i.bundle_id, "error": i.error} for i in items
+            {"item": i.item, "state": i.state, "bundle_id": i.bundle_id, "error": i.error, "source": i.source}
+            for i in items
         ],
     }

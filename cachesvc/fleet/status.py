@@ -8,8 +8,10 @@ from cachesvc.fleet_records import DONE_ITEM_STATES, NodeInfo
 
 
 def status_lines(nodes: Sequence[NodeInfo]) -> list[str]:
-    """A table: node, up/down, convergence, items done/total, size/cap, bundles, failures."""
-    rows = [("NODE", "STATE", "DESIRED", "ITEMS", "SIZE/CAP", "BUNDLES", "HEARTBEAT", "FAILED ITEMS")]
+    """A table: node, up/down, convergence, items done/total, size/cap, bundles, bundles pulled
+    from the registry / built, heartbeat, failures."""
+    rows = [("NODE", "STATE", "DESIRED", "ITEMS", "SIZE/CAP", "BUNDLES", "PULLED/BUILT", "HEARTBEAT",
+             "FAILED ITEMS")]
     for n in nodes:
         done = sum(i.state in DONE_ITEM_STATES for i in n.items)
         failed = "; ".join(f"{i.item}: {i.error}" for i in n.items if i.state == "failed")
@@ -22,6 +24,7 @@ def status_lines(nodes: Sequence[NodeInfo]) -> list[str]:
                 f"{done}/{len(n.items)}",
                 f"{n.size_bytes}/{n.max_size_bytes}",
                 str(n.bundles),
+                f"{n.pulled}/{n.built}",
                 age,
                 failed or "-",
             )

@@ -43,6 +43,8 @@ from cachesvc.http.schemas import (
     EventListOut,
     EvictionOut,
     PruneRequest,
+    PullRequest,
+    PushOut,
     ReconcileOut,
     RemoveOut,
     SortKey,
@@ -73,6 +75,9 @@ BundleId = Annotated[
 ]
 BuildId = Annotated[
     str, PathParameter(min_length=1, max_length=128, description="Build id from POST /admin/builds")
+]
+PullId = Annotated[
+    str, PathParameter(min_length=1, max_length=128, description="Pull id from POST /admin/pulls")
 ]
 Limit = Annotated[int, QueryParameter(ge=1, le=1000, description="Page size (1-1000)")]
 NodeFilter = Annotated[
@@ -273,6 +278,18 @@ class BundleController(Controller):
         """Re-hash a bundle against its manifest; a mismatch marks it corrupt (never served)."""
         return to_body(manager.verifier.verify(bundle_id), VerifyOut)
 
+    @post(
+        "/{bundle_id:str}/push",
+        status_code=200,
+        sync_to_thread=True,
+        operation_id="pushBundle",
+        responses=problem_responses(400, 404, 409, 502),
+    )
+    def push_bundle(self, manager: Manager, bundle_id: BundleId) -> PushOut:
+        """Push a ready bundle to the server's OCI registry (``--registry``): its files as
+        layers (blobs the registry has are skipped), tagged by its id and a readable name."""
+        return to_body(manager.registry.push(bundle_id), PushOut)
+
 
 class BuildController(Controller):
     """``/admin/builds``: prepare profiles ahead of time and watch their progress."""
@@ -291,20 +308,7 @@ class BuildController(Controller):
         self, manager: Manager, model_roots: ModelRoots, data: Annotated[BuildRequest, StrictBody]
     ) -> BuildOut:
         """Start a background build (or join the running one for the same bundle)."""
-        request = ProfileRequest(
-            backend=data.backend,
-            precision=data.precision,
-            max_input_len=data.max_input_len,
-            max_batch_size=data.max_batch_size,
-            max_kv_cache_capacity=data.max_kv_cache_capacity,
-            speculative_method=data.speculative_method,
-            draft_model=data.draft_model,
-            task=data.task,
-            pooling=data.pooling,
-            lora=data.lora,
-            kernels=data.kernels,
-            kv_cache_dtype=data.kv_cache_dtype,
-        )
+        request = _profile(data)
         return to_body(manager.start_build(data.model, request, allowed_roots=model_roots), BuildOut)
 
     @get("/", sync_to_thread=True, operation_id="listBuilds", responses=problem_responses())
@@ -318,6 +322,56 @@ class BuildController(Controller):
     def get_build(self, manager: Manager, build_id: BuildId) -> BuildOut:
         """State, stage, elapsed time, bytes written and error of one build."""
         return to_body(manager.builds.get(build_id), BuildOut)
+
+
+class PullController(Controller):
+    """``/admin/pulls``: pull bundles from the OCI registry in the background (no build)."""
+
+    path = "/pulls"
+    tags = ["registry"]
+
+    @post(
+        "/",
+        status_code=202,
+        sync_to_thread=True,
+        operation_id="startPull",
+        responses=problem_responses(400, 404, 409, 415),
+    )
+    def start_pull(
+        self, manager: Manager, model_roots: ModelRoots, data: Annotated[PullRequest, StrictBody]
+    ) -> BuildOut:
+        """Queue a pull of the bundle of ``model`` and the profile for this node from the
+        registry (``ref``, default ``--registry``); its state and error as a build's."""
+        job = manager.start_pull(data.model, _profile(data), ref=data.ref, allowed_roots=model_roots)
+        return to_body(job, BuildOut)
+
+    @get("/", sync_to_thread=True, operation_id="listPulls", responses=problem_responses())
+    def list_pulls(self, manager: Manager) -> BuildListOut:
+        """Every pull this server started, newest first."""
+        return to_body({"items": manager.pulls.all_builds()}, BuildListOut)
+
+    @get("/{pull_id:str}", sync_to_thread=True, operation_id="getPull", responses=problem_responses(400, 404))
+    def get_pull(self, manager: Manager, pull_id: PullId) -> BuildOut:
+        """State, stage and error of one pull."""
+        return to_body(manager.pulls.get(pull_id), BuildOut)
+
+
+def _profile(data: BuildRequest) -> ProfileRequest:
+    """The build profile a build or pull request names."""
+    return ProfileRequest(
+        backend=data.backend,
+        precision=data.precision,
+        max_input_len=data.max_input_len,
+        max_batch_size=data.max_batch_size,
+        max_kv_cache_capacity=data.max_kv_cache_capacity,
+        speculative_method=data.speculative_method,
+        draft_model=data.draft_model,
+        task=data.task,
+        pooling=data.pooling,
+        lora=data.lora,
+        kernels=data.kernels,
+        kv_cache_dtype=data.kv_cache_dtype,
+    )
 
 
 class CacheController(Controller):
@@ -545,6 +599,7 @@ def admin_router(*, admin_api_key: str | None, model_roots: tuple[Path, ...] | N
         route_handlers=[
             BundleController,
             BuildController,
+            PullController,
             CacheController,
             get_stats,
             list_events,

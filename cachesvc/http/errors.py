@@ -32,6 +32,10 @@ from cachesvc.errors import (
     LockTimeoutError,
     NotFoundError,
     PinnedError,
+    RegistryAuthError,
+    RegistryError,
+    RegistryNotFoundError,
+    UntrustedArtifactError,
 )
 from cachesvc.http.schemas import LeaseHolderOut, Problem
 
@@ -60,6 +64,10 @@ _KINDS: Mapping[type[BaseException], ProblemKind] = {
     ConfigError: ProblemKind(400, "invalid-request", "Invalid request"),
     HubUnreachableError: ProblemKind(502, "hub-unreachable", "Hugging Face hub unreachable"),
     CheckpointError: ProblemKind(400, "checkpoint", "Checkpoint cannot be used"),
+    RegistryNotFoundError: ProblemKind(404, "registry-not-found", "Not in the OCI registry"),
+    RegistryAuthError: ProblemKind(502, "registry-auth", "OCI registry refused our credentials"),
+    UntrustedArtifactError: ProblemKind(502, "registry-untrusted", "OCI artifact refused"),
+    RegistryError: ProblemKind(502, "registry", "OCI registry error"),
     NotFoundError: ProblemKind(404, "not-found", "Not found"),
     LeasedError: ProblemKind(409, "bundle-leased", "Bundle is in use"),
     PinnedError: ProblemKind(409, "bundle-pinned", "Bundle is pinned"),
@@ -237,7 +245,10 @@ _STATUS_DESCRIPTIONS: Mapping[int, str] = {
     ),
     409: "The bundle is leased, pinned, locked or corrupt; `reason` and `holders` say which",
     500: "Build failed or server bug (never bad input)",
-    502: "The Hugging Face hub could not be reached",
+    502: (
+        "The Hugging Face hub or the OCI registry could not be reached or refused us, or the "
+        "registry sent an artifact that failed its checks (nothing was published)"
+    ),
     507: "The build cannot fit the cache's cap or the free space of its disk",
 }
 

@@ -21,6 +21,7 @@ from cachesvc.errors import NotFoundError
 from cachesvc.fleet_records import (
     CONVERGENCE_STATES,
     FLEET_DEFAULT,
+    ITEM_SOURCES,
     ITEM_STATES,
     NODE_STATES,
     DesiredBundle,
@@ -31,6 +32,7 @@ from cachesvc.http.errors import problem_responses
 from cachesvc.http.schemas import BuildRequest, Model, to_body
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import ProfileRequest
+from cachesvc.registry import parse_ref
 
 Manager = NamedDependency[CacheManager]
 #: ``--allowed-model-roots`` (provided by the admin router); None: anywhere.
@@ -39,9 +41,11 @@ ModelRoots = NamedDependency[tuple[Path, ...] | None]
 NodeState = Literal["up", "down"]
 ConvergenceState = Literal["none", "converged", "converging", "failed"]
 ItemState = Literal["pending", "building", "ready", "pinned", "loaded", "failed"]
+ItemSource = Literal["pulled", "built", "cached"]
 assert get_args(NodeState) == NODE_STATES
 assert get_args(ConvergenceState) == CONVERGENCE_STATES
 assert get_args(ItemState) == ITEM_STATES
+assert get_args(ItemSource) == ITEM_SOURCES
 
 NodeName = Annotated[
     str,
@@ -59,6 +63,8 @@ class ItemOut(Struct, frozen=True):
     state: ItemState
     bundle_id: str | None
     error: str | None
+    #: Where a done bundle came from on the node: pulled (the OCI registry), built or cached.
+    source: ItemSource | None = None
 
 
 class NodeOut(Struct, frozen=True):
@@ -80,6 +86,9 @@ class NodeOut(Struct, frozen=True):
     convergence: ConvergenceState
     desired_generation: int | None
     items: list[ItemOut]
+    #: Bundles this node pulled from the OCI registry, and bundles it built.
+    pulled: int = 0
+    built: int = 0
 
 
 class NodeListOut(Struct, frozen=True):
@@ -94,6 +103,8 @@ class DesiredBundleIn(BuildRequest, frozen=True, forbid_unknown_fields=True):
 
     pin: bool = False
     load: bool = False
+    #: ``oci://host[:port]/namespace``: each node pulls the bundle from it before building.
+    registry: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None
 
 
 BundleIdText = Annotated[str, Meta(pattern=r"^[0-9a-f]{16}-[0-9a-f]{12}$")]
@@ -112,6 +123,7 @@ class DesiredBundleOut(Struct, frozen=True):
     profile: dict[str, Any]
     pin: bool
     load: bool
+    registry: str | None = None
 
 
 class DesiredOut(Struct, frozen=True):
@@ -150,7 +162,10 @@ def _spec(manager: CacheManager, data: DesiredIn, roots: tuple[Path, ...] | None
             kv_cache_dtype=b.kv_cache_dtype,
         )
         profile = {k: getattr(request, k) for k in ProfileRequest.__dataclass_fields__}
-        bundles.append(DesiredBundle(model=b.model, profile=profile, pin=b.pin, load=b.load))
+        registry = None if b.registry is None else str(parse_ref(b.registry, allow_tag=False))
+        bundles.append(
+            DesiredBundle(model=b.model, profile=profile, pin=b.pin, load=b.load, registry=registry)
+        )
     return DesiredSpec(bundles=tuple(bundles), pin=tuple(data.pin), max_size_bytes=data.max_size_bytes)
 
 

@@ -137,6 +137,16 @@ class CacheStatsCollector(Collector):
         checkpoint_bytes = GaugeMetricFamily(
             "cachesvc_checkpoint_bytes", "Bytes under the cache's checkpoints/ (downloads, conversions)."
         )
+        transfers = CounterMetricFamily(
+            "cachesvc_registry_transfers",
+            "Bundles pulled from or pushed to the OCI registry (catalog events).",
+            labels=["direction"],
+        )
+        transfer_bytes = CounterMetricFamily(
+            "cachesvc_registry_bytes",
+            "Bytes pulled from or uploaded to the OCI registry (catalog events).",
+            labels=["direction"],
+        )
         families: list[Metric] = [
             hits,
             misses,
@@ -148,6 +158,8 @@ class CacheStatsCollector(Collector):
             bundles,
             checkpoints,
             checkpoint_bytes,
+            transfers,
+            transfer_bytes,
         ]
         if stats is None:
             families.append(
@@ -169,6 +181,10 @@ class CacheStatsCollector(Collector):
             bundles.add_metric([state], stats.bundles_by_state.get(state, 0))
         checkpoints.add_metric([], stats.checkpoints)
         checkpoint_bytes.add_metric([], stats.checkpoint_bytes)
+        transfers.add_metric(["pull"], stats.pulls)
+        transfers.add_metric(["push"], stats.pushes)
+        transfer_bytes.add_metric(["pull"], stats.pulled_bytes)
+        transfer_bytes.add_metric(["push"], stats.pushed_bytes)
         families.append(
             HistogramMetricFamily(
                 "cachesvc_build_duration_seconds",

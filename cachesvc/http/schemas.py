@@ -50,6 +50,8 @@ EventKind = Literal[
     "adapter_rm",
     "adapter_pin",
     "adapter_unpin",
+    "pull",
+    "push",
 ]
 EvictReason = Literal["lru", "manual", "clear", "stale", "corrupt"]
 BuildState = Literal["queued", "running", "done", "failed"]
@@ -261,6 +263,25 @@ class BuildRequest(Struct, frozen=True, forbid_unknown_fields=True):
     kv_cache_dtype: KvCacheDtype = "fp32"
 
 
+class PullRequest(BuildRequest, frozen=True, forbid_unknown_fields=True):
+    """Pull the bundle of a model and build profile from the OCI registry (no build)."""
+
+    #: ``oci://host[:port]/namespace`` (default: the server's ``--registry``), or one tag in it.
+    ref: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None
+
+
+class PushOut(Struct, frozen=True):
+    """What a push uploaded, where, under which tags."""
+
+    bundle_id: str
+    ref: str
+    tags: list[str]
+    digest: str
+    blobs_uploaded: int
+    blobs_skipped: int
+    bytes_uploaded: int
+
+
 class BuildOut(Struct, frozen=True):
     """Progress and state of a background build."""
 
@@ -382,6 +403,11 @@ class StatsOut(Struct, frozen=True):
     per_model: list[ModelStatsOut]
     since: datetime | None
     checkpoint_bytes: int = 0
+    #: Bundles pulled from the OCI registry (no build) and the bytes moved; pushes likewise.
+    pulls: int = 0
+    pulled_bytes: int = 0
+    pushes: int = 0
+    pushed_bytes: int = 0
 
 
 class CheckpointOut(Struct, frozen=True):

@@ -75,9 +75,11 @@ def add_plain_flag(group: Any, item: Declared, dest: str) -> None:
     """The setting's flag with no default and no rule (only the number parsed), stored in ``dest``:
     for options whose value is validated later, with the rest of a config."""
     kwargs: dict[str, Any] = {"type": item.kind} if item.kind else {}
+    if item.spec.action == "store_true":
+        kwargs = {"action": "store_true"}
     help_text = item.spec.help
-    if item.spec.show_default and item.default is not None:
+    if item.spec.show_default and item.default is not None and "action" not in kwargs:
         help_text += f" (default: {item.default})"
-    group.add_argument(
-        item.flag, dest=dest, default=argparse.SUPPRESS, metavar=item.spec.metavar, help=help_text, **kwargs
-    )
+    if "action" not in kwargs:
+        kwargs["metavar"] = item.spec.metavar
+    group.add_argument(item.flag, dest=dest, default=argparse.SUPPRESS, help=help_text, **kwargs)

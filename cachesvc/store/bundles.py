@@ -112,6 +112,33 @@ class BundleStore:
             files=files,
             created_at=utc_now_iso(),
         )
+        self._install(staging, final, manifest, key.id)
+        return manifest
+
+    def publish_as(self, staging: Path, key: BundleKey, manifest: Manifest) -> Manifest:
+        """Publish ``staging`` under an existing ``manifest`` (a bundle pulled from a registry,
+        kept byte for byte as it was built): the staged files must match it exactly (every
+        listed file with its size and SHA-256, nothing else), then the same atomic steps as
+        :meth:`publish`. CorruptBundleError, with nothing published, when they do not."""
+        check_bundle_id(key.id)
+        staging = self._check_staging_path(staging)
+        if manifest.bundle_id != key.id:
+            raise CorruptBundleError(f"manifest of {manifest.bundle_id} cannot be published as {key.id}")
+        final = self._bundle_path(key.relpath)
+        files = {e.path: e for e in hash_files(staging)}
+        for entry in manifest.files:
+            got = files.pop(entry.path, None)
+            if got is None or (got.size, got.sha256) != (entry.size, entry.sha256):
+                raise CorruptBundleError(f"staged file {entry.path!r} does not match the manifest")
+            if entry.sample_sha256 is not None and got.sample_sha256 != entry.sample_sha256:
+                raise CorruptBundleError(f"staged file {entry.path!r} does not match its sampled digest")
+        if files:
+            raise CorruptBundleError(f"staged file {sorted(files)[0]!r} is not in the manifest")
+        self._install(staging, final, manifest, key.id)
+        return manifest
+
+    def _install(self, staging: Path, final: Path, manifest: Manifest, bundle_id: str) -> None:
+        """Write ``manifest`` into ``staging``, fsync everything and rename it onto ``final``."""
         dir_mode, file_mode = self.layout.dir_mode(), self.layout.file_mode()
         write_atomic(staging / MANIFEST_NAME, manifest.to_json(), file_mode)
         fix_modes_and_fsync(staging, dir_mode, file_mode)
@@ -140,14 +167,13 @@ class BundleStore:
                     # caller's exclusive lock should make this impossible.
                     raise CacheError(
                         f"cannot publish {final}: it reappeared during publish; is another process "
-                        f"building bundle {key.id} without holding its lock?"
+                        f"building bundle {bundle_id} without holding its lock?"
                     ) from exc
                 raise
         crash_point("publish:renamed")
         fsync_dir(final.parent)
         if trashed is not None:
             _rmtree_quiet(trashed)
-        return manifest
 
     # -- removing ---------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ BODIES = {
     "/admin/builds": {"model": "/nonexistent"},
     "/admin/cache/prune": {"dry_run": True},
     "/admin/lora-adapters": {"source": "/nonexistent", "base": "/nonexistent"},
+    "/admin/pulls": {"model": "/nonexistent"},
 }
 
 
@@ -40,9 +41,9 @@ def _operations(manager: CacheManager) -> list[tuple[str, str]]:
         path = template.replace("{bundle_id}", BUNDLE_ID).replace("{build_id}", "build-0")
         path = path.replace("{node}", "node-x")
         path = path.replace("{name}", "some-alias").replace("{checkpoint_id}", "0123456789abcdef")
-        path = path.replace("{adapter_id}", "0123456789abcdef")
+        path = path.replace("{adapter_id}", "0123456789abcdef").replace("{pull_id}", "pull-0")
         ops += [(method.upper(), path) for method in item]
-    assert len(ops) == 34
+    assert len(ops) == 38
     return sorted(ops)
 
 

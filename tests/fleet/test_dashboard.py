@@ -133,7 +133,8 @@ def _value(page: Any, testid: str) -> str:
 
 def _check_numbers(page: Any, api: httpx.Client, node: str) -> None:
     stats = api.get("/admin/stats", params={"node": node}).json()
-    for key in ("size_bytes", "max_size_bytes", "hits", "misses", "builds_ok", "builds_failed", "bundles"):
+    for key in ("size_bytes", "max_size_bytes", "hits", "misses", "builds_ok", "builds_failed", "bundles",
+                "pulls", "pushes", "pulled_bytes", "pushed_bytes"):
         assert _value(page, key) == str(stats[key]), key
     assert float(_value(page, "hit_rate")) == pytest.approx(stats["hit_rate"])
     chart = page.locator('[data-testid="size_chart"] svg')

@@ -27,7 +27,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="publish-file-by-file",
         why="publish moves files one by one instead of one os.replace of the directory",
         path="cachesvc/store/bundles.py",
-        function="BundleStore.publish",
+        function="BundleStore._install",
         find=r"os\.replace\(staging, final\)",
         replace=(
             "final.mkdir(); [os.replace(p, final / p.name) for p in sorted(staging.iterdir())]; "
@@ -515,5 +515,33 @@ MUTATIONS: tuple[Mutation, ...] = (
         find=r"self\._set_locked\(disk_write_failures=self\._stats\.disk_write_failures \+ 1\)",
         replace="pass",
         tests=("tests/cache/test_context_records_disk_full.py::test_a_directory_in_a_records_place_is_logged_once",),
+    ),
+    # -- the OCI registry is untrusted ---------------------------------------------------------
+    Mutation(
+        name="pull-ignores-cpu-class",
+        why="a bundle built for another CPU class is pulled and published",
+        path="cachesvc/registry/transfer.py",
+        function="BundleRegistry.check_fits",
+        find=r"options\.cpu_class is not None and options\.cpu_class != cpu_class\(\)",
+        replace="False",
+        tests=("tests/registry/test_untrusted.py::test_a_bundle_of_another_cpu_class_is_never_pulled",),
+    ),
+    Mutation(
+        name="pull-takes-any-layer-path",
+        why="a layer path with '..' or an absolute path is written where it says",
+        path="cachesvc/registry/artifact.py",
+        function="safe_relpath",
+        find=r"return bool\(path\) and not \(",
+        replace="return bool(path) or not (",
+        tests=("tests/registry/test_refs.py",),
+    ),
+    Mutation(
+        name="pull-skips-the-lock",
+        why="concurrent misses for one key each pull (and publish over each other)",
+        path="cachesvc/manager.py",
+        function="CacheManager._prepare_bundle",
+        find=r"with self\.store\.locks\.exclusive\(bid, timeout=self\.lock_timeout\):",
+        replace="if True:",
+        tests=("tests/registry/test_push_pull.py::test_concurrent_misses_for_one_key_make_one_pull",),
     ),
 )

@@ -31,6 +31,9 @@ from cachesvc.errors import ConfigError
 # Written out from the brief on purpose (not read back from the module), so a changed default fails.
 EXPECTED_DEFAULTS: dict[str, Any] = {
     "model": None,
+    "registry": None,
+    "registry_insecure": False,
+    "registry_push": False,
     "host": "0.0.0.0",
     "port": 8000,
     "served_model_name": None,
@@ -1051,7 +1054,9 @@ def test_every_variable_is_declared_with_a_default_and_help() -> None:
         assert var.setting is None or var.setting in fields
         if var.setting in ENV_DEFAULTS:
             assert flag_for(var.setting) == var.name
-    assert {var.setting for var in ENVIRONMENT if var.setting} == set(ENV_DEFAULTS) | {"cache_dir"}
+    # Settings with a flag and a variable: the cache root and the fleet's registry.
+    both = {"cache_dir", "registry"}
+    assert {var.setting for var in ENVIRONMENT if var.setting} == set(ENV_DEFAULTS) | both
 
 
 # --- --task embed ---------------------------------------------------------------------------------

@@ -154,6 +154,9 @@
       text("buildsok", stats.builds_ok); text("buildsfailed", stats.builds_failed);
       text("median", stats.median_build_seconds === null ? "–" : stats.median_build_seconds.toFixed(2) + " s", stats.median_build_seconds === null ? "" : stats.median_build_seconds);
       text("bundles", stats.bundles);
+      text("pulls", stats.pulls); text("pushes", stats.pushes);
+      text("pulledbytes", human(stats.pulled_bytes), stats.pulled_bytes);
+      text("pushedbytes", human(stats.pushed_bytes), stats.pushed_bytes);
       $("bystate").textContent = Object.entries(stats.bundles_by_state).map(([k, v]) => `${v} ${k}`).join(" · ");
       sizeChart("sizechart", stats, events.items);
       bars("evictchart", Object.entries(stats.evictions_by_reason).map(([reason, count]) => ({ label: reason, value: count, cls: "evict", title: `${count} evictions, ${human(stats.evicted_bytes_by_reason[reason] || 0)}` })));
