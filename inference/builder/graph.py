@@ -725,7 +725,7 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
                         progress: Progress | None = None, kv_layout: str = "portable",
                         kernels: KernelPlan | None = None, pooling: str | None = None,
                         lora: bool = False, weights_in: dict[str, np.ndarray] | None = None,
-                        kv_dtype: str = "float32") -> GraphIO:
+                        kv_dtype: str = "float32", image_inputs: bool = False) -> GraphIO:
     """Write ``model_path`` (+ ``<name>.data``) for ``cfg``; return the graph's I/O names.
 
     ``kv_layout`` "portable" writes the standard-op graph; "gqa" the ONNX Runtime CPU variant
@@ -743,6 +743,13 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
     of rank 0 that an onnxruntime adapter (:mod:`inference.builder.lora`) replaces per run.
 
     ``kv_dtype`` (gqa only) is the K/V buffers' element type: ``float32`` or ``float16``.
+
+    ``image_inputs`` (a vision-language bundle's language model) adds two inputs that replace
+    rows of the token embeddings: ``image_features [n, hidden]`` float32 and ``image_rows [n, 2]``
+    int64 (batch row, position in the chunk), applied by one ``ScatterND`` after the embedding
+    (after its scale: transformers swaps the scaled rows). Both default to empty (n = 0), so a
+    run that binds neither (decode, the quality gate) computes the text graph's values; without
+    ``image_inputs`` the graph is the text graph, byte for byte.
 
     ``weights_in`` (a dict) receives the large weights by name instead of ``<name>.data``, which
     is then not written: open the graph with ``cpu_session(..., initializers=weights_in)``.
@@ -773,6 +780,8 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         b.build_rope_tables()
         x, embed = b.embedding()
         x = b.scaled(x, cfg.embed_scale)
+        if image_inputs:
+            x = em.op1("ScatterND", [x, "image_rows", "image_features"])
         for i in range(cfg.num_layers):
             x = b.layer(x, i)
             if progress is not None:
@@ -821,6 +830,13 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
             for name in present_names(i):
                 outputs.append(helper.make_tensor_value_info(name, kv_elem, kv_shape_out))
     inputs.extend(b.lora_inputs)
+    if image_inputs:
+        for name, default, shape in (
+                ("image_features", np.zeros((0, cfg.hidden_size), np.float32), ["image_rows", cfg.hidden_size]),
+                ("image_rows", np.zeros((0, 2), np.int64), ["image_rows", 2])):
+            em.initializers.append(numpy_helper.from_array(default, name))
+            inputs.append(helper.make_tensor_value_info(
+                name, helper.np_dtype_to_tensor_dtype(default.dtype), shape))
     opset = FUSED_OPSET if fused_ops else DECOMPOSED_OPSET
     graph = helper.make_graph(em.nodes, f"{cfg.model_type}_decoder", inputs, outputs, em.initializers)
     opsets = [helper.make_opsetid("", opset)]

@@ -1,0 +1,65 @@
+"""Tiny random LLaVA checkpoints written by transformers with their processor (the demo BPE
+tokenizer plus an ``<image>`` token, CLIP's image processor, LLaVA 1.5's chat template)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+#: LLaVA 1.5's chat template (llava-hf/llava-1.5-7b-hf): images first, then the text of each turn.
+LLAVA_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}"
+    "{% endif %}{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "{{ '<image>\n' }}{% endfor %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ content['text'] + ' '}}{% endfor %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+IMAGE_TOKEN = "<image>"
+TEXT_VOCAB = 1100  # the demo tokenizer's 1024 tokens, <image>, and unused rows
+IMAGE_SIZE, PATCH = 32, 8
+VISION: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
+                          "num_attention_heads": 4, "image_size": IMAGE_SIZE, "patch_size": PATCH,
+                          "projection_dim": 32}
+TEXT: dict[str, Any] = {"vocab_size": TEXT_VOCAB, "hidden_size": 64, "intermediate_size": 128,
+                        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                        "max_position_embeddings": 512, "initializer_range": 0.2}
+#: transformers' default CLIPImageProcessor with a 32-pixel input: a resize of the shortest edge to
+#: 32, then a 32x32 center crop (non-square images lose their sides).
+PREPROCESS: dict[str, Any] = {"size": {"shortest_edge": IMAGE_SIZE},
+                              "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}}
+
+
+def write_tiny_llava(out: Path, *, seed: int = 0, strategy: str = "default",
+                     feature_layer: int | list[int] = -2) -> Path:
+    """A seeded random LlavaForConditionalGeneration and its processor, saved into ``out``."""
+    import torch
+    import transformers as tf
+
+    from inference.demo import demo_tokenizer
+
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=demo_tokenizer(), eos_token="<|im_end|>",
+                                     pad_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+    image_token = tok.convert_tokens_to_ids(IMAGE_TOKEN)
+    config = tf.LlavaConfig(
+        vision_config=tf.CLIPVisionConfig(**VISION), text_config=tf.LlamaConfig(
+            **TEXT, eos_token_id=tok.eos_token_id, bos_token_id=None),
+        image_token_index=image_token, vision_feature_select_strategy=strategy,
+        vision_feature_layer=feature_layer,
+        image_seq_length=(IMAGE_SIZE // PATCH) ** 2 + (strategy == "full"))
+    torch.manual_seed(seed)
+    model = tf.LlavaForConditionalGeneration(config).eval()
+    with torch.no_grad():  # visible norms and biases, peaked logits: greedy comparisons bite
+        for name, param in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                param.copy_(1 + 0.2 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.copy_(0.2 * torch.randn_like(param))
+            elif "language_model" in name or "projector" in name:
+                param.copy_(0.2 * torch.randn_like(param))
+    model.save_pretrained(out)
+    processor = tf.LlavaProcessor(
+        image_processor=tf.CLIPImageProcessor(**PREPROCESS), tokenizer=tok, patch_size=PATCH,
+        vision_feature_select_strategy=strategy, num_additional_image_tokens=1,
+        chat_template=LLAVA_TEMPLATE)
+    processor.save_pretrained(out)
+    return out
