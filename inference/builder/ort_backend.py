@@ -46,8 +46,8 @@ from inference.builder.vision_config import (
     vision_view,
 )
 from inference.builder.vision_graph import VISION_INPUTS, VISION_MODEL, VISION_OUTPUTS, build_vision_graph
-from inference.image_preprocess import ClipPreprocess
 from inference.cpu_class import cpu_class
+from inference.image_preprocess import ClipPreprocess
 from inference.runtime.embedding_batches import working_bytes
 from inference.runtime.ort_session import available_cores
 

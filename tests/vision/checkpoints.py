@@ -52,9 +52,7 @@ def write_tiny_llava(out: Path, *, seed: int = 0, strategy: str = "default",
         for name, param in model.named_parameters():
             if "norm" in name and name.endswith("weight"):
                 param.copy_(1 + 0.2 * torch.randn_like(param))
-            elif name.endswith("bias"):
-                param.copy_(0.2 * torch.randn_like(param))
-            elif "language_model" in name or "projector" in name:
+            elif name.endswith("bias") or "language_model" in name or "projector" in name:
                 param.copy_(0.2 * torch.randn_like(param))
     model.save_pretrained(out)
     processor = tf.LlavaProcessor(
