@@ -155,6 +155,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "trt/test_selection.py": ("unit",),
     "trt/test_stale.py": ("integration",),
     "trt/test_trt_engine.py": ("integration",),
+    "vision/test_llava.py": ("integration",),
 }
 
 TESTS_DIR = Path(__file__).resolve().parent

@@ -4,6 +4,7 @@ with the reasoning and tool-call parsers of the model's handle."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -30,6 +31,14 @@ from inference.openai.handle import (
     interleave,
     to_json,
     usage_of,
+)
+from inference.openai.images import (
+    check_expanded_length,
+    check_parts,
+    expand_placeholders,
+    image_parts,
+    image_rows,
+    refuse_text_only,
 )
 from inference.openai.protocol import (
     ChatCompletionChoice,
@@ -172,6 +181,11 @@ class ChatEndpoint:
         max_tokens, param = req.output_limit()
         top = req.top_logprobs_asked()
         self.check_size(handle, req.messages)
+        vision = handle.vision
+        parts = image_parts(req.messages)
+        if parts and vision is None:
+            refuse_text_only(req.messages, req.model)
+        blobs = check_parts(parts)
         tool_plan = _tool_setup(handle, req)
         tools = tool_plan.tools
         grammar = await _output_grammar(handle, req, tool_plan)
@@ -181,8 +195,13 @@ class ChatEndpoint:
             tools=tools,
             add_generation_prompt=req.add_generation_prompt,
             chat_template_kwargs=req.chat_template_kwargs,
+            parts_form=vision is not None,
         )
         ids = await handle.encode(prompt, add_special_tokens=False, param="messages")
+        positions = None
+        if vision is not None:
+            check_expanded_length(len(ids), len(parts), vision.tokens_per_image, handle.options.max_input_len)
+            ids, positions = expand_placeholders(ids, vision, len(parts))
         plan = handle.plan(
             req,
             prompt_ids=ids,
@@ -192,6 +211,8 @@ class ChatEndpoint:
             max_tokens_param=param,
             top_logprobs=top,
         )
+        if vision is not None and positions is not None and parts:
+            plan = dataclasses.replace(plan, images=await image_rows(vision, parts, blobs, positions))
         turn = ChatTurn(
             handle=handle,
             plan=plan,
@@ -213,8 +234,11 @@ class ChatEndpoint:
         tools: list[dict[str, Any]] | None,
         add_generation_prompt: bool,
         chat_template_kwargs: dict[str, Any] | None,
+        parts_form: bool = False,
     ) -> str:
-        """The chat template applied to ``messages`` (off the event loop)."""
+        """The chat template applied to ``messages`` (off the event loop); ``parts_form`` (a
+        vision-language model): every content as a list of parts, images as ``{"type": "image"}``,
+        the form transformers' processors give their templates."""
         kwargs = dict(chat_template_kwargs or {})
         reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
         if reserved:
@@ -223,7 +247,7 @@ class ChatEndpoint:
                 "own fields (messages, tools, add_generation_prompt)",
                 param="chat_template_kwargs",
             )
-        converted = _template_messages(messages)
+        converted = _template_messages(messages, parts_form=parts_form)
 
         def render() -> str:
             return handle.tokenizer.apply_chat_template(
@@ -361,8 +385,19 @@ class ChatEndpoint:
         yield DONE
 
 
-def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """The messages as the chat template takes them (text parts joined, tool-call arguments as mappings)."""
+def _content_parts(m: ChatMessage) -> list[dict[str, Any]]:
+    """A message's content as a vision-language template takes it: a list of text and image parts."""
+    if m.content is None:
+        return []
+    if isinstance(m.content, str):
+        return [{"type": "text", "text": m.content}]
+    return [{"type": "image"} if part.type == "image_url" else {"type": "text", "text": part.text or ""}
+            for part in m.content]
+
+
+def _template_messages(messages: Sequence[ChatMessage], *, parts_form: bool = False) -> list[dict[str, Any]]:
+    """The messages as the chat template takes them (text parts joined, or with ``parts_form`` a
+    list of parts; tool-call arguments as mappings)."""
     if not messages:
         raise InvalidRequestError("messages must contain at least one message", param="messages")
     out: list[dict[str, Any]] = []
@@ -373,8 +408,15 @@ def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
                 f"messages[{i}].role must be system, developer, user, assistant or tool; got {m.role!r}",
                 param=f"messages[{i}].role",
             )
-        content: str | None
-        if isinstance(m.content, list):
+        content: str | list[dict[str, Any]] | None
+        if parts_form:
+            for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+                if part.type not in ("text", "image_url") or (part.type == "text" and part.text is None):
+                    raise InvalidRequestError(
+                        f"messages[{i}].content[{j}] has type {part.type!r}; text and image_url parts are "
+                        "supported", param=f"messages[{i}].content[{j}].type")
+            content = _content_parts(m) if m.content is not None else None
+        elif isinstance(m.content, list):
             parts: list[str] = []
             for j, part in enumerate(m.content):
                 if part.type != "text" or part.text is None:
@@ -391,7 +433,8 @@ def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             raise InvalidRequestError(
                 f"messages[{i}].content is required", param=f"messages[{i}].content"
             )
-        msg: dict[str, Any] = {"role": role, "content": content if content is not None else ""}
+        msg: dict[str, Any] = {"role": role,
+                               "content": content if content is not None else ([] if parts_form else "")}
         if m.name is not None:
             msg["name"] = m.name
         if m.tool_call_id is not None:

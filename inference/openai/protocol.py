@@ -37,6 +37,7 @@ __all__ = [
     "CompletionStreamChoice",
     "CompletionStreamResponse",
     "ContentPart",
+    "ImageUrl",
     "DeltaFunctionCall",
     "DeltaMessage",
     "DeltaToolCall",
@@ -304,11 +305,21 @@ class CompletionRequest(_SamplingFields, kw_only=True):
             raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
 
 
+class ImageUrl(msgspec.Struct):
+    """An image part's image: a ``data:`` URL (base64); ``detail`` is accepted with no effect
+    (one image is always the vision model's fixed number of tokens)."""
+
+    url: str
+    detail: str | None = None
+
+
 class ContentPart(msgspec.Struct):
-    """One part of a message's content; only ``{"type": "text", "text": ...}`` is supported."""
+    """One part of a message's content: ``{"type": "text", "text": ...}``, or for a
+    vision-language model ``{"type": "image_url", "image_url": {"url": "data:..."}}``."""
 
     type: str
     text: str | None = None
+    image_url: ImageUrl | None = None
 
 
 class FunctionCall(msgspec.Struct):
