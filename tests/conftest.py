@@ -156,6 +156,9 @@ TIERS: dict[str, tuple[str, ...]] = {
     "trt/test_stale.py": ("integration",),
     "trt/test_trt_engine.py": ("integration",),
     "vision/test_llava.py": ("integration",),
+    "vision/test_preprocess.py": ("integration",),
+    "vision/test_image_decode.py": ("unit",),
+    "vision/test_serve.py": ("e2e",),
 }
 
 TESTS_DIR = Path(__file__).resolve().parent

@@ -14,12 +14,12 @@ LLAVA_TEMPLATE = (
     "{{ content['text'] + ' '}}{% endfor %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
 )
 IMAGE_TOKEN = "<image>"
-TEXT_VOCAB = 1100  # the demo tokenizer's 1024 tokens, <image>, and unused rows
 IMAGE_SIZE, PATCH = 32, 8
 VISION: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
                           "num_attention_heads": 4, "image_size": IMAGE_SIZE, "patch_size": PATCH,
                           "projection_dim": 32}
-TEXT: dict[str, Any] = {"vocab_size": TEXT_VOCAB, "hidden_size": 64, "intermediate_size": 128,
+#: The language model (its vocabulary: the tokenizer's, so every id the model can pick decodes).
+TEXT: dict[str, Any] = {"hidden_size": 64, "intermediate_size": 128,
                         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                         "max_position_embeddings": 512, "initializer_range": 0.2}
 #: transformers' default CLIPImageProcessor with a 32-pixel input: a resize of the shortest edge to
@@ -42,7 +42,7 @@ def write_tiny_llava(out: Path, *, seed: int = 0, strategy: str = "default",
     image_token = tok.convert_tokens_to_ids(IMAGE_TOKEN)
     config = tf.LlavaConfig(
         vision_config=tf.CLIPVisionConfig(**VISION), text_config=tf.LlamaConfig(
-            **TEXT, eos_token_id=tok.eos_token_id, bos_token_id=None),
+            **TEXT, vocab_size=len(tok), eos_token_id=tok.eos_token_id, bos_token_id=None),
         image_token_index=image_token, vision_feature_select_strategy=strategy,
         vision_feature_layer=feature_layer,
         image_seq_length=(IMAGE_SIZE // PATCH) ** 2 + (strategy == "full"))

@@ -18,8 +18,8 @@ from inference.builder import EngineBuildSpec, build_bundle
 from inference.builder.errors import BuildInputError
 from inference.runtime.onnxruntime_loader import load_ort_engine
 from inference.runtime.protocol import ImageEngine
-from tests.vision.conftest import random_image
 from tests.vision.checkpoints import write_tiny_llava
+from tests.vision.conftest import random_image
 
 STEPS = 16
 IMAGES = [random_image(1, (40, 50)), random_image(2, (64, 48))]
