@@ -28,8 +28,8 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024
 #: Pixels of one image (a 8192 x 4096 panorama fits; Pillow's own bomb limit is 89.5 M).
 MAX_IMAGE_PIXELS = 8192 * 4096
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
-_DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,",
-                       re.ASCII)
+_DATA_URL = re.compile(
+    r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,", re.ASCII)
 
 
 class ImageInputError(ValueError):

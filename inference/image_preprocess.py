@@ -90,16 +90,19 @@ class ClipPreprocess:
                 f"preprocessor_config.json image_processor_type {kind!r} is not supported; supported: "
                 f"{', '.join(SUPPORTED_PROCESSORS)}")
         if raw.get("do_pad"):
-            raise PreprocessConfigError("preprocessor_config.json do_pad (padding to a square) is not supported")
+            raise PreprocessConfigError(
+                "preprocessor_config.json do_pad (padding to a square) is not supported")
         shortest, height, width = _size(raw.get("size", {"shortest_edge": 224}), "size")
         if shortest is None and (height is None or width is None):
-            raise PreprocessConfigError("preprocessor_config.json size needs shortest_edge, or height and width")
+            raise PreprocessConfigError(
+                "preprocessor_config.json size needs shortest_edge, or height and width")
         _, crop_h, crop_w = _size(raw.get("crop_size", {"height": 224, "width": 224}), "crop_size")
         if crop_h is None or crop_w is None:
             raise PreprocessConfigError("preprocessor_config.json crop_size needs height and width")
         resample = raw.get("resample", 3)
         if resample not in RESAMPLE_FILTERS:
-            raise PreprocessConfigError(f"preprocessor_config.json resample {resample!r} is not a Pillow filter")
+            raise PreprocessConfigError(
+                f"preprocessor_config.json resample {resample!r} is not a Pillow filter")
         factor = raw.get("rescale_factor", 1 / 255)
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor):
             raise PreprocessConfigError("preprocessor_config.json rescale_factor must be a number")

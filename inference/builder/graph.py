@@ -831,10 +831,12 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
                 outputs.append(helper.make_tensor_value_info(name, kv_elem, kv_shape_out))
     inputs.extend(b.lora_inputs)
     if image_inputs:
-        for name, default, shape in (
-                ("image_features", np.zeros((0, cfg.hidden_size), np.float32), ["image_rows", cfg.hidden_size]),
-                ("image_rows", np.zeros((0, 2), np.int64), ["image_rows", 2])):
+        image_defaults: dict[str, np.ndarray] = {
+            "image_features": np.zeros((0, cfg.hidden_size), np.float32),
+            "image_rows": np.zeros((0, 2), np.int64)}
+        for name, default in image_defaults.items():
             em.initializers.append(numpy_helper.from_array(default, name))
+            shape: list[str | int | None] = ["image_rows", int(default.shape[1])]
             inputs.append(helper.make_tensor_value_info(
                 name, helper.np_dtype_to_tensor_dtype(default.dtype), shape))
     opset = FUSED_OPSET if fused_ops else DECOMPOSED_OPSET

@@ -126,8 +126,8 @@ def vision_config_from(raw: Mapping[str, Any], text_hidden: int) -> VisionConfig
     if isinstance(token, bool) or not isinstance(token, int) or token < 0:
         raise BuildInputError(f"config.json image_token_index must be a token id, got {token!r}")
     return VisionConfig(
-        family=family.name, hidden_size=hidden, intermediate_size=_positive(vision, "intermediate_size", where,
-                                                                             3072),
+        family=family.name, hidden_size=hidden,
+        intermediate_size=_positive(vision, "intermediate_size", where, 3072),
         num_heads=heads, image_size=image_size, patch_size=patch,
         num_channels=_positive(vision, "num_channels", where, 3),
         layer_norm_eps=float(vision.get("layer_norm_eps", 1e-5)), act=VISION_ACTIVATIONS[act],
@@ -156,9 +156,10 @@ def load_preprocess(checkpoint_dir: Path, vcfg: VisionConfig) -> ClipPreprocess:
     if (folder / PREPROCESSOR_FILE).is_file():
         raw = _read_object(folder / PREPROCESSOR_FILE)
     elif (folder / PROCESSOR_FILE).is_file():
-        raw = _read_object(folder / PROCESSOR_FILE).get("image_processor")
-        if not isinstance(raw, dict):
+        nested = _read_object(folder / PROCESSOR_FILE).get("image_processor")
+        if not isinstance(nested, dict):
             raise BuildInputError(f"{PROCESSOR_FILE} has no image_processor object")
+        raw = nested
     else:
         raise BuildInputError(f"{checkpoint_dir} has no {PREPROCESSOR_FILE} or {PROCESSOR_FILE}; a "
                               "vision-language checkpoint needs its image processor's settings (save the "

@@ -99,7 +99,8 @@ class _VisionBuilder:
     def layer(self, x: str, i: int) -> str:
         v, em = self.v, self.em
         prefix = f"vision.encoder.layers.{i}"
-        x = em.op1("Add", [x, self.attention(self.layer_norm(x, f"{prefix}.layer_norm1"), f"{prefix}.self_attn")])
+        attn = self.attention(self.layer_norm(x, f"{prefix}.layer_norm1"), f"{prefix}.self_attn")
+        x = em.op1("Add", [x, attn])
         h = self.linear(self.layer_norm(x, f"{prefix}.layer_norm2"), f"{prefix}.mlp.fc1", v.intermediate_size,
                         v.hidden_size)
         h = self.linear(self.activation(h, v.act), f"{prefix}.mlp.fc2", v.hidden_size, v.intermediate_size)
@@ -112,8 +113,8 @@ class _VisionBuilder:
             hidden.append(self.layer(hidden[-1], i))
         chosen = [hidden[i] for i in v.feature_layers]
         if v.select_strategy == "default":  # without the CLS row
-            chosen = [em.op1("Slice", [h, em.const(np.array([1])), em.const(np.array([np.iinfo(np.int64).max])),
-                                       em.const(np.array([1]))]) for h in chosen]
+            one, end = em.const(np.array([1])), em.const(np.array([np.iinfo(np.int64).max]))
+            chosen = [em.op1("Slice", [h, one, end, one]) for h in chosen]
         x = chosen[0] if len(chosen) == 1 else em.op1("Concat", chosen, axis=-1)
         width = v.hidden_size * len(chosen)
         x = self.linear(x, "projector.linear_1", v.text_hidden_size, width, v.projector_bias)

@@ -11,7 +11,8 @@ VISION_FAMILY = VisionFamily(
     model_types=("llava",),
     # save_pretrained (transformers 4.x and 5.x) writes the legacy names; the hub's llava-hf
     # checkpoints too; the in-memory layout of transformers >= 4.52 names them model.language_model.
-    text_prefixes=(("language_model.model.", "language_model.lm_head."), ("model.language_model.", "lm_head.")),
+    text_prefixes=(("language_model.model.", "language_model.lm_head."),
+                   ("model.language_model.", "lm_head.")),
     vision_prefixes=("vision_tower.vision_model.", "vision_tower.", "model.vision_tower.vision_model.",
                      "model.vision_tower."),
     projector_prefixes=("multi_modal_projector.", "model.multi_modal_projector."),

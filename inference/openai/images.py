@@ -57,8 +57,9 @@ def refuse_text_only(messages: Sequence[ChatMessage], model: str) -> None:
             for j, part in enumerate(m.content):
                 if part.type == "image_url":
                     raise InvalidRequestError(
-                        f"messages[{i}].content[{j}] is an image (image_url); model {model!r} takes text only: "
-                        "send text parts ({'type': 'text', 'text': ...}) or use a vision-language model",
+                        f"messages[{i}].content[{j}] is an image (image_url); model {model!r} takes text "
+                        "only: send text parts ({'type': 'text', 'text': ...}) or use a vision-language "
+                        "model",
                         param=f"messages[{i}].content[{j}].type")
 
 

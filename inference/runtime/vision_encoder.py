@@ -28,7 +28,8 @@ class VisionEncoder:
             self.feature_size = int(record["feature_size"])
             self._preprocess = ClipPreprocess.from_record(record["preprocess"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise EngineLoadError(f"engine.json vision record is incomplete ({exc}); rebuild the bundle") from None
+            raise EngineLoadError(
+                f"engine.json vision record is incomplete ({exc}); rebuild the bundle") from None
         self._session: ort.InferenceSession = cpu_session(model, threads=threads, optimized=False)
 
     def pixels(self, image: Any) -> np.ndarray:

@@ -4,14 +4,16 @@ tokenizer plus an ``<image>`` token, CLIP's image processor, LLaVA 1.5's chat te
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 #: LLaVA 1.5's chat template (llava-hf/llava-1.5-7b-hf): images first, then the text of each turn.
 LLAVA_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}"
     "{% endif %}{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
-    "{{ '<image>\n' }}{% endfor %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
-    "{{ content['text'] + ' '}}{% endfor %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+    "{{ '<image>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ content['text'] + ' '}}{% endfor %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
 )
 IMAGE_TOKEN = "<image>"
 IMAGE_SIZE, PATCH = 32, 8
@@ -28,7 +30,7 @@ PREPROCESS: dict[str, Any] = {"size": {"shortest_edge": IMAGE_SIZE},
                               "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}}
 
 
-def write_tiny_llava(out: Path, *, seed: int = 0, strategy: str = "default",
+def write_tiny_llava(out: Path, *, seed: int = 0, strategy: Literal["default", "full"] = "default",
                      feature_layer: int | list[int] = -2) -> Path:
     """A seeded random LlavaForConditionalGeneration and its processor, saved into ``out``."""
     import torch
@@ -39,7 +41,7 @@ def write_tiny_llava(out: Path, *, seed: int = 0, strategy: str = "default",
     tok = tf.PreTrainedTokenizerFast(tokenizer_object=demo_tokenizer(), eos_token="<|im_end|>",
                                      pad_token="<|endoftext|>")
     tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
-    image_token = tok.convert_tokens_to_ids(IMAGE_TOKEN)
+    image_token = int(tok.convert_tokens_to_ids(IMAGE_TOKEN))  # type: ignore[arg-type]
     config = tf.LlavaConfig(
         vision_config=tf.CLIPVisionConfig(**VISION), text_config=tf.LlamaConfig(
             **TEXT, vocab_size=len(tok), eos_token_id=tok.eos_token_id, bos_token_id=None),

@@ -68,9 +68,10 @@ def test_input_ids_equal_the_processors(llava_bundle: Path, hf_llava: tuple[Any,
     token give transformers' processor's input ids."""
     _, processor = hf_llava
     images = [random_image(i, (40 + i, 30)) for i in range(n_images)]
+    user = [{"type": "text", "text": "Look:"}, *([{"type": "image"}] * n_images),
+            {"type": "text", "text": "what is it?"}]
     messages = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
-                {"role": "user", "content": [{"type": "text", "text": "Look:"}, *([{"type": "image"}] * n_images),
-                                             {"type": "text", "text": "what is it?"}]}]
+                {"role": "user", "content": user}]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
     expected = processor(images=images or None, text=prompt, return_tensors="np")
     tok = load_tokenizer(llava_bundle)

@@ -85,8 +85,9 @@ def test_two_images_in_either_order(server: ServerProcess, checkpoint: Path) -> 
     forward = _ask(server, "Which differs?", [png_url(IMAGES[0]), png_url(IMAGES[1], "JPEG")])
     backward = _ask(server, "Which differs?", [png_url(IMAGES[1], "JPEG"), png_url(IMAGES[0])])
     jpeg = Image.open(io.BytesIO(base64.b64decode(png_url(IMAGES[1], "JPEG").split(",", 1)[1])))
-    assert forward.choices[0].message.content == _expected(checkpoint, [IMAGES[0], jpeg], "Which differs?")[0]
-    assert backward.choices[0].message.content == _expected(checkpoint, [jpeg, IMAGES[0]], "Which differs?")[0]
+    text = "Which differs?"
+    assert forward.choices[0].message.content == _expected(checkpoint, [IMAGES[0], jpeg], text)[0]
+    assert backward.choices[0].message.content == _expected(checkpoint, [jpeg, IMAGES[0]], text)[0]
     assert forward.choices[0].message.content != backward.choices[0].message.content
 
 
