@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import transformers as tf
@@ -15,7 +16,7 @@ from inference.errors import BuildInputError
 from inference.families import VISION_FAMILIES, family_of_config, vision_support_table
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "model-families.md"
-LLAVA = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+LLAVA: dict[str, Any] = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
          "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32, "num_attention_heads": 4},
          "text_config": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
                          "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}}
