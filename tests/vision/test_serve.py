@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 from PIL import Image
@@ -111,3 +112,41 @@ def test_too_many_image_tokens_is_a_context_error(server: ServerProcess) -> None
         _ask(server, "Hi", [png_url(IMAGES[0])] * 6)
     err = _error(info.value)
     assert err["param"] == "messages" and "6 image(s) (16 tokens each)" in err["message"], err
+
+
+def _b64(image: Image.Image) -> str:
+    return png_url(image).split(",", 1)[1]
+
+
+def test_anthropic_image_blocks(server: ServerProcess, checkpoint: Path) -> None:
+    expected, prompt_tokens = _expected(checkpoint, IMAGES[:1], "Describe.")
+    image_block: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                     "data": _b64(IMAGES[0])}}
+    done = server.anthropic_client().messages.create(
+        model=MODEL, max_tokens=N_TOKENS, extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Describe."}, image_block]}])
+    assert done.content[0].type == "text" and done.content[0].text == expected
+    assert done.usage.input_tokens == prompt_tokens
+    bad: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                            "data": base64.b64encode(b"GIF89a not really").decode()}}
+    with pytest.raises(anthropic.BadRequestError) as info:
+        server.anthropic_client().messages.create(
+            model=MODEL, max_tokens=N_TOKENS, system="Be brief.",
+            messages=[{"role": "user", "content": [{"type": "text", "text": "Describe."}, bad]}])
+    err = info.value.response.json()["error"]
+    assert "messages[0].content[1].source.data" in err["message"] and "not an image" in err["message"], err
+
+
+def test_responses_input_image(server: ServerProcess, checkpoint: Path) -> None:
+    expected, _ = _expected(checkpoint, IMAGES[1:], "Describe.")
+    content: Any = [{"type": "input_text", "text": "Describe."},
+                    {"type": "input_image", "image_url": png_url(IMAGES[1]), "detail": "auto"}]
+    done = server.client().responses.create(
+        model=MODEL, max_output_tokens=N_TOKENS, temperature=0, input=[{"role": "user", "content": content}])
+    assert done.output_text == expected
+    content[1]["image_url"] = "data:image/png;base64,AAAA"
+    with pytest.raises(openai.BadRequestError) as info:
+        server.client().responses.create(model=MODEL, max_output_tokens=N_TOKENS,
+                                         input=[{"role": "user", "content": content}])
+    err = _error(info.value)
+    assert err["param"] == "input[0].content[1].image_url" and "not an image" in err["message"], err
