@@ -37,7 +37,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from inference.build_profile import KV_CACHE_NUMPY_DTYPES, POOLING_METHODS
 from inference.builder.checkpoint_reader import CheckpointReader
-from inference.builder.emit import Emitter, ExternalWeights
+from inference.builder.emit import Emitter, ExternalWeights, activation
 from inference.builder.errors import BuildInputError
 from inference.builder.kernel_plan import KernelPlan
 from inference.builder.layout import names_for
@@ -185,21 +185,7 @@ class _DecoderBuilder:
 
     def activation(self, x: str) -> str:
         """The family's activation, from default-domain ops (every graph flavour runs it)."""
-        em, act = self.em, self.cfg.act
-        if act == "silu":
-            return em.op1("Mul", [x, em.op1("Sigmoid", [x])])
-        if act == "relu2":
-            r = em.op1("Relu", [x])
-            return em.op1("Mul", [r, r])
-        half = em.op1("Mul", [x, em.const(np.float32(0.5))])
-        if act == "gelu":
-            erf = em.op1("Erf", [em.op1("Mul", [x, em.const(np.float32(2 ** -0.5))])])
-            return em.op1("Mul", [half, em.op1("Add", [erf, em.const(np.float32(1.0))])])
-        # gelu_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-        cube = em.op1("Mul", [em.op1("Mul", [x, x]), x])
-        inner = em.op1("Add", [x, em.op1("Mul", [cube, em.const(np.float32(0.044715))])])
-        t = em.op1("Tanh", [em.op1("Mul", [inner, em.const(np.float32(np.sqrt(2.0 / np.pi)))])])
-        return em.op1("Mul", [half, em.op1("Add", [t, em.const(np.float32(1.0))])])
+        return activation(self.em, x, self.cfg.act)
 
     def scaled(self, x: str, factor: float) -> str:
         return x if factor == 1.0 else self.em.op1("Mul", [x, self.em.const(np.float32(factor))])

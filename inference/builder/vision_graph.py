@@ -21,7 +21,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from inference.builder.checkpoint_reader import CheckpointReader
-from inference.builder.emit import Emitter, ExternalWeights
+from inference.builder.emit import Emitter, ExternalWeights, activation
 from inference.builder.vision_config import VisionConfig
 
 VISION_MODEL = "model.vision.onnx"
@@ -47,19 +47,6 @@ class _VisionBuilder:
         w = self.em.weight(f"{module}.weight", self.ckpt.get_f32(f"{module}.weight", (d,)))
         b = self.em.weight(f"{module}.bias", self.ckpt.get_f32(f"{module}.bias", (d,)))
         return self.em.op1("LayerNormalization", [x, w, b], axis=-1, epsilon=self.v.layer_norm_eps)
-
-    def activation(self, x: str, act: str) -> str:
-        em = self.em
-        if act == "quick_gelu":  # x * sigmoid(1.702 x)
-            return em.op1("Mul", [x, em.op1("Sigmoid", [em.op1("Mul", [x, em.const(np.float32(1.702))])])])
-        half = em.op1("Mul", [x, em.const(np.float32(0.5))])
-        if act == "gelu":
-            erf = em.op1("Erf", [em.op1("Mul", [x, em.const(np.float32(2 ** -0.5))])])
-            return em.op1("Mul", [half, em.op1("Add", [erf, em.const(np.float32(1.0))])])
-        cube = em.op1("Mul", [em.op1("Mul", [x, x]), x])
-        inner = em.op1("Add", [x, em.op1("Mul", [cube, em.const(np.float32(0.044715))])])
-        t = em.op1("Tanh", [em.op1("Mul", [inner, em.const(np.float32(np.sqrt(2.0 / np.pi)))])])
-        return em.op1("Mul", [half, em.op1("Add", [t, em.const(np.float32(1.0))])])
 
     def embeddings(self) -> str:
         """Patch embeddings with the class row in front, plus positions: [N, P+1, D]."""
@@ -103,7 +90,7 @@ class _VisionBuilder:
         x = em.op1("Add", [x, attn])
         h = self.linear(self.layer_norm(x, f"{prefix}.layer_norm2"), f"{prefix}.mlp.fc1", v.intermediate_size,
                         v.hidden_size)
-        h = self.linear(self.activation(h, v.act), f"{prefix}.mlp.fc2", v.hidden_size, v.intermediate_size)
+        h = self.linear(activation(em, h, v.act), f"{prefix}.mlp.fc2", v.hidden_size, v.intermediate_size)
         return em.op1("Add", [x, h])
 
     def build(self) -> None:
@@ -118,7 +105,7 @@ class _VisionBuilder:
         x = chosen[0] if len(chosen) == 1 else em.op1("Concat", chosen, axis=-1)
         width = v.hidden_size * len(chosen)
         x = self.linear(x, "projector.linear_1", v.text_hidden_size, width, v.projector_bias)
-        x = self.activation(x, v.projector_act)
+        x = activation(em, x, v.projector_act)
         y = self.linear(x, "projector.linear_2", v.text_hidden_size, v.text_hidden_size, v.projector_bias)
         em.op("Identity", [y], outputs=["image_features"])
 
