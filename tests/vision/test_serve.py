@@ -150,3 +150,18 @@ def test_responses_input_image(server: ServerProcess, checkpoint: Path) -> None:
                                          input=[{"role": "user", "content": content}])
     err = _error(info.value)
     assert err["param"] == "input[0].content[1].image_url" and "not an image" in err["message"], err
+
+
+def test_image_requests_never_reuse_context(server: ServerProcess) -> None:
+    """The same image request twice: computed afresh both times (no cached tokens, the same
+    answer), while the same text without an image is reused on its second run, so the counter
+    would show a reuse had there been one."""
+    text = "Tell me everything you see here, in detail, and then some more words about it. " * 2
+    first, second = (_ask(server, text, [png_url(IMAGES[0])]) for _ in range(2))
+    assert first.choices[0].message.content == second.choices[0].message.content
+    for done in (first, second):
+        assert done.usage is not None and done.usage.prompt_tokens_details is not None
+        assert done.usage.prompt_tokens_details.cached_tokens == 0
+    plain = [_ask(server, text, []) for _ in range(2)]
+    details = plain[1].usage.prompt_tokens_details if plain[1].usage is not None else None
+    assert details is not None and details.cached_tokens > 0
