@@ -303,6 +303,7 @@ class ModelHandle:
             "max_model_len": self.options.max_model_len,
             "max_batch_size": self.scheduler.max_batch_size,
             "context_reuse": self.scheduler.context_reuse,
+            "images": self.vision is not None,
         }
         caps.update(self.options.capabilities)
         extra = {"reason": self._unavailable} if self._unavailable is not None else {}

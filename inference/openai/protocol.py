@@ -530,6 +530,8 @@ class ModelCard(msgspec.Struct):
     loaded: bool | None = None
     #: vLLM's: the base model a LoRA adapter's name runs on (None for a base model).
     parent: str | None = None
+    #: What the model takes: ``["text"]``, or ``["text", "image"]`` for a vision-language model.
+    input_modalities: list[str] | None = None
 
 
 class ModelList(msgspec.Struct):

@@ -24,15 +24,23 @@ VISION: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidde
 TEXT: dict[str, Any] = {"hidden_size": 64, "intermediate_size": 128,
                         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                         "max_position_embeddings": 512, "initializer_range": 0.2}
-#: transformers' default CLIPImageProcessor with a 32-pixel input: a resize of the shortest edge to
-#: 32, then a 32x32 center crop (non-square images lose their sides).
-PREPROCESS: dict[str, Any] = {"size": {"shortest_edge": IMAGE_SIZE},
-                              "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}}
+#: LLaVA 1.5's vision tower (CLIP ViT-L/14 at 336 pixels) and a language model as wide as its
+#: 7B's (one thin layer: only the projector's width matters to the vision graph).
+LLAVA_15_VISION: dict[str, Any] = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                                   "num_attention_heads": 16, "image_size": 336, "patch_size": 14,
+                                   "projection_dim": 768}
+LLAVA_15_TEXT: dict[str, Any] = {"hidden_size": 4096, "intermediate_size": 256, "num_hidden_layers": 1,
+                                 "num_attention_heads": 32, "num_key_value_heads": 8}
 
 
 def write_tiny_llava(out: Path, *, seed: int = 0, strategy: Literal["default", "full"] = "default",
-                     feature_layer: int | list[int] = -2) -> Path:
-    """A seeded random LlavaForConditionalGeneration and its processor, saved into ``out``."""
+                     feature_layer: int | list[int] = -2, vision: dict[str, Any] | None = None,
+                     text: dict[str, Any] | None = None) -> Path:
+    """A seeded random LlavaForConditionalGeneration and its processor, saved into ``out``;
+    ``vision`` / ``text`` replace the tiny shapes (a real-size tower for the bench)."""
+    vision = {**VISION, **(vision or {})}
+    text = {**TEXT, **(text or {})}
+    size, patch = int(vision["image_size"]), int(vision["patch_size"])
     import torch
     import transformers as tf
 
@@ -43,11 +51,11 @@ def write_tiny_llava(out: Path, *, seed: int = 0, strategy: Literal["default", "
     tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
     image_token = int(tok.convert_tokens_to_ids(IMAGE_TOKEN))  # type: ignore[arg-type]
     config = tf.LlavaConfig(
-        vision_config=tf.CLIPVisionConfig(**VISION), text_config=tf.LlamaConfig(
-            **TEXT, vocab_size=len(tok), eos_token_id=tok.eos_token_id, bos_token_id=None),
+        vision_config=tf.CLIPVisionConfig(**vision), text_config=tf.LlamaConfig(
+            **text, vocab_size=len(tok), eos_token_id=tok.eos_token_id, bos_token_id=None),
         image_token_index=image_token, vision_feature_select_strategy=strategy,
         vision_feature_layer=feature_layer,
-        image_seq_length=(IMAGE_SIZE // PATCH) ** 2 + (strategy == "full"))
+        image_seq_length=(size // patch) ** 2 + (strategy == "full"))
     torch.manual_seed(seed)
     model = tf.LlavaForConditionalGeneration(config).eval()
     with torch.no_grad():  # visible norms and biases, peaked logits: greedy comparisons bite
@@ -58,7 +66,9 @@ def write_tiny_llava(out: Path, *, seed: int = 0, strategy: Literal["default", "
                 param.copy_(0.2 * torch.randn_like(param))
     model.save_pretrained(out)
     processor = tf.LlavaProcessor(
-        image_processor=tf.CLIPImageProcessor(**PREPROCESS), tokenizer=tok, patch_size=PATCH,
+        image_processor=tf.CLIPImageProcessor(size={"shortest_edge": size},
+                                              crop_size={"height": size, "width": size}),
+        tokenizer=tok, patch_size=patch,
         vision_feature_select_strategy=strategy, num_additional_image_tokens=1,
         chat_template=LLAVA_TEMPLATE)
     processor.save_pretrained(out)

@@ -165,3 +165,9 @@ def test_image_requests_never_reuse_context(server: ServerProcess) -> None:
     plain = [_ask(server, text, []) for _ in range(2)]
     details = plain[1].usage.prompt_tokens_details if plain[1].usage is not None else None
     assert details is not None and details.cached_tokens > 0
+
+
+def test_models_and_health_say_the_model_takes_images(server: ServerProcess) -> None:
+    card = server.client().models.retrieve(MODEL)
+    assert card.model_extra is not None and card.model_extra["input_modalities"] == ["text", "image"]
+    assert server.health()["capabilities"]["images"] is True
