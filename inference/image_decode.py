@@ -36,8 +36,9 @@ class ImageInputError(ValueError):
     """An image a request sent cannot be used; the message says why and what to send instead."""
 
 
-def data_url_bytes(url: str, *, max_bytes: int = MAX_IMAGE_BYTES) -> bytes:
-    """The bytes of a base64 ``data:`` URL, refused before decoding when over ``max_bytes``."""
+def check_data_url(url: str, *, max_bytes: int = MAX_IMAGE_BYTES) -> int:
+    """Where a base64 ``data:`` URL's payload starts, once its header and size (over
+    ``max_bytes``: refused before decoding) are checked; cheap, for the event loop."""
     match = _DATA_URL.match(url)
     if match is None:
         raise ImageInputError("is not a data: URL (data:image/png;base64,...)")
@@ -46,13 +47,19 @@ def data_url_bytes(url: str, *, max_bytes: int = MAX_IMAGE_BYTES) -> bytes:
     mime = (match["mime"] or "").lower()
     if mime and not mime.startswith("image/"):
         raise ImageInputError(f"is a data: URL of {mime}, not an image")
-    payload = url[match.end():]
     # 4 base64 characters carry 3 bytes: the size is known before decoding.
-    if len(payload) // 4 * 3 > max_bytes:
-        raise ImageInputError(f"holds about {len(payload) // 4 * 3} bytes; one image may have at most "
-                              f"{max_bytes} bytes: send a smaller or more compressed image")
+    size = (len(url) - match.end()) // 4 * 3
+    if size > max_bytes:
+        raise ImageInputError(f"holds about {size} bytes; one image may have at most {max_bytes} bytes: "
+                              "send a smaller or more compressed image")
+    return match.end()
+
+
+def data_url_bytes(url: str, *, max_bytes: int = MAX_IMAGE_BYTES) -> bytes:
+    """The bytes of a base64 ``data:`` URL (:func:`check_data_url` first)."""
+    start = check_data_url(url, max_bytes=max_bytes)
     try:
-        return base64.b64decode(payload, validate=True)
+        return base64.b64decode(url[start:], validate=True)
     except (binascii.Error, ValueError):
         raise ImageInputError("is not valid base64") from None
 

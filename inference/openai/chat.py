@@ -185,7 +185,7 @@ class ChatEndpoint:
         parts = image_parts(req.messages)
         if parts and vision is None:
             refuse_text_only(req.messages, req.model)
-        blobs = check_parts(parts)
+        check_parts(parts)
         tool_plan = _tool_setup(handle, req)
         tools = tool_plan.tools
         grammar = await _output_grammar(handle, req, tool_plan)
@@ -212,7 +212,7 @@ class ChatEndpoint:
             top_logprobs=top,
         )
         if vision is not None and positions is not None and parts:
-            plan = dataclasses.replace(plan, images=await image_rows(vision, parts, blobs, positions))
+            plan = dataclasses.replace(plan, images=await image_rows(vision, parts, positions))
         turn = ChatTurn(
             handle=handle,
             plan=plan,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inference.image_decode import ImageInputError, data_url_bytes, decode_image
+from inference.image_decode import ImageInputError, check_data_url, data_url_bytes, decode_image
 from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
 from inference.openai.protocol import ChatMessage
 from inference.runtime.protocol import ImageRows, VisionModel
@@ -63,12 +63,12 @@ def refuse_text_only(messages: Sequence[ChatMessage], model: str) -> None:
                         param=f"messages[{i}].content[{j}].type")
 
 
-def check_parts(parts: Sequence[ImagePart]) -> list[bytes]:
-    """The bytes of every image part (``data:`` URLs only), checked before any decoding."""
+def check_parts(parts: Sequence[ImagePart]) -> None:
+    """Refuse, before any decoding (cheap: on the event loop), too many images, URLs this server
+    does not fetch, and ``data:`` URLs whose header or size is wrong."""
     if len(parts) > MAX_IMAGES_PER_REQUEST:
         raise InvalidRequestError(f"the request has {len(parts)} images; at most {MAX_IMAGES_PER_REQUEST} "
                                   "are accepted", param=parts[MAX_IMAGES_PER_REQUEST].param)
-    out = []
     for part in parts:
         scheme = part.url.split(":", 1)[0].lower() if ":" in part.url else ""
         if scheme in ("http", "https", "file"):
@@ -76,10 +76,9 @@ def check_parts(parts: Sequence[ImagePart]) -> list[bytes]:
                 f"{part.param}: {scheme} image URLs are not fetched by this server; send the image inline "
                 "as a data: URL (data:image/png;base64,...)", param=part.param)
         try:
-            out.append(data_url_bytes(part.url))
+            check_data_url(part.url)
         except ImageInputError as exc:
             raise InvalidRequestError(f"{part.param} {exc}", param=part.param) from None
-    return out
 
 
 def expand_placeholders(ids: Sequence[int], vision: VisionModel, n_images: int,
@@ -113,11 +112,11 @@ def check_expanded_length(n_ids: int, n_images: int, per_image: int, limit: int)
             f"model accepts at most {limit} input tokens: send fewer images or less text", param="messages")
 
 
-def _features(vision: VisionModel, parts: Sequence[ImagePart], blobs: Sequence[bytes]) -> np.ndarray:
+def _features(vision: VisionModel, parts: Sequence[ImagePart]) -> np.ndarray:
     pixels = []
-    for part, blob in zip(parts, blobs, strict=True):
+    for part in parts:
         try:
-            image = decode_image(blob)
+            image = decode_image(data_url_bytes(part.url))
         except ImageInputError as exc:
             raise InvalidRequestError(f"{part.param} {exc}", param=part.param) from None
         pixels.append(vision.pixels(image))
@@ -125,8 +124,8 @@ def _features(vision: VisionModel, parts: Sequence[ImagePart], blobs: Sequence[b
     return features.reshape(-1, features.shape[-1])
 
 
-async def image_rows(vision: VisionModel, parts: Sequence[ImagePart], blobs: Sequence[bytes],
-                     positions: np.ndarray) -> ImageRows:
-    """Decode, preprocess and encode the images in a worker thread: their rows of the prompt."""
-    features = await asyncio.to_thread(_features, vision, parts, blobs)
+async def image_rows(vision: VisionModel, parts: Sequence[ImagePart], positions: np.ndarray) -> ImageRows:
+    """Decode (base64, then the image), preprocess and encode the images in a worker thread:
+    their rows of the prompt."""
+    features = await asyncio.to_thread(_features, vision, parts)
     return ImageRows(positions=positions, features=np.ascontiguousarray(features, dtype=np.float32))
