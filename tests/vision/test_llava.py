@@ -164,3 +164,28 @@ def test_text_bundles_are_unchanged(tmp_path: Path) -> None:
         graph = onnx.load(str(out / name), load_external_data=False).graph
         assert not any(n.op_type == "ScatterND" for n in graph.node)
         assert not any(i.name.startswith("image_") for i in graph.input)
+
+
+def test_an_int8_bundle_keeps_an_fp32_vision_graph(llava_checkpoint: Path, llava_bundle: Path,
+                                                   built_bundle: Callable[..., Path],
+                                                   engine: ImageEngine) -> None:
+    """int8 quantizes the language model only: the vision graph is the fp32 bundle's, byte for
+    byte, and the quantized language model takes the image rows (logits close to fp32's)."""
+    int8 = built_bundle(llava_checkpoint, max_input_len=128, precision="int8")
+    meta, fp32 = (json.loads((b / "engine.json").read_text()) for b in (int8, llava_bundle))
+    assert meta["precision"] == "int8" and meta["vision"]["precision"] == "fp32"
+    for name in ("model.vision.onnx", "model.vision.onnx.data"):
+        assert meta["files"][name]["sha256"] == fp32["files"][name]["sha256"]
+    quantized = load_ort_engine(int8, max_slots=1)
+    assert isinstance(quantized, ImageEngine) and quantized.vision is not None
+    vision = quantized.vision
+    ids = [5, 6, *[vision.image_token_id] * 16, 7, 8, 9]
+    features = vision.encode(vision.pixels(IMAGES[0])[None]).reshape(16, -1)
+    rows = np.arange(2, 18)
+    got, want = (e.prefill_images(0, ids, rows, features) for e in (quantized, engine))
+    engine.reset(0)
+    quantized.reset(0)
+    text_only = quantized.prefill(0, ids)  # the image tokens' own embeddings instead
+    assert np.abs(got - text_only).max() > 0.5  # the rows matter
+    cosine = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
+    assert cosine > 0.99, cosine
