@@ -96,7 +96,10 @@ class ClipPreprocess:
         if shortest is None and (height is None or width is None):
             raise PreprocessConfigError(
                 "preprocessor_config.json size needs shortest_edge, or height and width")
-        _, crop_h, crop_w = _size(raw.get("crop_size", {"height": 224, "width": 224}), "crop_size")
+        crop = raw.get("crop_size", {"height": 224, "width": 224})
+        if isinstance(crop, int) and not isinstance(crop, bool):  # an int crop is a square (transformers)
+            crop = {"height": crop, "width": crop}
+        _, crop_h, crop_w = _size(crop, "crop_size")
         if crop_h is None or crop_w is None:
             raise PreprocessConfigError("preprocessor_config.json crop_size needs height and width")
         resample = raw.get("resample", 3)

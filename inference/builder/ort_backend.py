@@ -40,6 +40,7 @@ from inference.builder.spec import EngineBuildSpec
 from inference.builder.vision_config import (
     VisionConfig,
     load_preprocess,
+    processor_chat_template,
     text_view,
     vision_config_from,
     vision_family,
@@ -351,6 +352,11 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         report("vision", 0.0)
         build_vision_graph(vcfg, vision_ckpt, out_dir / VISION_MODEL)
     copied = copy_tokenizer_files(checkpoint_dir, out_dir)
+    template = processor_chat_template(checkpoint_dir) if vcfg is not None else None
+    if template is not None and "chat_template.jinja" not in copied:
+        # The processor's template (it places the images) as the file the tokenizer loader reads first.
+        (out_dir / "chat_template.jinja").write_text(template, encoding="utf-8")
+        copied.append("chat_template.jinja")
     report("hash", 0.0)
     files = {
         path.name: {"size": path.stat().st_size, "sha256": file_sha256(path)}

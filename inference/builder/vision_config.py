@@ -205,3 +205,15 @@ def vision_family(raw: Mapping[str, Any]) -> VisionFamily:
     family = vision_family_of(raw)
     assert family is not None
     return family
+
+
+def processor_chat_template(checkpoint_dir: Path) -> str | None:
+    """The processor's chat template of a checkpoint that keeps it in ``chat_template.json`` (the
+    hub's llava-hf checkpoints: the template that places ``<image>``), else None."""
+    path = Path(checkpoint_dir) / "chat_template.json"
+    if not path.is_file():
+        return None
+    template = _read_object(path).get("chat_template")
+    if not isinstance(template, str):
+        raise BuildInputError("chat_template.json must hold a string chat_template")
+    return template

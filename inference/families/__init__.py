@@ -144,6 +144,9 @@ class VisionFamily:
     projector_prefixes: tuple[str, ...]  #: where the projector's ``linear_1`` ... live
     vision_model_types: tuple[str, ...]  #: ``vision_config.model_type`` values it builds
     text_model_type: str = "llama"  #: ``text_config.model_type`` when the config leaves it out
+    #: transformers' config defaults of a language model by its model_type: the hub's configs
+    #: (llava-hf's) write only the fields that differ from them in ``text_config``
+    text_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     notes: str = ""
 
 
@@ -229,9 +232,9 @@ def vision_family_of(raw: Mapping[str, Any]) -> VisionFamily | None:
 
 
 def text_config_of(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """The language model's config.json of a vision-language config: its ``text_config`` (with
-    the family's default ``model_type``; ``tie_word_embeddings`` from the top level where the
-    text config leaves it out, as transformers reads it)."""
+    """The language model's config.json of a vision-language config: its ``text_config`` over
+    ``tie_word_embeddings`` of the top level over transformers' defaults of that model type (the
+    family's ``text_defaults``; ``model_type`` the family's default where it is left out)."""
     family = vision_family_of(raw)
     if family is None:
         raise ValueError("not a vision-language config")
@@ -240,10 +243,9 @@ def text_config_of(raw: Mapping[str, Any]) -> dict[str, Any]:
         text = {}
     if not isinstance(text, Mapping):
         raise BuildInputError(f"config.json text_config must be an object, got {type(text).__name__}")
-    out = dict(text)
-    out.setdefault("model_type", family.text_model_type)
-    if "tie_word_embeddings" in raw:
-        out.setdefault("tie_word_embeddings", raw["tie_word_embeddings"])
+    model_type = text.get("model_type", family.text_model_type)
+    top = {"tie_word_embeddings": raw["tie_word_embeddings"]} if "tie_word_embeddings" in raw else {}
+    out = {**family.text_defaults.get(str(model_type), {}), **top, **text, "model_type": model_type}
     out.pop("architectures", None)
     if out["model_type"] not in _BY_TYPE:
         raise unsupported(f"{out['model_type']!r} (the language model of a {family.name} checkpoint)")

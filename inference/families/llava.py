@@ -17,6 +17,13 @@ VISION_FAMILY = VisionFamily(
                      "model.vision_tower."),
     projector_prefixes=("multi_modal_projector.", "model.multi_modal_projector."),
     vision_model_types=("clip_vision_model",),
+    # LlamaConfig's defaults (transformers 4.x-5.x): llava-1.5-7b-hf's text_config names only
+    # vocab_size, max_position_embeddings and rms_norm_eps; the rest is these.
+    text_defaults={"llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+                             "num_hidden_layers": 32, "num_attention_heads": 32,
+                             "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+                             "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+                             "hidden_act": "silu", "rope_theta": 10000.0}},
     notes="CLIP ViT (vision_feature_layer, one or several; vision_feature_select_strategy default/full) "
           "+ 2-layer MLP projector, one fp32 vision graph; one image = (image_size / patch_size)^2 "
           "tokens (+1 with full); CLIPImageProcessor preprocessing; no image tiling (LLaVA-NeXT) yet",

@@ -189,3 +189,24 @@ def test_an_int8_bundle_keeps_an_fp32_vision_graph(llava_checkpoint: Path, llava
     assert np.abs(got - text_only).max() > 0.5  # the rows matter
     cosine = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
     assert cosine > 0.99, cosine
+
+
+def test_a_hub_layout_checkpoint_builds_the_same(llava_checkpoint: Path, llava_bundle: Path, tmp_path: Path,
+                                                copy_checkpoint: Callable[[Path], Path]) -> None:
+    """The hub's llava-hf layout: preprocessor_config.json (int sizes) instead of transformers 5's
+    processor_config.json, the processor's template in chat_template.json; same bundle."""
+    hub = copy_checkpoint(llava_checkpoint)
+    processor = json.loads((hub / "processor_config.json").read_text())
+    image = {**processor["image_processor"], "size": 32, "crop_size": 32}
+    (hub / "preprocessor_config.json").write_text(json.dumps(image))
+    (hub / "processor_config.json").unlink()
+    template = (hub / "chat_template.jinja").read_text()
+    (hub / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    (hub / "chat_template.jinja").unlink()
+    out = tmp_path / "hub-bundle"
+    out.mkdir()
+    meta = build_bundle(hub, out, EngineBuildSpec(max_kv_cache_capacity=256, max_input_len=128))
+    reference = json.loads((llava_bundle / "engine.json").read_text())
+    assert meta["vision"] == reference["vision"]
+    assert (out / "chat_template.jinja").read_text() == template
+    assert meta["files"]["model.ort.onnx"]["sha256"] == reference["files"]["model.ort.onnx"]["sha256"]

@@ -56,3 +56,25 @@ def test_unknown_language_models_and_vision_families_are_refused(tmp_path: Path)
         '{"architectures": ["LlavaForConditionalGeneration"], "vision_config": {"model_type": "siglip"}}')
     with pytest.raises(UnsupportedModelError, match=r"vision_config\.model_type 'siglip' is not supported"):
         check_family(tmp_path)
+
+
+def test_a_hub_config_takes_transformers_defaults() -> None:
+    """llava-1.5-7b-hf's config.json names only what differs from LlamaConfig's defaults in its
+    text_config: the rest is transformers' default, as LlavaConfig reads it."""
+    hub: dict[str, Any] = {
+        "architectures": ["LlavaForConditionalGeneration"], "model_type": "llava", "image_token_index": 32000,
+        "text_config": {"_name_or_path": "lmsys/vicuna-7b-v1.5", "architectures": ["LlamaForCausalLM"],
+                        "max_position_embeddings": 4096, "model_type": "llama", "rms_norm_eps": 1e-05,
+                        "torch_dtype": "float16", "vocab_size": 32064},
+        "vision_config": {"hidden_size": 1024, "image_size": 336, "intermediate_size": 4096,
+                          "model_type": "clip_vision_model", "num_attention_heads": 16,
+                          "num_hidden_layers": 24, "patch_size": 14, "projection_dim": 768, "vocab_size": 32000},
+    }
+    reference = tf.LlavaConfig.from_dict(hub).text_config
+    cfg = model_config_from(hub)
+    assert (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
+            cfg.num_kv_heads, cfg.max_position_embeddings, cfg.rms_norm_eps, cfg.tie_word_embeddings) == (
+        reference.vocab_size, reference.hidden_size, reference.intermediate_size, reference.num_hidden_layers,
+        reference.num_attention_heads, reference.num_key_value_heads, reference.max_position_embeddings,
+        reference.rms_norm_eps, reference.tie_word_embeddings)
+    assert cfg.vocab_size == 32064 and cfg.num_layers == 32
