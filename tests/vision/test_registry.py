@@ -68,9 +68,10 @@ def test_a_hub_config_takes_transformers_defaults() -> None:
                         "torch_dtype": "float16", "vocab_size": 32064},
         "vision_config": {"hidden_size": 1024, "image_size": 336, "intermediate_size": 4096,
                           "model_type": "clip_vision_model", "num_attention_heads": 16,
-                          "num_hidden_layers": 24, "patch_size": 14, "projection_dim": 768, "vocab_size": 32000},
+                          "num_hidden_layers": 24, "patch_size": 14, "projection_dim": 768,
+                          "vocab_size": 32000},
     }
-    reference = tf.LlavaConfig.from_dict(hub).text_config
+    reference: Any = tf.LlavaConfig.from_dict(hub).text_config
     cfg = model_config_from(hub)
     assert (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
             cfg.num_kv_heads, cfg.max_position_embeddings, cfg.rms_norm_eps, cfg.tie_word_embeddings) == (
