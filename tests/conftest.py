@@ -160,6 +160,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "vision/test_image_decode.py": ("unit",),
     "vision/test_serve.py": ("e2e",),
     "vision/test_registry.py": ("unit",),
+    "vision/test_image_parts.py": ("unit",),
 }
 
 TESTS_DIR = Path(__file__).resolve().parent
