@@ -175,6 +175,12 @@ class GenerationRequest:
     # such a request comes with cache_prompt False: its KV depends on more than its token ids.
     images: ImageRows | None = None
 
+    def __post_init__(self) -> None:
+        # Context reuse keys KV by token ids alone: a prompt with images must never share it.
+        if self.images is not None and self.cache_prompt:
+            raise ValueError("a request with images must have cache_prompt False "
+                             "(its KV depends on the pixels)")
+
     @property
     def kv_owner(self) -> tuple[str | None, str | None]:
         """Who may reuse the KV this request leaves: requests with the same salt and adapter."""

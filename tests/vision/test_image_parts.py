@@ -89,3 +89,16 @@ def test_expanded_length_is_checked_before_decoding() -> None:
     check_expanded_length(10, 2, 3, 14)
     with pytest.raises(ContextLengthExceededError, match="takes 15 tokens with its 3 image"):
         check_expanded_length(9, 3, 3, 14)
+
+
+def test_a_request_with_images_cannot_share_its_kv() -> None:
+    """The scheduler's own guard: context reuse keys KV by token ids, so a request carrying image
+    rows is refused unless it says cache_prompt False."""
+    from inference.runtime.protocol import ImageRows
+    from inference.scheduler import GenerationRequest
+
+    rows = ImageRows(positions=np.arange(3), features=np.zeros((3, 4), np.float32))
+    fields: dict[str, Any] = {"prompt_ids": [1, 2, 3], "sampler": None, "state": None, "sink": None}
+    with pytest.raises(ValueError, match="cache_prompt False"):
+        GenerationRequest(**fields, images=rows)
+    assert GenerationRequest(**fields, images=rows, cache_prompt=False).images is rows
