@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from inference.generation import StepOutput, TokenLogprob
 from inference.model_pool import ModelPool
@@ -33,6 +34,7 @@ from inference.openai.handle import (
     usage_of,
 )
 from inference.openai.images import (
+    ImagePart,
     check_expanded_length,
     check_parts,
     expand_placeholders,
@@ -181,38 +183,30 @@ class ChatEndpoint:
         max_tokens, param = req.output_limit()
         top = req.top_logprobs_asked()
         self.check_size(handle, req.messages)
-        vision = handle.vision
-        parts = image_parts(req.messages)
-        if parts and vision is None:
-            refuse_text_only(req.messages, req.model)
-        check_parts(parts)
+        check_image_parts(handle, req.messages)
         tool_plan = _tool_setup(handle, req)
         tools = tool_plan.tools
         grammar = await _output_grammar(handle, req, tool_plan)
-        prompt = await self.render(
+        rendered = await self.prompt_ids(
             handle,
             req.messages,
             tools=tools,
             add_generation_prompt=req.add_generation_prompt,
             chat_template_kwargs=req.chat_template_kwargs,
-            parts_form=vision is not None,
         )
-        ids = await handle.encode(prompt, add_special_tokens=False, param="messages")
-        positions = None
-        if vision is not None:
-            check_expanded_length(len(ids), len(parts), vision.tokens_per_image, handle.options.max_input_len)
-            ids, positions = expand_placeholders(ids, vision, len(parts))
+        prompt = rendered.text
         plan = handle.plan(
             req,
-            prompt_ids=ids,
+            prompt_ids=rendered.ids,
             prompt_text=prompt,
             prompt_param="messages",
             max_tokens=max_tokens,
             max_tokens_param=param,
             top_logprobs=top,
         )
-        if vision is not None and positions is not None and parts:
-            plan = dataclasses.replace(plan, images=await image_rows(vision, parts, positions))
+        if handle.vision is not None and rendered.parts:
+            rows = await image_rows(handle.vision, rendered.parts, rendered.positions)
+            plan = dataclasses.replace(plan, images=rows)
         turn = ChatTurn(
             handle=handle,
             plan=plan,
@@ -225,6 +219,37 @@ class ChatEndpoint:
         if plan.stream:
             turn.firsts = await handle.first_outputs(turn.runs)
         return turn
+
+    async def prompt_ids(
+        self,
+        handle: ModelHandle,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        chat_template_kwargs: dict[str, Any] | None,
+        add_special_tokens: bool = False,
+    ) -> RenderedPrompt:
+        """The prompt of ``messages`` as a chat turn runs it: the template applied, tokenized, and
+        for a vision-language model each image placeholder expanded to its image tokens (the
+        images themselves are not decoded here). Shared by the chat turn, ``/tokenize`` and
+        ``/v1/messages/count_tokens``, so they count the same tokens."""
+        parts = check_image_parts(handle, messages)
+        vision = handle.vision
+        prompt = await self.render(
+            handle,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=chat_template_kwargs,
+            parts_form=vision is not None,
+        )
+        ids = await handle.encode(prompt, add_special_tokens=add_special_tokens, param="messages")
+        positions = np.zeros(0, np.int64)
+        if vision is not None:
+            check_expanded_length(len(ids), len(parts), vision.tokens_per_image, handle.options.max_input_len)
+            ids, positions = expand_placeholders(ids, vision, len(parts))
+        return RenderedPrompt(prompt, ids, parts, positions)
 
     async def render(
         self,
@@ -383,6 +408,27 @@ class ChatEndpoint:
             for run in turn.runs:
                 run.close()
         yield DONE
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A chat prompt ready to run: its text, its ids (image tokens expanded), its image parts and
+    the positions of their rows in ``ids``."""
+
+    text: str
+    ids: list[int]
+    parts: list[ImagePart]
+    positions: np.ndarray
+
+
+def check_image_parts(handle: ModelHandle, messages: Sequence[ChatMessage]) -> list[ImagePart]:
+    """The image parts of ``messages``, refused before any work where the model takes text only,
+    where there are too many, or where a URL is not an image this server reads."""
+    parts = image_parts(messages)
+    if parts and handle.vision is None:
+        refuse_text_only(messages, handle.options.served_model_name)
+    check_parts(parts)
+    return parts
 
 
 def _content_parts(m: ChatMessage) -> list[dict[str, Any]]:

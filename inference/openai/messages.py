@@ -294,18 +294,19 @@ class MessagesEndpoint:
         async with self.chat.pool.lease(req.model, keep_alive=req.keep_alive) as lease:
             handle = lease.handle
             handle.check_admitting()
-            messages = _chat_messages(req)
+            renames = dict(_RENAMED)
+            messages = _chat_messages(req, renames)
             tools, _ = _tools(req)
-            self.chat.check_size(handle, messages)
-            prompt = await self.chat.render(
-                handle,
-                messages,
-                tools=[msgspec.to_builtins(t) for t in tools] if tools else None,
-                add_generation_prompt=True,
-                chat_template_kwargs=None,
-            )
-            ids = await handle.encode(prompt, add_special_tokens=False, param="messages")
-            return AnthropicCountTokensResponse(input_tokens=len(ids))
+            with renamed_params(renames):
+                self.chat.check_size(handle, messages)
+                rendered = await self.chat.prompt_ids(
+                    handle,
+                    messages,
+                    tools=[msgspec.to_builtins(t) for t in tools] if tools else None,
+                    add_generation_prompt=True,
+                    chat_template_kwargs=None,
+                )
+            return AnthropicCountTokensResponse(input_tokens=len(rendered.ids))
 
     async def _message_stream(
         self, turn: ChatTurn, mid: str, model: str

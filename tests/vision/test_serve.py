@@ -78,6 +78,12 @@ def test_one_image_gets_transformers_answer(server: ServerProcess, checkpoint: P
     done = _ask(server, "What is this?", [png_url(IMAGES[0])])
     assert done.choices[0].message.content == expected
     assert done.usage is not None and done.usage.prompt_tokens == prompt_tokens
+    content = [{"type": "text", "text": "What is this?"},
+               {"type": "image_url", "image_url": {"url": png_url(IMAGES[0])}}]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "add_generation_prompt": True}
+    with server.http() as h:  # /tokenize counts the image tokens as the chat turn runs them
+        counted = h.post("/tokenize", json=body).json()
+    assert counted["count"] == prompt_tokens, counted
 
 
 def test_two_images_in_either_order(server: ServerProcess, checkpoint: Path) -> None:
@@ -127,6 +133,9 @@ def test_anthropic_image_blocks(server: ServerProcess, checkpoint: Path) -> None
         messages=[{"role": "user", "content": [{"type": "text", "text": "Describe."}, image_block]}])
     assert done.content[0].type == "text" and done.content[0].text == expected
     assert done.usage.input_tokens == prompt_tokens
+    turn: Any = [{"role": "user", "content": [{"type": "text", "text": "Describe."}, image_block]}]
+    counted = server.anthropic_client().messages.count_tokens(model=MODEL, messages=turn)
+    assert counted.input_tokens == prompt_tokens
     bad: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                             "data": base64.b64encode(b"GIF89a not really").decode()}}
     with pytest.raises(anthropic.BadRequestError) as info:
