@@ -19,7 +19,6 @@ import base64
 import binascii
 import io
 import re
-import warnings
 
 from PIL import Image, UnidentifiedImageError
 
@@ -71,30 +70,29 @@ def decode_image(data: bytes, *, max_pixels: int = MAX_IMAGE_PIXELS,
         raise ImageInputError(f"has {len(data)} bytes; one image may have at most {max_bytes} bytes")
     if not data:
         raise ImageInputError("is empty")
-    with warnings.catch_warnings():
-        # Pillow warns (and past twice its limit raises) for images over its own pixel limit; ours
-        # is checked from the header below, before any pixel is decoded.
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        try:
-            image = Image.open(io.BytesIO(data), formats=FORMATS)
-        except UnidentifiedImageError:
-            raise ImageInputError(f"is not an image in a supported format ({', '.join(FORMATS)})") from None
-        except Image.DecompressionBombError:
-            raise ImageInputError(f"is too large: at most {max_pixels} pixels") from None
-        except (OSError, ValueError, SyntaxError) as exc:
-            raise ImageInputError(f"cannot be read as an image: {exc}") from None
-        width, height = image.size
-        if width < 1 or height < 1:
-            raise ImageInputError("has no pixels")
-        if width * height > max_pixels:
-            raise ImageInputError(f"is {width}x{height} pixels; one image may have at most {max_pixels} "
-                                  "pixels: send a smaller image")
-        if getattr(image, "n_frames", 1) > 1:
-            raise ImageInputError("is animated; send one frame as a still image")
-        try:
-            image.load()
-        except Image.DecompressionBombError:
-            raise ImageInputError(f"is too large: at most {max_pixels} pixels") from None
-        except (OSError, ValueError, SyntaxError) as exc:
-            raise ImageInputError(f"is truncated or corrupt: {exc}") from None
+    # No warnings.catch_warnings() here: it swaps process-wide state and this runs in worker
+    # threads. Pillow warns past its own limit (89 M pixels) and raises past twice that; ours,
+    # lower, is checked from the header below, before any pixel is decoded.
+    try:
+        image = Image.open(io.BytesIO(data), formats=FORMATS)
+    except UnidentifiedImageError:
+        raise ImageInputError(f"is not an image in a supported format ({', '.join(FORMATS)})") from None
+    except Image.DecompressionBombError:
+        raise ImageInputError(f"is too large: at most {max_pixels} pixels") from None
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise ImageInputError(f"cannot be read as an image: {exc}") from None
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise ImageInputError("has no pixels")
+    if width * height > max_pixels:
+        raise ImageInputError(f"is {width}x{height} pixels; one image may have at most {max_pixels} "
+                              "pixels: send a smaller image")
+    if getattr(image, "n_frames", 1) > 1:
+        raise ImageInputError("is animated; send one frame as a still image")
+    try:
+        image.load()
+    except Image.DecompressionBombError:
+        raise ImageInputError(f"is too large: at most {max_pixels} pixels") from None
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise ImageInputError(f"is truncated or corrupt: {exc}") from None
     return image
