@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from tests.support.tiny_models import bundle_factory
+from tests.trt.conftest import fake_trt  # noqa: F401 - fixture: the fake tensorrt (re-exported)
 from tests.vision.checkpoints import write_tiny_llava
 
 

@@ -212,3 +212,16 @@ def test_a_hub_layout_checkpoint_builds_the_same(llava_checkpoint: Path, llava_b
     assert meta["vision"] == reference["vision"]
     assert (out / "chat_template.jinja").read_text() == template
     assert meta["files"]["model.ort.onnx"]["sha256"] == reference["files"]["model.ort.onnx"]["sha256"]
+
+
+def test_the_tensorrt_builder_refuses_a_vision_checkpoint(fake_trt: Any, llava_checkpoint: Path,
+                                                          tmp_path: Path) -> None:
+    """The vision graph and the image inputs are the CPU backend's: one line, nothing built."""
+    from inference.builder.trt_backend import TrtBuildSpec, build_trt_bundle
+
+    out = tmp_path / "trt"
+    out.mkdir()
+    spec = TrtBuildSpec(max_kv_cache_capacity=256, max_input_len=64, timing_cache_dir=tmp_path / "timing")
+    with pytest.raises(BuildInputError, match="built by the onnxruntime backend only"):
+        build_trt_bundle(llava_checkpoint, out, spec)
+    assert not any(out.iterdir())
