@@ -474,6 +474,7 @@ def make_pool(
             max_model_len=runtime.serving.options.max_model_len,
             memory_bytes=runtime.serving.memory_bytes,
             context_bytes=runtime.serving.memory_bytes - info.memory_bytes,
+            images=runtime.serving.vision is not None,
         )
         pool.adopt(
             ref, runtime.serving, runtime.lease, keep_alive=-1, names=names, load_seconds=runtime.load_seconds

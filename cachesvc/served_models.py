@@ -146,10 +146,13 @@ class CatalogModels:
         from inference.runtime.registry import is_embedding, memory_estimate, read_meta
 
         context = self.context_bytes
+        images = False
         try:
             memory = memory_estimate(bundle_dir, max_slots=self.max_slots)
-            if is_embedding(read_meta(bundle_dir)):
+            meta = read_meta(bundle_dir)
+            if is_embedding(meta):
                 context = 0  # no KV cache: nothing to reuse, no record pool
+            images = isinstance(meta.get("vision"), dict)
         except Exception:  # an unreadable engine.json fails at load with the real reason
             memory = int(info.size_bytes)
         profile = info.profile
@@ -165,6 +168,7 @@ class CatalogModels:
             context_bytes=context,
             draft_bundle_dir=self.manager.queries.bundle_dir(draft) if draft is not None else None,
             parent=self.parents.get(name),
+            images=images,
         )
 
     # -- listing -------------------------------------------------------------------------------

@@ -70,6 +70,8 @@ class ModelRef:
     draft_bundle_dir: Path | None = None
     #: For a LoRA adapter's name: the served name of the base model it runs on.
     parent: str | None = None
+    #: The bundle takes images (a vision-language bundle: engine.json ``vision``).
+    images: bool = False
 
 
 class Releasable(Protocol):
@@ -713,6 +715,7 @@ class ModelPool:
             bundle_id=r.bundle_id,
             loaded=r.bundle_id in self._loaded,
             parent=r.parent,
+            input_modalities=["text", "image"] if r.images else ["text"],
         )
 
     def health(self) -> dict[str, Any]:

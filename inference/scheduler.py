@@ -51,7 +51,7 @@ import numpy as np
 
 from inference.context_cache import ContextCacheStats, PrefixStore, common_prefix
 from inference.generation import GenerationState, StepOutput
-from inference.runtime.protocol import Engine, KVEngine, VerifyingEngine
+from inference.runtime.protocol import Engine, ImageEngine, ImageRows, KVEngine, VerifyingEngine
 from inference.sampling import Sampler, SampleResult
 from inference.speculative import Proposal, Proposer, ProposerFactory, SpeculativeStats, verify
 
@@ -171,6 +171,15 @@ class GenerationRequest:
     # The LoRA adapter this sequence runs with (None: the base weights); KV made with one
     # adapter is never reused by a sequence of another.
     adapter: str | None = None
+    # A vision-language prompt's image features (rows replacing its image tokens' embeddings);
+    # such a request comes with cache_prompt False: its KV depends on more than its token ids.
+    images: ImageRows | None = None
+
+    def __post_init__(self) -> None:
+        # Context reuse keys KV by token ids alone: a prompt with images must never share it.
+        if self.images is not None and self.cache_prompt:
+            raise ValueError("a request with images must have cache_prompt False "
+                             "(its KV depends on the pixels)")
 
     @property
     def kv_owner(self) -> tuple[str | None, str | None]:
@@ -638,7 +647,7 @@ class Scheduler:
                 logits = resumed
             else:
                 chunk = ids[run.prefilled : run.prefilled + self._chunk]
-                logits = self._engine.prefill(run.slot, list(chunk))
+                logits = self._prefill(run, list(chunk))
         except Exception as exc:
             log.exception("prefill failed")
             self._fail(run, EngineFailure(f"prefill failed: {exc}"))
@@ -667,6 +676,18 @@ class Scheduler:
             # or the end of this request does otherwise; copying them here stalled this
             # request's second token (100-190 ms for a 1,500-token SmolLM2 prompt).
             self._defer_save(run)
+
+    def _prefill(self, run: _Running, chunk: list[int]) -> np.ndarray:
+        """One prefill chunk of ``run``, with its image features where the chunk has image tokens."""
+        images = run.req.images
+        if images is None:
+            return self._engine.prefill(run.slot, chunk)
+        if not isinstance(self._engine, ImageEngine):
+            raise ValueError("this engine takes no image features")
+        rows, features = images.window(run.prefilled, len(chunk))
+        if not len(rows):
+            return self._engine.prefill(run.slot, chunk)
+        return self._engine.prefill_images(run.slot, chunk, rows, features)
 
     def _share_prefix(self, leader: _Running) -> None:
         """Give the prompt's KV to the sibling choices that wait in slots (``prefix_from``).

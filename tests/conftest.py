@@ -167,6 +167,12 @@ TIERS: dict[str, tuple[str, ...]] = {
     "trt/test_selection.py": ("unit",),
     "trt/test_stale.py": ("integration",),
     "trt/test_trt_engine.py": ("integration",),
+    "vision/test_llava.py": ("integration",),
+    "vision/test_preprocess.py": ("integration",),
+    "vision/test_image_decode.py": ("unit",),
+    "vision/test_serve.py": ("e2e",),
+    "vision/test_registry.py": ("unit",),
+    "vision/test_image_parts.py": ("unit",),
 }
 
 TESTS_DIR = Path(__file__).resolve().parent

@@ -1,6 +1,7 @@
-"""The graph writer's two small tools, shared by the decoder graph (:mod:`.graph`) and its
-quantized layers (:mod:`.quantized`): an emitter of nodes and initializers with unique names, and
-the external-data file the large initializers stream into."""
+"""The graph writer's small tools, shared by the decoder graph (:mod:`.graph`), its quantized
+layers (:mod:`.quantized`) and the vision graph (:mod:`.vision_graph`): an emitter of nodes and
+initializers with unique names, the external-data file the large initializers stream into, and
+the activations."""
 
 from __future__ import annotations
 
@@ -92,3 +93,26 @@ class Emitter:
     def weight(self, name: str, array: np.ndarray) -> str:
         self.initializers.append(self._weights.add(name, array))
         return name
+
+
+def activation(em: Emitter, x: str, act: str) -> str:
+    """``act`` of ``x`` from default-domain ops: silu, relu2, gelu (erf), gelu_tanh, and CLIP's
+    quick_gelu (``x * sigmoid(1.702 x)``); every graph flavour runs them."""
+    if act == "silu":
+        return em.op1("Mul", [x, em.op1("Sigmoid", [x])])
+    if act == "relu2":
+        r = em.op1("Relu", [x])
+        return em.op1("Mul", [r, r])
+    if act == "quick_gelu":
+        return em.op1("Mul", [x, em.op1("Sigmoid", [em.op1("Mul", [x, em.const(np.float32(1.702))])])])
+    half = em.op1("Mul", [x, em.const(np.float32(0.5))])
+    if act == "gelu":
+        erf = em.op1("Erf", [em.op1("Mul", [x, em.const(np.float32(2 ** -0.5))])])
+        return em.op1("Mul", [half, em.op1("Add", [erf, em.const(np.float32(1.0))])])
+    if act != "gelu_tanh":
+        raise ValueError(f"unknown activation {act!r}")
+    # gelu_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    cube = em.op1("Mul", [em.op1("Mul", [x, x]), x])
+    inner = em.op1("Add", [x, em.op1("Mul", [cube, em.const(np.float32(0.044715))])])
+    t = em.op1("Tanh", [em.op1("Mul", [inner, em.const(np.float32(np.sqrt(2.0 / np.pi)))])])
+    return em.op1("Mul", [half, em.op1("Add", [t, em.const(np.float32(1.0))])])

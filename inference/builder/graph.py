@@ -37,7 +37,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from inference.build_profile import KV_CACHE_NUMPY_DTYPES, POOLING_METHODS
 from inference.builder.checkpoint_reader import CheckpointReader
-from inference.builder.emit import Emitter, ExternalWeights
+from inference.builder.emit import Emitter, ExternalWeights, activation
 from inference.builder.errors import BuildInputError
 from inference.builder.kernel_plan import KernelPlan
 from inference.builder.layout import names_for
@@ -190,21 +190,7 @@ class _DecoderBuilder:
 
     def activation(self, x: str) -> str:
         """The family's activation, from default-domain ops (every graph flavour runs it)."""
-        em, act = self.em, self.cfg.act
-        if act == "silu":
-            return em.op1("Mul", [x, em.op1("Sigmoid", [x])])
-        if act == "relu2":
-            r = em.op1("Relu", [x])
-            return em.op1("Mul", [r, r])
-        half = em.op1("Mul", [x, em.const(np.float32(0.5))])
-        if act == "gelu":
-            erf = em.op1("Erf", [em.op1("Mul", [x, em.const(np.float32(2 ** -0.5))])])
-            return em.op1("Mul", [half, em.op1("Add", [erf, em.const(np.float32(1.0))])])
-        # gelu_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-        cube = em.op1("Mul", [em.op1("Mul", [x, x]), x])
-        inner = em.op1("Add", [x, em.op1("Mul", [cube, em.const(np.float32(0.044715))])])
-        t = em.op1("Tanh", [em.op1("Mul", [inner, em.const(np.float32(np.sqrt(2.0 / np.pi)))])])
-        return em.op1("Mul", [half, em.op1("Add", [t, em.const(np.float32(1.0))])])
+        return activation(self.em, x, self.cfg.act)
 
     def scaled(self, x: str, factor: float) -> str:
         return x if factor == 1.0 else self.em.op1("Mul", [x, self.em.const(np.float32(factor))])
@@ -806,7 +792,7 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
                         progress: Progress | None = None, kv_layout: str = "portable",
                         kernels: KernelPlan | None = None, pooling: str | None = None,
                         lora: bool = False, weights_in: dict[str, np.ndarray] | None = None,
-                        kv_dtype: str = "float32") -> GraphIO:
+                        kv_dtype: str = "float32", image_inputs: bool = False) -> GraphIO:
     """Write ``model_path`` (+ ``<name>.data``) for ``cfg``; return the graph's I/O names.
 
     ``kv_layout`` "portable" writes the standard-op graph; "gqa" the ONNX Runtime CPU variant
@@ -824,6 +810,13 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
     of rank 0 that an onnxruntime adapter (:mod:`inference.builder.lora`) replaces per run.
 
     ``kv_dtype`` (gqa only) is the K/V buffers' element type: ``float32`` or ``float16``.
+
+    ``image_inputs`` (a vision-language bundle's language model) adds two inputs that replace
+    rows of the token embeddings: ``image_features [n, hidden]`` float32 and ``image_rows [n, 2]``
+    int64 (batch row, position in the chunk), applied by one ``ScatterND`` after the embedding
+    (after its scale: transformers swaps the scaled rows). Both default to empty (n = 0), so a
+    run that binds neither (decode, the quality gate) computes the text graph's values; without
+    ``image_inputs`` the graph is the text graph, byte for byte.
 
     ``weights_in`` (a dict) receives the large weights by name instead of ``<name>.data``, which
     is then not written: open the graph with ``cpu_session(..., initializers=weights_in)``.
@@ -854,6 +847,8 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         b.build_rope_tables()
         x, embed = b.embedding()
         x = b.scaled(x, cfg.embed_scale)
+        if image_inputs:
+            x = em.op1("ScatterND", [x, "image_rows", "image_features"])
         if cfg.per_layer_input:
             b.per_layer_inputs_of("input_ids", x)
         for i in range(cfg.num_layers):
@@ -908,6 +903,15 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
             for name in present_names(i):
                 outputs.append(helper.make_tensor_value_info(name, kv_elem, kv_shape_out))
     inputs.extend(b.lora_inputs)
+    if image_inputs:
+        image_defaults: dict[str, np.ndarray] = {
+            "image_features": np.zeros((0, cfg.hidden_size), np.float32),
+            "image_rows": np.zeros((0, 2), np.int64)}
+        for name, default in image_defaults.items():
+            em.initializers.append(numpy_helper.from_array(default, name))
+            shape: list[str | int | None] = ["image_rows", int(default.shape[1])]
+            inputs.append(helper.make_tensor_value_info(
+                name, helper.np_dtype_to_tensor_dtype(default.dtype), shape))
     opset = FUSED_OPSET if fused_ops else DECOMPOSED_OPSET
     graph = helper.make_graph(em.nodes, f"{cfg.model_type}_decoder", inputs, outputs, em.initializers)
     opsets = [helper.make_opsetid("", opset)]

@@ -6,6 +6,7 @@ this module reads what every family shares and lets the family set its layer fea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -488,13 +489,22 @@ def load_model_config(checkpoint_dir: Path) -> ModelConfig:
 
 def model_config_from(raw: Mapping[str, Any], generation: Mapping[str, Any] | None = None) -> ModelConfig:
     """The ModelConfig of a config.json's contents (and generation_config.json's, for eos ids)."""
-    from inference.families import family_of_config
+    from inference.families import family_of_config, text_config_of, vision_family_of
 
-    family = family_of_config(raw)
     if raw.get("quantization_config"):
         raise UnsupportedFeatureError(
             "quantized checkpoints (quantization_config) are not supported; use fp32/fp16/bf16 weights"
         )
+    vision = vision_family_of(raw)
+    if vision is not None:
+        from inference.builder.vision_config import vision_config_from
+
+        # The vision side's refusals first (a vision tower of no kind: bad input, one line).
+        vision_config_from(raw, text_hidden=0)
+        # The language model is its text family's decoder; the bundle names the whole model.
+        text = model_config_from(text_config_of(raw), generation)
+        return dataclasses.replace(text, architecture=vision.architectures[0])
+    family = family_of_config(raw)
 
     hidden = _require_int(raw, "hidden_size")
     heads = _require_int(raw, "num_attention_heads")

@@ -34,10 +34,21 @@ from inference.builder.graph import (
     quantized_experts,
 )
 from inference.builder.kernel_plan import KernelPlan, candidate_plans, float_plan
-from inference.builder.model_config import ModelConfig, load_model_config
+from inference.builder.model_config import ModelConfig, load_model_config, load_raw_config
 from inference.builder.quality import MIN_AGREEMENT, Quality, run_gate
 from inference.builder.spec import EngineBuildSpec
+from inference.builder.vision_config import (
+    VisionConfig,
+    load_preprocess,
+    processor_chat_template,
+    text_view,
+    vision_config_from,
+    vision_family,
+    vision_view,
+)
+from inference.builder.vision_graph import VISION_INPUTS, VISION_MODEL, VISION_OUTPUTS, build_vision_graph
 from inference.cpu_class import cpu_class
+from inference.image_preprocess import ClipPreprocess
 from inference.runtime.embedding_batches import working_bytes
 from inference.runtime.ort_session import available_cores
 
@@ -194,6 +205,38 @@ def _matryoshka(checkpoint_dir: Path, hidden: int) -> dict[str, Any] | None:
     return None
 
 
+def _check_vision_spec(vcfg: VisionConfig, cfg: ModelConfig, spec: EngineBuildSpec) -> None:
+    """What a vision-language bundle cannot be built with (one line naming the field)."""
+    if spec.task != "generate":
+        raise BuildInputError(f"task {spec.task!r} is not supported for a vision-language checkpoint "
+                              f"({vcfg.family}); build task 'generate'")
+    if spec.lora:
+        raise BuildInputError(f"lora is not supported for a vision-language checkpoint ({vcfg.family}) yet")
+    if not 0 <= vcfg.image_token_id < cfg.vocab_size:
+        raise BuildInputError(f"config.json image_token_index {vcfg.image_token_id} is outside the language "
+                              f"model's vocabulary ({cfg.vocab_size})")
+    if vcfg.tokens_per_image >= spec.max_input_len:
+        raise BuildInputError(f"one image takes {vcfg.tokens_per_image} prompt tokens; max_input_len "
+                              f"{spec.max_input_len} leaves no room for the text: raise max_input_len")
+
+
+def _vision_record(vcfg: VisionConfig, preprocess: ClipPreprocess) -> dict[str, Any]:
+    """What ``engine.json`` records under ``vision``: the vision graph, how images become its
+    input and how its output enters the prompt."""
+    return {
+        "family": vcfg.family,
+        "model": VISION_MODEL,
+        "inputs": list(VISION_INPUTS),
+        "outputs": list(VISION_OUTPUTS),
+        "precision": "fp32",
+        "image_size": vcfg.image_size,
+        "image_token_id": vcfg.image_token_id,
+        "tokens_per_image": vcfg.tokens_per_image,
+        "feature_size": vcfg.text_hidden_size,
+        "preprocess": preprocess.record(),
+    }
+
+
 def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                  progress: Progress | None = None, *, kernels_override: KernelPlan | None = None,
                  min_agreement: float = MIN_AGREEMENT, reference_file: Path | None = None) -> dict[str, Any]:
@@ -218,8 +261,19 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
 
     report("read", 0.0)
     cfg = load_model_config(checkpoint_dir)
-    ckpt = open_checkpoint(checkpoint_dir)
+    ckpt: CheckpointReader = open_checkpoint(checkpoint_dir)
     fused = fused_ops_supported()
+    raw = load_raw_config(checkpoint_dir)
+    vcfg = vision_config_from(raw, cfg.hidden_size)
+    vision_ckpt: CheckpointReader | None = None
+    preprocess: ClipPreprocess | None = None
+    if vcfg is not None:
+        _check_vision_spec(vcfg, cfg, spec)
+        preprocess = load_preprocess(checkpoint_dir, vcfg)
+        family = vision_family(raw)
+        vision_ckpt = vision_view(ckpt, family)
+        ckpt = text_view(ckpt, family)
+    images = vcfg is not None
     if spec.task == "embed":
         return _build_embedding(cfg, ckpt, checkpoint_dir, out_dir, spec, report, started, fused)
     check_gqa_rotary(cfg)  # the CPU graph's head and rotary sizes, before any graph is written
@@ -245,14 +299,16 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         cpu_src = work / "cpu.onnx"
         if kernels is None:
             io = build_decoder_graph(cfg, ckpt, model_path, max_positions=spec.max_kv_cache_capacity,
-                                     fused_ops=fused, progress=report)
+                                     fused_ops=fused, progress=report, image_inputs=images)
             cpu_io = build_decoder_graph(cfg, ckpt, cpu_src, max_positions=spec.max_kv_cache_capacity,
-                                         fused_ops=fused, kv_layout="gqa", lora=spec.lora, kv_dtype=kv_dtype)
+                                         fused_ops=fused, kv_layout="gqa", lora=spec.lora, kv_dtype=kv_dtype,
+                                         image_inputs=images)
         else:
             report("quantize", 0.0)
             cpu_io = io = build_decoder_graph(
                 cfg, ckpt, cpu_src, max_positions=spec.max_kv_cache_capacity, fused_ops=fused,
-                kv_layout="gqa", kernels=kernels, progress=report, lora=spec.lora, kv_dtype=kv_dtype)
+                kv_layout="gqa", kernels=kernels, progress=report, lora=spec.lora, kv_dtype=kv_dtype,
+                image_inputs=images)
         report("optimize", 0.0)
         _optimize(cpu_src, optimized_path)
         if gated:
@@ -264,7 +320,7 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                 reference = work / "reference.onnx"
                 weights: dict[str, np.ndarray] = {}
                 build_decoder_graph(cfg, ckpt, reference, max_positions=spec.max_kv_cache_capacity,
-                                    fused_ops=fused, kv_layout="gqa", weights_in=weights)
+                                    fused_ops=fused, kv_layout="gqa", weights_in=weights, image_inputs=images)
                 return reference, weights
 
             gate_meta = {
@@ -288,7 +344,7 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                 codes = replace(plan, int8_layout="codes")
                 build_decoder_graph(cfg, ckpt, work / "codes.onnx", max_positions=spec.max_kv_cache_capacity,
                                     fused_ops=fused, kv_layout="gqa", kernels=codes, lora=spec.lora,
-                                    kv_dtype=kv_dtype)
+                                    kv_dtype=kv_dtype, image_inputs=images)
                 _optimize(work / "codes.onnx", optimized_path)
                 return codes
 
@@ -303,7 +359,16 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         report("share", 0.0)
         share_external_data(model_path, optimized_path)
 
+    if vcfg is not None:
+        assert vision_ckpt is not None
+        report("vision", 0.0)
+        build_vision_graph(vcfg, vision_ckpt, out_dir / VISION_MODEL)
     copied = copy_tokenizer_files(checkpoint_dir, out_dir)
+    template = processor_chat_template(checkpoint_dir) if vcfg is not None else None
+    if template is not None and "chat_template.jinja" not in copied:
+        # The processor's template (it places the images) as the file the tokenizer loader reads first.
+        (out_dir / "chat_template.jinja").write_text(template, encoding="utf-8")
+        copied.append("chat_template.jinja")
     report("hash", 0.0)
     files = {
         path.name: {"size": path.stat().st_size, "sha256": file_sha256(path)}
@@ -313,7 +378,8 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     kv_cache = _kv_cache_meta(cfg, cpu_io, spec)
     meta = _metadata(cfg, io, spec, ckpt.source_dtypes(), files, copied, time.monotonic() - started,
                      kv_cache)
-    meta.update(memory_fields(weight_bytes=onnx_weight_bytes(optimized_path),
+    vision_bytes = onnx_weight_bytes(out_dir / VISION_MODEL) if vcfg is not None else 0
+    meta.update(memory_fields(weight_bytes=onnx_weight_bytes(optimized_path) + vision_bytes,
                               kv_bytes_per_token=int(kv_cache["bytes_per_token"]),
                               capacity=spec.max_kv_cache_capacity, slots=spec.max_batch_size))
     if kernels is not None:
@@ -322,6 +388,8 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         meta["quality"] = quality.record()
     if spec.lora:  # absent otherwise, as speculative below
         meta["lora"] = True
+    if vcfg is not None and preprocess is not None:  # absent otherwise: text bundles stay as they were
+        meta["vision"] = _vision_record(vcfg, preprocess)
     speculative = spec.speculative_record()
     if speculative is not None:  # absent otherwise: bundles without speculation stay as they were
         meta["speculative"] = speculative

@@ -57,6 +57,7 @@ from inference.builder.errors import BuildInputError
 from inference.builder.graph import Progress, build_decoder_graph
 from inference.builder.model_config import ModelConfig, load_model_config
 from inference.cuda_device import CudaDevice, cuda_device
+from inference.families import VISION_FAMILIES
 from inference.trt_logging import collecting_logger
 
 log = logging.getLogger("inference.builder.trt")
@@ -68,6 +69,10 @@ TIMING_CACHE_DIR = "trt-timing"
 #: Precisions the TensorRT builder takes: fp16/bf16 compute (norms kept in fp32), fp32, int8 weight-only.
 TIMING_LOCK_TIMEOUT = 600.0
 _LOCK_LOG_INTERVAL = 5.0
+
+
+#: Vision-language architectures: their vision graph and image inputs exist on the CPU backend only.
+VISION_ARCHITECTURES = frozenset(a for f in VISION_FAMILIES for a in f.architectures)
 
 
 def parses_fused_ops(trt_version: str) -> bool:
@@ -373,6 +378,9 @@ def build_trt_bundle(
         raise UnsupportedFeatureError(
             f"{cfg.family}: layers with their own K/V shapes or sharing another layer's K/V (Gemma 4) are "
             "built for the CPU engine only; the TensorRT engine holds one K/V shape for every layer")
+    if cfg.architecture in VISION_ARCHITECTURES:
+        raise BuildInputError(f"{cfg.architecture} (a vision-language model) is built by the onnxruntime "
+                              "backend only; build it with backend onnxruntime")
     ckpt = open_checkpoint(checkpoint_dir)
     fused = parses_fused_ops(version)
     shapes = _profile_shapes(cfg, spec)

@@ -129,6 +129,36 @@ class Family:
         return self.architectures[0]
 
 
+@dataclass(frozen=True)
+class VisionFamily:
+    """A vision-language family: a vision tower and projector in front of a language model of a
+    registered text family (config.json's ``text_config``, built as that family's decoder).
+
+    The checkpoint's tensors sit under prefixes that differ between transformers releases
+    (``language_model.model.`` as written by ``save_pretrained``, ``model.language_model.`` in
+    its in-memory layout); each tuple lists the candidates, the first one present is used."""
+
+    name: str  #: config.json ``model_type`` of the whole model (the docs' row name)
+    architectures: tuple[str, ...]
+    model_types: tuple[str, ...]
+    #: (the checkpoint's prefix for the decoder's ``model.``, for its ``lm_head.``) candidate pairs
+    text_prefixes: tuple[tuple[str, str], ...]
+    vision_prefixes: tuple[str, ...]  #: where the vision tower's ``embeddings.`` ... live
+    projector_prefixes: tuple[str, ...]  #: where the projector's ``linear_1`` ... live
+    vision_model_types: tuple[str, ...]  #: ``vision_config.model_type`` values it builds
+    text_model_type: str = "llama"  #: ``text_config.model_type`` when the config leaves it out
+    #: transformers' config defaults of a language model by its model_type: the hub's configs
+    #: (llava-hf's) write only the fields that differ from them in ``text_config``
+    text_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    notes: str = ""
+
+
+def _load_vision() -> tuple[VisionFamily, ...]:
+    from inference.families import llava
+
+    return (llava.VISION_FAMILY,)
+
+
 def _load() -> tuple[Family, ...]:
     from inference.families import (
         arcee,
@@ -165,6 +195,11 @@ def _load() -> tuple[Family, ...]:
 
 
 FAMILIES: tuple[Family, ...] = _load()
+#: Vision-language families: apart from :data:`FAMILIES`, whose every entry is a text decoder
+#: with its own parity case; their language model is one of :data:`FAMILIES`.
+VISION_FAMILIES: tuple[VisionFamily, ...] = _load_vision()
+_VISION_BY_ARCH = {a: f for f in VISION_FAMILIES for a in f.architectures}
+_VISION_BY_TYPE = {t: f for f in VISION_FAMILIES for t in f.model_types}
 _BY_ARCH = {a: f for f in FAMILIES for a in f.architectures}
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 _BY_GGUF: dict[str, list[Family]] = {}
@@ -174,19 +209,59 @@ for _f in FAMILIES:
 
 
 def family_names() -> tuple[str, ...]:
-    """Every family's name, in registry order."""
+    """Every text family's name, in registry order."""
     return tuple(f.name for f in FAMILIES)
+
+
+def vision_family_names() -> tuple[str, ...]:
+    """Every vision-language family's name, in registry order."""
+    return tuple(f.name for f in VISION_FAMILIES)
 
 
 def unsupported(what: str) -> BuildInputError:
     """The one-line refusal for a model of no registered family."""
     return BuildInputError(
-        f"unsupported model family {what}; supported: {', '.join(family_names())} (see {DOCS_PAGE})"
+        f"unsupported model family {what}; supported: {', '.join(family_names())}; vision-language: "
+        f"{', '.join(vision_family_names())} (see {DOCS_PAGE})"
     )
 
 
+def vision_family_of(raw: Mapping[str, Any]) -> VisionFamily | None:
+    """The vision-language family of a config.json (by architecture, else model_type), or None."""
+    archs = raw.get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    if isinstance(arch, str):
+        return _VISION_BY_ARCH.get(arch)
+    model_type = raw.get("model_type")
+    return _VISION_BY_TYPE.get(model_type) if isinstance(model_type, str) else None
+
+
+def text_config_of(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The language model's config.json of a vision-language config: its ``text_config`` over
+    ``tie_word_embeddings`` of the top level over transformers' defaults of that model type (the
+    family's ``text_defaults``; ``model_type`` the family's default where it is left out)."""
+    family = vision_family_of(raw)
+    if family is None:
+        raise ValueError("not a vision-language config")
+    text = raw.get("text_config")
+    if text is None:
+        text = {}
+    if not isinstance(text, Mapping):
+        raise BuildInputError(f"config.json text_config must be an object, got {type(text).__name__}")
+    model_type = text.get("model_type", family.text_model_type)
+    top = {"tie_word_embeddings": raw["tie_word_embeddings"]} if "tie_word_embeddings" in raw else {}
+    out = {**family.text_defaults.get(str(model_type), {}), **top, **text, "model_type": model_type}
+    out.pop("architectures", None)
+    if out["model_type"] not in _BY_TYPE:
+        raise unsupported(f"{out['model_type']!r} (the language model of a {family.name} checkpoint)")
+    return out
+
+
 def family_of_config(raw: Mapping[str, Any]) -> Family:
-    """The family of a config.json: by its first architecture, else by its model_type."""
+    """The family of a config.json: by its first architecture, else by its model_type (of a
+    vision-language checkpoint: its language model's family)."""
+    if vision_family_of(raw) is not None:
+        return family_of_config(text_config_of(raw))
     archs = raw.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and archs else None
     if isinstance(arch, str) and arch in _BY_ARCH:
@@ -236,4 +311,14 @@ def support_table() -> str:
         gguf = ", ".join(f.gguf_architectures) or "—"
         rows.append(f"| {f.name} | {', '.join(f.architectures)} | {gguf} | {f.tokenizer} | "
                     f"{f.parsers[0]}, {f.parsers[1]} | {', '.join(f.lora_targets)} | {f.notes} |")
+    return "\n".join(rows) + "\n"
+
+
+def vision_support_table() -> str:
+    """The docs' vision-language table (docs/model-families.md holds exactly this; a test checks)."""
+    rows = ["| family | transformers classes | vision tower | language model | notes |",
+            "|---|---|---|---|---|"]
+    for f in VISION_FAMILIES:
+        rows.append(f"| {f.name} | {', '.join(f.architectures)} | {', '.join(f.vision_model_types)} | "
+                    f"text_config of a registered family (default {f.text_model_type}) | {f.notes} |")
     return "\n".join(rows) + "\n"

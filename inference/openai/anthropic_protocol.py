@@ -37,7 +37,7 @@ __all__ = [
 
 class AnthropicBlock(msgspec.Struct, kw_only=True):
     """One input content block: ``text``, ``tool_use`` and ``thinking`` (assistant) or
-    ``tool_result`` (user)."""
+    ``tool_result`` and ``image`` (user)."""
 
     type: str
     text: str | None = None
@@ -49,6 +49,9 @@ class AnthropicBlock(msgspec.Struct, kw_only=True):
     is_error: bool | None = None
     thinking: str | None = None
     signature: str | None = None
+    #: An ``image`` block's image: ``{"type": "base64", "media_type": ..., "data": ...}`` or
+    #: ``{"type": "url", "url": ...}`` (refused: this server fetches nothing).
+    source: dict[str, Any] | None = None
 
 
 class AnthropicMessage(msgspec.Struct, kw_only=True):

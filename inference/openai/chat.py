@@ -4,6 +4,7 @@ with the reasoning and tool-call parsers of the model's handle."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from inference.generation import StepOutput, TokenLogprob
 from inference.model_pool import ModelPool
@@ -30,6 +32,15 @@ from inference.openai.handle import (
     interleave,
     to_json,
     usage_of,
+)
+from inference.openai.images import (
+    ImagePart,
+    check_expanded_length,
+    check_parts,
+    expand_placeholders,
+    image_parts,
+    image_rows,
+    refuse_text_only,
 )
 from inference.openai.protocol import (
     ChatCompletionChoice,
@@ -172,26 +183,30 @@ class ChatEndpoint:
         max_tokens, param = req.output_limit()
         top = req.top_logprobs_asked()
         self.check_size(handle, req.messages)
+        check_image_parts(handle, req.messages)
         tool_plan = _tool_setup(handle, req)
         tools = tool_plan.tools
         grammar = await _output_grammar(handle, req, tool_plan)
-        prompt = await self.render(
+        rendered = await self.prompt_ids(
             handle,
             req.messages,
             tools=tools,
             add_generation_prompt=req.add_generation_prompt,
             chat_template_kwargs=req.chat_template_kwargs,
         )
-        ids = await handle.encode(prompt, add_special_tokens=False, param="messages")
+        prompt = rendered.text
         plan = handle.plan(
             req,
-            prompt_ids=ids,
+            prompt_ids=rendered.ids,
             prompt_text=prompt,
             prompt_param="messages",
             max_tokens=max_tokens,
             max_tokens_param=param,
             top_logprobs=top,
         )
+        if handle.vision is not None and rendered.parts:
+            rows = await image_rows(handle.vision, rendered.parts, rendered.positions)
+            plan = dataclasses.replace(plan, images=rows)
         turn = ChatTurn(
             handle=handle,
             plan=plan,
@@ -205,6 +220,37 @@ class ChatEndpoint:
             turn.firsts = await handle.first_outputs(turn.runs)
         return turn
 
+    async def prompt_ids(
+        self,
+        handle: ModelHandle,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        chat_template_kwargs: dict[str, Any] | None,
+        add_special_tokens: bool = False,
+    ) -> RenderedPrompt:
+        """The prompt of ``messages`` as a chat turn runs it: the template applied, tokenized, and
+        for a vision-language model each image placeholder expanded to its image tokens (the
+        images themselves are not decoded here). Shared by the chat turn, ``/tokenize`` and
+        ``/v1/messages/count_tokens``, so they count the same tokens."""
+        parts = check_image_parts(handle, messages)
+        vision = handle.vision
+        prompt = await self.render(
+            handle,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=chat_template_kwargs,
+            parts_form=vision is not None,
+        )
+        ids = await handle.encode(prompt, add_special_tokens=add_special_tokens, param="messages")
+        positions = np.zeros(0, np.int64)
+        if vision is not None:
+            check_expanded_length(len(ids), len(parts), vision.tokens_per_image, handle.options.max_input_len)
+            ids, positions = expand_placeholders(ids, vision, len(parts))
+        return RenderedPrompt(prompt, ids, parts, positions)
+
     async def render(
         self,
         handle: ModelHandle,
@@ -213,8 +259,11 @@ class ChatEndpoint:
         tools: list[dict[str, Any]] | None,
         add_generation_prompt: bool,
         chat_template_kwargs: dict[str, Any] | None,
+        parts_form: bool = False,
     ) -> str:
-        """The chat template applied to ``messages`` (off the event loop)."""
+        """The chat template applied to ``messages`` (off the event loop); ``parts_form`` (a
+        vision-language model): every content as a list of parts, images as ``{"type": "image"}``,
+        the form transformers' processors give their templates."""
         kwargs = dict(chat_template_kwargs or {})
         reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
         if reserved:
@@ -223,7 +272,7 @@ class ChatEndpoint:
                 "own fields (messages, tools, add_generation_prompt)",
                 param="chat_template_kwargs",
             )
-        converted = _template_messages(messages)
+        converted = _template_messages(messages, parts_form=parts_form)
 
         def render() -> str:
             return handle.tokenizer.apply_chat_template(
@@ -361,8 +410,40 @@ class ChatEndpoint:
         yield DONE
 
 
-def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """The messages as the chat template takes them (text parts joined, tool-call arguments as mappings)."""
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A chat prompt ready to run: its text, its ids (image tokens expanded), its image parts and
+    the positions of their rows in ``ids``."""
+
+    text: str
+    ids: list[int]
+    parts: list[ImagePart]
+    positions: np.ndarray
+
+
+def check_image_parts(handle: ModelHandle, messages: Sequence[ChatMessage]) -> list[ImagePart]:
+    """The image parts of ``messages``, refused before any work where the model takes text only,
+    where there are too many, or where a URL is not an image this server reads."""
+    parts = image_parts(messages)
+    if parts and handle.vision is None:
+        refuse_text_only(messages, handle.options.served_model_name)
+    check_parts(parts)
+    return parts
+
+
+def _content_parts(m: ChatMessage) -> list[dict[str, Any]]:
+    """A message's content as a vision-language template takes it: a list of text and image parts."""
+    if m.content is None:
+        return []
+    if isinstance(m.content, str):
+        return [{"type": "text", "text": m.content}]
+    return [{"type": "image"} if part.type == "image_url" else {"type": "text", "text": part.text or ""}
+            for part in m.content]
+
+
+def _template_messages(messages: Sequence[ChatMessage], *, parts_form: bool = False) -> list[dict[str, Any]]:
+    """The messages as the chat template takes them (text parts joined, or with ``parts_form`` a
+    list of parts; tool-call arguments as mappings)."""
     if not messages:
         raise InvalidRequestError("messages must contain at least one message", param="messages")
     out: list[dict[str, Any]] = []
@@ -373,8 +454,15 @@ def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
                 f"messages[{i}].role must be system, developer, user, assistant or tool; got {m.role!r}",
                 param=f"messages[{i}].role",
             )
-        content: str | None
-        if isinstance(m.content, list):
+        content: str | list[dict[str, Any]] | None
+        if parts_form:
+            for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+                if part.type not in ("text", "image_url") or (part.type == "text" and part.text is None):
+                    raise InvalidRequestError(
+                        f"messages[{i}].content[{j}] has type {part.type!r}; text and image_url parts are "
+                        "supported", param=f"messages[{i}].content[{j}].type")
+            content = _content_parts(m) if m.content is not None else None
+        elif isinstance(m.content, list):
             parts: list[str] = []
             for j, part in enumerate(m.content):
                 if part.type != "text" or part.text is None:
@@ -391,7 +479,8 @@ def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             raise InvalidRequestError(
                 f"messages[{i}].content is required", param=f"messages[{i}].content"
             )
-        msg: dict[str, Any] = {"role": role, "content": content if content is not None else ""}
+        msg: dict[str, Any] = {"role": role,
+                               "content": content if content is not None else ([] if parts_form else "")}
         if m.name is not None:
             msg["name"] = m.name
         if m.tool_call_id is not None:

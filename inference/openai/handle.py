@@ -37,7 +37,7 @@ from inference.openai.protocol import (
 )
 from inference.openai.reasoning import ReasoningParser, get_reasoning_parser
 from inference.openai.tool_parsers import ToolParser, get_tool_parser
-from inference.runtime.protocol import Embedder, Engine
+from inference.runtime.protocol import Embedder, Engine, ImageEngine, ImageRows, VisionModel
 from inference.sampling import Sampler, SamplingParams
 from inference.scheduler import AsyncOutputStream, GenerationRequest, Scheduler, SchedulerObserver
 from inference.speculative import ProposerFactory
@@ -142,6 +142,8 @@ class Plan:
     ignore_eos: bool = False
     #: The LoRA adapter the request's model name runs (None: the base weights).
     adapter: str | None = None
+    #: A vision-language prompt's image feature rows (the request then skips context reuse).
+    images: ImageRows | None = None
 
 
 class ChoiceRun:
@@ -198,6 +200,8 @@ class ModelHandle:
         #: The engine's embedding side when the bundle is an embedding model (``/v1/embeddings``),
         #: else None; an embedding model answers no generation request.
         self.embedder: Embedder | None = engine if isinstance(engine, Embedder) else None
+        #: The bundle's vision side (image parts accepted) or None (a text-only model).
+        self.vision: VisionModel | None = engine.vision if isinstance(engine, ImageEngine) else None
         #: Served names that run this model with a LoRA adapter loaded in its engine: name ->
         #: the engine's adapter name (``--lora-modules``; see :meth:`add_lora`).
         self.lora_names: dict[str, str] = {}
@@ -299,6 +303,7 @@ class ModelHandle:
             "max_model_len": self.options.max_model_len,
             "max_batch_size": self.scheduler.max_batch_size,
             "context_reuse": self.scheduler.context_reuse,
+            "images": self.vision is not None,
         }
         caps.update(self.options.capabilities)
         extra = {"reason": self._unavailable} if self._unavailable is not None else {}
@@ -583,11 +588,13 @@ class ModelHandle:
                 Sampler(params, self.vocab_size, constraint, prompt_ids=plan.prompt_ids),
                 state,
                 sink,
-                cache_prompt=plan.cache_prompt,
+                # Image features change the KV behind the same token ids: never reused, never kept.
+                cache_prompt=plan.cache_prompt and plan.images is None,
                 prefix_from=reqs[0] if reqs else None,
                 speculative=constraint is None,
                 cache_salt=plan.cache_salt,
                 adapter=plan.adapter,
+                images=plan.images,
             )
             reqs.append(greq)
             sinks.append(sink)

@@ -40,8 +40,10 @@ from inference.openai.handle import closing
 from inference.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
+    ContentPart,
     FunctionCall,
     FunctionDefinition,
+    ImageUrl,
     JsonSchemaFormat,
     NamedToolChoice,
     ResponseFormat,
@@ -93,7 +95,24 @@ def _text_of(blocks: str | Sequence[AnthropicBlock | dict[str, Any]] | None, par
     return "\n".join(parts)
 
 
-def _chat_messages(req: AnthropicMessagesRequest | AnthropicCountTokensRequest) -> list[ChatMessage]:
+def _image_part(b: AnthropicBlock, where: str) -> tuple[ContentPart, str]:
+    """A user turn's ``image`` block as a chat ``image_url`` part, and the block's field that
+    holds the image (for the ``param`` of a 400)."""
+    source = b.source or {}
+    kind = source.get("type")
+    if kind == "base64":
+        url = f"data:{source.get('media_type') or ''};base64,{source.get('data') or ''}"
+        return ContentPart(type="image_url", image_url=ImageUrl(url=url)), f"{where}.source.data"
+    if kind == "url" and isinstance(source.get("url"), str):
+        return ContentPart(type="image_url", image_url=ImageUrl(url=source["url"])), f"{where}.source.url"
+    raise InvalidRequestError(f"{where}.source must be {{'type': 'base64', 'media_type': ..., 'data': ...}}",
+                              param=f"{where}.source")
+
+
+def _chat_messages(req: AnthropicMessagesRequest | AnthropicCountTokensRequest,
+                   renames: dict[str, str] | None = None) -> list[ChatMessage]:
+    """The chat messages of an Anthropic request; ``renames`` receives, for each image block, its
+    chat part's field -> the block's own (so a 400 names the field the client sent)."""
     out: list[ChatMessage] = []
     if req.system:
         out.append(ChatMessage(role="system", content=_text_of(req.system, "system")))
@@ -109,6 +128,8 @@ def _chat_messages(req: AnthropicMessagesRequest | AnthropicCountTokensRequest) 
             out.append(ChatMessage(role=m.role, content=m.content))
             continue
         texts: list[str] = []
+        parts: list[ContentPart] = []  # text and images in order, where the turn has an image
+        images: list[tuple[int, str, str]] = []  # (part index, block, block's image field)
         thoughts: list[str] = []
         calls: list[ToolCall] = []
         results: list[ChatMessage] = []
@@ -116,6 +137,11 @@ def _chat_messages(req: AnthropicMessagesRequest | AnthropicCountTokensRequest) 
             where = f"messages[{i}].content[{j}]"
             if b.type == "text" and b.text is not None:
                 texts.append(b.text)
+                parts.append(ContentPart(type="text", text=b.text))
+            elif b.type == "image" and m.role == "user":
+                part, field = _image_part(b, where)
+                images.append((len(parts), where, field))
+                parts.append(part)
             elif b.type == "tool_use" and m.role == "assistant" and b.id and b.name:
                 args = json.dumps(b.input or {}, ensure_ascii=False)
                 calls.append(ToolCall(id=b.id, function=FunctionCall(name=b.name, arguments=args)))
@@ -128,12 +154,19 @@ def _chat_messages(req: AnthropicMessagesRequest | AnthropicCountTokensRequest) 
                 raise InvalidRequestError(
                     f"{where}: a {m.role} block of type {b.type!r} is not supported (text; tool_use "
                     "with id/name/input and thinking in assistant turns; tool_result with tool_use_id "
-                    "in user turns)",
+                    "and image in user turns)",
                     param=f"{where}.type",
                 )
         # Tool results answer the previous assistant turn, so they come before the user's text.
         out.extend(results)
-        if texts or calls or thoughts or not results:
+        if images:
+            for k, where, field in images:
+                chat = f"messages[{len(out)}].content[{k}]"
+                if renames is not None:
+                    renames[chat] = where
+                    renames[f"{chat}.image_url.url"] = field
+            out.append(ChatMessage(role=m.role, content=parts))
+        elif texts or calls or thoughts or not results:
             said = "\n".join(texts) if texts or not calls else None
             thought = "\n".join(thoughts) if thoughts else None
             out.append(
@@ -195,7 +228,7 @@ class MessagesEndpoint:
     def __init__(self, chat: ChatEndpoint) -> None:
         self.chat = chat
 
-    def _as_chat(self, req: AnthropicMessagesRequest) -> ChatCompletionRequest:
+    def _as_chat(self, req: AnthropicMessagesRequest, renames: dict[str, str]) -> ChatCompletionRequest:
         if req.max_tokens < 1:
             raise InvalidRequestError("max_tokens must be at least 1", param="max_tokens")
         if req.temperature is not None and not 0.0 <= req.temperature <= 1.0:
@@ -205,7 +238,7 @@ class MessagesEndpoint:
         tools, choice = _tools(req)
         return ChatCompletionRequest(
             model=req.model,
-            messages=_chat_messages(req),
+            messages=_chat_messages(req, renames),
             max_tokens=req.max_tokens,
             temperature=req.temperature,
             top_p=req.top_p,
@@ -224,8 +257,11 @@ class MessagesEndpoint:
     ) -> AnthropicMessagesResponse | AsyncIterator[ServerSentEventMessage]:
         """``POST /v1/messages``: a message, or Anthropic's event stream."""
         async with self.chat.pool.lease(req.model, keep_alive=req.keep_alive) as lease:
-            with renamed_params(_RENAMED):
-                turn = await self.chat.start_turn(lease.handle, self._as_chat(req))
+            renames = dict(_RENAMED)
+            with renamed_params(_RENAMED):  # the image renames are for the chat turn's errors only
+                chat_req = self._as_chat(req, renames)
+            with renamed_params(renames):
+                turn = await self.chat.start_turn(lease.handle, chat_req)
             mid = f"msg_{uuid.uuid4().hex}"
             if turn.plan.stream:
                 return lease.held_by(closing(turn.runs, self._message_stream(turn, mid, req.model)))
@@ -259,18 +295,19 @@ class MessagesEndpoint:
         async with self.chat.pool.lease(req.model, keep_alive=req.keep_alive) as lease:
             handle = lease.handle
             handle.check_admitting()
-            messages = _chat_messages(req)
+            renames = dict(_RENAMED)
+            messages = _chat_messages(req, renames)
             tools, _ = _tools(req)
-            self.chat.check_size(handle, messages)
-            prompt = await self.chat.render(
-                handle,
-                messages,
-                tools=[msgspec.to_builtins(t) for t in tools] if tools else None,
-                add_generation_prompt=True,
-                chat_template_kwargs=None,
-            )
-            ids = await handle.encode(prompt, add_special_tokens=False, param="messages")
-            return AnthropicCountTokensResponse(input_tokens=len(ids))
+            with renamed_params(renames):
+                self.chat.check_size(handle, messages)
+                rendered = await self.chat.prompt_ids(
+                    handle,
+                    messages,
+                    tools=[msgspec.to_builtins(t) for t in tools] if tools else None,
+                    add_generation_prompt=True,
+                    chat_template_kwargs=None,
+                )
+            return AnthropicCountTokensResponse(input_tokens=len(rendered.ids))
 
     async def _message_stream(
         self, turn: ChatTurn, mid: str, model: str

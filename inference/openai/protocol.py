@@ -44,6 +44,7 @@ __all__ = [
     "DetokenizeResponse",
     "FunctionCall",
     "FunctionDefinition",
+    "ImageUrl",
     "JsonSchemaFormat",
     "ModelCard",
     "ModelList",
@@ -304,11 +305,21 @@ class CompletionRequest(_SamplingFields, kw_only=True):
             raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
 
 
+class ImageUrl(msgspec.Struct):
+    """An image part's image: a ``data:`` URL (base64); ``detail`` is accepted with no effect
+    (one image is always the vision model's fixed number of tokens)."""
+
+    url: str
+    detail: str | None = None
+
+
 class ContentPart(msgspec.Struct):
-    """One part of a message's content; only ``{"type": "text", "text": ...}`` is supported."""
+    """One part of a message's content: ``{"type": "text", "text": ...}``, or for a
+    vision-language model ``{"type": "image_url", "image_url": {"url": "data:..."}}``."""
 
     type: str
     text: str | None = None
+    image_url: ImageUrl | None = None
 
 
 class FunctionCall(msgspec.Struct):
@@ -519,6 +530,8 @@ class ModelCard(msgspec.Struct):
     loaded: bool | None = None
     #: vLLM's: the base model a LoRA adapter's name runs on (None for a base model).
     parent: str | None = None
+    #: What the model takes: ``["text"]``, or ``["text", "image"]`` for a vision-language model.
+    input_modalities: list[str] | None = None
 
 
 class ModelList(msgspec.Struct):

@@ -25,8 +25,10 @@ from inference.openai.handle import closing
 from inference.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
+    ContentPart,
     FunctionCall,
     FunctionDefinition,
+    ImageUrl,
     JsonSchemaFormat,
     ResponseFormat,
     Tool,
@@ -87,7 +89,38 @@ def _parts_text(content: str | list[dict[str, Any]] | None, param: str) -> str:
     return "\n".join(texts)
 
 
-def _conversation(req: ResponsesRequest) -> list[ChatMessage]:
+def _image_message(role: str, content: list[dict[str, Any]], where: str, chat: str,
+                   renames: dict[str, str] | None) -> ChatMessage | None:
+    """A message with ``input_image`` parts as chat parts (text and ``image_url``), None where it
+    has none; ``renames`` receives each image's chat field -> its own (``chat``: the message's)."""
+    if not any(part.get("type") == "input_image" for part in content):
+        return None
+    if role != "user":
+        raise InvalidRequestError(f"{where}: images are accepted in user messages only", param=where)
+    parts: list[ContentPart] = []
+    for j, part in enumerate(content):
+        if part.get("type") == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str):
+                raise InvalidRequestError(f"{where}[{j}]: an input_image needs image_url (a data: URL); "
+                                          "file_id is not supported", param=f"{where}[{j}].image_url")
+            if renames is not None:
+                renames[f"{chat}.content[{j}]"] = f"{where}[{j}]"
+                renames[f"{chat}.content[{j}].image_url.url"] = f"{where}[{j}].image_url"
+            detail = part.get("detail")
+            image = ImageUrl(url=url, detail=detail if isinstance(detail, str) else None)
+            parts.append(ContentPart(type="image_url", image_url=image))
+        elif part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str):
+            parts.append(ContentPart(type="text", text=part["text"]))
+        else:
+            raise InvalidRequestError(
+                f"{where}[{j}] has type {part.get('type')!r}; text parts (input_text, output_text) and "
+                "input_image are supported", param=f"{where}[{j}].type")
+    return ChatMessage(role=role, content=parts)
+
+
+def _conversation(req: ResponsesRequest, renames: dict[str, str] | None = None) -> list[ChatMessage]:
+    """The chat messages of a Responses request; ``renames`` receives the image parts' fields."""
     out: list[ChatMessage] = []
     if req.instructions:
         out.append(ChatMessage(role="system", content=req.instructions))
@@ -105,7 +138,10 @@ def _conversation(req: ResponsesRequest) -> list[ChatMessage]:
                     f"{where}.role must be user, system, developer or assistant; got {item.role!r}",
                     param=f"{where}.role",
                 )
-            out.append(ChatMessage(role=item.role, content=_parts_text(item.content, f"{where}.content")))
+            images = (_image_message(item.role, item.content, f"{where}.content", f"messages[{len(out)}]",
+                                     renames) if isinstance(item.content, list) else None)
+            out.append(images or ChatMessage(role=item.role,
+                                             content=_parts_text(item.content, f"{where}.content")))
         elif kind == "function_call":
             if not item.call_id or not item.name:
                 raise InvalidRequestError(f"{where}: a function_call needs call_id and name", param=where)
@@ -191,7 +227,7 @@ class ResponsesEndpoint:
     def __init__(self, chat: ChatEndpoint) -> None:
         self.chat = chat
 
-    def _responses_chat(self, req: ResponsesRequest) -> ChatCompletionRequest:
+    def _responses_chat(self, req: ResponsesRequest, renames: dict[str, str]) -> ChatCompletionRequest:
         if req.previous_response_id is not None:
             raise InvalidRequestError(
                 "previous_response_id is not supported: this server stores no responses (retrieval is not "
@@ -210,7 +246,7 @@ class ResponsesEndpoint:
         tools, choice = _tools(req)
         return ChatCompletionRequest(
             model=req.model,
-            messages=_conversation(req),
+            messages=_conversation(req, renames),
             max_completion_tokens=req.max_output_tokens,
             temperature=req.temperature,
             top_p=req.top_p,
@@ -244,8 +280,11 @@ class ResponsesEndpoint:
     ) -> ResponseObject | AsyncIterator[ServerSentEventMessage]:
         """``POST /v1/responses``: a response object, or the Responses event stream."""
         async with self.chat.pool.lease(req.model, keep_alive=req.keep_alive) as lease:
-            with renamed_params(_RENAMED):
-                turn = await self.chat.start_turn(lease.handle, self._responses_chat(req))
+            renames = dict(_RENAMED)
+            with renamed_params(_RENAMED):  # the image renames are for the chat turn's errors only
+                chat_req = self._responses_chat(req, renames)
+            with renamed_params(renames):
+                turn = await self.chat.start_turn(lease.handle, chat_req)
             rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
             if turn.plan.stream:
                 return lease.held_by(closing(turn.runs, self._response_stream(turn, req, rid, created)))

@@ -49,15 +49,15 @@ class TokenizeEndpoint:
                 assert req.messages is not None
                 self.chat.check_size(handle, req.messages)
                 tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
-                prompt = await self.chat.render(
+                rendered = await self.chat.prompt_ids(
                     handle,
                     req.messages,
                     tools=tools,
                     add_generation_prompt=req.add_generation_prompt,
                     chat_template_kwargs=req.chat_template_kwargs,
+                    add_special_tokens=bool(req.add_special_tokens),
                 )
-                special = bool(req.add_special_tokens)
-                ids = await handle.encode(prompt, add_special_tokens=special, param="messages")
+                ids = rendered.ids
             strs = [handle.tokenizer.token_text(t) for t in ids] if req.return_token_strs else None
             return TokenizeResponse(
                 count=len(ids), max_model_len=handle.options.max_model_len, tokens=ids, token_strs=strs

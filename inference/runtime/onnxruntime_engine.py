@@ -42,7 +42,7 @@ import onnxruntime as ort
 from inference.build_profile import KV_CACHE_NUMPY_DTYPES
 from inference.runtime.kv_layers import kv_layer_shapes
 from inference.runtime.ort_session import cpu_session
-from inference.runtime.protocol import EngineInfo
+from inference.runtime.protocol import EngineInfo, VisionModel
 from inference.runtime.slot_checks import (
     SlotLengths,
     check_decode,
@@ -160,6 +160,12 @@ class GqaEngine(SlotLengths):
         self._adapters: dict[str, dict[str, ort.OrtValue]] = {}
         self._bound_adapter: str | None = None
         self._slot_adapter: list[str | None] = [None] * max_slots
+        #: Vision-language bundles: the graph's image inputs (engine.json ``vision``), bound on
+        #: the prefill runs of chunks that hold image tokens and back to empty after them.
+        self._vision: VisionModel | None = None
+        self._image_inputs = "vision" in meta
+        self._hidden = int(meta["hidden_size"])
+        self._images_bound: tuple[np.ndarray, np.ndarray] | None = None
         self._info = onnx_engine_info(
             meta, model_path, max_slots=max_slots, threads=threads, kv_layout=KV_LAYOUT,
             kv_bytes_per_token=int(kv.get("bytes_per_token", self.kv_bytes_per_token)),
@@ -175,6 +181,17 @@ class GqaEngine(SlotLengths):
         if self._session is None:
             raise RuntimeError("the engine is closed")
         return Path(self._session.end_profiling())
+
+    @property
+    def vision(self) -> VisionModel | None:
+        """The bundle's vision side (None: text-only)."""
+        return self._vision
+
+    def attach_vision(self, vision: VisionModel) -> None:
+        """Give a vision-language bundle's engine its vision side (the loader does)."""
+        if not self._image_inputs:
+            raise ValueError("this bundle's graph has no image inputs")
+        self._vision = vision
 
     def set_memory_bytes(self, n: int) -> None:
         """Record the loader's memory estimate (weights + KV) in :attr:`info`."""
@@ -310,12 +327,29 @@ class GqaEngine(SlotLengths):
         self._binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         self._bound = (lo, batch, keep)
 
+    def _bind_images(self, images: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """Bind ``(rows [n, 2], features [n, hidden])`` to the graph's image inputs, or empty ones
+        where a run has none (a binding stays until replaced; the arrays are kept alive here)."""
+        if images is None:
+            if self._images_bound is None or not len(self._images_bound[0]):
+                return
+            images = (np.zeros((0, 2), np.int64), np.zeros((0, self._hidden), np.float32))
+        rows, features = images
+        # Overridable initializers (their default: empty) bind as OrtValues, as LoRA inputs do.
+        self._binding.bind_ortvalue_input("image_rows", ort.OrtValue.ortvalue_from_numpy(rows))
+        self._binding.bind_ortvalue_input("image_features", ort.OrtValue.ortvalue_from_numpy(features))
+        self._images_bound = images
+
     def _run(self, lo: int, ids: np.ndarray, past: np.ndarray, keep: int = 1,
-             adapter: str | None = None) -> np.ndarray:
+             adapter: str | None = None,
+             images: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """Append ``ids`` [B,S] to rows ``lo..lo+B-1`` holding ``past`` [B] positions; logits of
-        the last ``keep`` positions of each row, [B,keep,V]; with ``adapter`` active."""
+        the last ``keep`` positions of each row, [B,keep,V]; with ``adapter`` active and the
+        embeddings of ``images`` (rows [n, 2]: batch row, chunk position; features) replaced."""
         if self._session is None:
             raise RuntimeError("engine is closed")
+        if self._image_inputs:
+            self._bind_images(images)
         batch, new = ids.shape
         self._bind_kv(lo, batch, keep)
         seqlens = (past + new - 1).astype(np.int32)
@@ -343,6 +377,33 @@ class GqaEngine(SlotLengths):
             part = ids[start:start + self._chunk]
             logits = self._run(slot, part[None, :], np.array([self._lengths[slot]]),
                                adapter=self._slot_adapter[slot])[0, 0]
+            self._lengths[slot] += part.size
+        return logits
+
+    def prefill_images(self, slot: int, token_ids: Sequence[int], rows: np.ndarray,
+                       features: np.ndarray) -> np.ndarray:
+        """:meth:`prefill` with the embeddings of positions ``rows [n]`` of ``token_ids``
+        replaced by ``features [n, hidden]`` (a vision-language bundle's image tokens)."""
+        if not self._image_inputs:
+            raise ValueError("this bundle is text-only: its graph takes no image features")
+        self._check_slot(slot)
+        ids = self._check_tokens(token_ids)
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        features = np.ascontiguousarray(features, dtype=np.float32)
+        if features.shape != (rows.size, self._hidden):
+            raise ValueError(f"image features of shape {features.shape} for {rows.size} rows of width "
+                             f"{self._hidden}")
+        if rows.size and (rows.min() < 0 or rows.max() >= ids.size or np.any(np.diff(rows) <= 0)):
+            raise ValueError(f"image rows must be ascending positions within the {ids.size} tokens")
+        check_prefill(slot, self._lengths[slot], int(ids.size), self._cap)
+        logits = np.empty(0, dtype=np.float32)
+        for start in range(0, ids.size, self._chunk):
+            part = ids[start:start + self._chunk]
+            lo, hi = np.searchsorted(rows, [start, start + part.size])
+            mine = rows[lo:hi] - start
+            images = (np.stack([np.zeros_like(mine), mine], axis=1), features[lo:hi]) if mine.size else None
+            logits = self._run(slot, part[None, :], np.array([self._lengths[slot]]),
+                               adapter=self._slot_adapter[slot], images=images)[0, 0]
             self._lengths[slot] += part.size
         return logits
 
@@ -403,3 +464,4 @@ class GqaEngine(SlotLengths):
         self._logits = {}
         self._lengths = [0] * self._slots
         self._adapters = {}
+        self._images_bound = None

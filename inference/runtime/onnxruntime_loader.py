@@ -13,6 +13,7 @@ from inference.runtime.errors import EngineLoadError
 from inference.runtime.onnxruntime_engine import KV_LAYOUT, GqaEngine, kv_dtype_of
 from inference.runtime.ort_session import available_cores
 from inference.runtime.registry import ENGINE_FILE, is_embedding, load_engine, memory_estimate, read_meta
+from inference.runtime.vision_encoder import VisionEncoder
 
 # Format 1 (two weight copies, no in-place KV graph) is refused: rebuilding is cheap and the
 # cache rebuilds it anyway (the builder version is part of the bundle profile).
@@ -105,6 +106,9 @@ def load_ort_engine(
         raise EngineLoadError(
             f"onnxruntime cannot load {model}: {exc}; verify or rebuild the bundle"
         ) from exc
+    vision = meta.get("vision")
+    if isinstance(vision, dict):
+        engine.attach_vision(VisionEncoder(bundle_dir, vision, threads=n_threads))
     engine.set_memory_bytes(memory_estimate(bundle_dir, max_slots=slots))
     return engine
 

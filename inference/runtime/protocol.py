@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -132,4 +132,52 @@ class Embedder(Protocol):
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
         """Unit vectors ``[len(inputs), dimensions]`` float32, in order."""
+        ...
+
+
+@dataclass(frozen=True)
+class ImageRows:
+    """Rows of a prompt's token embeddings replaced by image features: ``positions [n]`` (int64,
+    ascending, indices into the prompt) and ``features [n, hidden]`` (float32), row by row."""
+
+    positions: np.ndarray
+    features: np.ndarray
+
+    def window(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows among prompt positions ``[start, start + length)``: (positions relative to
+        ``start``, their features)."""
+        lo, hi = np.searchsorted(self.positions, [start, start + length])
+        return self.positions[lo:hi] - start, self.features[lo:hi]
+
+
+@runtime_checkable
+class VisionModel(Protocol):
+    """A bundle's vision side: image -> pixel values -> the feature rows of its image tokens.
+    Thread-safe: requests encode their images in worker threads, beside the scheduler."""
+
+    image_token_id: int
+    tokens_per_image: int
+
+    def pixels(self, image: Any) -> np.ndarray:
+        """Pixel values ``[3, height, width]`` float32 of a decoded (Pillow) image."""
+        ...
+
+    def encode(self, pixel_values: np.ndarray) -> np.ndarray:
+        """Features ``[images, tokens_per_image, hidden]`` float32 of ``[images, 3, h, w]``."""
+        ...
+
+
+@runtime_checkable
+class ImageEngine(Engine, Protocol):
+    """An Engine whose language model takes image features in place of image-token embeddings."""
+
+    @property
+    def vision(self) -> VisionModel | None:
+        """The vision side (None: the bundle is text-only)."""
+        ...
+
+    def prefill_images(self, slot: int, token_ids: Sequence[int], rows: np.ndarray,
+                       features: np.ndarray) -> np.ndarray:
+        """:meth:`Engine.prefill` with the embeddings of chunk positions ``rows [n]`` replaced by
+        ``features [n, hidden]``."""
         ...

@@ -544,4 +544,33 @@ MUTATIONS: tuple[Mutation, ...] = (
         replace="if True:",
         tests=("tests/registry/test_push_pull.py::test_concurrent_misses_for_one_key_make_one_pull",),
     ),
+    # -- images: a request's KV is its tokens' and its images' -----------------------------------
+    Mutation(
+        name="image-request-kv-shared",
+        why="a prompt with images shares context-reuse KV keyed by its token ids alone: another image "
+            "behind the same text gets the first one's answer",
+        path="inference/openai/handle.py",
+        function="ModelHandle._requests",
+        find=r"cache_prompt=plan\.cache_prompt and plan\.images is None,",
+        replace="cache_prompt=plan.cache_prompt,",
+        tests=("tests/vision/test_serve.py::test_two_images_in_either_order",),
+    ),
+    Mutation(
+        name="image-request-guard-removed",
+        why="the scheduler takes a request with image rows and cache_prompt on (KV reuse by token ids)",
+        path="inference/scheduler.py",
+        function="GenerationRequest.__post_init__",
+        find=r"if self\.images is not None and self\.cache_prompt:",
+        replace="if False:",
+        tests=("tests/vision/test_image_parts.py::test_a_request_with_images_cannot_share_its_kv",),
+    ),
+    Mutation(
+        name="image-pixel-limit-skipped",
+        why="a decompression bomb (a small file of a huge image) is expanded in memory",
+        path="inference/image_decode.py",
+        function="decode_image",
+        find=r"if width \* height > max_pixels:",
+        replace="if False:",
+        tests=("tests/vision/test_image_decode.py::test_decompression_bombs_are_refused_from_the_header",),
+    ),
 )

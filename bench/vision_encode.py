@@ -1,0 +1,100 @@
+"""One image through a vision-language bundle's vision side, on this machine: decode, preprocess
+(Pillow + numpy) and encode (the fp32 vision graph), and what the build of that graph costs.
+
+Writes a random LLaVA checkpoint with LLaVA 1.5's vision tower (CLIP ViT-L/14 at 336 pixels, 576
+image tokens, projector to 4096) and a one-layer language model (only the projector's width
+matters here), builds it, and prints: build seconds and the vision graph's bytes, then per image
+(a 640x480 PNG) the decode, preprocess and encode milliseconds, best of ``--rounds``, for one image
+and for ``--batch`` images in one encode.
+
+    PYTHONPATH=. .venv/bin/python bench/vision_encode.py [--rounds 3] [--batch 2] [--threads N]
+
+``--quick`` (CI): the tests' tiny tower (32 pixels, 16 tokens), one round; its figures mean
+nothing. Random weights: the time of a real LLaVA 1.5 tower of the same shape, not its answers
+(no real vision model can be had offline). Not a test: the numbers depend on the machine and on
+what else runs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from inference.builder import EngineBuildSpec, build_bundle  # noqa: E402
+from inference.image_decode import decode_image  # noqa: E402
+from inference.runtime.onnxruntime_loader import load_ort_engine  # noqa: E402
+from inference.runtime.protocol import ImageEngine  # noqa: E402
+from tests.vision.checkpoints import LLAVA_15_TEXT, LLAVA_15_VISION, write_tiny_llava  # noqa: E402
+
+
+def _png(width: int, height: int, seed: int) -> bytes:
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _best(rounds: int, run: object) -> float:
+    assert callable(run)
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="the tests' tiny tower, one round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=2, help="images in one encode (second figure)")
+    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    args = parser.parse_args(argv)
+    rounds = 1 if args.quick else args.rounds
+    with tempfile.TemporaryDirectory(prefix="cachesvc-bench-vision-") as tmp:
+        work = Path(tmp)
+        started = time.perf_counter()
+        ckpt = write_tiny_llava(work / "ckpt", vision=None if args.quick else LLAVA_15_VISION,
+                                text=None if args.quick else LLAVA_15_TEXT)
+        written = time.perf_counter() - started
+        out = work / "bundle"
+        out.mkdir()
+        tokens = 16 if args.quick else 576
+        started = time.perf_counter()
+        build_bundle(ckpt, out, EngineBuildSpec(max_input_len=tokens + 64, max_kv_cache_capacity=tokens + 128,
+                                                max_batch_size=1))
+        built = time.perf_counter() - started
+        engine = load_ort_engine(out, max_slots=1, threads=args.threads)
+        assert isinstance(engine, ImageEngine) and engine.vision is not None
+        vision = engine.vision
+        graph_bytes = sum(p.stat().st_size for p in out.glob("model.vision.onnx*"))
+        print(f"checkpoint written in {written:.1f} s; bundle built in {built:.1f} s; vision graph "
+              f"{graph_bytes / 1e6:.1f} MB (fp32), {vision.tokens_per_image} tokens an image")
+        data = _png(640, 480, 0)
+        image = decode_image(data)
+        pixels = vision.pixels(image)
+        decode_ms = _best(rounds, lambda: decode_image(data))
+        pre_ms = _best(rounds, lambda: vision.pixels(image))
+        one_ms = _best(rounds, lambda: vision.encode(pixels[None]))
+        batch = np.stack([pixels] * args.batch)
+        many_ms = _best(rounds, lambda: vision.encode(batch))
+        print(f"640x480 PNG: decode {decode_ms:.1f} ms, preprocess {pre_ms:.1f} ms, encode {one_ms:.1f} ms "
+              f"(one image), {many_ms / args.batch:.1f} ms an image ({args.batch} in one encode)")
+        engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

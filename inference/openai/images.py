@@ -1,0 +1,131 @@
+"""Image parts of a chat request: which parts are images, their placeholders in the prompt, and
+their feature rows (decoded, preprocessed and encoded off the event loop).
+
+An image reaches the model as the chat template's image placeholder (LLaVA: one ``<image>``
+token), which is expanded here to the vision model's ``tokens_per_image`` copies; the prefill
+replaces those positions' embeddings with the image's feature rows (:class:`ImageRows`). A request
+with images never uses context reuse (its KV depends on the pixels, not only on the token ids)
+and its KV is not kept for others: ``cache_prompt`` is off for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from inference.image_decode import ImageInputError, check_data_url, data_url_bytes, decode_image
+from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
+from inference.openai.protocol import ChatMessage
+from inference.runtime.protocol import ImageRows, VisionModel
+
+#: Image parts one request may carry (each is decoded and encoded before the request queues).
+MAX_IMAGES_PER_REQUEST = 16
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    """One image part of a request: where it is (``param``) and its URL."""
+
+    param: str
+    url: str
+
+
+def image_parts(messages: Sequence[ChatMessage]) -> list[ImagePart]:
+    """The image parts of ``messages``, in prompt order."""
+    out: list[ImagePart] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m.content, list):
+            continue
+        for j, part in enumerate(m.content):
+            if part.type != "image_url":
+                continue
+            where = f"messages[{i}].content[{j}]"
+            if part.image_url is None or not isinstance(part.image_url.url, str):
+                raise InvalidRequestError(f"{where} has type 'image_url' but no image_url.url",
+                                          param=f"{where}.image_url")
+            out.append(ImagePart(param=f"{where}.image_url.url", url=part.image_url.url))
+    return out
+
+
+def refuse_text_only(messages: Sequence[ChatMessage], model: str) -> None:
+    """400 naming the first image part, for a model without a vision side."""
+    for i, m in enumerate(messages):
+        if isinstance(m.content, list):
+            for j, part in enumerate(m.content):
+                if part.type == "image_url":
+                    raise InvalidRequestError(
+                        f"messages[{i}].content[{j}] is an image (image_url); model {model!r} takes text "
+                        "only: send text parts ({'type': 'text', 'text': ...}) or use a vision-language "
+                        "model",
+                        param=f"messages[{i}].content[{j}].type")
+
+
+def check_parts(parts: Sequence[ImagePart]) -> None:
+    """Refuse, before any decoding (cheap: on the event loop), too many images, URLs this server
+    does not fetch, and ``data:`` URLs whose header or size is wrong."""
+    if len(parts) > MAX_IMAGES_PER_REQUEST:
+        raise InvalidRequestError(f"the request has {len(parts)} images; at most {MAX_IMAGES_PER_REQUEST} "
+                                  "are accepted", param=parts[MAX_IMAGES_PER_REQUEST].param)
+    for part in parts:
+        scheme = part.url.split(":", 1)[0].lower() if ":" in part.url else ""
+        if scheme in ("http", "https", "file"):
+            raise InvalidRequestError(
+                f"{part.param}: {scheme} image URLs are not fetched by this server; send the image inline "
+                "as a data: URL (data:image/png;base64,...)", param=part.param)
+        try:
+            check_data_url(part.url)
+        except ImageInputError as exc:
+            raise InvalidRequestError(f"{part.param} {exc}", param=part.param) from None
+
+
+def expand_placeholders(ids: Sequence[int], vision: VisionModel, n_images: int,
+                        param: str = "messages") -> tuple[list[int], np.ndarray]:
+    """The prompt with each image token repeated ``tokens_per_image`` times, and the positions of
+    every image row (ascending): what :class:`ImageRows` needs besides the features."""
+    token, per = vision.image_token_id, vision.tokens_per_image
+    found = sum(1 for t in ids if t == token)
+    if found != n_images:
+        raise InvalidRequestError(
+            f"the rendered prompt has {found} image placeholders for {n_images} images: the model's chat "
+            "template must place one per image part, and the text may not contain the image token itself",
+            param=param)
+    out: list[int] = []
+    positions: list[int] = []
+    for t in ids:
+        if t == token:
+            positions.extend(range(len(out), len(out) + per))
+            out.extend([token] * per)
+        else:
+            out.append(t)
+    return out, np.asarray(positions, dtype=np.int64)
+
+
+def check_expanded_length(n_ids: int, n_images: int, per_image: int, limit: int) -> None:
+    """Refuse, before any image is decoded, a prompt whose image tokens cannot fit the input limit."""
+    total = n_ids + n_images * (per_image - 1)
+    if total > limit:
+        raise ContextLengthExceededError(
+            f"the prompt takes {total} tokens with its {n_images} image(s) ({per_image} tokens each); this "
+            f"model accepts at most {limit} input tokens: send fewer images or less text", param="messages")
+
+
+def _features(vision: VisionModel, parts: Sequence[ImagePart]) -> np.ndarray:
+    pixels = []
+    for part in parts:
+        try:
+            image = decode_image(data_url_bytes(part.url))
+        except ImageInputError as exc:
+            raise InvalidRequestError(f"{part.param} {exc}", param=part.param) from None
+        pixels.append(vision.pixels(image))
+    features = vision.encode(np.stack(pixels))
+    return features.reshape(-1, features.shape[-1])
+
+
+async def image_rows(vision: VisionModel, parts: Sequence[ImagePart], positions: np.ndarray) -> ImageRows:
+    """Decode (base64, then the image), preprocess and encode the images in a worker thread:
+    their rows of the prompt."""
+    features = await asyncio.to_thread(_features, vision, parts)
+    return ImageRows(positions=positions, features=np.ascontiguousarray(features, dtype=np.float32))

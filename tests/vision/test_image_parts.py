@@ -1,0 +1,104 @@
+"""The chat side of image parts, in process: which parts are images, what is refused before any
+decoding (and with which ``param``), and the placeholder expansion."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
+from inference.openai.images import (
+    MAX_IMAGES_PER_REQUEST,
+    check_expanded_length,
+    check_parts,
+    expand_placeholders,
+    image_parts,
+    refuse_text_only,
+)
+from inference.openai.protocol import ChatMessage, ContentPart, ImageUrl
+
+URL = "data:image/png;base64,iVBORw0KGgo="
+
+
+@dataclass
+class _Vision:
+    image_token_id: int = 9
+    tokens_per_image: int = 3
+
+    def pixels(self, image: Any) -> np.ndarray:
+        raise AssertionError("not decoded here")
+
+    def encode(self, pixel_values: np.ndarray) -> np.ndarray:
+        raise AssertionError("not encoded here")
+
+
+def _messages(*urls: str) -> list[ChatMessage]:
+    parts = [ContentPart(type="text", text="look"),
+             *(ContentPart(type="image_url", image_url=ImageUrl(url=u)) for u in urls)]
+    return [ChatMessage(role="system", content="be brief"), ChatMessage(role="user", content=parts)]
+
+
+def test_image_parts_are_found_in_order_with_their_fields() -> None:
+    parts = image_parts(_messages(URL, URL + "A"))
+    assert [(p.param, p.url) for p in parts] == [("messages[1].content[1].image_url.url", URL),
+                                                 ("messages[1].content[2].image_url.url", URL + "A")]
+    missing = [ChatMessage(role="user", content=[ContentPart(type="image_url")])]
+    with pytest.raises(InvalidRequestError) as info:
+        image_parts(missing)
+    assert info.value.param == "messages[0].content[0].image_url"
+
+
+def test_a_text_only_model_names_the_image_part() -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        refuse_text_only(_messages(URL), "tiny")
+    assert info.value.param == "messages[1].content[1].type"
+    assert "is an image (image_url); model 'tiny' takes text only" in info.value.message
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("http://127.0.0.1/cat.png", "http image URLs are not fetched"),
+    ("file:///etc/passwd", "file image URLs are not fetched"),
+    ("cat.png", "is not a data: URL"),
+])
+def test_urls_refused_before_decoding(url: str, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message) as info:
+        check_parts(image_parts(_messages(URL, url)))
+    assert info.value.param == "messages[1].content[2].image_url.url"
+
+
+def test_too_many_images() -> None:
+    with pytest.raises(InvalidRequestError, match=f"at most {MAX_IMAGES_PER_REQUEST}") as info:
+        check_parts(image_parts(_messages(*[URL] * (MAX_IMAGES_PER_REQUEST + 1))))
+    assert info.value.param == f"messages[1].content[{MAX_IMAGES_PER_REQUEST + 1}].image_url.url"
+
+
+def test_placeholders_expand_to_each_images_tokens() -> None:
+    ids, rows = expand_placeholders([1, 9, 2, 9, 3], _Vision(), 2)
+    assert ids == [1, 9, 9, 9, 2, 9, 9, 9, 3]
+    assert rows.tolist() == [1, 2, 3, 5, 6, 7]
+    for found, images in (([1, 9, 2], 2), ([1, 9, 9], 1), ([1, 9], 0)):
+        expected = f"has {found.count(9)} image placeholders for {images}"
+        with pytest.raises(InvalidRequestError, match=expected):
+            expand_placeholders(found, _Vision(), images)
+
+
+def test_expanded_length_is_checked_before_decoding() -> None:
+    check_expanded_length(10, 2, 3, 14)
+    with pytest.raises(ContextLengthExceededError, match="takes 15 tokens with its 3 image"):
+        check_expanded_length(9, 3, 3, 14)
+
+
+def test_a_request_with_images_cannot_share_its_kv() -> None:
+    """The scheduler's own guard: context reuse keys KV by token ids, so a request carrying image
+    rows is refused unless it says cache_prompt False."""
+    from inference.runtime.protocol import ImageRows
+    from inference.scheduler import GenerationRequest
+
+    rows = ImageRows(positions=np.arange(3), features=np.zeros((3, 4), np.float32))
+    fields: dict[str, Any] = {"prompt_ids": [1, 2, 3], "sampler": None, "state": None, "sink": None}
+    with pytest.raises(ValueError, match="cache_prompt False"):
+        GenerationRequest(**fields, images=rows)
+    assert GenerationRequest(**fields, images=rows, cache_prompt=False).images is rows

@@ -1,0 +1,182 @@
+"""A tiny LLaVA served by a real ``cachesvc serve`` process: the official ``openai`` client sends
+``image_url`` parts as ``data:`` URLs and gets transformers' greedy answer; bad images are 400s
+naming the field."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from PIL import Image
+
+from inference.tokenizer import load_tokenizer
+from tests.service.conftest import MODEL, ServerProcess, running_server
+from tests.vision.checkpoints import write_tiny_llava
+from tests.vision.conftest import random_image
+
+N_TOKENS = 8
+IMAGES = [random_image(11, (40, 36)), random_image(12, (30, 52))]
+
+
+def png_url(image: Image.Image, fmt: str = "PNG") -> str:
+    out = io.BytesIO()
+    image.save(out, format=fmt)
+    return f"data:image/{fmt.lower()};base64,{base64.b64encode(out.getvalue()).decode()}"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llava(tmp_path_factory.mktemp("llava-serve"), seed=5)
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with running_server(checkpoint, tmp_path_factory.mktemp("cache"), tmp_path_factory.mktemp("log"),
+                        "--max-input-len", "96", "--max-kv-cache-capacity", "160") as s:
+        yield s
+
+
+def _expected(checkpoint: Path, images: Sequence[Image.Image], text: str) -> tuple[str, int]:
+    """transformers' greedy answer (text as the server decodes it) and its prompt's token count."""
+    torch = pytest.importorskip("torch")
+    tf = pytest.importorskip("transformers")
+    model = tf.LlavaForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    processor = tf.AutoProcessor.from_pretrained(checkpoint)
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}, *([{"type": "image"}] * len(images))]
+    prompt = processor.apply_chat_template([{"role": "user", "content": parts}], add_generation_prompt=True)
+    inputs = processor(images=list(images), text=prompt, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=N_TOKENS, do_sample=False)
+    n = inputs["input_ids"].shape[1]
+    eos = model.generation_config.eos_token_id
+    eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
+    visible = [int(t) for t in out[0, n:] if int(t) not in eos_ids]
+    return str(load_tokenizer(checkpoint).decode(visible)), n
+
+
+def _ask(server: ServerProcess, text: str, urls: Sequence[str]) -> Any:
+    content: list[Any] = [{"type": "text", "text": text}]
+    content += [{"type": "image_url", "image_url": {"url": url, "detail": "low"}} for url in urls]
+    return server.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=N_TOKENS, temperature=0)
+
+
+def _error(exc: openai.APIStatusError) -> dict[str, Any]:
+    error: dict[str, Any] = exc.response.json()["error"]
+    return error
+
+
+def test_one_image_gets_transformers_answer(server: ServerProcess, checkpoint: Path) -> None:
+    expected, prompt_tokens = _expected(checkpoint, IMAGES[:1], "What is this?")
+    done = _ask(server, "What is this?", [png_url(IMAGES[0])])
+    assert done.choices[0].message.content == expected
+    assert done.usage is not None and done.usage.prompt_tokens == prompt_tokens
+    content = [{"type": "text", "text": "What is this?"},
+               {"type": "image_url", "image_url": {"url": png_url(IMAGES[0])}}]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "add_generation_prompt": True}
+    with server.http() as h:  # /tokenize counts the image tokens as the chat turn runs them
+        counted = h.post("/tokenize", json=body).json()
+    assert counted["count"] == prompt_tokens, counted
+
+
+def test_two_images_in_either_order(server: ServerProcess, checkpoint: Path) -> None:
+    """The same text with the images swapped: each answer is transformers' for its order (the
+    second request never reuses the first one's KV, whose prompt ids are the same)."""
+    forward = _ask(server, "Which differs?", [png_url(IMAGES[0]), png_url(IMAGES[1], "JPEG")])
+    backward = _ask(server, "Which differs?", [png_url(IMAGES[1], "JPEG"), png_url(IMAGES[0])])
+    jpeg = Image.open(io.BytesIO(base64.b64decode(png_url(IMAGES[1], "JPEG").split(",", 1)[1])))
+    text = "Which differs?"
+    assert forward.choices[0].message.content == _expected(checkpoint, [IMAGES[0], jpeg], text)[0]
+    assert backward.choices[0].message.content == _expected(checkpoint, [jpeg, IMAGES[0]], text)[0]
+    assert forward.choices[0].message.content != backward.choices[0].message.content
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("data:image/png;base64," + base64.b64encode(b"not a picture").decode(), "not an image"),
+    (png_url(random_image(3, (64, 64)))[:200], "not valid base64|truncated or corrupt"),
+    ("https://example.com/cat.png", "not fetched by this server"),
+    ("data:text/plain;base64,aGVsbG8=", "not an image"),
+])
+def test_bad_images_are_400s_naming_the_field(server: ServerProcess, url: str, message: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        _ask(server, "Hi", [png_url(IMAGES[0]), url])
+    err = _error(info.value)
+    assert err["param"] == "messages[0].content[2].image_url.url", err
+    assert re.search(message, err["message"]), err
+
+
+def test_too_many_image_tokens_is_a_context_error(server: ServerProcess) -> None:
+    """96 input tokens hold five 16-token images, not six."""
+    with pytest.raises(openai.BadRequestError) as info:
+        _ask(server, "Hi", [png_url(IMAGES[0])] * 6)
+    err = _error(info.value)
+    assert err["param"] == "messages" and "6 image(s) (16 tokens each)" in err["message"], err
+
+
+def _b64(image: Image.Image) -> str:
+    return png_url(image).split(",", 1)[1]
+
+
+def test_anthropic_image_blocks(server: ServerProcess, checkpoint: Path) -> None:
+    expected, prompt_tokens = _expected(checkpoint, IMAGES[:1], "Describe.")
+    image_block: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                     "data": _b64(IMAGES[0])}}
+    done = server.anthropic_client().messages.create(
+        model=MODEL, max_tokens=N_TOKENS, extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Describe."}, image_block]}])
+    assert done.content[0].type == "text" and done.content[0].text == expected
+    assert done.usage.input_tokens == prompt_tokens
+    turn: Any = [{"role": "user", "content": [{"type": "text", "text": "Describe."}, image_block]}]
+    counted = server.anthropic_client().messages.count_tokens(model=MODEL, messages=turn)
+    assert counted.input_tokens == prompt_tokens
+    bad: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                            "data": base64.b64encode(b"GIF89a not really").decode()}}
+    with pytest.raises(anthropic.BadRequestError) as info:
+        server.anthropic_client().messages.create(
+            model=MODEL, max_tokens=N_TOKENS, system="Be brief.",
+            messages=[{"role": "user", "content": [{"type": "text", "text": "Describe."}, bad]}])
+    err = info.value.response.json()["error"]
+    assert "messages[0].content[1].source.data" in err["message"] and "not an image" in err["message"], err
+
+
+def test_responses_input_image(server: ServerProcess, checkpoint: Path) -> None:
+    expected, _ = _expected(checkpoint, IMAGES[1:], "Describe.")
+    content: Any = [{"type": "input_text", "text": "Describe."},
+                    {"type": "input_image", "image_url": png_url(IMAGES[1]), "detail": "auto"}]
+    done = server.client().responses.create(
+        model=MODEL, max_output_tokens=N_TOKENS, temperature=0, input=[{"role": "user", "content": content}])
+    assert done.output_text == expected
+    content[1]["image_url"] = "data:image/png;base64,AAAA"
+    with pytest.raises(openai.BadRequestError) as info:
+        server.client().responses.create(model=MODEL, max_output_tokens=N_TOKENS,
+                                         input=[{"role": "user", "content": content}])
+    err = _error(info.value)
+    assert err["param"] == "input[0].content[1].image_url" and "not an image" in err["message"], err
+
+
+def test_image_requests_never_reuse_context(server: ServerProcess) -> None:
+    """The same image request twice: computed afresh both times (no cached tokens, the same
+    answer), while the same text without an image is reused on its second run, so the counter
+    would show a reuse had there been one."""
+    text = "Tell me everything you see here, in detail, and then some more words about it. " * 2
+    first, second = (_ask(server, text, [png_url(IMAGES[0])]) for _ in range(2))
+    assert first.choices[0].message.content == second.choices[0].message.content
+    for done in (first, second):
+        assert done.usage is not None and done.usage.prompt_tokens_details is not None
+        assert done.usage.prompt_tokens_details.cached_tokens == 0
+    plain = [_ask(server, text, []) for _ in range(2)]
+    details = plain[1].usage.prompt_tokens_details if plain[1].usage is not None else None
+    assert details is not None and details.cached_tokens > 0
+
+
+def test_models_and_health_say_the_model_takes_images(server: ServerProcess) -> None:
+    card = server.client().models.retrieve(MODEL)
+    assert card.model_extra is not None and card.model_extra["input_modalities"] == ["text", "image"]
+    assert server.health()["capabilities"]["images"] is True
