@@ -30,6 +30,7 @@ from typing import Any
 
 from cachesvc.errors import CatalogUnavailableError, CorruptBundleError, NotFoundError
 from cachesvc.manager import BundleLease, CacheManager, CombinedLease
+from cachesvc.model_names import is_path, public_name, short_name
 from cachesvc.records import AliasInfo, BundleInfo
 from inference.model_pool import ModelRef, not_found
 from inference.openai.errors import ModelNotFoundError, ServerUnavailableError
@@ -89,7 +90,7 @@ class CatalogModels:
         when exactly one ready checkpoint does."""
         if not name or "/" in name or os.sep in name:
             return None
-        models = {b.model for b in self._ready_bundles() if _is_path(b.model) and _short(b.model) == name}
+        models = {b.model for b in self._ready_bundles() if is_path(b.model) and short_name(b.model) == name}
         if len(models) != 1:
             return None
         return self._latest(name, models.pop())
@@ -194,7 +195,7 @@ class CatalogModels:
                 refs.append(self._ref(name, info))
 
         for name, bid in self.startup.items():
-            if not _is_path(name):  # the model argument given as a directory
+            if not is_path(name):  # the model argument given as a directory
                 add(name, by_id.get(bid))
         for alias in self.manager.catalog.aliases.all():
             if alias.bundle_id is not None:
@@ -203,21 +204,21 @@ class CatalogModels:
                 add(alias.name, next((b for b in ready if b.model == alias.model), None))
         shorts: dict[str, set[str]] = {}
         for b in ready:
-            if _is_path(b.model):
-                shorts.setdefault(_short(b.model), set()).add(b.model)
+            if is_path(b.model):
+                shorts.setdefault(short_name(b.model), set()).add(b.model)
         for b in ready:  # most recently used first: a checkpoint names its latest bundle
             if b.model in covered:
                 continue
-            if not _is_path(b.model):
+            if not is_path(b.model):
                 add(b.model, b)
-            elif len(shorts[_short(b.model)]) == 1:  # else only its path (or an alias) names it
-                add(_short(b.model), b)
+            elif len(shorts[short_name(b.model)]) == 1:  # else only its path (or an alias) names it
+                add(short_name(b.model), b)
         return refs
 
     def public_name(self, name: str) -> str:
         """A checkpoint path by its last component (as ``/v1/models`` lists it), any other name
         as it is: what ``/health`` shows, with no key asked."""
-        return _short(name) if _is_path(name) else name
+        return public_name(name)
 
     # -- leases and events ---------------------------------------------------------------------
 
@@ -278,19 +279,9 @@ def _spellings(name: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _is_path(model: str) -> bool:
-    """Whether a checkpoint name is a local path (not a hub id such as ``org/model``)."""
-    return os.path.isabs(model) or model.startswith(("~", "./", "../"))
-
-
-def _short(model: str) -> str:
-    """The last component of a checkpoint path (``/data/qwen3-tiny/`` -> ``qwen3-tiny``)."""
-    return Path(model.rstrip("/" + os.sep)).name or model
-
-
 def _unbuilt(name: str, model: str) -> ModelNotFoundError:
     # A local checkpoint's path stays out of a /v1 body: the operator knows where it is.
-    shown = "its checkpoint" if _is_path(model) else model
+    shown = "its checkpoint" if is_path(model) else model
     return ModelNotFoundError(
         f"the model {name!r} ({shown}) has no ready bundle: /v1 never builds; build it with "
         f'POST /admin/builds {{"model": ...}} (or cachesvc prepare)',

@@ -17,6 +17,7 @@ class AliasTable(CatalogTable):
         """Create or replace the alias ``name`` (exactly one of ``bundle_id``, ``model``)."""
         if (bundle_id is None) == (model is None):
             raise ConfigError("bundle_id", "give exactly one of bundle_id and model")
+        self.core.untracked_changes += 1  # listings name models by alias: their caches go stale
         with self.core.tx() as session:
             row = session.get(AliasRow, name)
             if row is None:
@@ -27,6 +28,7 @@ class AliasTable(CatalogTable):
 
     def remove(self, name: str) -> None:
         """Delete the alias ``name`` (NotFoundError when there is none)."""
+        self.core.untracked_changes += 1
         with self.core.tx() as session:
             row = session.get(AliasRow, name)
             if row is None:

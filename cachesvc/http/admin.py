@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import anyio
+import msgspec
 from litestar import Controller, Request, Router, delete, get, post, put
 from litestar.di import NamedDependency, Provide
 from litestar.exceptions import ClientException
@@ -54,6 +55,7 @@ from cachesvc.http.schemas import (
     to_body,
 )
 from cachesvc.manager import CacheManager
+from cachesvc.model_names import model_labels
 from cachesvc.profiles import ProfileRequest
 from cachesvc.records import EvictionResult
 from inference.model_pool import ModelPool
@@ -206,7 +208,9 @@ class BundleController(Controller):
                 cursor=cursor,
                 node=node,
             )
-            return to_body(page, BundleListOut, limit=limit)
+            body = to_body(page, BundleListOut, limit=limit)
+            labels = model_labels_of(manager, {b.model for b in body.items})
+            return msgspec.structs.replace(body, items=[named(b, labels) for b in body.items])
 
         body = await anyio.to_thread.run_sync(load)
         _LIST_CACHE.put(key, body)
@@ -220,7 +224,9 @@ class BundleController(Controller):
     )
     def get_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleDetailOut:
         """One bundle with its manifest summary, files, lease holders and recent events."""
-        return to_body(manager.queries.bundle_detail(bundle_id), BundleDetailOut)
+        body = to_body(manager.queries.bundle_detail(bundle_id), BundleDetailOut)
+        return msgspec.structs.replace(
+            body, bundle=named(body.bundle, model_labels_of(manager, {body.bundle.model})))
 
     @delete(
         "/{bundle_id:str}",
@@ -254,7 +260,8 @@ class BundleController(Controller):
     )
     def pin_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleOut:
         """Protect a bundle from eviction."""
-        return to_body(manager.set_pinned(bundle_id, True), BundleOut)
+        body = to_body(manager.set_pinned(bundle_id, True), BundleOut)
+        return named(body, model_labels_of(manager, {body.model}))
 
     @delete(
         "/{bundle_id:str}/pin",
@@ -265,7 +272,8 @@ class BundleController(Controller):
     )
     def unpin_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleOut:
         """Let a bundle be evicted again."""
-        return to_body(manager.set_pinned(bundle_id, False), BundleOut)
+        body = to_body(manager.set_pinned(bundle_id, False), BundleOut)
+        return named(body, model_labels_of(manager, {body.model}))
 
     @post(
         "/{bundle_id:str}/verify",
@@ -435,7 +443,27 @@ class CacheController(Controller):
 )
 def get_stats(manager: Manager, node: NodeFilter = None) -> StatsOut:
     """Cache statistics from the catalog's events of one node (default: the answering node)."""
-    return to_body(manager.queries.stats(node), StatsOut)
+    body = to_body(manager.queries.stats(node), StatsOut)
+    labels = model_labels_of(manager, {m.model for m in body.per_model})
+    return msgspec.structs.replace(
+        body, per_model=[msgspec.structs.replace(m, model_name=labels[m.model]) for m in body.per_model])
+
+
+def model_labels_of(manager: Manager, models: set[str]) -> dict[str, str]:
+    """The served names of ``models`` (:func:`cachesvc.model_names.model_labels`) by the catalog's
+    aliases."""
+    aliases = manager.catalog.aliases.all()
+    bundle_models = {}
+    for a in aliases:
+        info = manager.catalog.bundles.get(a.bundle_id) if a.bundle_id else None
+        if info is not None:
+            bundle_models[info.id] = info.model
+    return model_labels(models, aliases, bundle_models)
+
+
+def named(bundle: BundleOut, labels: Mapping[str, str]) -> BundleOut:
+    """``bundle`` with its model's served name."""
+    return msgspec.structs.replace(bundle, model_name=labels.get(bundle.model, bundle.model))
 
 
 @get(

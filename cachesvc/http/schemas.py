@@ -136,6 +136,9 @@ class BundleOut(Struct, frozen=True):
     last_verified_at: datetime | None
     error: str | None
     node: str
+    #: the model's served name: an alias naming it, else its hub id, else its path's last
+    #: component (``model`` keeps the path)
+    model_name: str = ""
 
 
 class BundleListOut(Struct, frozen=True):
@@ -382,6 +385,7 @@ class ModelStatsOut(Struct, frozen=True):
     size_bytes: int
     hits: int
     misses: int
+    model_name: str = ""  #: the served name (as BundleOut's)
 
 
 class StatsOut(Struct, frozen=True):

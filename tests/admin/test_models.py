@@ -65,3 +65,26 @@ def test_an_alias_body_takes_every_build_profile_field() -> None:
     # profile field the body lacks (kernels, once) was a 500 on every aliased PUT.
     missing = set(PROFILE_FIELDS) - set(AliasRequest.__struct_fields__)
     assert not missing, f"PUT /admin/models/{{name}} lacks {sorted(missing)}"
+
+
+def test_bundles_and_stats_name_models_by_served_name(
+    client: TestClient[Litestar], manager: CacheManager, checkpoint: Path
+) -> None:
+    """``model_name``: the path's last component, an alias once one names the checkpoint (the
+    first by name), while ``model`` keeps the path; the dashboard shows ``model_name``."""
+    bid = manager.prepare(str(checkpoint)).bundle_id
+
+    def names() -> tuple[str, str, str, str]:
+        item = client.get("/admin/bundles").json()["items"][0]
+        per_model = client.get("/admin/stats").json()["per_model"]
+        detail = client.get(f"/admin/bundles/{bid}").json()["bundle"]
+        (stat,) = [m for m in per_model if m["model"] == str(checkpoint)]
+        assert item["model"] == detail["model"] == str(checkpoint)
+        return item["model_name"], stat["model_name"], detail["model_name"], item["id"]
+
+    assert names() == (checkpoint.name, checkpoint.name, checkpoint.name, bid)
+    assert client.put("/admin/models/zeta", json={"bundle_id": bid}).status_code == 200
+    assert client.put("/admin/models/alpha", json={"model": str(checkpoint)}).status_code == 200
+    assert names()[:3] == ("alpha", "alpha", "alpha")
+    assert client.delete("/admin/models/alpha").status_code == 204
+    assert client.put(f"/admin/bundles/{bid}/pin").json()["model_name"] == "zeta"

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,9 @@ def seeded(tmp_path: Path, fleet_url: str) -> Iterator[tuple[CacheManager, str, 
         broken.prepare(str(make_checkpoint(tmp_path / "models" / "bad", seed=99)))  # one build_failed
     broken.close()
     b.prepare(ckpts[1])
+    # node-b reports a cap far above its one bundle: its size chart labels the cap off scale
+    b.fleet.heartbeat(pid=os.getpid(), max_size_bytes=5_000_000, heartbeat_seconds=3600.0, loaded_models=[],
+                      started_at=datetime.now(UTC))
     b.close()
     port = free_port()
     proc = subprocess.Popen(
@@ -131,7 +135,7 @@ def _value(page: Any, testid: str) -> str:
     return str(page.get_attribute(f'[data-testid="{testid}"]', "data-value"))
 
 
-def _check_numbers(page: Any, api: httpx.Client, node: str) -> None:
+def _check_numbers(page: Any, api: httpx.Client, node: str, *, cap_in_range: bool = True) -> None:
     stats = api.get("/admin/stats", params={"node": node}).json()
     for key in ("size_bytes", "max_size_bytes", "hits", "misses", "builds_ok", "builds_failed", "bundles",
                 "pulls", "pushes", "pulled_bytes", "pushed_bytes"):
@@ -140,6 +144,15 @@ def _check_numbers(page: Any, api: httpx.Client, node: str) -> None:
     chart = page.locator('[data-testid="size_chart"] svg')
     assert chart.get_attribute("data-current") == str(stats["size_bytes"])
     assert chart.get_attribute("data-cap") == str(stats["max_size_bytes"])
+    # Scaled to the data: the cap is drawn where it is within 3x of the line's peak, else labelled
+    # off scale (a 50 GB cap over 122 MB of bundles flattened the line onto the axis).
+    ymax = int(chart.get_attribute("data-ymax"))
+    assert ymax >= stats["size_bytes"]
+    assert chart.get_attribute("data-cap-shown") == str(cap_in_range).lower()
+    if cap_in_range:
+        assert ymax >= stats["max_size_bytes"]
+    else:
+        assert ymax < stats["max_size_bytes"] and "off scale" in (chart.text_content() or "")
     evictions = {
         g.get_attribute("data-label"): int(g.get_attribute("data-value"))
         for g in page.locator('[data-testid="evict_chart"] g').all()
@@ -147,30 +160,34 @@ def _check_numbers(page: Any, api: httpx.Client, node: str) -> None:
     assert evictions == stats["evictions_by_reason"]
     per_model = {
         g.get_attribute("data-label"): (
+            g.get_attribute("data-model"),
             int(g.get_attribute("data-hits")),
             int(g.get_attribute("data-misses")),
         )
         for g in page.locator('[data-testid="model_chart"] g').all()
     }
+    # Models by served name (a local checkpoint: its path's last component), the path kept aside.
     assert per_model == {
-        m["model"]: (m["hits"], m["misses"]) for m in stats["per_model"] if m["hits"] + m["misses"]
+        m["model_name"]: (m["model"], m["hits"], m["misses"])
+        for m in stats["per_model"] if m["hits"] + m["misses"]
     }
+    assert all(name == Path(model).name for name, (model, _, _) in per_model.items())
     for testid, sort, field in (("top_hits", "hits", "hit_count"), ("top_size", "size", "size_bytes")):
         listing = api.get("/admin/bundles", params={"node": node, "sort": sort, "limit": 10}).json()["items"]
         shown = [
-            (g.get_attribute("data-label"), int(g.get_attribute("data-value")))
+            (g.get_attribute("data-id"), g.get_attribute("data-label"), int(g.get_attribute("data-value")))
             for g in page.locator(f'[data-testid="{testid}"] g').all()
         ]
-        assert shown == [(b["id"], b[field]) for b in listing], testid
+        # Bundles by model and profile (the id in the tooltip and data-id).
+        want = [(b["id"], f"{b['model_name']} · {b['profile_name']}", b[field]) for b in listing]
+        assert shown == want, testid
     nodes = {n["name"]: n for n in api.get("/admin/nodes").json()["items"]}
     rows = page.locator('[data-testid="nodes"] tbody tr').all()
     assert {r.get_attribute("data-node") for r in rows} == set(nodes)
     for r in rows:
         n = nodes[str(r.get_attribute("data-node"))]
-        assert (r.get_attribute("data-bundles"), r.get_attribute("data-state")) == (
-            str(n["bundles"]),
-            n["state"],
-        )
+        got = [r.get_attribute(f"data-{k}") for k in ("bundles", "state", "pulled", "built")]
+        assert got == [str(n["bundles"]), n["state"], str(n["pulled"]), str(n["built"])]
 
 
 def test_dashboard_in_chromium_shows_the_api_numbers(seeded: tuple[CacheManager, str, Path]) -> None:
@@ -207,7 +224,7 @@ def test_dashboard_in_chromium_shows_the_api_numbers(seeded: tuple[CacheManager,
             # Another node's view.
             page.select_option("#node", "node-b")
             _wait(page, lambda: page.get_attribute("body", "data-node") == "node-b", "node-b's view", 15)
-            _check_numbers(page, api, "node-b")
+            _check_numbers(page, api, "node-b", cap_in_range=False)  # one 6 kB bundle under 5 MB
 
             # A phone: one column, nothing wider than the screen.
             phone = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True)

@@ -42,12 +42,12 @@
   function bars(id, rows, format) {
     if (!rows.length) { empty(id, "nothing yet"); return; }
     const c = clear(id);
-    const rowH = 22, labelW = 180, width = 560, max = Math.max(1, ...rows.map((r) => r.value));
+    const rowH = 22, labelW = 250, width = 620, max = Math.max(1, ...rows.map((r) => r.value));
     const svg = el("svg", { viewBox: `0 0 ${width} ${rows.length * rowH + 4}`, role: "img" }, c);
     rows.forEach((r, i) => {
       const y = i * rowH + 2;
-      const g = el("g", { "data-label": r.label, "data-value": r.value }, svg);
-      el("text", { x: 0, y: y + 14 }, g).textContent = r.label.length > 22 ? r.label.slice(0, 21) + "…" : r.label;
+      const g = el("g", { "data-label": r.label, "data-value": r.value, ...(r.attrs || {}) }, svg);
+      el("text", { x: 0, y: y + 14 }, g).textContent = r.label.length > 34 ? r.label.slice(0, 33) + "…" : r.label;
       const w = Math.max(1, ((width - labelW - 90) * r.value) / max);
       const rect = el("rect", { x: labelW, y: y + 3, width: w, height: rowH - 8, class: r.cls || "bundle" }, g);
       el("title", {}, rect).textContent = r.title || r.label;
@@ -64,8 +64,10 @@
     const svg = el("svg", { viewBox: `0 0 ${width} ${rows.length * rowH + 4}`, role: "img" }, c);
     rows.forEach((m, i) => {
       const y = i * rowH + 2, scale = (width - labelW - 90) / max;
-      const g = el("g", { "data-label": m.model, "data-hits": m.hits, "data-misses": m.misses }, svg);
-      el("text", { x: 0, y: y + 14 }, g).textContent = m.model.length > 22 ? "…" + m.model.slice(-21) : m.model;
+      const name = m.model_name || m.model;
+      const g = el("g", { "data-label": name, "data-model": m.model, "data-hits": m.hits, "data-misses": m.misses }, svg);
+      el("title", {}, g).textContent = m.model;  // the checkpoint (a path stays in the tooltip)
+      el("text", { x: 0, y: y + 14 }, g).textContent = name.length > 22 ? name.slice(0, 21) + "…" : name;
       el("rect", { x: labelW, y: y + 3, width: m.hits * scale, height: rowH - 8, class: "hit" }, g);
       el("rect", { x: labelW + m.hits * scale, y: y + 3, width: m.misses * scale, height: rowH - 8, class: "miss" }, g);
       el("text", { x: labelW + (m.hits + m.misses) * scale + 6, y: y + 14 }, g).textContent = `${m.hits} / ${m.misses}`;
@@ -94,15 +96,26 @@
     const pts = sizeHistory(stats, events);
     const width = 900, height = 220, left = 70, bottom = 24, top = 10;
     const t0 = pts[0][0], t1 = Math.max(pts[pts.length - 1][0], t0 + 1);
-    const ymax = Math.max(1, stats.max_size_bytes, ...pts.map((p) => p[1])) * 1.05;
+    // Scale to the data: a cap far above it (122 MB under 50 GB) would flatten the line onto the
+    // axis, so the cap is drawn only within 3x of the peak and labelled off scale otherwise.
+    const peak = Math.max(1, ...pts.map((p) => p[1]));
+    const capShown = stats.max_size_bytes > 0 && stats.max_size_bytes <= 3 * peak;
+    const ymax = (capShown ? Math.max(peak, stats.max_size_bytes) : peak) * 1.1;
     const x = (t) => left + ((width - left - 10) * (t - t0)) / (t1 - t0);
     const y = (v) => top + (height - top - bottom) * (1 - v / ymax);
-    const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "data-current": stats.size_bytes, "data-cap": stats.max_size_bytes, "data-points": pts.length }, c);
+    const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "data-current": stats.size_bytes, "data-cap": stats.max_size_bytes, "data-points": pts.length, "data-ymax": Math.round(ymax), "data-cap-shown": String(capShown) }, c);
     el("line", { x1: left, y1: y(0), x2: width - 10, y2: y(0), class: "axis" }, svg);
     el("line", { x1: left, y1: top, x2: left, y2: y(0), class: "axis" }, svg);
-    const cap = el("line", { x1: left, y1: y(stats.max_size_bytes), x2: width - 10, y2: y(stats.max_size_bytes), class: "cap", "data-value": stats.max_size_bytes }, svg);
-    el("title", {}, cap).textContent = "cap " + human(stats.max_size_bytes);
-    el("text", { x: 2, y: y(stats.max_size_bytes) + 4 }, svg).textContent = human(stats.max_size_bytes);
+    if (capShown) {
+      const cap = el("line", { x1: left, y1: y(stats.max_size_bytes), x2: width - 10, y2: y(stats.max_size_bytes), class: "cap", "data-value": stats.max_size_bytes }, svg);
+      el("title", {}, cap).textContent = "cap " + human(stats.max_size_bytes);
+      el("text", { x: 2, y: y(stats.max_size_bytes) + 4 }, svg).textContent = human(stats.max_size_bytes);
+    } else {
+      el("text", { x: 2, y: y(peak) + 4 }, svg).textContent = human(peak);  // the axis tops at the data
+      if (stats.max_size_bytes > 0) {
+        el("text", { x: width - 230, y: top + 12, class: "cap-label" }, svg).textContent = "cap " + human(stats.max_size_bytes) + " (off scale ↑)";
+      }
+    }
     el("text", { x: 2, y: y(0) }, svg).textContent = "0";
     el("path", { d: pts.map((p, i) => `${i ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" "), class: "size" }, svg);
     el("text", { x: left, y: height - 6 }, svg).textContent = new Date(t0).toLocaleTimeString();
@@ -115,11 +128,11 @@
     for (const n of nodes) {
       const tr = body.insertRow();
       tr.dataset.node = n.name;
-      const cells = [n.name, n.state, `${human(n.size_bytes)} / ${human(n.max_size_bytes)}`, n.bundles, n.leases,
+      const cells = [n.name, n.state, `${human(n.size_bytes)} / ${human(n.max_size_bytes)}`, n.bundles, `${n.pulled} / ${n.built}`, n.leases,
         n.loaded_models.join(", ") || "–", n.convergence,
         n.heartbeat_age_seconds === null ? "never" : `${Math.round(n.heartbeat_age_seconds)} s ago`];
       cells.forEach((v, i) => { const td = tr.insertCell(); td.textContent = String(v); if (i === 1) td.className = n.state; });
-      tr.dataset.bundles = n.bundles; tr.dataset.leases = n.leases; tr.dataset.state = n.state; tr.dataset.sizeBytes = n.size_bytes;
+      tr.dataset.bundles = n.bundles; tr.dataset.pulled = n.pulled; tr.dataset.built = n.built; tr.dataset.leases = n.leases; tr.dataset.state = n.state; tr.dataset.sizeBytes = n.size_bytes;
     }
   }
 
@@ -161,8 +174,9 @@
       sizeChart("sizechart", stats, events.items);
       bars("evictchart", Object.entries(stats.evictions_by_reason).map(([reason, count]) => ({ label: reason, value: count, cls: "evict", title: `${count} evictions, ${human(stats.evicted_bytes_by_reason[reason] || 0)}` })));
       modelBars("modelchart", stats.per_model);
-      bars("tophits", topHits.items.map((b) => ({ label: b.id, value: b.hit_count, title: `${b.model} ${b.profile_name}` })));
-      bars("topsize", topSize.items.map((b) => ({ label: b.id, value: b.size_bytes, title: `${b.model} ${b.profile_name}` })), human);
+      const bundleRow = (b, value) => ({ label: `${b.model_name || b.model} · ${b.profile_name}`, value, title: `${b.id}\n${b.model}\n${b.profile_name}`, attrs: { "data-id": b.id } });
+      bars("tophits", topHits.items.map((b) => bundleRow(b, b.hit_count)));
+      bars("topsize", topSize.items.map((b) => bundleRow(b, b.size_bytes)), human);
       nodesTable(list.items);
       $("error").hidden = true;
       state.refreshes += 1;
