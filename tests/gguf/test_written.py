@@ -294,6 +294,28 @@ def test_tokenizer_matches_transformers(small_gguf: SmallGguf, tmp_path: Path) -
     )
 
 
+def _tokenizer_of_gguf(path: Path, model: str, tokens: list[str], types: list[int], out: Path,
+                       fields: dict[str, Any]) -> Any:
+    """Our tokenizer of a GGUF holding a vocabulary (tokenizer model ``model``; ``fields``: the
+    writer's ``add_<name>`` calls) and a token_embd: written, converted into ``out``, loaded."""
+    from inference.builder.gguf_tokenizer import write_tokenizer_files
+
+    writer = gguf.GGUFWriter(path, model)
+    writer.add_tokenizer_model(model)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    for name, value in fields.items():
+        getattr(writer, f"add_{name}")(value)
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    out.mkdir()
+    write_tokenizer_files(open_gguf(path), out)
+    return load_tokenizer(out)
+
+
 def test_sentencepiece_tokenizer_matches_transformers(tmp_path: Path) -> None:
     """A llama-type (SentencePiece BPE, byte fallback, merges from scores) vocabulary."""
     import transformers as tf
@@ -308,28 +330,10 @@ def test_sentencepiece_tokenizer_matches_transformers(tmp_path: Path) -> None:
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
     types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
     scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
-    hidden = np.zeros((len(tokens), 32), np.float32)
     path = tmp_path / "spm.gguf"
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_scores(scores)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
-    writer.add_tensor("token_embd.weight", hidden)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-    from inference.builder.gguf_tokenizer import write_tokenizer_files
-
-    out = tmp_path / "tok"
-    out.mkdir()
-    write_tokenizer_files(open_gguf(path), out)
-    ours = load_tokenizer(out)
+    ours = _tokenizer_of_gguf(path, "llama", tokens, types, tmp_path / "tok",
+                              {"token_scores": scores, "bos_token_id": 1, "eos_token_id": 2,
+                               "unk_token_id": 0})
     theirs = tf.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
     for text in ("Hello world", "the cache  holds   bundles", "ünïcode 你好 🤗 (byte fallback)", " leading",
                  "numbers 12345 and code: f(x)=x**2"):
@@ -358,27 +362,10 @@ def test_gemma4_tokenizer_model_matches_the_checkpoints(tmp_path: Path) -> None:
     tokens = [t for t, _ in sorted(theirs.get_vocab().items(), key=lambda kv: kv[1])]
     pairs = json.loads(theirs.to_str())["model"]["merges"]
     merges = [" ".join(m) if not isinstance(m, str) else m for m in pairs]
-    path = tmp_path / "gemma4.gguf"
-    writer = gguf.GGUFWriter(path, "gemma4")
-    writer.add_tokenizer_model("gemma4")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3] * 4 + [6] * 256 + [1] * (len(tokens) - 260))
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(2)
-    writer.add_eos_token_id(1)
-    writer.add_add_space_prefix(False)
-    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 32), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-    from inference.builder.gguf_tokenizer import write_tokenizer_files
-
-    out = tmp_path / "tok"
-    out.mkdir()
-    write_tokenizer_files(open_gguf(path), out)
-    ours = load_tokenizer(out)
+    types = [3] * 4 + [6] * 256 + [1] * (len(tokens) - 260)
+    ours = _tokenizer_of_gguf(tmp_path / "gemma4.gguf", "gemma4", tokens, types, tmp_path / "tok",
+                              {"token_merges": merges, "bos_token_id": 2, "eos_token_id": 1,
+                               "add_space_prefix": False})
     for text in ("Hello world", "the cache  holds   bundles",
                  "\u00fcn\u00efcode \u4f60\u597d \U0001f917 (byte fallback)", " leading",
                  "two\nlines\n\nand code: f(x)=x**2"):
