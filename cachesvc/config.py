@@ -120,6 +120,7 @@ from inference.build_profile import (
 )
 from inference.context_cache import DEFAULT_MAX_BYTES as DEFAULT_RECORD_POOL_BYTES
 from inference.context_disk import DEFAULT_DISK_BYTES
+from inference.media import MediaPolicy
 from inference.openai.reasoning import REASONING_PARSER_CHOICES as REASONING_PARSERS
 from inference.openai.tool_parsers import TOOL_PARSER_CHOICES as TOOL_CALL_PARSERS
 
@@ -235,12 +236,20 @@ class HttpSettings(Group):
         list_rule("origins such as https://app.example.com (comma-separated)"), HTTP, metavar="ORIGINS",
         show_default=False))
     allowed_local_media_path: str | None = setting(None, Setting(
-        "directory requests may read local media from (default: none)",
-        text_rule("a non-blank directory path", optional=True), HTTP, metavar="DIR", show_default=False,
-        no_effect="requests carry no media here"))
+        "directory whose files image parts may name as file:// URLs (symlinks resolved first; "
+        "default: none, only data: URLs and the allowed domains)",
+        text_rule("an existing directory", optional=True), HTTP, metavar="DIR", show_default=False))
+    allowed_media_domains: str | None = setting(None, Setting(
+        "hosts whose http(s) image URLs are fetched (20 MiB, 10 s, 3 redirects on these hosts at "
+        "most), comma-separated (default: none: such URLs are refused)",
+        list_rule("host names such as images.example.com (comma-separated)"), HTTP, metavar="HOSTS",
+        show_default=False))
     log_level: str = setting("info", Setting("log level", choice_rule(LOG_LEVELS), HTTP, choices=LOG_LEVELS))
 
     def check(self) -> None:
+        if self.allowed_local_media_path is not None and not Path(self.allowed_local_media_path).is_dir():
+            raise ConfigError("--allowed-local-media-path",
+                              f"{self.allowed_local_media_path!r} is not an existing directory")
         if self.api_key is not None and self.api_key == self.admin_api_key:
             raise ConfigError(
                 "--admin-api-key",
@@ -270,6 +279,13 @@ class HttpSettings(Group):
     def cors_origins(self) -> tuple[str, ...]:
         """``--cors-allowed-origins`` (CORS for ``/v1`` only); empty means no CORS headers."""
         return split_list(self.cors_allowed_origins) if self.cors_allowed_origins else ()
+
+    def media_policy(self) -> MediaPolicy:
+        """Where image parts may come from besides data: URLs (:mod:`inference.media`)."""
+        root = self.allowed_local_media_path
+        domains = split_list(self.allowed_media_domains) if self.allowed_media_domains else ()
+        return MediaPolicy(local_root=Path(root) if root else None,
+                           domains=tuple(d.lower() for d in domains))
 
 
 @dataclass(frozen=True, repr=False)

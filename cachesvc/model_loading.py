@@ -284,6 +284,7 @@ def build_serving(
             tool_call_parser=config.serving.tool_call_parser,
             enable_auto_tool_choice=config.serving.enable_auto_tool_choice,
             model_type=info.model_type,
+            media=config.http.media_policy(),
             grammar_limits=GrammarLimits(
                 max_schema_bytes=config.serving.max_schema_bytes,
                 max_schema_properties=config.serving.max_schema_properties,

@@ -205,7 +205,7 @@ class ChatEndpoint:
             top_logprobs=top,
         )
         if handle.vision is not None and rendered.parts:
-            rows = await image_rows(handle.vision, rendered.parts, rendered.positions)
+            rows = await image_rows(handle.vision, rendered.parts, rendered.positions, handle.options.media)
             plan = dataclasses.replace(plan, images=rows)
         turn = ChatTurn(
             handle=handle,
@@ -427,7 +427,7 @@ def check_image_parts(handle: ModelHandle, messages: Sequence[ChatMessage]) -> l
     parts = image_parts(messages)
     if parts and handle.vision is None:
         refuse_text_only(messages, handle.options.served_model_name)
-    check_parts(parts)
+    check_parts(parts, handle.options.media)
     return parts
 
 

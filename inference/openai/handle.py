@@ -22,6 +22,7 @@ import msgspec
 from inference.context_cache import PrefixStore
 from inference.families import auto_parsers
 from inference.generation import GenerationState, StepOutput, TokenLogprob
+from inference.media import MediaPolicy
 from inference.openai.errors import (
     ContextLengthExceededError,
     InvalidRequestError,
@@ -90,6 +91,8 @@ class ServingOptions:
     capabilities: Mapping[str, object] = field(default_factory=dict)
     #: What one request's structured-output constraint may cost (schema size, compile time).
     grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
+    #: Where image parts may come from besides data: URLs (local files, fetched hosts).
+    media: MediaPolicy = field(default_factory=MediaPolicy)
 
     def __post_init__(self) -> None:
         if not self.served_model_name:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inference.image_decode import ImageInputError, check_data_url, data_url_bytes, decode_image
+from inference.image_decode import ImageInputError, decode_image
+from inference.media import MediaPolicy, check_url, read_url
 from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
 from inference.openai.protocol import ChatMessage
 from inference.runtime.protocol import ImageRows, VisionModel
@@ -63,20 +64,16 @@ def refuse_text_only(messages: Sequence[ChatMessage], model: str) -> None:
                         param=f"messages[{i}].content[{j}].type")
 
 
-def check_parts(parts: Sequence[ImagePart]) -> None:
+def check_parts(parts: Sequence[ImagePart], policy: MediaPolicy) -> None:
     """Refuse, before any decoding (cheap: on the event loop), too many images, URLs this server
-    does not fetch, and ``data:`` URLs whose header or size is wrong."""
+    does not read (:func:`inference.media.check_url`), and ``data:`` URLs whose header or size is
+    wrong."""
     if len(parts) > MAX_IMAGES_PER_REQUEST:
         raise InvalidRequestError(f"the request has {len(parts)} images; at most {MAX_IMAGES_PER_REQUEST} "
                                   "are accepted", param=parts[MAX_IMAGES_PER_REQUEST].param)
     for part in parts:
-        scheme = part.url.split(":", 1)[0].lower() if ":" in part.url else ""
-        if scheme in ("http", "https", "file"):
-            raise InvalidRequestError(
-                f"{part.param}: {scheme} image URLs are not fetched by this server; send the image inline "
-                "as a data: URL (data:image/png;base64,...)", param=part.param)
         try:
-            check_data_url(part.url)
+            check_url(part.url, policy)
         except ImageInputError as exc:
             raise InvalidRequestError(f"{part.param} {exc}", param=part.param) from None
 
@@ -112,11 +109,11 @@ def check_expanded_length(n_ids: int, n_images: int, per_image: int, limit: int)
             f"model accepts at most {limit} input tokens: send fewer images or less text", param="messages")
 
 
-def _features(vision: VisionModel, parts: Sequence[ImagePart]) -> np.ndarray:
+def _features(vision: VisionModel, parts: Sequence[ImagePart], policy: MediaPolicy) -> np.ndarray:
     pixels = []
     for part in parts:
         try:
-            image = decode_image(data_url_bytes(part.url))
+            image = decode_image(read_url(part.url, policy))
         except ImageInputError as exc:
             raise InvalidRequestError(f"{part.param} {exc}", param=part.param) from None
         pixels.append(vision.pixels(image))
@@ -124,8 +121,9 @@ def _features(vision: VisionModel, parts: Sequence[ImagePart]) -> np.ndarray:
     return features.reshape(-1, features.shape[-1])
 
 
-async def image_rows(vision: VisionModel, parts: Sequence[ImagePart], positions: np.ndarray) -> ImageRows:
-    """Decode (base64, then the image), preprocess and encode the images in a worker thread:
-    their rows of the prompt."""
-    features = await asyncio.to_thread(_features, vision, parts)
+async def image_rows(vision: VisionModel, parts: Sequence[ImagePart], positions: np.ndarray,
+                     policy: MediaPolicy) -> ImageRows:
+    """Read (base64, a local file or a fetch), decode, preprocess and encode the images in a worker
+    thread: their rows of the prompt."""
+    features = await asyncio.to_thread(_features, vision, parts, policy)
     return ImageRows(positions=positions, features=np.ascontiguousarray(features, dtype=np.float32))

@@ -50,6 +50,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "memory_budget_gb": None,
     "keep_alive": 300.0,
     "allowed_local_media_path": None,
+    "allowed_media_domains": None,
     "log_level": "info",
     "engine_cache_max_size_gb": 50.0,
     "clear_engine_cache": False,
@@ -95,7 +96,6 @@ NO_EFFECT_ARGV: list[tuple[list[str], str]] = [
     (["--draft-top-k=2"], "--draft-top-k"),
     (["--verify-tree-size=16"], "--verify-tree-size"),
     (["--context-cache-recurrent-snapshot-pool-bytes=11"], "--context-cache-recurrent-snapshot-pool-bytes"),
-    (["--allowed-local-media-path=/srv/media"], "--allowed-local-media-path"),
     (["--draft-step=2"], "--draft-step"),
     (["--draft-step=2", "--speculative-config", '{"method": "mtp"}'], "--draft-step"),
     (["--draft-step=5", "--speculative-config", '{"method": "dflash", "model": "d"}'], "--draft-step"),
@@ -958,7 +958,7 @@ def test_no_effect_flags_are_refused(argv: list[str], flag: str, capsys: pytest.
     assert message.startswith(f"{flag}: has no effect in this version (")
     assert message.endswith(f"drop {flag}")
     name = flag[2:].replace("-", "_")
-    value = {"allowed_local_media_path": "/srv/media"}.get(name, 16)
+    value = 16
     with pytest.raises(ConfigError, match="has no effect") as info:
         ServeConfig.from_mapping({name: value})
     assert_config_error(info.value, flag)
@@ -972,12 +972,22 @@ def test_no_effect_flags_at_their_default_and_draft_step_with_a_chain_method_are
         assert config.build.draft_step == config.build.effective_draft_step == 4
     # --help still documents them (CLI compatibility: the names parse, the refusal names them).
     text = serve_parser().format_help()
-    for flag in ("--draft-top-k", "--draft-step", "--verify-tree-size", "--allowed-local-media-path",
+    for flag in ("--draft-top-k", "--draft-step", "--verify-tree-size",
                  "--context-cache-recurrent-snapshot-pool-bytes"):
         assert flag in text
 
 
 # --- groups and the environment ------------------------------------------------------------------
+
+
+def test_media_settings_give_the_image_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--allowed-local-media-path must be an existing directory; the hosts are lowered."""
+    config = from_argv([f"--allowed-local-media-path={tmp_path}", "--allowed-media-domains=Img.Example.com,h2"])
+    policy = config.http.media_policy()
+    assert (policy.local_root, policy.domains) == (tmp_path, ("img.example.com", "h2"))
+    message = argv_error([f"--allowed-local-media-path={tmp_path / 'nope'}"], capsys)
+    assert message.startswith("--allowed-local-media-path:") and "not an existing directory" in message
+    assert from_argv([]).http.media_policy().local_root is None
 
 
 def test_every_setting_is_in_exactly_one_group() -> None:

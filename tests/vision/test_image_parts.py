@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from inference.media import MediaPolicy
 from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
 from inference.openai.images import (
     MAX_IMAGES_PER_REQUEST,
@@ -59,19 +60,19 @@ def test_a_text_only_model_names_the_image_part() -> None:
 
 
 @pytest.mark.parametrize(("url", "message"), [
-    ("http://127.0.0.1/cat.png", "http image URLs are not fetched"),
-    ("file:///etc/passwd", "file image URLs are not fetched"),
+    ("http://127.0.0.1/cat.png", "fetches none .*--allowed-media-domains"),
+    ("file:///etc/passwd", "reads no local files .*--allowed-local-media-path"),
     ("cat.png", "is not a data: URL"),
 ])
 def test_urls_refused_before_decoding(url: str, message: str) -> None:
     with pytest.raises(InvalidRequestError, match=message) as info:
-        check_parts(image_parts(_messages(URL, url)))
+        check_parts(image_parts(_messages(URL, url)), MediaPolicy())
     assert info.value.param == "messages[1].content[2].image_url.url"
 
 
 def test_too_many_images() -> None:
     with pytest.raises(InvalidRequestError, match=f"at most {MAX_IMAGES_PER_REQUEST}") as info:
-        check_parts(image_parts(_messages(*[URL] * (MAX_IMAGES_PER_REQUEST + 1))))
+        check_parts(image_parts(_messages(*[URL] * (MAX_IMAGES_PER_REQUEST + 1))), MediaPolicy())
     assert info.value.param == f"messages[1].content[{MAX_IMAGES_PER_REQUEST + 1}].image_url.url"
 
 

@@ -37,9 +37,65 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def media(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The served directory of local media: IMAGES[0] as a file, a link pointing out of it."""
+    root = tmp_path_factory.mktemp("media")
+    IMAGES[0].save(root / "first.png")
+    outside = tmp_path_factory.mktemp("outside") / "secret.png"
+    IMAGES[1].save(outside)
+    (root / "escape.png").symlink_to(outside)
+    return root
+
+
+@pytest.fixture(scope="module")
+def image_host() -> Iterator[str]:
+    """A loopback HTTP server of IMAGES[0] (``/first.png``), a redirect to it, one off the
+    allowed hosts, and a 404."""
+    import http.server
+    import threading
+
+    png = io.BytesIO()
+    IMAGES[0].save(png, format="PNG")
+    body = png.getvalue()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/first.png":
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            elif self.path.startswith("/to/"):
+                self.send_response(302)
+                self.send_header("Location", self.path.removeprefix("/to"))
+                self.end_headers()
+            elif self.path == "/away":
+                self.send_response(302)
+                self.send_header("Location", "http://example.com/cat.png")
+                self.end_headers()
+            else:
+                self.send_error(404)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint: Path, media: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     with running_server(checkpoint, tmp_path_factory.mktemp("cache"), tmp_path_factory.mktemp("log"),
-                        "--max-input-len", "96", "--max-kv-cache-capacity", "160") as s:
+                        "--max-input-len", "96", "--max-kv-cache-capacity", "160",
+                        "--allowed-local-media-path", str(media),
+                        "--allowed-media-domains", "127.0.0.1") as s:
         yield s
 
 
@@ -101,7 +157,7 @@ def test_two_images_in_either_order(server: ServerProcess, checkpoint: Path) -> 
 @pytest.mark.parametrize(("url", "message"), [
     ("data:image/png;base64," + base64.b64encode(b"not a picture").decode(), "not an image"),
     (png_url(random_image(3, (64, 64)))[:200], "not valid base64|truncated or corrupt"),
-    ("https://example.com/cat.png", "not fetched by this server"),
+    ("https://example.com/cat.png", "not fetch from"),
     ("data:text/plain;base64,aGVsbG8=", "not an image"),
 ])
 def test_bad_images_are_400s_naming_the_field(server: ServerProcess, url: str, message: str) -> None:
@@ -110,6 +166,35 @@ def test_bad_images_are_400s_naming_the_field(server: ServerProcess, url: str, m
     err = _error(info.value)
     assert err["param"] == "messages[0].content[2].image_url.url", err
     assert re.search(message, err["message"]), err
+
+
+def test_a_local_file_and_a_fetched_url_answer_as_the_inline_image(
+        server: ServerProcess, checkpoint: Path, media: Path, image_host: str) -> None:
+    """file:// under --allowed-local-media-path and http:// of --allowed-media-domains (a redirect
+    on the allowed host followed) give the data: URL's answer."""
+    inline = _ask(server, "What is this?", [png_url(IMAGES[0])]).choices[0].message.content
+    assert inline == _expected(checkpoint, IMAGES[:1], "What is this?")[0]
+    for url in ((media / "first.png").as_uri(), f"{image_host}/first.png", f"{image_host}/to/first.png"):
+        assert _ask(server, "What is this?", [url]).choices[0].message.content == inline, url
+
+
+def test_media_urls_off_limits_are_400s_naming_the_field(
+        server: ServerProcess, media: Path, image_host: str, tmp_path: Path) -> None:
+    """A symlink out of the media directory, a file outside it, a missing file, a host not
+    allowed (also as a redirect's target), a 404: one line each naming the part."""
+    outside = tmp_path / "outside.png"
+    IMAGES[0].save(outside)
+    for url, message in (((media / "escape.png").as_uri(), "outside the allowed media directory"),
+                         (outside.as_uri(), "outside the allowed media directory"),
+                         ((media / "nope.png").as_uri(), "does not exist"),
+                         ("http://localhost:1/cat.png", "host 'localhost'"),
+                         (f"{image_host}/away", "host 'example.com'"),
+                         (f"{image_host}/missing.png", "HTTP 404")):
+        with pytest.raises(openai.BadRequestError) as info:
+            _ask(server, "Hi", [png_url(IMAGES[0]), url])
+        err = _error(info.value)
+        assert err["param"] == "messages[0].content[2].image_url.url", (url, err)
+        assert message in err["message"], (url, err)
 
 
 def test_too_many_image_tokens_is_a_context_error(server: ServerProcess) -> None:
