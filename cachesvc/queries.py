@@ -23,6 +23,7 @@ from typing import Any
 from cachesvc.catalog import Catalog
 from cachesvc.catalog.fleet import FleetCatalog
 from cachesvc.errors import ConfigError, CorruptBundleError, NotFoundError
+from cachesvc.model_names import model_labels
 from cachesvc.profiles import BuildOptions, BundleKey
 from cachesvc.records import (
     BUNDLE_STATES,
@@ -157,6 +158,17 @@ class CacheQueries:
         """Whether the catalog database answers (``/health``)."""
         return self.catalog.state()
 
+    def model_labels(self, models: set[str]) -> dict[str, str]:
+        """The served names of ``models`` (:func:`cachesvc.model_names.model_labels`), by the
+        catalog's aliases."""
+        aliases = self.catalog.aliases.all()
+        bundle_models = {}
+        for a in aliases:
+            info = self.catalog.bundles.get(a.bundle_id) if a.bundle_id else None
+            if info is not None:
+                bundle_models[info.id] = info.model
+        return model_labels(models, aliases, bundle_models)
+
     def stats(self, node: str | None = None) -> CacheStats:
         """Cache statistics from the catalog (they survive restarts, agree across processes).
 
@@ -174,6 +186,9 @@ class CacheQueries:
                 stats = self._stats_cache[1]
         if stats is None:
             stats = self.catalog.events.stats(max_size_bytes=cap, node=node)
+            labels = self.model_labels({m.model for m in stats.per_model})
+            named = tuple(replace(m, model_name=labels[m.model]) for m in stats.per_model)
+            stats = replace(stats, per_model=named)
             with self._stats_lock:
                 self._stats_cache = (key, stats)
         if node != self.node:

@@ -296,6 +296,7 @@ class ModelStats:
     size_bytes: int
     hits: int
     misses: int
+    model_name: str = ""  #: the served name (:mod:`cachesvc.model_names`), filled by the queries
 
 
 @dataclass(frozen=True)

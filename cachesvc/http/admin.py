@@ -55,7 +55,6 @@ from cachesvc.http.schemas import (
     to_body,
 )
 from cachesvc.manager import CacheManager
-from cachesvc.model_names import model_labels
 from cachesvc.profiles import ProfileRequest
 from cachesvc.records import EvictionResult
 from inference.model_pool import ModelPool
@@ -209,7 +208,7 @@ class BundleController(Controller):
                 node=node,
             )
             body = to_body(page, BundleListOut, limit=limit)
-            labels = model_labels_of(manager, {b.model for b in body.items})
+            labels = manager.queries.model_labels({b.model for b in body.items})
             return msgspec.structs.replace(body, items=[named(b, labels) for b in body.items])
 
         body = await anyio.to_thread.run_sync(load)
@@ -226,7 +225,7 @@ class BundleController(Controller):
         """One bundle with its manifest summary, files, lease holders and recent events."""
         body = to_body(manager.queries.bundle_detail(bundle_id), BundleDetailOut)
         return msgspec.structs.replace(
-            body, bundle=named(body.bundle, model_labels_of(manager, {body.bundle.model})))
+            body, bundle=named(body.bundle, manager.queries.model_labels({body.bundle.model})))
 
     @delete(
         "/{bundle_id:str}",
@@ -261,7 +260,7 @@ class BundleController(Controller):
     def pin_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleOut:
         """Protect a bundle from eviction."""
         body = to_body(manager.set_pinned(bundle_id, True), BundleOut)
-        return named(body, model_labels_of(manager, {body.model}))
+        return named(body, manager.queries.model_labels({body.model}))
 
     @delete(
         "/{bundle_id:str}/pin",
@@ -273,7 +272,7 @@ class BundleController(Controller):
     def unpin_bundle(self, manager: Manager, bundle_id: BundleId) -> BundleOut:
         """Let a bundle be evicted again."""
         body = to_body(manager.set_pinned(bundle_id, False), BundleOut)
-        return named(body, model_labels_of(manager, {body.model}))
+        return named(body, manager.queries.model_labels({body.model}))
 
     @post(
         "/{bundle_id:str}/verify",
@@ -443,22 +442,7 @@ class CacheController(Controller):
 )
 def get_stats(manager: Manager, node: NodeFilter = None) -> StatsOut:
     """Cache statistics from the catalog's events of one node (default: the answering node)."""
-    body = to_body(manager.queries.stats(node), StatsOut)
-    labels = model_labels_of(manager, {m.model for m in body.per_model})
-    return msgspec.structs.replace(
-        body, per_model=[msgspec.structs.replace(m, model_name=labels[m.model]) for m in body.per_model])
-
-
-def model_labels_of(manager: Manager, models: set[str]) -> dict[str, str]:
-    """The served names of ``models`` (:func:`cachesvc.model_names.model_labels`) by the catalog's
-    aliases."""
-    aliases = manager.catalog.aliases.all()
-    bundle_models = {}
-    for a in aliases:
-        info = manager.catalog.bundles.get(a.bundle_id) if a.bundle_id else None
-        if info is not None:
-            bundle_models[info.id] = info.model
-    return model_labels(models, aliases, bundle_models)
+    return to_body(manager.queries.stats(node), StatsOut)
 
 
 def named(bundle: BundleOut, labels: Mapping[str, str]) -> BundleOut:

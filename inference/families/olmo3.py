@@ -22,9 +22,17 @@ def features(raw: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(params, dict) and isinstance(params.get("sliding_attention"), dict):
         out["rope"] = rope_from(raw, "full_attention")
         out["rope_local"] = rope_from(raw, "sliding_attention")
-    else:  # the hub's convention: rope_theta for both, rope_scaling for the full layers only
-        out["rope_local"] = RopeConfig(theta=float(raw.get("rope_theta", 500000.0)))
+    else:
+        # The hub's convention: rope_theta and rope_scaling are the full layers'. transformers'
+        # Olmo3Config gives the sliding layers its default base then (rope_theta is taken by the
+        # full layers first): 500000, what the released checkpoints' rope_theta is anyway. A
+        # GGUF's sliding base is llama.cpp's (rope_local_base_freq, from gguf_config).
+        out["rope_local"] = RopeConfig(theta=float(raw.get("rope_local_base_freq") or OLMO3_DEFAULT_THETA))
     return out
+
+
+#: transformers' Olmo3Config.default_theta.
+OLMO3_DEFAULT_THETA = 500000.0
 
 
 def is_olmo3_gguf(meta: Callable[[str, Any], Any]) -> bool:
@@ -34,7 +42,10 @@ def is_olmo3_gguf(meta: Callable[[str, Any], Any]) -> bool:
 
 def gguf_config(meta: Callable[[str, Any], Any], names: frozenset[str]) -> dict[str, Any]:
     # Without a list of flags: llama.cpp's default, as transformers', every fourth layer full.
-    return {**olmo2_gguf_config(meta, names), **gguf_sliding(meta)}
+    # llama.cpp rotates the sliding layers with rope.freq_base_swa where the file has it, else
+    # with rope.freq_base.
+    base = meta("rope.freq_base_swa", None) or meta("rope.freq_base", None) or OLMO3_DEFAULT_THETA
+    return {**olmo2_gguf_config(meta, names), **gguf_sliding(meta), "rope_local_base_freq": float(base)}
 
 
 FAMILY = Family(

@@ -94,3 +94,25 @@ def test_unsupported_variant_is_refused_in_one_line(family: str, overrides: dict
         _build(ckpt, tmp_path / "bundle")
     assert "\n" not in str(err.value)
     assert not any((tmp_path / "bundle").iterdir())
+
+
+def test_olmo3_in_the_hub_convention_slides_at_transformers_default_base(
+        tmp_path: Path, reference_step: Callable[..., Any]) -> None:
+    """config.json with a top-level rope_theta (here 1e6, the hub's form): transformers' Olmo3Config
+    gives it to the full layers and its default base (500000) to the sliding ones; so does the
+    builder (before, the sliding layers took rope_theta too: logits off by 0.06-0.16)."""
+    import json
+
+    from inference.demo import write_demo_checkpoint
+
+    ckpt = write_demo_checkpoint(tmp_path / "olmo3", arch="olmo3")
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["rope_theta"] == 1e6 and not config.get("rope_parameters")
+    bundle = _build(ckpt, tmp_path / "bundle")
+    engine = load_engine(bundle, max_slots=1, threads=1)
+    try:
+        prompt = _prompt(PROMPT_LEN, 9)
+        want, _ = reference_step(load_reference(ckpt), [prompt])
+        np.testing.assert_allclose(engine.prefill(0, prompt), want[0, -1], atol=TOL, rtol=0)
+    finally:
+        engine.close()

@@ -982,7 +982,8 @@ def test_no_effect_flags_at_their_default_and_draft_step_with_a_chain_method_are
 
 def test_media_settings_give_the_image_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--allowed-local-media-path must be an existing directory; the hosts are lowered."""
-    config = from_argv([f"--allowed-local-media-path={tmp_path}", "--allowed-media-domains=Img.Example.com,h2"])
+    config = from_argv([f"--allowed-local-media-path={tmp_path}",
+                        "--allowed-media-domains=Img.Example.com,h2"])
     policy = config.http.media_policy()
     assert (policy.local_root, policy.domains) == (tmp_path, ("img.example.com", "h2"))
     message = argv_error([f"--allowed-local-media-path={tmp_path / 'nope'}"], capsys)
