@@ -69,7 +69,7 @@ def test_a_closed_pipe_is_not_a_traceback(tmp_path: Path) -> None:
     ("args", "env", "named"),
     [
         (("serve", "--draft-top-k", "2"), {}, "--draft-top-k"),
-        (("serve", "--allowed-local-media-path", "/srv/media"), {}, "--allowed-local-media-path"),
+        (("serve", "--allowed-local-media-path", "/nowhere/media"), {}, "--allowed-local-media-path"),
         (("serve", "--context-cache-recurrent-snapshot-pool-bytes", "4096"), {},
          "--context-cache-recurrent-snapshot-pool-bytes"),
         (("prepare", "org/model", "--verify-tree-size", "8"), {}, "--verify-tree-size"),
@@ -94,6 +94,8 @@ def test_a_setting_that_would_change_nothing_or_is_invalid_is_refused_in_one_lin
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith(f"cachesvc: error: {named}: ")
-    if named.startswith("--"):
+    if named == "--allowed-local-media-path":  # a directory that is not there
+        assert "'/nowhere/media' is not an existing directory" in lines[0]
+    elif named.startswith("--"):
         assert "has no effect in this version" in lines[0] and lines[0].endswith(f"drop {named}")
     assert not cache.exists()
