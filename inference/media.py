@@ -13,8 +13,12 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from inference.image_decode import MAX_IMAGE_BYTES, ImageInputError, check_data_url, data_url_bytes
+
+if TYPE_CHECKING:  # httpx is imported where a fetch runs, not at server start
+    import httpx
 
 #: Seconds a fetch may take (connect and each read), and how many redirects it follows.
 FETCH_TIMEOUT = 10.0
@@ -117,11 +121,8 @@ def _fetch(url: str, policy: MediaPolicy) -> bytes:
     raise ImageInputError(f"redirects more than {policy.max_redirects} times")
 
 
-def _body(response: object, policy: MediaPolicy) -> bytes:
+def _body(response: httpx.Response, policy: MediaPolicy) -> bytes:
     """A fetched image's bytes, refused past the size cap (by its header, then while reading)."""
-    import httpx
-
-    assert isinstance(response, httpx.Response)
     if response.status_code != 200:
         raise ImageInputError(f"could not be fetched: the server answered HTTP {response.status_code}")
     declared = response.headers.get("content-length", "")

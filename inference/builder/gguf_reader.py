@@ -248,8 +248,12 @@ def _first(value: Any) -> Any:
     return value[0] if isinstance(value, tuple) and value else value
 
 
-def _required(header: GgufHeader, key: str) -> int:
+def _required(header: GgufHeader, key: str, *, per_layer: bool = False) -> int:
+    """A positive integer of the metadata; ``per_layer``: or an array of one a layer (its first
+    value: Gemma 4's MLP widths, which its family reads whole)."""
     value = gguf_metadata(header, key)
+    if per_layer:
+        value = _first(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise BuildInputError(f"GGUF metadata {key!r} is missing or not a positive integer (got {value!r})")
     return value
@@ -333,8 +337,7 @@ def gguf_config(header: GgufHeader) -> dict[str, Any]:
         "model_type": family.model_types[0],
         "vocab_size": int(vocab),
         "hidden_size": hidden,
-        "intermediate_size": _first(gguf_metadata(header, f"{arch}.feed_forward_length"))
-        or _required(header, f"{arch}.feed_forward_length"),
+        "intermediate_size": _required(header, f"{arch}.feed_forward_length", per_layer=True),
         "num_hidden_layers": _required(header, f"{arch}.block_count"),
         "num_attention_heads": heads,
         "num_key_value_heads": int(kv_heads),

@@ -234,8 +234,12 @@ class _DecoderBuilder:
         if norm_module is not None:
             y = self.norm(y, norm_module, hd, rms=True)
         elif plain_norm:
-            y = self.rms_norm(y, self.em.const(np.ones(hd, np.float32)))
+            y = self.plain_rms_norm(y, hd)
         return self.em.op1("Transpose", [y], perm=[0, 2, 1, 3])
+
+    def plain_rms_norm(self, x: str, dim: int) -> str:
+        """An RMSNorm without weights over the last ``dim`` values (Gemma 4's values)."""
+        return self.rms_norm(x, self.em.const(np.ones(dim, np.float32)))
 
     def attention(self, q: str, k: str, v: str, layer: int) -> str:
         """q [B,H,S,hd], k/v [B,kv,S,hd] -> [B,H,S,hd]; writes present K/V."""
@@ -283,8 +287,7 @@ class _DecoderBuilder:
         """Per-head norm (qwen3) on [B,S,n*hd], keeping that layout; ``module`` None: a weightless
         RMSNorm (Gemma 4's values)."""
         y = self.em.op1("Reshape", [x, self.em.const(np.array([0, 0, n_heads, hd], dtype=np.int64))])
-        y = (self.norm(y, module, hd, rms=True) if module is not None
-             else self.rms_norm(y, self.em.const(np.ones(hd, np.float32))))
+        y = self.norm(y, module, hd, rms=True) if module is not None else self.plain_rms_norm(y, hd)
         return self.em.op1("Reshape", [y, self.em.const(np.array([0, 0, n_heads * hd], dtype=np.int64))])
 
     def gqa_attention(self, q: str, k: str, v: str, layer: int) -> str:
