@@ -40,6 +40,7 @@ from inference.openai.images import (
     expand_placeholders,
     image_parts,
     image_rows,
+    prepare_images,
     refuse_text_only,
 )
 from inference.openai.protocol import (
@@ -69,6 +70,7 @@ from inference.openai.tool_parsers import (
     ToolStream,
     forced_call_stream,
 )
+from inference.runtime.protocol import PreparedImage
 
 __all__ = ["ChatDelta", "ChatEndpoint", "ChatResult", "ChatTurn"]
 
@@ -205,7 +207,10 @@ class ChatEndpoint:
             top_logprobs=top,
         )
         if handle.vision is not None and rendered.parts:
-            rows = await image_rows(handle.vision, rendered.parts, rendered.positions, handle.options.media)
+            prepared = rendered.prepared
+            if prepared is None:
+                prepared = await prepare_images(handle.vision, rendered.parts, handle.options.media)
+            rows = await image_rows(handle.vision, prepared, rendered.positions)
             plan = dataclasses.replace(plan, images=rows)
         turn = ChatTurn(
             handle=handle,
@@ -231,9 +236,9 @@ class ChatEndpoint:
         add_special_tokens: bool = False,
     ) -> RenderedPrompt:
         """The prompt of ``messages`` as a chat turn runs it: the template applied, tokenized, and
-        for a vision-language model each image placeholder expanded to its image tokens (the
-        images themselves are not decoded here). Shared by the chat turn, ``/tokenize`` and
-        ``/v1/messages/count_tokens``, so they count the same tokens."""
+        for a vision-language model each image placeholder replaced by its image tokens (the
+        images are decoded here only where their size sets their tokens). Shared by the chat turn,
+        ``/tokenize`` and ``/v1/messages/count_tokens``, so they count the same tokens."""
         parts = check_image_parts(handle, messages)
         vision = handle.vision
         prompt = await self.render(
@@ -246,10 +251,18 @@ class ChatEndpoint:
         )
         ids = await handle.encode(prompt, add_special_tokens=add_special_tokens, param="messages")
         positions = np.zeros(0, np.int64)
+        prepared: list[PreparedImage] | None = None
         if vision is not None:
-            check_expanded_length(len(ids), len(parts), vision.tokens_per_image, handle.options.max_input_len)
-            ids, positions = expand_placeholders(ids, vision, len(parts))
-        return RenderedPrompt(prompt, ids, parts, positions)
+            # A family whose images take a fixed number of tokens is counted without decoding them;
+            # the others are decoded and preprocessed here (their tokens follow the image's size).
+            if vision.tokens_per_image is None and parts:
+                prepared = await prepare_images(vision, parts, handle.options.media)
+                expansions: list[tuple[int, ...]] = [im.tokens for im in prepared]
+            else:
+                expansions = [vision.fixed_tokens()] * len(parts)
+            check_expanded_length(len(ids), expansions, handle.options.max_input_len)
+            ids, positions = expand_placeholders(ids, vision, expansions)
+        return RenderedPrompt(prompt, ids, parts, positions, prepared)
 
     async def render(
         self,
@@ -419,6 +432,8 @@ class RenderedPrompt:
     ids: list[int]
     parts: list[ImagePart]
     positions: np.ndarray
+    #: the images decoded and preprocessed, where counting them needed it (else None: later)
+    prepared: list[PreparedImage] | None = None
 
 
 def check_image_parts(handle: ModelHandle, messages: Sequence[ChatMessage]) -> list[ImagePart]:

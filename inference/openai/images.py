@@ -2,7 +2,8 @@
 their feature rows (decoded, preprocessed and encoded off the event loop).
 
 An image reaches the model as the chat template's image placeholder (LLaVA: one ``<image>``
-token), which is expanded here to the vision model's ``tokens_per_image`` copies; the prefill
+token), which is replaced here by the image's tokens (:attr:`PreparedImage.tokens`: LLaVA's
+``tokens_per_image`` image tokens; a tiling family's tile markers around its rows); the prefill
 replaces those positions' embeddings with the image's feature rows (:class:`ImageRows`). A request
 with images never uses context reuse (its KV depends on the pixels, not only on the token ids)
 and its KV is not kept for others: ``cache_prompt`` is off for it.
@@ -20,7 +21,7 @@ from inference.image_decode import ImageInputError, decode_image
 from inference.media import MediaPolicy, check_url, read_url
 from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
 from inference.openai.protocol import ChatMessage
-from inference.runtime.protocol import ImageRows, VisionModel
+from inference.runtime.protocol import ImageRows, PreparedImage, VisionModel
 
 #: Image parts one request may carry (each is decoded and encoded before the request queues).
 MAX_IMAGES_PER_REQUEST = 16
@@ -78,52 +79,69 @@ def check_parts(parts: Sequence[ImagePart], policy: MediaPolicy) -> None:
             raise InvalidRequestError(f"{part.param} {exc}", param=part.param) from None
 
 
-def expand_placeholders(ids: Sequence[int], vision: VisionModel, n_images: int,
+def expand_placeholders(ids: Sequence[int], vision: VisionModel, images: Sequence[Sequence[int]],
                         param: str = "messages") -> tuple[list[int], np.ndarray]:
-    """The prompt with each image token repeated ``tokens_per_image`` times, and the positions of
-    every image row (ascending): what :class:`ImageRows` needs besides the features."""
-    token, per = vision.image_token_id, vision.tokens_per_image
-    found = sum(1 for t in ids if t == token)
-    if found != n_images:
+    """The prompt with each image placeholder replaced by that image's tokens (``images``, in
+    prompt order), and the positions of every image row (ascending): what :class:`ImageRows`
+    needs besides the features."""
+    placeholder, token = vision.placeholder_id, vision.image_token_id
+    found = sum(1 for t in ids if t == placeholder)
+    typed = placeholder != token and any(t == token for t in ids)
+    if found != len(images) or typed:
         raise InvalidRequestError(
-            f"the rendered prompt has {found} image placeholders for {n_images} images: the model's chat "
-            "template must place one per image part, and the text may not contain the image token itself",
+            f"the rendered prompt has {found} image placeholders for {len(images)} images: the model's chat "
+            "template must place one per image part, and the text may not contain the image tokens "
+            "themselves",
             param=param)
     out: list[int] = []
     positions: list[int] = []
+    pending = iter(images)
     for t in ids:
-        if t == token:
-            positions.extend(range(len(out), len(out) + per))
-            out.extend([token] * per)
+        if t == placeholder:
+            tokens = next(pending)
+            positions.extend(len(out) + i for i, x in enumerate(tokens) if x == token)
+            out.extend(tokens)
         else:
             out.append(t)
     return out, np.asarray(positions, dtype=np.int64)
 
 
-def check_expanded_length(n_ids: int, n_images: int, per_image: int, limit: int) -> None:
-    """Refuse, before any image is decoded, a prompt whose image tokens cannot fit the input limit."""
-    total = n_ids + n_images * (per_image - 1)
+def check_expanded_length(n_ids: int, images: Sequence[Sequence[int]], limit: int) -> None:
+    """Refuse a prompt whose image tokens (``images``: each image's tokens) cannot fit the input limit."""
+    total = n_ids + sum(len(tokens) - 1 for tokens in images)
     if total > limit:
+        sizes = sorted({len(tokens) for tokens in images})
+        each = f"{sizes[0]} tokens each" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]} tokens each"
         raise ContextLengthExceededError(
-            f"the prompt takes {total} tokens with its {n_images} image(s) ({per_image} tokens each); this "
+            f"the prompt takes {total} tokens with its {len(images)} image(s) ({each}); this "
             f"model accepts at most {limit} input tokens: send fewer images or less text", param="messages")
 
 
-def _features(vision: VisionModel, parts: Sequence[ImagePart], policy: MediaPolicy) -> np.ndarray:
-    pixels = []
+def _prepare(vision: VisionModel, parts: Sequence[ImagePart], policy: MediaPolicy) -> list[PreparedImage]:
+    out = []
     for part in parts:
         try:
             image = decode_image(read_url(part.url, policy))
-        except ImageInputError as exc:
+            out.append(vision.prepare(image))
+        except (ImageInputError, ValueError) as exc:
             raise InvalidRequestError(f"{part.param} {exc}", param=part.param) from None
-        pixels.append(vision.pixels(image))
-    features = vision.encode(np.stack(pixels))
-    return features.reshape(-1, features.shape[-1])
+    return out
 
 
-async def image_rows(vision: VisionModel, parts: Sequence[ImagePart], positions: np.ndarray,
-                     policy: MediaPolicy) -> ImageRows:
-    """Read (base64, a local file or a fetch), decode, preprocess and encode the images in a worker
-    thread: their rows of the prompt."""
-    features = await asyncio.to_thread(_features, vision, parts, policy)
+async def prepare_images(vision: VisionModel, parts: Sequence[ImagePart],
+                         policy: MediaPolicy) -> list[PreparedImage]:
+    """Read (base64, a local file or a fetch), decode and preprocess the images in a worker
+    thread; a part that is no usable image is a 400 naming it."""
+    return await asyncio.to_thread(_prepare, vision, parts, policy)
+
+
+def _features(vision: VisionModel, images: Sequence[PreparedImage]) -> np.ndarray:
+    rows = vision.features(images)
+    return np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
+
+
+async def image_rows(vision: VisionModel, images: Sequence[PreparedImage],
+                     positions: np.ndarray) -> ImageRows:
+    """Encode the prepared images in a worker thread: their rows of the prompt."""
+    features = await asyncio.to_thread(_features, vision, images)
     return ImageRows(positions=positions, features=np.ascontiguousarray(features, dtype=np.float32))

@@ -13,7 +13,7 @@ from inference.runtime.errors import EngineLoadError
 from inference.runtime.onnxruntime_engine import KV_LAYOUT, GqaEngine, kv_dtype_of
 from inference.runtime.ort_session import available_cores
 from inference.runtime.registry import ENGINE_FILE, is_embedding, load_engine, memory_estimate, read_meta
-from inference.runtime.vision_encoder import VisionEncoder
+from inference.runtime.vision_encoder import load_vision
 
 # Format 1 (two weight copies, no in-place KV graph) is refused: rebuilding is cheap and the
 # cache rebuilds it anyway (the builder version is part of the bundle profile).
@@ -108,7 +108,7 @@ def load_ort_engine(
         ) from exc
     vision = meta.get("vision")
     if isinstance(vision, dict):
-        engine.attach_vision(VisionEncoder(bundle_dir, vision, threads=n_threads))
+        engine.attach_vision(load_vision(bundle_dir, vision, threads=n_threads))
     engine.set_memory_bytes(memory_estimate(bundle_dir, max_slots=slots))
     return engine
 

@@ -17,7 +17,7 @@ slots (``copy_prefix``) and moving KV positions out of and into a slot (``export
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -150,20 +150,52 @@ class ImageRows:
         return self.positions[lo:hi] - start, self.features[lo:hi]
 
 
+@dataclass(frozen=True)
+class PreparedImage:
+    """One image ready for the vision graph: ``inputs`` (the graph's inputs for this image alone,
+    e.g. ``pixel_values [tiles, 3, h, w]``) and ``tokens``, which replace the chat template's
+    placeholder in the prompt; the entries equal to the image token are its feature rows, in
+    order."""
+
+    inputs: Mapping[str, np.ndarray]
+    tokens: tuple[int, ...]
+    image_token_id: int
+
+    @property
+    def rows(self) -> int:
+        """Feature rows of this image (image tokens among :attr:`tokens`)."""
+        return sum(1 for t in self.tokens if t == self.image_token_id)
+
+
 @runtime_checkable
 class VisionModel(Protocol):
-    """A bundle's vision side: image -> pixel values -> the feature rows of its image tokens.
-    Thread-safe: requests encode their images in worker threads, beside the scheduler."""
+    """A bundle's vision side: image -> :class:`PreparedImage` (its vision-graph inputs and the
+    prompt tokens standing for it) -> the feature rows of its image tokens. A family whose images
+    take a number of tokens that depends on their size (tiles, dynamic resolution) says so with
+    ``tokens_per_image`` None. Thread-safe: requests prepare and encode their images in worker
+    threads, beside the scheduler."""
 
+    #: the token whose embeddings the image features replace (the feature rows)
     image_token_id: int
-    tokens_per_image: int
-
-    def pixels(self, image: Any) -> np.ndarray:
-        """Pixel values ``[3, height, width]`` float32 of a decoded (Pillow) image."""
+    #: the token the chat template writes for each image, replaced by :attr:`PreparedImage.tokens`
+    placeholder_id: int
+    @property
+    def tokens_per_image(self) -> int | None:
+        """The length of every image's tokens, or None where it depends on the image."""
         ...
 
-    def encode(self, pixel_values: np.ndarray) -> np.ndarray:
-        """Features ``[images, tokens_per_image, hidden]`` float32 of ``[images, 3, h, w]``."""
+    def fixed_tokens(self) -> tuple[int, ...]:
+        """The tokens of any image, for a family with a fixed ``tokens_per_image`` (the prompt is
+        counted without decoding its images); ``ValueError`` for the others."""
+        ...
+
+    def prepare(self, image: Any) -> PreparedImage:
+        """A decoded (Pillow) image as the vision graph takes it, with its prompt tokens."""
+        ...
+
+    def features(self, images: Sequence[PreparedImage]) -> list[np.ndarray]:
+        """Each image's feature rows ``[image.rows, hidden]`` float32, in order (one or several
+        graph runs)."""
         ...
 
 

@@ -1,8 +1,13 @@
 """A vision-language bundle's vision graph (``engine.json`` ``vision``) as a :class:`VisionModel`:
-Pillow image -> pixel values (:mod:`inference.image_preprocess`) -> feature rows."""
+Pillow image -> :class:`PreparedImage` (:mod:`inference.image_preprocess`) -> feature rows.
+
+One encoder class per kind of vision side, chosen by the record's ``family``
+(:func:`load_vision`); each reads the fields its builder wrote and refuses an incomplete record
+with "rebuild the bundle"."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,29 +17,59 @@ import onnxruntime as ort
 from inference.image_preprocess import ClipPreprocess
 from inference.runtime.errors import EngineLoadError
 from inference.runtime.ort_session import cpu_session
+from inference.runtime.protocol import PreparedImage, VisionModel
 
 
-class VisionEncoder:
-    """The vision tower + projector of one bundle, in its own onnxruntime session."""
+class VisionSession:
+    """What every vision side shares: the graph's session, the image token, the placeholder the
+    chat template writes and the feature width."""
 
-    def __init__(self, bundle_dir: Path, record: dict[str, Any], *, threads: int) -> None:
+    def __init__(self, bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> None:
         model = Path(bundle_dir) / str(record.get("model", ""))
         if not model.is_file():
             raise EngineLoadError(f"bundle {bundle_dir} has no vision model file ({model.name}); rebuild it")
         try:
             self.image_token_id = int(record["image_token_id"])
-            self.tokens_per_image = int(record["tokens_per_image"])
-            self.image_size = int(record["image_size"])
+            self.placeholder_id = int(record.get("placeholder_id", self.image_token_id))
             self.feature_size = int(record["feature_size"])
-            self._preprocess = ClipPreprocess.from_record(record["preprocess"])
+            self._read(record)
         except (KeyError, TypeError, ValueError) as exc:
             raise EngineLoadError(
                 f"engine.json vision record is incomplete ({exc}); rebuild the bundle") from None
         self._session: ort.InferenceSession = cpu_session(model, threads=threads, optimized=False)
 
+    def _read(self, record: Mapping[str, Any]) -> None:
+        """Read the family's own fields of the record (KeyError/TypeError/ValueError: incomplete)."""
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """One run of the vision graph: its ``image_features`` output."""
+        out: np.ndarray = self._session.run(["image_features"], dict(inputs))[0]
+        return out
+
+
+class ClipVisionEncoder(VisionSession):
+    """LLaVA's side: one fixed-size image -> ``tokens_per_image`` rows (CLIP preprocessing; the
+    placeholder is the image token itself, repeated)."""
+
+    tokens_per_image: int
+
+    def _read(self, record: Mapping[str, Any]) -> None:
+        self.tokens_per_image = int(record["tokens_per_image"])
+        self.image_size = int(record["image_size"])
+        self._preprocess = ClipPreprocess.from_record(record["preprocess"])
+
+    def fixed_tokens(self) -> tuple[int, ...]:
+        """``tokens_per_image`` image tokens."""
+        return (self.image_token_id,) * self.tokens_per_image
+
     def pixels(self, image: Any) -> np.ndarray:
         """Pixel values ``[3, image_size, image_size]`` float32 of a decoded image."""
         return self._preprocess(image)
+
+    def prepare(self, image: Any) -> PreparedImage:
+        """The image's pixel values and its ``tokens_per_image`` image tokens."""
+        return PreparedImage(inputs={"pixel_values": self.pixels(image)[None]}, tokens=self.fixed_tokens(),
+                             image_token_id=self.image_token_id)
 
     def encode(self, pixel_values: np.ndarray) -> np.ndarray:
         """Features ``[images, tokens_per_image, feature_size]`` of ``[images, 3, size, size]``."""
@@ -43,5 +78,25 @@ class VisionEncoder:
         if pixel_values.ndim != 4 or pixel_values.shape[1:] != expected:
             raise ValueError(f"pixel values of shape {pixel_values.shape}; the vision graph takes "
                              f"[images, {', '.join(map(str, expected))}]")
-        out: np.ndarray = self._session.run(["image_features"], {"pixel_values": pixel_values})[0]
-        return out
+        return self.run({"pixel_values": pixel_values})
+
+    def features(self, images: Sequence[PreparedImage]) -> list[np.ndarray]:
+        """All images in one run (they share one shape)."""
+        if not images:
+            return []
+        out = self.encode(np.concatenate([im.inputs["pixel_values"] for im in images]))
+        return [out[i] for i in range(len(images))]
+
+
+#: The encoder of each vision family (``engine.json`` ``vision.family``).
+ENCODERS: dict[str, Callable[..., VisionModel]] = {"llava": ClipVisionEncoder}
+
+
+def load_vision(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> VisionModel:
+    """The vision side of a bundle from its ``engine.json`` ``vision`` record."""
+    family = record.get("family", "llava")
+    encoder = ENCODERS.get(str(family))
+    if encoder is None:
+        raise EngineLoadError(f"engine.json vision family {family!r} is not one this server runs "
+                              f"({', '.join(sorted(ENCODERS))}); rebuild the bundle or upgrade the server")
+    return encoder(bundle_dir, record, threads=threads)

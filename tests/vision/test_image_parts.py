@@ -3,6 +3,7 @@ decoding (and with which ``param``), and the placeholder expansion."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from inference.openai.images import (
     refuse_text_only,
 )
 from inference.openai.protocol import ChatMessage, ContentPart, ImageUrl
+from inference.runtime.protocol import PreparedImage
 
 URL = "data:image/png;base64,iVBORw0KGgo="
 
@@ -27,12 +29,16 @@ URL = "data:image/png;base64,iVBORw0KGgo="
 @dataclass
 class _Vision:
     image_token_id: int = 9
-    tokens_per_image: int = 3
+    placeholder_id: int = 9
+    tokens_per_image: int | None = 3
 
-    def pixels(self, image: Any) -> np.ndarray:
+    def fixed_tokens(self) -> tuple[int, ...]:
+        return (self.image_token_id,) * 3
+
+    def prepare(self, image: Any) -> PreparedImage:
         raise AssertionError("not decoded here")
 
-    def encode(self, pixel_values: np.ndarray) -> np.ndarray:
+    def features(self, images: Sequence[PreparedImage]) -> list[np.ndarray]:
         raise AssertionError("not encoded here")
 
 
@@ -77,19 +83,34 @@ def test_too_many_images() -> None:
 
 
 def test_placeholders_expand_to_each_images_tokens() -> None:
-    ids, rows = expand_placeholders([1, 9, 2, 9, 3], _Vision(), 2)
+    three = _Vision().fixed_tokens()
+    ids, rows = expand_placeholders([1, 9, 2, 9, 3], _Vision(), [three, three])
     assert ids == [1, 9, 9, 9, 2, 9, 9, 9, 3]
     assert rows.tolist() == [1, 2, 3, 5, 6, 7]
     for found, images in (([1, 9, 2], 2), ([1, 9, 9], 1), ([1, 9], 0)):
         expected = f"has {found.count(9)} image placeholders for {images}"
         with pytest.raises(InvalidRequestError, match=expected):
-            expand_placeholders(found, _Vision(), images)
+            expand_placeholders(found, _Vision(), [three] * images)
+
+
+def test_placeholders_expand_to_tokens_that_differ_per_image() -> None:
+    """A tiling family: the template writes a placeholder (8) that becomes markers (5, 6) around
+    each image's rows (9), as many as that image needs; the rows are only the image tokens."""
+    tiling = _Vision(placeholder_id=8, tokens_per_image=None)
+    ids, rows = expand_placeholders([1, 8, 2, 8], tiling, [(5, 9, 9, 6), (5, 9, 6)])
+    assert ids == [1, 5, 9, 9, 6, 2, 5, 9, 6]
+    assert rows.tolist() == [2, 3, 7]
+    with pytest.raises(InvalidRequestError, match="may not contain the image tokens"):
+        expand_placeholders([1, 8, 9], tiling, [(5, 9, 6)])
 
 
 def test_expanded_length_is_checked_before_decoding() -> None:
-    check_expanded_length(10, 2, 3, 14)
-    with pytest.raises(ContextLengthExceededError, match="takes 15 tokens with its 3 image"):
-        check_expanded_length(9, 3, 3, 14)
+    three = (9, 9, 9)
+    check_expanded_length(10, [three] * 2, 14)
+    with pytest.raises(ContextLengthExceededError, match=r"takes 15 tokens with its 3 image.*3 tokens each"):
+        check_expanded_length(9, [three] * 3, 14)
+    with pytest.raises(ContextLengthExceededError, match=r"15 tokens with its 2 image.*3-5 tokens each"):
+        check_expanded_length(9, [three, (9,) * 5], 14)
 
 
 def test_a_request_with_images_cannot_share_its_kv() -> None:

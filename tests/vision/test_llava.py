@@ -18,6 +18,7 @@ from inference.builder import EngineBuildSpec, build_bundle
 from inference.builder.errors import BuildInputError
 from inference.runtime.onnxruntime_loader import load_ort_engine
 from inference.runtime.protocol import ImageEngine
+from inference.runtime.vision_encoder import ClipVisionEncoder
 from tests.vision.checkpoints import write_tiny_llava
 from tests.vision.conftest import random_image
 
@@ -45,7 +46,7 @@ def _reference(hf: tuple[Any, Any], images: Sequence[Image.Image],
 def _engine_greedy(engine: ImageEngine, ids: list[int], images: Sequence[Image.Image]) -> list[int]:
     vision = engine.vision
     assert vision is not None
-    features = vision.encode(np.stack([vision.pixels(im) for im in images]))
+    features = np.concatenate(vision.features([vision.prepare(im) for im in images]))
     rows = np.array([i for i, t in enumerate(ids) if t == vision.image_token_id])
     logits = engine.prefill_images(0, ids, rows, features.reshape(len(rows), -1))
     tokens: list[int] = []
@@ -80,7 +81,7 @@ def test_vision_features_match_transformers(engine: ImageEngine, hf_llava: tuple
             pixels, vision_feature_layer=model.config.vision_feature_layer,
             vision_feature_select_strategy=model.config.vision_feature_select_strategy)
     expected = torch.stack(list(out.pooler_output)).numpy()
-    assert engine.vision is not None
+    assert isinstance(engine.vision, ClipVisionEncoder)
     got = engine.vision.encode(pixels.numpy())
     assert got.shape == expected.shape == (3, 16, 64)
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
@@ -132,7 +133,7 @@ def test_full_strategy_and_several_feature_layers(tmp_path: Path) -> None:
                                                 vision_feature_select_strategy="full")
     expected = torch.stack(list(out_hf.pooler_output)).numpy()
     engine = load_ort_engine(out, max_slots=1)
-    assert isinstance(engine, ImageEngine) and engine.vision is not None
+    assert isinstance(engine, ImageEngine) and isinstance(engine.vision, ClipVisionEncoder)
     got = engine.vision.encode(pixels.numpy())
     assert got.shape == (2, 17, 64)
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
@@ -182,7 +183,7 @@ def test_an_int8_bundle_keeps_an_fp32_vision_graph(llava_checkpoint: Path, llava
     assert isinstance(quantized, ImageEngine) and quantized.vision is not None
     vision = quantized.vision
     ids = [5, 6, *[vision.image_token_id] * 16, 7, 8, 9]
-    features = vision.encode(vision.pixels(IMAGES[0])[None]).reshape(16, -1)
+    (features,) = vision.features([vision.prepare(IMAGES[0])])
     rows = np.arange(2, 18)
     got, want = (e.prefill_images(0, ids, rows, features) for e in (quantized, engine))
     engine.reset(0)

@@ -14,6 +14,7 @@ from inference.image_preprocess import ClipPreprocess, PreprocessConfigError
 from inference.openai.images import expand_placeholders
 from inference.runtime.onnxruntime_loader import load_ort_engine
 from inference.runtime.protocol import ImageEngine
+from inference.runtime.vision_encoder import ClipVisionEncoder
 from inference.tokenizer import load_tokenizer
 from tests.vision.conftest import random_image
 
@@ -79,9 +80,11 @@ def test_input_ids_equal_the_processors(llava_bundle: Path, hf_llava: tuple[Any,
     assert ours == prompt
     engine = load_ort_engine(llava_bundle, max_slots=1)
     assert isinstance(engine, ImageEngine) and engine.vision is not None
-    ids, rows = expand_placeholders(tok.encode(ours), engine.vision, n_images)
+    ids, rows = expand_placeholders(tok.encode(ours), engine.vision,
+                                    [engine.vision.fixed_tokens()] * n_images)
     assert ids == expected["input_ids"][0].tolist()
     assert len(rows) == 16 * n_images
     if images:
+        assert isinstance(engine.vision, ClipVisionEncoder)
         pixels = np.stack([engine.vision.pixels(im) for im in images])
         np.testing.assert_allclose(pixels, expected["pixel_values"], atol=1e-6, rtol=0)
