@@ -173,6 +173,8 @@ TIERS: dict[str, tuple[str, ...]] = {
     "vision/test_serve.py": ("e2e",),
     "vision/test_registry.py": ("unit",),
     "vision/test_image_parts.py": ("unit",),
+    "vision/test_image_features.py": ("unit",),
+    "vision/test_image_reuse.py": ("integration",),
 }
 
 TESTS_DIR = Path(__file__).resolve().parent

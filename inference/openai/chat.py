@@ -35,11 +35,11 @@ from inference.openai.handle import (
 )
 from inference.openai.images import (
     ImagePart,
-    check_expanded_length,
+    check_image_tokens,
     check_parts,
     expand_placeholders,
     image_parts,
-    image_rows,
+    prompt_images,
     refuse_text_only,
 )
 from inference.openai.protocol import (
@@ -205,8 +205,9 @@ class ChatEndpoint:
             top_logprobs=top,
         )
         if handle.vision is not None and rendered.parts:
-            rows = await image_rows(handle.vision, rendered.parts, rendered.positions, handle.options.media)
-            plan = dataclasses.replace(plan, images=rows)
+            images = await prompt_images(handle.vision, rendered.parts, rendered.positions,
+                                         handle.options.media, handle.image_cache)
+            plan = dataclasses.replace(plan, images=images)
         turn = ChatTurn(
             handle=handle,
             plan=plan,
@@ -247,7 +248,7 @@ class ChatEndpoint:
         ids = await handle.encode(prompt, add_special_tokens=add_special_tokens, param="messages")
         positions = np.zeros(0, np.int64)
         if vision is not None:
-            check_expanded_length(len(ids), len(parts), vision.tokens_per_image, handle.options.max_input_len)
+            check_image_tokens(parts, vision, len(ids), handle.options.max_input_len)
             ids, positions = expand_placeholders(ids, vision, len(parts))
         return RenderedPrompt(prompt, ids, parts, positions)
 

@@ -1,11 +1,13 @@
-"""Image parts of a chat request: which parts are images, their placeholders in the prompt, and
-their feature rows (decoded, preprocessed and encoded off the event loop).
+"""Image parts of a chat request: which parts are images, their placeholders in the prompt, the
+bundle's image-token limits, and the images as the scheduler takes them (read, hashed, decoded
+and preprocessed off the event loop).
 
 An image reaches the model as the chat template's image placeholder (LLaVA: one ``<image>``
 token), which is expanded here to the vision model's ``tokens_per_image`` copies; the prefill
-replaces those positions' embeddings with the image's feature rows (:class:`ImageRows`). A request
-with images never uses context reuse (its KV depends on the pixels, not only on the token ids)
-and its KV is not kept for others: ``cache_prompt`` is off for it.
+replaces those positions' embeddings with the image's feature rows. Each image is known by the
+digest of its bytes (:mod:`inference.image_features`): an image the model's feature cache holds
+is neither decoded nor encoded again, and context reuse keys its rows by that digest. The
+encoding itself waits for the scheduler, which knows which rows the reused prefix covers.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from inference.build_profile import MAX_IMAGES_PER_REQUEST
 from inference.image_decode import ImageInputError, decode_image
+from inference.image_features import ImageFeatureCache, PromptImage, PromptImages, image_digest
 from inference.media import MediaPolicy, check_url, read_url
 from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
 from inference.openai.protocol import ChatMessage
-from inference.runtime.protocol import ImageRows, VisionModel
+from inference.runtime.protocol import VisionModel
 
-#: Image parts one request may carry (each is decoded and encoded before the request queues).
-MAX_IMAGES_PER_REQUEST = 16
+__all__ = ["MAX_IMAGES_PER_REQUEST", "ImagePart", "check_expanded_length", "check_image_tokens",
+           "check_parts", "expand_placeholders", "image_parts", "prompt_images", "refuse_text_only"]
 
 
 @dataclass(frozen=True)
@@ -109,21 +113,58 @@ def check_expanded_length(n_ids: int, n_images: int, per_image: int, limit: int)
             f"model accepts at most {limit} input tokens: send fewer images or less text", param="messages")
 
 
-def _features(vision: VisionModel, parts: Sequence[ImagePart], policy: MediaPolicy) -> np.ndarray:
-    pixels = []
+def check_image_tokens(parts: Sequence[ImagePart], vision: VisionModel, n_ids: int, limit: int) -> None:
+    """Refuse, before any image is read, images over the bundle's image-token limits (one image:
+    ``max_image_tokens_per_image``; all of them: ``max_image_tokens``), each a 400 naming the
+    first image part over it, then a prompt whose image tokens and text exceed ``limit``."""
+    per, total = vision.max_image_tokens_per_image, vision.max_image_tokens
+    tokens = vision.tokens_per_image
+    running = 0
     for part in parts:
+        if tokens > per:
+            raise InvalidRequestError(
+                f"{part.param} takes {tokens} image tokens; this model accepts at most {per} per image "
+                "(its bundle's max_image_tokens_per_image): send a smaller image, or rebuild the model "
+                "with a larger --max-image-tokens-per-image", param=part.param)
+        running += tokens
+        if running > total:
+            raise InvalidRequestError(
+                f"{part.param}: the images up to this one take {running} image tokens ({tokens} each); "
+                f"this model accepts at most {total} image tokens a request (its bundle's "
+                "max_image_tokens): send fewer images, or rebuild the model with a larger "
+                "--max-image-tokens", param=part.param)
+    check_expanded_length(n_ids, len(parts), tokens, limit)
+
+
+def _prompt_images(vision: VisionModel, parts: Sequence[ImagePart], positions: np.ndarray,
+                   policy: MediaPolicy, cache: ImageFeatureCache | None) -> list[PromptImage]:
+    """Each part read and hashed; its features from ``cache``, else decoded and preprocessed
+    (what is wrong with an image is a 400 naming its part, here, before the request queues)."""
+    per = vision.tokens_per_image
+    out: list[PromptImage] = []
+    seen: dict[bytes, PromptImage] = {}  # the same image twice in one request: read once
+    for k, part in enumerate(parts):
+        rows = positions[k * per:(k + 1) * per]
         try:
-            image = decode_image(read_url(part.url, policy))
+            data = read_url(part.url, policy)
+            digest = image_digest(data)
+            if digest in seen:
+                features, pixels = seen[digest].features, seen[digest].pixels
+            else:
+                features = cache.get(digest) if cache is not None else None
+                pixels = None if features is not None else vision.pixels(decode_image(data))
         except ImageInputError as exc:
             raise InvalidRequestError(f"{part.param} {exc}", param=part.param) from None
-        pixels.append(vision.pixels(image))
-    features = vision.encode(np.stack(pixels))
-    return features.reshape(-1, features.shape[-1])
+        image = PromptImage(digest=digest, positions=rows, param=part.param, pixels=pixels, features=features)
+        seen.setdefault(digest, image)
+        out.append(image)
+    return out
 
 
-async def image_rows(vision: VisionModel, parts: Sequence[ImagePart], positions: np.ndarray,
-                     policy: MediaPolicy) -> ImageRows:
-    """Read (base64, a local file or a fetch), decode, preprocess and encode the images in a worker
-    thread: their rows of the prompt."""
-    features = await asyncio.to_thread(_features, vision, parts, policy)
-    return ImageRows(positions=positions, features=np.ascontiguousarray(features, dtype=np.float32))
+async def prompt_images(vision: VisionModel, parts: Sequence[ImagePart], positions: np.ndarray,
+                        policy: MediaPolicy, cache: ImageFeatureCache | None = None) -> PromptImages:
+    """Read (base64, a local file or a fetch), hash, decode and preprocess the images in a worker
+    thread (the model's feature ``cache`` first): the prompt's images for the scheduler, which
+    has the features it needs encoded."""
+    images = await asyncio.to_thread(_prompt_images, vision, parts, positions, policy, cache)
+    return PromptImages(images, vision, cache)

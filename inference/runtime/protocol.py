@@ -135,21 +135,6 @@ class Embedder(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class ImageRows:
-    """Rows of a prompt's token embeddings replaced by image features: ``positions [n]`` (int64,
-    ascending, indices into the prompt) and ``features [n, hidden]`` (float32), row by row."""
-
-    positions: np.ndarray
-    features: np.ndarray
-
-    def window(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-        """The rows among prompt positions ``[start, start + length)``: (positions relative to
-        ``start``, their features)."""
-        lo, hi = np.searchsorted(self.positions, [start, start + length])
-        return self.positions[lo:hi] - start, self.features[lo:hi]
-
-
 @runtime_checkable
 class VisionModel(Protocol):
     """A bundle's vision side: image -> pixel values -> the feature rows of its image tokens.
@@ -157,6 +142,9 @@ class VisionModel(Protocol):
 
     image_token_id: int
     tokens_per_image: int
+    #: The bundle's limits (``engine.json`` ``vision``): image tokens of one request, of one image.
+    max_image_tokens: int
+    max_image_tokens_per_image: int
 
     def pixels(self, image: Any) -> np.ndarray:
         """Pixel values ``[3, height, width]`` float32 of a decoded (Pillow) image."""

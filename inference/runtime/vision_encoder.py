@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from inference.build_profile import MAX_IMAGES_PER_REQUEST
 from inference.image_preprocess import ClipPreprocess
 from inference.runtime.errors import EngineLoadError
 from inference.runtime.ort_session import cpu_session
@@ -27,6 +28,12 @@ class VisionEncoder:
             self.image_size = int(record["image_size"])
             self.feature_size = int(record["feature_size"])
             self._preprocess = ClipPreprocess.from_record(record["preprocess"])
+            # The profile's image-token limits (bundles built before they were recorded: the
+            # model's tokens per image, and MAX_IMAGES_PER_REQUEST of them).
+            self.max_image_tokens_per_image = int(record.get("max_image_tokens_per_image")
+                                                  or self.tokens_per_image)
+            self.max_image_tokens = int(record.get("max_image_tokens")
+                                        or MAX_IMAGES_PER_REQUEST * self.max_image_tokens_per_image)
         except (KeyError, TypeError, ValueError) as exc:
             raise EngineLoadError(
                 f"engine.json vision record is incomplete ({exc}); rebuild the bundle") from None
