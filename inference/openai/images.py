@@ -85,7 +85,7 @@ def check_parts(parts: Sequence[ImagePart], policy: MediaPolicy) -> None:
 def expand_placeholders(ids: Sequence[int], vision: VisionModel, n_images: int,
                         param: str = "messages") -> tuple[list[int], np.ndarray]:
     """The prompt with each image token repeated ``tokens_per_image`` times, and the positions of
-    every image row (ascending): what :class:`ImageRows` needs besides the features."""
+    every image row (ascending): where the images' features go (:class:`PromptImages`)."""
     token, per = vision.image_token_id, vision.tokens_per_image
     found = sum(1 for t in ids if t == token)
     if found != n_images:
