@@ -140,6 +140,20 @@ def test_the_same_image_and_text_reuse_the_kv_and_answer_as_cold(
     assert vision.encoded == encoded
 
 
+def test_a_prefix_covering_the_image_spares_its_encode(
+        engine: ImageEngine, vision: Counting, runner: SchedulerRunner, cold: Cold) -> None:
+    """Another question after the same text and image: the reused KV ends after the image, the
+    rest is prefilled, and the image (its pixels at hand, the feature cache off) is not encoded."""
+    ids, rows = _prompt(engine, 30, 10)
+    runner.run([ids], STEPS, images=_images(vision, IMAGES[0], rows))
+    follow = ids[: int(rows[-1]) + 1] + [11, 12, 13, 14, 15, 16]
+    expected = cold(follow, IMAGES[0], rows)
+    before, encoded = _reused(runner), vision.encoded
+    assert runner.run([follow], STEPS, images=_images(vision, IMAGES[0], rows))[0] == expected
+    assert _reused(runner) - before == int(rows[-1]) + 1  # up to the image's last row
+    assert vision.encoded == encoded
+
+
 def test_another_image_behind_the_same_text_reuses_only_the_text(
         engine: ImageEngine, vision: Counting, runner: SchedulerRunner, cold: Cold) -> None:
     ids, rows = _prompt(engine, 70, 10)
