@@ -211,3 +211,24 @@ def test_the_feature_cache_spares_the_encode_of_a_repeated_image(
     assert vision.encoded == encoded + 1  # the cold run's own encode only
     assert (stats.lookups, stats.hits, stats.encodes, stats.entries) == (2, 1, 1, 1)
     assert stats.bytes == 16 * 64 * 4  # one entry: 16 rows of the language model's 64-wide embedding
+
+
+def test_image_blocks_survive_a_restart_in_the_unchanged_record_format(tmp_path: Path) -> None:
+    """A block holding image rows is written to disk with its (negative) row ids as tokens, in
+    the format text records use, and found again after a restart only with the same image."""
+    from inference.context_disk import DiskRecords
+    from inference.image_features import row_ids
+
+    digest = image_digest(b"a picture")
+    tokens = [5] * 20 + row_ids(digest, 30).tolist() + [6] * 14
+    kv = np.random.default_rng(1).standard_normal((2, 2, 64, 4)).astype(np.float32)
+    store = PrefixStore("bundle", max_records=8, disk=DiskRecords(tmp_path, max_bytes=1 << 20))
+    key = store.block_keys(tokens)[0]
+    assert store.insert(key, tokens, kv)
+    store.close()  # the writer's queue is flushed
+    again = PrefixStore("bundle", max_records=8, disk=DiskRecords(tmp_path, max_bytes=1 << 20))
+    found = again.fetch(again.block_keys(tokens), tokens)
+    assert len(found) == 1 and np.array_equal(found[0], kv)
+    other = [5] * 20 + row_ids(image_digest(b"another picture"), 30).tolist() + [6] * 14
+    assert not again.fetch(again.block_keys(other), other)
+    again.close()
