@@ -146,7 +146,7 @@ def test_a_prefix_covering_the_image_spares_its_encode(
     rest is prefilled, and the image (its pixels at hand, the feature cache off) is not encoded."""
     ids, rows = _prompt(engine, 30, 10)
     runner.run([ids], STEPS, images=_images(vision, IMAGES[0], rows))
-    follow = ids[: int(rows[-1]) + 1] + [11, 12, 13, 14, 15, 16]
+    follow = [*ids[: int(rows[-1]) + 1], 11, 12, 13, 14, 15, 16]
     expected = cold(follow, IMAGES[0], rows)
     before, encoded = _reused(runner), vision.encoded
     assert runner.run([follow], STEPS, images=_images(vision, IMAGES[0], rows))[0] == expected
