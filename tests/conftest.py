@@ -173,6 +173,9 @@ TIERS: dict[str, tuple[str, ...]] = {
     "vision/test_serve.py": ("e2e",),
     "vision/test_registry.py": ("unit",),
     "vision/test_image_parts.py": ("unit",),
+    "vision/test_image_features.py": ("unit",),
+    "vision/test_image_reuse.py": ("integration",),
+    "vision/test_bad_images.py": ("e2e",),
 }
 
 TESTS_DIR = Path(__file__).resolve().parent

@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from inference.build_profile import KV_CACHE_NUMPY_DTYPES, QUANTIZED_PRECISIONS
+from inference.build_profile import (
+    KV_CACHE_NUMPY_DTYPES,
+    QUANTIZED_PRECISIONS,
+    ProfileError,
+    check_image_limits_fit,
+    image_limits,
+)
 from inference.builder.bundle_files import (
     ENGINE_FILE,
     ENGINE_FORMAT_VERSION,
@@ -218,11 +224,24 @@ def _check_vision_spec(vcfg: VisionConfig, cfg: ModelConfig, spec: EngineBuildSp
     if vcfg.tokens_per_image >= spec.max_input_len:
         raise BuildInputError(f"one image takes {vcfg.tokens_per_image} prompt tokens; max_input_len "
                               f"{spec.max_input_len} leaves no room for the text: raise max_input_len")
+    _check_image_limits(vcfg.tokens_per_image, spec, f"a {vcfg.family} checkpoint")
 
 
-def _vision_record(vcfg: VisionConfig, preprocess: ClipPreprocess) -> dict[str, Any]:
+def _check_image_limits(tokens_per_image: int | None, spec: EngineBuildSpec, model: str) -> None:
+    """The profile's image-token limits fit the model (none for a text model)."""
+    try:
+        check_image_limits_fit(tokens_per_image, spec.max_image_tokens, spec.max_image_tokens_per_image,
+                               model=model)
+    except ProfileError as exc:
+        raise BuildInputError(str(exc)) from None
+
+
+def _vision_record(vcfg: VisionConfig, preprocess: ClipPreprocess, spec: EngineBuildSpec) -> dict[str, Any]:
     """What ``engine.json`` records under ``vision``: the vision graph, how images become its
-    input and how its output enters the prompt."""
+    input, how its output enters the prompt, and the image tokens a request and an image may
+    take (the profile's limits, else the model's: what the server enforces)."""
+    total, per = image_limits(vcfg.tokens_per_image, spec.max_image_tokens, spec.max_image_tokens_per_image,
+                              spec.max_input_len)
     return {
         "family": vcfg.family,
         "model": VISION_MODEL,
@@ -234,6 +253,8 @@ def _vision_record(vcfg: VisionConfig, preprocess: ClipPreprocess) -> dict[str, 
         "tokens_per_image": vcfg.tokens_per_image,
         "feature_size": vcfg.text_hidden_size,
         "preprocess": preprocess.record(),
+        "max_image_tokens": total,
+        "max_image_tokens_per_image": per,
     }
 
 
@@ -273,6 +294,8 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         family = vision_family(raw)
         vision_ckpt = vision_view(ckpt, family)
         ckpt = text_view(ckpt, family)
+    else:
+        _check_image_limits(None, spec, f"{checkpoint_dir.name} ({cfg.architecture})")
     images = vcfg is not None
     if spec.task == "embed":
         return _build_embedding(cfg, ckpt, checkpoint_dir, out_dir, spec, report, started, fused)
@@ -389,7 +412,7 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     if spec.lora:  # absent otherwise, as speculative below
         meta["lora"] = True
     if vcfg is not None and preprocess is not None:  # absent otherwise: text bundles stay as they were
-        meta["vision"] = _vision_record(vcfg, preprocess)
+        meta["vision"] = _vision_record(vcfg, preprocess, spec)
     speculative = spec.speculative_record()
     if speculative is not None:  # absent otherwise: bundles without speculation stay as they were
         meta["speculative"] = speculative

@@ -15,6 +15,7 @@ from inference.openai.errors import ContextLengthExceededError, InvalidRequestEr
 from inference.openai.images import (
     MAX_IMAGES_PER_REQUEST,
     check_expanded_length,
+    check_image_tokens,
     check_parts,
     expand_placeholders,
     image_parts,
@@ -31,6 +32,8 @@ class _Vision:
     image_token_id: int = 9
     placeholder_id: int = 9
     tokens_per_image: int | None = 3
+    max_image_tokens: int = 48
+    max_image_tokens_per_image: int = 3
 
     def fixed_tokens(self) -> tuple[int, ...]:
         return (self.image_token_id,) * 3
@@ -113,14 +116,24 @@ def test_expanded_length_is_checked_before_decoding() -> None:
         check_expanded_length(9, [three, (9,) * 5], 14)
 
 
-def test_a_request_with_images_cannot_share_its_kv() -> None:
-    """The scheduler's own guard: context reuse keys KV by token ids, so a request carrying image
-    rows is refused unless it says cache_prompt False."""
-    from inference.runtime.protocol import ImageRows
-    from inference.scheduler import GenerationRequest
-
-    rows = ImageRows(positions=np.arange(3), features=np.zeros((3, 4), np.float32))
-    fields: dict[str, Any] = {"prompt_ids": [1, 2, 3], "sampler": None, "state": None, "sink": None}
-    with pytest.raises(ValueError, match="cache_prompt False"):
-        GenerationRequest(**fields, images=rows)
-    assert GenerationRequest(**fields, images=rows, cache_prompt=False).images is rows
+def test_image_token_limits_name_the_first_part_over_them() -> None:
+    """The bundle's limits (engine.json vision: max_image_tokens, max_image_tokens_per_image) are
+    checked before any image is read; each 400 names the part and the flag to rebuild with."""
+    parts = image_parts(_messages(URL, URL, URL))
+    three = [(9, 9, 9)] * 3
+    check_image_tokens(parts, three, _Vision(max_image_tokens=9), 12, 100)
+    with pytest.raises(InvalidRequestError, match="up to this one take 9 image tokens") as info:
+        check_image_tokens(parts, three, _Vision(max_image_tokens=8), 12, 100)
+    assert info.value.param == "messages[1].content[3].image_url.url"
+    assert "at most 8 image tokens a request" in info.value.message
+    assert "--max-image-tokens" in info.value.message
+    over = "takes 3 image tokens; this model accepts at most 2 per image"
+    with pytest.raises(InvalidRequestError, match=over) as info:
+        check_image_tokens(parts, three, _Vision(max_image_tokens_per_image=2), 12, 100)
+    assert info.value.param == "messages[1].content[1].image_url.url"
+    assert "--max-image-tokens-per-image" in info.value.message
+    with pytest.raises(ContextLengthExceededError):  # within the image limits, over the input limit
+        check_image_tokens(parts, three, _Vision(), 12, 14)
+    # Markers around an image's rows count toward the prompt, not toward the image tokens.
+    marked = [(5, 9, 9, 6)] * 3
+    check_image_tokens(parts, marked, _Vision(max_image_tokens=6, max_image_tokens_per_image=2), 12, 100)
