@@ -259,7 +259,7 @@ class ChatEndpoint:
                 prepared = await prepare_images(vision, parts, handle.options.media)
                 expansions: list[tuple[int, ...]] = [im.tokens for im in prepared]
             else:
-                expansions = [vision.fixed_tokens()] * len(parts)
+                expansions = [vision.fixed_tokens()] * len(parts) if parts else []
             check_expanded_length(len(ids), expansions, handle.options.max_input_len)
             ids, positions = expand_placeholders(ids, vision, expansions)
         return RenderedPrompt(prompt, ids, parts, positions, prepared)
