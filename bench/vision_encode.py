@@ -118,7 +118,8 @@ def _smolvlm(args: argparse.Namespace, work: Path, rounds: int) -> None:
     vision = engine.vision
     graph_bytes = sum(p.stat().st_size for p in out.glob("model.vision.onnx*"))
     print(f"checkpoint written in {written:.1f} s; bundle built in {built:.1f} s; vision graph "
-          f"{graph_bytes / 1e6:.1f} MB (fp32), {vision.tokens_per_tile} tokens a {vision.image_size}-pixel tile")
+          f"{graph_bytes / 1e6:.1f} MB (fp32), {vision.tokens_per_tile} tokens a "
+          f"{vision.image_size}-pixel tile")
     data = _png(640, 480, 0)
     image = decode_image(data)
     prepared = vision.prepare(image)

@@ -45,7 +45,8 @@ def _expected(checkpoint: Path, images: Sequence[Image.Image], text: str) -> tup
     parts: list[dict[str, Any]] = [{"type": "text", "text": text}, *([{"type": "image"}] * len(images))]
     template = json.loads((checkpoint / "chat_template.json").read_text())["chat_template"]
     prompt = tf.AutoTokenizer.from_pretrained(checkpoint).apply_chat_template(
-        [{"role": "user", "content": parts}], chat_template=template, add_generation_prompt=True, tokenize=False)
+        [{"role": "user", "content": parts}], chat_template=template, add_generation_prompt=True,
+        tokenize=False)
     raw = smolvlm_inputs(checkpoint, prompt, list(images))
     inputs = {"input_ids": torch.from_numpy(raw["input_ids"])}
     if images:
