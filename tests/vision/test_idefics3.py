@@ -193,6 +193,25 @@ def test_the_image_changes_the_answer(family: str, engines: dict[str, ImageEngin
     assert _engine_greedy(engines[family], ids, [other]) == backward
 
 
+def test_prefill_in_chunks_splits_an_images_rows(tiled_bundles: Callable[[str], tuple[Path, Path]],
+                                                 built_bundle: Callable[..., Path],
+                                                 hf_models: dict[str, Any]) -> None:
+    """A bundle whose prefill chunk (max_input_len, 15) cuts the image's tokens inside a tile's
+    rows and between markers: every chunk gets its own rows, the answer is transformers'."""
+    checkpoint = tiled_bundles("idefics3")[0]
+    chunk = 15
+    chunked = load_ort_engine(built_bundle(checkpoint, max_input_len=chunk, max_kv_cache_capacity=384),
+                              max_slots=1)
+    assert isinstance(chunked, ImageEngine) and chunked.vision is not None
+    inputs = _inputs("idefics3", checkpoint, IMAGES[1:], "Where?")
+    ids = inputs["input_ids"][0].tolist()
+    image = chunked.vision.image_token_id
+    cuts = list(range(chunk, len(ids), chunk))
+    assert any(ids[i - 1] == ids[i] == image for i in cuts)  # a cut inside a tile's rows
+    assert any(ids[i] != image and image in ids[i:] for i in cuts)  # and one among the markers
+    assert _engine_greedy(chunked, ids, IMAGES[1:]) == _reference(hf_models["idefics3"], inputs)
+
+
 def test_an_int8_bundle_keeps_an_fp32_vision_graph(tiled_bundles: Callable[[str], tuple[Path, Path]],
                                                    built_bundle: Callable[..., Path],
                                                    engines: dict[str, ImageEngine]) -> None:
