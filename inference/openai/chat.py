@@ -257,7 +257,7 @@ class ChatEndpoint:
                 loaded = await load_images(vision, parts, handle.options.media)
                 expansions: list[tuple[int, ...]] = [im.tokens for im in loaded]
             else:
-                expansions = [vision.fixed_tokens()] * len(parts)
+                expansions = [vision.fixed_tokens()] * len(parts) if parts else []
             check_image_tokens(parts, expansions, vision, len(ids), handle.options.max_input_len)
             ids, positions = expand_placeholders(ids, vision, expansions)
         return RenderedPrompt(prompt, ids, parts, positions, loaded)

@@ -103,8 +103,15 @@ class ClipVisionEncoder(VisionSession):
         return [out[i] for i in range(len(images))]
 
 
+def _tiled(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> VisionModel:
+    from inference.runtime.vision_idefics3 import TiledVisionEncoder  # (it imports VisionSession)
+
+    return TiledVisionEncoder(bundle_dir, record, threads=threads)
+
+
 #: The encoder of each vision family (``engine.json`` ``vision.family``).
-ENCODERS: dict[str, Callable[..., VisionModel]] = {"llava": ClipVisionEncoder}
+ENCODERS: dict[str, Callable[..., VisionModel]] = {"llava": ClipVisionEncoder, "idefics3": _tiled,
+                                                   "smolvlm": _tiled}
 
 
 def load_vision(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> VisionModel:

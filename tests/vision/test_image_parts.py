@@ -107,6 +107,20 @@ def test_placeholders_expand_to_tokens_that_differ_per_image() -> None:
         expand_placeholders([1, 8, 9], tiling, [(5, 9, 6)])
 
 
+def test_a_placeholder_that_is_the_image_token_expands_once() -> None:
+    """Idefics3 / SmolVLM: the template's ``<image>`` (9) is the image token itself, and each
+    image's tokens hold markers (5, 6, 7) and many 9s: each placeholder of the rendered prompt
+    is replaced once (the 9s it brings are rows, not placeholders); a 9 the text adds is one
+    placeholder too many."""
+    tiling = _Vision(tokens_per_image=None)
+    first, second = (5, 7, 9, 9, 5, 6, 9, 9, 5), (5, 6, 9, 9, 5)
+    ids, rows = expand_placeholders([1, 9, 2, 9, 3], tiling, [first, second])
+    assert ids == [1, *first, 2, *second, 3]
+    assert rows.tolist() == [3, 4, 7, 8, 13, 14]
+    with pytest.raises(InvalidRequestError, match="has 3 image placeholders for 2 images"):
+        expand_placeholders([1, 9, 2, 9, 9], tiling, [first, second])
+
+
 def test_expanded_length_is_checked_before_decoding() -> None:
     three = (9, 9, 9)
     check_expanded_length(10, [three] * 2, 14)
