@@ -47,6 +47,7 @@ from inference.builder.vision_config import (
     vision_view,
 )
 from inference.builder.vision_graph import VISION_INPUTS, VISION_MODEL, VISION_OUTPUTS, build_vision_graph
+from inference.builder.vision_side import VisionSide, vision_side_of
 from inference.cpu_class import cpu_class
 from inference.image_preprocess import ClipPreprocess
 from inference.runtime.embedding_batches import working_bytes
@@ -265,6 +266,7 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     fused = fused_ops_supported()
     raw = load_raw_config(checkpoint_dir)
     vcfg = vision_config_from(raw, cfg.hidden_size)
+    side: VisionSide | None = vision_side_of(raw, cfg.hidden_size)  # a family's own steps (Gemma 3)
     vision_ckpt: CheckpointReader | None = None
     preprocess: ClipPreprocess | None = None
     if vcfg is not None:
@@ -273,7 +275,13 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         family = vision_family(raw)
         vision_ckpt = vision_view(ckpt, family)
         ckpt = text_view(ckpt, family)
-    images = vcfg is not None
+    if side is not None:
+        side.check(cfg, spec)
+        side.read(checkpoint_dir)
+        ckpt, vision_ckpt = side.views(ckpt)
+    images = vcfg is not None or side is not None
+    # How the image rows attend in the language model (Gemma 3: both ways within an image).
+    attention = side.image_attention if side is not None else "causal"
     if spec.task == "embed":
         return _build_embedding(cfg, ckpt, checkpoint_dir, out_dir, spec, report, started, fused)
     check_gqa_rotary(cfg)  # the CPU graph's head and rotary sizes, before any graph is written
@@ -299,16 +307,17 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         cpu_src = work / "cpu.onnx"
         if kernels is None:
             io = build_decoder_graph(cfg, ckpt, model_path, max_positions=spec.max_kv_cache_capacity,
-                                     fused_ops=fused, progress=report, image_inputs=images)
+                                     fused_ops=fused, progress=report, image_inputs=images,
+                                     image_attention=attention)
             cpu_io = build_decoder_graph(cfg, ckpt, cpu_src, max_positions=spec.max_kv_cache_capacity,
                                          fused_ops=fused, kv_layout="gqa", lora=spec.lora, kv_dtype=kv_dtype,
-                                         image_inputs=images)
+                                         image_inputs=images, image_attention=attention)
         else:
             report("quantize", 0.0)
             cpu_io = io = build_decoder_graph(
                 cfg, ckpt, cpu_src, max_positions=spec.max_kv_cache_capacity, fused_ops=fused,
                 kv_layout="gqa", kernels=kernels, progress=report, lora=spec.lora, kv_dtype=kv_dtype,
-                image_inputs=images)
+                image_inputs=images, image_attention=attention)
         report("optimize", 0.0)
         _optimize(cpu_src, optimized_path)
         if gated:
@@ -320,7 +329,8 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                 reference = work / "reference.onnx"
                 weights: dict[str, np.ndarray] = {}
                 build_decoder_graph(cfg, ckpt, reference, max_positions=spec.max_kv_cache_capacity,
-                                    fused_ops=fused, kv_layout="gqa", weights_in=weights, image_inputs=images)
+                                    fused_ops=fused, kv_layout="gqa", weights_in=weights, image_inputs=images,
+                                    image_attention=attention)
                 return reference, weights
 
             gate_meta = {
@@ -344,7 +354,7 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                 codes = replace(plan, int8_layout="codes")
                 build_decoder_graph(cfg, ckpt, work / "codes.onnx", max_positions=spec.max_kv_cache_capacity,
                                     fused_ops=fused, kv_layout="gqa", kernels=codes, lora=spec.lora,
-                                    kv_dtype=kv_dtype, image_inputs=images)
+                                    kv_dtype=kv_dtype, image_inputs=images, image_attention=attention)
                 _optimize(work / "codes.onnx", optimized_path)
                 return codes
 
@@ -363,8 +373,12 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         assert vision_ckpt is not None
         report("vision", 0.0)
         build_vision_graph(vcfg, vision_ckpt, out_dir / VISION_MODEL)
+    if side is not None:
+        assert vision_ckpt is not None
+        report("vision", 0.0)
+        side.write(vision_ckpt, out_dir)
     copied = copy_tokenizer_files(checkpoint_dir, out_dir)
-    template = processor_chat_template(checkpoint_dir) if vcfg is not None else None
+    template = processor_chat_template(checkpoint_dir) if images else None
     if template is not None and "chat_template.jinja" not in copied:
         # The processor's template (it places the images) as the file the tokenizer loader reads first.
         (out_dir / "chat_template.jinja").write_text(template, encoding="utf-8")
@@ -378,7 +392,7 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     kv_cache = _kv_cache_meta(cfg, cpu_io, spec)
     meta = _metadata(cfg, io, spec, ckpt.source_dtypes(), files, copied, time.monotonic() - started,
                      kv_cache)
-    vision_bytes = onnx_weight_bytes(out_dir / VISION_MODEL) if vcfg is not None else 0
+    vision_bytes = onnx_weight_bytes(out_dir / VISION_MODEL) if images else 0
     meta.update(memory_fields(weight_bytes=onnx_weight_bytes(optimized_path) + vision_bytes,
                               kv_bytes_per_token=int(kv_cache["bytes_per_token"]),
                               capacity=spec.max_kv_cache_capacity, slots=spec.max_batch_size))
@@ -390,6 +404,8 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         meta["lora"] = True
     if vcfg is not None and preprocess is not None:  # absent otherwise: text bundles stay as they were
         meta["vision"] = _vision_record(vcfg, preprocess)
+    if side is not None:
+        meta["vision"] = side.record()
     speculative = spec.speculative_record()
     if speculative is not None:  # absent otherwise: bundles without speculation stay as they were
         meta["speculative"] = speculative

@@ -79,9 +79,13 @@ def _positive(raw: Mapping[str, Any], key: str, where: str, default: int | None 
 
 
 def vision_config_from(raw: Mapping[str, Any], text_hidden: int) -> VisionConfig | None:
-    """The vision side of a config.json (None for a text model)."""
+    """The vision side of a config.json (None for a text model, and for a family with build steps
+    of its own, whose refusals this raises: :func:`.vision_side.vision_side_of`)."""
     family = vision_family_of(raw)
     if family is None:
+        return None
+    if family.vision_side is not None:
+        family.vision_side(raw, text_hidden)
         return None
     vision = raw.get("vision_config")
     if not isinstance(vision, Mapping):

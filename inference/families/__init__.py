@@ -151,12 +151,16 @@ class VisionFamily:
     #: (llava-hf's) write only the fields that differ from them in ``text_config``
     text_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     notes: str = ""
+    #: A family with build steps of its own (not LLaVA's CLIP tower and MLP projector): (config.json,
+    #: the language model's hidden size) -> its builder's side (an
+    #: :class:`inference.builder.vision_side.VisionSide`), which refuses what it cannot build.
+    vision_side: Callable[[Mapping[str, Any], int], Any] | None = None
 
 
 def _load_vision() -> tuple[VisionFamily, ...]:
-    from inference.families import llava
+    from inference.families import gemma3, llava
 
-    return (llava.VISION_FAMILY,)
+    return (llava.VISION_FAMILY, gemma3.VISION_FAMILY)
 
 
 def _load() -> tuple[Family, ...]:

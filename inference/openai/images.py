@@ -144,4 +144,5 @@ async def image_rows(vision: VisionModel, images: Sequence[PreparedImage],
                      positions: np.ndarray) -> ImageRows:
     """Encode the prepared images in a worker thread: their rows of the prompt."""
     features = await asyncio.to_thread(_features, vision, images)
-    return ImageRows(positions=positions, features=np.ascontiguousarray(features, dtype=np.float32))
+    return ImageRows(positions=positions, features=np.ascontiguousarray(features, dtype=np.float32),
+                     whole=vision.whole_images)

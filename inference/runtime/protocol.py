@@ -135,13 +135,39 @@ class Embedder(Protocol):
         ...
 
 
+def whole_runs_end(positions: np.ndarray, start: int, end: int) -> int:
+    """Where a prefill chunk ``[start, end)`` ends so that it cuts no run of consecutive
+    ``positions`` (ascending): ``end``, or, where a run crosses it, the run's start when the chunk
+    holds positions before that run, else the run's end (the chunk grows to hold the whole run)."""
+    i = int(np.searchsorted(positions, end))  # positions[i - 1] < end <= positions[i]
+    if i == 0 or i == len(positions) or positions[i - 1] != end - 1 or positions[i] != end:
+        return end
+    lo = i - 1  # the run holding end - 1 and end: back to its first position ...
+    while lo > 0 and positions[lo - 1] == positions[lo] - 1:
+        lo -= 1
+    if positions[lo] > start:
+        return int(positions[lo])
+    hi = i  # ... or on to its last
+    while hi + 1 < len(positions) and positions[hi + 1] == positions[hi] + 1:
+        hi += 1
+    return int(positions[hi]) + 1
+
+
 @dataclass(frozen=True)
 class ImageRows:
     """Rows of a prompt's token embeddings replaced by image features: ``positions [n]`` (int64,
-    ascending, indices into the prompt) and ``features [n, hidden]`` (float32), row by row."""
+    ascending, indices into the prompt) and ``features [n, hidden]`` (float32), row by row.
+    ``whole``: each image's rows (a run of consecutive positions) attend to one another both ways
+    (Gemma 3), so a prefill chunk must hold each run whole (:meth:`chunk_end`)."""
 
     positions: np.ndarray
     features: np.ndarray
+    whole: bool = False
+
+    def chunk_end(self, start: int, end: int) -> int:
+        """Where a prefill chunk ``[start, end)`` of the prompt ends: ``end``, or with ``whole``
+        where it cuts no image (:func:`whole_runs_end`)."""
+        return whole_runs_end(self.positions, start, end) if self.whole else end
 
     def window(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """The rows among prompt positions ``[start, start + length)``: (positions relative to
@@ -179,6 +205,15 @@ class VisionModel(Protocol):
     image_token_id: int
     #: the token the chat template writes for each image, replaced by :attr:`PreparedImage.tokens`
     placeholder_id: int
+    #: each image's rows attend to one another both ways (Gemma 3): prefill chunks keep them whole
+    whole_images: bool
+
+    def prompt_text(self, text: str) -> str:
+        """The rendered prompt of a request with images as its processor tokenizes it (Gemma 3:
+        ``"\n\n"`` around each placeholder, which merge with the text around them); ``text``
+        itself for the others."""
+        ...
+
     @property
     def tokens_per_image(self) -> int | None:
         """The length of every image's tokens, or None where it depends on the image."""

@@ -24,6 +24,9 @@ class VisionSession:
     """What every vision side shares: the graph's session, the image token, the placeholder the
     chat template writes and the feature width."""
 
+    #: each image's rows attend to one another both ways (Gemma 3): prefill keeps them whole
+    whole_images = False
+
     def __init__(self, bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> None:
         model = Path(bundle_dir) / str(record.get("model", ""))
         if not model.is_file():
@@ -40,6 +43,10 @@ class VisionSession:
 
     def _read(self, record: Mapping[str, Any]) -> None:
         """Read the family's own fields of the record (KeyError/TypeError/ValueError: incomplete)."""
+
+    def prompt_text(self, text: str) -> str:
+        """The rendered prompt as the processor tokenizes it: itself, unless a family says otherwise."""
+        return text
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         """One run of the vision graph: its ``image_features`` output."""
@@ -88,8 +95,14 @@ class ClipVisionEncoder(VisionSession):
         return [out[i] for i in range(len(images))]
 
 
+def _gemma3(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> VisionModel:
+    from inference.runtime.vision_gemma3 import Gemma3VisionEncoder
+
+    return Gemma3VisionEncoder(bundle_dir, record, threads=threads)
+
+
 #: The encoder of each vision family (``engine.json`` ``vision.family``).
-ENCODERS: dict[str, Callable[..., VisionModel]] = {"llava": ClipVisionEncoder}
+ENCODERS: dict[str, Callable[..., VisionModel]] = {"llava": ClipVisionEncoder, "gemma3": _gemma3}
 
 
 def load_vision(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> VisionModel:
