@@ -168,6 +168,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "trt/test_stale.py": ("integration",),
     "trt/test_trt_engine.py": ("integration",),
     "vision/test_llava.py": ("integration",),
+    "vision/test_gemma3.py": ("integration",),
     "vision/test_preprocess.py": ("integration",),
     "vision/test_image_decode.py": ("unit",),
     "vision/test_serve.py": ("e2e",),

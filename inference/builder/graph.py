@@ -361,7 +361,7 @@ class _DecoderBuilder:
         new = em.op1("Squeeze", [em.op1("Shape", ["input_ids"], start=1, end=2)])
         past_len = em.op1("Sub", [total, new])
         if self.image_attention == "bidirectional":  # [B,S,T]: causal or the same image
-            both = portable_allowed(em, past_len, total, window)
+            both = portable_allowed(em, past_len, total, window, one_i, zero_i)
             allowed4 = em.op1("Unsqueeze", [both, em.const(np.array([1]))])
         else:
             kidx = em.op1("Unsqueeze", [em.op1("Range", [zero_i, total, one_i]), em.const(np.array([0]))])

@@ -220,10 +220,10 @@ class GqaImageAttention:
                      else_branch=otherwise.graph(f"{name}_else", [(name + ".else", TensorProto.FLOAT)]))[0]
 
 
-def portable_allowed(em: Emitter, past_len: str, total: str, window: int | None) -> str:
+def portable_allowed(em: Emitter, past_len: str, total: str, window: int | None, one: str,
+                     zero: str) -> str:
     """The portable graph's ``[B, S, T]`` allowed pairs with image rows both ways (every row's
-    chunk starts at ``past_len``; cache indices ``[0, total)``)."""
-    one, zero = em.const(np.array(1, np.int64)), em.const(np.array(0, np.int64))
+    chunk starts at ``past_len``; cache indices ``[0, total)``; ``one``, ``zero``: int64 scalars)."""
     qpos = em.op1("Unsqueeze", [em.op1("Range", [past_len, total, one]), em.const(np.array([0], np.int64))])
     kidx = em.op1("Range", [zero, total, one])
     return allowed(em, image_blocks(em), qpos, kidx, window)

@@ -31,6 +31,10 @@ class _Vision:
     image_token_id: int = 9
     placeholder_id: int = 9
     tokens_per_image: int | None = 3
+    whole_images: bool = False
+
+    def prompt_text(self, text: str) -> str:
+        return text
 
     def fixed_tokens(self) -> tuple[int, ...]:
         return (self.image_token_id,) * 3
