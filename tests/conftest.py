@@ -172,6 +172,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "vision/test_preprocess.py": ("integration",),
     "vision/test_image_decode.py": ("unit",),
     "vision/test_serve.py": ("e2e",),
+    "vision/test_gemma3_serve.py": ("e2e",),
     "vision/test_registry.py": ("unit",),
     "vision/test_image_parts.py": ("unit",),
 }

@@ -363,3 +363,69 @@ def test_spec_refusals(checkpoint: Path, tmp_path: Path) -> None:
     with pytest.raises(BuildInputError, match="task 'embed'"):
         build_bundle(checkpoint, out, EngineBuildSpec(task="embed", pooling="mean"))
     assert not any(out.iterdir())
+
+
+PIXEL_CONFIGS: dict[str, dict[str, Any]] = {
+    "gemma-3": {"size": {"height": 32, "width": 32}},
+    "bicubic-not-square": {"size": {"height": 48, "width": 40}, "resample": 3},
+    "no-normalize": {"size": 30, "do_normalize": False, "rescale_factor": 0.5},
+    "own-mean-std": {"size": {"height": 20, "width": 20}, "image_mean": [0.4, 0.5, 0.6], "image_std": 0.3},
+}
+
+
+def _odd_images() -> list[Image.Image]:
+    rgba = random_image(5, (33, 47), "RGBA")
+    rgba.putalpha(Image.fromarray(np.random.default_rng(6).integers(0, 256, (47, 33), dtype=np.uint8)))
+    return [random_image(1, (40, 50)), random_image(2, (301, 97)), random_image(3, (17, 17), "L"),
+            random_image(4, (64, 48), "P"), random_image(7, (50, 50), "CMYK"), rgba]
+
+
+@pytest.mark.parametrize("name", sorted(PIXEL_CONFIGS))
+def test_pixel_values_equal_transformers(name: str) -> None:
+    """Gemma3ImageProcessorPil (what AutoProcessor picks without torchvision) on odd images."""
+    from inference.image_gemma3 import gemma3_preprocess
+
+    tf = pytest.importorskip("transformers")
+    processor = tf.Gemma3ImageProcessorPil(**PIXEL_CONFIGS[name])
+    ours = gemma3_preprocess(processor.to_dict())
+    for image in _odd_images():
+        expected = processor(images=[image], return_tensors="np")["pixel_values"][0]
+        got = ours(image)
+        assert got.dtype == np.float32 and got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+
+
+def test_autoprocessor_picks_the_pil_backend(hf: tuple[Any, Any]) -> None:
+    _, processor = hf
+    assert type(processor.image_processor).__name__ == "Gemma3ImageProcessorPil"
+
+
+@pytest.mark.parametrize("n_images", [0, 1, 2])
+def test_input_ids_equal_the_processors(bundle: Path, hf: tuple[Any, Any], n_images: int) -> None:
+    """The bundle's tokenizer and template, the newlines written around each placeholder and the
+    placeholders expanded give the processor's input ids; the newlines as fixed token ids would
+    not (they merge with the text around them: "user\\n" + "\\n\\n")."""
+    from inference.openai.images import expand_placeholders
+    from inference.tokenizer import load_tokenizer
+
+    _, processor = hf
+    images = [random_image(i, (40 + i, 30)) for i in range(n_images)]
+    user = [{"type": "text", "text": "Look:"}, *([{"type": "image"}] * n_images),
+            {"type": "text", "text": "what is it?"}]
+    messages = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                {"role": "user", "content": user}]
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+    expected = processor(images=images or None, text=prompt, return_tensors="np")["input_ids"][0].tolist()
+    tok = load_tokenizer(bundle)
+    assert tok.apply_chat_template(messages, add_generation_prompt=True) == prompt
+    engine = load_ort_engine(bundle, max_slots=1)
+    assert isinstance(engine, ImageEngine) and isinstance(engine.vision, Gemma3VisionEncoder)
+    vision = engine.vision
+    text = vision.prompt_text(prompt) if images else prompt
+    ids, rows = expand_placeholders(tok.encode(text), vision, [vision.fixed_tokens()] * n_images)
+    assert ids == expected
+    assert len(rows) == TOKENS * n_images and all(ids[r] == vision.image_token_id for r in rows)
+    if images:
+        newlines = tok.encode("\n\n")
+        fixed = (*newlines, *vision.fixed_tokens(), *newlines)
+        assert expand_placeholders(tok.encode(prompt), vision, [fixed] * n_images)[0] != expected
