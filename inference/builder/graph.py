@@ -309,10 +309,11 @@ class _DecoderBuilder:
         if cfg.attn_softcap:
             attrs["softcap"] = float(cfg.attn_softcap)
         cos_t, sin_t = (tables[0], tables[1]) if tables is not None else (self.cos_table, self.sin_table)
-        q32 = q  # float32, before rotation: what the image rows' attention reads (packed: its q)
-        if self.image_attention == "bidirectional" and not k:
-            q32 = self.em.op1("Slice", [q, self.em.const(np.array([0], np.int64)), self.em.const(
-                np.array([cfg.num_heads * cfg.head_dim_of(layer)], np.int64)), self.em.const(np.array([-1]))])
+        qkv32 = (q, k, v)  # float32, before rotation: what the image rows' attention reads
+        if self.image_attention == "bidirectional" and not k:  # packed [q | k | v]
+            hd, kvh = cfg.head_dim_of(layer), cfg.kv_heads_of(layer)
+            q_, k_, v_ = self.split(q, [cfg.num_heads * hd, kvh * hd, kvh * hd])
+            qkv32 = (q_, k_, v_)
         if self.kv_fp16:
             q, k, v = (self.em.op1("Cast", [t], to=TensorProto.FLOAT16) if t else t for t in (q, k, v))
             cos_t, sin_t = self.half_table(cos_t), self.half_table(sin_t)
@@ -336,7 +337,7 @@ class _DecoderBuilder:
         if self.image_attention == "bidirectional":
             if self.both_ways is None:
                 self.both_ways = GqaImageAttention(self)
-            y = self.both_ways.layer(q32, y, layer, (pres_k, pres_v))
+            y = self.both_ways.layer(qkv32, y, layer)
         return y
 
     def half_table(self, name: str) -> str:

@@ -13,10 +13,16 @@ which every chunk row sees anyway.
 The portable graph builds that mask instead of the causal one (an explicit-mask ``Softmax``
 already). The CPU graph's GroupQueryAttention is causal only, so each layer keeps it and adds an
 ``If`` on "this chunk has image rows": then the layer's attention is computed again with the
-explicit mask, over the K/V GroupQueryAttention has just written into the in-place buffers (the
-query rotated here with the same tables), and replaces GroupQueryAttention's output; decode steps
-and text chunks run the else branch, GroupQueryAttention's output as it is. The masks and the
-query's rotary tables are made once per run, in one ``If`` before the layers.
+explicit mask (over the past K/V the chunk can see and the chunk's own k/v, rotated here with the
+same tables) and replaces GroupQueryAttention's output; decode steps and text chunks run the else
+branch, GroupQueryAttention's output as it is. The masks, the first key each window can see and
+the rotary tables at the chunk's positions are made once per run, in one ``If`` before the layers.
+
+Measured (a 2-layer slice of Gemma 3 4B's shapes, one 256-row image in a 298-token chunk, 2
+cores, onnxruntime's profiler): the branch takes 17-20 ms a layer at an empty cache and 46-90 ms
+at 1,500 past positions (GroupQueryAttention's own: 8-16 and 40-80 ms), against ~550 ms a layer
+for the rest of the chunk; the prep ``If`` 2 ms; decode steps and text chunks take the else
+branches at no measurable cost (0.13 ms a step either way on the tiny model).
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ from inference.builder.emit import Emitter
 
 if TYPE_CHECKING:
     from inference.builder.graph import _DecoderBuilder
+
+
+def past_names(layer: int) -> tuple[str, str]:
+    """The layer's past K and V inputs (graph.past_names)."""
+    return f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"
 
 # The additive mask value of the decoder graphs (graph.MASK_NEG).
 MASK_NEG = -1.0e9
@@ -117,9 +128,11 @@ class GqaImageAttention:
         self.has_images = em.op1("Greater", [em.op1("Size", ["image_rows"]), em.const(np.array(0, np.int64))])
         windows = sorted({cfg.window(i) or 0 for i in range(cfg.num_layers)})
         tables = [t for t in dict.fromkeys(b.layer_tables) if t is not None]
-        # Made once per run, in one If: each window's additive mask [B,1,S,T] and each rotary
-        # table's cos/sin at the chunk's positions [B,1,S,rot]; tiny stand-ins when no images.
-        made: list[str] = []
+        # Made once per run, in one If: each window's first key the chunk can see ([1]: 0, or for a
+        # sliding layer the window before the chunk's first row) and its additive mask over the
+        # keys from there [B,1,S,T'], and each rotary table's cos/sin at the chunk's positions
+        # [B,1,S,rot]; tiny stand-ins when no images.
+        made: list[tuple[str, int]] = []
         with _Branch(em) as then:
             past = em.op1("Sub", [em.op1("Cast", ["seqlens_k"], to=TensorProto.INT64),
                                   em.op1("Sub", [em.op1("Shape", ["input_ids"], start=1, end=2),
@@ -129,30 +142,37 @@ class GqaImageAttention:
                                      em.const(np.array(1, np.int64))])
             qpos = em.op1("Add", [em.op1("Unsqueeze", [past, em.const(np.array([1], np.int64))]), steps])
             total = em.op1("Cast", ["total_sequence_length"], to=TensorProto.INT64)
-            kidx = em.op1("Range", [em.const(np.array(0, np.int64)), total, em.const(np.array(1, np.int64))])
             blocks = image_blocks(em)
+            earliest = em.op1("ReduceMin", [past], keepdims=1)  # [1]
             for w in windows:
+                first = em.const(np.array([0], np.int64))
+                if w:  # keys before the window of the chunk's first row: masked for every row
+                    first = em.op1("Max", [em.op1("Sub", [earliest, em.const(np.array([w - 1], np.int64))]),
+                                           em.const(np.array([0], np.int64))])
+                em.op("Identity", [first], outputs=[f"image_keys.{w}.then"])
+                kidx = em.op1("Range", [em.op1("Squeeze", [first]), total, em.const(np.array(1, np.int64))])
                 ok = allowed(em, blocks, qpos, kidx, w or None)
                 mask = em.op1("Where", [ok, em.const(np.float32(0.0)), em.const(np.float32(MASK_NEG))])
                 em.op("Unsqueeze", [mask, em.const(np.array([1], np.int64))],
                       outputs=[f"image_mask.{w}.then"])
-                made.append(f"image_mask.{w}")
+                made += [(f"image_keys.{w}", TensorProto.INT64), (f"image_mask.{w}", TensorProto.FLOAT)]
             for k, (cos_t, sin_t, _, _) in enumerate(tables):
                 for kind, table in (("cos", cos_t), ("sin", sin_t)):
                     rot = 2 * int(b.table_values[table].shape[1])
                     full = b.full_table(em.op1("Gather", [table, qpos]), rot)  # [B,S,rot]
                     em.op("Unsqueeze", [full, em.const(np.array([1], np.int64))],
                           outputs=[f"image_{kind}.{k}.then"])
-                    made.append(f"image_{kind}.{k}")
+                    made.append((f"image_{kind}.{k}", TensorProto.FLOAT))
         with _Branch(em) as otherwise:
-            stand_in = em.const(np.zeros((1, 1, 1, 1), np.float32))
-            for name in made:
-                em.op("Identity", [stand_in], outputs=[name + ".else"])
-        em.op("If", [self.has_images], outputs=made,
-              then_branch=then.graph("image_prep_then", [(o + ".then", TensorProto.FLOAT) for o in made]),
-              else_branch=otherwise.graph("image_prep_else",
-                                          [(o + ".else", TensorProto.FLOAT) for o in made]))
+            stand_ins: dict[int, str] = {TensorProto.FLOAT: em.const(np.zeros((1, 1, 1, 1), np.float32)),
+                                         TensorProto.INT64: em.const(np.zeros(1, np.int64))}
+            for name, elem in made:
+                em.op("Identity", [stand_ins[elem]], outputs=[name + ".else"])
+        em.op("If", [self.has_images], outputs=[name for name, _ in made],
+              then_branch=then.graph("image_prep_then", [(o + ".then", t) for o, t in made]),
+              else_branch=otherwise.graph("image_prep_else", [(o + ".else", t) for o, t in made]))
         self.masks = {w: f"image_mask.{w}" for w in windows}
+        self.keys = {w: f"image_keys.{w}" for w in windows}
         self.tables = {t[0]: (f"image_cos.{k}", f"image_sin.{k}") for k, t in enumerate(tables)}
 
     def rotate(self, x: str, layer: int) -> str:
@@ -180,25 +200,36 @@ class GqaImageAttention:
         y = em.op1("Add", [em.op1("Mul", [xr, cos_full]), em.op1("Mul", [rotated, sin_full])])
         return y if rot == hd else em.op1("Concat", [y, part(rot, hd)], axis=-1)
 
-    def layer(self, q: str, y: str, layer: int, present: tuple[str, str]) -> str:
+    def heads(self, x: str, n: int, hd: int) -> str:
+        """[B,S,n*hd] -> [B,n,S,hd]."""
+        em = self.em
+        return em.op1("Transpose", [em.op1("Reshape", [x, em.const(np.array([0, 0, n, hd], np.int64))])],
+                      perm=[0, 2, 1, 3])
+
+    def layer(self, qkv: tuple[str, str, str], y: str, layer: int) -> str:
         """GroupQueryAttention's output ``y [B,S,H*hd]`` of ``layer``, or, for a chunk with image
-        rows, the attention of ``q [B,S,H*hd]`` (float32, before rotation) over ``present`` (the
-        layer's K/V buffers after GroupQueryAttention wrote the chunk) with the image mask."""
+        rows, the attention of ``qkv`` (the chunk's q/k/v ``[B,S,heads*hd]``, float32, before
+        rotation) over the past K/V the chunk can see and its own, with the image mask.
+
+        The past positions are read from the layer's past input, whose positions below the chunk
+        GroupQueryAttention leaves as they are, and the chunk's own k/v are rotated here: the
+        branch consumes no present output, so the in-place buffers stay outputs only, as in every
+        CPU graph. A chunk with image rows is one sequence (``prefill_images``: B = 1)."""
         b, em, cfg = self.b, self.em, self.b.cfg
         h, kvh, hd = cfg.num_heads, cfg.kv_heads_of(layer), cfg.head_dim_of(layer)
         name = f"attn_{layer}_both_ways"
+        window = cfg.window(layer) or 0
         with _Branch(em) as then:
-            q4 = em.op1("Transpose", [em.op1("Reshape", [q, em.const(np.array([0, 0, h, hd], np.int64))])],
-                        perm=[0, 2, 1, 3])
-            q4 = self.rotate(q4, layer)
+            q4 = self.rotate(self.heads(qkv[0], h, hd), layer)
+            new = [self.rotate(self.heads(qkv[1], kvh, hd), layer), self.heads(qkv[2], kvh, hd)]
             total = em.op1("Reshape", [em.op1("Cast", ["total_sequence_length"], to=TensorProto.INT64),
                                        em.const(np.array([1], np.int64))])
+            past_len = em.op1("Sub", [total, em.op1("Shape", [qkv[0]], start=1, end=2)])
             kv = []
-            for buf in present:
-                if b.kv_fp16:
-                    buf = em.op1("Cast", [buf], to=TensorProto.FLOAT)
-                kv.append(em.op1("Slice", [buf, em.const(np.array([0], np.int64)), total,
-                                           em.const(np.array([2], np.int64))]))  # [B,kv,T,hd]
+            for buf, chunk in zip(past_names(layer), new, strict=True):  # the keys it sees: [B,kv,T',hd]
+                seen = em.op1("Slice", [buf, self.keys[window], past_len, em.const(np.array([2], np.int64))])
+                seen = em.op1("Cast", [seen], to=TensorProto.FLOAT) if b.kv_fp16 else seen
+                kv.append(em.op1("Concat", [seen, chunk], axis=2))
             group = h // kvh
             q5 = em.op1("Reshape", [q4, em.const(np.array([0, kvh, group, -1, hd], np.int64))])
             q5 = em.op1("Mul", [q5, em.const(np.float32(cfg.query_scale_of(layer)))])
@@ -207,7 +238,7 @@ class GqaImageAttention:
             if cfg.attn_softcap:
                 cap = em.const(np.float32(cfg.attn_softcap))
                 scores = em.op1("Mul", [em.op1("Tanh", [em.op1("Div", [scores, cap])]), cap])
-            mask = self.masks[cfg.window(layer) or 0]
+            mask = self.masks[window]
             scores = em.op1("Add", [scores, em.op1("Unsqueeze", [mask, em.const(np.array([2], np.int64))])])
             out = em.op1("MatMul", [em.op1("Softmax", [scores], axis=-1), v5])
             out = em.op1("Reshape", [out, em.const(np.array([0, h, -1, hd], np.int64))])
