@@ -161,6 +161,15 @@ def test_the_engine_keeps_each_image_in_one_chunk(checkpoint: Path, built_bundle
     assert _engine_greedy(chunked, ids, IMAGES) == expected
 
 
+def test_an_fp16_kv_cache_answers_the_same(checkpoint: Path, built_bundle: Callable[..., Path],
+                                            hf: tuple[Any, Any]) -> None:
+    """float16 K/V buffers (the image chunks' attention reads them back as float32), chunked."""
+    half = load_ort_engine(built_bundle(checkpoint, max_input_len=20, kv_cache_dtype="fp16"), max_slots=1)
+    assert isinstance(half, ImageEngine)
+    ids, expected, _ = _reference(hf, IMAGES, "Two?")
+    assert _engine_greedy(half, ids, IMAGES) == expected
+
+
 @pytest.mark.parametrize("whole", [True, False])
 def test_the_scheduler_keeps_each_image_in_one_chunk(engine: ImageEngine, hf: tuple[Any, Any],
                                                      whole: bool) -> None:
