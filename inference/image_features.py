@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from inference.runtime.protocol import PreparedImage, VisionModel
+from inference.runtime.protocol import PreparedImage, VisionModel, whole_runs_end
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +195,12 @@ class PromptImages:
                           if self.images else np.zeros(0, np.int64))
         if np.any(np.diff(np.sort(self.positions)) == 0):
             raise ValueError("two image rows at one prompt position")
+
+    def chunk_end(self, start: int, end: int) -> int:
+        """Where a prefill chunk ``[start, end)`` of the prompt ends: ``end``, or, for a model whose
+        image rows attend to one another both ways (Gemma 3), where it cuts no image
+        (:func:`~inference.runtime.protocol.whole_runs_end`)."""
+        return whole_runs_end(self.positions, start, end) if self._vision.whole_images else end
 
     def cache_ids(self, prompt_ids: Sequence[int]) -> list[int]:
         """``prompt_ids`` with every image row's id replaced by its :func:`row_ids` entry."""

@@ -716,7 +716,10 @@ class Scheduler:
                 chunk: Sequence[int] = []
                 logits = resumed
             else:
-                chunk = ids[run.prefilled : run.prefilled + self._chunk]
+                end = run.prefilled + self._chunk
+                if req.images is not None:  # where the images' rows must stay in one chunk
+                    end = req.images.chunk_end(run.prefilled, end)
+                chunk = ids[run.prefilled : end]
                 logits = self._prefill(run, list(chunk))
         except Exception as exc:
             log.exception("prefill failed")

@@ -39,6 +39,7 @@ from inference.build_profile import KV_CACHE_NUMPY_DTYPES, POOLING_METHODS
 from inference.builder.checkpoint_reader import CheckpointReader
 from inference.builder.emit import Emitter, ExternalWeights, activation
 from inference.builder.errors import BuildInputError
+from inference.builder.image_attention import GqaImageAttention, portable_allowed
 from inference.builder.kernel_plan import KernelPlan
 from inference.builder.layout import names_for
 from inference.builder.model_config import ModelConfig
@@ -92,8 +93,11 @@ class _DecoderBuilder:
     def __init__(self, cfg: ModelConfig, ckpt: CheckpointReader, em: Emitter, *,
                  max_positions: int, fused_ops: bool, kv_layout: str = "portable",
                  quant: QuantizedEmitter | None = None, lora: bool = False,
-                 kv_fp16: bool = False) -> None:
+                 kv_fp16: bool = False, image_attention: str = "causal") -> None:
         self.cfg, self.ckpt, self.em = cfg, ckpt, em
+        #: "bidirectional": image rows attend both ways within each image (:mod:`.image_attention`)
+        self.image_attention = image_attention
+        self.both_ways: GqaImageAttention | None = None
         #: float16 K/V buffers (gqa only): GroupQueryAttention runs in float16.
         self.kv_fp16 = kv_fp16
         self.half_tables: dict[str, str] = {}  # rope table -> its float16 copy
@@ -305,6 +309,11 @@ class _DecoderBuilder:
         if cfg.attn_softcap:
             attrs["softcap"] = float(cfg.attn_softcap)
         cos_t, sin_t = (tables[0], tables[1]) if tables is not None else (self.cos_table, self.sin_table)
+        qkv32 = (q, k, v)  # float32, before rotation: what the image rows' attention reads
+        if self.image_attention == "bidirectional" and not k:  # packed [q | k | v]
+            hd, kvh = cfg.head_dim_of(layer), cfg.kv_heads_of(layer)
+            q_, k_, v_ = self.split(q, [cfg.num_heads * hd, kvh * hd, kvh * hd])
+            qkv32 = (q_, k_, v_)
         if self.kv_fp16:
             q, k, v = (self.em.op1("Cast", [t], to=TensorProto.FLOAT16) if t else t for t in (q, k, v))
             cos_t, sin_t = self.half_table(cos_t), self.half_table(sin_t)
@@ -324,7 +333,12 @@ class _DecoderBuilder:
             do_rotary=0 if tables is None else 1, rotary_interleaved=int(cfg.rope_interleaved),
             local_window_size=-1 if window is None else window, **attrs,
         )[0]
-        return self.em.op1("Cast", [y], to=TensorProto.FLOAT) if self.kv_fp16 else y
+        y = self.em.op1("Cast", [y], to=TensorProto.FLOAT) if self.kv_fp16 else y
+        if self.image_attention == "bidirectional":
+            if self.both_ways is None:
+                self.both_ways = GqaImageAttention(self)
+            y = self.both_ways.layer(qkv32, y, layer)
+        return y
 
     def half_table(self, name: str) -> str:
         """The float16 copy of the rope table ``name`` (written once)."""
@@ -347,13 +361,17 @@ class _DecoderBuilder:
         total = em.op1("Squeeze", [em.op1("Shape", ["attention_mask"], start=1, end=2)])
         new = em.op1("Squeeze", [em.op1("Shape", ["input_ids"], start=1, end=2)])
         past_len = em.op1("Sub", [total, new])
-        kidx = em.op1("Unsqueeze", [em.op1("Range", [zero_i, total, one_i]), em.const(np.array([0]))])
-        qidx = em.op1("Unsqueeze", [em.op1("Range", [past_len, total, one_i]), em.const(np.array([1]))])
-        allowed = em.op1("LessOrEqual", [kidx, qidx])  # [S,T]
-        if window is not None:
-            w = em.const(np.array(window, dtype=np.int64))
-            allowed = em.op1("And", [allowed, em.op1("Greater", [kidx, em.op1("Sub", [qidx, w])])])
-        allowed4 = em.op1("Unsqueeze", [allowed, em.const(np.array([0, 1]))])
+        if self.image_attention == "bidirectional":  # [B,S,T]: causal or the same image
+            both = portable_allowed(em, past_len, total, window, one_i, zero_i)
+            allowed4 = em.op1("Unsqueeze", [both, em.const(np.array([1]))])
+        else:
+            kidx = em.op1("Unsqueeze", [em.op1("Range", [zero_i, total, one_i]), em.const(np.array([0]))])
+            qidx = em.op1("Unsqueeze", [em.op1("Range", [past_len, total, one_i]), em.const(np.array([1]))])
+            allowed = em.op1("LessOrEqual", [kidx, qidx])  # [S,T]
+            if window is not None:
+                w = em.const(np.array(window, dtype=np.int64))
+                allowed = em.op1("And", [allowed, em.op1("Greater", [kidx, em.op1("Sub", [qidx, w])])])
+            allowed4 = em.op1("Unsqueeze", [allowed, em.const(np.array([0, 1]))])
         keep = em.op1("Cast", ["attention_mask"], to=TensorProto.BOOL)
         keep4 = em.op1("Unsqueeze", [keep, em.const(np.array([1, 2]))])
         both = em.op1("And", [allowed4, keep4])
@@ -795,7 +813,8 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
                         progress: Progress | None = None, kv_layout: str = "portable",
                         kernels: KernelPlan | None = None, pooling: str | None = None,
                         lora: bool = False, weights_in: dict[str, np.ndarray] | None = None,
-                        kv_dtype: str = "float32", image_inputs: bool = False) -> GraphIO:
+                        kv_dtype: str = "float32", image_inputs: bool = False,
+                        image_attention: str = "causal") -> GraphIO:
     """Write ``model_path`` (+ ``<name>.data``) for ``cfg``; return the graph's I/O names.
 
     ``kv_layout`` "portable" writes the standard-op graph; "gqa" the ONNX Runtime CPU variant
@@ -821,6 +840,10 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
     run that binds neither (decode, the quality gate) computes the text graph's values; without
     ``image_inputs`` the graph is the text graph, byte for byte.
 
+    ``image_attention`` "bidirectional" (Gemma 3) lets the image rows of a chunk attend to one
+    another both ways, each run of consecutive rows one image (:mod:`.image_attention`); "causal"
+    (the default) leaves the graph as it was.
+
     ``weights_in`` (a dict) receives the large weights by name instead of ``<name>.data``, which
     is then not written: open the graph with ``cpu_session(..., initializers=weights_in)``.
     """
@@ -835,6 +858,10 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         raise ValueError("LoRA inputs are written into the gqa graph only")
     if kv_dtype not in KV_DTYPES or (kv_dtype != "float32" and not gqa):
         raise ValueError(f"kv_dtype must be one of {tuple(KV_DTYPES)} (float16: gqa only), got {kv_dtype!r}")
+    if image_attention not in ("causal", "bidirectional") or (image_attention != "causal"
+                                                               and not image_inputs):
+        raise ValueError(f"image_attention must be 'causal' or, with image_inputs, 'bidirectional'; got "
+                         f"{image_attention!r}")
     if pooling is not None and (gqa or pooling not in POOLING_METHODS):
         raise ValueError(f"pooling must be one of {POOLING_METHODS} on the portable graph, got {pooling!r}")
     weights = ExternalWeights(model_path.with_name(model_path.name + ".data"), weights_in)
@@ -845,7 +872,8 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         names, level_of = names_for(cfg), kernels.level_of
         quant.level_of = lambda weight: level_of(names.as_llama(weight))
     b = _DecoderBuilder(cfg, ckpt, em, max_positions=max_positions, fused_ops=fused_ops, kv_layout=kv_layout,
-                        quant=quant, lora=lora, kv_fp16=kv_dtype == "float16")
+                        quant=quant, lora=lora, kv_fp16=kv_dtype == "float16",
+                        image_attention=image_attention)
     try:
         b.build_rope_tables()
         x, embed = b.embedding()

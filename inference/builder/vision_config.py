@@ -83,10 +83,18 @@ def _positive(raw: Mapping[str, Any], key: str, where: str, default: int | None 
     return value
 
 
+#: How a bundle's image rows attend in the language model: causally (LLaVA, Idefics3), or both
+#: ways within each image (Gemma 3; the decoder graph's ``image_attention``).
+IMAGE_ATTENTION = ("causal", "bidirectional")
+
+
 class VisionSide(Protocol):
     """The vision side of a family with a builder of its own (:attr:`VisionFamily.builder`), through
-    one build: made from config.json (its refusals), then :meth:`check` (the checkpoint's processor
-    files and tokenizer), :meth:`build_graph`, :meth:`record`."""
+    one build: made from config.json (its refusals), then :meth:`check` (the spec, the checkpoint's
+    processor files and tokenizer), :meth:`build_graph`, :meth:`record`."""
+
+    #: how the language model's image rows attend (:data:`IMAGE_ATTENTION`)
+    image_attention: str
 
     def check(self, checkpoint_dir: Path, cfg: ModelConfig, spec: EngineBuildSpec) -> None:
         """Refuse in one line what cannot be built; read what the record needs."""
@@ -107,7 +115,7 @@ class VisionSide(Protocol):
         ...
 
     def record(self) -> dict[str, Any]:
-        """``engine.json``'s ``vision`` record."""
+        """``engine.json``'s ``vision`` record (``family`` names the runtime's encoder)."""
         ...
 
 

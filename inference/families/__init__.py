@@ -160,9 +160,9 @@ class VisionFamily:
 
 
 def _load_vision() -> tuple[VisionFamily, ...]:
-    from inference.families import idefics3, llava
+    from inference.families import gemma3, idefics3, llava
 
-    return (llava.VISION_FAMILY, idefics3.IDEFICS3, idefics3.SMOLVLM)
+    return (llava.VISION_FAMILY, idefics3.IDEFICS3, idefics3.SMOLVLM, gemma3.VISION_FAMILY)
 
 
 def _load() -> tuple[Family, ...]:

@@ -247,7 +247,9 @@ class ChatEndpoint:
             chat_template_kwargs=chat_template_kwargs,
             parts_form=vision is not None,
         )
-        ids = await handle.encode(prompt, add_special_tokens=add_special_tokens, param="messages")
+        # With images: the text as the model's processor tokenizes it (Gemma 3 adds newlines).
+        text = vision.prompt_text(prompt) if vision is not None and parts else prompt
+        ids = await handle.encode(text, add_special_tokens=add_special_tokens, param="messages")
         positions = np.zeros(0, np.int64)
         loaded: list[PromptImage] | None = None
         if vision is not None:

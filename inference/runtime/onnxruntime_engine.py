@@ -42,7 +42,7 @@ import onnxruntime as ort
 from inference.build_profile import KV_CACHE_NUMPY_DTYPES
 from inference.runtime.kv_layers import kv_layer_shapes
 from inference.runtime.ort_session import cpu_session
-from inference.runtime.protocol import EngineInfo, VisionModel
+from inference.runtime.protocol import EngineInfo, VisionModel, whole_runs_end
 from inference.runtime.slot_checks import (
     SlotLengths,
     check_decode,
@@ -164,6 +164,8 @@ class GqaEngine(SlotLengths):
         #: the prefill runs of chunks that hold image tokens and back to empty after them.
         self._vision: VisionModel | None = None
         self._image_inputs = "vision" in meta
+        #: Gemma 3: an image's rows attend to one another both ways, so a run holds them whole.
+        self._whole_images = self._image_inputs and meta["vision"].get("image_attention") == "bidirectional"
         self._hidden = int(meta["hidden_size"])
         self._images_bound: tuple[np.ndarray, np.ndarray] | None = None
         self._info = onnx_engine_info(
@@ -397,14 +399,19 @@ class GqaEngine(SlotLengths):
             raise ValueError(f"image rows must be ascending positions within the {ids.size} tokens")
         check_prefill(slot, self._lengths[slot], int(ids.size), self._cap)
         logits = np.empty(0, dtype=np.float32)
-        for start in range(0, ids.size, self._chunk):
-            part = ids[start:start + self._chunk]
-            lo, hi = np.searchsorted(rows, [start, start + part.size])
+        start = 0
+        while start < ids.size:
+            end = min(start + self._chunk, ids.size)
+            if self._whole_images:
+                end = whole_runs_end(rows, start, end)
+            part = ids[start:end]
+            lo, hi = np.searchsorted(rows, [start, end])
             mine = rows[lo:hi] - start
             images = (np.stack([np.zeros_like(mine), mine], axis=1), features[lo:hi]) if mine.size else None
             logits = self._run(slot, part[None, :], np.array([self._lengths[slot]]),
                                adapter=self._slot_adapter[slot], images=images)[0, 0]
             self._lengths[slot] += part.size
+            start = end
         return logits
 
     def extend(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:
