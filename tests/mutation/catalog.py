@@ -319,7 +319,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="no-retry-after",
         why="a 429 goes out without Retry-After",
-        path="inference/openai/errors.py",
+        path="inference/serving_errors.py",
         function="ServerOverloadedError.__init__",
         find=r'headers=\{"Retry-After": str\(retry_after\)\}',
         replace="headers={}",
@@ -455,8 +455,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="max-tokens-past-context",
         why="max_tokens beyond the context left is accepted (and cut short or overflows the KV)",
-        path="inference/openai/handle.py",
-        function="ModelHandle.plan",
+        path="inference/openai/protocol.py",
+        function="_SamplingFields.to_spec",
         find=r"if max_tokens is not None and max_tokens > room:",
         replace="if False:",
         tests=("tests/serving/test_http.py::test_errors",),
@@ -464,9 +464,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="prompt-past-input-limit",
         why="a prompt longer than max_input_len is accepted",
-        path="inference/openai/handle.py",
-        function="ModelHandle.plan",
-        find=r"if n > opts\.max_input_len:",
+        path="inference/openai/protocol.py",
+        function="_SamplingFields.to_spec",
+        find=r"if n > limits\.max_input_len:",
         replace="if False:",
         tests=("tests/serving/test_http.py::test_prompt_over_the_input_limit_after_tokenizing",),
     ),
@@ -549,10 +549,10 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="image-request-kv-shared",
         why="a prompt with images shares context-reuse KV keyed by its token ids alone: another image "
             "behind the same text gets the first one's answer",
-        path="inference/openai/handle.py",
-        function="ModelHandle._requests",
-        find=r"cache_prompt=plan\.cache_prompt and plan\.images is None,",
-        replace="cache_prompt=plan.cache_prompt,",
+        path="inference/engine_client.py",
+        function="EngineClient._requests",
+        find=r"cache_prompt=spec\.cache_prompt and spec\.images is None,",
+        replace="cache_prompt=spec.cache_prompt,",
         tests=("tests/vision/test_serve.py::test_two_images_in_either_order",),
     ),
     Mutation(
