@@ -493,8 +493,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 
     def check_supported(self) -> None:
         """400 for fields of OpenAI's reference that ask for what this server cannot do (text-only
-        models, no web access), accepted when they ask for nothing; and for ``top_logprobs``
-        without ``logprobs`` or out of range."""
+        models, no web access), accepted when they ask for nothing; then for an output limit or
+        ``top_logprobs`` that cannot be met (checked again where :meth:`to_spec` reads them), so
+        these 400s come before any template work."""
         if self.audio is not None:
             raise InvalidRequestError(
                 "audio output is not supported: the models here write text", param="audio"
@@ -510,6 +511,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
                 raise InvalidRequestError(
                     f"{name} (deprecated by OpenAI) is not supported: send tools and tool_choice", param=name
                 )
+        self.output_limit()
         self.top_logprobs_asked()
 
     def output_limit(self) -> tuple[int | None, str]:
