@@ -39,7 +39,7 @@ from cachesvc.manager import CacheManager
 from cachesvc.profiles import PROFILE_FIELDS, ProfileRequest
 from cachesvc.records import AdapterInfo
 from inference.model_pool import EngineStatus, ModelPool
-from inference.openai.errors import OpenAIError
+from inference.serving_errors import ServingError
 
 Manager = NamedDependency[CacheManager]
 Pool = NamedDependency[ModelPool]
@@ -169,7 +169,7 @@ def _engine(s: EngineStatus) -> EngineOut:
     )
 
 
-def _openai_problem(_: Any, exc: OpenAIError) -> Response[dict[str, Any]]:
+def _serving_problem(_: Any, exc: ServingError) -> Response[dict[str, Any]]:
     headers = dict(exc.headers or {})
     return Response(
         {
@@ -363,7 +363,7 @@ def serving_router(*, admin_api_key: str | None) -> Router:
 
     The app provides the ``manager`` and ``pool`` dependencies."""
     handlers = admin_exception_handlers()
-    handlers[OpenAIError] = _openai_problem
+    handlers[ServingError] = _serving_problem
     router = Router(
         path="/admin",
         route_handlers=[EngineController, ModelController],
