@@ -39,7 +39,9 @@ from inference.builder.quality import MIN_AGREEMENT, Quality, run_gate
 from inference.builder.spec import EngineBuildSpec
 from inference.builder.vision_config import (
     VisionConfig,
+    VisionSide,
     load_preprocess,
+    open_vision_side,
     processor_chat_template,
     text_view,
     vision_config_from,
@@ -264,16 +266,20 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     ckpt: CheckpointReader = open_checkpoint(checkpoint_dir)
     fused = fused_ops_supported()
     raw = load_raw_config(checkpoint_dir)
-    vcfg = vision_config_from(raw, cfg.hidden_size)
+    # A vision family with a builder of its own (Qwen2.5-VL), else LLaVA's vision config.
+    side: VisionSide | None = open_vision_side(raw, cfg, checkpoint_dir, ckpt, spec)
+    vcfg = vision_config_from(raw, cfg.hidden_size) if side is None else None
     vision_ckpt: CheckpointReader | None = None
     preprocess: ClipPreprocess | None = None
+    if side is not None:
+        ckpt = side.text_ckpt
     if vcfg is not None:
         _check_vision_spec(vcfg, cfg, spec)
         preprocess = load_preprocess(checkpoint_dir, vcfg)
         family = vision_family(raw)
         vision_ckpt = vision_view(ckpt, family)
         ckpt = text_view(ckpt, family)
-    images = vcfg is not None
+    images = vcfg is not None or side is not None
     if spec.task == "embed":
         return _build_embedding(cfg, ckpt, checkpoint_dir, out_dir, spec, report, started, fused)
     check_gqa_rotary(cfg)  # the CPU graph's head and rotary sizes, before any graph is written
@@ -363,8 +369,11 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         assert vision_ckpt is not None
         report("vision", 0.0)
         build_vision_graph(vcfg, vision_ckpt, out_dir / VISION_MODEL)
+    if side is not None:
+        report("vision", 0.0)
+        side.build(out_dir)
     copied = copy_tokenizer_files(checkpoint_dir, out_dir)
-    template = processor_chat_template(checkpoint_dir) if vcfg is not None else None
+    template = processor_chat_template(checkpoint_dir) if images else None
     if template is not None and "chat_template.jinja" not in copied:
         # The processor's template (it places the images) as the file the tokenizer loader reads first.
         (out_dir / "chat_template.jinja").write_text(template, encoding="utf-8")
@@ -379,6 +388,8 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     meta = _metadata(cfg, io, spec, ckpt.source_dtypes(), files, copied, time.monotonic() - started,
                      kv_cache)
     vision_bytes = onnx_weight_bytes(out_dir / VISION_MODEL) if vcfg is not None else 0
+    if side is not None:
+        vision_bytes = sum(onnx_weight_bytes(out_dir / name) for name in side.files if name.endswith(".onnx"))
     meta.update(memory_fields(weight_bytes=onnx_weight_bytes(optimized_path) + vision_bytes,
                               kv_bytes_per_token=int(kv_cache["bytes_per_token"]),
                               capacity=spec.max_kv_cache_capacity, slots=spec.max_batch_size))
@@ -390,6 +401,8 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         meta["lora"] = True
     if vcfg is not None and preprocess is not None:  # absent otherwise: text bundles stay as they were
         meta["vision"] = _vision_record(vcfg, preprocess)
+    if side is not None:
+        meta["vision"] = side.record()
     speculative = spec.speculative_record()
     if speculative is not None:  # absent otherwise: bundles without speculation stay as they were
         meta["speculative"] = speculative

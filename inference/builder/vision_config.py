@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from inference.builder.checkpoint_reader import CheckpointReader, prefixed_view
 from inference.builder.errors import BuildInputError
@@ -76,6 +77,51 @@ def _positive(raw: Mapping[str, Any], key: str, where: str, default: int | None 
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise BuildInputError(f"config.json {where}{key} must be a positive integer, got {value!r}")
     return value
+
+
+class VisionSide(Protocol):
+    """The vision side of a bundle whose family has a builder module of its own
+    (``VisionFamily.builder``): the language model's tensors, the vision graph(s) it writes and
+    the ``engine.json`` ``vision`` record."""
+
+    #: the language model's tensors under a text checkpoint's names (``model.``, ``lm_head.``)
+    text_ckpt: CheckpointReader
+    #: the bundle files :meth:`build` writes (their weights count in the memory estimate)
+    files: tuple[str, ...]
+
+    def build(self, out_dir: Path) -> None:
+        """Write the vision graph(s) into ``out_dir``."""
+        ...
+
+    def record(self) -> dict[str, Any]:
+        """``engine.json``'s ``vision`` record."""
+        ...
+
+
+def _builder(raw: Mapping[str, Any]) -> Any:
+    """The builder module of ``raw``'s vision family, or None (LLaVA's: this module)."""
+    family = vision_family_of(raw)
+    return None if family is None or family.builder is None else import_module(family.builder)
+
+
+def check_vision_config(raw: Mapping[str, Any]) -> None:
+    """The vision side's refusals of a vision-language config.json (one line naming the field)."""
+    builder = _builder(raw)
+    if builder is not None:
+        builder.check_config(raw)
+    else:
+        vision_config_from(raw, text_hidden=0)
+
+
+def open_vision_side(raw: Mapping[str, Any], cfg: Any, checkpoint_dir: Path, ckpt: CheckpointReader,
+                     spec: Any) -> VisionSide | None:
+    """The vision side of a family with a builder of its own (checked against the language model
+    ``cfg`` and the build ``spec``), or None (a text model, or LLaVA: :func:`vision_config_from`)."""
+    builder = _builder(raw)
+    if builder is None:
+        return None
+    side: VisionSide = builder.open_side(raw, cfg, checkpoint_dir, ckpt, spec)
+    return side
 
 
 def vision_config_from(raw: Mapping[str, Any], text_hidden: int) -> VisionConfig | None:
@@ -148,10 +194,10 @@ def _read_object(path: Path) -> dict[str, Any]:
     return raw
 
 
-def load_preprocess(checkpoint_dir: Path, vcfg: VisionConfig) -> ClipPreprocess:
-    """The checkpoint's image preprocessing (``preprocessor_config.json``, as the hub's checkpoints
-    have it, else ``processor_config.json``'s ``image_processor``, as transformers 5 saves a
-    processor), checked against the vision tower's input size."""
+def preprocessor_config(checkpoint_dir: Path) -> dict[str, Any]:
+    """The checkpoint's image processor settings: ``preprocessor_config.json``, as the hub's
+    checkpoints have it, else ``processor_config.json``'s ``image_processor``, as transformers 5
+    saves a processor."""
     folder = Path(checkpoint_dir)
     if (folder / PREPROCESSOR_FILE).is_file():
         raw = _read_object(folder / PREPROCESSOR_FILE)
@@ -164,6 +210,13 @@ def load_preprocess(checkpoint_dir: Path, vcfg: VisionConfig) -> ClipPreprocess:
         raise BuildInputError(f"{checkpoint_dir} has no {PREPROCESSOR_FILE} or {PROCESSOR_FILE}; a "
                               "vision-language checkpoint needs its image processor's settings (save the "
                               "processor with the model)")
+    return raw
+
+
+def load_preprocess(checkpoint_dir: Path, vcfg: VisionConfig) -> ClipPreprocess:
+    """The checkpoint's image preprocessing (:func:`preprocessor_config`), checked against the
+    vision tower's input size."""
+    raw = preprocessor_config(checkpoint_dir)
     try:
         pre = ClipPreprocess.from_config(raw)
         size = pre.output_size()

@@ -210,7 +210,7 @@ class ChatEndpoint:
             prepared = rendered.prepared
             if prepared is None:
                 prepared = await prepare_images(handle.vision, rendered.parts, handle.options.media)
-            rows = await image_rows(handle.vision, prepared, rendered.positions)
+            rows = await image_rows(handle.vision, prepared, rendered.positions, len(rendered.ids))
             plan = dataclasses.replace(plan, images=rows)
         turn = ChatTurn(
             handle=handle,

@@ -21,6 +21,7 @@ from inference.image_decode import ImageInputError, decode_image
 from inference.media import MediaPolicy, check_url, read_url
 from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
 from inference.openai.protocol import ChatMessage
+from inference.runtime.mrope import mrope_positions
 from inference.runtime.protocol import ImageRows, PreparedImage, VisionModel
 
 #: Image parts one request may carry (each is decoded and encoded before the request queues).
@@ -141,7 +142,14 @@ def _features(vision: VisionModel, images: Sequence[PreparedImage]) -> np.ndarra
 
 
 async def image_rows(vision: VisionModel, images: Sequence[PreparedImage],
-                     positions: np.ndarray) -> ImageRows:
-    """Encode the prepared images in a worker thread: their rows of the prompt."""
+                     positions: np.ndarray, prompt_length: int | None = None) -> ImageRows:
+    """Encode the prepared images in a worker thread: their rows of the prompt (of
+    ``prompt_length`` tokens), with the prompt's multimodal rotary positions where the images
+    have grids (Qwen2.5-VL: :func:`inference.runtime.mrope.mrope_positions`)."""
     features = await asyncio.to_thread(_features, vision, images)
-    return ImageRows(positions=positions, features=np.ascontiguousarray(features, dtype=np.float32))
+    grids = [im.grid for im in images]
+    rope = None
+    if images and prompt_length is not None and all(g is not None for g in grids):
+        rope = mrope_positions(prompt_length, positions, [g for g in grids if g is not None])
+    return ImageRows(positions=positions, features=np.ascontiguousarray(features, dtype=np.float32),
+                     rope=rope)

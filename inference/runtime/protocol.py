@@ -138,16 +138,23 @@ class Embedder(Protocol):
 @dataclass(frozen=True)
 class ImageRows:
     """Rows of a prompt's token embeddings replaced by image features: ``positions [n]`` (int64,
-    ascending, indices into the prompt) and ``features [n, hidden]`` (float32), row by row."""
+    ascending, indices into the prompt) and ``features [n, hidden]`` (float32), row by row; for a
+    language model with multimodal rotary positions (Qwen2.5-VL), ``rope [3, prompt length]``
+    (int64): every prompt token's temporal, height and width position (None: plain positions)."""
 
     positions: np.ndarray
     features: np.ndarray
+    rope: np.ndarray | None = None
 
     def window(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """The rows among prompt positions ``[start, start + length)``: (positions relative to
         ``start``, their features)."""
         lo, hi = np.searchsorted(self.positions, [start, start + length])
         return self.positions[lo:hi] - start, self.features[lo:hi]
+
+    def rope_window(self, start: int, length: int) -> np.ndarray | None:
+        """The rotary positions ``[3, length]`` of prompt tokens ``[start, start + length)``, or None."""
+        return None if self.rope is None else self.rope[:, start:start + length]
 
 
 @dataclass(frozen=True)
@@ -160,6 +167,9 @@ class PreparedImage:
     inputs: Mapping[str, np.ndarray]
     tokens: tuple[int, ...]
     image_token_id: int
+    #: (t, h, w): the grid of the image's feature rows, for a language model with multimodal
+    #: rotary positions (Qwen2.5-VL; :func:`inference.runtime.mrope.mrope_positions`), else None
+    grid: tuple[int, int, int] | None = None
 
     @property
     def rows(self) -> int:
@@ -209,7 +219,8 @@ class ImageEngine(Engine, Protocol):
         ...
 
     def prefill_images(self, slot: int, token_ids: Sequence[int], rows: np.ndarray,
-                       features: np.ndarray) -> np.ndarray:
+                       features: np.ndarray, rope_positions: np.ndarray | None = None) -> np.ndarray:
         """:meth:`Engine.prefill` with the embeddings of chunk positions ``rows [n]`` replaced by
-        ``features [n, hidden]``."""
+        ``features [n, hidden]``; ``rope_positions [3, len(token_ids)]``: the chunk's multimodal
+        rotary positions (:attr:`ImageRows.rope`), for an engine whose language model takes them."""
         ...

@@ -88,8 +88,14 @@ class ClipVisionEncoder(VisionSession):
         return [out[i] for i in range(len(images))]
 
 
+def _qwen2_5_vl(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> VisionModel:
+    from inference.runtime.vision_qwen2_5_vl import QwenVisionEncoder  # it builds on VisionSession
+
+    return QwenVisionEncoder(bundle_dir, record, threads=threads)
+
+
 #: The encoder of each vision family (``engine.json`` ``vision.family``).
-ENCODERS: dict[str, Callable[..., VisionModel]] = {"llava": ClipVisionEncoder}
+ENCODERS: dict[str, Callable[..., VisionModel]] = {"llava": ClipVisionEncoder, "qwen2_5_vl": _qwen2_5_vl}
 
 
 def load_vision(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> VisionModel:
