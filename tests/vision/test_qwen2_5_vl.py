@@ -99,6 +99,22 @@ def _greedy(engine: ImageEngine, ids: list[int], images: Sequence[Image.Image],
     return tokens
 
 
+def _portable_logits(bundle: Path, ids: list[int], rows: np.ndarray, features: np.ndarray,
+                     rope: np.ndarray) -> np.ndarray:
+    """The last position's logits of the bundle's portable graph (model.onnx) on the prompt, with
+    its image rows and its positions [3, 1, S]."""
+    session = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": np.array([ids]), "attention_mask": np.ones((1, len(ids)), np.int64),
+        "position_ids": rope[:, None, :], "logits_to_keep": np.array([1]),
+        "image_rows": np.stack([np.zeros_like(rows), rows], axis=1), "image_features": features}
+    for i in range(2):
+        for kind in ("key", "value"):
+            feeds[f"past_key_values.{i}.{kind}"] = np.zeros((1, 2, 0, 16), np.float32)
+    logits: np.ndarray = session.run(["logits"], feeds)[0][0, -1]
+    return logits
+
+
 def test_bundle_records_its_vision_side(bundle: Path) -> None:
     meta = json.loads((bundle / "engine.json").read_text())
     assert meta["architecture"] == "Qwen2_5_VLForConditionalGeneration" and meta["model_type"] == "qwen2"
@@ -359,16 +375,7 @@ def test_the_portable_graph_takes_the_same_positions(bundle: Path, engine: Image
     rope = mrope_positions(len(ids), rows, [prepared.grid])
     want = engine.prefill_images(0, ids, rows, features, rope_positions=rope)
     engine.reset(0)
-    session = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
-    feeds: dict[str, np.ndarray] = {
-        "input_ids": np.array([ids]), "attention_mask": np.ones((1, len(ids)), np.int64),
-        "position_ids": rope[:, None, :], "logits_to_keep": np.array([1]),
-        "image_rows": np.stack([np.zeros_like(rows), rows], axis=1), "image_features": features}
-    for i in range(2):
-        for kind in ("key", "value"):
-            feeds[f"past_key_values.{i}.{kind}"] = np.zeros((1, 2, 0, 16), np.float32)
-    got = session.run(["logits"], feeds)[0][0, -1]
-    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(_portable_logits(bundle, ids, rows, features, rope), want, atol=1e-4, rtol=0)
 
 
 def test_an_int8_bundle_keeps_an_fp32_vision_graph(checkpoint: Path, bundle: Path, engine: ImageEngine,
@@ -531,3 +538,41 @@ def test_the_scheduler_runs_image_prompts_in_chunks(bundle: Path, hf: tuple[Any,
         for req in (leader, sibling, text):
             runner.sched.submit(req)
         assert [first.tokens(), second.tokens(), third.tokens()] == [expected, expected, text_expected]
+
+
+def test_the_tensorrt_builder_refuses_it(fake_trt: Any, checkpoint: Path, tmp_path: Path) -> None:
+    """The vision graph, the image inputs and the M-RoPE positions are the CPU backend's."""
+    from inference.builder.trt_backend import TrtBuildSpec, build_trt_bundle
+
+    out = tmp_path / "trt"
+    out.mkdir()
+    spec = TrtBuildSpec(max_kv_cache_capacity=256, max_input_len=64, timing_cache_dir=tmp_path / "timing")
+    with pytest.raises(BuildInputError, match="built by the onnxruntime backend only"):
+        build_trt_bundle(checkpoint, out, spec)
+    assert not any(out.iterdir())
+
+
+def test_the_decomposed_graphs_rotate_the_same(checkpoint: Path, hf: tuple[Any, Any], tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where onnxruntime has no opset-23 RotaryEmbedding (before 1.23), both graphs rotate by the
+    three ids with standard ops: the same tokens, and the portable graph the CPU graph's logits."""
+    from inference.builder import ort_backend
+
+    monkeypatch.setattr(ort_backend, "fused_ops_supported", lambda: False)
+    out = tmp_path / "decomposed"
+    out.mkdir()
+    meta = build_bundle(checkpoint, out, EngineBuildSpec(max_kv_cache_capacity=256, max_input_len=128))
+    assert meta["graph_ops"] == "decomposed"
+    graph = onnx.load(str(out / "model.ort.onnx"), load_external_data=False).graph
+    assert not any(n.op_type == "RotaryEmbedding" for n in graph.node)
+    decomposed = load_ort_engine(out, max_slots=1)
+    assert isinstance(decomposed, ImageEngine) and decomposed.vision is not None
+    ids, expected = _reference(hf, IMAGES, "What is in the picture?")
+    assert _greedy(decomposed, ids, IMAGES) == expected
+    vision = decomposed.vision
+    prepared = [vision.prepare(im) for im in IMAGES]
+    rows = np.array([i for i, t in enumerate(ids) if t == vision.image_token_id])
+    rope = mrope_positions(len(ids), rows, [p.grid for p in prepared if p.grid is not None])
+    features = np.concatenate(vision.features(prepared))
+    want = decomposed.prefill_images(0, ids, rows, features, rope_positions=rope)
+    np.testing.assert_allclose(_portable_logits(out, ids, rows, features, rope), want, atol=1e-4, rtol=0)
