@@ -40,8 +40,6 @@ MAX_ASPECT_RATIO = 200
 #: The vision graph's inputs, in order.
 GRAPH_INPUTS = ("pixel_patches", "rope_cos", "rope_sin", "window_rows", "window_mask", "window_back",
                 "merge_order")
-#: The additive mask of a padded window's empty key slots.
-MASK_NEG = -1.0e9
 
 
 class QwenPreprocessError(ValueError):
@@ -294,7 +292,7 @@ def graph_inputs(patches: np.ndarray, grid: tuple[int, int],
 
     ``pixel_patches [n, patch_dim]`` the patches in window order; ``rope_cos``/``rope_sin`` ``[n,
     head_dim]`` in that order; ``window_rows [windows * L]`` the rows of each window padded to the
-    longest (L), ``window_mask [windows, 1, 1, L]`` 0 for a row, -1e9 for padding, ``window_back
+    longest (L), ``window_mask [windows, L]`` int32, 1 for a row, 0 for padding, ``window_back
     [n]`` where each row sits in that padded layout; ``merge_order [n / merge**2]`` the merged rows
     back in the processor's order (the inverse of the window order)."""
     grid_h, grid_w = grid
@@ -310,14 +308,14 @@ def graph_inputs(patches: np.ndarray, grid: tuple[int, int],
     slot = np.arange(longest)
     valid = slot[None, :] < lengths[:, None]  # [windows, L]
     window_rows = np.where(valid, starts[:, None] + slot[None, :], 0).reshape(-1)
-    mask = np.where(valid, np.float32(0.0), np.float32(MASK_NEG)).astype(np.float32)
+    mask = valid.astype(np.int32)
     window_of = np.repeat(np.arange(len(lengths)), lengths)
     back = window_of * longest + (np.arange(len(rows)) - starts[window_of])
     return {
         "pixel_patches": np.ascontiguousarray(patches[rows], dtype=np.float32),
         "rope_cos": cos, "rope_sin": sin,
         "window_rows": window_rows.astype(np.int64),
-        "window_mask": np.ascontiguousarray(mask[:, None, None, :]),
+        "window_mask": mask,
         "window_back": back.astype(np.int64),
         "merge_order": np.argsort(units).astype(np.int64),
     }
