@@ -576,3 +576,12 @@ def test_the_decomposed_graphs_rotate_the_same(checkpoint: Path, hf: tuple[Any, 
     features = np.concatenate(vision.features(prepared))
     want = decomposed.prefill_images(0, ids, rows, features, rope_positions=rope)
     np.testing.assert_allclose(_portable_logits(out, ids, rows, features, rope), want, atol=1e-4, rtol=0)
+
+
+def test_a_1d_bundle_takes_no_rope_positions(llava_bundle: Path) -> None:
+    """LLaVA's engine (1D positions) refuses M-RoPE positions rather than ignoring them."""
+    llava = load_ort_engine(llava_bundle, max_slots=1)
+    assert isinstance(llava, ImageEngine)
+    with pytest.raises(ValueError, match="positions are 1D"):
+        llava.prefill_images(0, [5, 6], np.zeros(0, np.int64), np.zeros((0, 64), np.float32),
+                             rope_positions=np.zeros((3, 2), np.int64))
