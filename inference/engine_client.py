@@ -290,7 +290,9 @@ class EngineClient:
                 state,
                 sink,
                 # Image features change the KV behind the same token ids: never reused, never kept.
-                cache_prompt=spec.cache_prompt,
+                # A prompt whose images set its rotary positions (Qwen2.5-VL's M-RoPE) neither
+                # reuses nor leaves KV: the positions of a restored block are not kept with it.
+                cache_prompt=spec.cache_prompt and (spec.images is None or spec.images.rope is None),
                 prefix_from=reqs[0] if reqs else None,
                 speculative=constraint is None,
                 cache_salt=spec.cache_salt,

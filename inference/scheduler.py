@@ -759,6 +759,9 @@ class Scheduler:
         if not isinstance(self._engine, ImageEngine):
             raise ValueError("this engine takes no image features")
         rows, features = images.window(run.prefilled, len(chunk))
+        rope = images.rope_window(run.prefilled, len(chunk))
+        if rope is not None:  # multimodal rotary positions (Qwen2.5-VL): given for every chunk
+            return self._engine.prefill_images(run.slot, chunk, rows, features, rope_positions=rope)
         if not len(rows):
             return self._engine.prefill(run.slot, chunk)
         return self._engine.prefill_images(run.slot, chunk, rows, features)

@@ -174,6 +174,8 @@ TIERS: dict[str, tuple[str, ...]] = {
     "vision/test_serve.py": ("e2e",),
     "vision/test_gemma3_serve.py": ("e2e",),
     "vision/test_registry.py": ("unit",),
+    "vision/test_qwen2_5_vl.py": ("integration",),
+    "vision/test_qwen2_5_vl_serve.py": ("e2e",),
     "vision/test_image_parts.py": ("unit",),
     "vision/test_image_features.py": ("unit",),
     "vision/test_image_reuse.py": ("integration",),

@@ -205,10 +205,10 @@ def _read_object(path: Path) -> dict[str, Any]:
     return raw
 
 
-def load_preprocess(checkpoint_dir: Path, vcfg: VisionConfig) -> ClipPreprocess:
-    """The checkpoint's image preprocessing (``preprocessor_config.json``, as the hub's checkpoints
-    have it, else ``processor_config.json``'s ``image_processor``, as transformers 5 saves a
-    processor), checked against the vision tower's input size."""
+def preprocessor_config(checkpoint_dir: Path) -> dict[str, Any]:
+    """The checkpoint's image processor settings: ``preprocessor_config.json``, as the hub's
+    checkpoints have it, else ``processor_config.json``'s ``image_processor``, as transformers 5
+    saves a processor."""
     folder = Path(checkpoint_dir)
     if (folder / PREPROCESSOR_FILE).is_file():
         raw = _read_object(folder / PREPROCESSOR_FILE)
@@ -221,6 +221,13 @@ def load_preprocess(checkpoint_dir: Path, vcfg: VisionConfig) -> ClipPreprocess:
         raise BuildInputError(f"{checkpoint_dir} has no {PREPROCESSOR_FILE} or {PROCESSOR_FILE}; a "
                               "vision-language checkpoint needs its image processor's settings (save the "
                               "processor with the model)")
+    return raw
+
+
+def load_preprocess(checkpoint_dir: Path, vcfg: VisionConfig) -> ClipPreprocess:
+    """The checkpoint's image preprocessing (:func:`preprocessor_config`), checked against the
+    vision tower's input size."""
+    raw = preprocessor_config(checkpoint_dir)
     try:
         pre = ClipPreprocess.from_config(raw)
         size = pre.output_size()

@@ -203,7 +203,8 @@ class ChatEndpoint:
         )
         if handle.vision is not None and rendered.parts:
             images = await prompt_images(handle.vision, rendered.parts, rendered.positions,
-                                         handle.options.media, handle.image_cache, rendered.loaded)
+                                         handle.options.media, handle.image_cache, rendered.loaded,
+                                         prompt_length=len(rendered.ids))
             spec = dataclasses.replace(spec, images=images)
         turn = ChatTurn(
             handle=handle,

@@ -163,6 +163,9 @@ class PreparedImage:
     inputs: Mapping[str, np.ndarray]
     tokens: tuple[int, ...]
     image_token_id: int
+    #: (t, h, w): the grid of the image's feature rows, for a language model with multimodal
+    #: rotary positions (Qwen2.5-VL; :func:`inference.runtime.mrope.mrope_positions`), else None
+    grid: tuple[int, int, int] | None = None
 
     @property
     def rows(self) -> int:
@@ -225,7 +228,8 @@ class ImageEngine(Engine, Protocol):
         ...
 
     def prefill_images(self, slot: int, token_ids: Sequence[int], rows: np.ndarray,
-                       features: np.ndarray) -> np.ndarray:
+                       features: np.ndarray, rope_positions: np.ndarray | None = None) -> np.ndarray:
         """:meth:`Engine.prefill` with the embeddings of chunk positions ``rows [n]`` replaced by
-        ``features [n, hidden]``."""
+        ``features [n, hidden]``; ``rope_positions [3, len(token_ids)]``: the chunk's multimodal
+        rotary positions (:attr:`PromptImages.rope`), for an engine whose language model takes them."""
         ...

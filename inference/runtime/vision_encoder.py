@@ -122,9 +122,16 @@ def _gemma3(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> Vis
     return Gemma3VisionEncoder(bundle_dir, record, threads=threads)
 
 
+def _qwen2_5_vl(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> VisionModel:
+    from inference.runtime.vision_qwen2_5_vl import QwenVisionEncoder  # it builds on VisionSession
+
+    return QwenVisionEncoder(bundle_dir, record, threads=threads)
+
+
 #: The encoder of each vision family (``engine.json`` ``vision.family``).
 ENCODERS: dict[str, Callable[..., VisionModel]] = {"llava": ClipVisionEncoder, "idefics3": _tiled,
-                                                   "smolvlm": _tiled, "gemma3": _gemma3}
+                                                   "smolvlm": _tiled, "gemma3": _gemma3,
+                                                   "qwen2_5_vl": _qwen2_5_vl}
 
 
 def load_vision(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> VisionModel:

@@ -648,4 +648,33 @@ MUTATIONS: tuple[Mutation, ...] = (
         replace="return text",
         tests=("tests/vision/test_gemma3.py::test_input_ids_equal_the_processors",),
     ),
+    Mutation(
+        name="qwen-vision-windows-as-full-attention",
+        why="Qwen2.5-VL's window-attention blocks attend over the whole image (other features, other "
+            "answers than the released model's)",
+        path="inference/builder/vision_qwen2_5_vl.py",
+        function="_Builder.block",
+        find=r"window = i not in v\.full_attention",
+        replace="window = False",
+        tests=("tests/vision/test_qwen2_5_vl.py::test_vision_features_match_transformers",),
+    ),
+    Mutation(
+        name="mrope-decode-at-token-index",
+        why="an M-RoPE slot continues at its token count instead of after the image's largest position "
+            "(decode after an image at the wrong rotary positions)",
+        path="inference/runtime/onnxruntime_engine.py",
+        function="GqaEngine._positions",
+        find=r"first = np\.where\(past > 0, self\._next_pos\[rows, np\.maximum\(past - 1, 0\)\], 0\)",
+        replace="first = past",
+        tests=("tests/vision/test_qwen2_5_vl.py::test_greedy_tokens_equal_transformers",),
+    ),
+    Mutation(
+        name="mrope-chunks-without-positions",
+        why="the scheduler prefills a Qwen2.5-VL prompt's text chunks without its M-RoPE positions",
+        path="inference/scheduler.py",
+        function="Scheduler._prefill",
+        find=r"rope = images\.rope_window\(run\.prefilled, len\(chunk\)\)",
+        replace="rope = None",
+        tests=("tests/vision/test_qwen2_5_vl_serve.py::test_one_image_gets_transformers_answer",),
+    ),
 )
