@@ -669,6 +669,17 @@ MUTATIONS: tuple[Mutation, ...] = (
         tests=("tests/vision/test_qwen2_5_vl.py::test_greedy_tokens_equal_transformers",),
     ),
     Mutation(
+        name="mrope-image-request-reuses-kv",
+        why="a Qwen2.5-VL prompt with images reuses and leaves context-reuse KV whose M-RoPE positions "
+            "are not kept with it",
+        path="inference/engine_client.py",
+        function="EngineClient._requests",
+        find=r"cache_prompt=spec\.cache_prompt and \(spec\.images is None or spec\.images\.rope is None\),",
+        replace="cache_prompt=spec.cache_prompt,",
+        tests=("tests/vision/test_qwen2_5_vl_serve.py::"
+               "test_the_same_image_twice_answers_alike_without_reusing_its_kv",),
+    ),
+    Mutation(
         name="mrope-chunks-without-positions",
         why="the scheduler prefills a Qwen2.5-VL prompt's text chunks without its M-RoPE positions",
         path="inference/scheduler.py",

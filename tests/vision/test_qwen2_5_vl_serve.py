@@ -65,3 +65,23 @@ def test_one_image_gets_transformers_answer(server: ServerProcess, checkpoint: P
         counted = h.post("/tokenize", json=body).json()
     assert counted["count"] == prompt_tokens, counted
     assert server.health()["capabilities"]["images"] is True
+
+
+def test_the_same_image_twice_answers_alike_without_reusing_its_kv(server: ServerProcess,
+                                                                   checkpoint: Path) -> None:
+    """An M-RoPE prompt's positions follow its images' grids, and a restored context-reuse block
+    does not keep them: such a request runs with cache_prompt off (no reuse, nothing left behind),
+    and the same image and text sent again get transformers' answer again."""
+    expected, _ = _expected(checkpoint, IMAGE, "Describe it briefly, please.")
+    content = [{"type": "text", "text": "Describe it briefly, please."},
+               {"type": "image_url", "image_url": {"url": png_url(IMAGE)}}]
+
+    def ask() -> str | None:
+        done = server.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
+            max_tokens=N_TOKENS, temperature=0)
+        return done.choices[0].message.content
+
+    before = server.health()["context_cache"]["tokens_reused"]
+    assert [ask(), ask()] == [expected, expected]
+    assert server.health()["context_cache"]["tokens_reused"] == before
