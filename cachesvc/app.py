@@ -69,49 +69,10 @@ def create_app(
     loras = (LoraAdapters(config, manager, runtime, source, pool) if isinstance(source, CatalogModels)
              else None)
 
-    @get("/health", sync_to_thread=False, tags=["health"], summary="Liveness, load and capabilities")
-    def health() -> dict[str, Any]:
-        body = pool.health()
-        body["catalog"] = manager.queries.catalog_state().to_dict()  # last known: /health never waits on it
-        return body
-
-    @get(
-        "/health/ready",
-        sync_to_thread=False,
-        tags=["health"],
-        summary="200 while requests are admitted (and the startup model is loaded)",
-        responses={
-            503: ResponseSpec(data_container=dict[str, bool], description="Not ready: loading or draining")
-        },
-    )
-    def ready() -> Response[dict[str, Any]]:
-        ok = pool.ready
-        return Response({"ready": ok}, status_code=200 if ok else 503)
-
     watch = BundleWatch(manager, pool)
     # Fleet: this node's heartbeat row and its desired-state reconciler, for the app's lifetime.
     app_loop: list[asyncio.AbstractEventLoop] = []  # set when the app starts
-
-    def load_desired(bundle_id: str) -> None:
-        """The converger's thread -> the pool on the app's loop: load ``bundle_id`` (desired
-        ``load: true``) and keep it loaded (keep-alive -1) until an operator unloads it."""
-        if not app_loop:
-            raise RuntimeError("the server has not started yet")
-        future = asyncio.run_coroutine_threadsafe(pool.preload(bundle_id, keep_alive=-1), app_loop[0])
-        try:
-            future.result(DESIRED_LOAD_TIMEOUT_SECONDS)
-        except TimeoutError:
-            future.cancel()
-            raise RuntimeError(f"loading took longer than {DESIRED_LOAD_TIMEOUT_SECONDS:.0f} s") from None
-
-    agent = NodeAgent(
-        manager,
-        interval=config.fleet.heartbeat_seconds,
-        loaded_models=pool.loaded_names,
-        allowed_roots=config.model_roots(),
-        load_model=load_desired,
-        event_retention=(config.fleet.event_retention_days, config.fleet.event_retention_rows),
-    )
+    agent = _node_agent(config, manager, pool, app_loop)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -139,8 +100,7 @@ def create_app(
                 manager.close()
 
     handlers: list[Any] = [
-        health,
-        ready,
+        *_health_routes(manager, pool),
         admin_router(admin_api_key=config.http.admin_api_key, model_roots=config.model_roots()),
         dashboard_router(),
         serving_router(admin_api_key=config.http.admin_api_key),
@@ -167,22 +127,81 @@ def create_app(
         # Litestar's default config would replace the root logger's handlers at startup (its
         # format, INFO whatever --log-level says). Errors are logged by our exception handlers.
         logging_config=None,
-        openapi_config=OpenAPIConfig(
-            title="cachesvc",
-            version=__version__,
-            description="Engine-bundle cache admin API, cache metrics and OpenAI-style completions.",
+        openapi_config=_openapi_config(config.http.admin_api_key),
+    )
+
+
+def _health_routes(manager: CacheManager, pool: ModelPool) -> list[Any]:
+    """``/health`` (liveness, load, capabilities, the catalog's last known state) and
+    ``/health/ready``."""
+
+    @get("/health", sync_to_thread=False, tags=["health"], summary="Liveness, load and capabilities")
+    def health() -> dict[str, Any]:
+        body = pool.health()
+        body["catalog"] = manager.queries.catalog_state().to_dict()  # last known: /health never waits on it
+        return body
+
+    @get(
+        "/health/ready",
+        sync_to_thread=False,
+        tags=["health"],
+        summary="200 while requests are admitted (and the startup model is loaded)",
+        responses={
+            503: ResponseSpec(data_container=dict[str, bool], description="Not ready: loading or draining")
+        },
+    )
+    def ready() -> Response[dict[str, Any]]:
+        ok = pool.ready
+        return Response({"ready": ok}, status_code=200 if ok else 503)
+
+    return [health, ready]
+
+
+def _node_agent(
+    config: ServeConfig, manager: CacheManager, pool: ModelPool, app_loop: list[asyncio.AbstractEventLoop]
+) -> NodeAgent:
+    """This node's fleet agent; its desired-state loads go to ``pool`` on the app's loop
+    (``app_loop``, filled when the app starts)."""
+
+    def load_desired(bundle_id: str) -> None:
+        """The converger's thread -> the pool on the app's loop: load ``bundle_id`` (desired
+        ``load: true``) and keep it loaded (keep-alive -1) until an operator unloads it."""
+        if not app_loop:
+            raise RuntimeError("the server has not started yet")
+        future = asyncio.run_coroutine_threadsafe(pool.preload(bundle_id, keep_alive=-1), app_loop[0])
+        try:
+            future.result(DESIRED_LOAD_TIMEOUT_SECONDS)
+        except TimeoutError:
+            future.cancel()
+            raise RuntimeError(f"loading took longer than {DESIRED_LOAD_TIMEOUT_SECONDS:.0f} s") from None
+
+    return NodeAgent(
+        manager,
+        interval=config.fleet.heartbeat_seconds,
+        loaded_models=pool.loaded_names,
+        allowed_roots=config.model_roots(),
+        load_model=load_desired,
+        event_retention=(config.fleet.event_retention_days, config.fleet.event_retention_rows),
+    )
+
+
+def _openapi_config(admin_api_key: str | None) -> OpenAPIConfig:
+    """The OpenAPI document under ``/schema``, behind the admin key when there is one."""
+    return OpenAPIConfig(
+        title="cachesvc",
+        version=__version__,
+        description="Engine-bundle cache admin API, cache metrics and OpenAI-style completions.",
+        path="/schema",
+        # The JSON and two viewers whose scripts come from this server, never a CDN
+        # (cachesvc.http.api_docs). With an admin key, all of it needs the key.
+        render_plugins=render_plugins(),
+        openapi_router=Router(
             path="/schema",
-            # The JSON and two viewers whose scripts come from this server, never a CDN
-            # (cachesvc.http.api_docs). With an admin key, all of it needs the key.
-            render_plugins=render_plugins(),
-            openapi_router=Router(
-                path="/schema",
-                route_handlers=[docs_asset],
-                include_in_schema=False,
-                guards=[admin_guard(config.http.admin_api_key)] if config.http.admin_api_key else [],
-                exception_handlers=admin_exception_handlers(),
-                response_headers=RESPONSE_HEADERS,
-            ),
+            route_handlers=[docs_asset],
+            include_in_schema=False,
+            guards=[admin_guard(admin_api_key)] if admin_api_key else [],
+            exception_handlers=admin_exception_handlers(),
+            response_headers=RESPONSE_HEADERS,
         ),
     )
 

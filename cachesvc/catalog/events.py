@@ -8,7 +8,7 @@ import math
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import Connection, delete, func, insert, select
 
 from cachesvc.catalog.base import BUCKET_KIND, CatalogTable, event_info, utcnow
 from cachesvc.catalog.models import BundleRow, CheckpointRow, EventRow, EventTotalRow
@@ -123,25 +123,12 @@ class EventTable(CatalogTable):
                 .group_by(BundleRow.model)
             ).all()
             builds_ok = sum(int(r[2]) for r in totals if r[0] == "build_ok")
-            median = None
-            if builds_ok:
-                # The middle one or two durations through the (kind, seconds) index.
-                ordered = (
-                    select(EventRow.seconds)
-                    .where(EventRow.kind == "build_ok", EventRow.seconds.is_not(None), *event_on_node)
-                    .order_by(EventRow.seconds)
-                )
-                middle = [
-                    float(v or 0.0)
-                    for v in session.scalars(ordered.offset((builds_ok - 1) // 2).limit(2 - builds_ok % 2))
-                ]
-                median = sum(middle) / len(middle) if middle else None
+            median = _median_build_seconds(session, builds_ok, event_on_node)
             checkpoints = int(session.scalar(select(func.count()).select_from(CheckpointRow)) or 0)
         hits = misses = builds_failed = 0
         transfers = {"pull": [0, 0], "push": [0, 0]}
         evictions: dict[str, int] = {}
         evicted_bytes: dict[str, int] = {}
-        per_model: dict[str, list[int]] = {}
         buckets: dict[float, int] = {}
         build_sum = 0.0
         for kind, reason, count, nbytes, seconds in totals:
@@ -161,21 +148,14 @@ class EventTable(CatalogTable):
             elif kind == BUCKET_KIND:
                 buckets[float(reason)] = count
                 build_sum += float(seconds)
-        for model, kind, count in model_totals:
-            slot = per_model.setdefault(model, [0, 0, 0, 0])
-            slot[2 if kind == "hit" else 3] += int(count)
-        size_bytes = 0
-        for model, count, nbytes in model_rows:
-            slot = per_model.setdefault(model, [0, 0, 0, 0])
-            slot[0], slot[1] = int(count), int(nbytes)
-            size_bytes += int(nbytes)
+        per_model = _per_model(model_totals, model_rows)
         cumulative: list[tuple[float, int]] = []
         running = 0
         for bound in (*BUILD_SECONDS_BUCKETS, math.inf):
             running += buckets.get(float(bound), 0)
             cumulative.append((float(bound), running))
         return CacheStats(
-            size_bytes=size_bytes,
+            size_bytes=sum(m.size_bytes for m in per_model),
             max_size_bytes=max_size_bytes,
             bundles=sum(by_state.values()),
             bundles_by_state=by_state,
@@ -188,10 +168,7 @@ class EventTable(CatalogTable):
             median_build_seconds=median,
             evictions_by_reason=evictions,
             evicted_bytes_by_reason=evicted_bytes,
-            per_model=tuple(
-                ModelStats(model=m, bundles=v[0], size_bytes=v[1], hits=v[2], misses=v[3])
-                for m, v in sorted(per_model.items())
-            ),
+            per_model=per_model,
             since=since,
             build_buckets=tuple(cumulative),
             build_seconds_sum=build_sum,
@@ -233,3 +210,36 @@ class EventTable(CatalogTable):
                 self.core.bump_total(
                     session, BUCKET_KIND, repr(float(bound)), "", 0, duration, utcnow(), node=event_node
                 )
+
+
+def _median_build_seconds(session: Connection, builds_ok: int, event_on_node: list[Any]) -> float | None:
+    """The median duration of the ``builds_ok`` successful builds: the middle one or two
+    durations through the (kind, seconds) index."""
+    if not builds_ok:
+        return None
+    ordered = (
+        select(EventRow.seconds)
+        .where(EventRow.kind == "build_ok", EventRow.seconds.is_not(None), *event_on_node)
+        .order_by(EventRow.seconds)
+    )
+    middle = [
+        float(v or 0.0)
+        for v in session.scalars(ordered.offset((builds_ok - 1) // 2).limit(2 - builds_ok % 2))
+    ]
+    return sum(middle) / len(middle) if middle else None
+
+
+def _per_model(model_totals: Any, model_rows: Any) -> tuple[ModelStats, ...]:
+    """Bundles, bytes, hits and misses per model, by model name: from the hit/miss totals
+    (``model, kind, count``) and the bundle rows (``model, count, bytes``)."""
+    per_model: dict[str, list[int]] = {}
+    for model, kind, count in model_totals:
+        slot = per_model.setdefault(model, [0, 0, 0, 0])
+        slot[2 if kind == "hit" else 3] += int(count)
+    for model, count, nbytes in model_rows:
+        slot = per_model.setdefault(model, [0, 0, 0, 0])
+        slot[0], slot[1] = int(count), int(nbytes)
+    return tuple(
+        ModelStats(model=m, bundles=v[0], size_bytes=v[1], hits=v[2], misses=v[3])
+        for m, v in sorted(per_model.items())
+    )
