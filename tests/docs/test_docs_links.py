@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc.cli import build_parser
+from cachesvc.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted([ROOT / "README.md", ROOT / "tests" / "README.md", *(ROOT / "docs").glob("*.md")])

@@ -12,7 +12,8 @@ from typing import get_args, get_type_hints
 
 import pytest
 
-from cachesvc import cli, config
+from cachesvc import config
+from cachesvc.cli.parser import build_parser
 from cachesvc.http import schemas
 from cachesvc.profiles import BuildOptions, ProfileRequest
 from cachesvc.records import SORT_KEYS, SORT_ORDERS
@@ -86,7 +87,7 @@ def test_cli_choices_equal_the_registries() -> None:
     assert _choices(parser, "precision") == reg.PRECISION_CHOICES
     assert _choices(parser, "reasoning_parser") == ("auto", "none", *REASONING_PARSERS)
     assert _choices(parser, "tool_call_parser") == ("auto", "none", *TOOL_PARSERS)
-    full = cli.build_parser()
+    full = build_parser()
     assert _choices(full, "sort") == SORT_KEYS
     assert _choices(full, "order") == SORT_ORDERS
 
