@@ -29,13 +29,12 @@ from cachesvc import __version__
 from cachesvc.bundle_watch import BundleWatch
 from cachesvc.config import ServeConfig
 from cachesvc.fleet import NodeAgent
-from cachesvc.http.admin import admin_router
+from cachesvc.http.admin.router import admin_router, lora_router, serving_router
 from cachesvc.http.api_docs import RESPONSE_HEADERS, docs_asset, render_plugins
 from cachesvc.http.auth import admin_guard
 from cachesvc.http.dashboard import dashboard_router
 from cachesvc.http.errors import admin_exception_handlers
 from cachesvc.http.metrics import MetricsState, metrics_route
-from cachesvc.http.serving import lora_router, serving_router
 from cachesvc.manager import CacheManager
 from cachesvc.model_loading import EngineFactory, LoraAdapters, Runtime, make_pool
 from cachesvc.served_models import CatalogModels

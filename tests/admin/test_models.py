@@ -8,7 +8,7 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
-from cachesvc.http.serving import AliasRequest
+from cachesvc.http.admin.models import AliasRequest
 from cachesvc.manager import CacheManager
 from cachesvc.profiles import PROFILE_FIELDS, ProfileRequest
 

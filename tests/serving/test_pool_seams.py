@@ -18,7 +18,7 @@ from inference.runtime.errors import EngineLoadError
 def test_importing_the_service_and_admin_api_does_not_import_onnxruntime() -> None:
     code = (
         "import sys\n"
-        "import cachesvc.app, cachesvc.cli, cachesvc.server, cachesvc.http.admin, cachesvc.http.serving\n"
+        "import cachesvc.app, cachesvc.cli, cachesvc.server, cachesvc.http.admin.router\n"
         "print('onnxruntime' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
