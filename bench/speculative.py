@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.k, args.new_tokens, args.repeats, args.threads) < 1:
         parser.error("--k, --new-tokens, --repeats and --threads must be positive")
 
-    from cachesvc.default_model import installed_default_gguf
+    from cachesvc.serving.default_model import installed_default_gguf
     from inference.builder.gguf_convert import convert_gguf
     from inference.demo import write_demo_checkpoint
 

@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         for model in models:
             if model == "smollm2":
-                from cachesvc.default_model import installed_default_gguf
+                from cachesvc.serving.default_model import installed_default_gguf
                 from inference.builder.gguf_convert import convert_gguf
 
                 gguf = installed_default_gguf()

@@ -28,7 +28,7 @@ file), so the order survives a restart. Temp files left by a crash are removed a
 are files of another format version (or not records at all: checked by magic and version).
 
 The folder: the owner may pass a ``guard``, its rule for folders it deletes in (the cache's:
-no link, :meth:`cachesvc.store.layout.CacheLayout.checked_context_dir`), called before the folder
+no link, :meth:`cachesvc.cache.store.layout.CacheLayout.checked_context_dir`), called before the folder
 is read at open and before every write or removal in it; nothing is deleted or written where the
 guard refuses. A write that fails (a full or read-only disk, a refused folder) leaves its record in
 memory only and is counted (``disk_write_failures``); the failures are logged as one outage: one

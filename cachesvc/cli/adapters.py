@@ -6,9 +6,9 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from cachesvc.cache.store.space import human_size
 from cachesvc.cli.args import open_manager
 from cachesvc.cli.output import emit_json, human_time, short_model, table
-from cachesvc.store.space import human_size
 
 
 def cmd_adapters_ls(args: argparse.Namespace) -> int:

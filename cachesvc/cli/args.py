@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from cachesvc.config import CACHE_OPTIONS, ServeConfig
+from cachesvc.settings.config import CACHE_OPTIONS, ServeConfig
 
 if TYPE_CHECKING:
-    from cachesvc.manager import CacheManager
+    from cachesvc.cache.manager import CacheManager
 
 
 class CliError(Exception):
@@ -27,6 +27,6 @@ def cache_config(args: argparse.Namespace) -> ServeConfig:
 
 def open_manager(args: argparse.Namespace) -> CacheManager:
     """The cache the cache options name, opened as a command opens it (``open_cache``)."""
-    from cachesvc.entry import open_cache
+    from cachesvc.serving.entry import open_cache
 
     return open_cache(cache_config(args))

@@ -7,12 +7,12 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from cachesvc.cache.records import BUNDLE_STATES, SORT_KEYS, SORT_ORDERS
+from cachesvc.cache.store.space import human_size
 from cachesvc.cli.args import open_manager
 from cachesvc.cli.output import bundle_json, emit_json, human_time, short_model, table, to_jsonable
-from cachesvc.config import ServeConfig, add_build_arguments
 from cachesvc.errors import ConfigError
-from cachesvc.records import BUNDLE_STATES, SORT_KEYS, SORT_ORDERS
-from cachesvc.store.space import human_size
+from cachesvc.settings.config import ServeConfig, add_build_arguments
 from inference.build_profile import BACKENDS
 
 
@@ -187,7 +187,7 @@ def cmd_bundles_push(args: argparse.Namespace) -> int:
 
 
 def cmd_bundles_pull(args: argparse.Namespace) -> int:
-    from cachesvc.entry import open_cache
+    from cachesvc.serving.entry import open_cache
 
     config = ServeConfig.from_namespace(args)
     model = config.build.model

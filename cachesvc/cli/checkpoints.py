@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from cachesvc.cache.store.space import human_size
 from cachesvc.cli.args import open_manager
 from cachesvc.cli.output import emit_json, short_model, table
-from cachesvc.store.space import human_size
 
 
 def cmd_checkpoints_ls(args: argparse.Namespace) -> int:

@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 
 from cachesvc.cli.parser import build_parser
-from cachesvc.config import CACHE_OPTIONS, cli_message
 from cachesvc.errors import CacheError, CheckpointError, ConfigError, NotFoundError
+from cachesvc.settings.config import CACHE_OPTIONS, cli_message
 
 _BAD_INPUT = (ConfigError, NotFoundError, CheckpointError)
 

@@ -10,8 +10,8 @@ from cachesvc.cli.args import CliError, cache_config, open_manager
 
 def cmd_db_repair(args: argparse.Namespace) -> int:
     """Move an unreadable catalog aside, open a fresh one and re-adopt the bundles on disk."""
-    from cachesvc.catalog import Catalog
-    from cachesvc.catalog.session import move_sqlite_aside
+    from cachesvc.cache.catalog import Catalog
+    from cachesvc.cache.catalog.session import move_sqlite_aside
     from cachesvc.errors import CatalogError
 
     config = cache_config(args)
@@ -45,8 +45,8 @@ def cmd_db_repair(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from cachesvc.catalog import Catalog
-    from cachesvc.catalog.migrate import head_revision
+    from cachesvc.cache.catalog import Catalog
+    from cachesvc.cache.catalog.migrate import head_revision
 
     catalog = Catalog(cache_config(args).cache.catalog_url_resolved, node="cli")
     try:

@@ -10,8 +10,8 @@ from cachesvc.cli.output import emit_json
 
 
 def cmd_fleet_status(args: argparse.Namespace) -> int:
-    from cachesvc.catalog import Catalog
-    from cachesvc.catalog.fleet import FleetCatalog
+    from cachesvc.cache.catalog import Catalog
+    from cachesvc.cache.catalog.fleet import FleetCatalog
     from cachesvc.fleet.status import exit_code, status_lines
 
     catalog = Catalog(cache_config(args).cache.catalog_url_resolved, node="cli")

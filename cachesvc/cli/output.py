@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cachesvc.records import BundleInfo
+from cachesvc.cache.records import BundleInfo
 
 
 def human_time(value: datetime | None) -> str:

@@ -8,7 +8,7 @@ from typing import NoReturn
 
 from cachesvc import __version__
 from cachesvc.cli import adapters, bundles, checkpoints, db, demo, fleet, models, registry, serve, whole_cache
-from cachesvc.config import add_cache_flags
+from cachesvc.settings.config import add_cache_flags
 
 
 def _cache_options(prefix: str = "") -> _OneLineParser:

@@ -7,9 +7,9 @@ import argparse
 import dataclasses
 from typing import Any
 
+from cachesvc.cache.store.space import human_size
 from cachesvc.cli.args import open_manager
 from cachesvc.cli.output import emit_json, short_model, table
-from cachesvc.store.space import human_size
 
 
 def cmd_registry_ls(args: argparse.Namespace) -> int:

@@ -6,22 +6,22 @@ import argparse
 import dataclasses
 from typing import Any
 
-from cachesvc.build_progress import BuildProgress
+from cachesvc.cache.gguf_checkpoints import hub_gguf_spec
 from cachesvc.cli.args import open_manager
 from cachesvc.cli.output import emit_json
-from cachesvc.config import (
+from cachesvc.errors import CheckpointError
+from cachesvc.serving.build_progress import BuildProgress
+from cachesvc.settings.config import (
     DECLARED,
     ServeConfig,
     add_build_arguments,
     add_serve_arguments,
     engine_factory_spec,
 )
-from cachesvc.errors import CheckpointError
-from cachesvc.gguf_checkpoints import hub_gguf_spec
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from cachesvc.default_model import choose
+    from cachesvc.serving.default_model import choose
 
     config = _serve_config(args)
     m = open_manager(args)
@@ -69,12 +69,12 @@ def _serve_config(args: argparse.Namespace) -> ServeConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _serve_config(args)
-    from cachesvc.default_model import choose
-    from cachesvc.model_loading import engine_factory_from_spec
-    from cachesvc.server import serve
+    from cachesvc.serving.default_model import choose
+    from cachesvc.serving.model_loading import engine_factory_from_spec
+    from cachesvc.serving.server import serve
 
     # Without a model the whole catalog is served, with the default model when this is a first
-    # run or the catalog holds it (cachesvc.default_model). The environment's factory
+    # run or the catalog holds it (cachesvc.serving.default_model). The environment's factory
     # (CACHESVC_ENGINE_FACTORY, read by the config) is the test-only way into the engine seam.
     return serve(
         config,

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cachesvc.cache.records import EvictionResult
+from cachesvc.cache.store.space import human_size
 from cachesvc.cli.args import open_manager
 from cachesvc.cli.output import emit_json, human_time, short_model, table, to_jsonable
 from cachesvc.errors import ConfigError
-from cachesvc.records import EvictionResult
-from cachesvc.store.space import human_size
 
 
 def _print_eviction(result: EvictionResult, as_json: bool, root: Path) -> None:

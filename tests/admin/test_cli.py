@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from cachesvc.cache.store.space import human_size
 from cachesvc.cli import main
 from cachesvc.cli.output import table
-from cachesvc.store.space import human_size
 from inference.demo import write_demo_checkpoint
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 from inference.context_cache import PrefixStore
 from inference.context_disk import DiskRecords
 from tests.support.cache import FileBuilder, make_checkpoint

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc import default_model
 from cachesvc.cli.parser import build_parser
 from cachesvc.cli.serve import _serve_config
-from cachesvc.default_model import DEFAULT_MODEL_FILE, DEFAULT_SERVED_NAME
 from cachesvc.errors import CheckpointError
+from cachesvc.serving import default_model
+from cachesvc.serving.default_model import DEFAULT_MODEL_FILE, DEFAULT_SERVED_NAME
 
 
 def test_the_installed_gguf_is_found_without_importing_the_package(smollm2_gguf: Path) -> None:
@@ -54,12 +54,12 @@ def test_gguf_file_flag_names_a_hub_file() -> None:
 def test_the_default_model_runs_at_its_files_precision_only_where_the_gate_passes(
     smollm2_gguf: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from cachesvc import server
-    from cachesvc.builders import OnnxRuntimeBuilder
-    from cachesvc.config import ServeConfig
+    from cachesvc.cache.builders import OnnxRuntimeBuilder
+    from cachesvc.cache.manager import CacheManager
     from cachesvc.errors import QualityGateError
     from cachesvc.http.metrics import MetricsState
-    from cachesvc.manager import CacheManager
+    from cachesvc.serving import server
+    from cachesvc.settings.config import ServeConfig
 
     config = ServeConfig(model=str(smollm2_gguf), served_model_name=DEFAULT_SERVED_NAME,
                          max_input_len=256, max_kv_cache_capacity=512)

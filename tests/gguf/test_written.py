@@ -14,10 +14,10 @@ import gguf
 import numpy as np
 import pytest
 
-from cachesvc.checkpoints import remove_checkpoint_files, resolve_checkpoint
+from cachesvc.cache.checkpoints import remove_checkpoint_files, resolve_checkpoint
+from cachesvc.cache.gguf_checkpoints import gguf_digest
 from cachesvc.cli import main as cli_main
 from cachesvc.errors import CheckpointError
-from cachesvc.gguf_checkpoints import gguf_digest
 from inference.builder import gguf_convert
 from inference.builder.checkpoint_reader import open_checkpoint
 from inference.builder.gguf_convert import convert_gguf

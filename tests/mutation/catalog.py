@@ -26,7 +26,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="publish-file-by-file",
         why="publish moves files one by one instead of one os.replace of the directory",
-        path="cachesvc/store/bundles.py",
+        path="cachesvc/cache/store/bundles.py",
         function="BundleStore._install",
         find=r"os\.replace\(staging, final\)",
         replace=(
@@ -38,7 +38,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="failed-build-keeps-staging",
         why="a failed build leaves its staging directory behind",
-        path="cachesvc/manager.py",
+        path="cachesvc/cache/manager.py",
         function="CacheManager._build_locked",
         find=r"self\.store\.remove_staging\(staging\)",
         replace="pass",
@@ -47,7 +47,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="reconcile-takes-running-staging",
         why="reconcile removes the staging dir of a build another process is running",
-        path="cachesvc/reconcile.py",
+        path="cachesvc/cache/reconcile.py",
         function="Reconciler.reconcile",
         find=r"if got:  # no build holds it",
         replace="if True:  # no build holds it",
@@ -56,7 +56,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="build-ignores-free-space",
         why="a build or GGUF conversion larger than the free disk starts anyway (and fails part way)",
-        path="cachesvc/store/space.py",
+        path="cachesvc/cache/store/space.py",
         function="require_free",
         find=r"if needed > free:",
         replace="if False:",
@@ -68,7 +68,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="killed-conversion-leaves-no-failure",
         why="reconcile removes a killed GGUF conversion's staging without a build_failed event",
-        path="cachesvc/reconcile.py",
+        path="cachesvc/cache/reconcile.py",
         function="Reconciler.reconcile",
         find=r'"build_failed", model=orphan\.source',
         replace='"reconcile", model=orphan.source',
@@ -81,7 +81,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="plan-ignores-leases",
         why="eviction planning does not look at lease locks",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor.plan",
         find=r"elif self\.store\.locks\.is_locked\(lock\):",
         replace="elif False:",
@@ -90,7 +90,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="pinned-adapter-evicted",
         why="eviction planning drops the pin of LoRA adapters (a pinned adapter is planned out)",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor._lru_rows",
         find=r"\(row, False, \"adapter\"\) for row in",
         replace='((*row[:3], False, row[4]), False, "adapter") for row in',
@@ -99,7 +99,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="adapter-plan-ignores-leases",
         why="eviction planning checks a LoRA adapter's lease under the bundle lock name, not the adapter's",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor.plan",
         find=r"lock = adapter_lock_key\(bid\) if kind == \"adapter\" else bid",
         replace="lock = bid",
@@ -108,7 +108,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="execute-ignores-leases",
         why="executing a plan does not re-check the lock at delete time",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor.execute",
         find=r"if not got:",
         replace="if False:",
@@ -117,7 +117,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="execute-ignores-pins",
         why="executing a plan does not re-check pins",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor.execute",
         find=r"if info\.pinned:",
         replace="if False:",
@@ -126,7 +126,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="remove-ignores-leases",
         why="evicting one bundle by hand ignores the lease of a serving process",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor.remove",
         find=r"if not got:",
         replace="if False:",
@@ -135,7 +135,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="stale-not-first",
         why="eviction plans stale bundles (built for another GPU) after the LRU ready ones, not first",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor.plan",
         find=r"chain\(self\._stale_rows\(\), self\._lru_rows\(\)\)",
         replace="chain(self._lru_rows(), self._stale_rows())",
@@ -144,7 +144,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="stale-never-flagged",
         why="reconcile leaves a TensorRT bundle for another GPU ready (served, then refused at load)",
-        path="cachesvc/reconcile.py",
+        path="cachesvc/cache/reconcile.py",
         function="Reconciler._recheck_environment",
         find=r'if why is not None and info\.state == "ready":',
         replace="if False:",
@@ -172,7 +172,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="all-bundles-every-node",
         why="the catalog's bundles.all drops its node filter: reconcile and the stale-first "
         "eviction see other nodes' rows (on a shared catalog)",
-        path="cachesvc/catalog/bundles.py",
+        path="cachesvc/cache/catalog/bundles.py",
         function="BundleTable.all",
         find=r"\.where\(BundleRow\.node == self\.node\)",
         replace="",
@@ -182,7 +182,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="lease-corrupt-bundle",
         why="a bundle marked corrupt can still be leased (and so served)",
-        path="cachesvc/manager.py",
+        path="cachesvc/cache/manager.py",
         function="CacheManager.lease",
         find=r'if info\.state != "ready":',
         replace="if False:",
@@ -195,7 +195,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="verify-ignores-content",
         why="verify compares sizes only, so a flipped byte passes",
-        path="cachesvc/store/manifest.py",
+        path="cachesvc/cache/store/manifest.py",
         function="_full_digest",
         find=r'None if digest == entry\.sha256 else "sha256"',
         replace="None",
@@ -205,7 +205,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="hit-skips-quick-check",
         why="a cache hit or an engine load takes a bundle whose sampled bytes no longer match its "
         "manifest (the quick check always passes)",
-        path="cachesvc/verification.py",
+        path="cachesvc/cache/verification.py",
         function="BundleVerifier.load_check",
         find=r"return detail",
         replace="return None",
@@ -218,7 +218,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="foreign-root-adopted",
         why="a non-empty directory that never was a cache is taken over as one",
-        path="cachesvc/store/layout.py",
+        path="cachesvc/cache/store/layout.py",
         function="CacheLayout.ensure",
         find=r"if foreign:",
         replace="if False:",
@@ -227,7 +227,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="reconcile-deletes-unknown-dirs",
         why="reconcile deletes a directory without a manifest instead of moving it to quarantine",
-        path="cachesvc/reconcile.py",
+        path="cachesvc/cache/reconcile.py",
         function="Reconciler.reconcile",
         find=r"moved = self\.store\.quarantine\(scanned\.relpath\)",
         replace="moved = self.store.remove(scanned.relpath)",
@@ -236,7 +236,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="digest-skips-weight-samples",
         why="the checkpoint digest stops sampling weight bytes, so changed weights hit the old bundle",
-        path="cachesvc/checkpoints.py",
+        path="cachesvc/cache/checkpoints.py",
         function="_samples",
         find=r"for off in sample_offsets\(length, SAMPLE_BYTES\)",
         replace="for off in (0, 0, 0)",
@@ -246,7 +246,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="app-drops-admin-key",
         why="create_app mounts the admin routes without --admin-api-key",
-        path="cachesvc/app.py",
+        path="cachesvc/serving/app.py",
         function="create_app",
         find=r"admin_router\(admin_api_key=config\.http\.admin_api_key",
         replace="admin_router(admin_api_key=None",
@@ -255,7 +255,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="app-drops-metrics-key",
         why="create_app mounts /metrics without --admin-api-key",
-        path="cachesvc/app.py",
+        path="cachesvc/serving/app.py",
         function="create_app",
         find=r"metrics_route\(metrics, admin_api_key=config\.http\.admin_api_key\)",
         replace="metrics_route(metrics, admin_api_key=None)",
@@ -273,7 +273,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="serve-drops-completion-key",
         why="cachesvc serve builds the OpenAI server without --api-key",
-        path="cachesvc/app.py",
+        path="cachesvc/serving/app.py",
         function="create_app",
         find=r"openai_router\(pool, api_key=config\.http\.api_key\)",
         replace="openai_router(pool, api_key=None)",
@@ -282,7 +282,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="serving-metrics-unwired",
         why="serve does not hand the metrics observer to the scheduler (no TTFT, tokens, queue depth)",
-        path="cachesvc/server.py",
+        path="cachesvc/serving/server.py",
         function="load_startup_runtime",
         find=r"observer = metrics\.serving\.for_model\(config\.served_name\)",
         replace="observer = None",
@@ -291,7 +291,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="drain-skipped",
         why="SIGTERM goes straight to uvicorn's shutdown: no drain, new requests are refused",
-        path="cachesvc/server.py",
+        path="cachesvc/serving/server.py",
         function="_Server.handle_exit",
         find=r"sig in \(signal\.SIGTERM, signal\.SIGINT\)",
         replace="False",
@@ -414,7 +414,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="context-records-outlive-their-bundle",
         why="an evicted bundle's context records stay on disk (counted in the size, never freed)",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor.execute",
         find=r"self\.store\.layout\.remove_context\(item\.bundle_id\)",
         replace="pass",
@@ -482,7 +482,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="request-path-outside-the-roots",
         why="a request loads a LoRA adapter (or builds a checkpoint) from outside --allowed-model-roots",
-        path="cachesvc/checkpoints.py",
+        path="cachesvc/cache/checkpoints.py",
         function="check_local_path",
         find=r"if not _inside_any\(path, roots\):",
         replace="if False:",
@@ -520,7 +520,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="pull-ignores-cpu-class",
         why="a bundle built for another CPU class is pulled and published",
-        path="cachesvc/registry/transfer.py",
+        path="cachesvc/cache/registry/transfer.py",
         function="BundleRegistry.check_fits",
         find=r"options\.cpu_class is not None and options\.cpu_class != cpu_class\(\)",
         replace="False",
@@ -529,7 +529,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="pull-takes-any-layer-path",
         why="a layer path with '..' or an absolute path is written where it says",
-        path="cachesvc/registry/artifact.py",
+        path="cachesvc/cache/registry/artifact.py",
         function="safe_relpath",
         find=r"return bool\(path\) and not \(",
         replace="return bool(path) or not (",
@@ -538,7 +538,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="pull-skips-the-lock",
         why="concurrent misses for one key each pull (and publish over each other)",
-        path="cachesvc/manager.py",
+        path="cachesvc/cache/manager.py",
         function="CacheManager._prepare_bundle",
         find=r"with self\.store\.locks\.exclusive\(bid, timeout=self\.lock_timeout\):",
         replace="if True:",

@@ -14,7 +14,8 @@ import sqlalchemy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachesvc.config import (
+from cachesvc.errors import ConfigError
+from cachesvc.settings.config import (
     CACHE_DIR_ENV,
     DECLARED,
     ENVIRONMENT,
@@ -26,7 +27,6 @@ from cachesvc.config import (
     add_serve_arguments,
     flag_for,
 )
-from cachesvc.errors import ConfigError
 
 # Written out from the brief on purpose (not read back from the module), so a changed default fails.
 EXPECTED_DEFAULTS: dict[str, Any] = {

@@ -18,7 +18,7 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
-from cachesvc.manager import CacheManager
+from cachesvc.cache.manager import CacheManager
 from inference.tokenizer import load_tokenizer
 from tests.service.conftest import (
     MODEL,

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 from cachesvc.errors import ConfigError
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
 from inference.demo import write_demo_checkpoint
 from inference.runtime import load_engine
 from inference.speculative import DraftModelProposer, NgramProposer, proposer_factory

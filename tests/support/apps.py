@@ -1,4 +1,4 @@
-"""The service's real app (``cachesvc.app.create_app``) for in-process tests, and the model
+"""The service's real app (``cachesvc.serving.app.create_app``) for in-process tests, and the model
 pool of a serving-only app.
 
 Tests build the app the way ``cachesvc serve`` does, so a wiring mistake in ``create_app``
@@ -20,10 +20,10 @@ from typing import Any
 from litestar import Litestar
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from cachesvc.app import create_app
-from cachesvc.config import ServeConfig
+from cachesvc.cache.manager import CacheManager
 from cachesvc.http.metrics import MetricsState
-from cachesvc.manager import CacheManager
+from cachesvc.serving.app import create_app
+from cachesvc.settings.config import ServeConfig
 from inference.model_pool import ModelPool, ModelRef, PoolLimits, not_found
 from inference.openai.handle import ModelHandle
 

@@ -7,10 +7,10 @@ from typing import Annotated
 from litestar import Controller, get, post
 from litestar.params import PathParameter
 
+from cachesvc.cache.profiles import ProfileRequest
 from cachesvc.http.admin.params import Manager, ModelRoots, StrictBody
 from cachesvc.http.errors import problem_responses
 from cachesvc.http.schemas import BuildListOut, BuildOut, BuildRequest, PullRequest, to_body
-from cachesvc.profiles import ProfileRequest
 
 BuildId = Annotated[
     str, PathParameter(min_length=1, max_length=128, description="Build id from POST /admin/builds")

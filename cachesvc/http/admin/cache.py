@@ -7,10 +7,10 @@ from typing import Annotated
 import anyio
 from litestar import Controller, post
 
+from cachesvc.cache.records import EvictionResult
 from cachesvc.http.admin.params import Manager, Pool, StrictBody
 from cachesvc.http.errors import problem_responses
 from cachesvc.http.schemas import ClearRequest, EvictionOut, PruneRequest, ReconcileOut, to_body
-from cachesvc.records import EvictionResult
 
 
 def _eviction_body(result: EvictionResult) -> EvictionOut:

@@ -16,9 +16,8 @@ from litestar.di import NamedDependency
 from litestar.params import Body, PathParameter
 from msgspec import Meta, Struct
 
-from cachesvc.checkpoints import check_local_path, check_model_name
-from cachesvc.errors import NotFoundError
-from cachesvc.fleet_records import (
+from cachesvc.cache.checkpoints import check_local_path, check_model_name
+from cachesvc.cache.fleet_records import (
     CONVERGENCE_STATES,
     FLEET_DEFAULT,
     ITEM_SOURCES,
@@ -28,11 +27,12 @@ from cachesvc.fleet_records import (
     DesiredSpec,
     DesiredState,
 )
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
+from cachesvc.cache.registry import parse_ref
+from cachesvc.errors import NotFoundError
 from cachesvc.http.errors import problem_responses
 from cachesvc.http.schemas import BuildRequest, Model, to_body
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
-from cachesvc.registry import parse_ref
 
 Manager = NamedDependency[CacheManager]
 #: ``--allowed-model-roots`` (provided by the admin router); None: anywhere.

@@ -10,10 +10,10 @@ from litestar import post
 from litestar.di import NamedDependency
 from msgspec import Meta, Struct
 
+from cachesvc.cache.records import AdapterInfo
 from cachesvc.errors import ConflictError
 from cachesvc.http.admin.params import Pool, StrictBody
 from cachesvc.http.errors import problem_responses
-from cachesvc.records import AdapterInfo
 
 
 @runtime_checkable

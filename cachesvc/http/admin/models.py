@@ -13,6 +13,7 @@ from litestar import Controller, delete, get, put
 from litestar.params import PathParameter
 from msgspec import Meta, Struct
 
+from cachesvc.cache.profiles import PROFILE_FIELDS, ProfileRequest
 from cachesvc.errors import ConfigError, NotFoundError
 from cachesvc.http.admin.params import Manager, Pool, StrictBody
 from cachesvc.http.errors import problem_responses
@@ -27,7 +28,6 @@ from cachesvc.http.schemas import (
     SpeculativeMethod,
     Task,
 )
-from cachesvc.profiles import PROFILE_FIELDS, ProfileRequest
 
 ModelName = Annotated[str, PathParameter(min_length=1, max_length=255, description="A served model name")]
 

@@ -9,7 +9,7 @@ from typing import Annotated
 from litestar.di import NamedDependency
 from litestar.params import Body, PathParameter, QueryParameter
 
-from cachesvc.manager import CacheManager
+from cachesvc.cache.manager import CacheManager
 from inference.model_pool import ModelPool
 
 Manager = NamedDependency[CacheManager]

@@ -12,6 +12,7 @@ from litestar import Request, Response, Router
 from litestar.di import Provide
 from litestar.exceptions import ClientException
 
+from cachesvc.cache.manager import CacheManager
 from cachesvc.http.admin.adapters import AdapterController
 from cachesvc.http.admin.builds import BuildController, PullController
 from cachesvc.http.admin.bundles import BundleController
@@ -24,7 +25,6 @@ from cachesvc.http.admin.models import ModelController
 from cachesvc.http.admin.stats import get_stats, list_events
 from cachesvc.http.auth import admin_guard
 from cachesvc.http.errors import admin_exception_handlers
-from cachesvc.manager import CacheManager
 from inference.model_pool import ModelPool
 from inference.openai.body_checks import LARGE_BODY_BYTES, has_body, json_body_problem
 from inference.openai.errors import OpenAIError
