@@ -78,8 +78,6 @@ MOVES: dict[str, str] = {
     "cachesvc.crashpoints": "cachesvc.cache.crashpoints",
     # the admin HTTP API by resource
     "cachesvc.http.fleet": "cachesvc.http.admin.fleet",
-    # the launch configuration, with the machinery that declares it
-    "cachesvc.config": "cachesvc.settings.config",
 }
 
 
@@ -100,7 +98,7 @@ def _homes(module: str, *names: str) -> dict[str, str]:
 
 SPLITS: dict[str, Split] = {
     "cachesvc.cli": Split(
-        default="cachesvc.cli",
+        default="cachesvc.cli",  # now the package: its bare name stays (python -m cachesvc.cli)
         path="cachesvc/cli/",
         names={
             "main": "cachesvc.cli",
@@ -133,7 +131,7 @@ SPLITS: dict[str, Split] = {
         },
     ),
     "cachesvc.http.admin": Split(
-        default="cachesvc.http.admin.router",
+        default="cachesvc.http.admin",  # now the package: its bare name stays
         path="cachesvc/http/admin/",
         names={
             **_homes("cachesvc.http.admin.router", "admin_router", "drop_stale_options_handlers",
@@ -163,6 +161,27 @@ SPLITS: dict[str, Split] = {
             **_homes("cachesvc.http.admin.loras", "LoraLoader", "Loras", "_loras", "_LORA_NAME",
                      "LoadLoraRequest", "UnloadLoraRequest", "LoraLoadedOut", "load_lora_adapter",
                      "unload_lora_adapter"),
+        },
+    ),
+    # config.py went to settings/ and its declarations to a module of their own
+    "cachesvc.config": Split(
+        default="cachesvc.settings.config",
+        path="cachesvc/settings/config.py",
+        names={
+            **_homes(
+                "cachesvc.settings.groups",
+                "LOG_LEVELS", "DEFAULT_MAX_LORAS", "CACHE_DIR_ENV", "SHUTDOWN_GRACE_ENV", "PREFILL_CHUNK_ENV",
+                "DISABLE_GPU_ENV", "REGISTRY_ENV", "ENGINE_FACTORY_ENV", "CACHE", "BUILD", "RUNTIME", "HTTP",
+                "POOL", "_URL_PASSWORD_RE", "_mask_key", "_mask_url", "env_value", "engine_factory_spec",
+                "default_cache_dir", "default_registry", "registry_rule", "_env_setting", "HttpSettings",
+                "CacheSettings", "_TREE", "BuildSettings", "_CONTEXT_CACHE_FIELDS", "ServingSettings",
+                "FleetSettings", "SETTINGS_GROUPS", "DECLARED", "GROUP_OF", "CACHE_OPTIONS", "ENVIRONMENT",
+                "_ENV_BY_NAME", "field_default", "flag_for",
+            ),
+            **_homes("cachesvc.settings.config", "settings_table", "_FIELD_FLAGS", "cli_message",
+                     "ServeConfig", "add_build_arguments", "add_serve_arguments", "add_cache_flags"),
+            "lora_module_pairs": "cachesvc.settings.rules",
+            "SpeculativeConfig": "cachesvc.settings.speculative",
         },
     ),
 }

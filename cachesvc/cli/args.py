@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from cachesvc.settings.config import CACHE_OPTIONS, ServeConfig
+from cachesvc.settings.config import ServeConfig
+from cachesvc.settings.groups import CACHE_OPTIONS
 
 if TYPE_CHECKING:
     from cachesvc.cache.manager import CacheManager

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from cachesvc.cli.parser import build_parser
 from cachesvc.errors import CacheError, CheckpointError, ConfigError, NotFoundError
-from cachesvc.settings.config import CACHE_OPTIONS, cli_message
+from cachesvc.settings.config import cli_message
+from cachesvc.settings.groups import CACHE_OPTIONS
 
 _BAD_INPUT = (ConfigError, NotFoundError, CheckpointError)
 

@@ -11,13 +11,8 @@ from cachesvc.cli.args import open_manager
 from cachesvc.cli.output import emit_json
 from cachesvc.errors import CheckpointError
 from cachesvc.serving.build_progress import BuildProgress
-from cachesvc.settings.config import (
-    DECLARED,
-    ServeConfig,
-    add_build_arguments,
-    add_serve_arguments,
-    engine_factory_spec,
-)
+from cachesvc.settings.config import ServeConfig, add_build_arguments, add_serve_arguments
+from cachesvc.settings.groups import DECLARED, engine_factory_spec
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:

@@ -30,7 +30,9 @@ from cachesvc.errors import CacheError, ConflictError, NotFoundError
 from cachesvc.http.metrics import MetricsState
 from cachesvc.serving.build_progress import BuildProgress
 from cachesvc.serving.served_models import CatalogModels
-from cachesvc.settings.config import ENGINE_FACTORY_ENV, ServeConfig, lora_module_pairs
+from cachesvc.settings.config import ServeConfig
+from cachesvc.settings.groups import ENGINE_FACTORY_ENV
+from cachesvc.settings.rules import lora_module_pairs
 from inference.build_profile import CHAIN_SPECULATIVE_METHODS, METHODS_WITH_DRAFT_BUNDLE
 from inference.context_cache import PrefixStore, record_pool_bytes
 from inference.context_disk import DiskRecords
@@ -415,7 +417,7 @@ def engine_factory_from_spec(spec: str | None) -> EngineFactory | None:
     ``serve(config, engine_factory=...)`` and ``create_app(..., engine_factory=...)`` are the
     seam; a test that spawns the real console script cannot pass a callable, so
     ``cachesvc serve`` (the CLI only) passes ``CACHESVC_ENGINE_FACTORY=module:callable``
-    (:func:`cachesvc.settings.config.engine_factory_spec`) here and injects the callable through the same
+    (:func:`cachesvc.settings.groups.engine_factory_spec`) here and injects the callable through the same
     parameter. The callable takes ``(bundle_dir, *, max_slots)`` and returns an ``Engine``.
     Backends belong in ``inference.runtime.registry``, not here. None: no spec.
     """

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from cachesvc.settings.config import DECLARED, ENVIRONMENT, settings_table
+from cachesvc.settings.config import settings_table
+from cachesvc.settings.groups import DECLARED, ENVIRONMENT
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

@@ -68,7 +68,8 @@ def test_safe_layer_paths_pass() -> None:
 
 
 def test_the_registry_setting_comes_from_the_flag_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cachesvc.settings.config import REGISTRY_ENV, ServeConfig
+    from cachesvc.settings.config import ServeConfig
+    from cachesvc.settings.groups import REGISTRY_ENV
 
     monkeypatch.delenv(REGISTRY_ENV, raising=False)
     assert ServeConfig().fleet.registry_settings is None
