@@ -215,7 +215,7 @@ class TensorRTBuilder:
 
 
 #: Why nothing runs on the GPU when the launch settings disable it (``CACHESVC_DISABLE_GPU``,
-#: read by :mod:`cachesvc.settings.config` and passed down as ``gpu_disabled``).
+#: read by :mod:`cachesvc.settings.groups` and passed down as ``gpu_disabled``).
 GPU_DISABLED = "the GPU is disabled by CACHESVC_DISABLE_GPU"
 
 

@@ -1,4 +1,4 @@
-"""docs/configuration.md's table of settings is the declarations of cachesvc/settings/config.py."""
+"""docs/configuration.md's table of settings is the declarations of cachesvc/settings/groups.py."""
 
 from __future__ import annotations
 
