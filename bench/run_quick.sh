@@ -17,6 +17,8 @@ run() {
 for script in bench/*.py; do
   run "$PYTHON" "$script" --quick
 done
+# The vision bench's tiled family (SmolVLM) too: its own checkpoint writer and encoder.
+run "$PYTHON" bench/vision_encode.py --quick --family smolvlm
 # The TensorRT bench once more against the tests' fake tensorrt/pycuda (onnxruntime underneath):
 # it checks that the script runs, not TensorRT.
 PYTHONPATH=tests/support/fake_tensorrt:$PYTHONPATH run "$PYTHON" bench/trt_decode.py --quick

@@ -111,6 +111,15 @@ SHAPE_LIMITS: dict[str, tuple[int, int]] = {
 }
 
 
+#: Image parts one request may carry (each is decoded and encoded before the request queues): the
+#: default bound of a vision-language bundle's ``max_image_tokens`` with its per-image tokens.
+MAX_IMAGES_PER_REQUEST = 16
+#: The image-token limits of a vision-language profile (``--max-image-tokens``,
+#: ``--max-image-tokens-per-image``): None (the default) leaves them to the model (one image: its
+#: tokens per image; a request: ``MAX_IMAGES_PER_REQUEST`` images, within ``max_input_len``).
+IMAGE_TOKEN_FIELDS: tuple[str, ...] = ("max_image_tokens", "max_image_tokens_per_image")
+
+
 class ProfileError(ValueError):
     """A profile value breaks a rule. ``field`` is the neutral field name (``max_input_len``)."""
 
@@ -152,6 +161,58 @@ def check_shapes(max_input_len: object, max_batch_size: object, max_kv_cache_cap
             f"({inputs}) must not exceed max_kv_cache_capacity ({capacity}); "
             "lower max_input_len or raise max_kv_cache_capacity",
         )
+
+
+def check_image_limits(max_image_tokens: object, max_image_tokens_per_image: object,
+                       max_input_len: int) -> None:
+    """The image-token limits of a profile, each None or a positive integer: the images of one
+    request share ``max_input_len`` with the text, and one image is part of a request."""
+    total, per = (None if value is None else _image_tokens(name, value) for name, value in
+                  zip(IMAGE_TOKEN_FIELDS, (max_image_tokens, max_image_tokens_per_image), strict=True))
+    for name, value in zip(IMAGE_TOKEN_FIELDS, (total, per), strict=True):
+        if value is not None and value > max_input_len:
+            raise ProfileError(name, f"({value}) must not exceed max_input_len ({max_input_len}): a "
+                               f"prompt's images share it with the text; lower {name} or raise max_input_len")
+    if total is not None and per is not None and per > total:
+        raise ProfileError("max_image_tokens_per_image",
+                           f"({per}) must not exceed max_image_tokens ({total}): one image is part of a "
+                           "request; lower it or raise max_image_tokens")
+
+
+def _image_tokens(field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProfileError(field, f"must be a positive integer, got {value!r} ({type(value).__name__})")
+    if not 1 <= value <= MAX_TOKENS_LIMIT:
+        raise ProfileError(field, f"must be a positive integer <= {MAX_TOKENS_LIMIT}, got {value}")
+    return value
+
+
+def check_image_limits_fit(tokens_per_image: int | None, max_image_tokens: int | None,
+                           max_image_tokens_per_image: int | None, *, model: str = "the checkpoint") -> None:
+    """The image-token limits against the model: ``tokens_per_image`` is what one image of it
+    takes (None: a text-only model, which takes no images, so no limit applies to it)."""
+    given = [(name, value) for name, value in zip(
+        IMAGE_TOKEN_FIELDS, (max_image_tokens, max_image_tokens_per_image), strict=True) if value is not None]
+    if not given:
+        return
+    if tokens_per_image is None:
+        raise ProfileError(given[0][0], f"applies only to a vision-language checkpoint; {model} takes text "
+                           "only: leave the image-token limits unset")
+    for name, value in given:
+        if value < tokens_per_image:
+            raise ProfileError(name, f"({value}) admits no image: one image of {model} takes "
+                               f"{tokens_per_image} tokens; raise it to at least {tokens_per_image} or leave "
+                               "it unset")
+
+
+def image_limits(tokens_per_image: int, max_image_tokens: int | None, max_image_tokens_per_image: int | None,
+                 max_input_len: int) -> tuple[int, int]:
+    """(max image tokens of a request, of one image) a vision-language bundle enforces: the
+    profile's, else one image's tokens and ``MAX_IMAGES_PER_REQUEST`` images within
+    ``max_input_len``."""
+    per = max_image_tokens_per_image or tokens_per_image
+    total = max_image_tokens or min(MAX_IMAGES_PER_REQUEST * per, max_input_len)
+    return total, per
 
 
 def check_backend_precision(backend: str, precision: str) -> None:

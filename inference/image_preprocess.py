@@ -2,7 +2,9 @@
 processor) as a frozen record, and the pixel values it makes of a decoded image.
 
 The steps and their arithmetic are transformers' PIL backend (``CLIPImageProcessorPil``): convert
-to RGB (transparency composited onto white), resize the shortest edge with Pillow's filter
+to RGB (transparency composited onto white; one difference: 16-bit greyscale is scaled to 8 bits
+first, where Pillow's conversion, and so transformers', clips it to white), resize the shortest
+edge with Pillow's filter
 (``resample``; the long edge ``int(short_target * long / short)``), center crop (zero padding
 where the image is smaller), rescale in float64 then float32, normalise per channel in float32.
 The builder validates the config once and records it in ``engine.json`` (``vision.preprocess``);
@@ -18,6 +20,8 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from inference.image_decode import MAX_IMAGE_PIXELS, ImageInputError
 
 #: Pillow's filters by the number transformers writes (``PILImageResampling``).
 RESAMPLE_FILTERS = (0, 1, 2, 3, 4, 5)
@@ -164,9 +168,15 @@ class ClipPreprocess:
         if self.do_convert_rgb:
             image = to_rgb(image)
         elif image.mode != "RGB":
-            raise PreprocessConfigError(f"a {image.mode} image needs do_convert_rgb")
+            raise ImageInputError(f"is a {image.mode} image; this model's image processor takes RGB images "
+                                  "only (its do_convert_rgb is false): send an RGB image")
         if self.do_resize:
             h, w = self._resized_size(image.height, image.width)
+            if h * w > MAX_IMAGE_PIXELS:  # a 1 x 8192 strip would become 336 x 2.75 M pixels (2.8 GB)
+                raise ImageInputError(
+                    f"is {image.width}x{image.height} pixels; resized for this model it would be {w}x{h}, "
+                    f"over {MAX_IMAGE_PIXELS} pixels: send an image with a less extreme aspect ratio "
+                    "(crop it)")
             image = image.resize((w, h), resample=Image.Resampling(self.resample))
         pixels = np.asarray(image).transpose(2, 0, 1)  # [C, H, W] uint8
         if self.do_center_crop:
@@ -181,13 +191,32 @@ class ClipPreprocess:
         return np.ascontiguousarray(out)
 
 
+#: Pillow's modes of 16-bit greyscale (a 16-bit PNG; older Pillows read it as ``I``).
+SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
-    """RGB, with any transparency composited onto white (as transformers converts)."""
+    """RGB, with any transparency composited onto white (as transformers converts); 16-bit
+    greyscale is scaled to 8 bits first (its high byte, as Pillow reads 16-bit RGB PNGs), where
+    Pillow's own conversion would clip every value over 255 to white."""
+    if image.mode in SIXTEEN_BIT_MODES:
+        image = _eight_bit(image)
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
     return image.convert("RGB")
+
+
+def _eight_bit(image: Image.Image) -> Image.Image:
+    """A 16-bit greyscale image as 8-bit ``L`` (``LA`` where a transparent value is set)."""
+    values = np.clip(np.asarray(image, dtype=np.int64), 0, 65535)
+    grey = Image.fromarray((values >> 8).astype(np.uint8), "L")
+    transparent = image.info.get("transparency")
+    if isinstance(transparent, int):
+        alpha = Image.fromarray(np.where(values == transparent, 0, 255).astype(np.uint8), "L")
+        grey = Image.merge("LA", (grey, alpha))
+    return grey
 
 
 def _center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:

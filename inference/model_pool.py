@@ -734,8 +734,9 @@ class ModelPool:
                 "queued_requests": own["queued_requests"],
             }
             # Each model's own prefix store, loaded at start or on demand alike.
-            if "context_cache" in own:
-                entry["context_cache"] = own["context_cache"]
+            for cache in ("context_cache", "image_cache"):
+                if cache in own:
+                    entry[cache] = own[cache]
             models.append(entry)
         shown = None if self.primary is None else self.source.public_name(self.primary)
         if primary is not None:

@@ -21,6 +21,13 @@ Requests with ``cache_prompt=False`` neither reuse nor leave anything behind; a 
 salt reuse what it left. Outputs are the
 same with and without reuse (the KV is the same numbers; see the tests).
 
+Images (a vision-language prompt's :class:`~inference.image_features.PromptImages`): the cache
+sees a request's ``cache_ids``, where each image row's id is drawn from its image's digest, so a
+prefix is reused only with the same images. The features of the rows left to prefill are encoded
+once the reuse is known (:meth:`PromptImages.missing`), in a worker thread of the scheduler's own:
+a prefix that covers an image needs no encode of it, and the sequence waits (without holding up
+the others' decode steps) until its features are there.
+
 Speculative decoding (when a :data:`~inference.speculative.ProposerFactory` is given and the
 engine is a :class:`~inference.runtime.protocol.VerifyingEngine`): a decoding sequence whose
 proposer guesses tokens is not in the batched decode step; instead its pending token and the
@@ -44,14 +51,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 import numpy as np
 
 from inference.context_cache import ContextCacheStats, PrefixStore, common_prefix
 from inference.generation import GenerationState, StepOutput
-from inference.runtime.protocol import Engine, ImageEngine, ImageRows, KVEngine, VerifyingEngine
+from inference.image_features import PromptImages
+from inference.runtime.protocol import Engine, ImageEngine, KVEngine, VerifyingEngine
 from inference.sampling import Sampler, SampleResult
 from inference.speculative import Proposal, Proposer, ProposerFactory, SpeculativeStats, verify
 
@@ -171,15 +181,14 @@ class GenerationRequest:
     # The LoRA adapter this sequence runs with (None: the base weights); KV made with one
     # adapter is never reused by a sequence of another.
     adapter: str | None = None
-    # A vision-language prompt's image features (rows replacing its image tokens' embeddings);
-    # such a request comes with cache_prompt False: its KV depends on more than its token ids.
-    images: ImageRows | None = None
+    # A vision-language prompt's images (their rows replace those image tokens' embeddings).
+    images: PromptImages | None = None
 
-    def __post_init__(self) -> None:
-        # Context reuse keys KV by token ids alone: a prompt with images must never share it.
-        if self.images is not None and self.cache_prompt:
-            raise ValueError("a request with images must have cache_prompt False "
-                             "(its KV depends on the pixels)")
+    @cached_property
+    def cache_ids(self) -> list[int]:
+        """The prompt as context reuse keys it: ``prompt_ids``, each image row's id replaced by
+        one drawn from its image's digest (:meth:`PromptImages.cache_ids`)."""
+        return list(self.prompt_ids) if self.images is None else self.images.cache_ids(self.prompt_ids)
 
     @property
     def kv_owner(self) -> tuple[str | None, str | None]:
@@ -201,6 +210,8 @@ class _Running:
     resumed: np.ndarray | None = None
     prompt_logits: np.ndarray | None = None
     output_ids: list[int] = field(default_factory=list)  # every token emitted so far
+    # The encode of this prompt's images that the prefill waits for (:meth:`Scheduler._images_ready`).
+    encoding: Future[None] | None = None
 
 
 class Scheduler:
@@ -260,6 +271,9 @@ class Scheduler:
         self._adapters = engine if hasattr(engine, "set_adapter") else None
         # n choices of one prompt share its prefill by copying KV between slots.
         self._fork_kv: KVEngine | None = engine if isinstance(engine, KVEngine) else None
+        # Image features are encoded here, off the scheduler thread (made on first use).
+        self._encoder: ThreadPoolExecutor | None = None
+        self._woken = False  # an encode finished since the last look (set under the lock)
         self._proposer: Proposer | None = None
         self.speculative_stats: SpeculativeStats | None = None
         if proposer is not None and isinstance(engine, VerifyingEngine):
@@ -344,6 +358,8 @@ class Scheduler:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        if self._encoder is not None:
+            self._encoder.shutdown(wait=False, cancel_futures=True)
         if self._store is not None:
             self._store.close()  # the records still queued for the disk are written
 
@@ -394,7 +410,7 @@ class Scheduler:
         for slot in self._free_slots:
             if self._slot_owner[slot] != req.kv_owner:
                 continue
-            n = common_prefix(self._slot_tokens[slot], req.prompt_ids, len(req.prompt_ids) - 1)
+            n = common_prefix(self._slot_tokens[slot], req.cache_ids, len(req.prompt_ids) - 1)
             if n > best_len or (n == best_len and slot < best):
                 best, best_len = slot, n
         return best
@@ -403,7 +419,7 @@ class Scheduler:
         """Before the first prefill chunk: resume from the longest cached prefix, or start empty."""
         run.prepared = True
         kv, store = self._kv, self._store
-        slot, prompt = run.slot, run.req.prompt_ids
+        slot, prompt = run.slot, run.req.cache_ids
         if kv is None or store is None or not run.req.cache_prompt:
             self._flush_saves([slot])
             self._slot_tokens[slot] = []
@@ -576,7 +592,8 @@ class Scheduler:
                 if not running:
                     self._flush_saves()
                     continue
-                self._step(running)
+                if not self._step(running):
+                    self._wait_for_images()
         except BaseException:  # pragma: no cover - last resort; keeps clients from hanging
             log.exception("scheduler thread crashed")
             raise
@@ -616,31 +633,84 @@ class Scheduler:
             return False
         return True
 
-    def _step(self, running: list[_Running]) -> None:
+    def _step(self, running: list[_Running]) -> bool:
+        """One prefill chunk and one decode step; False when there was nothing to run (every
+        sequence waits for its images' features)."""
+        worked = False
         for run in running:
             if run.req.cancelled:
                 self._release(run)
+                worked = True
         live = [r for r in running if not r.req.cancelled]
         prefilling = [r for r in live if r.last_token is None]
-        if prefilling:
-            self._prefill_chunk(prefilling[0])
+        leaders = {id(r.req) for r in prefilling}
+        for run in prefilling:
+            # A choice that waits for its leader's prompt KV (``prefix_from``) is not started alone.
+            if run.req.prefix_from is not None and id(run.req.prefix_from) in leaders and not run.prepared:
+                continue
+            if self._prefill_chunk(run):
+                worked = True
+                break
         decoding = [r for r in live if r.last_token is not None]
         if decoding and self._proposer is not None:
             decoding = self._speculate(decoding)
         if decoding:
             self._decode(decoding)
+            worked = True
+        return worked
+
+    def _images_ready(self, run: _Running) -> bool:
+        """Whether the features of the prompt's rows from ``run.prefilled`` on are there; if not,
+        the encode of those still missing is started (or its failure fails ``run``)."""
+        images = run.req.images
+        if images is None:
+            return True
+        future = run.encoding
+        if future is not None:
+            if not future.done():
+                return False
+            run.encoding = None
+            error = future.exception()
+            if error is not None:
+                log.error("encoding the images of a request failed: %s", error)
+                self._fail(run, EngineFailure(f"encoding the images failed: {error}"))
+                return False
+        todo = images.missing(run.prefilled)
+        if todo:
+            if self._encoder is None:
+                self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="image-encode")
+            run.encoding = self._encoder.submit(images.encode, todo)
+            run.encoding.add_done_callback(self._wake)
+            return False
+        return not images.waiting(run.prefilled)  # another choice's encode of them is under way
+
+    def _wake(self, _: object = None) -> None:
+        """An encode finished: the scheduler thread looks again."""
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
+
+    def _wait_for_images(self) -> None:
+        """Nothing could run: wait for an encode to finish (or anything else to change)."""
+        with self._cond:
+            if not self._woken and not self._stopping:
+                self._cond.wait(0.05)
+            self._woken = False
 
     def _fail(self, run: _Running, exc: EngineFailure) -> None:
         run.req.sink.put(exc)
         run.broken = True
         self._release(run)
 
-    def _prefill_chunk(self, run: _Running) -> None:
+    def _prefill_chunk(self, run: _Running) -> bool:
+        """Prefill ``run``'s next chunk; False when it waits for its images' features instead."""
         req = run.req
         ids = req.prompt_ids
         try:
             if not run.prepared:
                 self._prepare(run)
+            if run.resumed is None and not self._images_ready(run):
+                return run.req.cancelled or run not in self._running  # failed: that was work too
             resumed, run.resumed = run.resumed, None
             if resumed is not None:  # the whole prompt came back with its logits
                 chunk: Sequence[int] = []
@@ -651,12 +721,12 @@ class Scheduler:
         except Exception as exc:
             log.exception("prefill failed")
             self._fail(run, EngineFailure(f"prefill failed: {exc}"))
-            return
+            return True
         if self._store is not None:
-            self._slot_tokens[run.slot].extend(chunk)
+            self._slot_tokens[run.slot].extend(req.cache_ids[run.prefilled:run.prefilled + len(chunk)])
         run.prefilled += len(chunk)
         if run.prefilled < len(ids):
-            return
+            return True
         self._share_prefix(run)
         if self._store is not None and req.cache_prompt:
             # Kept unchanged for the tail record (the sampler gets its own copy).
@@ -664,7 +734,7 @@ class Scheduler:
             logits = run.prompt_logits.copy()
         sample = self._sample(run, np.asarray(logits).reshape(-1))
         if sample is None:
-            return
+            return True
         if self._observer is not None:
             self._observer.first_token(time.monotonic() - req.arrival)
             self._observer.tokens_generated(1)
@@ -676,6 +746,7 @@ class Scheduler:
             # or the end of this request does otherwise; copying them here stalled this
             # request's second token (100-190 ms for a 1,500-token SmolLM2 prompt).
             self._defer_save(run)
+        return True
 
     def _prefill(self, run: _Running, chunk: list[int]) -> np.ndarray:
         """One prefill chunk of ``run``, with its image features where the chunk has image tokens."""
@@ -698,7 +769,7 @@ class Scheduler:
         prefills the whole prompt itself.
         """
         kv = self._fork_kv
-        prompt = leader.req.prompt_ids
+        prompt = leader.req.cache_ids
         n = len(prompt) - 1
         if kv is None or n < 1:
             return

@@ -174,6 +174,12 @@ TIERS: dict[str, tuple[str, ...]] = {
     "vision/test_serve.py": ("e2e",),
     "vision/test_registry.py": ("unit",),
     "vision/test_image_parts.py": ("unit",),
+    "vision/test_image_features.py": ("unit",),
+    "vision/test_image_reuse.py": ("integration",),
+    "vision/test_bad_images.py": ("e2e",),
+    "vision/test_idefics3.py": ("integration",),
+    "vision/test_idefics3_preprocess.py": ("integration",),
+    "vision/test_serve_idefics3.py": ("e2e",),
 }
 
 TESTS_DIR = Path(__file__).resolve().parent

@@ -127,6 +127,8 @@ class OnnxRuntimeBuilder:
             lora=options.lora,
             kernels=options.kernels,
             kv_cache_dtype=options.kv_cache_dtype,
+            max_image_tokens=options.max_image_tokens,
+            max_image_tokens_per_image=options.max_image_tokens_per_image,
         )
         forced = None
         if self.accuracy_level is not None and options.cpu_class is not None:

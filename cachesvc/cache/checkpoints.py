@@ -423,6 +423,52 @@ def check_family(directory: Path) -> None:
     _check_layers(raw, "config.json")
 
 
+def check_image_limits(directory: Path, max_image_tokens: int | None,
+                       max_image_tokens_per_image: int | None) -> None:
+    """``ConfigError`` naming the profile field when the image-token limits do not fit the
+    checkpoint in ``directory``: set for a text-only model (it takes no images), or below what one
+    image of a vision-language model takes. Reads config.json only; a config the build cannot read
+    is the build's to report."""
+    from inference.build_profile import ProfileError, check_image_limits_fit
+
+    if max_image_tokens is None and max_image_tokens_per_image is None:
+        return
+    try:
+        raw = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        raw = None
+    if isinstance(raw, dict):
+        tokens, model = _tokens_per_image(raw, directory)
+    elif (directory / CONVERTED_GGUF_FILE).is_file():
+        tokens, model = None, f"{directory.name} (a GGUF checkpoint)"
+    else:
+        return
+    if tokens == 0:
+        return
+    try:
+        check_image_limits_fit(tokens, max_image_tokens, max_image_tokens_per_image, model=model)
+    except ProfileError as exc:
+        raise ConfigError(exc.field, exc.detail) from None
+
+
+def _tokens_per_image(raw: dict[str, Any], directory: Path) -> tuple[int | None, str]:
+    """(tokens one image takes, the model in words) of a config.json: None for a text model, 0
+    for a vision config the build will refuse in its own words."""
+    from inference.builder.vision_config import vision_config_from
+    from inference.errors import BuildInputError, UnsupportedFeatureError
+    from inference.families import vision_family_of
+
+    family = vision_family_of(raw)
+    if family is None:
+        arch = (raw.get("architectures") or ["?"])[0] if isinstance(raw.get("architectures"), list) else "?"
+        return None, f"{directory.name} ({arch})"
+    try:
+        vision = vision_config_from(raw, text_hidden=0)
+    except (BuildInputError, UnsupportedFeatureError, ValueError, TypeError):
+        return 0, ""
+    return (0, "") if vision is None else (vision.tokens_per_image, f"this {family.name} checkpoint")
+
+
 def _check_layers(raw: dict[str, Any], source: str) -> None:
     """``UnsupportedModelError`` when the builder's reading of a config (``source``: config.json, or
     a GGUF's metadata) refuses a variant of a known family that no engine builds (Gemma's

@@ -40,7 +40,12 @@ from cachesvc.cache.builders import (
 from cachesvc.cache.bundle_leases import BundleLease, CombinedLease
 from cachesvc.cache.catalog import Catalog, default_catalog_url
 from cachesvc.cache.catalog.fleet import FleetCatalog
-from cachesvc.cache.checkpoints import ResolvedCheckpoint, check_model_name, resolve_checkpoint
+from cachesvc.cache.checkpoints import (
+    ResolvedCheckpoint,
+    check_image_limits,
+    check_model_name,
+    resolve_checkpoint,
+)
 from cachesvc.cache.crashpoints import crash_point
 from cachesvc.cache.eviction import Evictor
 from cachesvc.cache.fleet_records import DesiredSpec, DesiredState
@@ -243,6 +248,8 @@ class CacheManager:
                      else resolve_precision(request.precision, backend, checkpoint_dir))
         builder = self.builders[backend]
         request.check_draft(draft_digest)
+        if checkpoint_dir is not None:
+            check_image_limits(checkpoint_dir, request.max_image_tokens, request.max_image_tokens_per_image)
         return BuildOptions(
             backend=backend,
             precision=precision,
@@ -259,6 +266,8 @@ class CacheManager:
             lora=request.lora,
             kernels=request.kernels,
             kv_cache_dtype=request.kv_cache_dtype,
+            max_image_tokens=request.max_image_tokens,
+            max_image_tokens_per_image=request.max_image_tokens_per_image,
         )
 
     def prepare(
@@ -660,6 +669,9 @@ class CacheManager:
         for name, value in (("model", model), ("draft_model", request.draft_model)):
             if value is not None:
                 check_model_name(name, value, allowed_roots)
+        local = Path(model).expanduser()
+        if local.is_dir():  # a local checkpoint: image limits that cannot fit it are a 400 now
+            check_image_limits(local, request.max_image_tokens, request.max_image_tokens_per_image)
         # A build is refused up front when the catalog cannot take a write now, instead of
         # being accepted and then failing.
         self.catalog.ping()

@@ -36,6 +36,7 @@ from inference.build_profile import (
     ProfileError,
     check_choice,
     check_draft_model,
+    check_image_limits,
     check_kv_cache_dtype,
     check_shapes,
     check_task,
@@ -89,6 +90,10 @@ class BuildOptions:
     kernels: str = "auto"
     #: The K/V buffers' element type of an onnxruntime generate bundle (``fp32``/``fp16``).
     kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE
+    #: A vision-language bundle's image tokens per request and per image (None: the model's
+    #: own bounds; ``inference.build_profile.image_limits``).
+    max_image_tokens: int | None = None
+    max_image_tokens_per_image: int | None = None
 
     def __post_init__(self) -> None:
         with _as_config_error():
@@ -100,6 +105,7 @@ class BuildOptions:
             if self.lora and (self.backend != "onnxruntime" or self.task != "generate"):
                 raise ProfileError("lora", "LoRA adapters need a generate bundle of the onnxruntime backend")
             check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
+            check_image_limits(self.max_image_tokens, self.max_image_tokens_per_image, self.max_input_len)
             check_choice("speculative_method", self.speculative_method, SPECULATIVE_METHODS, optional=True)
         if self.draft_digest is not None and not _DIGEST_RE.match(self.draft_digest):
             raise ConfigError("draft_digest", "must be a 64-character lowercase hex SHA-256")
@@ -165,6 +171,10 @@ class BuildOptions:
             parts.append(f"k{self.kernels}")
         if self.kv_cache_dtype != DEFAULT_KV_CACHE_DTYPE:
             parts.append(f"kv{self.kv_cache_dtype}")
+        if self.max_image_tokens is not None:
+            parts.append(f"img{self.max_image_tokens}")
+        if self.max_image_tokens_per_image is not None:
+            parts.append(f"imgp{self.max_image_tokens_per_image}")
         parts += [self.precision, self.digest[:12]]
         return "-".join(parts)
 
@@ -172,7 +182,8 @@ class BuildOptions:
 #: Profile fields added after bundles existed: omitted from the dict (and the digest) at these
 #: defaults, so every older bundle keeps its id.
 _OPTIONAL_DEFAULTS: dict[str, Any] = {"task": DEFAULT_TASK, "pooling": None, "lora": False, "kernels": "auto",
-                                      "kv_cache_dtype": DEFAULT_KV_CACHE_DTYPE}
+                                      "kv_cache_dtype": DEFAULT_KV_CACHE_DTYPE, "max_image_tokens": None,
+                                      "max_image_tokens_per_image": None}
 
 
 @dataclass(frozen=True)
@@ -196,6 +207,9 @@ class ProfileRequest:
     lora: bool = False
     kernels: str = "auto"
     kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE
+    #: A vision-language checkpoint's image tokens per request and per image (None: the model's).
+    max_image_tokens: int | None = None
+    max_image_tokens_per_image: int | None = None
 
     def __post_init__(self) -> None:
         with _as_config_error():
@@ -211,6 +225,7 @@ class ProfileRequest:
             check_choice("backend", self.backend, BACKEND_CHOICES)
             check_choice("precision", self.precision, PRECISION_CHOICES)
             check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
+            check_image_limits(self.max_image_tokens, self.max_image_tokens_per_image, self.max_input_len)
             check_choice("speculative_method", self.speculative_method, SPECULATIVE_METHODS, optional=True)
         draft = self.draft_model
         if draft is not None and (not isinstance(draft, str) or not draft.strip()):

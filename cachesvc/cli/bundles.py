@@ -84,6 +84,11 @@ def cmd_bundles_show(args: argparse.Namespace) -> int:
     kv = engine.get("kv_cache")
     if isinstance(kv, dict) and "dtype" in kv:
         fields.append(("kv cache", f"{kv['dtype']}, {human_size(int(kv.get('bytes_per_token', 0)))} a token"))
+    vision = engine.get("vision")
+    if isinstance(vision, dict) and "max_image_tokens" in vision:
+        fields.append(("images", f"{vision.get('tokens_per_image')} tokens an image; at most "
+                       f"{vision['max_image_tokens']} image tokens a request, "
+                       f"{vision.get('max_image_tokens_per_image')} an image"))
     quality = engine.get("quality")
     if isinstance(quality, dict):
         fields.append(("quality", _quality_line(quality)))

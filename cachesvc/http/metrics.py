@@ -252,6 +252,8 @@ class ServingMetrics:
         )
         self._context = ContextCacheCollector()
         registry.register(self._context)
+        self._images = ImageCacheCollector()
+        registry.register(self._images)
 
     def for_model(self, model: str) -> ModelServingMetrics:
         """The observer of one model's scheduler (``first_token``, ``tokens_generated``, ...)."""
@@ -263,6 +265,7 @@ class ServingMetrics:
             with contextlib.suppress(KeyError):
                 gauge.remove(model)
         self._context.forget(model)
+        self._images.forget(model)
 
 
 class ModelServingMetrics:
@@ -297,6 +300,10 @@ class ModelServingMetrics:
         """Keep this model's latest context-reuse counters (a ``ContextCacheStats``) for the next
         scrape."""
         self._m._context.update(self.model, stats)
+
+    def image_cache_changed(self, stats: Any) -> None:
+        """Keep this model's latest image-feature cache counters (an ``ImageCacheStats``)."""
+        self._m._images.update(self.model, stats)
 
 
 class PoolMetrics:
@@ -338,7 +345,8 @@ class ContextCacheCollector(Collector):
     continues from what its earlier engines counted; the gauges of an unloaded model go away.
     """
 
-    _COUNTERS = (
+    _PREFIX = "cachesvc_context_cache_"
+    _COUNTERS: tuple[tuple[str, str], ...] = (
         ("lookups", "Requests that looked for a cached prompt prefix."),
         ("hits", "Requests that resumed from a cached prompt prefix."),
         ("tokens_reused", "Prompt tokens not prefilled thanks to context reuse."),
@@ -351,7 +359,7 @@ class ContextCacheCollector(Collector):
         ("disk_write_failures", "Prefix records that could not be written to disk (a full or read-only "
          "disk, a refused folder); they stay in memory only."),
     )
-    _GAUGES = (
+    _GAUGES: tuple[tuple[str, str], ...] = (
         ("records", "Prefix records held."),
         ("bytes", "KV bytes held by prefix records."),
         ("max_records", "Configured record limit."),
@@ -392,17 +400,36 @@ class ContextCacheCollector(Collector):
             return []
         out: list[Metric] = []
         for name, text in self._COUNTERS:
-            fam = CounterMetricFamily(f"cachesvc_context_cache_{name}", text, labels=["model"])
+            fam = CounterMetricFamily(f"{self._PREFIX}{name}", text, labels=["model"])
             for model in sorted(latest.keys() | base.keys()):
                 now = float(getattr(latest[model], name)) if model in latest else 0.0
                 fam.add_metric([model], base.get(model, {}).get(name, 0.0) + now)
             out.append(fam)
         for name, text in self._GAUGES:
-            gauge = GaugeMetricFamily(f"cachesvc_context_cache_{name}", text, labels=["model"])
+            gauge = GaugeMetricFamily(f"{self._PREFIX}{name}", text, labels=["model"])
             for model in sorted(latest):
                 gauge.add_metric([model], float(getattr(latest[model], name)))
             out.append(gauge)
         return out
+
+
+class ImageCacheCollector(ContextCacheCollector):
+    """A vision-language model's image-feature cache (``--image-feature-cache-bytes``) per model:
+    images looked up, found, encoded, evicted; entries and bytes held. Totals over the process,
+    as the context-reuse figures."""
+
+    _PREFIX = "cachesvc_image_cache_"
+    _COUNTERS = (
+        ("lookups", "Image parts looked up by digest in the feature cache."),
+        ("hits", "Image parts found in the feature cache (neither decoded nor encoded again)."),
+        ("encodes", "Images run through the vision encoder."),
+        ("evictions", "Image features evicted (LRU) for the byte limit."),
+    )
+    _GAUGES = (
+        ("entries", "Images whose features are held."),
+        ("bytes", "Bytes of image features held."),
+        ("max_bytes", "Configured byte limit of the image features (0: off)."),
+    )
 
 
 class HttpMetrics:

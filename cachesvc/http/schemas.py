@@ -264,6 +264,10 @@ class BuildRequest(Struct, frozen=True, forbid_unknown_fields=True):
     kernels: KernelsChoice = "auto"
     #: The KV cache's element type on the CPU (``--kv-cache-dtype``): fp16 halves its memory.
     kv_cache_dtype: KvCacheDtype = "fp32"
+    #: A vision-language checkpoint's image tokens per request and per image
+    #: (``--max-image-tokens``, ``--max-image-tokens-per-image``; null: the model's).
+    max_image_tokens: PositiveDim | None = None
+    max_image_tokens_per_image: PositiveDim | None = None
 
 
 class PullRequest(BuildRequest, frozen=True, forbid_unknown_fields=True):

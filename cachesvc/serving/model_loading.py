@@ -287,6 +287,7 @@ def build_serving(
             enable_auto_tool_choice=config.serving.enable_auto_tool_choice,
             model_type=info.model_type,
             media=config.http.media_policy(),
+            image_cache_bytes=config.serving.image_feature_cache_bytes,
             grammar_limits=GrammarLimits(
                 max_schema_bytes=config.serving.max_schema_bytes,
                 max_schema_properties=config.serving.max_schema_properties,

@@ -227,6 +227,8 @@ class ServeConfig:
             lora=self.lora_enabled,
             kernels=build.kernels,
             kv_cache_dtype=build.kv_cache_dtype,
+            max_image_tokens=build.max_image_tokens,
+            max_image_tokens_per_image=build.max_image_tokens_per_image,
         )
 
 
@@ -238,7 +240,8 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
 
     Cache: --cache-dir, --catalog-url, --engine-cache-max-size-gb. Build: --backend,
     --precision, --kernels, --kv-cache-dtype, --task, --pooling, --max-input-len, --max-batch-size,
-    --max-kv-cache-capacity, --speculative-config, --draft-top-k, --draft-step, --verify-tree-size.
+    --max-kv-cache-capacity, --max-image-tokens, --max-image-tokens-per-image, --speculative-config,
+    --draft-top-k, --draft-step, --verify-tree-size.
     """
     add_flags(parser, DECLARED.values(), (CACHE, BUILD))
 

@@ -68,8 +68,11 @@ from inference.build_profile import (
     DEFAULT_MAX_INPUT_LEN,
     DEFAULT_MAX_KV_CACHE_CAPACITY,
     DEFAULT_TASK,
+    IMAGE_TOKEN_FIELDS,
     KERNEL_MODES,
     KV_CACHE_DTYPES,
+    MAX_IMAGES_PER_REQUEST,
+    MAX_TOKENS_LIMIT,
     METHODS_NEEDING_DRAFT_MODEL,
     POOLING_METHODS,
     PRECISION_CHOICES,
@@ -77,10 +80,12 @@ from inference.build_profile import (
     SPECULATIVE_METHODS,
     TASKS,
     ProfileError,
+    check_image_limits,
     check_shapes,
 )
 from inference.context_cache import DEFAULT_MAX_BYTES as DEFAULT_RECORD_POOL_BYTES
 from inference.context_disk import DEFAULT_DISK_BYTES
+from inference.image_features import DEFAULT_IMAGE_CACHE_BYTES
 from inference.media import MediaPolicy
 from inference.openai.reasoning import REASONING_PARSER_CHOICES as REASONING_PARSERS
 from inference.openai.tool_parsers import TOOL_PARSER_CHOICES as TOOL_CALL_PARSERS
@@ -327,6 +332,17 @@ class BuildSettings(Group):
         "suits a GPU, not a CPU)", shape_rule("max_batch_size"), BUILD))
     max_kv_cache_capacity: int = setting(DEFAULT_MAX_KV_CACHE_CAPACITY, Setting(
         "KV cache tokens per sequence (prompt + generated)", shape_rule("max_kv_cache_capacity"), BUILD))
+    max_image_tokens: int | None = setting(None, Setting(
+        "vision-language models: image tokens one request may carry, all its images together "
+        "(<= --max-input-len; a request over it is a 400 naming the image part). Default: "
+        f"{MAX_IMAGES_PER_REQUEST} images' worth, within --max-input-len. Part of the bundle's profile; "
+        "refused for a text-only model", optional(int_rule(1, MAX_TOKENS_LIMIT)), BUILD,
+        doc_default=f"{MAX_IMAGES_PER_REQUEST} images, within `--max-input-len`"))
+    max_image_tokens_per_image: int | None = setting(None, Setting(
+        "vision-language models: image tokens one image may take (<= --max-image-tokens; at least "
+        "what one image of the model takes: LLaVA's are fixed). Default: the model's tokens per "
+        "image. Part of the bundle's profile; refused for a text-only model",
+        optional(int_rule(1, MAX_TOKENS_LIMIT)), BUILD, doc_default="the model's tokens per image"))
     speculative_config: SpeculativeConfig | None = setting(None, Setting(
         f"speculative decoding as JSON, e.g. '{SPEC_EXAMPLE}'; keys: method "
         f"({', '.join(SPECULATIVE_METHODS)}; required), model (draft; required except for "
@@ -357,6 +373,13 @@ class BuildSettings(Group):
         except ProfileError as exc:
             detail = exc.detail
             for name in SHAPE_LIMITS:
+                detail = re.sub(rf"\b{name}\b", flag_for(name), detail)
+            raise ConfigError(flag_for(exc.field), detail) from None
+        try:
+            check_image_limits(self.max_image_tokens, self.max_image_tokens_per_image, self.max_input_len)
+        except ProfileError as exc:
+            detail = exc.detail
+            for name in (*IMAGE_TOKEN_FIELDS, "max_input_len"):
                 detail = re.sub(rf"\b{name}\b", flag_for(name), detail)
             raise ConfigError(flag_for(exc.field), detail) from None
         spec = self.speculative_config
@@ -465,6 +488,11 @@ class ServingSettings(Group):
         "bytes of prefix records kept on disk under <cache-dir>/context/<bundle_id>/ so that they "
         "survive a restart (LRU; counted in the cache size, removed with their bundle; 0 = off)",
         int_rule(0, INT64_MAX), RUNTIME))
+    image_feature_cache_bytes: int = setting(DEFAULT_IMAGE_CACHE_BYTES, Setting(
+        "vision-language models: bytes of image features kept per model by image digest, so a "
+        f"repeated image is neither decoded nor encoded again (LRU; 0 = off; default "
+        f"{DEFAULT_IMAGE_CACHE_BYTES >> 20} MiB: seven LLaVA 1.5 7B images)", int_rule(0, INT64_MAX),
+        RUNTIME))
     lora_modules: tuple[str, ...] = setting((), Setting(
         "a LoRA adapter to serve, as NAME=PATH (PATH: a PEFT adapter directory or hub id) or "
         '\'{"name": NAME, "path": PATH}\'; repeatable. A request whose model is NAME runs the '

@@ -497,10 +497,10 @@ def model_config_from(raw: Mapping[str, Any], generation: Mapping[str, Any] | No
         )
     vision = vision_family_of(raw)
     if vision is not None:
-        from inference.builder.vision_config import vision_config_from
+        from inference.builder.vision_config import check_vision_config
 
         # The vision side's refusals first (a vision tower of no kind: bad input, one line).
-        vision_config_from(raw, text_hidden=0)
+        check_vision_config(raw)
         # The language model is its text family's decoder; the bundle names the whole model.
         text = model_config_from(text_config_of(raw), generation)
         return dataclasses.replace(text, architecture=vision.architectures[0])

@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from inference.build_profile import KV_CACHE_NUMPY_DTYPES, QUANTIZED_PRECISIONS
+from inference.build_profile import (
+    KV_CACHE_NUMPY_DTYPES,
+    QUANTIZED_PRECISIONS,
+    ProfileError,
+    check_image_limits_fit,
+    image_limits,
+)
 from inference.builder.bundle_files import (
     ENGINE_FILE,
     ENGINE_FORMAT_VERSION,
@@ -39,11 +45,13 @@ from inference.builder.quality import MIN_AGREEMENT, Quality, run_gate
 from inference.builder.spec import EngineBuildSpec
 from inference.builder.vision_config import (
     VisionConfig,
+    VisionSide,
     load_preprocess,
     processor_chat_template,
     text_view,
     vision_config_from,
     vision_family,
+    vision_side_from,
     vision_view,
 )
 from inference.builder.vision_graph import VISION_INPUTS, VISION_MODEL, VISION_OUTPUTS, build_vision_graph
@@ -218,11 +226,32 @@ def _check_vision_spec(vcfg: VisionConfig, cfg: ModelConfig, spec: EngineBuildSp
     if vcfg.tokens_per_image >= spec.max_input_len:
         raise BuildInputError(f"one image takes {vcfg.tokens_per_image} prompt tokens; max_input_len "
                               f"{spec.max_input_len} leaves no room for the text: raise max_input_len")
+    _check_image_limits(vcfg.tokens_per_image, spec, f"a {vcfg.family} checkpoint")
 
 
-def _vision_record(vcfg: VisionConfig, preprocess: ClipPreprocess) -> dict[str, Any]:
+def _check_image_limits(tokens_per_image: int | None, spec: EngineBuildSpec, model: str) -> None:
+    """The profile's image-token limits fit the model (none for a text model)."""
+    try:
+        check_image_limits_fit(tokens_per_image, spec.max_image_tokens, spec.max_image_tokens_per_image,
+                               model=model)
+    except ProfileError as exc:
+        raise BuildInputError(str(exc)) from None
+
+
+def _side_limits(side: VisionSide, spec: EngineBuildSpec) -> dict[str, int | None]:
+    """The image-token limits a family with a vision builder of its own records: the profile's;
+    unset, a request's images within ``max_input_len`` and no bound of its own on one image (its
+    images' tokens vary with their size; the server refuses what does not fit)."""
+    return {"max_image_tokens": spec.max_image_tokens or spec.max_input_len,
+            "max_image_tokens_per_image": spec.max_image_tokens_per_image}
+
+
+def _vision_record(vcfg: VisionConfig, preprocess: ClipPreprocess, spec: EngineBuildSpec) -> dict[str, Any]:
     """What ``engine.json`` records under ``vision``: the vision graph, how images become its
-    input and how its output enters the prompt."""
+    input, how its output enters the prompt, and the image tokens a request and an image may
+    take (the profile's limits, else the model's: what the server enforces)."""
+    total, per = image_limits(vcfg.tokens_per_image, spec.max_image_tokens, spec.max_image_tokens_per_image,
+                              spec.max_input_len)
     return {
         "family": vcfg.family,
         "model": VISION_MODEL,
@@ -234,6 +263,8 @@ def _vision_record(vcfg: VisionConfig, preprocess: ClipPreprocess) -> dict[str, 
         "tokens_per_image": vcfg.tokens_per_image,
         "feature_size": vcfg.text_hidden_size,
         "preprocess": preprocess.record(),
+        "max_image_tokens": total,
+        "max_image_tokens_per_image": per,
     }
 
 
@@ -273,7 +304,15 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         family = vision_family(raw)
         vision_ckpt = vision_view(ckpt, family)
         ckpt = text_view(ckpt, family)
-    images = vcfg is not None
+    side = vision_side_from(raw, cfg.hidden_size)  # a family with a vision builder of its own
+    if side is not None:
+        side.check(checkpoint_dir, cfg, spec)
+        _check_image_limits(side.min_image_tokens, spec, f"{checkpoint_dir.name} ({cfg.architecture})")
+        vision_ckpt = ckpt
+        ckpt = side.text_view(ckpt)
+    elif vcfg is None:
+        _check_image_limits(None, spec, f"{checkpoint_dir.name} ({cfg.architecture})")
+    images = vcfg is not None or side is not None
     if spec.task == "embed":
         return _build_embedding(cfg, ckpt, checkpoint_dir, out_dir, spec, report, started, fused)
     check_gqa_rotary(cfg)  # the CPU graph's head and rotary sizes, before any graph is written
@@ -363,8 +402,12 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         assert vision_ckpt is not None
         report("vision", 0.0)
         build_vision_graph(vcfg, vision_ckpt, out_dir / VISION_MODEL)
+    if side is not None:
+        assert vision_ckpt is not None
+        report("vision", 0.0)
+        side.build_graph(vision_ckpt, out_dir / VISION_MODEL)
     copied = copy_tokenizer_files(checkpoint_dir, out_dir)
-    template = processor_chat_template(checkpoint_dir) if vcfg is not None else None
+    template = processor_chat_template(checkpoint_dir) if images else None
     if template is not None and "chat_template.jinja" not in copied:
         # The processor's template (it places the images) as the file the tokenizer loader reads first.
         (out_dir / "chat_template.jinja").write_text(template, encoding="utf-8")
@@ -378,7 +421,7 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     kv_cache = _kv_cache_meta(cfg, cpu_io, spec)
     meta = _metadata(cfg, io, spec, ckpt.source_dtypes(), files, copied, time.monotonic() - started,
                      kv_cache)
-    vision_bytes = onnx_weight_bytes(out_dir / VISION_MODEL) if vcfg is not None else 0
+    vision_bytes = onnx_weight_bytes(out_dir / VISION_MODEL) if images else 0
     meta.update(memory_fields(weight_bytes=onnx_weight_bytes(optimized_path) + vision_bytes,
                               kv_bytes_per_token=int(kv_cache["bytes_per_token"]),
                               capacity=spec.max_kv_cache_capacity, slots=spec.max_batch_size))
@@ -389,7 +432,9 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     if spec.lora:  # absent otherwise, as speculative below
         meta["lora"] = True
     if vcfg is not None and preprocess is not None:  # absent otherwise: text bundles stay as they were
-        meta["vision"] = _vision_record(vcfg, preprocess)
+        meta["vision"] = _vision_record(vcfg, preprocess, spec)
+    if side is not None:
+        meta["vision"] = {**side.record(), **_side_limits(side, spec)}
     speculative = spec.speculative_record()
     if speculative is not None:  # absent otherwise: bundles without speculation stay as they were
         meta["speculative"] = speculative

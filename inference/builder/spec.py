@@ -20,6 +20,7 @@ from inference.build_profile import (
     ProfileError,
     check_backend_precision,
     check_backend_speculative,
+    check_image_limits,
     check_kv_cache_dtype,
     check_shapes,
     check_task,
@@ -53,6 +54,10 @@ class EngineBuildSpec:
     kernels: str = "auto"
     #: The K/V buffers' element type (:data:`inference.build_profile.KV_CACHE_DTYPES`).
     kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE
+    #: A vision-language bundle's image tokens per request and per image (None: the model's
+    #: bounds); refused for a text checkpoint, recorded in ``engine.json`` ``vision``.
+    max_image_tokens: int | None = None
+    max_image_tokens_per_image: int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -65,6 +70,7 @@ class EngineBuildSpec:
             check_shapes(self.max_input_len, self.max_batch_size, self.max_kv_cache_capacity)
             check_backend_speculative("onnxruntime", self.speculative_method)
             check_kv_cache_dtype(self.kv_cache_dtype, "onnxruntime", self.task)
+            check_image_limits(self.max_image_tokens, self.max_image_tokens_per_image, self.max_input_len)
         except ProfileError as exc:
             raise BuildInputError(str(exc)) from None
         if self.kernels not in KERNEL_MODES:

@@ -8,17 +8,22 @@ tokens one image takes, and the image preprocessing of ``preprocessor_config.jso
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from inference.builder.checkpoint_reader import CheckpointReader, prefixed_view
 from inference.builder.errors import BuildInputError
 from inference.errors import UnsupportedFeatureError
 from inference.families import VisionFamily, vision_family_of
 from inference.image_preprocess import ClipPreprocess, PreprocessConfigError
+
+if TYPE_CHECKING:
+    from inference.builder.model_config import ModelConfig
+    from inference.builder.spec import EngineBuildSpec
 
 #: The vision tower's activations by config name (transformers' ACT2FN).
 VISION_ACTIVATIONS = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
@@ -78,10 +83,54 @@ def _positive(raw: Mapping[str, Any], key: str, where: str, default: int | None 
     return value
 
 
-def vision_config_from(raw: Mapping[str, Any], text_hidden: int) -> VisionConfig | None:
-    """The vision side of a config.json (None for a text model)."""
+class VisionSide(Protocol):
+    """The vision side of a family with a builder of its own (:attr:`VisionFamily.builder`), through
+    one build: made from config.json (its refusals), then :meth:`check` (the checkpoint's processor
+    files and tokenizer), :meth:`build_graph`, :meth:`record`."""
+
+    def check(self, checkpoint_dir: Path, cfg: ModelConfig, spec: EngineBuildSpec) -> None:
+        """Refuse in one line what cannot be built; read what the record needs."""
+        ...
+
+    @property
+    def min_image_tokens(self) -> int:
+        """Image tokens (feature rows) of the smallest image (after :meth:`check`): the least the
+        profile's image-token limits may be."""
+        ...
+
+    def text_view(self, ckpt: CheckpointReader) -> CheckpointReader:
+        """The language model's tensors under a text checkpoint's names."""
+        ...
+
+    def build_graph(self, ckpt: CheckpointReader, model_path: Path) -> None:
+        """Write the vision graph from the whole checkpoint ``ckpt``."""
+        ...
+
+    def record(self) -> dict[str, Any]:
+        """``engine.json``'s ``vision`` record."""
+        ...
+
+
+def vision_side_from(raw: Mapping[str, Any], text_hidden: int) -> VisionSide | None:
+    """The vision side of a family with a builder of its own (None for LLaVA's and text models)."""
     family = vision_family_of(raw)
-    if family is None:
+    if family is None or family.builder is None:
+        return None
+    side: VisionSide = importlib.import_module(family.builder).vision_side(raw, text_hidden)
+    return side
+
+
+def check_vision_config(raw: Mapping[str, Any]) -> None:
+    """The vision side's refusals of a config.json (nothing for a text model)."""
+    if vision_side_from(raw, 0) is None:
+        vision_config_from(raw, 0)
+
+
+def vision_config_from(raw: Mapping[str, Any], text_hidden: int) -> VisionConfig | None:
+    """The CLIP vision side of a config.json (None for a text model, and for a family with a
+    builder of its own: :func:`vision_side_from`)."""
+    family = vision_family_of(raw)
+    if family is None or family.builder is not None:
         return None
     vision = raw.get("vision_config")
     if not isinstance(vision, Mapping):

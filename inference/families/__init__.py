@@ -151,12 +151,18 @@ class VisionFamily:
     #: (llava-hf's) write only the fields that differ from them in ``text_config``
     text_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     notes: str = ""
+    #: The module that builds this family's vision side (``vision_side(raw, text_hidden)``, see
+    #: :class:`inference.builder.vision_config.VisionSide`); None: LLaVA's CLIP builder.
+    builder: str | None = None
+    #: transformers ties ``lm_head`` to the embedding by the top-level ``tie_word_embeddings``
+    #: (default False), whatever ``text_config`` says (Idefics3's models read their own config).
+    tie_from_top: bool = False
 
 
 def _load_vision() -> tuple[VisionFamily, ...]:
-    from inference.families import llava
+    from inference.families import idefics3, llava
 
-    return (llava.VISION_FAMILY,)
+    return (llava.VISION_FAMILY, idefics3.IDEFICS3, idefics3.SMOLVLM)
 
 
 def _load() -> tuple[Family, ...]:
@@ -251,6 +257,8 @@ def text_config_of(raw: Mapping[str, Any]) -> dict[str, Any]:
     model_type = text.get("model_type", family.text_model_type)
     top = {"tie_word_embeddings": raw["tie_word_embeddings"]} if "tie_word_embeddings" in raw else {}
     out = {**family.text_defaults.get(str(model_type), {}), **top, **text, "model_type": model_type}
+    if family.tie_from_top:
+        out["tie_word_embeddings"] = bool(raw.get("tie_word_embeddings", False))
     out.pop("architectures", None)
     if out["model_type"] not in _BY_TYPE:
         raise unsupported(f"{out['model_type']!r} (the language model of a {family.name} checkpoint)")

@@ -16,6 +16,7 @@ import msgspec
 import numpy as np
 
 from inference.generation import StepOutput, TokenLogprob
+from inference.image_features import PromptImage
 from inference.model_pool import ModelPool
 from inference.openai.errors import (
     ContextLengthExceededError,
@@ -35,12 +36,12 @@ from inference.openai.handle import (
 )
 from inference.openai.images import (
     ImagePart,
-    check_expanded_length,
+    check_image_tokens,
     check_parts,
     expand_placeholders,
     image_parts,
-    image_rows,
-    prepare_images,
+    load_images,
+    prompt_images,
     refuse_text_only,
 )
 from inference.openai.protocol import (
@@ -70,7 +71,6 @@ from inference.openai.tool_parsers import (
     ToolStream,
     forced_call_stream,
 )
-from inference.runtime.protocol import PreparedImage
 
 __all__ = ["ChatDelta", "ChatEndpoint", "ChatResult", "ChatTurn"]
 
@@ -207,11 +207,9 @@ class ChatEndpoint:
             top_logprobs=top,
         )
         if handle.vision is not None and rendered.parts:
-            prepared = rendered.prepared
-            if prepared is None:
-                prepared = await prepare_images(handle.vision, rendered.parts, handle.options.media)
-            rows = await image_rows(handle.vision, prepared, rendered.positions)
-            plan = dataclasses.replace(plan, images=rows)
+            images = await prompt_images(handle.vision, rendered.parts, rendered.positions,
+                                         handle.options.media, handle.image_cache, rendered.loaded)
+            plan = dataclasses.replace(plan, images=images)
         turn = ChatTurn(
             handle=handle,
             plan=plan,
@@ -251,18 +249,18 @@ class ChatEndpoint:
         )
         ids = await handle.encode(prompt, add_special_tokens=add_special_tokens, param="messages")
         positions = np.zeros(0, np.int64)
-        prepared: list[PreparedImage] | None = None
+        loaded: list[PromptImage] | None = None
         if vision is not None:
-            # A family whose images take a fixed number of tokens is counted without decoding them;
-            # the others are decoded and preprocessed here (their tokens follow the image's size).
+            # A family whose images take a fixed number of tokens is counted without reading them;
+            # the others are read, decoded and prepared here (their tokens follow the image's size).
             if vision.tokens_per_image is None and parts:
-                prepared = await prepare_images(vision, parts, handle.options.media)
-                expansions: list[tuple[int, ...]] = [im.tokens for im in prepared]
+                loaded = await load_images(vision, parts, handle.options.media)
+                expansions: list[tuple[int, ...]] = [im.tokens for im in loaded]
             else:
-                expansions = [vision.fixed_tokens()] * len(parts)
-            check_expanded_length(len(ids), expansions, handle.options.max_input_len)
+                expansions = [vision.fixed_tokens()] * len(parts) if parts else []
+            check_image_tokens(parts, expansions, vision, len(ids), handle.options.max_input_len)
             ids, positions = expand_placeholders(ids, vision, expansions)
-        return RenderedPrompt(prompt, ids, parts, positions, prepared)
+        return RenderedPrompt(prompt, ids, parts, positions, loaded)
 
     async def render(
         self,
@@ -432,8 +430,8 @@ class RenderedPrompt:
     ids: list[int]
     parts: list[ImagePart]
     positions: np.ndarray
-    #: the images decoded and preprocessed, where counting them needed it (else None: later)
-    prepared: list[PreparedImage] | None = None
+    #: the images read and prepared, where counting them needed it (else None: the turn reads them)
+    loaded: list[PromptImage] | None = None
 
 
 def check_image_parts(handle: ModelHandle, messages: Sequence[ChatMessage]) -> list[ImagePart]:

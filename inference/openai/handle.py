@@ -22,6 +22,7 @@ import msgspec
 from inference.context_cache import PrefixStore
 from inference.families import auto_parsers
 from inference.generation import GenerationState, StepOutput, TokenLogprob
+from inference.image_features import DEFAULT_IMAGE_CACHE_BYTES, ImageFeatureCache, PromptImages
 from inference.media import MediaPolicy
 from inference.openai.errors import (
     ContextLengthExceededError,
@@ -38,7 +39,7 @@ from inference.openai.protocol import (
 )
 from inference.openai.reasoning import ReasoningParser, get_reasoning_parser
 from inference.openai.tool_parsers import ToolParser, get_tool_parser
-from inference.runtime.protocol import Embedder, Engine, ImageEngine, ImageRows, VisionModel
+from inference.runtime.protocol import Embedder, Engine, ImageEngine, VisionModel
 from inference.sampling import Sampler, SamplingParams
 from inference.scheduler import AsyncOutputStream, GenerationRequest, Scheduler, SchedulerObserver
 from inference.speculative import ProposerFactory
@@ -93,6 +94,8 @@ class ServingOptions:
     grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
     #: Where image parts may come from besides data: URLs (local files, fetched hosts).
     media: MediaPolicy = field(default_factory=MediaPolicy)
+    #: Bytes of image features a vision-language model keeps by image digest (0: none).
+    image_cache_bytes: int = DEFAULT_IMAGE_CACHE_BYTES
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -145,8 +148,8 @@ class Plan:
     ignore_eos: bool = False
     #: The LoRA adapter the request's model name runs (None: the base weights).
     adapter: str | None = None
-    #: A vision-language prompt's image feature rows (the request then skips context reuse).
-    images: ImageRows | None = None
+    #: A vision-language prompt's images (their digests key its KV; features as needed).
+    images: PromptImages | None = None
 
 
 class ChoiceRun:
@@ -205,6 +208,9 @@ class ModelHandle:
         self.embedder: Embedder | None = engine if isinstance(engine, Embedder) else None
         #: The bundle's vision side (image parts accepted) or None (a text-only model).
         self.vision: VisionModel | None = engine.vision if isinstance(engine, ImageEngine) else None
+        #: Image features by image digest (:mod:`inference.image_features`), for a vision model.
+        self.image_cache: ImageFeatureCache | None = None if self.vision is None else ImageFeatureCache(
+            options.image_cache_bytes, listener=getattr(observer, "image_cache_changed", None))
         #: Served names that run this model with a LoRA adapter loaded in its engine: name ->
         #: the engine's adapter name (``--lora-modules``; see :meth:`add_lora`).
         self.lora_names: dict[str, str] = {}
@@ -321,15 +327,18 @@ class ModelHandle:
         cache = self.scheduler.context_cache_stats()
         if cache is not None:
             health["context_cache"] = cache.as_dict()
+        if self.image_cache is not None:
+            health["image_cache"] = self.image_cache.stats().as_dict()
         return health
 
     @property
     def memory_bytes(self) -> int:
         """What this model may take in memory: its engine's estimate plus the limit of its
-        context-reuse record pool (0 when the engine has no estimate)."""
+        context-reuse record pool and of its image-feature cache (0 when the engine has no estimate)."""
         engine = self.engine.info.memory_bytes
         cache = self.scheduler.context_cache_stats()
-        return engine + cache.max_bytes if engine and cache is not None else engine
+        images = self.image_cache.max_bytes if engine and self.image_cache is not None else 0
+        return (engine + cache.max_bytes if engine and cache is not None else engine) + images
 
     @property
     def queued(self) -> int:
@@ -591,8 +600,7 @@ class ModelHandle:
                 Sampler(params, self.vocab_size, constraint, prompt_ids=plan.prompt_ids),
                 state,
                 sink,
-                # Image features change the KV behind the same token ids: never reused, never kept.
-                cache_prompt=plan.cache_prompt and plan.images is None,
+                cache_prompt=plan.cache_prompt,
                 prefix_from=reqs[0] if reqs else None,
                 speculative=constraint is None,
                 cache_salt=plan.cache_salt,

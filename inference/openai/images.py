@@ -1,12 +1,15 @@
-"""Image parts of a chat request: which parts are images, their placeholders in the prompt, and
-their feature rows (decoded, preprocessed and encoded off the event loop).
+"""Image parts of a chat request: which parts are images, their placeholders in the prompt, the
+bundle's image-token limits, and the images as the scheduler takes them (read, hashed, decoded
+and preprocessed off the event loop).
 
 An image reaches the model as the chat template's image placeholder (LLaVA: one ``<image>``
 token), which is replaced here by the image's tokens (:attr:`PreparedImage.tokens`: LLaVA's
-``tokens_per_image`` image tokens; a tiling family's tile markers around its rows); the prefill
-replaces those positions' embeddings with the image's feature rows (:class:`ImageRows`). A request
-with images never uses context reuse (its KV depends on the pixels, not only on the token ids)
-and its KV is not kept for others: ``cache_prompt`` is off for it.
+``tokens_per_image`` image tokens; a tiling family's tile markers around its rows, as many as the
+image's size asks); the prefill replaces the image tokens' embeddings with the image's feature
+rows. Each image is known by the
+digest of its bytes (:mod:`inference.image_features`): an image the model's feature cache holds
+is neither decoded nor encoded again, and context reuse keys its rows by that digest. The
+encoding itself waits for the scheduler, which knows which rows the reused prefix covers.
 """
 
 from __future__ import annotations
@@ -17,14 +20,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from inference.build_profile import MAX_IMAGES_PER_REQUEST
 from inference.image_decode import ImageInputError, decode_image
+from inference.image_features import ImageFeatureCache, PromptImage, PromptImages, image_digest
 from inference.media import MediaPolicy, check_url, read_url
 from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
 from inference.openai.protocol import ChatMessage
-from inference.runtime.protocol import ImageRows, PreparedImage, VisionModel
+from inference.runtime.protocol import VisionModel
 
-#: Image parts one request may carry (each is decoded and encoded before the request queues).
-MAX_IMAGES_PER_REQUEST = 16
+__all__ = ["MAX_IMAGES_PER_REQUEST", "ImagePart", "check_expanded_length", "check_image_tokens",
+           "check_parts", "expand_placeholders", "image_parts", "load_images", "prompt_images",
+           "refuse_text_only"]
 
 
 @dataclass(frozen=True)
@@ -82,8 +88,8 @@ def check_parts(parts: Sequence[ImagePart], policy: MediaPolicy) -> None:
 def expand_placeholders(ids: Sequence[int], vision: VisionModel, images: Sequence[Sequence[int]],
                         param: str = "messages") -> tuple[list[int], np.ndarray]:
     """The prompt with each image placeholder replaced by that image's tokens (``images``, in
-    prompt order), and the positions of every image row (ascending): what :class:`ImageRows`
-    needs besides the features."""
+    prompt order), and the positions of every image row (ascending): where the images' features
+    go (:class:`PromptImages`)."""
     placeholder, token = vision.placeholder_id, vision.image_token_id
     found = sum(1 for t in ids if t == placeholder)
     typed = placeholder != token and any(t == token for t in ids)
@@ -117,31 +123,92 @@ def check_expanded_length(n_ids: int, images: Sequence[Sequence[int]], limit: in
             f"model accepts at most {limit} input tokens: send fewer images or less text", param="messages")
 
 
-def _prepare(vision: VisionModel, parts: Sequence[ImagePart], policy: MediaPolicy) -> list[PreparedImage]:
-    out = []
+def _rows(vision: VisionModel, tokens: Sequence[int]) -> int:
+    return sum(1 for t in tokens if t == vision.image_token_id)
+
+
+def check_image_tokens(parts: Sequence[ImagePart], images: Sequence[Sequence[int]], vision: VisionModel,
+                       n_ids: int, limit: int) -> None:
+    """Refuse images over the bundle's image-token limits (one image: ``max_image_tokens_per_image``
+    image tokens; all of them: ``max_image_tokens``), each a 400 naming the first image part over
+    it, then a prompt whose image tokens and text exceed ``limit``. ``images``: each part's tokens
+    (known before any image is read where the family's images all take the same)."""
+    per, total = vision.max_image_tokens_per_image, vision.max_image_tokens
+    running = 0
+    for part, image in zip(parts, images, strict=True):
+        tokens = _rows(vision, image)
+        if tokens > per:
+            raise InvalidRequestError(
+                f"{part.param} takes {tokens} image tokens; this model accepts at most {per} per image "
+                "(its bundle's max_image_tokens_per_image): send a smaller image, or rebuild the model "
+                "with a larger --max-image-tokens-per-image", param=part.param)
+        running += tokens
+        if running > total:
+            raise InvalidRequestError(
+                f"{part.param}: the images up to this one take {running} image tokens ({tokens} "
+                f"{'each' if vision.tokens_per_image is not None else 'this one'}); "
+                f"this model accepts at most {total} image tokens a request (its bundle's "
+                "max_image_tokens): send fewer images, or rebuild the model with a larger "
+                "--max-image-tokens", param=part.param)
+    check_expanded_length(n_ids, images, limit)
+
+
+def _load(vision: VisionModel, parts: Sequence[ImagePart], policy: MediaPolicy,
+          cache: ImageFeatureCache | None, decode_all: bool) -> list[PromptImage]:
+    """Each part read and hashed; its features from ``cache``, else (or with ``decode_all``)
+    decoded and prepared (what is wrong with an image is a 400 naming its part, here, before the
+    request queues)."""
+    out: list[PromptImage] = []
+    seen: dict[bytes, PromptImage] = {}  # the same image twice in one request: read once
     for part in parts:
         try:
-            image = decode_image(read_url(part.url, policy))
-            out.append(vision.prepare(image))
+            data = read_url(part.url, policy)
+            digest = image_digest(data)
+            first = seen.get(digest)
+            if first is not None:
+                features, prepared = first.features, first.prepared
+            else:
+                features = cache.get(digest) if cache is not None else None
+                prepared = (vision.prepare(decode_image(data)) if features is None or decode_all
+                            else None)
         except (ImageInputError, ValueError) as exc:
             raise InvalidRequestError(f"{part.param} {exc}", param=part.param) from None
+        tokens = prepared.tokens if prepared is not None else vision.fixed_tokens()
+        image = PromptImage(digest=digest, tokens=tokens, param=part.param, prepared=prepared,
+                            features=features)
+        seen.setdefault(digest, image)
+        out.append(image)
     return out
 
 
-async def prepare_images(vision: VisionModel, parts: Sequence[ImagePart],
-                         policy: MediaPolicy) -> list[PreparedImage]:
-    """Read (base64, a local file or a fetch), decode and preprocess the images in a worker
-    thread; a part that is no usable image is a 400 naming it."""
-    return await asyncio.to_thread(_prepare, vision, parts, policy)
+async def load_images(vision: VisionModel, parts: Sequence[ImagePart],
+                      policy: MediaPolicy) -> list[PromptImage]:
+    """Read, hash, decode and prepare every image in a worker thread, for a family whose images'
+    tokens follow their size (the prompt cannot be counted without them)."""
+    return await asyncio.to_thread(_load, vision, parts, policy, None, True)
 
 
-def _features(vision: VisionModel, images: Sequence[PreparedImage]) -> np.ndarray:
-    rows = vision.features(images)
-    return np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
-
-
-async def image_rows(vision: VisionModel, images: Sequence[PreparedImage],
-                     positions: np.ndarray) -> ImageRows:
-    """Encode the prepared images in a worker thread: their rows of the prompt."""
-    features = await asyncio.to_thread(_features, vision, images)
-    return ImageRows(positions=positions, features=np.ascontiguousarray(features, dtype=np.float32))
+async def prompt_images(vision: VisionModel, parts: Sequence[ImagePart], positions: np.ndarray,
+                        policy: MediaPolicy, cache: ImageFeatureCache | None = None,
+                        loaded: Sequence[PromptImage] | None = None) -> PromptImages:
+    """The prompt's images for the scheduler, which has the features it needs encoded: read
+    (base64, a local file or a fetch), hashed, looked up in the model's feature ``cache``, decoded
+    and preprocessed where missing, in a worker thread (``loaded``: images :func:`load_images`
+    read already; only the cache is asked about them). ``positions``: every image row of the
+    prompt, ascending (:func:`expand_placeholders`)."""
+    if loaded is None:
+        images = await asyncio.to_thread(_load, vision, parts, policy, cache, False)
+    else:
+        images = list(loaded)
+        if cache is not None:
+            for image in images:
+                if image.features is None:
+                    image.features = cache.get(image.digest)
+    at = 0
+    for image in images:
+        n = _rows(vision, image.tokens)
+        image.positions = positions[at:at + n]
+        at += n
+    if at != len(positions):
+        raise ValueError(f"{len(positions)} image rows in the prompt for images of {at} rows")
+    return PromptImages(images, vision, cache)

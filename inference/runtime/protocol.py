@@ -136,21 +136,6 @@ class Embedder(Protocol):
 
 
 @dataclass(frozen=True)
-class ImageRows:
-    """Rows of a prompt's token embeddings replaced by image features: ``positions [n]`` (int64,
-    ascending, indices into the prompt) and ``features [n, hidden]`` (float32), row by row."""
-
-    positions: np.ndarray
-    features: np.ndarray
-
-    def window(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-        """The rows among prompt positions ``[start, start + length)``: (positions relative to
-        ``start``, their features)."""
-        lo, hi = np.searchsorted(self.positions, [start, start + length])
-        return self.positions[lo:hi] - start, self.features[lo:hi]
-
-
-@dataclass(frozen=True)
 class PreparedImage:
     """One image ready for the vision graph: ``inputs`` (the graph's inputs for this image alone,
     e.g. ``pixel_values [tiles, 3, h, w]``) and ``tokens``, which replace the chat template's
@@ -179,6 +164,11 @@ class VisionModel(Protocol):
     image_token_id: int
     #: the token the chat template writes for each image, replaced by :attr:`PreparedImage.tokens`
     placeholder_id: int
+    #: The bundle's limits (``engine.json`` ``vision``): image tokens (feature rows) of one
+    #: request, of one image.
+    max_image_tokens: int
+    max_image_tokens_per_image: int
+
     @property
     def tokens_per_image(self) -> int | None:
         """The length of every image's tokens, or None where it depends on the image."""

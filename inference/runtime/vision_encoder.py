@@ -14,15 +14,22 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from inference.build_profile import MAX_IMAGES_PER_REQUEST
 from inference.image_preprocess import ClipPreprocess
 from inference.runtime.errors import EngineLoadError
 from inference.runtime.ort_session import cpu_session
 from inference.runtime.protocol import PreparedImage, VisionModel
 
+#: The image-token limit of a bundle that sets none where its images vary (max_input_len bounds it).
+UNLIMITED = 1 << 62
+
 
 class VisionSession:
     """What every vision side shares: the graph's session, the image token, the placeholder the
-    chat template writes and the feature width."""
+    chat template writes, the feature width and the image-token limits."""
+
+    #: a family whose images all take the same tokens says how many (its encoder sets it)
+    tokens_per_image: int | None = None
 
     def __init__(self, bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> None:
         model = Path(bundle_dir) / str(record.get("model", ""))
@@ -33,6 +40,14 @@ class VisionSession:
             self.placeholder_id = int(record.get("placeholder_id", self.image_token_id))
             self.feature_size = int(record["feature_size"])
             self._read(record)
+            # The profile's image-token limits (bundles built before they were recorded: the
+            # model's tokens per image, and MAX_IMAGES_PER_REQUEST of them; no limit of its own
+            # per image where a family's images vary, only the request's and max_input_len).
+            fixed = self.tokens_per_image
+            per = record.get("max_image_tokens_per_image") or fixed
+            self.max_image_tokens_per_image = int(per) if per else UNLIMITED
+            self.max_image_tokens = int(record.get("max_image_tokens")
+                                        or (MAX_IMAGES_PER_REQUEST * fixed if fixed else UNLIMITED))
         except (KeyError, TypeError, ValueError) as exc:
             raise EngineLoadError(
                 f"engine.json vision record is incomplete ({exc}); rebuild the bundle") from None
@@ -88,8 +103,15 @@ class ClipVisionEncoder(VisionSession):
         return [out[i] for i in range(len(images))]
 
 
+def _tiled(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> VisionModel:
+    from inference.runtime.vision_idefics3 import TiledVisionEncoder  # (it imports VisionSession)
+
+    return TiledVisionEncoder(bundle_dir, record, threads=threads)
+
+
 #: The encoder of each vision family (``engine.json`` ``vision.family``).
-ENCODERS: dict[str, Callable[..., VisionModel]] = {"llava": ClipVisionEncoder}
+ENCODERS: dict[str, Callable[..., VisionModel]] = {"llava": ClipVisionEncoder, "idefics3": _tiled,
+                                                   "smolvlm": _tiled}
 
 
 def load_vision(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> VisionModel:

@@ -137,7 +137,12 @@ def test_task_embed_builds_an_embedding_profile_apart(client: Client, builder: F
                         ({**base, "task": "embed", "precision": "int8"}, "task"),
                         ({**base, "task": "rerank"}, "task"),
                         ({**base, "task": "embed", "kv_cache_dtype": "fp16"}, "kv_cache_dtype"),
-                        ({**base, "kv_cache_dtype": "q8_0"}, "kv_cache_dtype")):
+                        ({**base, "kv_cache_dtype": "q8_0"}, "kv_cache_dtype"),
+                        # Image-token limits: a text-only checkpoint takes no images (400, not a 202).
+                        ({**base, "max_image_tokens": 64}, "max_image_tokens"),
+                        ({**base, "max_image_tokens_per_image": 0}, "max_image_tokens_per_image"),
+                        ({**base, "max_image_tokens": 16, "max_image_tokens_per_image": 32},
+                         "max_image_tokens_per_image")):
         r = client.post("/admin/builds", json=body)
         assert r.status_code == 400, r.text
         assert field in r.text

@@ -127,6 +127,11 @@ def test_prepare_with_fp16_kv_is_its_own_gated_bundle_with_half_the_kv(
         (["prepare", "/tmp", "--kv-cache-dtype", "q8_0"], "--kv-cache-dtype"),
         (["prepare", "/tmp", "--kv-cache-dtype", "fp16", "--task", "embed"], "--kv-cache-dtype"),
         (["prepare", "/tmp", "--kv-cache-dtype", "fp16", "--backend", "tensorrt"], "--kv-cache-dtype"),
+        (["prepare", "/tmp", "--max-image-tokens", "0"], "--max-image-tokens"),
+        (["prepare", "/tmp", "--max-image-tokens", "8192"], "--max-image-tokens: (8192) must not exceed "
+                                                            "--max-input-len (4096)"),
+        (["prepare", "/tmp", "--max-image-tokens", "32", "--max-image-tokens-per-image", "64"],
+         "--max-image-tokens-per-image: (64) must not exceed --max-image-tokens (32)"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -139,6 +144,16 @@ def test_bad_input_is_one_line_and_exit_2(
     assert code == 2
     assert needle in err
     assert len(err.splitlines()) == 1, err
+
+
+def test_image_token_limits_for_a_text_checkpoint_are_one_line_and_exit_2(
+    tmp_path: Path, ckpt: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "--cache-dir", str(tmp_path / "c"), "prepare", str(ckpt),
+                       "--max-input-len", "256", "--max-image-tokens-per-image", "64")
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "--max-image-tokens-per-image: applies only to a vision-language checkpoint" in err
+    assert "takes text only: leave the image-token limits unset" in err
 
 
 def test_console_script_runs(tmp_path: Path) -> None:

@@ -73,3 +73,25 @@ def test_kv_cache_dtype_keys_a_cpu_generate_profile_and_keeps_old_ids_at_fp32() 
         ProfileRequest(kv_cache_dtype="q8_0")
     with pytest.raises(ConfigError, match="kv_cache_dtype"):
         ProfileRequest(backend="tensorrt", kv_cache_dtype="fp16")
+
+
+def test_image_token_limits_key_a_profile_only_when_set_and_are_checked() -> None:
+    base = BuildOptions()
+    assert not {"max_image_tokens", "max_image_tokens_per_image"} & base.to_dict().keys()
+    limited = BuildOptions(max_image_tokens=1152, max_image_tokens_per_image=576)
+    assert limited.to_dict()["max_image_tokens"] == 1152 and limited.digest != base.digest
+    assert "-img1152-imgp576-fp32-" in limited.name and BuildOptions.from_dict(limited.to_dict()) == limited
+    assert BuildOptions(max_image_tokens=1152).digest != limited.digest
+    assert ProfileRequest(max_image_tokens=64).max_image_tokens == 64
+    for kwargs, message in (
+        ({"max_image_tokens": 0}, "max_image_tokens: must be a positive integer"),
+        ({"max_image_tokens": True}, "max_image_tokens: must be a positive integer"),
+        ({"max_image_tokens_per_image": 5000},
+         r"max_image_tokens_per_image: \(5000\) must not exceed max_input_len"),
+        ({"max_image_tokens": 64, "max_image_tokens_per_image": 128},
+         r"max_image_tokens_per_image: \(128\) must not exceed max_image_tokens \(64\)"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            ProfileRequest(**kwargs)
+        with pytest.raises(ConfigError, match=message):
+            BuildOptions(**kwargs)

@@ -16,6 +16,8 @@ STALE = (
     "test_another_gpu_flags_stale_never_serves_evicts_first_and_the_gpu_back_restores[sqlite]"
 )
 
+IMAGE_REUSE = "tests/vision/test_image_reuse.py"
+
 CPU_CLASS = (
     "tests/cache/test_cpu_class_stale.py::"
     "test_a_bundle_built_for_another_cpu_class_is_stale_refused_and_evicted_first"
@@ -546,23 +548,69 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     # -- images: a request's KV is its tokens' and its images' -----------------------------------
     Mutation(
-        name="image-request-kv-shared",
-        why="a prompt with images shares context-reuse KV keyed by its token ids alone: another image "
-            "behind the same text gets the first one's answer",
-        path="inference/openai/handle.py",
-        function="ModelHandle._requests",
-        find=r"cache_prompt=plan\.cache_prompt and plan\.images is None,",
-        replace="cache_prompt=plan.cache_prompt,",
-        tests=("tests/vision/test_serve.py::test_two_images_in_either_order",),
+        name="image-rows-keyed-by-token-ids",
+        why="context reuse keys a prompt with images by its token ids alone: another image behind the "
+            "same text resumes from the first one's KV and gets its answer",
+        path="inference/scheduler.py",
+        function="GenerationRequest.cache_ids",
+        find=r"if self\.images is None else self\.images\.cache_ids\(self\.prompt_ids\)",
+        replace="if True else None",
+        tests=(f"{IMAGE_REUSE}::test_another_image_behind_the_same_text_reuses_only_the_text",),
     ),
     Mutation(
-        name="image-request-guard-removed",
-        why="the scheduler takes a request with image rows and cache_prompt on (KV reuse by token ids)",
+        name="image-row-ids-ignore-the-digest",
+        why="every image's rows get the same ids in the prefix chain: any image reuses another's KV",
+        path="inference/image_features.py",
+        function="row_ids",
+        find=r'" \+ digest\)',
+        replace='")',
+        tests=("tests/vision/test_image_features.py::test_row_ids_are_negative_distinct_per_row_and_per_image_and_stable",
+               f"{IMAGE_REUSE}::test_another_image_behind_the_same_text_reuses_only_the_text"),
+    ),
+    Mutation(
+        name="image-encoded-despite-reuse",
+        why="an image whose rows the reused KV covers is encoded again (seconds of CPU for nothing)",
         path="inference/scheduler.py",
-        function="GenerationRequest.__post_init__",
-        find=r"if self\.images is not None and self\.cache_prompt:",
+        function="Scheduler._images_ready",
+        find=r"todo = images\.missing\(run\.prefilled\)",
+        replace="todo = images.missing(0)",
+        tests=(f"{IMAGE_REUSE}::test_a_prefix_covering_the_image_spares_its_encode",),
+    ),
+    Mutation(
+        name="image-feature-cache-unbounded",
+        why="the image-feature cache grows past --image-feature-cache-bytes",
+        path="inference/image_features.py",
+        function="ImageFeatureCache.put",
+        find=r"while self\._entries and self\._bytes \+ size > self\._stats\.max_bytes:",
+        replace="while False:",
+        tests=("tests/vision/test_image_features.py::test_the_feature_cache_is_lru_by_bytes_with_counters",),
+    ),
+    Mutation(
+        name="image-token-limit-unchecked",
+        why="a request's images pass the bundle's --max-image-tokens",
+        path="inference/openai/images.py",
+        function="check_image_tokens",
+        find=r"if running > total:",
         replace="if False:",
-        tests=("tests/vision/test_image_parts.py::test_a_request_with_images_cannot_share_its_kv",),
+        tests=("tests/vision/test_image_parts.py::test_image_token_limits_name_the_first_part_over_them",),
+    ),
+    Mutation(
+        name="image-limits-change-text-bundle-ids",
+        why="the new profile fields enter every profile's digest: every existing bundle gets a new id",
+        path="cachesvc/cache/profiles.py",
+        function="BuildOptions.to_dict",
+        find=r"if out\[name\] == default:",
+        replace='if out[name] == default and not name.startswith("max_image"):',
+        tests=("tests/cache/test_profiles.py::test_image_token_limits_key_a_profile_only_when_set_and_are_checked",),
+    ),
+    Mutation(
+        name="sixteen-bit-clipped-to-white",
+        why="a 16-bit greyscale image is converted by clipping (every value over 255 white)",
+        path="inference/image_preprocess.py",
+        function="to_rgb",
+        find=r"if image\.mode in SIXTEEN_BIT_MODES:",
+        replace="if False:",
+        tests=("tests/vision/test_image_decode.py::test_sixteen_bit_greyscale_is_scaled_to_eight_bits_not_clipped",),
     ),
     Mutation(
         name="image-pixel-limit-skipped",

@@ -82,3 +82,61 @@ def test_animated_images_are_refused() -> None:
     frames[0].save(out, format="GIF", save_all=True, append_images=frames[1:])
     with pytest.raises(ImageInputError, match="animated"):
         decode_image(out.getvalue())
+
+
+def test_animated_webp_and_png_are_refused_too() -> None:
+    frames = [random_image(i, (8, 8)) for i in range(3)]
+    for fmt in ("WEBP", "PNG"):
+        out = io.BytesIO()
+        frames[0].save(out, format=fmt, save_all=True, append_images=frames[1:])
+        with pytest.raises(ImageInputError, match="is animated; send one frame"):
+            decode_image(out.getvalue())
+    one = io.BytesIO()
+    frames[0].save(one, format="GIF")  # a still GIF is fine
+    assert decode_image(one.getvalue()).size == (8, 8)
+
+
+def test_sixteen_bit_greyscale_is_scaled_to_eight_bits_not_clipped() -> None:
+    """Pillow's (and transformers') conversion clips 16-bit values to 255: a white image. Ours
+    keeps the high byte, as Pillow reads 16-bit RGB PNGs."""
+    import numpy as np
+
+    from inference.image_preprocess import to_rgb
+
+    values = np.random.default_rng(3).integers(0, 65536, (12, 20)).astype(np.uint16)
+    decoded = decode_image(encoded(Image.fromarray(values)))
+    assert decoded.mode == "I;16"
+    rgb = np.asarray(to_rgb(decoded))
+    assert rgb.shape == (12, 20, 3) and (rgb == (values >> 8).astype(np.uint8)[:, :, None]).all()
+    assert np.asarray(decoded.convert("RGB")).mean() > 250  # what a plain conversion would have made
+
+
+def test_transparency_is_composited_onto_white() -> None:
+    import numpy as np
+
+    from inference.image_preprocess import to_rgb
+
+    palette = Image.new("P", (4, 2))
+    palette.putpalette([255, 0, 0, 0, 0, 255])
+    palette.putpixel((0, 0), 1)
+    decoded = decode_image(encoded(palette, transparency=0))  # index 0 (red) transparent
+    rgb = np.asarray(to_rgb(decoded))
+    assert rgb[0, 0].tolist() == [0, 0, 255] and rgb[1, 1].tolist() == [255, 255, 255]
+    la = decode_image(encoded(Image.new("LA", (2, 2), (0, 0))))
+    assert np.asarray(to_rgb(la)).tolist() == [[[255, 255, 255]] * 2] * 2
+    cmyk = decode_image(encoded(Image.new("CMYK", (2, 2), (0, 255, 255, 0)), "JPEG"))
+    assert cmyk.mode == "CMYK" and to_rgb(cmyk).mode == "RGB"
+
+
+def test_preprocessing_refuses_what_would_blow_up_or_it_cannot_take() -> None:
+    from inference.image_preprocess import ClipPreprocess
+
+    llava = ClipPreprocess.from_config({"size": {"shortest_edge": 336}, "crop_size": 336})
+    refused = "1x8192 pixels; resized for this model it would be 336x2752512"
+    with pytest.raises(ImageInputError, match=refused):
+        llava(decode_image(encoded(Image.new("RGB", (1, 8192)))))
+    assert llava(decode_image(encoded(Image.new("RGB", (8, 512))))).shape == (3, 336, 336)
+    rgb_only = ClipPreprocess.from_config({"do_convert_rgb": False, "crop_size": 32,
+                                           "size": {"shortest_edge": 32}})
+    with pytest.raises(ImageInputError, match="is a L image; this model's image processor takes RGB"):
+        rgb_only(random_image(1, (40, 40), "L"))

@@ -15,6 +15,7 @@ from inference.openai.errors import ContextLengthExceededError, InvalidRequestEr
 from inference.openai.images import (
     MAX_IMAGES_PER_REQUEST,
     check_expanded_length,
+    check_image_tokens,
     check_parts,
     expand_placeholders,
     image_parts,
@@ -31,6 +32,8 @@ class _Vision:
     image_token_id: int = 9
     placeholder_id: int = 9
     tokens_per_image: int | None = 3
+    max_image_tokens: int = 48
+    max_image_tokens_per_image: int = 3
 
     def fixed_tokens(self) -> tuple[int, ...]:
         return (self.image_token_id,) * 3
@@ -104,6 +107,20 @@ def test_placeholders_expand_to_tokens_that_differ_per_image() -> None:
         expand_placeholders([1, 8, 9], tiling, [(5, 9, 6)])
 
 
+def test_a_placeholder_that_is_the_image_token_expands_once() -> None:
+    """Idefics3 / SmolVLM: the template's ``<image>`` (9) is the image token itself, and each
+    image's tokens hold markers (5, 6, 7) and many 9s: each placeholder of the rendered prompt
+    is replaced once (the 9s it brings are rows, not placeholders); a 9 the text adds is one
+    placeholder too many."""
+    tiling = _Vision(tokens_per_image=None)
+    first, second = (5, 7, 9, 9, 5, 6, 9, 9, 5), (5, 6, 9, 9, 5)
+    ids, rows = expand_placeholders([1, 9, 2, 9, 3], tiling, [first, second])
+    assert ids == [1, *first, 2, *second, 3]
+    assert rows.tolist() == [3, 4, 7, 8, 13, 14]
+    with pytest.raises(InvalidRequestError, match="has 3 image placeholders for 2 images"):
+        expand_placeholders([1, 9, 2, 9, 9], tiling, [first, second])
+
+
 def test_expanded_length_is_checked_before_decoding() -> None:
     three = (9, 9, 9)
     check_expanded_length(10, [three] * 2, 14)
@@ -113,14 +130,24 @@ def test_expanded_length_is_checked_before_decoding() -> None:
         check_expanded_length(9, [three, (9,) * 5], 14)
 
 
-def test_a_request_with_images_cannot_share_its_kv() -> None:
-    """The scheduler's own guard: context reuse keys KV by token ids, so a request carrying image
-    rows is refused unless it says cache_prompt False."""
-    from inference.runtime.protocol import ImageRows
-    from inference.scheduler import GenerationRequest
-
-    rows = ImageRows(positions=np.arange(3), features=np.zeros((3, 4), np.float32))
-    fields: dict[str, Any] = {"prompt_ids": [1, 2, 3], "sampler": None, "state": None, "sink": None}
-    with pytest.raises(ValueError, match="cache_prompt False"):
-        GenerationRequest(**fields, images=rows)
-    assert GenerationRequest(**fields, images=rows, cache_prompt=False).images is rows
+def test_image_token_limits_name_the_first_part_over_them() -> None:
+    """The bundle's limits (engine.json vision: max_image_tokens, max_image_tokens_per_image) are
+    checked before any image is read; each 400 names the part and the flag to rebuild with."""
+    parts = image_parts(_messages(URL, URL, URL))
+    three = [(9, 9, 9)] * 3
+    check_image_tokens(parts, three, _Vision(max_image_tokens=9), 12, 100)
+    with pytest.raises(InvalidRequestError, match="up to this one take 9 image tokens") as info:
+        check_image_tokens(parts, three, _Vision(max_image_tokens=8), 12, 100)
+    assert info.value.param == "messages[1].content[3].image_url.url"
+    assert "at most 8 image tokens a request" in info.value.message
+    assert "--max-image-tokens" in info.value.message
+    over = "takes 3 image tokens; this model accepts at most 2 per image"
+    with pytest.raises(InvalidRequestError, match=over) as info:
+        check_image_tokens(parts, three, _Vision(max_image_tokens_per_image=2), 12, 100)
+    assert info.value.param == "messages[1].content[1].image_url.url"
+    assert "--max-image-tokens-per-image" in info.value.message
+    with pytest.raises(ContextLengthExceededError):  # within the image limits, over the input limit
+        check_image_tokens(parts, three, _Vision(), 12, 14)
+    # Markers around an image's rows count toward the prompt, not toward the image tokens.
+    marked = [(5, 9, 9, 6)] * 3
+    check_image_tokens(parts, marked, _Vision(max_image_tokens=6, max_image_tokens_per_image=2), 12, 100)

@@ -69,6 +69,8 @@ def test_bundle_records_its_vision_side(llava_bundle: Path) -> None:
     assert meta["architecture"] == "LlavaForConditionalGeneration" and meta["model_type"] == "llama"
     vision = meta["vision"]
     assert vision["precision"] == "fp32" and vision["tokens_per_image"] == 16
+    # No image-token limits in the profile: one image's tokens, 16 images within max_input_len 128.
+    assert (vision["max_image_tokens"], vision["max_image_tokens_per_image"]) == (128, 16)
     assert {"model.vision.onnx", "model.vision.onnx.data"} <= set(meta["files"])
     assert meta["inputs"][-2:] == ["image_features", "image_rows"]
 
@@ -147,6 +149,12 @@ def test_refusals_name_the_field(llava_checkpoint: Path, tmp_path: Path,
         build_bundle(llava_checkpoint, out, EngineBuildSpec(lora=True))
     with pytest.raises(BuildInputError, match="one image takes 16 prompt tokens"):
         build_bundle(llava_checkpoint, out, EngineBuildSpec(max_input_len=16, max_kv_cache_capacity=64))
+    for spec, field in ((EngineBuildSpec(max_input_len=64, max_image_tokens_per_image=8),
+                         "max_image_tokens_per_image"),
+                        (EngineBuildSpec(max_input_len=64, max_image_tokens=15), "max_image_tokens")):
+        refused = rf"{field}: \(\d+\) admits no image: one image of a llava checkpoint takes 16 tokens; raise"
+        with pytest.raises(BuildInputError, match=refused):
+            build_bundle(llava_checkpoint, out, spec)
     broken = copy_checkpoint(llava_checkpoint)
     (broken / "processor_config.json").unlink()
     with pytest.raises(BuildInputError, match=r"processor_config\.json"):
@@ -161,6 +169,9 @@ def test_text_bundles_are_unchanged(tmp_path: Path) -> None:
     ckpt = write_demo_checkpoint(tmp_path / "llama", arch="llama", size="tiny", seed=1)
     out = tmp_path / "bundle"
     out.mkdir()
+    with pytest.raises(BuildInputError, match="max_image_tokens: applies only to a vision-language"):
+        build_bundle(ckpt, out, EngineBuildSpec(max_kv_cache_capacity=64, max_input_len=32,
+                                                max_image_tokens=16))
     meta = build_bundle(ckpt, out, EngineBuildSpec(max_kv_cache_capacity=64, max_input_len=32))
     assert "vision" not in meta and "image_rows" not in meta["inputs"]
     for name in ("model.onnx", "model.ort.onnx"):

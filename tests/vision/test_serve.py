@@ -217,7 +217,8 @@ def test_anthropic_image_blocks(server: ServerProcess, checkpoint: Path) -> None
         model=MODEL, max_tokens=N_TOKENS, extra_body={"temperature": 0},
         messages=[{"role": "user", "content": [{"type": "text", "text": "Describe."}, image_block]}])
     assert done.content[0].type == "text" and done.content[0].text == expected
-    assert done.usage.input_tokens == prompt_tokens
+    # Anthropic's input_tokens leave out what was read from the cache (an earlier test sent this image).
+    assert done.usage.input_tokens + (done.usage.cache_read_input_tokens or 0) == prompt_tokens
     turn: Any = [{"role": "user", "content": [{"type": "text", "text": "Describe."}, image_block]}]
     counted = server.anthropic_client().messages.count_tokens(model=MODEL, messages=turn)
     assert counted.input_tokens == prompt_tokens
@@ -246,19 +247,48 @@ def test_responses_input_image(server: ServerProcess, checkpoint: Path) -> None:
     assert err["param"] == "input[0].content[1].image_url" and "not an image" in err["message"], err
 
 
-def test_image_requests_never_reuse_context(server: ServerProcess) -> None:
-    """The same image request twice: computed afresh both times (no cached tokens, the same
-    answer), while the same text without an image is reused on its second run, so the counter
-    would show a reuse had there been one."""
+def _cached(done: Any) -> int:
+    assert done.usage is not None and done.usage.prompt_tokens_details is not None
+    return int(done.usage.prompt_tokens_details.cached_tokens or 0)
+
+
+def _image_start(server: ServerProcess, text: str, url: str) -> int:
+    """Where the image's rows start in the prompt (/tokenize: the first of 16 equal ids)."""
+    content = [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "add_generation_prompt": True}
+    with server.http() as h:
+        ids = h.post("/tokenize", json=body).json()["tokens"]
+    image = max(set(ids), key=ids.count)
+    assert ids.count(image) == 16
+    return int(ids.index(image))
+
+
+def test_the_same_image_reuses_its_context_and_another_image_does_not(
+        server: ServerProcess, checkpoint: Path) -> None:
+    """Context reuse covers the image content (its digest keys the image rows): the same image and
+    text twice reuse the whole prompt and give transformers' answer, with one encode (/health:
+    the feature cache's counters and the tokens reused); the same text behind another image
+    reuses at most the text before the image and gives transformers' answer for that image."""
     text = "Tell me everything you see here, in detail, and then some more words about it. " * 2
-    first, second = (_ask(server, text, [png_url(IMAGES[0])]) for _ in range(2))
-    assert first.choices[0].message.content == second.choices[0].message.content
-    for done in (first, second):
-        assert done.usage is not None and done.usage.prompt_tokens_details is not None
-        assert done.usage.prompt_tokens_details.cached_tokens == 0
-    plain = [_ask(server, text, []) for _ in range(2)]
-    details = plain[1].usage.prompt_tokens_details if plain[1].usage is not None else None
-    assert details is not None and details.cached_tokens > 0
+    image, other = random_image(31, (48, 40)), random_image(32, (40, 48))  # no other test sends them
+    start = server.health()
+    first, second = (_ask(server, text, [png_url(image)]) for _ in range(2))
+    expected, prompt_tokens = _expected(checkpoint, [image], text)
+    assert first.choices[0].message.content == second.choices[0].message.content == expected
+    assert _cached(second) >= prompt_tokens - 1  # image rows included: all but at most the last token
+    end = server.health()
+    images = {k: end["image_cache"][k] - start["image_cache"][k] for k in ("lookups", "hits", "encodes")}
+    assert images == {"lookups": 2, "hits": 1, "encodes": 1}, images
+    reused = end["context_cache"]["tokens_reused"] - start["context_cache"]["tokens_reused"]
+    assert reused == _cached(first) + _cached(second)
+    assert end["image_cache"]["entries"] >= 1 and end["image_cache"]["bytes"] >= 16 * 64 * 4
+    third = _ask(server, text, [png_url(other)])
+    assert third.choices[0].message.content == _expected(checkpoint, [other], text)[0] != expected
+    assert _cached(third) <= _image_start(server, text, png_url(other))
+    with server.http() as h:
+        metrics = h.get("/metrics").text
+    encodes = re.search(r'^cachesvc_image_cache_encodes_total\{model="[^"]+"\} (\S+)$', metrics, re.M)
+    assert encodes is not None and float(encodes.group(1)) == server.health()["image_cache"]["encodes"]
 
 
 def test_models_and_health_say_the_model_takes_images(server: ServerProcess) -> None:

@@ -100,4 +100,6 @@ def _profile(data: BuildRequest) -> ProfileRequest:
         lora=data.lora,
         kernels=data.kernels,
         kv_cache_dtype=data.kv_cache_dtype,
+        max_image_tokens=data.max_image_tokens,
+        max_image_tokens_per_image=data.max_image_tokens_per_image,
     )

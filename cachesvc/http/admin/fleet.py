@@ -160,6 +160,8 @@ def _spec(manager: CacheManager, data: DesiredIn, roots: tuple[Path, ...] | None
             lora=b.lora,
             kernels=b.kernels,
             kv_cache_dtype=b.kv_cache_dtype,
+            max_image_tokens=b.max_image_tokens,
+            max_image_tokens_per_image=b.max_image_tokens_per_image,
         )
         profile = {k: getattr(request, k) for k in ProfileRequest.__dataclass_fields__}
         registry = None if b.registry is None else str(parse_ref(b.registry, allow_tag=False))

@@ -51,6 +51,8 @@ class AliasRequest(Struct, frozen=True, forbid_unknown_fields=True):
     lora: bool | None = None
     kernels: KernelsChoice | None = None
     kv_cache_dtype: KvCacheDtype | None = None
+    max_image_tokens: PositiveDim | None = None
+    max_image_tokens_per_image: PositiveDim | None = None
 
     def profile(self) -> dict[str, Any]:
         """The build-profile fields given (empty: no profile)."""
