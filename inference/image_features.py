@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from inference.runtime.protocol import PreparedImage, VisionModel
+from inference.runtime.protocol import PreparedImage, VisionModel, whole_runs_end
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +174,8 @@ class PromptImage:
     prepared: PreparedImage | None = None
     features: np.ndarray | None = None
     positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: (t, h, w) of its rows, for multimodal rotary positions (Qwen2.5-VL), else None
+    grid: tuple[int, int, int] | None = None
     #: An encode of it is under way (set by :meth:`PromptImages.missing`).
     encoding: bool = field(default=False, repr=False)
 
@@ -183,8 +185,11 @@ class PromptImages:
     context reuse keys them by, and their features, encoded only where the prefill needs them."""
 
     def __init__(self, images: Sequence[PromptImage], vision: VisionModel,
-                 cache: ImageFeatureCache | None = None) -> None:
+                 cache: ImageFeatureCache | None = None, *, rope: np.ndarray | None = None) -> None:
         self.images = list(images)
+        #: For a language model with multimodal rotary positions (Qwen2.5-VL): every prompt
+        #: token's temporal, height and width position ``[3, prompt length]`` (int64), else None.
+        self.rope = rope
         for image in self.images:
             if image.features is None and image.prepared is None:
                 raise ValueError(f"image {image.param or image.digest.hex()[:12]} has no pixels or features")
@@ -195,6 +200,16 @@ class PromptImages:
                           if self.images else np.zeros(0, np.int64))
         if np.any(np.diff(np.sort(self.positions)) == 0):
             raise ValueError("two image rows at one prompt position")
+
+    def rope_window(self, start: int, length: int) -> np.ndarray | None:
+        """The rotary positions ``[3, length]`` of prompt tokens ``[start, start + length)``, or None."""
+        return None if self.rope is None else self.rope[:, start:start + length]
+
+    def chunk_end(self, start: int, end: int) -> int:
+        """Where a prefill chunk ``[start, end)`` of the prompt ends: ``end``, or, for a model whose
+        image rows attend to one another both ways (Gemma 3), where it cuts no image
+        (:func:`~inference.runtime.protocol.whole_runs_end`)."""
+        return whole_runs_end(self.positions, start, end) if self._vision.whole_images else end
 
     def cache_ids(self, prompt_ids: Sequence[int]) -> list[int]:
         """``prompt_ids`` with every image row's id replaced by its :func:`row_ids` entry."""

@@ -1,8 +1,8 @@
 """The model pool: which engines are loaded, who is using them, and when they go.
 
-Modelled on Ollama's scheduler (``server/sched.go``): every request ``acquire``s a
-reference-counted lease on a loaded model and ``release``s it when its answer is written; a
-model is unloaded only at zero references. A name that is not loaded is loaded once, however
+Modelled on Ollama's scheduler (``server/sched.go``): every request ``acquire``s a hold on a
+loaded model (an in-process reference count) and ``release``s it when its answer is written; a
+model is unloaded only at zero holds. A name that is not loaded is loaded once, however
 many requests ask for it at the same time (they all wait on the same load). A load that would
 pass ``max_loaded`` models or the memory budget first unloads the least recently used idle
 models; when every loaded model is busy the request waits (up to ``queue_timeout``) for one to
@@ -10,13 +10,19 @@ become idle, then gets 429 with ``Retry-After``. Idle models stay for their keep
 (``-1`` forever, ``0`` unloaded at once when idle).
 
 The pool is the inference side: it knows the cache only through :class:`ModelSource` (name ->
-bundle, leases, audit events) and builds per-model handles (:class:`ModelHandle`, which owns
-the engine, tokenizer, scheduler and parsers) with an injected :data:`HandleFactory`. Every
-method runs on the event loop; blocking work (catalog reads, engine loads) goes to threads.
+bundle, the bundle's cross-process lease, audit events) and builds per-model handles with an
+injected :data:`HandleFactory`. It is generic over the handle's type and needs of a handle only
+:class:`PooledModel`: its engine client (:class:`~inference.engine_client.EngineClient`, whose
+lifecycle the pool drives) and its ``/health`` view; it knows no request format (the model cards
+of ``/v1/models`` are written in ``inference.openai.models``). Every method runs on the event
+loop; blocking work (catalog reads, engine loads) goes to threads.
+
+"Lease" means the cache's cross-process lease of a bundle (held while its engine is loaded); a
+request's in-process reference to a loaded model is a *hold*.
 
 It is the only model source of every serving surface (OpenAI, Anthropic, Responses, tokenize):
-an endpoint holds the pool and answers inside ``async with pool.lease(name) as lease``; a
-streamed answer takes the lease over (:meth:`ModelLease.held_by`) and releases it when it ends.
+an endpoint holds the pool and answers inside ``async with pool.hold(name) as held``; a
+streamed answer takes the hold over (:meth:`ModelHold.held_by`) and releases it when it ends.
 """
 
 from __future__ import annotations
@@ -29,17 +35,16 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-from inference.openai.errors import (
+from inference.engine_client import EngineClient
+from inference.serving_errors import (
     InvalidRequestError,
     ModelNotFoundError,
-    OpenAIError,
     ServerOverloadedError,
     ServerUnavailableError,
+    ServingError,
 )
-from inference.openai.handle import ModelHandle
-from inference.openai.protocol import ModelCard, ModelList
 
 log = logging.getLogger("inference.pool")
 
@@ -115,8 +120,23 @@ class PoolObserver(Protocol):
     def model_unloaded(self, model: str, reason: str, loaded: int) -> None: ...
 
 
+class PooledModel(Protocol):
+    """What the pool needs of a loaded model's handle."""
+
+    @property
+    def client(self) -> EngineClient:
+        """The model's engine client: the pool starts, drains, stops and closes it."""
+        ...
+
+    def health(self) -> dict[str, Any]:
+        """The model's ``/health`` view (``status``, ``active_requests``, ``queued_requests``, ...)."""
+        ...
+
+
+_Handle = TypeVar("_Handle", bound=PooledModel)
+
 #: Builds the handle of a model (loads its engine); runs in a worker thread.
-HandleFactory = Callable[[ModelRef], ModelHandle]
+HandleFactory = Callable[[ModelRef], _Handle]
 
 
 @dataclass(frozen=True)
@@ -135,14 +155,16 @@ class PoolLimits:
 
 
 @dataclass
-class _Entry:
+class _Entry(Generic[_Handle]):
     ref: ModelRef
-    handle: ModelHandle
+    handle: _Handle
+    #: The bundle's cross-process lease, held while the engine is loaded.
     lease: Releasable
     keep_alive: float
     loaded_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
-    refs: int = 0
+    #: Requests holding the model (in process).
+    holds: int = 0
     queued: int = 0
     unloading: bool = False
     timer: asyncio.TimerHandle | None = None
@@ -151,7 +173,7 @@ class _Entry:
 
     @property
     def expires_at(self) -> float | None:
-        if self.refs > 0 or self.keep_alive < 0:
+        if self.holds > 0 or self.keep_alive < 0:
             return None
         return self.last_used + self.keep_alive
 
@@ -175,17 +197,17 @@ class EngineStatus:
     references: int
 
 
-class ModelLease:
+class ModelHold(Generic[_Handle]):
     """One request's hold on a loaded model; :meth:`release` exactly once (idempotent)."""
 
-    def __init__(self, pool: ModelPool, entry: _Entry) -> None:
+    def __init__(self, pool: ModelPool[_Handle], entry: _Entry[_Handle]) -> None:
         self._pool = pool
         self._entry = entry
         self._released = False
         self._handed_over = False
 
     @property
-    def handle(self) -> ModelHandle:
+    def handle(self) -> _Handle:
         """The model's handle."""
         return self._entry.handle
 
@@ -195,15 +217,15 @@ class ModelLease:
         return self._entry.ref.bundle_id
 
     def release(self) -> None:
-        """Drop the reference; the model may unload when it was the last one."""
+        """Drop the hold; the model may unload when it was the last one."""
         if self._released:
             return
         self._released = True
         self._pool._release(self._entry)
 
     def held_by(self, stream: AsyncIterator[_Item]) -> AsyncIterator[_Item]:
-        """``stream``, holding this lease until it ends (or is dropped unstarted): a streamed
-        answer outlives the ``async with pool.lease(...)`` block that made it."""
+        """``stream``, keeping this hold until it ends (or is dropped unstarted): a streamed
+        answer outlives the ``async with pool.hold(...)`` block that made it."""
         self._handed_over = True
 
         async def holding() -> AsyncIterator[_Item]:
@@ -219,13 +241,13 @@ class ModelLease:
         return held
 
 
-class ModelPool:
+class ModelPool(Generic[_Handle]):
     """Loaded engines by bundle, shared by all requests (see the module docstring)."""
 
     def __init__(
         self,
         source: ModelSource,
-        factory: HandleFactory,
+        factory: HandleFactory[_Handle],
         limits: PoolLimits,
         *,
         observer: PoolObserver | None = None,
@@ -234,13 +256,13 @@ class ModelPool:
         self.factory = factory
         self.limits = limits
         self.observer = observer
-        self._loaded: dict[str, _Entry] = {}
-        self._loading: dict[str, asyncio.Future[_Entry]] = {}
+        self._loaded: dict[str, _Entry[_Handle]] = {}
+        self._loading: dict[str, asyncio.Future[_Entry[_Handle]]] = {}
         self._loading_bytes: dict[str, int] = {}
         self._changed = asyncio.Event()
         self._draining = False
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._adopted: list[_Entry] = []
+        self._adopted: list[_Entry[_Handle]] = []
         #: name -> why it is out of service (its bundle failed verification while loaded); /v1
         #: answers 503 with the reason until a load of that name succeeds again.
         self._down: dict[str, str] = {}
@@ -253,7 +275,7 @@ class ModelPool:
     def adopt(
         self,
         ref: ModelRef,
-        handle: ModelHandle,
+        handle: _Handle,
         lease: Releasable,
         *,
         keep_alive: float = -1,
@@ -272,7 +294,7 @@ class ModelPool:
     async def start(self) -> None:
         """Start the schedulers of adopted models (in the server's event loop)."""
         for entry in self._adopted:
-            await entry.handle.start()
+            await entry.handle.client.start()
         self._adopted.clear()
 
     def forget_name(self, name: str) -> None:
@@ -288,15 +310,15 @@ class ModelPool:
             raise ServerUnavailableError("the server is shutting down and admits no new requests")
 
     @contextlib.asynccontextmanager
-    async def lease(self, name: str, *, keep_alive: float | None = None) -> AsyncIterator[ModelLease]:
-        """:meth:`acquire` for an ``async with`` block: the lease is released when the block
-        ends, unless a stream took it over (:meth:`ModelLease.held_by`)."""
-        lease = await self.acquire(name, keep_alive=keep_alive)
+    async def hold(self, name: str, *, keep_alive: float | None = None) -> AsyncIterator[ModelHold[_Handle]]:
+        """:meth:`acquire` for an ``async with`` block: the hold is released when the block
+        ends, unless a stream took it over (:meth:`ModelHold.held_by`)."""
+        held = await self.acquire(name, keep_alive=keep_alive)
         try:
-            yield lease
+            yield held
         finally:
-            if not lease._handed_over:
-                lease.release()
+            if not held._handed_over:
+                held.release()
 
     def default_model(self) -> str:
         """The model a request that leaves ``model`` out means (``/tokenize``, as vLLM): the
@@ -305,8 +327,8 @@ class ModelPool:
             raise InvalidRequestError("model is required: this server has no default model", param="model")
         return self.primary
 
-    async def acquire(self, name: str, *, keep_alive: float | None = None) -> ModelLease:
-        """A lease on the model ``name`` means, loading it first when needed.
+    async def acquire(self, name: str, *, keep_alive: float | None = None) -> ModelHold[_Handle]:
+        """A hold on the model ``name`` means, loading it first when needed.
 
         Raises 404 for unknown or unbuilt names, 429 when no model can be unloaded to make
         room within the queue timeout, 503 when the load fails or the server drains."""
@@ -339,15 +361,15 @@ class ModelPool:
                         )
                     await self._wait(changed, remaining)
                     continue
-                # This request holds the loaded model's first reference (taken inside the load,
-                # so a keep-alive of 0 cannot unload it before the request runs).
+                # This request has the loaded model's first hold (taken inside the load, so a
+                # keep-alive of 0 cannot unload it before the request runs).
                 future = self._start_load(ref, keep_alive, name)
                 try:
                     loaded = await asyncio.wait_for(
                         asyncio.shield(future), timeout=max(deadline - time.monotonic(), 0.001)
                     )
                 except BaseException as exc:
-                    future.add_done_callback(self._drop_reference)
+                    future.add_done_callback(self._drop_hold)
                     if isinstance(exc, TimeoutError):
                         raise ServerOverloadedError(
                             f"the model {name!r} is still loading; retry shortly"
@@ -358,7 +380,7 @@ class ModelPool:
                 except ServerOverloadedError:
                     self._release(loaded)
                     raise
-                return ModelLease(self, loaded)
+                return ModelHold(self, loaded)
             remaining = deadline - time.monotonic()
             if pending is not None:
                 try:
@@ -378,7 +400,7 @@ class ModelPool:
         limit = self.limits.max_queued
         if limit is None:
             return
-        queued = sum(e.handle.queued for e in self._loaded.values())
+        queued = sum(e.handle.client.queued for e in self._loaded.values())
         # Each model's scheduler still decides whether this request gets a slot at once; the
         # pool only refuses when the server-wide queue is already full.
         if queued and queued >= limit:
@@ -387,9 +409,9 @@ class ModelPool:
                 f"(limit {limit}, --max-queued-requests)"
             )
 
-    def _take(self, entry: _Entry, name: str, keep_alive: float | None) -> ModelLease:
+    def _take(self, entry: _Entry[_Handle], name: str, keep_alive: float | None) -> ModelHold[_Handle]:
         self._check_queue()
-        entry.refs += 1
+        entry.holds += 1
         entry.idle.clear()
         entry.names.add(name)
         if keep_alive is not None:
@@ -398,22 +420,22 @@ class ModelPool:
             entry.timer.cancel()
             entry.timer = None
         entry.last_used = time.time()
-        return ModelLease(self, entry)
+        return ModelHold(self, entry)
 
-    def _drop_reference(self, future: asyncio.Future[_Entry]) -> None:
-        # The request that started a load gave up before it finished: give its reference back.
+    def _drop_hold(self, future: asyncio.Future[_Entry[_Handle]]) -> None:
+        # The request that started a load gave up before it finished: give its hold back.
         if not future.cancelled() and future.exception() is None:
             self._release(future.result())
 
-    def _release(self, entry: _Entry) -> None:
-        entry.refs -= 1
+    def _release(self, entry: _Entry[_Handle]) -> None:
+        entry.holds -= 1
         entry.last_used = time.time()
-        if entry.refs == 0:
+        if entry.holds == 0:
             entry.idle.set()
             self._schedule_expiry(entry)
         self._notify()
 
-    def _schedule_expiry(self, entry: _Entry) -> None:
+    def _schedule_expiry(self, entry: _Entry[_Handle]) -> None:
         if entry.unloading or entry.keep_alive < 0:
             return
         if entry.timer is not None:
@@ -424,9 +446,9 @@ class ModelPool:
             return
         entry.timer = loop.call_later(max(entry.keep_alive, 0.0), self._expire, entry)
 
-    def _expire(self, entry: _Entry) -> None:
+    def _expire(self, entry: _Entry[_Handle]) -> None:
         entry.timer = None
-        if entry.refs == 0 and not entry.unloading and self._loaded.get(entry.ref.bundle_id) is entry:
+        if entry.holds == 0 and not entry.unloading and self._loaded.get(entry.ref.bundle_id) is entry:
             self._spawn(self._unload(entry, "idle", grace=0.0, force=False))
 
     def _notify(self) -> None:
@@ -469,7 +491,7 @@ class ModelPool:
                 + f", more than the whole --memory-budget-gb ({budget / 1e9:.2f} GB)"
             )
         while not self._fits(ref):
-            idle = [e for e in self._loaded.values() if e.refs == 0 and not e.unloading]
+            idle = [e for e in self._loaded.values() if e.holds == 0 and not e.unloading]
             if not idle:
                 return False
             victim = min(idle, key=lambda e: e.last_used)
@@ -477,8 +499,10 @@ class ModelPool:
             await self._unload(victim, "memory", grace=0.0, force=False)
         return True
 
-    def _start_load(self, ref: ModelRef, keep_alive: float | None, name: str) -> asyncio.Future[_Entry]:
-        future: asyncio.Future[_Entry] = asyncio.get_running_loop().create_future()
+    def _start_load(
+        self, ref: ModelRef, keep_alive: float | None, name: str
+    ) -> asyncio.Future[_Entry[_Handle]]:
+        future: asyncio.Future[_Entry[_Handle]] = asyncio.get_running_loop().create_future()
         self._loading[ref.bundle_id] = future
         self._loading_bytes[ref.bundle_id] = ref.memory_bytes
         self.loads += 1
@@ -486,7 +510,7 @@ class ModelPool:
         return future
 
     async def _load(
-        self, ref: ModelRef, keep_alive: float | None, name: str, future: asyncio.Future[_Entry]
+        self, ref: ModelRef, keep_alive: float | None, name: str, future: asyncio.Future[_Entry[_Handle]]
     ) -> None:
         started = time.monotonic()
         lease: Releasable | None = None
@@ -494,9 +518,9 @@ class ModelPool:
             lease = await asyncio.to_thread(self.source.lease, ref.bundle_id)
             handle = await asyncio.to_thread(self.factory, ref)
             try:
-                await handle.start()
+                await handle.client.start()
             except BaseException:
-                await asyncio.to_thread(handle.close_engine)
+                await asyncio.to_thread(handle.client.close_engine)
                 raise
         except BaseException as exc:
             if lease is not None:
@@ -504,9 +528,9 @@ class ModelPool:
             self._loading.pop(ref.bundle_id, None)
             self._loading_bytes.pop(ref.bundle_id, None)
             log.error("could not load %s (%s): %s", ref.name, ref.bundle_id, exc)
-            error: OpenAIError = (
+            error: ServingError = (
                 exc
-                if isinstance(exc, OpenAIError)
+                if isinstance(exc, ServingError)
                 else ServerUnavailableError(f"could not load the model {ref.name!r}: {exc}")
             )
             if not future.done():
@@ -515,7 +539,7 @@ class ModelPool:
             self._notify()
             return
         seconds = time.monotonic() - started
-        memory = handle.memory_bytes or ref.memory_bytes
+        memory = handle.client.memory_bytes or ref.memory_bytes
         ref = ModelRef(**{**ref.__dict__, "memory_bytes": memory})
         entry = _Entry(
             ref=ref,
@@ -523,7 +547,7 @@ class ModelPool:
             lease=lease,
             keep_alive=self.limits.keep_alive if keep_alive is None else keep_alive,
             names={ref.name, name},
-            refs=1,  # the requesting caller's
+            holds=1,  # the requesting caller's
         )
         self._loaded[ref.bundle_id] = entry
         self._loading.pop(ref.bundle_id, None)
@@ -546,12 +570,12 @@ class ModelPool:
 
     async def preload(self, name: str, *, keep_alive: float | None = None) -> EngineStatus:
         """Load ``name`` (if needed) without running a request; the keep-alive starts now."""
-        lease = await self.acquire(name, keep_alive=keep_alive)
-        entry = lease._entry
-        lease.release()
+        held = await self.acquire(name, keep_alive=keep_alive)
+        entry = held._entry
+        held.release()
         return self._status(entry)
 
-    def find(self, bundle_id: str) -> _Entry | None:
+    def find(self, bundle_id: str) -> _Entry[_Handle] | None:
         """The loaded entry of a bundle, if any."""
         return self._loaded.get(bundle_id)
 
@@ -567,7 +591,7 @@ class ModelPool:
             entry, reason, grace=self.limits.unload_grace if grace is None else grace, force=force
         )
 
-    async def _unload(self, entry: _Entry, reason: str, *, grace: float, force: bool) -> bool:
+    async def _unload(self, entry: _Entry[_Handle], reason: str, *, grace: float, force: bool) -> bool:
         if entry.unloading:
             return False
         entry.unloading = True
@@ -585,7 +609,7 @@ class ModelPool:
                 self._notify()
                 return False
             # Cut what is left: queued requests get 503, running streams an error chunk.
-            await entry.handle.stop()
+            await entry.handle.client.stop()
             try:
                 await asyncio.wait_for(entry.idle.wait(), timeout=10.0)
             except TimeoutError:
@@ -593,10 +617,10 @@ class ModelPool:
         await self._close(entry, reason)
         return True
 
-    async def _close(self, entry: _Entry, reason: str) -> None:
+    async def _close(self, entry: _Entry[_Handle], reason: str) -> None:
         try:
-            await entry.handle.stop()
-            await asyncio.to_thread(entry.handle.close_engine)
+            await entry.handle.client.stop()
+            await asyncio.to_thread(entry.handle.client.close_engine)
         finally:
             entry.lease.release()
             self._loaded.pop(entry.ref.bundle_id, None)
@@ -617,7 +641,7 @@ class ModelPool:
         entry = self._loaded.get(bundle_id)
         if entry is None or entry.unloading:
             return
-        entry.handle.mark_unavailable(reason)
+        entry.handle.client.mark_unavailable(reason)
         for name in entry.names:
             self._down[name] = reason
         self._spawn(self._unload(entry, "evict", grace=self.limits.unload_grace, force=True))
@@ -628,19 +652,19 @@ class ModelPool:
         """Stop admitting (a plain flag: safe from a signal handler)."""
         self._draining = True
         for entry in list(self._loaded.values()):
-            entry.handle.begin_drain()
+            entry.handle.client.begin_drain()
 
     async def drain(self, grace_seconds: float) -> bool:
         """Wait up to ``grace_seconds`` for every loaded model's requests; True when all ended."""
         self.begin_drain()
-        waits = [e.handle.drain(grace_seconds) for e in list(self._loaded.values())]
+        waits = [e.handle.client.drain(grace_seconds) for e in list(self._loaded.values())]
         results = await asyncio.gather(*waits)
         return all(results)
 
     async def stop(self) -> None:
         """Fail what is left on every model (queued: 503, streams: an error chunk)."""
         self._draining = True
-        await asyncio.gather(*(e.handle.stop() for e in list(self._loaded.values())))
+        await asyncio.gather(*(e.handle.client.stop() for e in list(self._loaded.values())))
 
     async def close(self) -> None:
         """Unload every model (reason ``shutdown``) and release every lease."""
@@ -656,8 +680,8 @@ class ModelPool:
 
     # -- views ---------------------------------------------------------------------------------
 
-    def _status(self, entry: _Entry) -> EngineStatus:
-        info = entry.handle.engine.info
+    def _status(self, entry: _Entry[_Handle]) -> EngineStatus:
+        info = entry.handle.client.engine.info
         health = entry.handle.health()
         return EngineStatus(
             bundle_id=entry.ref.bundle_id,
@@ -672,7 +696,7 @@ class ModelPool:
             keep_alive=entry.keep_alive,
             active_requests=int(health["active_requests"]),
             queued_requests=int(health["queued_requests"]),
-            references=entry.refs,
+            references=entry.holds,
         )
 
     def engines(self) -> list[EngineStatus]:
@@ -685,38 +709,18 @@ class ModelPool:
         entries = list(self._loaded.values())  # one C-level copy: no iteration over a changing dict
         return sorted({name for entry in entries for name in tuple(entry.names)})
 
-    async def list_models(self) -> ModelList:
-        """``GET /v1/models``: every servable name, with whether its bundle is loaded."""
+    async def servable(self) -> list[ModelRef]:
+        """Every servable name (``GET /v1/models``); 503 while the server drains or its primary
+        model is out of service."""
         self.check_admitting()
         if self.primary is not None and self.primary in self._down:
             raise ServerUnavailableError(self._down[self.primary])
-        refs = await asyncio.to_thread(self.source.servable)
-        return ModelList(data=[self._card(r.name, r) for r in refs])
+        return await asyncio.to_thread(self.source.servable)
 
-    async def model_card(self, name: str) -> ModelCard:
-        """``GET /v1/models/{name}``: the model ``name`` means (404 ``model_not_found``)."""
+    async def resolve(self, name: str) -> ModelRef:
+        """The model ``name`` means (``GET /v1/models/{name}``; 404 ``model_not_found``)."""
         self.check_admitting()
-        ref = await asyncio.to_thread(self.source.resolve, name)
-        return self._card(name, ref)
-
-    def _card(self, name: str, r: ModelRef) -> ModelCard:
-        return ModelCard(
-            id=name,
-            created=int(time.time()),
-            owned_by="cachesvc",
-            max_model_len=(
-                self._loaded[r.bundle_id].handle.options.max_model_len
-                if r.bundle_id in self._loaded
-                else r.max_model_len
-            ),
-            root=r.bundle_id,
-            backend=r.backend,
-            precision=r.precision,
-            bundle_id=r.bundle_id,
-            loaded=r.bundle_id in self._loaded,
-            parent=r.parent,
-            input_modalities=["text", "image"] if r.images else ["text"],
-        )
+        return await asyncio.to_thread(self.source.resolve, name)
 
     def health(self) -> dict[str, Any]:
         """``/health``: the primary model's view (when loaded) plus every loaded model."""
@@ -769,7 +773,7 @@ class ModelPool:
             return False
         if self.primary is None:
             return True
-        return any(self.primary in e.names and e.handle.ready for e in self._loaded.values())
+        return any(self.primary in e.names and e.handle.client.ready for e in self._loaded.values())
 
 
 def close_names(name: str, candidates: Sequence[str], n: int = 5) -> list[str]:
@@ -800,12 +804,13 @@ __all__ = [
     "UNLOAD_REASONS",
     "EngineStatus",
     "HandleFactory",
-    "ModelLease",
+    "ModelHold",
     "ModelPool",
     "ModelRef",
     "ModelSource",
     "PoolLimits",
     "PoolObserver",
+    "PooledModel",
     "Releasable",
     "close_names",
     "not_found",

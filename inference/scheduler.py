@@ -716,7 +716,10 @@ class Scheduler:
                 chunk: Sequence[int] = []
                 logits = resumed
             else:
-                chunk = ids[run.prefilled : run.prefilled + self._chunk]
+                end = run.prefilled + self._chunk
+                if req.images is not None:  # where the images' rows must stay in one chunk
+                    end = req.images.chunk_end(run.prefilled, end)
+                chunk = ids[run.prefilled : end]
                 logits = self._prefill(run, list(chunk))
         except Exception as exc:
             log.exception("prefill failed")
@@ -756,6 +759,9 @@ class Scheduler:
         if not isinstance(self._engine, ImageEngine):
             raise ValueError("this engine takes no image features")
         rows, features = images.window(run.prefilled, len(chunk))
+        rope = images.rope_window(run.prefilled, len(chunk))
+        if rope is not None:  # multimodal rotary positions (Qwen2.5-VL): given for every chunk
+            return self._engine.prefill_images(run.slot, chunk, rows, features, rope_positions=rope)
         if not len(rows):
             return self._engine.prefill(run.slot, chunk)
         return self._engine.prefill_images(run.slot, chunk, rows, features)

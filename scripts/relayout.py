@@ -152,7 +152,8 @@ SPLITS: dict[str, Split] = {
         default="cachesvc.http.admin.router",
         path="cachesvc/http/admin/",
         names={
-            **_homes("cachesvc.http.admin.router", "_openai_problem", "lora_router", "serving_router"),
+            **_homes("cachesvc.http.admin.router", "_openai_problem", "_serving_problem", "lora_router",
+                     "serving_router"),
             **_homes("cachesvc.http.admin.params", "Manager", "Pool", "StrictBody"),
             **_homes("cachesvc.http.admin.engines", "KeepAlive", "BundleId", "EngineOut", "EngineList",
                      "PreloadRequest", "UnloadOut", "_iso", "_engine", "EngineController"),

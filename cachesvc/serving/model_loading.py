@@ -69,7 +69,7 @@ class Runtime:
             return
         self.closed = True
         try:
-            self.serving.close_engine()
+            self.serving.client.close_engine()
         finally:
             self.lease.release()
 
@@ -109,7 +109,7 @@ def load_runtime(
         try:
             adapters = load_lora_modules(config, manager, serving, prepared.model_dir)
         except BaseException:
-            serving.close_engine()
+            serving.client.close_engine()
             raise
         if adapters:
             lease = CombinedLease(lease, *adapters.values())
@@ -353,7 +353,7 @@ def _proposer(
 
 def handle_factory(
     config: ServeConfig, engine_factory: EngineFactory | None, metrics: MetricsState | None
-) -> HandleFactory:
+) -> HandleFactory[ModelHandle]:
     """The pool's loader: a model's handle from its bundle, with its own metrics label."""
     factory = engine_factory or _default_engine_factory
 
@@ -440,7 +440,7 @@ def make_pool(
     runtime: Runtime | None = None,
     metrics: MetricsState | None = None,
     engine_factory: EngineFactory | None = None,
-) -> ModelPool:
+) -> ModelPool[ModelHandle]:
     """The model pool over the catalog, with the startup model (``runtime``) adopted and kept."""
     source = CatalogModels(
         manager, max_slots=config.build.max_batch_size, context_bytes=context_pool_bytes(config)
@@ -476,8 +476,8 @@ def make_pool(
             backend=info.backend,
             precision=info.precision,
             max_model_len=runtime.serving.options.max_model_len,
-            memory_bytes=runtime.serving.memory_bytes,
-            context_bytes=runtime.serving.memory_bytes - info.memory_bytes,
+            memory_bytes=runtime.serving.client.memory_bytes,
+            context_bytes=runtime.serving.client.memory_bytes - info.memory_bytes,
             images=runtime.serving.vision is not None,
         )
         pool.adopt(

@@ -33,7 +33,7 @@ from cachesvc.cache.model_names import is_path, public_name, short_name
 from cachesvc.cache.records import AliasInfo, BundleInfo
 from cachesvc.errors import CatalogUnavailableError, CorruptBundleError, NotFoundError
 from inference.model_pool import ModelRef, not_found
-from inference.openai.errors import ModelNotFoundError, ServerUnavailableError
+from inference.serving_errors import ModelNotFoundError, ServerUnavailableError
 
 #: Ready bundles /v1/models looks at (most recently used first).
 LIST_LIMIT = 500

@@ -39,6 +39,7 @@ from inference.build_profile import KV_CACHE_NUMPY_DTYPES, POOLING_METHODS
 from inference.builder.checkpoint_reader import CheckpointReader
 from inference.builder.emit import Emitter, ExternalWeights, activation
 from inference.builder.errors import BuildInputError
+from inference.builder.image_attention import GqaImageAttention, portable_allowed
 from inference.builder.kernel_plan import KernelPlan
 from inference.builder.layout import names_for
 from inference.builder.model_config import ModelConfig
@@ -92,8 +93,11 @@ class _DecoderBuilder:
     def __init__(self, cfg: ModelConfig, ckpt: CheckpointReader, em: Emitter, *,
                  max_positions: int, fused_ops: bool, kv_layout: str = "portable",
                  quant: QuantizedEmitter | None = None, lora: bool = False,
-                 kv_fp16: bool = False) -> None:
+                 kv_fp16: bool = False, image_attention: str = "causal") -> None:
         self.cfg, self.ckpt, self.em = cfg, ckpt, em
+        #: "bidirectional": image rows attend both ways within each image (:mod:`.image_attention`)
+        self.image_attention = image_attention
+        self.both_ways: GqaImageAttention | None = None
         #: float16 K/V buffers (gqa only): GroupQueryAttention runs in float16.
         self.kv_fp16 = kv_fp16
         self.half_tables: dict[str, str] = {}  # rope table -> its float16 copy
@@ -113,6 +117,10 @@ class _DecoderBuilder:
         #: the portable graph's present tensors.
         self.kv_of: dict[int, tuple[str, str]] = {}
         self.per_layer_inputs = ""  # Gemma 4: [B,S,layers,width], one slice a layer
+        #: Multimodal rotary positions (Qwen2.5-VL): ``position_ids [3,B,S]``, each layer's cos/sin
+        #: gathered per token [B,S,rot/2] (:meth:`mrope_gather`), applied outside GroupQueryAttention.
+        self.mrope = bool(cfg.mrope_section)
+        self.layer_mrope: list[tuple[str, str] | None] = []
 
     # --- weights -------------------------------------------------------------------------
     def linear_weight(self, name: str, out_dim: int, in_dim: int) -> str:
@@ -207,8 +215,17 @@ class _DecoderBuilder:
         interleaved = self.cfg.rope_interleaved
         if self.fused:
             attrs = {} if rot == hd else {"rotary_embedding_dim": rot}
+            mrope = self.layer_mrope[layer]
+            if mrope is not None:  # per-token tables [B,S,rot/2] instead of the positions
+                return self.em.op1("RotaryEmbedding", [x, *mrope], interleaved=int(interleaved), **attrs)
             return self.em.op1("RotaryEmbedding", [x, cos_t, sin_t, "position_ids"],
                                interleaved=int(interleaved), **attrs)
+        return self.rotate(x, rot, hd, cos_full, sin_full)
+
+    def rotate(self, x: str, rot: int, hd: int, cos_full: str, sin_full: str) -> str:
+        """``x`` (4D, the head's values last) rotated over its first ``rot`` values by tables
+        ``cos_full``/``sin_full`` that broadcast against it (default-domain ops)."""
+        interleaved = self.cfg.rope_interleaved
         em = self.em
         def part(lo: int, hi: int) -> str:
             return em.op1("Slice", [x, em.const(np.array([lo])), em.const(np.array([hi])), self.axes_last])
@@ -224,6 +241,39 @@ class _DecoderBuilder:
             rotated = em.op1("Concat", [em.op1("Neg", [x2]), x1], axis=-1)
         y = em.op1("Add", [em.op1("Mul", [xr, cos_full]), em.op1("Mul", [rotated, sin_full])])
         return y if rot == hd else em.op1("Concat", [y, part(rot, hd)], axis=-1)
+
+    def mrope_rotate(self, x: str, n_heads: int, layer: int) -> str:
+        """``x`` [B,S,n*hd] rotated by the multimodal positions (GroupQueryAttention rotates by 1D
+        positions only, so the CPU graph of an M-RoPE model rotates q and k before it)."""
+        tables = self.layer_mrope[layer]
+        if tables is None:
+            return x
+        rot, hd = self.cfg.rotary_of(layer), self.cfg.head_dim_of(layer)
+        em = self.em
+        if self.fused:
+            attrs = {} if rot == hd else {"rotary_embedding_dim": rot}
+            return em.op1("RotaryEmbedding", [x, *tables], num_heads=n_heads,
+                          interleaved=int(self.cfg.rope_interleaved), **attrs)
+        _, _, cos_full, sin_full = self.layer_tables[layer] or ("", "", "", "")
+        x4 = em.op1("Reshape", [x, em.const(np.array([0, 0, n_heads, hd], np.int64))])
+        y = self.rotate(x4, rot, hd, cos_full, sin_full)
+        return em.op1("Reshape", [y, em.const(np.array([0, 0, n_heads * hd], np.int64))])
+
+    def mrope_gather(self, table: str) -> str:
+        """The rows of ``table`` [positions, rot/2] for each token [B,S,rot/2]: frequency pair
+        ``j`` at the position of its section (temporal, height, width ids of ``position_ids
+        [3,B,S]``), as transformers' ``Qwen2_5_VLRotaryEmbedding`` recomposes them."""
+        em = self.em
+        rows = em.op1("Gather", [table, "position_ids"])  # [3,B,S,rot/2]
+        parts, lo = [], 0
+        for s, width in enumerate(self.cfg.mrope_section):
+            if width:
+                parts.append(em.op1("Slice", [rows, em.const(np.array([s, lo], np.int64)),
+                                              em.const(np.array([s + 1, lo + width], np.int64)),
+                                              em.const(np.array([0, 3], np.int64))]))
+            lo += width
+        joined = parts[0] if len(parts) == 1 else em.op1("Concat", parts, axis=-1)
+        return em.op1("Squeeze", [joined, em.const(np.array([0], np.int64))])
 
     def heads(self, x: str, n_heads: int, norm_module: str | None, hd: int, *,
               plain_norm: bool = False) -> str:
@@ -305,6 +355,11 @@ class _DecoderBuilder:
         if cfg.attn_softcap:
             attrs["softcap"] = float(cfg.attn_softcap)
         cos_t, sin_t = (tables[0], tables[1]) if tables is not None else (self.cos_table, self.sin_table)
+        qkv32 = (q, k, v)  # float32, before rotation: what the image rows' attention reads
+        if self.image_attention == "bidirectional" and not k:  # packed [q | k | v]
+            hd, kvh = cfg.head_dim_of(layer), cfg.kv_heads_of(layer)
+            q_, k_, v_ = self.split(q, [cfg.num_heads * hd, kvh * hd, kvh * hd])
+            qkv32 = (q_, k_, v_)
         if self.kv_fp16:
             q, k, v = (self.em.op1("Cast", [t], to=TensorProto.FLOAT16) if t else t for t in (q, k, v))
             cos_t, sin_t = self.half_table(cos_t), self.half_table(sin_t)
@@ -321,10 +376,15 @@ class _DecoderBuilder:
             n_out=3, outputs=[f"attn_{layer}_y", pres_k, pres_v], domain=MS_DOMAIN,
             num_heads=cfg.num_heads, kv_num_heads=cfg.kv_heads_of(layer),
             scale=float(cfg.query_scale_of(layer)),
-            do_rotary=0 if tables is None else 1, rotary_interleaved=int(cfg.rope_interleaved),
+            do_rotary=0 if tables is None or self.mrope else 1, rotary_interleaved=int(cfg.rope_interleaved),
             local_window_size=-1 if window is None else window, **attrs,
         )[0]
-        return self.em.op1("Cast", [y], to=TensorProto.FLOAT) if self.kv_fp16 else y
+        y = self.em.op1("Cast", [y], to=TensorProto.FLOAT) if self.kv_fp16 else y
+        if self.image_attention == "bidirectional":
+            if self.both_ways is None:
+                self.both_ways = GqaImageAttention(self)
+            y = self.both_ways.layer(qkv32, y, layer)
+        return y
 
     def half_table(self, name: str) -> str:
         """The float16 copy of the rope table ``name`` (written once)."""
@@ -347,13 +407,17 @@ class _DecoderBuilder:
         total = em.op1("Squeeze", [em.op1("Shape", ["attention_mask"], start=1, end=2)])
         new = em.op1("Squeeze", [em.op1("Shape", ["input_ids"], start=1, end=2)])
         past_len = em.op1("Sub", [total, new])
-        kidx = em.op1("Unsqueeze", [em.op1("Range", [zero_i, total, one_i]), em.const(np.array([0]))])
-        qidx = em.op1("Unsqueeze", [em.op1("Range", [past_len, total, one_i]), em.const(np.array([1]))])
-        allowed = em.op1("LessOrEqual", [kidx, qidx])  # [S,T]
-        if window is not None:
-            w = em.const(np.array(window, dtype=np.int64))
-            allowed = em.op1("And", [allowed, em.op1("Greater", [kidx, em.op1("Sub", [qidx, w])])])
-        allowed4 = em.op1("Unsqueeze", [allowed, em.const(np.array([0, 1]))])
+        if self.image_attention == "bidirectional":  # [B,S,T]: causal or the same image
+            both = portable_allowed(em, past_len, total, window, one_i, zero_i)
+            allowed4 = em.op1("Unsqueeze", [both, em.const(np.array([1]))])
+        else:
+            kidx = em.op1("Unsqueeze", [em.op1("Range", [zero_i, total, one_i]), em.const(np.array([0]))])
+            qidx = em.op1("Unsqueeze", [em.op1("Range", [past_len, total, one_i]), em.const(np.array([1]))])
+            allowed = em.op1("LessOrEqual", [kidx, qidx])  # [S,T]
+            if window is not None:
+                w = em.const(np.array(window, dtype=np.int64))
+                allowed = em.op1("And", [allowed, em.op1("Greater", [kidx, em.op1("Sub", [qidx, w])])])
+            allowed4 = em.op1("Unsqueeze", [allowed, em.const(np.array([0, 1]))])
         keep = em.op1("Cast", ["attention_mask"], to=TensorProto.BOOL)
         keep4 = em.op1("Unsqueeze", [keep, em.const(np.array([1, 2]))])
         both = em.op1("And", [allowed4, keep4])
@@ -366,11 +430,13 @@ class _DecoderBuilder:
         if not self.fused:
             self.axes_last = self.em.const(np.array([-1]), "axes_last")
         made: dict[tuple[Any, int], tuple[str, str, str, str]] = {}
+        mrope_made: dict[tuple[Any, int], tuple[str, str]] = {}
         self.layer_tables: list[tuple[str, str, str, str] | None] = []
         for i in range(cfg.num_layers):
             rope = cfg.rope_of(i)
             if rope is None:
                 self.layer_tables.append(None)
+                self.layer_mrope.append(None)
                 continue
             key = (rope, cfg.rotary_of(i))
             if key not in made:
@@ -380,15 +446,22 @@ class _DecoderBuilder:
                 sin_t = self.em.weight(f"rope.sin{suffix}", sin)
                 self.table_values.update({cos_t: cos, sin_t: sin})
                 cos_full = sin_full = ""
-                if not self.fused and not self.gqa:
-                    cos_g = self.em.op1("Gather", [cos_t, "position_ids"])  # [B,S,rot/2]
-                    sin_g = self.em.op1("Gather", [sin_t, "position_ids"])
-                    axes = self.em.const(np.array([1]))
+                if self.mrope:
+                    mrope_made[key] = (self.mrope_gather(cos_t), self.mrope_gather(sin_t))
+                if not self.fused and (not self.gqa or self.mrope):
+                    if self.mrope:
+                        cos_g, sin_g = mrope_made[key]
+                    else:
+                        cos_g = self.em.op1("Gather", [cos_t, "position_ids"])  # [B,S,rot/2]
+                        sin_g = self.em.op1("Gather", [sin_t, "position_ids"])
+                    # the heads' axis: [B,H,S,hd] in the portable graph, [B,S,H,hd] before GQA
+                    axes = self.em.const(np.array([2 if self.gqa else 1]))
                     both_cos, both_sin = (self.full_table(t, key[1]) for t in (cos_g, sin_g))
                     cos_full = self.em.op1("Unsqueeze", [both_cos, axes])
                     sin_full = self.em.op1("Unsqueeze", [both_sin, axes])
                 made[key] = (cos_t, sin_t, cos_full, sin_full)
             self.layer_tables.append(made[key])
+            self.layer_mrope.append(mrope_made.get(key))
         if not made:  # every layer NoPE: GroupQueryAttention still takes (unused) tables
             cos, sin = cfg.rope.cos_sin(cfg.rotary, 1)
             made[None, 0] = (self.em.weight("rope.cos", cos), self.em.weight("rope.sin", sin), "", "")
@@ -444,7 +517,8 @@ class _DecoderBuilder:
         sizes = [cfg.num_heads * hd, cfg.kv_heads_of(i) * hd, cfg.kv_heads_of(i) * hd]
         if cfg.kv_source(i) != i:
             return self.linear(normed, n.layer(i, "q"), sizes[0], cfg.hidden_size, cfg.attention_bias), "", ""
-        packed_ok = self.gqa and cfg.qk_norm == "none" and not cfg.v_norm and cfg.uniform_kv
+        packed_ok = (self.gqa and cfg.qk_norm == "none" and not cfg.v_norm and cfg.uniform_kv
+                     and not self.mrope)  # M-RoPE rotates q and k before GroupQueryAttention
         if cfg.fused_qkv:
             fused = self.linear(normed, n.layer(i, "qkv"), sum(sizes), cfg.hidden_size, cfg.attention_bias)
             if packed_ok:
@@ -484,6 +558,10 @@ class _DecoderBuilder:
                     k = self.head_norm(k, kvh, n.layer(i, "k_norm"), hd)
             if cfg.v_norm and own:
                 v = self.head_norm(v, kvh, None, hd)
+            if self.mrope:
+                q = self.mrope_rotate(q, h, i)
+                if own:
+                    k = self.mrope_rotate(k, kvh, i)
             y = self.gqa_attention(q, k, v, i)
         else:
             q4 = self.rope(self.heads(q, h, n.layer(i, "q_norm") if head_norms else None, hd), i)
@@ -795,7 +873,8 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
                         progress: Progress | None = None, kv_layout: str = "portable",
                         kernels: KernelPlan | None = None, pooling: str | None = None,
                         lora: bool = False, weights_in: dict[str, np.ndarray] | None = None,
-                        kv_dtype: str = "float32", image_inputs: bool = False) -> GraphIO:
+                        kv_dtype: str = "float32", image_inputs: bool = False,
+                        image_attention: str = "causal") -> GraphIO:
     """Write ``model_path`` (+ ``<name>.data``) for ``cfg``; return the graph's I/O names.
 
     ``kv_layout`` "portable" writes the standard-op graph; "gqa" the ONNX Runtime CPU variant
@@ -821,6 +900,10 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
     run that binds neither (decode, the quality gate) computes the text graph's values; without
     ``image_inputs`` the graph is the text graph, byte for byte.
 
+    ``image_attention`` "bidirectional" (Gemma 3) lets the image rows of a chunk attend to one
+    another both ways, each run of consecutive rows one image (:mod:`.image_attention`); "causal"
+    (the default) leaves the graph as it was.
+
     ``weights_in`` (a dict) receives the large weights by name instead of ``<name>.data``, which
     is then not written: open the graph with ``cpu_session(..., initializers=weights_in)``.
     """
@@ -835,6 +918,10 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         raise ValueError("LoRA inputs are written into the gqa graph only")
     if kv_dtype not in KV_DTYPES or (kv_dtype != "float32" and not gqa):
         raise ValueError(f"kv_dtype must be one of {tuple(KV_DTYPES)} (float16: gqa only), got {kv_dtype!r}")
+    if image_attention not in ("causal", "bidirectional") or (image_attention != "causal"
+                                                               and not image_inputs):
+        raise ValueError(f"image_attention must be 'causal' or, with image_inputs, 'bidirectional'; got "
+                         f"{image_attention!r}")
     if pooling is not None and (gqa or pooling not in POOLING_METHODS):
         raise ValueError(f"pooling must be one of {POOLING_METHODS} on the portable graph, got {pooling!r}")
     weights = ExternalWeights(model_path.with_name(model_path.name + ".data"), weights_in)
@@ -845,7 +932,8 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         names, level_of = names_for(cfg), kernels.level_of
         quant.level_of = lambda weight: level_of(names.as_llama(weight))
     b = _DecoderBuilder(cfg, ckpt, em, max_positions=max_positions, fused_ops=fused_ops, kv_layout=kv_layout,
-                        quant=quant, lora=lora, kv_fp16=kv_dtype == "float16")
+                        quant=quant, lora=lora, kv_fp16=kv_dtype == "float16",
+                        image_attention=image_attention)
     try:
         b.build_rope_tables()
         x, embed = b.embedding()
@@ -878,6 +966,9 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
         return ["batch", kvh, "past_sequence_length", hd], ["batch", kvh, "total_sequence_length", hd]
 
     total: list[str | int | None] = ["batch", "total_sequence_length"]
+    positions: list[str | int | None] = ["batch", "sequence_length"]
+    if cfg.mrope_section:  # temporal, height, width ids per token
+        positions = [3, *positions]
     if gqa:
         inputs = [
             helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
@@ -885,11 +976,13 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
             helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
             helper.make_tensor_value_info("logits_to_keep", TensorProto.INT64, [1]),
         ]
+        if cfg.mrope_section:
+            inputs.append(helper.make_tensor_value_info("position_ids", TensorProto.INT64, positions))
     else:
         inputs = [
             helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
             helper.make_tensor_value_info("attention_mask", TensorProto.INT64, total),
-            helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "sequence_length"]),
+            helper.make_tensor_value_info("position_ids", TensorProto.INT64, positions),
             helper.make_tensor_value_info("logits_to_keep", TensorProto.INT64, [1]),
         ]
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "logits_length",

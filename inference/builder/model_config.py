@@ -235,6 +235,10 @@ class ModelConfig:
     #: per layer MLP width where layers differ (Gemma 4's double-wide shared layers); empty: all
     #: ``intermediate_size``
     layer_intermediate: tuple[int, ...] = ()
+    #: Multimodal rotary positions (Qwen2.5-VL's M-RoPE): the graph takes temporal, height and
+    #: width position ids ``[3, B, S]`` and rotates frequency pair ``j`` by the ids of the section
+    #: it falls in (these are the sections' sizes, summing to ``rotary / 2``); empty: 1D positions.
+    mrope_section: tuple[int, ...] = ()
 
     def sparse(self, layer: int) -> bool:
         """Whether ``layer``'s MLP is the mixture of experts."""
@@ -503,7 +507,7 @@ def model_config_from(raw: Mapping[str, Any], generation: Mapping[str, Any] | No
         check_vision_config(raw)
         # The language model is its text family's decoder; the bundle names the whole model.
         text = model_config_from(text_config_of(raw), generation)
-        return dataclasses.replace(text, architecture=vision.architectures[0])
+        return dataclasses.replace(text, architecture=vision.architectures[0], **vision.text_features(raw))
     family = family_of_config(raw)
 
     hidden = _require_int(raw, "hidden_size")

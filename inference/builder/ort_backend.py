@@ -296,6 +296,7 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     fused = fused_ops_supported()
     raw = load_raw_config(checkpoint_dir)
     vcfg = vision_config_from(raw, cfg.hidden_size)
+    side = vision_side_from(raw, cfg.hidden_size)  # a family with a vision builder of its own
     vision_ckpt: CheckpointReader | None = None
     preprocess: ClipPreprocess | None = None
     if vcfg is not None:
@@ -304,7 +305,6 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         family = vision_family(raw)
         vision_ckpt = vision_view(ckpt, family)
         ckpt = text_view(ckpt, family)
-    side = vision_side_from(raw, cfg.hidden_size)  # a family with a vision builder of its own
     if side is not None:
         side.check(checkpoint_dir, cfg, spec)
         _check_image_limits(side.min_image_tokens, spec, f"{checkpoint_dir.name} ({cfg.architecture})")
@@ -313,6 +313,8 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
     elif vcfg is None:
         _check_image_limits(None, spec, f"{checkpoint_dir.name} ({cfg.architecture})")
     images = vcfg is not None or side is not None
+    # How the image rows attend in the language model (Gemma 3: both ways within an image).
+    attention = side.image_attention if side is not None else "causal"
     if spec.task == "embed":
         return _build_embedding(cfg, ckpt, checkpoint_dir, out_dir, spec, report, started, fused)
     check_gqa_rotary(cfg)  # the CPU graph's head and rotary sizes, before any graph is written
@@ -338,16 +340,17 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         cpu_src = work / "cpu.onnx"
         if kernels is None:
             io = build_decoder_graph(cfg, ckpt, model_path, max_positions=spec.max_kv_cache_capacity,
-                                     fused_ops=fused, progress=report, image_inputs=images)
+                                     fused_ops=fused, progress=report, image_inputs=images,
+                                     image_attention=attention)
             cpu_io = build_decoder_graph(cfg, ckpt, cpu_src, max_positions=spec.max_kv_cache_capacity,
                                          fused_ops=fused, kv_layout="gqa", lora=spec.lora, kv_dtype=kv_dtype,
-                                         image_inputs=images)
+                                         image_inputs=images, image_attention=attention)
         else:
             report("quantize", 0.0)
             cpu_io = io = build_decoder_graph(
                 cfg, ckpt, cpu_src, max_positions=spec.max_kv_cache_capacity, fused_ops=fused,
                 kv_layout="gqa", kernels=kernels, progress=report, lora=spec.lora, kv_dtype=kv_dtype,
-                image_inputs=images)
+                image_inputs=images, image_attention=attention)
         report("optimize", 0.0)
         _optimize(cpu_src, optimized_path)
         if gated:
@@ -359,7 +362,8 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                 reference = work / "reference.onnx"
                 weights: dict[str, np.ndarray] = {}
                 build_decoder_graph(cfg, ckpt, reference, max_positions=spec.max_kv_cache_capacity,
-                                    fused_ops=fused, kv_layout="gqa", weights_in=weights, image_inputs=images)
+                                    fused_ops=fused, kv_layout="gqa", weights_in=weights, image_inputs=images,
+                                    image_attention=attention)
                 return reference, weights
 
             gate_meta = {
@@ -383,7 +387,7 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                 codes = replace(plan, int8_layout="codes")
                 build_decoder_graph(cfg, ckpt, work / "codes.onnx", max_positions=spec.max_kv_cache_capacity,
                                     fused_ops=fused, kv_layout="gqa", kernels=codes, lora=spec.lora,
-                                    kv_dtype=kv_dtype, image_inputs=images)
+                                    kv_dtype=kv_dtype, image_inputs=images, image_attention=attention)
                 _optimize(work / "codes.onnx", optimized_path)
                 return codes
 

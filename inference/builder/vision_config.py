@@ -83,10 +83,18 @@ def _positive(raw: Mapping[str, Any], key: str, where: str, default: int | None 
     return value
 
 
+#: How a bundle's image rows attend in the language model: causally (LLaVA, Idefics3), or both
+#: ways within each image (Gemma 3; the decoder graph's ``image_attention``).
+IMAGE_ATTENTION = ("causal", "bidirectional")
+
+
 class VisionSide(Protocol):
     """The vision side of a family with a builder of its own (:attr:`VisionFamily.builder`), through
-    one build: made from config.json (its refusals), then :meth:`check` (the checkpoint's processor
-    files and tokenizer), :meth:`build_graph`, :meth:`record`."""
+    one build: made from config.json (its refusals), then :meth:`check` (the spec, the checkpoint's
+    processor files and tokenizer), :meth:`build_graph`, :meth:`record`."""
+
+    #: how the language model's image rows attend (:data:`IMAGE_ATTENTION`)
+    image_attention: str
 
     def check(self, checkpoint_dir: Path, cfg: ModelConfig, spec: EngineBuildSpec) -> None:
         """Refuse in one line what cannot be built; read what the record needs."""
@@ -107,7 +115,7 @@ class VisionSide(Protocol):
         ...
 
     def record(self) -> dict[str, Any]:
-        """``engine.json``'s ``vision`` record."""
+        """``engine.json``'s ``vision`` record (``family`` names the runtime's encoder)."""
         ...
 
 
@@ -197,10 +205,10 @@ def _read_object(path: Path) -> dict[str, Any]:
     return raw
 
 
-def load_preprocess(checkpoint_dir: Path, vcfg: VisionConfig) -> ClipPreprocess:
-    """The checkpoint's image preprocessing (``preprocessor_config.json``, as the hub's checkpoints
-    have it, else ``processor_config.json``'s ``image_processor``, as transformers 5 saves a
-    processor), checked against the vision tower's input size."""
+def preprocessor_config(checkpoint_dir: Path) -> dict[str, Any]:
+    """The checkpoint's image processor settings: ``preprocessor_config.json``, as the hub's
+    checkpoints have it, else ``processor_config.json``'s ``image_processor``, as transformers 5
+    saves a processor."""
     folder = Path(checkpoint_dir)
     if (folder / PREPROCESSOR_FILE).is_file():
         raw = _read_object(folder / PREPROCESSOR_FILE)
@@ -213,6 +221,13 @@ def load_preprocess(checkpoint_dir: Path, vcfg: VisionConfig) -> ClipPreprocess:
         raise BuildInputError(f"{checkpoint_dir} has no {PREPROCESSOR_FILE} or {PROCESSOR_FILE}; a "
                               "vision-language checkpoint needs its image processor's settings (save the "
                               "processor with the model)")
+    return raw
+
+
+def load_preprocess(checkpoint_dir: Path, vcfg: VisionConfig) -> ClipPreprocess:
+    """The checkpoint's image preprocessing (:func:`preprocessor_config`), checked against the
+    vision tower's input size."""
+    raw = preprocessor_config(checkpoint_dir)
     try:
         pre = ClipPreprocess.from_config(raw)
         size = pre.output_size()

@@ -342,6 +342,8 @@ class TiledVisionSide:
     tokenizer, :meth:`build_graph` writes the graph and :meth:`record` says what ``engine.json``
     keeps (``vision``)."""
 
+    image_attention = "causal"
+
     def __init__(self, raw: Mapping[str, Any], text_hidden: int) -> None:
         family = vision_family_of(raw)
         assert family is not None

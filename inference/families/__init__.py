@@ -157,12 +157,20 @@ class VisionFamily:
     #: transformers ties ``lm_head`` to the embedding by the top-level ``tie_word_embeddings``
     #: (default False), whatever ``text_config`` says (Idefics3's models read their own config).
     tie_from_top: bool = False
+    #: The language model's config.json where ``text_config`` over ``text_defaults`` is not it
+    #: (Qwen2.5-VL: the hub's flat config, a text model_type of its own): raw -> that config.
+    text_config: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    #: ModelConfig fields the family sets on its language model (Qwen2.5-VL: ``mrope_section``).
+    text_features: Features = _no_features
+    #: the docs table's language-model cell where it is not "text_config of a registered family"
+    language_model: str = ""
 
 
 def _load_vision() -> tuple[VisionFamily, ...]:
-    from inference.families import idefics3, llava
+    from inference.families import gemma3, idefics3, llava, qwen2_5_vl
 
-    return (llava.VISION_FAMILY, idefics3.IDEFICS3, idefics3.SMOLVLM)
+    return (llava.VISION_FAMILY, idefics3.IDEFICS3, idefics3.SMOLVLM, gemma3.VISION_FAMILY,
+            qwen2_5_vl.VISION_FAMILY)
 
 
 def _load() -> tuple[Family, ...]:
@@ -249,6 +257,11 @@ def text_config_of(raw: Mapping[str, Any]) -> dict[str, Any]:
     family = vision_family_of(raw)
     if family is None:
         raise ValueError("not a vision-language config")
+    if family.text_config is not None:
+        own = family.text_config(raw)
+        if own.get("model_type") not in _BY_TYPE:
+            raise unsupported(f"{own.get('model_type')!r} (the language model of a {family.name} checkpoint)")
+        return own
     text = raw.get("text_config")
     if text is None:
         text = {}
@@ -327,6 +340,7 @@ def vision_support_table() -> str:
     rows = ["| family | transformers classes | vision tower | language model | notes |",
             "|---|---|---|---|---|"]
     for f in VISION_FAMILIES:
+        language = f.language_model or f"text_config of a registered family (default {f.text_model_type})"
         rows.append(f"| {f.name} | {', '.join(f.architectures)} | {', '.join(f.vision_model_types)} | "
-                    f"text_config of a registered family (default {f.text_model_type}) | {f.notes} |")
+                    f"{language} | {f.notes} |")
     return "\n".join(rows) + "\n"

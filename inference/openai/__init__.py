@@ -2,11 +2,13 @@
 ``/v1/responses``, Anthropic's ``/v1/messages``, vLLM's ``/tokenize`` and ``/detokenize``.
 
 Split as in vLLM: wire types (``protocol``, ``anthropic_protocol``, ``responses_protocol``;
-requests check their own fields), one model's handle (``handle``: engine through the
-``Engine`` protocol only, tokenizer, scheduler, parsers), one endpoint object per API surface
-(``completions`` and ``chat`` hold the model pool; ``messages``, ``responses`` and ``tokenize``
-hold the chat endpoint), ``routes`` (a table of thin Litestar routes), ``errors`` (one mapping
-to the OpenAI and Anthropic error bodies), ``reasoning`` and ``tool_parsers``.
+requests check their own fields and convert themselves once into the generation spec the engine
+runs), one model's handle (``handle``: its engine client from ``inference.engine_client``,
+options, parsers), one endpoint object per API surface (``models``, ``completions`` and
+``chat`` hold the model pool; ``messages``, ``responses`` and ``tokenize`` hold the chat
+endpoint), ``constraints`` (the output grammar a request asks for), ``routes`` (a table of thin
+Litestar routes), ``errors`` (one mapping to the OpenAI and Anthropic error bodies),
+``reasoning`` and ``tool_parsers``. Nothing below this package knows its types.
 
 Use from the app::
 

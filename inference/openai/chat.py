@@ -15,25 +15,19 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from inference.engine_client import ChoiceRun, closing, collect_all, first_outputs, interleave
 from inference.generation import StepOutput, TokenLogprob
+from inference.generation_spec import GenerationSpec
 from inference.image_features import PromptImage
 from inference.model_pool import ModelPool
+from inference.openai.constraints import guided_grammar, response_format_grammar
 from inference.openai.errors import (
     ContextLengthExceededError,
     InvalidRequestError,
     OpenAIError,
     error_body,
 )
-from inference.openai.handle import (
-    DONE,
-    ChoiceRun,
-    ModelHandle,
-    Plan,
-    closing,
-    interleave,
-    to_json,
-    usage_of,
-)
+from inference.openai.handle import DONE, ModelHandle, to_json, usage_of
 from inference.openai.images import (
     ImagePart,
     check_image_tokens,
@@ -72,7 +66,7 @@ from inference.openai.tool_parsers import (
     forced_call_stream,
 )
 
-__all__ = ["ChatDelta", "ChatEndpoint", "ChatResult", "ChatTurn"]
+__all__ = ["ChatDelta", "ChatEndpoint", "ChatResult", "ChatTurn", "check_text_length", "encode"]
 
 #: ``apply_chat_template`` arguments a client may not override through ``chat_template_kwargs``.
 _RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "self"})
@@ -80,16 +74,20 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prom
 
 @dataclass
 class ChatTurn:
-    """A submitted chat request: its model, plan, rendered prompt, tool parsing and running choices."""
+    """A submitted chat request: its model, generation spec, rendered prompt, tool parsing and
+    running choices."""
 
     handle: ModelHandle
-    plan: Plan
+    spec: GenerationSpec
     prompt: str
     tools: list[dict[str, Any]]
     tool_parser: ToolParser | None
     runs: list[ChoiceRun]
     #: A grammar forces tool calls (named ``tool_choice`` or ``required``): parse them as such.
     forced: bool = False
+    #: The answer is streamed (``stream``), ending with the usage (``stream_options.include_usage``).
+    stream: bool = False
+    include_usage: bool = False
     #: Streamed turns: every choice's first output (awaited before the answer starts).
     firsts: list[StepOutput] | None = None
     #: Streamed turns: set when every choice has ended.
@@ -139,7 +137,7 @@ class ChatEndpoint:
     """``POST /v1/chat/completions`` over the model pool; also the chat turn (template, submit,
     parsed results and deltas) that ``/v1/messages``, ``/v1/responses`` and ``/tokenize`` share."""
 
-    def __init__(self, pool: ModelPool) -> None:
+    def __init__(self, pool: ModelPool[ModelHandle]) -> None:
         self.pool = pool
 
     def check_size(self, handle: ModelHandle, messages: Sequence[ChatMessage]) -> None:
@@ -161,29 +159,28 @@ class ChatEndpoint:
                 chars += len(m.content)
             elif isinstance(m.content, list):
                 chars += sum(len(p.text or "") for p in m.content)
-        handle.check_text_length(chars, "messages")
+        check_text_length(handle, chars, "messages")
 
     async def create_chat_completion(
         self, req: ChatCompletionRequest
     ) -> ChatCompletionResponse | AsyncIterator[str]:
         """``POST /v1/chat/completions``: a response, or an iterator of SSE data strings."""
-        async with self.pool.lease(req.model, keep_alive=req.keep_alive) as lease:
-            turn = await self.start_turn(lease.handle, req)
+        async with self.pool.hold(req.model, keep_alive=req.keep_alive) as held:
+            turn = await self.start_turn(held.handle, req)
             rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-            if turn.plan.stream:
-                return lease.held_by(closing(turn.runs, self._chat_stream(turn, rid, created, req.model)))
+            if turn.stream:
+                return held.held_by(closing(turn.runs, self._chat_stream(turn, rid, created, req.model)))
             return await self._chat_response(turn, req, rid, created)
 
     async def start_turn(self, handle: ModelHandle, req: ChatCompletionRequest) -> ChatTurn:
-        """Validate, render the template, tokenize and submit the request's ``n`` choices.
+        """Validate, render the template, tokenize, convert the request into its generation spec
+        and run the spec's ``n`` choices.
 
         Shared by every chat-shaped surface (``/v1/chat/completions``, ``/v1/messages``,
         ``/v1/responses``); a streamed turn has waited for every choice's first output already.
         """
-        handle.check_admitting()
+        handle.client.check_admitting()
         req.check_supported()
-        max_tokens, param = req.output_limit()
-        top = req.top_logprobs_asked()
         self.check_size(handle, req.messages)
         check_image_parts(handle, req.messages)
         tool_plan = _tool_setup(handle, req)
@@ -196,31 +193,32 @@ class ChatEndpoint:
             add_generation_prompt=req.add_generation_prompt,
             chat_template_kwargs=req.chat_template_kwargs,
         )
-        prompt = rendered.text
-        plan = handle.plan(
-            req,
-            prompt_ids=rendered.ids,
-            prompt_text=prompt,
+        handle.check_generates()
+        spec = req.to_spec(
+            rendered.ids,
+            handle.client.limits,
             prompt_param="messages",
-            max_tokens=max_tokens,
-            max_tokens_param=param,
-            top_logprobs=top,
+            grammar=grammar,
+            adapter=handle.lora_names.get(req.model),
         )
         if handle.vision is not None and rendered.parts:
             images = await prompt_images(handle.vision, rendered.parts, rendered.positions,
-                                         handle.options.media, handle.image_cache, rendered.loaded)
-            plan = dataclasses.replace(plan, images=images)
+                                         handle.options.media, handle.image_cache, rendered.loaded,
+                                         prompt_length=len(rendered.ids))
+            spec = dataclasses.replace(spec, images=images)
         turn = ChatTurn(
             handle=handle,
-            plan=plan,
-            prompt=prompt,
+            spec=spec,
+            prompt=rendered.text,
             tools=tools or [],
             tool_parser=tool_plan.parser,
-            runs=handle.submit(plan, await handle.constraints(grammar, plan.n)),
+            runs=await handle.client.generate(spec),
             forced=tool_plan.forced,
+            stream=req.stream,
+            include_usage=req.stream_usage,
         )
-        if plan.stream:
-            turn.firsts = await handle.first_outputs(turn.runs)
+        if turn.stream:
+            turn.firsts = await first_outputs(turn.runs)
         return turn
 
     async def prompt_ids(
@@ -247,7 +245,9 @@ class ChatEndpoint:
             chat_template_kwargs=chat_template_kwargs,
             parts_form=vision is not None,
         )
-        ids = await handle.encode(prompt, add_special_tokens=add_special_tokens, param="messages")
+        # With images: the text as the model's processor tokenizes it (Gemma 3 adds newlines).
+        text = vision.prompt_text(prompt) if vision is not None and parts else prompt
+        ids = await encode(handle, text, add_special_tokens=add_special_tokens, param="messages")
         positions = np.zeros(0, np.int64)
         loaded: list[PromptImage] | None = None
         if vision is not None:
@@ -295,7 +295,7 @@ class ChatEndpoint:
     async def results(self, turn: ChatTurn) -> tuple[list[ChatResult], Usage]:
         """Every choice of a non-streamed turn, parsed (reasoning, tool calls), and the usage."""
         handle = turn.handle
-        outcomes = await handle.collect_all(turn.runs)
+        outcomes = await collect_all(turn.runs)
         results: list[ChatResult] = []
         for index, (text, lps, last) in enumerate(outcomes):
             reasoning: str | None = None
@@ -323,7 +323,7 @@ class ChatEndpoint:
         assert turn.firsts is not None
         parser = turn.handle.reasoning
         reasonings = [
-            parser.stream(turn.plan.prompt_text) if parser is not None else None
+            parser.stream(turn.prompt) if parser is not None else None
             for _ in turn.runs
         ]
         maker = forced_call_stream if turn.forced else ToolParser.stream
@@ -348,7 +348,7 @@ class ChatEndpoint:
             finish = out.finish_reason
             if called[i] and finish == "stop":
                 finish = "tool_calls"
-            lps = out.logprobs if turn.plan.want_logprobs else ()
+            lps = out.logprobs if turn.spec.logprobs else ()
             lasts[i] = out
             if r or c or events or lps or finish is not None:
                 yield ChatDelta(i, c, r, tuple(events), tuple(lps), finish, out.stop_string)
@@ -371,7 +371,7 @@ class ChatEndpoint:
                     or None,
                 ),
                 finish_reason=r.finish_reason,
-                logprobs=_chat_logprobs(r.logprobs) if turn.plan.want_logprobs else None,
+                logprobs=_chat_logprobs(r.logprobs) if turn.spec.logprobs else None,
             )
             for r in results
         ]
@@ -406,7 +406,7 @@ class ChatEndpoint:
                     yield chunk(d.index, DeltaMessage(tool_calls=[dtc]))
                 if d.finish_reason is not None:
                     yield chunk(d.index, DeltaMessage(), finish=d.finish_reason)
-            if turn.plan.include_usage and turn.usage is not None:
+            if turn.include_usage and turn.usage is not None:
                 yield to_json(
                     ChatCompletionStreamResponse(
                         id=rid, created=created, model=model, choices=[], usage=turn.usage
@@ -419,6 +419,27 @@ class ChatEndpoint:
             for run in turn.runs:
                 run.close()
         yield DONE
+
+
+def check_text_length(handle: ModelHandle, chars: int, param: str) -> None:
+    """Refuse, before tokenizing, text that cannot fit the model's ``max_input_len`` tokens.
+
+    Tokenizing takes time proportional to the text; a prompt of many megabytes must be refused at
+    the cost of a ``len``, not after seconds of work. Every prompt of every surface passes here.
+    """
+    limit = handle.max_prompt_chars
+    if chars > limit:
+        raise ContextLengthExceededError(
+            f"the prompt has {chars} characters, more than this model's {handle.options.max_input_len} "
+            f"input tokens can hold (at most {limit} characters); shorten it",
+            param=param,
+        )
+
+
+async def encode(handle: ModelHandle, text: str, *, add_special_tokens: bool, param: str) -> list[int]:
+    """Length check, then tokenize in a worker thread (the event loop keeps serving)."""
+    check_text_length(handle, len(text), param)
+    return await asyncio.to_thread(handle.tokenizer.encode, text, add_special_tokens=add_special_tokens)
 
 
 @dataclass(frozen=True)
@@ -560,20 +581,20 @@ def _tool_setup(handle: ModelHandle, req: ChatCompletionRequest) -> _ToolPlan:
 
 async def _output_grammar(handle: ModelHandle, req: ChatCompletionRequest, plan: _ToolPlan) -> str | None:
     """The grammar the output must follow: a forced tool call, or ``response_format``."""
-    rf = req.response_format
+    rf, client = req.response_format, handle.client
     if not plan.forced or plan.parser is None:
         taken = "response_format" if rf is not None and rf.type != "text" else None
-        return await handle.guided_grammar(req, taken) or await handle.response_format_grammar(rf)
+        return await guided_grammar(client, req, taken) or await response_format_grammar(client, rf)
     if rf is not None and rf.type != "text":
         raise InvalidRequestError(
             "response_format cannot constrain the output when tool_choice forces a tool call",
             param="response_format",
         )
-    await handle.guided_grammar(req, "tool_choice")  # refuses a second constraint
+    await guided_grammar(client, req, "tool_choice")  # refuses a second constraint
     tools, fmt, name = plan.tools or [], plan.parser.name, plan.name
     parallel = name is None and req.parallel_tool_calls is not False
-    grammar: str = await handle.compile_grammar(
-        lambda: handle.grammars.tool_call_grammar(tools, call_format=fmt, name=name, parallel=parallel),
+    grammar: str = await client.compile_grammar(
+        lambda: client.grammars.tool_call_grammar(tools, call_format=fmt, name=name, parallel=parallel),
         param="tool_choice",
     )
     return grammar

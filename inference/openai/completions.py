@@ -8,8 +8,12 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from inference.engine_client import ChoiceRun, closing, collect_all, first_outputs, interleave
 from inference.generation import StepOutput, TokenLogprob
-from inference.model_pool import ModelLease, ModelPool
+from inference.generation_spec import GenerationSpec
+from inference.model_pool import ModelHold, ModelPool
+from inference.openai.chat import check_text_length
+from inference.openai.constraints import guided_grammar, response_format_grammar
 from inference.openai.errors import (
     ContextLengthExceededError,
     InvalidRequestError,
@@ -21,11 +25,7 @@ from inference.openai.handle import (
     DONE,
     MAX_PROMPT_LIST_TOKENS,
     MAX_PROMPTS,
-    ChoiceRun,
     ModelHandle,
-    Plan,
-    closing,
-    interleave,
     to_json,
     usage_of,
 )
@@ -44,7 +44,7 @@ __all__ = ["CompletionEndpoint"]
 class CompletionEndpoint:
     """``POST /v1/completions`` over the model pool."""
 
-    def __init__(self, pool: ModelPool) -> None:
+    def __init__(self, pool: ModelPool[ModelHandle]) -> None:
         self.pool = pool
 
     async def create_completion(self, req: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
@@ -59,8 +59,8 @@ class CompletionEndpoint:
         tokens are listed too, with ``null`` logprobs (the engine computes logits for the last
         prompt position only).
         """
-        async with self.pool.lease(req.model, keep_alive=req.keep_alive) as lease:
-            return await self._complete(lease, req)
+        async with self.pool.hold(req.model, keep_alive=req.keep_alive) as held:
+            return await self._complete(held, req)
 
     def _prompt_list(self, handle: ModelHandle, req: CompletionRequest) -> list[str | list[int]]:
         """``prompt`` in each form OpenAI accepts, as a list of prompts: a string, a list of
@@ -81,7 +81,8 @@ class CompletionEndpoint:
                 param="prompt",
             )
         n_seqs = len(prompts) * req.n
-        capacity = handle.scheduler.max_batch_size + handle.scheduler.max_queued_requests
+        scheduler = handle.client.scheduler
+        capacity = scheduler.max_batch_size + scheduler.max_queued_requests
         if len(prompts) > MAX_PROMPTS:
             raise InvalidRequestError(
                 f"prompt lists {len(prompts)} prompts; at most {MAX_PROMPTS} are allowed per request",
@@ -120,7 +121,7 @@ class CompletionEndpoint:
 
         for i, p in enumerate(prompts):
             if isinstance(p, str):
-                handle.check_text_length(len(p), "prompt")
+                check_text_length(handle, len(p), "prompt")
             elif len(p) > limit:
                 raise ContextLengthExceededError(
                     f"{where(i)} has {len(p)} tokens; this model accepts at most {limit} input tokens",
@@ -162,71 +163,67 @@ class CompletionEndpoint:
         return [(ids, text or (next(texts_out) if req.echo else "")) for ids, text in out]
 
     async def _complete(
-        self, lease: ModelLease, req: CompletionRequest
+        self, held: ModelHold[ModelHandle], req: CompletionRequest
     ) -> CompletionResponse | AsyncIterator[str]:
-        handle = lease.handle
-        handle.check_admitting()
+        handle = held.handle
+        handle.client.check_admitting()
         req.check_supported()
         fmt = req.response_format
         taken = "response_format" if fmt is not None and fmt.type != "text" else None
-        grammar = await handle.guided_grammar(req, taken) or await handle.response_format_grammar(fmt)
+        client = handle.client
+        grammar = await guided_grammar(client, req, taken) or await response_format_grammar(client, fmt)
         prompts = await self._completion_prompts(handle, req)
-        plans = [
-            handle.plan(
-                req,
-                prompt_ids=ids,
-                prompt_text=text,
-                prompt_param="prompt",
-                max_tokens=req.max_tokens,
-                max_tokens_param="max_tokens",
-                top_logprobs=req.logprobs,
-            )
-            for ids, text in prompts
+        handle.check_generates()
+        adapter = handle.lora_names.get(req.model)
+        specs: list[GenerationSpec] = [
+            req.to_spec(ids, client.limits, prompt_param="prompt", grammar=grammar, adapter=adapter)
+            for ids, _ in prompts
         ]
-        plan = plans[0]
         echoes: list[_Echo | None] = []
-        for p in plans:
+        for spec, (ids, text) in zip(specs, prompts, strict=True):
             echo = None
             if req.echo:
-                prompt_lps = _prompt_logprobs(handle, p.prompt_ids) if p.want_logprobs else None
-                echo = _Echo(p.prompt_text, prompt_lps)
-            echoes += [echo] * p.n
+                prompt_lps = _prompt_logprobs(handle, ids) if spec.logprobs else None
+                echo = _Echo(text, prompt_lps)
+            echoes += [echo] * spec.n
+        logprobs = specs[0].logprobs
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        groups = handle.submit_many([(p, await handle.constraints(grammar, p.n)) for p in plans])
-        runs = [run for group in groups for run in group]  # prompt-major: index = i * n + j
-        if plan.stream:
-            firsts = await handle.first_outputs(runs)
-            stream = self._completion_stream(runs, firsts, plan, rid, created, req.model, echoes)
-            return lease.held_by(closing(runs, stream))
+        runs = await client.generate(*specs)  # prompt-major: index = i * n + j
+        if req.stream:
+            firsts = await first_outputs(runs)
+            stream = self._completion_stream(runs, firsts, req, logprobs, rid, created, echoes)
+            return held.held_by(closing(runs, stream))
         choices: list[CompletionChoice] = []
-        outcomes = await handle.collect_all(runs)
+        outcomes = await collect_all(runs)
         for index, ((text_out, lps, last), echo) in enumerate(zip(outcomes, echoes, strict=True)):
-            logprobs = None
-            if plan.want_logprobs:
-                logprobs = _completion_logprobs(lps, len(echo.text) if echo else 0)
+            choice_lps = None
+            if logprobs:
+                choice_lps = _completion_logprobs(lps, len(echo.text) if echo else 0)
                 if echo is not None and echo.logprobs is not None:
-                    logprobs = _joined(echo.logprobs, logprobs)
+                    choice_lps = _joined(echo.logprobs, choice_lps)
             choices.append(
                 CompletionChoice(
                     index=index,
                     text=(echo.text if echo else "") + text_out,
                     finish_reason=last.finish_reason,
-                    logprobs=logprobs,
+                    logprobs=choice_lps,
                 )
             )
-        usage = usage_of(*(last for _, _, last in outcomes), n=plan.n)
+        usage = usage_of(*(last for _, _, last in outcomes), n=req.n)
         return CompletionResponse(id=rid, created=created, model=req.model, choices=choices, usage=usage)
 
     async def _completion_stream(
         self,
         runs: list[ChoiceRun],
         firsts: list[StepOutput],
-        plan: Plan,
+        req: CompletionRequest,
+        logprobs: bool,
         rid: str,
         created: int,
-        model: str,
         echoes: Sequence[_Echo | None],
     ) -> AsyncIterator[str]:
+        model = req.model
+
         def chunk(index: int, text: str, finish: str | None, lps: CompletionLogprobs | None) -> str:
             choice = CompletionStreamChoice(index=index, text=text, finish_reason=finish, logprobs=lps)
             return to_json(CompletionStreamResponse(id=rid, created=created, model=model, choices=[choice]))
@@ -240,12 +237,12 @@ class CompletionEndpoint:
             async for index, out in interleave(runs, firsts):
                 lasts[index] = out
                 if out.text or out.logprobs or out.finished:
-                    lps = _completion_logprobs(out.logprobs, offsets[index]) if plan.want_logprobs else None
+                    lps = _completion_logprobs(out.logprobs, offsets[index]) if logprobs else None
                     offsets[index] += sum(len(lp.token) for lp in out.logprobs)
                     yield chunk(index, out.text, out.finish_reason, lps)
-            if plan.include_usage:
+            if req.stream_usage:
                 usage = CompletionStreamResponse(
-                    id=rid, created=created, model=model, choices=[], usage=usage_of(*lasts, n=plan.n)
+                    id=rid, created=created, model=model, choices=[], usage=usage_of(*lasts, n=req.n)
                 )
                 yield to_json(usage)
         except OpenAIError as exc:

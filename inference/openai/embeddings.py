@@ -16,20 +16,21 @@ from inference.openai.embeddings_protocol import (
     request_inputs,
 )
 from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
+from inference.openai.handle import ModelHandle
 from inference.runtime.embedding_vectors import truncate
 
 
 class EmbeddingsEndpoint:
     """``POST /v1/embeddings``: holds the model pool."""
 
-    def __init__(self, pool: ModelPool) -> None:
+    def __init__(self, pool: ModelPool[ModelHandle]) -> None:
         self.pool = pool
 
     async def create_embedding(self, req: EmbeddingRequest) -> dict[str, Any]:
         """OpenAI's embeddings response for every input of ``req``, in order."""
         inputs = request_inputs(req)
-        async with self.pool.lease(req.model) as lease:
-            handle = lease.handle
+        async with self.pool.hold(req.model) as held:
+            handle = held.handle
             embedder = handle.embedder
             if embedder is None:
                 raise InvalidRequestError(

@@ -1,13 +1,14 @@
-"""The ``/v1`` exception tree and the one function that maps any exception to the OpenAI body.
+"""The ``/v1`` error bodies and the one function that maps any exception to them.
 
-Body: ``{"error": {"message", "type", "param", "code"}}``. Bad input is always a 4xx that names
-the field in ``param``; only our own bugs become a 500.
+The exception tree is :mod:`inference.serving_errors` (re-exported here; ``OpenAIError`` is its
+base class): the pool and the engine client raise it too. Body: ``{"error": {"message",
+"type", "param", "code"}}`` (OpenAI's) or ``{"type": "error", "error": {...}}`` (Anthropic's).
+Bad input is always a 4xx that names the field in ``param``; only our own bugs become a 500.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -17,12 +18,18 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from inference.scheduler import (
-    AdapterUnloadedError,
-    EngineFailure,
-    QueueFullError,
-    QueueTimeoutError,
-    SchedulerStoppedError,
+from inference.serving_errors import (
+    AuthenticationError,
+    ClientDisconnectedError,
+    ContextLengthExceededError,
+    InternalServerError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    ServerOverloadedError,
+    ServerUnavailableError,
+    ServingError,
+    UnsupportedMediaTypeError,
+    serving_error,
 )
 from inference.tokenizer import ChatTemplateError
 
@@ -36,6 +43,7 @@ __all__ = [
     "OpenAIError",
     "ServerOverloadedError",
     "ServerUnavailableError",
+    "ServingError",
     "UnsupportedMediaTypeError",
     "anthropic_error_body",
     "anthropic_exception_handler",
@@ -46,105 +54,8 @@ __all__ = [
     "to_openai_error",
 ]
 
-log = logging.getLogger(__name__)
-
-RETRY_AFTER_SECONDS = 1
-
-
-class OpenAIError(Exception):
-    """An error with its HTTP status and OpenAI error fields."""
-
-    status_code = 500
-    type = "server_error"
-    code: str | None = None
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        """``message`` says what went wrong and how to fix it; ``param`` names the field."""
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        if code is not None:
-            self.code = code
-        self.headers = dict(headers or {})
-
-
-class InvalidRequestError(OpenAIError):
-    """400: the request is malformed or asks for something unsupported."""
-
-    status_code = 400
-    type = "invalid_request_error"
-
-
-class ContextLengthExceededError(InvalidRequestError):
-    """400: the prompt (plus max_tokens) does not fit."""
-
-    code = "context_length_exceeded"
-
-
-class UnsupportedMediaTypeError(InvalidRequestError):
-    """415: the body is not declared ``application/json``."""
-
-    status_code = 415
-    code = "unsupported_media_type"
-
-
-class AuthenticationError(OpenAIError):
-    """401: missing or wrong API key."""
-
-    status_code = 401
-    type = "invalid_request_error"
-    code = "invalid_api_key"
-
-
-class ModelNotFoundError(OpenAIError):
-    """404: the request names a model this server does not serve."""
-
-    status_code = 404
-    type = "invalid_request_error"
-    code = "model_not_found"
-
-
-class ServerOverloadedError(OpenAIError):
-    """429: no slot and no room in the queue (or the queue wait timed out)."""
-
-    status_code = 429
-    type = "server_error"
-    code = "server_overloaded"
-
-    def __init__(self, message: str, *, retry_after: int = RETRY_AFTER_SECONDS) -> None:
-        """Sets ``Retry-After``."""
-        super().__init__(message, headers={"Retry-After": str(retry_after)})
-
-
-class ServerUnavailableError(OpenAIError):
-    """503: draining, stopped or not loaded yet."""
-
-    status_code = 503
-    type = "server_error"
-    code = "server_unavailable"
-
-
-class ClientDisconnectedError(OpenAIError):
-    """The client hung up before a non-streamed answer was ready; its generation was cancelled."""
-
-    status_code = 499
-    type = "client_closed_request"
-    code = "client_closed_request"
-
-
-class InternalServerError(OpenAIError):
-    """500: the engine or the server failed."""
-
-    status_code = 500
-    type = "server_error"
-    code = "internal_error"
+#: The ``/v1`` name of the serving errors' base class.
+OpenAIError = ServingError
 
 
 @contextlib.contextmanager
@@ -246,16 +157,6 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return _from_litestar_validation(exc)
     if isinstance(exc, ChatTemplateError):
         return InvalidRequestError(str(exc), param="messages")
-    if isinstance(exc, QueueFullError):
-        return ServerOverloadedError(f"server overloaded, retry later: {exc}")
-    if isinstance(exc, QueueTimeoutError):
-        return ServerOverloadedError(f"server overloaded, retry later: {exc}")
-    if isinstance(exc, SchedulerStoppedError):
-        return ServerUnavailableError(f"server unavailable: {exc}")
-    if isinstance(exc, EngineFailure):
-        return InternalServerError(str(exc))
-    if isinstance(exc, AdapterUnloadedError):
-        return ModelNotFoundError(str(exc), param="model")
     if isinstance(exc, HTTPException):
         status = exc.status_code
         err: OpenAIError
@@ -274,8 +175,7 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
             err.type = "invalid_request_error"
         err.headers.update(exc.headers or {})
         return err
-    log.exception("unhandled error under /v1", exc_info=exc)
-    return InternalServerError(f"internal server error: {type(exc).__name__}")
+    return serving_error(exc)
 
 
 def _from_litestar_validation(exc: ValidationException) -> InvalidRequestError:

@@ -26,6 +26,7 @@ from inference.image_features import ImageFeatureCache, PromptImage, PromptImage
 from inference.media import MediaPolicy, check_url, read_url
 from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
 from inference.openai.protocol import ChatMessage
+from inference.runtime.mrope import mrope_positions
 from inference.runtime.protocol import VisionModel
 
 __all__ = ["MAX_IMAGES_PER_REQUEST", "ImagePart", "check_expanded_length", "check_image_tokens",
@@ -174,8 +175,9 @@ def _load(vision: VisionModel, parts: Sequence[ImagePart], policy: MediaPolicy,
         except (ImageInputError, ValueError) as exc:
             raise InvalidRequestError(f"{part.param} {exc}", param=part.param) from None
         tokens = prepared.tokens if prepared is not None else vision.fixed_tokens()
+        grid = prepared.grid if prepared is not None else first.grid if first is not None else None
         image = PromptImage(digest=digest, tokens=tokens, param=part.param, prepared=prepared,
-                            features=features)
+                            features=features, grid=grid)
         seen.setdefault(digest, image)
         out.append(image)
     return out
@@ -190,12 +192,15 @@ async def load_images(vision: VisionModel, parts: Sequence[ImagePart],
 
 async def prompt_images(vision: VisionModel, parts: Sequence[ImagePart], positions: np.ndarray,
                         policy: MediaPolicy, cache: ImageFeatureCache | None = None,
-                        loaded: Sequence[PromptImage] | None = None) -> PromptImages:
+                        loaded: Sequence[PromptImage] | None = None,
+                        prompt_length: int | None = None) -> PromptImages:
     """The prompt's images for the scheduler, which has the features it needs encoded: read
     (base64, a local file or a fetch), hashed, looked up in the model's feature ``cache``, decoded
     and preprocessed where missing, in a worker thread (``loaded``: images :func:`load_images`
     read already; only the cache is asked about them). ``positions``: every image row of the
-    prompt, ascending (:func:`expand_placeholders`)."""
+    prompt (of ``prompt_length`` tokens), ascending (:func:`expand_placeholders`); where the
+    images have grids (Qwen2.5-VL), the prompt's multimodal rotary positions come with them
+    (:func:`inference.runtime.mrope.mrope_positions`)."""
     if loaded is None:
         images = await asyncio.to_thread(_load, vision, parts, policy, cache, False)
     else:
@@ -211,4 +216,8 @@ async def prompt_images(vision: VisionModel, parts: Sequence[ImagePart], positio
         at += n
     if at != len(positions):
         raise ValueError(f"{len(positions)} image rows in the prompt for images of {at} rows")
-    return PromptImages(images, vision, cache)
+    grids = [image.grid for image in images]
+    rope = None
+    if images and prompt_length is not None and all(g is not None for g in grids):
+        rope = mrope_positions(prompt_length, positions, [g for g in grids if g is not None])
+    return PromptImages(images, vision, cache, rope=rope)

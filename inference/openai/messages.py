@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 from litestar.response import ServerSentEventMessage
 
+from inference.engine_client import closing
 from inference.openai.anthropic_protocol import (
     AnthropicBlock,
     AnthropicCountTokensRequest,
@@ -36,7 +37,6 @@ from inference.openai.anthropic_protocol import (
 )
 from inference.openai.chat import ChatEndpoint, ChatTurn
 from inference.openai.errors import InvalidRequestError, OpenAIError, anthropic_error_body, renamed_params
-from inference.openai.handle import closing
 from inference.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -256,15 +256,15 @@ class MessagesEndpoint:
         self, req: AnthropicMessagesRequest
     ) -> AnthropicMessagesResponse | AsyncIterator[ServerSentEventMessage]:
         """``POST /v1/messages``: a message, or Anthropic's event stream."""
-        async with self.chat.pool.lease(req.model, keep_alive=req.keep_alive) as lease:
+        async with self.chat.pool.hold(req.model, keep_alive=req.keep_alive) as held:
             renames = dict(_RENAMED)
             with renamed_params(_RENAMED):  # the image renames are for the chat turn's errors only
                 chat_req = self._as_chat(req, renames)
             with renamed_params(renames):
-                turn = await self.chat.start_turn(lease.handle, chat_req)
+                turn = await self.chat.start_turn(held.handle, chat_req)
             mid = f"msg_{uuid.uuid4().hex}"
-            if turn.plan.stream:
-                return lease.held_by(closing(turn.runs, self._message_stream(turn, mid, req.model)))
+            if turn.stream:
+                return held.held_by(closing(turn.runs, self._message_stream(turn, mid, req.model)))
             return await self._message(turn, req, mid)
 
     async def _message(
@@ -292,9 +292,9 @@ class MessagesEndpoint:
 
     async def count_message_tokens(self, req: AnthropicCountTokensRequest) -> AnthropicCountTokensResponse:
         """``POST /v1/messages/count_tokens``: the prompt's tokens as ``/v1/messages`` renders it."""
-        async with self.chat.pool.lease(req.model, keep_alive=req.keep_alive) as lease:
-            handle = lease.handle
-            handle.check_admitting()
+        async with self.chat.pool.hold(req.model, keep_alive=req.keep_alive) as held:
+            handle = held.handle
+            handle.client.check_admitting()
             renames = dict(_RENAMED)
             messages = _chat_messages(req, renames)
             tools, _ = _tools(req)
@@ -321,7 +321,7 @@ class MessagesEndpoint:
             "stop_reason": None,
             "stop_sequence": None,
             # The cached share is known once the request is admitted: message_delta's usage says it.
-            "usage": {"input_tokens": len(turn.plan.prompt_ids), "output_tokens": 0},
+            "usage": {"input_tokens": len(turn.spec.prompt_ids), "output_tokens": 0},
         }
         block = -1
         open_kind: str | None = None

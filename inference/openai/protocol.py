@@ -6,9 +6,10 @@ implement (vLLM's sampling and guided-decoding fields, llama-server's ``grammar`
 ``json_schema`` / ``cache_prompt``, Ollama's ``keep_alive``). Anything else is refused
 (``forbid_unknown_fields``): a misspelled ``max_token`` or a constraint we lack must be a 400
 naming it, never silently ignored. Nested objects (messages, tools) stay lenient. A request
-checks its own ranges as it turns into sampling parameters (:meth:`to_sampling`, as vLLM's
-``to_sampling_params``); what needs the model (prompt length, tokenizer) is checked by the
-model's handle. Every error names its field.
+converts itself once into the generation spec the engine runs (:meth:`_SamplingFields.to_spec`,
+as vLLM's ``to_sampling_params``), checking its own ranges and its prompt against the model's
+limits on the way; what needs the tokenizer or the chat template is checked by the endpoint.
+Every error names its field.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from inference.openai.errors import InvalidRequestError
+from inference.generation_spec import GenerationSpec, ModelLimits
+from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
 from inference.sampling import SamplingParams
 
 __all__ = [
@@ -206,6 +208,83 @@ class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
 
+    def output_limit(self) -> tuple[int | None, str]:
+        """The most tokens to generate (None: what the context leaves) and the field that said so."""
+        return self.max_tokens, "max_tokens"
+
+    def top_logprobs_asked(self) -> int | None:
+        """How many alternatives per token to return (None: no logprobs)."""
+        return None
+
+    @property
+    def stream_usage(self) -> bool:
+        """``stream_options.include_usage``: a streamed answer ends with a chunk of the usage."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def to_spec(
+        self,
+        prompt_ids: list[int],
+        limits: ModelLimits,
+        *,
+        prompt_param: str,
+        grammar: str | None = None,
+        adapter: str | None = None,
+    ) -> GenerationSpec:
+        """This request on ``prompt_ids`` as the engine runs it: sampling, stop strings and token
+        ids, the output limit (all the context leaves after the prompt when the request sets
+        none), checked against the model's ``limits`` (400 naming the field; ``prompt_param``:
+        the prompt's), with the output ``grammar`` and the LoRA ``adapter`` the request runs."""
+        max_tokens, max_tokens_param = self.output_limit()
+        params = self.to_sampling(limits.vocab_size, self.top_logprobs_asked())
+        stop = self.stop_strings()
+        stop_ids = tuple(self.stop_token_ids or ())
+        for i, t in enumerate(stop_ids):
+            if not 0 <= t < limits.vocab_size:
+                raise InvalidRequestError(
+                    f"stop token id {t} is outside the vocabulary", param=f"stop_token_ids[{i}]"
+                )
+        n = len(prompt_ids)
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty", param=prompt_param)
+        if n > limits.max_input_len:
+            raise ContextLengthExceededError(
+                f"the prompt has {n} tokens; this model accepts at most {limits.max_input_len} input tokens",
+                param=prompt_param,
+            )
+        if max_tokens is not None and max_tokens < 1:
+            raise InvalidRequestError(f"{max_tokens_param} must be at least 1", param=max_tokens_param)
+        room = limits.max_model_len - n
+        if room < 1:
+            raise ContextLengthExceededError(
+                f"the prompt has {n} tokens, leaving no room to generate within the "
+                f"maximum context length of {limits.max_model_len} tokens",
+                param=prompt_param,
+            )
+        if max_tokens is not None and max_tokens > room:
+            raise ContextLengthExceededError(
+                f"this model's maximum context length is {limits.max_model_len} tokens; the prompt has {n} "
+                f"and {max_tokens_param}={max_tokens} asks for more than the {room} left; "
+                f"lower {max_tokens_param} or shorten the prompt",
+                param=max_tokens_param,
+            )
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError(
+                "stream_options is only allowed with stream=true", param="stream_options"
+            )
+        return GenerationSpec(
+            prompt_ids=prompt_ids,
+            sampling=params,
+            max_tokens=room if max_tokens is None else max_tokens,
+            stop=stop,
+            stop_token_ids=stop_ids,
+            n=self.n,
+            ignore_eos=self.ignore_eos,
+            grammar=grammar,
+            adapter=adapter,
+            cache_prompt=self.cache_prompt,
+            cache_salt=self.checked_cache_salt(),
+        )
+
     def to_sampling(self, vocab_size: int, top_logprobs: int | None) -> SamplingParams:
         """The sampling parameters this request asks for, every range checked (400 naming the
         field); ``logit_bias`` keys must be token ids below ``vocab_size``."""
@@ -303,6 +382,10 @@ class CompletionRequest(_SamplingFields, kw_only=True):
             raise InvalidRequestError("only best_of=1 is supported", param="best_of")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
+
+    def top_logprobs_asked(self) -> int | None:
+        """``logprobs``: how many alternatives per token to return (None: no logprobs)."""
+        return self.logprobs
 
 
 class ImageUrl(msgspec.Struct):
@@ -410,7 +493,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 
     def check_supported(self) -> None:
         """400 for fields of OpenAI's reference that ask for what this server cannot do (text-only
-        models, no web access); accepted when they ask for nothing."""
+        models, no web access), accepted when they ask for nothing; then for an output limit or
+        ``top_logprobs`` that cannot be met (checked again where :meth:`to_spec` reads them), so
+        these 400s come before any template work."""
         if self.audio is not None:
             raise InvalidRequestError(
                 "audio output is not supported: the models here write text", param="audio"
@@ -426,6 +511,8 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
                 raise InvalidRequestError(
                     f"{name} (deprecated by OpenAI) is not supported: send tools and tool_choice", param=name
                 )
+        self.output_limit()
+        self.top_logprobs_asked()
 
     def output_limit(self) -> tuple[int | None, str]:
         """The most tokens to generate (None: what the context leaves) and the field that said so:
@@ -453,6 +540,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
                     f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs"
                 )
         return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
     """``POST /tokenize`` (vLLM's shape): ``prompt``, or ``messages`` rendered by the chat template.

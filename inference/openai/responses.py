@@ -19,9 +19,9 @@ from typing import Any
 import msgspec
 from litestar.response import ServerSentEventMessage
 
+from inference.engine_client import closing
 from inference.openai.chat import ChatEndpoint, ChatTurn
 from inference.openai.errors import InvalidRequestError, OpenAIError, renamed_params
-from inference.openai.handle import closing
 from inference.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -279,15 +279,15 @@ class ResponsesEndpoint:
         self, req: ResponsesRequest
     ) -> ResponseObject | AsyncIterator[ServerSentEventMessage]:
         """``POST /v1/responses``: a response object, or the Responses event stream."""
-        async with self.chat.pool.lease(req.model, keep_alive=req.keep_alive) as lease:
+        async with self.chat.pool.hold(req.model, keep_alive=req.keep_alive) as held:
             renames = dict(_RENAMED)
             with renamed_params(_RENAMED):  # the image renames are for the chat turn's errors only
                 chat_req = self._responses_chat(req, renames)
             with renamed_params(renames):
-                turn = await self.chat.start_turn(lease.handle, chat_req)
+                turn = await self.chat.start_turn(held.handle, chat_req)
             rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
-            if turn.plan.stream:
-                return lease.held_by(closing(turn.runs, self._response_stream(turn, req, rid, created)))
+            if turn.stream:
+                return held.held_by(closing(turn.runs, self._response_stream(turn, req, rid, created)))
             return await self._response_object(turn, req, rid, created)
 
     async def _response_object(

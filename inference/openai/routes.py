@@ -8,7 +8,7 @@ Under ``/v1``: ``GET /models``, ``GET /models/{id}``, ``POST /completions``,
 :func:`openai_router` takes the model pool (the only model source) and builds one endpoint
 object per API surface over it. The POST routes are a table (:class:`Route`: path, body type,
 error surface, the endpoint method that answers) served by one handler shape: check the body,
-call the method (it leases the model from the pool and releases it when the answer or stream
+call the method (it holds the model in the pool and releases it when the answer or stream
 ends), cancel it when the client hangs up. The API key is the router's, not a model's.
 """
 
@@ -57,7 +57,9 @@ from inference.openai.errors import (
     openai_exception_handler,
     to_openai_error,
 )
+from inference.openai.handle import ModelHandle
 from inference.openai.messages import MessagesEndpoint
+from inference.openai.models import ModelsEndpoint
 from inference.openai.nullable import from_wire, wire_type
 from inference.openai.protocol import (
     ChatCompletionRequest,
@@ -137,10 +139,11 @@ def check_api_key(expected: str | None, authorization: str | None, x_api_key: st
         raise AuthenticationError(f"{detail}: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
 
 
-def openai_router(pool: ModelPool, *, api_key: str | None = None, path: str = "/v1") -> Router:
+def openai_router(pool: ModelPool[ModelHandle], *, api_key: str | None = None, path: str = "/v1") -> Router:
     """The OpenAI routes under ``path`` (the Anthropic ones too), ``/tokenize`` and ``/detokenize``
     at the root (see the module docstring), answered from ``pool``; ``api_key`` (when set) is
     required on every one."""
+    models = ModelsEndpoint(pool)
     chat = ChatEndpoint(pool)
     completions = CompletionEndpoint(pool)
     embeddings = EmbeddingsEndpoint(pool)
@@ -185,7 +188,7 @@ def openai_router(pool: ModelPool, *, api_key: str | None = None, path: str = "/
 
     @get("/models", responses=OPENAI.documented(401, 503))
     async def list_models() -> ModelList:
-        return await pool.list_models()
+        return await models.list_models()
 
     @get("/models/{model_id:path}", responses=OPENAI.documented(401, 404, 503))
     async def retrieve_model(model_id: FromPath[str]) -> ModelCard:
@@ -194,10 +197,10 @@ def openai_router(pool: ModelPool, *, api_key: str | None = None, path: str = "/
         # relative name look alike: the name first, then the path.
         name = model_id.lstrip("/")
         try:
-            return await pool.model_card(name)
+            return await models.model_card(name)
         except ModelNotFoundError:
             try:
-                return await pool.model_card("/" + name)
+                return await models.model_card("/" + name)
             except ModelNotFoundError:
                 pass
             raise

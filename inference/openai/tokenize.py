@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from inference.openai.chat import ChatEndpoint
+from inference.openai.chat import ChatEndpoint, encode
 from inference.openai.errors import InvalidRequestError
 from inference.openai.handle import ModelHandle
 from inference.openai.protocol import (
@@ -30,12 +30,12 @@ class TokenizeEndpoint:
 
     @contextlib.asynccontextmanager
     async def _model(self, name: str | None, keep_alive: float | None) -> AsyncIterator[ModelHandle]:
-        """The handle of the model ``name`` (the pool's default one when None), leased for the block."""
+        """The handle of the model ``name`` (the pool's default one when None), held for the block."""
         pool = self.chat.pool
         name = name if name is not None else pool.default_model()
-        async with pool.lease(name, keep_alive=keep_alive) as lease:
-            lease.handle.check_admitting()
-            yield lease.handle
+        async with pool.hold(name, keep_alive=keep_alive) as held:
+            held.handle.client.check_admitting()
+            yield held.handle
 
     async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         """A prompt, or messages through the chat template (as chat requests render them), to ids."""
@@ -44,7 +44,7 @@ class TokenizeEndpoint:
                 raise InvalidRequestError("send exactly one of prompt or messages", param="prompt")
             if req.prompt is not None:
                 special = True if req.add_special_tokens is None else req.add_special_tokens
-                ids = await handle.encode(req.prompt, add_special_tokens=special, param="prompt")
+                ids = await encode(handle, req.prompt, add_special_tokens=special, param="prompt")
             else:
                 assert req.messages is not None
                 self.chat.check_size(handle, req.messages)

@@ -26,6 +26,17 @@ past and present are bound to that layer's (it writes the same values at the sam
 KV block of such an engine (:meth:`GqaEngine.export_kv`) is ``[rows, 1, n, unit]``: every buffer's
 ``[heads, n, head_dim]`` cut into ``head_dim / unit`` pieces of ``unit`` (the head sizes' greatest
 common divisor) and stacked, so a block is one array with the tokens on axis 2, as for the others.
+
+Multimodal rotary positions (Qwen2.5-VL's M-RoPE: the graph has a ``position_ids [3, B, S]``
+input): a prompt's positions are not its token indices after an image (an image's rows take
+grid positions, the text after it continues from their largest + 1), so the engine keeps, per
+slot and held position, the position the next token takes (``_next_pos``). A run appends text
+at its slot's continuation (all three ids equal: a text-only sequence has the plain positions) or,
+for a prefill with images, at the positions the caller gives (:meth:`GqaEngine.prefill_images`'s
+``rope_positions``: :func:`inference.runtime.mrope.mrope_positions` of the prompt). Decode and
+``extend`` continue from the last; ``truncate`` keeps what the kept positions said,
+``copy_prefix`` copies it, ``import_kv`` continues the text before it (a stored block carries no
+positions: blocks of a prompt with images are never stored).
 """
 
 from __future__ import annotations
@@ -42,7 +53,7 @@ import onnxruntime as ort
 from inference.build_profile import KV_CACHE_NUMPY_DTYPES
 from inference.runtime.kv_layers import kv_layer_shapes
 from inference.runtime.ort_session import cpu_session
-from inference.runtime.protocol import EngineInfo, VisionModel
+from inference.runtime.protocol import EngineInfo, VisionModel, whole_runs_end
 from inference.runtime.slot_checks import (
     SlotLengths,
     check_decode,
@@ -164,8 +175,13 @@ class GqaEngine(SlotLengths):
         #: the prefill runs of chunks that hold image tokens and back to empty after them.
         self._vision: VisionModel | None = None
         self._image_inputs = "vision" in meta
+        #: Gemma 3: an image's rows attend to one another both ways, so a run holds them whole.
+        self._whole_images = self._image_inputs and meta["vision"].get("image_attention") == "bidirectional"
         self._hidden = int(meta["hidden_size"])
         self._images_bound: tuple[np.ndarray, np.ndarray] | None = None
+        #: M-RoPE bundles: per slot and held position, the position the token after it takes.
+        self._mrope = "position_ids" in kv.get("inputs", ())
+        self._next_pos = np.zeros((max_slots, self._cap if self._mrope else 0), np.int64)
         self._info = onnx_engine_info(
             meta, model_path, max_slots=max_slots, threads=threads, kv_layout=KV_LAYOUT,
             kv_bytes_per_token=int(kv.get("bytes_per_token", self.kv_bytes_per_token)),
@@ -219,6 +235,8 @@ class GqaEngine(SlotLengths):
         if src != dst:
             for buf in self._kv:
                 buf[dst, :, :n] = buf[src, :, :n]
+            if self._mrope:
+                self._next_pos[dst, :n] = self._next_pos[src, :n]
         self._lengths[dst] = n
 
     def _block_shape(self, n: int) -> tuple[int, ...]:
@@ -271,6 +289,9 @@ class GqaEngine(SlotLengths):
                 part = kv[row:row + pieces, 0].reshape(heads, dim // self._unit, n, self._unit)
                 buf[slot, :, start:start + n] = part.transpose(0, 2, 1, 3).reshape(heads, n, dim)
                 row += pieces
+        if self._mrope:  # text continuing what the slot holds before ``start``
+            first = self._next_pos[slot, start - 1] if start else 0
+            self._next_pos[slot, start:start + n] = first + 1 + np.arange(n)
         self._lengths[slot] = start + n
 
     # --- LoRA adapters ---------------------------------------------------------------------
@@ -340,12 +361,24 @@ class GqaEngine(SlotLengths):
         self._binding.bind_ortvalue_input("image_features", ort.OrtValue.ortvalue_from_numpy(features))
         self._images_bound = images
 
+    def _positions(self, lo: int, past: np.ndarray, new: int, rope: np.ndarray | None) -> np.ndarray:
+        """``position_ids [3, B, S]`` of a run of an M-RoPE graph: ``rope`` [3, S] (one row) where
+        given, else each row's text continuation (three equal ids)."""
+        if rope is not None:
+            return np.ascontiguousarray(rope[:, None, :], dtype=np.int64)
+        rows = np.arange(lo, lo + past.size)
+        first = np.where(past > 0, self._next_pos[rows, np.maximum(past - 1, 0)], 0)
+        pos = first[:, None] + np.arange(new, dtype=np.int64)
+        return np.ascontiguousarray(np.broadcast_to(pos, (3, *pos.shape)))
+
     def _run(self, lo: int, ids: np.ndarray, past: np.ndarray, keep: int = 1,
              adapter: str | None = None,
-             images: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+             images: tuple[np.ndarray, np.ndarray] | None = None,
+             rope: np.ndarray | None = None) -> np.ndarray:
         """Append ``ids`` [B,S] to rows ``lo..lo+B-1`` holding ``past`` [B] positions; logits of
         the last ``keep`` positions of each row, [B,keep,V]; with ``adapter`` active and the
-        embeddings of ``images`` (rows [n, 2]: batch row, chunk position; features) replaced."""
+        embeddings of ``images`` (rows [n, 2]: batch row, chunk position; features) replaced;
+        ``rope`` [3, S]: an M-RoPE graph's positions of a one-row run."""
         if self._session is None:
             raise RuntimeError("engine is closed")
         if self._image_inputs:
@@ -358,12 +391,20 @@ class GqaEngine(SlotLengths):
         total = np.array(int(past.max()) + new, dtype=np.int32)
         self._binding.bind_cpu_input("total_sequence_length", total)
         self._binding.bind_cpu_input("logits_to_keep", np.array([keep], dtype=np.int64))
+        positions = None
+        if self._mrope:
+            positions = self._positions(lo, past, new, rope)
+            self._binding.bind_cpu_input("position_ids", positions)
         if adapter != self._bound_adapter:
             values = {} if adapter is None else self._adapters[adapter]
             for name, default in self._lora_defaults.items():
                 self._binding.bind_ortvalue_input(name, values.get(name, default))
             self._bound_adapter = adapter
         self._session.run_with_iobinding(self._binding)
+        if positions is not None:  # where each row's next token goes: after the largest id
+            following = positions.max(axis=0) + 1
+            for b, held in enumerate(past.tolist()):
+                self._next_pos[lo + b, held:held + new] = following[b]
         return self._logits[batch, keep].copy()
 
     # --- the protocol --------------------------------------------------------------------
@@ -381,15 +422,32 @@ class GqaEngine(SlotLengths):
         return logits
 
     def prefill_images(self, slot: int, token_ids: Sequence[int], rows: np.ndarray,
-                       features: np.ndarray) -> np.ndarray:
+                       features: np.ndarray, rope_positions: np.ndarray | None = None) -> np.ndarray:
         """:meth:`prefill` with the embeddings of positions ``rows [n]`` of ``token_ids``
-        replaced by ``features [n, hidden]`` (a vision-language bundle's image tokens)."""
+        replaced by ``features [n, hidden]`` (a vision-language bundle's image tokens);
+        ``rope_positions [3, len(token_ids)]``: the tokens' temporal, height and width positions,
+        which an M-RoPE bundle (Qwen2.5-VL) needs for a chunk with image rows."""
         if not self._image_inputs:
             raise ValueError("this bundle is text-only: its graph takes no image features")
         self._check_slot(slot)
         ids = self._check_tokens(token_ids)
+        rope = None
+        if rope_positions is not None:
+            if not self._mrope:
+                raise ValueError("this bundle's positions are 1D: it takes no rope_positions")
+            rope = np.asarray(rope_positions)
+            if rope.shape != (3, ids.size) or not np.issubdtype(rope.dtype, np.integer) or (
+                    ids.size and rope.min() < 0) or (ids.size and rope.max() >= self._cap):
+                raise ValueError(f"rope_positions must be [3, {ids.size}] positions below {self._cap}, got "
+                                 f"shape {rope.shape}")
+            rope = rope.astype(np.int64)
+        elif self._mrope and len(rows):
+            raise ValueError("this bundle's positions are multimodal (M-RoPE): image rows need "
+                             "rope_positions")
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         features = np.ascontiguousarray(features, dtype=np.float32)
+        if rows.size == 0 and features.size == 0:  # a chunk without image rows (of any width)
+            features = np.zeros((0, self._hidden), np.float32)
         if features.shape != (rows.size, self._hidden):
             raise ValueError(f"image features of shape {features.shape} for {rows.size} rows of width "
                              f"{self._hidden}")
@@ -397,14 +455,20 @@ class GqaEngine(SlotLengths):
             raise ValueError(f"image rows must be ascending positions within the {ids.size} tokens")
         check_prefill(slot, self._lengths[slot], int(ids.size), self._cap)
         logits = np.empty(0, dtype=np.float32)
-        for start in range(0, ids.size, self._chunk):
-            part = ids[start:start + self._chunk]
-            lo, hi = np.searchsorted(rows, [start, start + part.size])
+        start = 0
+        while start < ids.size:
+            end = min(start + self._chunk, ids.size)
+            if self._whole_images:
+                end = whole_runs_end(rows, start, end)
+            part = ids[start:end]
+            lo, hi = np.searchsorted(rows, [start, end])
             mine = rows[lo:hi] - start
             images = (np.stack([np.zeros_like(mine), mine], axis=1), features[lo:hi]) if mine.size else None
             logits = self._run(slot, part[None, :], np.array([self._lengths[slot]]),
-                               adapter=self._slot_adapter[slot], images=images)[0, 0]
+                               adapter=self._slot_adapter[slot], images=images,
+                               rope=None if rope is None else rope[:, start:start + part.size])[0, 0]
             self._lengths[slot] += part.size
+            start = end
         return logits
 
     def extend(self, slot: int, token_ids: Sequence[int]) -> np.ndarray:

@@ -135,6 +135,24 @@ class Embedder(Protocol):
         ...
 
 
+def whole_runs_end(positions: np.ndarray, start: int, end: int) -> int:
+    """Where a prefill chunk ``[start, end)`` ends so that it cuts no run of consecutive
+    ``positions`` (ascending): ``end``, or, where a run crosses it, the run's start when the chunk
+    holds positions before that run, else the run's end (the chunk grows to hold the whole run)."""
+    i = int(np.searchsorted(positions, end))  # positions[i - 1] < end <= positions[i]
+    if i == 0 or i == len(positions) or positions[i - 1] != end - 1 or positions[i] != end:
+        return end
+    lo = i - 1  # the run holding end - 1 and end: back to its first position ...
+    while lo > 0 and positions[lo - 1] == positions[lo] - 1:
+        lo -= 1
+    if positions[lo] > start:
+        return int(positions[lo])
+    hi = i  # ... or on to its last
+    while hi + 1 < len(positions) and positions[hi + 1] == positions[hi] + 1:
+        hi += 1
+    return int(positions[hi]) + 1
+
+
 @dataclass(frozen=True)
 class PreparedImage:
     """One image ready for the vision graph: ``inputs`` (the graph's inputs for this image alone,
@@ -145,6 +163,9 @@ class PreparedImage:
     inputs: Mapping[str, np.ndarray]
     tokens: tuple[int, ...]
     image_token_id: int
+    #: (t, h, w): the grid of the image's feature rows, for a language model with multimodal
+    #: rotary positions (Qwen2.5-VL; :func:`inference.runtime.mrope.mrope_positions`), else None
+    grid: tuple[int, int, int] | None = None
 
     @property
     def rows(self) -> int:
@@ -168,6 +189,14 @@ class VisionModel(Protocol):
     #: request, of one image.
     max_image_tokens: int
     max_image_tokens_per_image: int
+    #: each image's rows attend to one another both ways (Gemma 3): prefill chunks keep them whole
+    whole_images: bool
+
+    def prompt_text(self, text: str) -> str:
+        """The rendered prompt of a request with images as its processor tokenizes it (Gemma 3:
+        ``"\n\n"`` around each placeholder, which merge with the text around them); ``text``
+        itself for the others."""
+        ...
 
     @property
     def tokens_per_image(self) -> int | None:
@@ -199,7 +228,8 @@ class ImageEngine(Engine, Protocol):
         ...
 
     def prefill_images(self, slot: int, token_ids: Sequence[int], rows: np.ndarray,
-                       features: np.ndarray) -> np.ndarray:
+                       features: np.ndarray, rope_positions: np.ndarray | None = None) -> np.ndarray:
         """:meth:`Engine.prefill` with the embeddings of chunk positions ``rows [n]`` replaced by
-        ``features [n, hidden]``."""
+        ``features [n, hidden]``; ``rope_positions [3, len(token_ids)]``: the chunk's multimodal
+        rotary positions (:attr:`PromptImages.rope`), for an engine whose language model takes them."""
         ...

@@ -31,6 +31,9 @@ class VisionSession:
     #: a family whose images all take the same tokens says how many (its encoder sets it)
     tokens_per_image: int | None = None
 
+    #: each image's rows attend to one another both ways (Gemma 3): prefill keeps them whole
+    whole_images = False
+
     def __init__(self, bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> None:
         model = Path(bundle_dir) / str(record.get("model", ""))
         if not model.is_file():
@@ -55,6 +58,10 @@ class VisionSession:
 
     def _read(self, record: Mapping[str, Any]) -> None:
         """Read the family's own fields of the record (KeyError/TypeError/ValueError: incomplete)."""
+
+    def prompt_text(self, text: str) -> str:
+        """The rendered prompt as the processor tokenizes it: itself, unless a family says otherwise."""
+        return text
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         """One run of the vision graph: its ``image_features`` output."""
@@ -109,9 +116,22 @@ def _tiled(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> Visi
     return TiledVisionEncoder(bundle_dir, record, threads=threads)
 
 
+def _gemma3(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> VisionModel:
+    from inference.runtime.vision_gemma3 import Gemma3VisionEncoder
+
+    return Gemma3VisionEncoder(bundle_dir, record, threads=threads)
+
+
+def _qwen2_5_vl(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> VisionModel:
+    from inference.runtime.vision_qwen2_5_vl import QwenVisionEncoder  # it builds on VisionSession
+
+    return QwenVisionEncoder(bundle_dir, record, threads=threads)
+
+
 #: The encoder of each vision family (``engine.json`` ``vision.family``).
 ENCODERS: dict[str, Callable[..., VisionModel]] = {"llava": ClipVisionEncoder, "idefics3": _tiled,
-                                                   "smolvlm": _tiled}
+                                                   "smolvlm": _tiled, "gemma3": _gemma3,
+                                                   "qwen2_5_vl": _qwen2_5_vl}
 
 
 def load_vision(bundle_dir: Path, record: Mapping[str, Any], *, threads: int) -> VisionModel:

@@ -281,7 +281,7 @@ async def test_draining_gives_503(tokenizer: Tokenizer) -> None:
     pool = one_model_pool(serving)
     async with AsyncTestClient(app=pool_app(pool)) as c:
         pool.begin_drain()
-        assert serving.health()["status"] == "draining" and not serving.ready
+        assert serving.health()["status"] == "draining" and not serving.client.ready
         _error(
             await c.post("/v1/completions", json={"model": MODEL, "prompt": "x"}), 503, "server_unavailable"
         )
@@ -373,7 +373,7 @@ async def test_stream_dropped_before_iteration_is_released(tokenizer: Tokenizer)
         del stream
         gc.collect()
         assert pool.engines()[0].references == 0
-        assert await serving.drain(2.0)  # in-flight count back to zero at once
+        assert await serving.client.drain(2.0)  # in-flight count back to zero at once
         for _ in range(200):
             if serving.health()["active_requests"] == 0:
                 break

@@ -95,7 +95,7 @@ async def test_disconnect_mid_stream_frees_the_slot(tokenizer: Tokenizer) -> Non
             # The freed slot serves the next request.
             r = await c.post("/v1/completions", json={**req, "stream": False, "max_tokens": 3})
             assert r.status_code == 200
-            assert await serving.drain(1.0)
+            assert await serving.client.drain(1.0)
 
 
 def test_official_openai_client(tokenizer: Tokenizer) -> None:

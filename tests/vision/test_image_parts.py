@@ -34,6 +34,10 @@ class _Vision:
     tokens_per_image: int | None = 3
     max_image_tokens: int = 48
     max_image_tokens_per_image: int = 3
+    whole_images: bool = False
+
+    def prompt_text(self, text: str) -> str:
+        return text
 
     def fixed_tokens(self) -> tuple[int, ...]:
         return (self.image_token_id,) * 3

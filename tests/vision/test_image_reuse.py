@@ -41,10 +41,14 @@ class Counting:
         self.tokens_per_image = vision.tokens_per_image
         self.max_image_tokens = vision.max_image_tokens
         self.max_image_tokens_per_image = vision.max_image_tokens_per_image
+        self.whole_images = vision.whole_images
         self.encoded = 0
 
     def fixed_tokens(self) -> tuple[int, ...]:
         return self.inner.fixed_tokens()
+
+    def prompt_text(self, text: str) -> str:
+        return self.inner.prompt_text(text)
 
     def prepare(self, image: Image.Image) -> PreparedImage:
         return self.inner.prepare(image)

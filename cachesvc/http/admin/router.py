@@ -27,7 +27,7 @@ from cachesvc.http.auth import admin_guard
 from cachesvc.http.errors import admin_exception_handlers
 from inference.model_pool import ModelPool
 from inference.openai.body_checks import LARGE_BODY_BYTES, has_body, json_body_problem
-from inference.openai.errors import OpenAIError
+from inference.serving_errors import ServingError
 
 
 async def _reject_bad_json(request: Request) -> None:
@@ -92,7 +92,7 @@ def drop_stale_options_handlers(router: Router) -> None:
         ]
 
 
-def _openai_problem(_: Any, exc: OpenAIError) -> Response[dict[str, Any]]:
+def _serving_problem(_: Any, exc: ServingError) -> Response[dict[str, Any]]:
     headers = dict(exc.headers or {})
     return Response(
         {
@@ -125,7 +125,7 @@ def serving_router(*, admin_api_key: str | None) -> Router:
 
     The app provides the ``manager`` and ``pool`` dependencies."""
     handlers = admin_exception_handlers()
-    handlers[OpenAIError] = _openai_problem
+    handlers[ServingError] = _serving_problem
     router = Router(
         path="/admin",
         route_handlers=[EngineController, ModelController],
