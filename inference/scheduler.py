@@ -61,9 +61,11 @@ import numpy as np
 from inference.context_cache import ContextCacheStats, PrefixStore, common_prefix
 from inference.generation import GenerationState, StepOutput
 from inference.image_features import PromptImages
+from inference.prefix_saves import PrefixSaves
 from inference.runtime.protocol import Engine, ImageEngine, KVEngine, VerifyingEngine
 from inference.sampling import Sampler, SampleResult
-from inference.speculative import Proposal, Proposer, ProposerFactory, SpeculativeStats, verify
+from inference.speculative import Proposer, ProposerFactory, SpeculativeStats
+from inference.speculative_steps import SpeculativeSteps
 
 __all__ = [
     "AsyncOutputStream",
@@ -214,7 +216,7 @@ class _Running:
     encoding: Future[None] | None = None
 
 
-class Scheduler:
+class Scheduler(PrefixSaves, SpeculativeSteps):
     """Drives one engine from one thread; see the module docstring."""
 
     def __init__(
@@ -457,88 +459,6 @@ class Scheduler:
         store.note_lookup(reused)
         self._notify_cache()
 
-    @property
-    def pending_record_saves(self) -> int:
-        """Slots whose blocks are still to be saved as records (they are, once idle for
-        ``save_delay``); for tests and diagnostics."""
-        return len(self._pending_saves)
-
-    def _defer_save(self, run: _Running) -> None:
-        """Save ``run``'s blocks later (:attr:`_pending_saves`); an earlier pending save of its
-        slot is absorbed (:meth:`_absorb_pending`)."""
-        kv = self._kv
-        if kv is None or self._store is None or not run.req.cache_prompt:
-            return
-        tokens = list(self._slot_tokens[run.slot][: kv.slot_length(run.slot)])
-        self._absorb_pending(run.slot, replace_with=(run, tokens))
-
-    def _flush_saves(self, slots: Sequence[int] | None = None) -> None:
-        """Make the pending saves of ``slots`` (all when None)."""
-        for slot in list(self._pending_saves) if slots is None else slots:
-            pending = self._pending_saves.get(slot)
-            if pending is not None:
-                self._save_blocks(*pending)
-                del self._pending_saves[slot]  # after the save: pending_record_saves never reads 0 early
-
-    def _save_from(self, slot: int, position: int) -> None:
-        """The slot's positions from ``position`` on are about to change: the pending save's
-        records there (the block holding ``position`` on, and the tail) are made now; its
-        complete blocks below stay pending."""
-        pending = self._pending_saves.get(slot)
-        if pending is None or self._store is None:
-            return
-        run, tokens = pending
-        if position >= len(tokens):
-            return
-        keep = position // self._store.block_tokens
-        self._save_blocks(run, tokens, from_block=keep)
-        if keep:
-            self._pending_saves[slot] = (run, tokens[: keep * self._store.block_tokens])
-        else:
-            del self._pending_saves[slot]
-
-    def _absorb_pending(self, slot: int, replace_with: tuple[_Running, list[int]]) -> None:
-        """``replace_with`` becomes the slot's pending save. Its run extends what an earlier
-        pending save of the slot holds (one survives a new run only when that run reused all of
-        it, :meth:`_prepare`), so the new save covers the same blocks: only the earlier tail (a
-        partial block, with its prompt's logits) is made now. One assignment: the count never
-        reads 0 in between."""
-        pending = self._pending_saves.get(slot)
-        if pending is not None and self._store is not None:
-            run, tokens = pending
-            self._save_blocks(run, tokens, from_block=len(tokens) // self._store.block_tokens)
-        self._pending_saves[slot] = replace_with
-
-    def _save_blocks(self, run: _Running, tokens: list[int], from_block: int = 0) -> None:
-        """Keep the complete blocks of ``tokens`` (the first positions ``run``'s slot still holds)
-        as records (new ones copied), from block ``from_block`` on, and the partial last block."""
-        kv, store = self._kv, self._store
-        if kv is None or store is None or not run.req.cache_prompt:
-            return
-        slot, salt, adapter = run.slot, run.req.cache_salt, run.req.adapter
-        block = store.block_tokens
-        try:
-            keys = store.block_keys(tokens, salt, adapter)
-            for i, key in enumerate(keys):
-                if i >= from_block and not store.touch(key):
-                    records = kv.export_kv(slot, i * block, block)
-                    store.insert(key, tokens[i * block:(i + 1) * block], records)
-            first = len(keys) * block
-            if first < len(tokens):  # the partial last block: the prompt's (or turn's) tail
-                # Right after the prompt (the slot holds it, nothing more): with its logits.
-                at_end = len(tokens) == len(run.req.prompt_ids)
-                store.save_tail(store.tail_key(keys, salt, adapter), tokens[first:],
-                                lambda: kv.export_kv(slot, first, len(tokens) - first),
-                                logits=run.prompt_logits if at_end else None)
-        except Exception:  # the cache is an optimisation: never fail a request for it
-            log.exception("saving context records failed")
-        self._notify_cache()
-
-    def _notify_cache(self) -> None:
-        hook = getattr(self._observer, "context_cache_changed", None)
-        if hook is not None and self._store is not None:
-            hook(self._store.stats())
-
     def _release(self, run: _Running) -> None:
         """Free ``run``'s slot; its blocks become the slot's pending save (:meth:`_defer_save`)."""
         # Called on the scheduler thread only; the lock protects the lists the asyncio side reads.
@@ -766,35 +686,6 @@ class Scheduler:
             return self._engine.prefill(run.slot, chunk)
         return self._engine.prefill_images(run.slot, chunk, rows, features)
 
-    def _share_prefix(self, leader: _Running) -> None:
-        """Give the prompt's KV to the sibling choices that wait in slots (``prefix_from``).
-
-        Runs right after the leader's last prefill chunk, before its first token can finish it
-        and free its slot. A sibling then prefills only the last prompt token (its own logits,
-        its own first sample); one without a slot yet, or on an engine without KV operations,
-        prefills the whole prompt itself.
-        """
-        kv = self._fork_kv
-        prompt = leader.req.cache_ids
-        n = len(prompt) - 1
-        if kv is None or n < 1:
-            return
-        for run in self._running:
-            if run.req.prefix_from is not leader.req or run.prepared or run.req.cancelled:
-                continue
-            try:
-                self._flush_saves([run.slot])
-                kv.copy_prefix(leader.slot, run.slot, n)
-            except Exception:  # an optimisation: the sibling prefills on its own instead
-                log.exception("copy_prefix(%d -> %d) failed", leader.slot, run.slot)
-                self._slot_tokens[run.slot] = []  # its content is unknown now: nothing to reuse
-                continue
-            run.prepared = True
-            run.prefilled = n
-            if self._store is not None:
-                self._slot_tokens[run.slot] = list(prompt[:n])
-                self._slot_owner[run.slot] = run.req.kv_owner
-
     def _decode(self, runs: list[_Running]) -> None:
         batch: list[_Running] = []
         for run in runs:
@@ -835,78 +726,3 @@ class Scheduler:
             log.exception("sampling failed")
             self._fail(run, EngineFailure(f"sampling failed: {exc}"))
             return None
-
-
-    # -- speculative decoding ---------------------------------------------------------------------
-
-    def _release_proposal(self, slot: int) -> None:
-        assert self._proposer is not None
-        try:
-            self._proposer.release(slot)
-        except Exception:  # the draft is an optimisation: never fail a request for it
-            log.exception("releasing the proposer's slot %d failed", slot)
-
-    def _speculate(self, runs: list[_Running]) -> list[_Running]:
-        """Verify guesses for the runs that get some; return the runs left to decode normally."""
-        rest: list[_Running] = []
-        for run in runs:
-            proposal = self._propose(run)
-            if proposal is None:
-                rest.append(run)
-            else:
-                self._verify(run, proposal)
-        return rest
-
-    def _propose(self, run: _Running) -> Proposal | None:
-        """Guesses for ``run``'s next tokens, or None to decode it normally."""
-        assert self._proposer is not None
-        req = run.req
-        state = req.state
-        if not req.speculative or run.last_token is None:
-            return None
-        held = len(req.prompt_ids) + state.completion_tokens  # positions after the pending token
-        # Room in the KV for the guesses, and no more of them than tokens still wanted.
-        k = min(self._proposer.num_speculative_tokens, self._capacity - held,
-                state.max_new_tokens - state.completion_tokens - 1)
-        if k < 1:
-            return None
-        try:
-            proposal = self._proposer.propose(run.slot, [*req.prompt_ids, *run.output_ids], req.sampler, k)
-        except Exception:  # a failing draft must not fail the request: decode it normally
-            log.exception("speculative proposal failed")
-            return None
-        if not proposal.tokens:
-            return None
-        return Proposal(proposal.tokens[:k], None if proposal.probs is None else proposal.probs[:k])
-
-    def _verify(self, run: _Running, proposal: Proposal) -> None:
-        """One ``extend`` of the pending token and the guesses; keep what verification keeps."""
-        engine = self._engine
-        assert isinstance(engine, VerifyingEngine) and run.last_token is not None
-        req = run.req
-        try:
-            before = engine.slot_length(run.slot)
-            logits = engine.extend(run.slot, [run.last_token, *proposal.tokens])
-            results = verify(req.sampler, np.asarray(logits), proposal)
-            kept = len(results) - 1
-            engine.truncate(run.slot, before + 1 + kept)
-        except Exception as exc:
-            log.exception("speculative verification failed")
-            self._fail(run, EngineFailure(f"decode failed: {exc}"))
-            return
-        if self._store is not None:
-            self._slot_tokens[run.slot].extend([run.last_token, *proposal.tokens[:kept]])
-        if self.speculative_stats is not None:
-            self.speculative_stats.add(len(proposal.tokens), kept, len(results))
-        hook = getattr(self._observer, "speculative_step", None)
-        if hook is not None:
-            hook(len(proposal.tokens), kept, len(results))
-        emitted = 0
-        for sample in results:
-            out = req.state.push(sample)
-            emitted += 1
-            if not self._emit(run, out):
-                break
-            run.last_token = sample.token_id
-        if self._observer is not None:
-            self._observer.tokens_generated(emitted)

@@ -447,7 +447,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="embeddings-pooled-over-padding",
         why="mean pooling counts the left padding of a batch: vectors depend on the other inputs",
-        path="inference/builder/graph.py",
+        path="inference/builder/decoder_layers.py",
         function="_DecoderBuilder.pool",
         find=r"em\.op1\(\"Mul\", \[h, mask\]\)",
         replace="h",
