@@ -58,7 +58,7 @@ GGUF_TYPE_PRECISION: dict[str, str] = {
 SPECULATIVE_METHODS: tuple[str, ...] = (
     "eagle3", "mtp", "dflash", "jetspec", "dspark", "ngram", "draft_model"
 )
-#: Methods our runtime proposes for itself (:mod:`inference.speculative`): one chain of ``k``
+#: Methods our runtime proposes for itself (:mod:`inference.serving.speculative`): one chain of ``k``
 #: guessed tokens (``num_speculative_tokens`` or ``--draft-step``) verified in one target run.
 #: ``ngram`` looks the guesses up in the sequence (no second model); ``draft_model`` runs a
 #: second bundle built from the draft checkpoint with the same profile.

@@ -78,6 +78,31 @@ MOVES: dict[str, str] = {
     "cachesvc.crashpoints": "cachesvc.cache.crashpoints",
     # the admin HTTP API by resource
     "cachesvc.http.fleet": "cachesvc.http.admin.fleet",
+    # inference/: serving a model (the scheduler, the engine client, the model pool and what a
+    # request runs through), between the OpenAI surfaces (openai/) and the engines (runtime/)
+    "inference.scheduler": "inference.serving.scheduler",
+    "inference.prefix_saves": "inference.serving.prefix_saves",
+    "inference.speculative_steps": "inference.serving.speculative_steps",
+    "inference.engine_client": "inference.serving.engine_client",
+    "inference.generation_spec": "inference.serving.generation_spec",
+    "inference.generation": "inference.serving.generation",
+    "inference.sampling": "inference.serving.sampling",
+    "inference.speculative": "inference.serving.speculative",
+    "inference.structured": "inference.serving.structured",
+    "inference.context_cache": "inference.serving.context_cache",
+    "inference.context_disk": "inference.serving.context_disk",
+    "inference.model_pool": "inference.serving.model_pool",
+    "inference.model_source": "inference.serving.model_source",
+    "inference.serving_errors": "inference.serving.errors",
+    "inference.tokenizer": "inference.serving.tokenizer",
+    # inference/: images, from the request's bytes to the features a prompt carries
+    "inference.media": "inference.images.media",
+    "inference.image_decode": "inference.images.decode",
+    "inference.image_preprocess": "inference.images.preprocess",
+    "inference.image_features": "inference.images.features",
+    "inference.image_gemma3": "inference.images.gemma3",
+    "inference.image_idefics3": "inference.images.idefics3",
+    "inference.image_qwen2_5_vl": "inference.images.qwen2_5_vl",
 }
 
 
@@ -192,10 +217,22 @@ NEW_PACKAGES: dict[str, str] = {
     "cachesvc/serving": "The serving process: ``cachesvc serve``, the app it runs, the models it loads.",
     "cachesvc/cache": "The cache core: the manager, its sections, the catalog, the store and the registry.",
     "cachesvc/http/admin": "The admin REST API (mounted at ``/admin``): one module per resource.",
+    "inference/serving": ("Serving a model: the scheduler, the engine client, the model pool and what a "
+                          "request runs\nthrough (sampling, structured output, speculation, the context cache)."),
+    "inference/images": ("Images: the request's media, decoding, each family's preprocessing, the prompt's "
+                         "features."),
 }
 
-#: Top-level modules of ``cachesvc/`` that stay where they are.
-STAYS = {"cachesvc/__init__.py", "cachesvc/errors.py"}
+#: The packages the map moves modules of.
+PACKAGES = ("cachesvc", "inference")
+
+#: Top-level modules of ``cachesvc/`` and ``inference/`` that stay where they are.
+STAYS = {
+    "cachesvc/__init__.py", "cachesvc/errors.py",
+    # inference/: the package's errors, the build vocabulary and the machine, shared by every floor
+    "inference/__init__.py", "inference/errors.py", "inference/build_profile.py", "inference/cpu_class.py",
+    "inference/cuda_device.py", "inference/trt_logging.py", "inference/demo.py",
+}
 
 #: Where references are rewritten (files tracked or not ignored by git).
 SCOPE = ("cachesvc", "inference", "tests", "bench", "migrations", "scripts", "docs", ".ci",
@@ -203,10 +240,10 @@ SCOPE = ("cachesvc", "inference", "tests", "bench", "migrations", "scripts", "do
 #: Not rewritten: the record itself and its test name old modules on purpose.
 SKIP = {"scripts/relayout.py", "tests/docs/test_code_layout.py"}
 
-_CHAIN = re.compile(r"(?<![\w.])cachesvc(?:\.\w+)+")
-_PATH = re.compile(r"(?<![\w./-])cachesvc((?:/\w+)+)(?:\.(\w+))?")
+_CHAIN = re.compile(r"(?<![\w.])(?:cachesvc|inference)(?:\.\w+)+")
+_PATH = re.compile(r"(?<![\w./-])(cachesvc|inference)((?:/\w+)+)(?:\.(\w+))?")
 _FROM_IMPORT = re.compile(
-    r"(?<![\w.])from[ \t]+(?P<mod>cachesvc(?:\.\w+)*)[ \t]+import[ \t]+"
+    r"(?<![\w.])from[ \t]+(?P<mod>(?:cachesvc|inference)(?:\.\w+)*)[ \t]+import[ \t]+"
     r"(?P<names>\((?:[^)])*\)|[\w \t,]*\w)"
 )
 _LOGGER_CONTEXT = re.compile(r"(getLogger\(|logger\s*=|\.name\s*[=!]=|\bname\s*=)\s*$")
@@ -234,7 +271,7 @@ class Report:
 def new_modules(root: Path) -> set[str]:
     """Every module and package of the tree as it is now, plus every new home the map names."""
     found = set()
-    for path in (root / "cachesvc").rglob("*.py"):
+    for path in (p for package in PACKAGES for p in (root / package).rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
         found.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     found |= set(MOVES.values())
@@ -353,8 +390,8 @@ def rewrite_chains(text: str, resolver: Resolver, where: str) -> str:
 
 def rewrite_paths(text: str, resolver: Resolver, where: str) -> str:
     def one(match: re.Match[str]) -> str:
-        dotted = "cachesvc" + match.group(1).replace("/", ".")
-        suffix = match.group(2)
+        dotted = match.group(1) + match.group(2).replace("/", ".")
+        suffix = match.group(3)
         if suffix == "py":
             if dotted in SPLITS:
                 return SPLITS[dotted].path
@@ -431,11 +468,11 @@ def move_files(root: Path, report: Report, dry_run: bool) -> None:
 
 
 def _ensure_package(root: Path, folder: Path, incoming: set[Path], report: Report) -> None:
-    """``folder`` and its parents up to ``cachesvc/`` are packages (an ``__init__.py`` about to be
-    moved in counts)."""
+    """``folder`` and its parents up to ``cachesvc/`` (``inference/``) are packages (an
+    ``__init__.py`` about to be moved in counts)."""
     folder.mkdir(parents=True, exist_ok=True)
     for pkg in [folder, *folder.parents]:
-        if pkg == root or not pkg.is_relative_to(root / "cachesvc"):
+        if pkg == root or not any(pkg.is_relative_to(root / package) for package in PACKAGES):
             break
         init = pkg / "__init__.py"
         if not init.exists() and init not in incoming:
@@ -468,7 +505,7 @@ def check_tree(root: Path, report: Report) -> None:
                 "and delete it"
             )
     known = {str(_module_path(root, old)[0].relative_to(root)) for old in [*MOVES, *SPLITS]}
-    for path in sorted((root / "cachesvc").glob("*.py")):
+    for path in sorted(p for package in PACKAGES for p in (root / package).glob("*.py")):
         rel = str(path.relative_to(root))
         if rel not in STAYS and rel not in known:
             report.problems.append(f"{rel}: a top-level module the map does not know; give it a floor "

@@ -1,7 +1,7 @@
 """The Litestar app: OpenAI-style completions, the admin API, metrics and health in one process.
 
 ``create_app`` (vLLM's ``build_app``) wires one app around a
-:class:`~inference.model_pool.ModelPool` that serves every ready bundle of the catalog, loading
+:class:`~inference.serving.model_pool.ModelPool` that serves every ready bundle of the catalog, loading
 engines on demand through the injected ``engine_factory``; the startup model (if any) stays
 loaded. Its lifespan runs the pool, the fleet agent and the bundle watch; on shutdown the pool
 drains every loaded model, closes the engines and releases every bundle lease.
@@ -38,8 +38,8 @@ from cachesvc.serving.bundle_watch import BundleWatch
 from cachesvc.serving.model_loading import EngineFactory, LoraAdapters, Runtime, make_pool
 from cachesvc.serving.served_models import CatalogModels
 from cachesvc.settings.config import ServeConfig
-from inference.model_pool import ModelPool
 from inference.openai import openai_router
+from inference.serving.model_pool import ModelPool
 
 log = logging.getLogger("cachesvc.app")
 

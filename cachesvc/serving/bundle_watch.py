@@ -12,7 +12,7 @@ import logging
 
 from cachesvc.cache.manager import CacheManager
 from cachesvc.errors import CatalogUnavailableError
-from inference.model_pool import ModelPool
+from inference.serving.model_pool import ModelPool
 
 log = logging.getLogger("cachesvc.app")
 

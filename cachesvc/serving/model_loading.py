@@ -4,7 +4,7 @@ What the app serves is built here, before and while the app runs (vLLM's ``init_
 :func:`load_runtime` prepares (hit or build), leases and loads the model a ``serve MODEL`` starts
 with; :func:`build_serving` turns one bundle into its per-model handle (engine, tokenizer,
 speculative proposer, context cache, this server's limits); :func:`make_pool` builds the
-:class:`~inference.model_pool.ModelPool` over the catalog, whose loader
+:class:`~inference.serving.model_pool.ModelPool` over the catalog, whose loader
 (:func:`handle_factory`) loads every other ready bundle on demand through the injected
 ``engine_factory`` (default: the backend registry).
 """
@@ -34,13 +34,13 @@ from cachesvc.settings.config import ServeConfig
 from cachesvc.settings.groups import ENGINE_FACTORY_ENV
 from cachesvc.settings.rules import lora_module_pairs
 from inference.build_profile import CHAIN_SPECULATIVE_METHODS, METHODS_WITH_DRAFT_BUNDLE
-from inference.context_cache import PrefixStore, record_pool_bytes
-from inference.context_disk import DiskRecords
-from inference.model_pool import HandleFactory, ModelPool, ModelRef, PoolLimits
 from inference.openai import ModelHandle, ServingOptions, load_tokenizer
 from inference.runtime.protocol import Engine
-from inference.speculative import ProposerFactory
-from inference.structured import GrammarLimits
+from inference.serving.context_cache import PrefixStore, record_pool_bytes
+from inference.serving.context_disk import DiskRecords
+from inference.serving.model_pool import HandleFactory, ModelPool, ModelRef, PoolLimits
+from inference.serving.speculative import ProposerFactory
+from inference.serving.structured import GrammarLimits
 
 log = logging.getLogger("cachesvc.app")
 
@@ -329,7 +329,7 @@ def _proposer(
     other bundles). The launch's ``--speculative-config`` options (lookup window, tokens per step)
     apply when its method is the bundle's."""
     from inference.runtime.registry import read_meta
-    from inference.speculative import proposer_factory
+    from inference.serving.speculative import proposer_factory
 
     record = read_meta(bundle_dir).get("speculative")
     if not isinstance(record, dict) or record.get("method") not in CHAIN_SPECULATIVE_METHODS:

@@ -32,8 +32,8 @@ from cachesvc.cache.manager import BundleLease, CacheManager, CombinedLease
 from cachesvc.cache.model_names import is_path, public_name, short_name
 from cachesvc.cache.records import AliasInfo, BundleInfo
 from cachesvc.errors import CatalogUnavailableError, CorruptBundleError, NotFoundError
-from inference.model_pool import ModelRef, not_found
-from inference.serving_errors import ModelNotFoundError, ServerUnavailableError
+from inference.serving.errors import ModelNotFoundError, ServerUnavailableError
+from inference.serving.model_pool import ModelRef, not_found
 
 #: Ready bundles /v1/models looks at (most recently used first).
 LIST_LIMIT = 500

@@ -26,7 +26,7 @@ from cachesvc.serving.default_model import fp32_fallback, startup_config
 from cachesvc.serving.entry import open_cache
 from cachesvc.serving.model_loading import EngineFactory, Runtime, load_runtime, make_pool
 from cachesvc.settings.config import ServeConfig, cli_message
-from inference.model_pool import ModelPool
+from inference.serving.model_pool import ModelPool
 
 log = logging.getLogger("cachesvc.app")
 

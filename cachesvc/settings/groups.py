@@ -83,12 +83,12 @@ from inference.build_profile import (
     check_image_limits,
     check_shapes,
 )
-from inference.context_cache import DEFAULT_MAX_BYTES as DEFAULT_RECORD_POOL_BYTES
-from inference.context_disk import DEFAULT_DISK_BYTES
-from inference.image_features import DEFAULT_IMAGE_CACHE_BYTES
-from inference.media import MediaPolicy
+from inference.images.features import DEFAULT_IMAGE_CACHE_BYTES
+from inference.images.media import MediaPolicy
 from inference.openai.reasoning import REASONING_PARSER_CHOICES as REASONING_PARSERS
 from inference.openai.tool_parsers import TOOL_PARSER_CHOICES as TOOL_CALL_PARSERS
+from inference.serving.context_cache import DEFAULT_MAX_BYTES as DEFAULT_RECORD_POOL_BYTES
+from inference.serving.context_disk import DEFAULT_DISK_BYTES
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_MAX_LORAS = 4
@@ -247,7 +247,7 @@ class HttpSettings(Group):
         return split_list(self.cors_allowed_origins) if self.cors_allowed_origins else ()
 
     def media_policy(self) -> MediaPolicy:
-        """Where image parts may come from besides data: URLs (:mod:`inference.media`)."""
+        """Where image parts may come from besides data: URLs (:mod:`inference.images.media`)."""
         root = self.allowed_local_media_path
         domains = split_list(self.allowed_media_domains) if self.allowed_media_domains else ()
         return MediaPolicy(local_root=Path(root) if root else None,

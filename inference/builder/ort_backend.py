@@ -51,7 +51,7 @@ from inference.builder.vision_config import (
 )
 from inference.builder.vision_graph import VISION_INPUTS, VISION_MODEL, VISION_OUTPUTS, build_vision_graph
 from inference.cpu_class import cpu_class
-from inference.image_preprocess import ClipPreprocess
+from inference.images.preprocess import ClipPreprocess
 from inference.runtime.embedding_batches import working_bytes
 from inference.runtime.ort_session import available_cores
 

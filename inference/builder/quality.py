@@ -58,7 +58,7 @@ import onnx
 from inference.builder.errors import BuildInputError
 from inference.builder.kernel_plan import KernelPlan, retarget
 from inference.runtime.onnxruntime_engine import GqaEngine
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ from typing import Any
 import msgspec
 from litestar.response import ServerSentEventMessage
 
-from inference.engine_client import closing
 from inference.openai.chat import ChatEndpoint, ChatTurn
 from inference.openai.errors import InvalidRequestError, OpenAIError, renamed_params
 from inference.openai.protocol import (
@@ -44,6 +43,7 @@ from inference.openai.responses_protocol import (
     ResponsesRequest,
     ResponseUsage,
 )
+from inference.serving.engine_client import closing
 
 __all__ = ["ResponsesEndpoint"]
 

@@ -18,7 +18,7 @@ from cachesvc.cache.builders import BuildJob
 from cachesvc.cache.manager import CacheManager
 from cachesvc.errors import BuildError
 from cachesvc.http.metrics import ServingMetrics, build_duration_buckets
-from inference.context_cache import ContextCacheStats
+from inference.serving.context_cache import ContextCacheStats
 from tests.admin.conftest import build_app, open_manager
 from tests.support.apps import LOOPBACK_URL
 from tests.support.cache import REPO_ROOT, FileBuilder, child_env, make_checkpoint

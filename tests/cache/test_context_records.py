@@ -11,8 +11,8 @@ import pytest
 
 from cachesvc.cache.manager import CacheManager
 from cachesvc.cache.profiles import ProfileRequest
-from inference.context_cache import PrefixStore
-from inference.context_disk import DiskRecords
+from inference.serving.context_cache import PrefixStore
+from inference.serving.context_disk import DiskRecords
 from tests.support.cache import FileBuilder, make_checkpoint
 from tests.support.databases import catalog_url_for
 

@@ -35,7 +35,7 @@ from inference.builder.quantized import BLOCK, GgufBlocks
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.cpu_class import cpu_class
 from inference.runtime.onnxruntime_loader import load_engine
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.gguf.ggufs import FAMILIES, TYPES, write_pair, write_raw_gguf
 from tests.support.gate_rule import check_gate_choice
 

@@ -312,7 +312,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="no-queue-cap",
         why="the scheduler admits every request (no 429 when the queue is full)",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="Scheduler.submit",
         find=r">= self\.max_batch_size \+ self\.max_queued_requests",
         replace=">= 10**9",
@@ -321,7 +321,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="no-retry-after",
         why="a 429 goes out without Retry-After",
-        path="inference/serving_errors.py",
+        path="inference/serving/errors.py",
         function="ServerOverloadedError.__init__",
         find=r'headers=\{"Retry-After": str\(retry_after\)\}',
         replace="headers={}",
@@ -330,7 +330,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="queue-timeout-ignored",
         why="a request waits in the queue forever instead of 429 after --queue-timeout",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="Scheduler._admit_locked",
         find=r"now - req\.arrival > self\.queue_timeout",
         replace="False",
@@ -349,7 +349,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="context-records-unsalted",
         why="prefix records are keyed by tokens alone, so one model's KV can serve another",
-        path="inference/context_cache.py",
+        path="inference/serving/context_cache.py",
         function="PrefixStore._seed",
         find=r"prev = self\._salt",
         replace='prev = b""',
@@ -359,7 +359,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="unloaded-adapter-kills-the-scheduler",
         why="a queued request whose LoRA adapter was unloaded crashes the scheduler thread (every "
         "request then fails) instead of failing alone",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="Scheduler._admit_locked",
         find=r"except ValueError as exc:  # unloaded after the request was queued",
         replace="except KeyError as exc:",
@@ -368,7 +368,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="slot-choice-ignores-cache-prompt",
         why="a cache_prompt=false request may take the slot holding a cached prefix (and wipe it)",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="Scheduler._pick_slot",
         find=r"if self\._store is None or not req\.cache_prompt:",
         replace="if self._store is None:",
@@ -380,7 +380,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="slot-reuse-ignores-cache-salt",
         why="a request resumes from a slot another tenant's salt left: the TTFT side channel is open",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="Scheduler._prepare",
         find=r"if self\._slot_owner\[slot\] != run\.req\.kv_owner:",
         replace="if False:",
@@ -389,7 +389,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="cache-salt-not-in-the-chain",
         why="salted requests' records are keyed as unsalted ones, so any tenant finds them",
-        path="inference/context_cache.py",
+        path="inference/serving/context_cache.py",
         function="PrefixStore._seed",
         find=r"if cache_salt is not None:",
         replace="if False:",
@@ -398,7 +398,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="context-disk-checksum-unchecked",
         why="a damaged context record on disk is handed to the engine (wrong KV, wrong answers)",
-        path="inference/context_disk.py",
+        path="inference/serving/context_disk.py",
         function="decode",
         find=r"if digest\.digest\(\) != bytes\(view\[head_end:tok_start\]\):",
         replace="if False:",
@@ -407,7 +407,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="context-disk-cap-ignored",
         why="context records on disk grow past --context-cache-disk-bytes",
-        path="inference/context_disk.py",
+        path="inference/serving/context_disk.py",
         function="DiskRecords._evict_locked",
         find=r"while self\._index and self\._bytes \+ incoming > self\.max_bytes:",
         replace="while False:",
@@ -428,7 +428,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="lora-kv-shared-across-adapters",
         why="context records made with one LoRA adapter are reused by a sequence of another (wrong KV)",
-        path="inference/context_cache.py",
+        path="inference/serving/context_cache.py",
         function="PrefixStore._seed",
         find=r"if adapter is not None:",
         replace="if False:",
@@ -475,7 +475,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="greedy-ignores-logit-bias",
         why="greedy decoding takes the argmax of the raw logits, ignoring logit_bias and penalties",
-        path="inference/sampling.py",
+        path="inference/serving/sampling.py",
         function="Sampler.sample",
         find=r"token = int\(np\.argmax\(x\)\)",
         replace="token = int(np.argmax(raw))",
@@ -502,7 +502,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="context-folder-guard-skipped",
         why="records are written and deleted through a context folder that was swapped for a link",
-        path="inference/context_disk.py",
+        path="inference/serving/context_disk.py",
         function="DiskRecords._write",
         find=r"self\._guard\(\)  # nothing is written",
         replace="pass  # nothing is written",
@@ -512,7 +512,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="context-write-failure-uncounted",
         why="context records that cannot be written (a full disk) are counted nowhere",
-        path="inference/context_disk.py",
+        path="inference/serving/context_disk.py",
         function="DiskRecords._write_failed",
         find=r"self\._set_locked\(disk_write_failures=self\._stats\.disk_write_failures \+ 1\)",
         replace="pass",
@@ -551,7 +551,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="image-rows-keyed-by-token-ids",
         why="context reuse keys a prompt with images by its token ids alone: another image behind the "
             "same text resumes from the first one's KV and gets its answer",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="GenerationRequest.cache_ids",
         find=r"if self\.images is None else self\.images\.cache_ids\(self\.prompt_ids\)",
         replace="if True else None",
@@ -560,7 +560,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="image-row-ids-ignore-the-digest",
         why="every image's rows get the same ids in the prefix chain: any image reuses another's KV",
-        path="inference/image_features.py",
+        path="inference/images/features.py",
         function="row_ids",
         find=r'" \+ digest\)',
         replace='")',
@@ -570,7 +570,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="image-encoded-despite-reuse",
         why="an image whose rows the reused KV covers is encoded again (seconds of CPU for nothing)",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="Scheduler._images_ready",
         find=r"todo = images\.missing\(run\.prefilled\)",
         replace="todo = images.missing(0)",
@@ -579,7 +579,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="image-feature-cache-unbounded",
         why="the image-feature cache grows past --image-feature-cache-bytes",
-        path="inference/image_features.py",
+        path="inference/images/features.py",
         function="ImageFeatureCache.put",
         find=r"while self\._entries and self\._bytes \+ size > self\._stats\.max_bytes:",
         replace="while False:",
@@ -606,7 +606,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="sixteen-bit-clipped-to-white",
         why="a 16-bit greyscale image is converted by clipping (every value over 255 white)",
-        path="inference/image_preprocess.py",
+        path="inference/images/preprocess.py",
         function="to_rgb",
         find=r"if image\.mode in SIXTEEN_BIT_MODES:",
         replace="if False:",
@@ -615,7 +615,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="image-pixel-limit-skipped",
         why="a decompression bomb (a small file of a huge image) is expanded in memory",
-        path="inference/image_decode.py",
+        path="inference/images/decode.py",
         function="decode_image",
         find=r"if width \* height > max_pixels:",
         replace="if False:",
@@ -633,7 +633,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="prefill-chunk-cuts-an-image",
         why="a scheduler prefill chunk ends inside an image whose rows attend both ways (Gemma 3)",
-        path="inference/image_features.py",
+        path="inference/images/features.py",
         function="PromptImages.chunk_end",
         find=r"whole_runs_end\(self\.positions, start, end\) if self\._vision\.whole_images else end",
         replace="end",
@@ -671,7 +671,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="mrope-chunks-without-positions",
         why="the scheduler prefills a Qwen2.5-VL prompt's text chunks without its M-RoPE positions",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="Scheduler._prefill",
         find=r"rope = images\.rope_window\(run\.prefilled, len\(chunk\)\)",
         replace="rope = None",

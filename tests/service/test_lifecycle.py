@@ -19,7 +19,7 @@ import openai
 from openai.types.chat import ChatCompletionMessageParam
 
 from cachesvc.cache.manager import CacheManager
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.service.conftest import (
     MODEL,
     ServerProcess,

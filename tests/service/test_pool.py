@@ -22,7 +22,7 @@ import pytest
 
 from cachesvc.cache.manager import CacheManager
 from inference.runtime.registry import memory_estimate
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.service.conftest import ServerProcess, prepare_demo_checkpoints, run_cli, running_server
 from tests.support.engines import EngineScript, Reply
 

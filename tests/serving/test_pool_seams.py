@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from cachesvc.cache.records import UNLOAD_REASONS
-from inference import model_pool
 from inference.runtime import registry
 from inference.runtime.errors import EngineLoadError
+from inference.serving import model_pool
 
 
 def test_importing_the_service_and_admin_api_does_not_import_onnxruntime() -> None:

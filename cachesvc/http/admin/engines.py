@@ -18,7 +18,7 @@ from msgspec import Meta, Struct
 from cachesvc.errors import ConflictError, NotFoundError
 from cachesvc.http.admin.params import Pool, StrictBody
 from cachesvc.http.errors import problem_responses
-from inference.model_pool import EngineStatus
+from inference.serving.model_pool import EngineStatus
 
 KeepAlive = Annotated[float, Meta(ge=-1)]
 BundleId = Annotated[str, PathParameter(min_length=1, max_length=64, description="Bundle id")]

@@ -10,7 +10,7 @@ from litestar.di import NamedDependency
 from litestar.params import Body, PathParameter, QueryParameter
 
 from cachesvc.cache.manager import CacheManager
-from inference.model_pool import ModelPool
+from inference.serving.model_pool import ModelPool
 
 Manager = NamedDependency[CacheManager]
 #: This server's model pool (engines loaded here); ``unload_idle`` unloads through it.

@@ -25,9 +25,9 @@ from cachesvc.http.admin.models import ModelController
 from cachesvc.http.admin.stats import get_stats, list_events
 from cachesvc.http.auth import admin_guard
 from cachesvc.http.errors import admin_exception_handlers
-from inference.model_pool import ModelPool
 from inference.openai.body_checks import LARGE_BODY_BYTES, has_body, json_body_problem
-from inference.serving_errors import ServingError
+from inference.serving.errors import ServingError
+from inference.serving.model_pool import ModelPool
 
 
 async def _reject_bad_json(request: Request) -> None:

@@ -12,7 +12,7 @@ become idle, then gets 429 with ``Retry-After``. Idle models stay for their keep
 The pool is the inference side: it knows the cache only through :class:`ModelSource` (name ->
 bundle, the bundle's cross-process lease, audit events) and builds per-model handles with an
 injected :data:`HandleFactory`. It is generic over the handle's type and needs of a handle only
-:class:`PooledModel`: its engine client (:class:`~inference.engine_client.EngineClient`, whose
+:class:`PooledModel`: its engine client (:class:`~inference.serving.engine_client.EngineClient`, whose
 lifecycle the pool drives) and its ``/health`` view; it knows no request format (the model cards
 of ``/v1/models`` are written in ``inference.openai.models``). Every method runs on the event
 loop; blocking work (catalog reads, engine loads) goes to threads.
@@ -36,13 +36,20 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from inference.model_source import ModelRef, ModelSource, PooledModel, PoolLimits, PoolObserver, Releasable
-from inference.serving_errors import (
+from inference.serving.errors import (
     InvalidRequestError,
     ModelNotFoundError,
     ServerOverloadedError,
     ServerUnavailableError,
     ServingError,
+)
+from inference.serving.model_source import (
+    ModelRef,
+    ModelSource,
+    PooledModel,
+    PoolLimits,
+    PoolObserver,
+    Releasable,
 )
 
 log = logging.getLogger("inference.pool")

@@ -1,5 +1,5 @@
 """The scheduler's speculative step: a draft's guesses for a run's next tokens, verified in one
-``extend`` of the target engine (:class:`inference.scheduler.Scheduler` mixes this in)."""
+``extend`` of the target engine (:class:`inference.serving.scheduler.Scheduler` mixes this in)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from inference.context_cache import PrefixStore
 from inference.runtime.protocol import Engine, VerifyingEngine
-from inference.speculative import Proposal, Proposer, SpeculativeStats, verify
+from inference.serving.context_cache import PrefixStore
+from inference.serving.speculative import Proposal, Proposer, SpeculativeStats, verify
 
 if TYPE_CHECKING:
-    from inference.generation import StepOutput
-    from inference.scheduler import EngineFailure, SchedulerObserver, _Running
+    from inference.serving.generation import StepOutput
+    from inference.serving.scheduler import EngineFailure, SchedulerObserver, _Running
 
 log = logging.getLogger("inference.scheduler")
 
 
 class SpeculativeSteps:
-    """Speculative decoding for :class:`~inference.scheduler.Scheduler` (its attributes, set there)."""
+    """Speculative decoding for :class:`~inference.serving.scheduler.Scheduler` (its attributes,
+    set there)."""
 
     _engine: Engine
     _proposer: Proposer | None
@@ -87,7 +88,7 @@ class SpeculativeSteps:
             kept = len(results) - 1
             engine.truncate(run.slot, before + 1 + kept)
         except Exception as exc:
-            from inference.scheduler import EngineFailure
+            from inference.serving.scheduler import EngineFailure
 
             log.exception("speculative verification failed")
             self._fail(run, EngineFailure(f"decode failed: {exc}"))

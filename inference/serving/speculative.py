@@ -16,7 +16,7 @@ Verification keeps the output exactly what ordinary decoding gives:
   Guess ``x`` drawn from the proposal ``q`` is kept with probability ``min(1, p(x) / q(x))``;
   the first refused position draws from ``max(0, p - q)`` normalised. ``p`` is the target's
   distribution after the request's own penalties, ``logit_bias``, temperature, top-k and top-p
-  (:meth:`inference.sampling.Sampler.distribution`), so every emitted token is distributed
+  (:meth:`inference.serving.sampling.Sampler.distribution`), so every emitted token is distributed
   exactly as ordinary sampling's. A proposer that guesses deterministically (n-gram lookup)
   has a one-hot ``q``: keep with probability ``p(x)``, else draw from ``p`` with ``x`` removed.
 
@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from inference.runtime.protocol import Engine, VerifyingEngine
-from inference.sampling import Sampler, SampleResult
+from inference.serving.sampling import Sampler, SampleResult
 
 __all__ = [
     "DEFAULT_NUM_SPECULATIVE_TOKENS",

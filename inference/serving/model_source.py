@@ -1,4 +1,4 @@
-"""What the model pool (:mod:`inference.model_pool`) knows of its models and its owner: a name
+"""What the model pool (:mod:`inference.serving.model_pool`) knows of its models and its owner: a name
 resolved to a bundle (:class:`ModelRef`), the :class:`ModelSource` its owner implements (names,
 leases, events), the observer of loads and unloads, what it needs of a loaded model's handle and
 the server-wide limits it keeps."""
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from inference.engine_client import EngineClient
+from inference.serving.engine_client import EngineClient
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The scheduler's prefix records: what a finished request's slot holds is saved as context-cache
 records once the scheduler is idle (or the slot is about to change), and the sibling choices of one
-prompt share its prefill (:class:`inference.scheduler.Scheduler` mixes this in)."""
+prompt share its prefill (:class:`inference.serving.scheduler.Scheduler` mixes this in)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from inference.context_cache import PrefixStore
 from inference.runtime.protocol import KVEngine
+from inference.serving.context_cache import PrefixStore
 
 if TYPE_CHECKING:
-    from inference.scheduler import SchedulerObserver, _Running
+    from inference.serving.scheduler import SchedulerObserver, _Running
 
 log = logging.getLogger("inference.scheduler")
 
 
 class PrefixSaves:
-    """The pending saves of :class:`~inference.scheduler.Scheduler` (its attributes, set there)."""
+    """The pending saves of :class:`~inference.serving.scheduler.Scheduler` (its attributes, set there)."""
 
     _kv: KVEngine | None
     _fork_kv: KVEngine | None

@@ -10,7 +10,7 @@ Admission: at most ``max_batch_size`` sequences run and ``max_queued_requests`` 
 beyond that :class:`QueueFullError`. A request that waits longer than ``queue_timeout`` gets
 :class:`QueueTimeoutError`. The serving layer maps both to HTTP 429.
 
-Context reuse (when a :class:`~inference.context_cache.PrefixStore` is given and the engine is a
+Context reuse (when a :class:`~inference.serving.context_cache.PrefixStore` is given and the engine is a
 :class:`~inference.runtime.protocol.KVEngine`): a finished sequence leaves its KV in its slot,
 and its complete 64-token blocks as records in the store. A new request takes the free slot
 whose content shares the longest prefix with its prompt (token granular: the slot is truncated
@@ -21,17 +21,17 @@ Requests with ``cache_prompt=False`` neither reuse nor leave anything behind; a 
 salt reuse what it left. Outputs are the
 same with and without reuse (the KV is the same numbers; see the tests).
 
-Images (a vision-language prompt's :class:`~inference.image_features.PromptImages`): the cache
+Images (a vision-language prompt's :class:`~inference.images.features.PromptImages`): the cache
 sees a request's ``cache_ids``, where each image row's id is drawn from its image's digest, so a
 prefix is reused only with the same images. The features of the rows left to prefill are encoded
 once the reuse is known (:meth:`PromptImages.missing`), in a worker thread of the scheduler's own:
 a prefix that covers an image needs no encode of it, and the sequence waits (without holding up
 the others' decode steps) until its features are there.
 
-Speculative decoding (when a :data:`~inference.speculative.ProposerFactory` is given and the
+Speculative decoding (when a :data:`~inference.serving.speculative.ProposerFactory` is given and the
 engine is a :class:`~inference.runtime.protocol.VerifyingEngine`): a decoding sequence whose
 proposer guesses tokens is not in the batched decode step; instead its pending token and the
-guesses run in one ``extend`` of its slot, :func:`~inference.speculative.verify` keeps a prefix
+guesses run in one ``extend`` of its slot, :func:`~inference.serving.speculative.verify` keeps a prefix
 of the guesses plus one token of the target's, and the slot is truncated to what was kept.
 Output is what ordinary decoding gives (greedy: the same tokens; sampling: the same
 distribution). Sequences without a guess, and requests with ``speculative=False`` (per-request
@@ -58,14 +58,14 @@ from typing import Protocol
 
 import numpy as np
 
-from inference.context_cache import ContextCacheStats, PrefixStore, common_prefix
-from inference.generation import GenerationState, StepOutput
-from inference.image_features import PromptImages
-from inference.prefix_saves import PrefixSaves
+from inference.images.features import PromptImages
 from inference.runtime.protocol import Engine, ImageEngine, KVEngine, VerifyingEngine
-from inference.sampling import Sampler, SampleResult
-from inference.speculative import Proposer, ProposerFactory, SpeculativeStats
-from inference.speculative_steps import SpeculativeSteps
+from inference.serving.context_cache import ContextCacheStats, PrefixStore, common_prefix
+from inference.serving.generation import GenerationState, StepOutput
+from inference.serving.prefix_saves import PrefixSaves
+from inference.serving.sampling import Sampler, SampleResult
+from inference.serving.speculative import Proposer, ProposerFactory, SpeculativeStats
+from inference.serving.speculative_steps import SpeculativeSteps
 
 __all__ = [
     "AsyncOutputStream",
@@ -79,7 +79,7 @@ __all__ = [
     "SchedulerStoppedError",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("inference.scheduler")
 
 #: Seconds the scheduler waits, idle, before it saves finished requests' blocks as records: a
 #: follow-up request that extends the same prompt (a chat's next turn, an agent's next call)

@@ -15,7 +15,7 @@ The digest serves twice:
   same id (the image token), so :meth:`PromptImages.cache_ids` replaces each image row's id by a
   negative number drawn from its image's digest and its row index (SHAKE-256 of the digest: 63
   bits a row, distinct per row). Token ids are never negative, so the chain of block keys
-  (:class:`~inference.context_cache.PrefixStore`) covers the image content: the same text and
+  (:class:`~inference.serving.context_cache.PrefixStore`) covers the image content: the same text and
   image reuse the KV, another image behind the same text reuses only the text before it. The
   engine still sees the real ids (``prompt_ids``); only the cache sees these.
 * **Image features.** :class:`ImageFeatureCache` keeps the encoded features of recent images by
@@ -42,7 +42,7 @@ import numpy as np
 
 from inference.runtime.protocol import PreparedImage, VisionModel, whole_runs_end
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("inference.image_features")
 
 #: What ``--image-feature-cache-bytes`` defaults to: 64 MiB. A LLaVA 1.5 image is 576 rows of
 #: 4,096 float32 (9.4 MB), so this holds the last 7 images of a 7B model (70 of a 0.5B one with

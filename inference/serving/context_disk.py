@@ -3,7 +3,7 @@
 One directory per bundle (the server gives ``<cache>/context/<bundle_id>/``; removing the bundle
 removes it). One file per record, named by the record's chained block key (hex) + ``.kv``; the key
 already names the bundle, the adapter (none yet) and the request's ``cache_salt``
-(:meth:`~inference.context_cache.PrefixStore.block_keys`), so a salted record is found only with
+(:meth:`~inference.serving.context_cache.PrefixStore.block_keys`), so a salted record is found only with
 the same salt, after a restart too.
 
 File layout (little-endian)::

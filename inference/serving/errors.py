@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from inference.scheduler import (
+from inference.serving.scheduler import (
     AdapterUnloadedError,
     EngineFailure,
     QueueFullError,
@@ -33,7 +33,7 @@ __all__ = [
     "serving_error",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("inference.serving_errors")
 
 RETRY_AFTER_SECONDS = 1
 

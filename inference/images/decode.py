@@ -8,7 +8,7 @@ request bytes), the pixel count read from the header before the pixels are decod
 expanded), one frame (an animated GIF/PNG/WebP is refused: which frame the user meant is unknown),
 then the pixels themselves (a truncated or corrupt file fails here). Colour modes are converted,
 not refused: CMYK, 16-bit, greyscale and palette images become RGB and transparency is
-composited onto white (:func:`inference.image_preprocess.to_rgb`, as transformers does, except
+composited onto white (:func:`inference.images.preprocess.to_rgb`, as transformers does, except
 that 16-bit greyscale is scaled to 8 bits where transformers' conversion clips it to white). The
 preprocessing refuses an image whose resize for the model would exceed ``MAX_IMAGE_PIXELS`` (a
 1 x 8192 strip resized to a 336-pixel shortest edge: 2.75 M pixels long).

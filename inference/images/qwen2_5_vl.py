@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from inference.image_preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, RESAMPLE_FILTERS, to_rgb
+from inference.images.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, RESAMPLE_FILTERS, to_rgb
 
 #: Image processors whose steps this module implements (the torchvision "fast" one resizes with
 #: torchvision, not Pillow: its pixels differ slightly; its settings are the same).

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from inference.image_decode import MAX_IMAGE_PIXELS, ImageInputError
+from inference.images.decode import MAX_IMAGE_PIXELS, ImageInputError
 
 #: Pillow's filters by the number transformers writes (``PILImageResampling``).
 RESAMPLE_FILTERS = (0, 1, 2, 3, 4, 5)

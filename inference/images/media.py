@@ -4,7 +4,7 @@ is told (``--allowed-media-domains``), fetched with limits on size, time and red
 
 A ``file://`` path is resolved with its symlinks before the containment check, so a link inside
 the directory that points out of it is refused. A fetched URL's redirects must stay on allowed
-hosts. Every refusal is an :class:`~inference.image_decode.ImageInputError` (the caller's 400
+hosts. Every refusal is an :class:`~inference.images.decode.ImageInputError` (the caller's 400
 names the request field). Reading and fetching run in the worker thread that decodes the image.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from inference.image_decode import MAX_IMAGE_BYTES, ImageInputError, check_data_url, data_url_bytes
+from inference.images.decode import MAX_IMAGE_BYTES, ImageInputError, check_data_url, data_url_bytes
 
 if TYPE_CHECKING:  # httpx is imported where a fetch runs, not at server start
     import httpx

@@ -24,7 +24,7 @@ Limits: at most ``max_records`` records and ``max_bytes`` bytes of KV; the least
 record goes first. Lookups walk the chain from a given block and stop at the first miss, so a
 hit always extends a prefix that is complete up to it.
 
-On disk (``disk``, a :class:`~inference.context_disk.DiskRecords`): every record inserted is also
+On disk (``disk``, a :class:`~inference.serving.context_disk.DiskRecords`): every record inserted is also
 queued for writing to the bundle's record directory, and a lookup that misses in memory reads the
 block from there (checked, then kept in memory too), so records survive a restart; disk hits are
 counted apart (``disk_hits``). A request's LoRA adapter seeds the chain too (:meth:`block_keys`),
@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from inference.context_disk import DiskRecord, DiskRecords, DiskStats
+from inference.serving.context_disk import DiskRecord, DiskRecords, DiskStats
 
 log = logging.getLogger("inference.context_cache")
 

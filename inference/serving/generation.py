@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inference.sampling import SampleResult
-from inference.tokenizer import Tokenizer
+from inference.serving.sampling import SampleResult
+from inference.serving.tokenizer import Tokenizer
 
 __all__ = [
     "GenerationState",

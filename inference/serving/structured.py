@@ -38,7 +38,7 @@ import llguidance
 import numpy as np
 from llguidance.gbnf_to_lark import gbnf_to_lark, is_lark_syntax
 
-from inference.tokenizer import Tokenizer
+from inference.serving.tokenizer import Tokenizer
 
 __all__ = [
     "CALL_FORMATS",

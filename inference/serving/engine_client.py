@@ -1,7 +1,7 @@
 """The engine client: one loaded model's engine, tokenizer and scheduler behind one entry.
 
 A serving surface converts its request once into a
-:class:`~inference.generation_spec.GenerationSpec` (prompt ids, sampling, stop, limits,
+:class:`~inference.serving.generation_spec.GenerationSpec` (prompt ids, sampling, stop, limits,
 constraint, adapter, cache salt, images) and :meth:`EngineClient.generate` runs it: one
 :class:`ChoiceRun` per choice, whose outputs the surface writes as its answer. The client knows
 no request format (as vLLM's engine client: ``generate(prompt, params)``): below it the scheduler
@@ -17,17 +17,22 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from inference.context_cache import PrefixStore
-from inference.generation import GenerationState, StepOutput, TokenLogprob
-from inference.generation_spec import GenerationSpec, ModelLimits
-from inference.image_features import DEFAULT_IMAGE_CACHE_BYTES, ImageFeatureCache
+from inference.images.features import DEFAULT_IMAGE_CACHE_BYTES, ImageFeatureCache
 from inference.runtime.protocol import Engine, ImageEngine
-from inference.sampling import Sampler
-from inference.scheduler import AsyncOutputStream, GenerationRequest, Scheduler, SchedulerObserver
-from inference.serving_errors import InvalidRequestError, ServerUnavailableError, serving_error
-from inference.speculative import ProposerFactory
-from inference.structured import GrammarCompiler, GrammarLimits, StructuredOutputError, TokenConstraint
-from inference.tokenizer import Tokenizer
+from inference.serving.context_cache import PrefixStore
+from inference.serving.errors import InvalidRequestError, ServerUnavailableError, serving_error
+from inference.serving.generation import GenerationState, StepOutput, TokenLogprob
+from inference.serving.generation_spec import GenerationSpec, ModelLimits
+from inference.serving.sampling import Sampler
+from inference.serving.scheduler import AsyncOutputStream, GenerationRequest, Scheduler, SchedulerObserver
+from inference.serving.speculative import ProposerFactory
+from inference.serving.structured import (
+    GrammarCompiler,
+    GrammarLimits,
+    StructuredOutputError,
+    TokenConstraint,
+)
+from inference.serving.tokenizer import Tokenizer
 
 __all__ = [
     "ChoiceRun",
@@ -95,7 +100,7 @@ class EngineClient:
         vision-language model's image-feature cache."""
         self.engine = engine
         vision = engine.vision if isinstance(engine, ImageEngine) else None
-        #: Image features by image digest (:mod:`inference.image_features`), for a vision model.
+        #: Image features by image digest (:mod:`inference.images.features`), for a vision model.
         self.image_cache: ImageFeatureCache | None = None if vision is None else ImageFeatureCache(
             image_cache_bytes, listener=getattr(observer, "image_cache_changed", None))
         self.tokenizer = tokenizer

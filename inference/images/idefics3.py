@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from inference.image_preprocess import RESAMPLE_FILTERS, PreprocessConfigError, to_rgb
+from inference.images.preprocess import RESAMPLE_FILTERS, PreprocessConfigError, to_rgb
 
 #: Image processors whose steps this module implements (``image_processor_type``).
 SUPPORTED_PROCESSORS = tuple(f"{name}{suffix}" for name in ("Idefics3ImageProcessor", "SmolVLMImageProcessor")

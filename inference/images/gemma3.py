@@ -1,5 +1,5 @@
 """Gemma 3's image preprocessing without torch: ``Gemma3ImageProcessor``'s settings as the CLIP
-pipeline's record (:class:`inference.image_preprocess.ClipPreprocess`), which runs the same steps
+pipeline's record (:class:`inference.images.preprocess.ClipPreprocess`), which runs the same steps
 with the same arithmetic (transformers' PIL backend, ``Gemma3ImageProcessorPil``): convert to RGB,
 resize to exactly ``size`` (height x width; Pillow's ``resample``, bilinear by default), rescale,
 normalise (mean and std 0.5 by default). No crop: the tower takes the whole resized image.
@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from inference.image_preprocess import (
+from inference.images.preprocess import (
     RESAMPLE_FILTERS,
     ClipPreprocess,
     PreprocessConfigError,

@@ -2,15 +2,15 @@
 
 Each serving surface converts its request once into a :class:`GenerationSpec` (the OpenAI
 requests: ``protocol._SamplingFields.to_spec``), checked against the model's :class:`ModelLimits`;
-:meth:`inference.engine_client.EngineClient.generate` runs it. Nothing here knows a wire format.
+:meth:`inference.serving.engine_client.EngineClient.generate` runs it. Nothing here knows a wire format.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inference.image_features import PromptImages
-from inference.sampling import SamplingParams
+from inference.images.features import PromptImages
+from inference.serving.sampling import SamplingParams
 
 __all__ = ["GenerationSpec", "ModelLimits"]
 

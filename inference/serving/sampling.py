@@ -5,7 +5,7 @@ far, the OpenAI penalties over the generated ones) and ``logit_bias`` change the
 temperature 0 (or below :data:`MIN_TEMPERATURE`) takes the argmax of those; otherwise
 temperature, top-k, top-p and min-p shape the distribution and a per-request
 ``numpy.random.Generator`` (seeded from ``seed`` when given) draws the token, so one seed gives
-one output. A structured-output constraint (:class:`~inference.structured.TokenConstraint`)
+one output. A structured-output constraint (:class:`~inference.serving.structured.TokenConstraint`)
 removes every token its grammar forbids (as if its logit were -inf) before temperature, top-k,
 top-p and min-p, and learns the chosen token right after. Reported logprobs are the model's own
 distribution (log-softmax of the raw logits), as OpenAI and vLLM report them.
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from inference.structured import TokenConstraint
+    from inference.serving.structured import TokenConstraint
 
 __all__ = [
     "MIN_TEMPERATURE",
