@@ -218,7 +218,8 @@ NEW_PACKAGES: dict[str, str] = {
     "cachesvc/cache": "The cache core: the manager, its sections, the catalog, the store and the registry.",
     "cachesvc/http/admin": "The admin REST API (mounted at ``/admin``): one module per resource.",
     "inference/serving": ("Serving a model: the scheduler, the engine client, the model pool and what a "
-                          "request runs\nthrough (sampling, structured output, speculation, the context cache)."),
+                          "request runs\nthrough (sampling, structured output, speculation, the context "
+                          "cache)."),
     "inference/images": ("Images: the request's media, decoding, each family's preprocessing, the prompt's "
                          "features."),
 }

@@ -1,4 +1,4 @@
-"""cachesvc/ keeps the folders that show its floors (docs/architecture.md, "Layers").
+"""cachesvc/ and inference/ keep the folders that show their floors (docs/architecture.md, "Layers").
 
 The module map of the move is ``scripts/relayout.py``: the tree follows it (no module left at an
 old path, no import, dotted name or path naming one), its rewriting replays on code that still
@@ -44,7 +44,7 @@ def _rewrite(text: str, where: str = "tests/x.py") -> tuple[str, Any]:
 
 def test_no_module_over_800_lines_and_no_function_over_100() -> None:
     long_modules, long_functions = [], []
-    for path in sorted((ROOT / "cachesvc").rglob("*.py")):
+    for path in sorted(p for package in ("cachesvc", "inference") for p in (ROOT / package).rglob("*.py")):
         text = path.read_text()
         rel = path.relative_to(ROOT).as_posix()
         if len(text.splitlines()) > MAX_MODULE_LINES:
@@ -136,6 +136,24 @@ def test_dotted_names_and_paths_follow_but_logger_names_stay() -> None:
         "See `cachesvc/cache/catalog/` and `cachesvc/http/admin/`, `cachesvc/cache/records.UNLOAD_REASONS`,\n"
         ":mod:`cachesvc.serving.entry`, `cachesvc/http/dashboard/page.js`, `cachesvc/cli/parser.py`.\n"
     )
+
+
+def test_inference_names_and_paths_follow_but_its_logger_names_stay() -> None:
+    new, report = _rewrite(
+        "from inference.scheduler import GenerationRequest, Scheduler\n"
+        "from inference import image_decode, errors\n"
+        'mock.patch("inference.model_pool.ModelPool.acquire")\n'
+        'log = logging.getLogger("inference.scheduler")\n'
+        'path="inference/serving_errors.py", data="inference/data/corpus.txt"\n'
+    )
+    assert new == (
+        "from inference.serving.scheduler import GenerationRequest, Scheduler\n"
+        "from inference.images import decode as image_decode\nfrom inference import errors\n"
+        'mock.patch("inference.serving.model_pool.ModelPool.acquire")\n'
+        'log = logging.getLogger("inference.scheduler")\n'
+        'path="inference/serving/errors.py", data="inference/data/corpus.txt"\n'
+    )
+    assert not report.warnings
 
 
 def test_a_second_rewrite_changes_nothing() -> None:
