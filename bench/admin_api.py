@@ -67,9 +67,9 @@ def populate(url: str, cache_dir: Path, n_bundles: int, n_events: int, seed: int
     """Bulk-load ``n_bundles`` bundle rows and ``n_events`` events (plus their running totals)."""
     from sqlalchemy import insert
 
-    from cachesvc.catalog import Catalog
-    from cachesvc.catalog.models import BundleRow, CheckpointRow, EventRow
-    from cachesvc.profiles import BuildOptions, bundle_id, bundle_relpath
+    from cachesvc.cache.catalog import Catalog
+    from cachesvc.cache.catalog.models import BundleRow, CheckpointRow, EventRow
+    from cachesvc.cache.profiles import BuildOptions, bundle_id, bundle_relpath
 
     rng = random.Random(seed)
     catalog = Catalog(url, node="bench")
@@ -179,9 +179,9 @@ def serve(cache_dir: Path, port: int, url: str) -> None:
     """Run the admin router and /metrics on uvicorn (loopback) over the given cache."""
     import uvicorn
 
-    from cachesvc.app import create_app
-    from cachesvc.config import ServeConfig
-    from cachesvc.manager import CacheManager
+    from cachesvc.cache.manager import CacheManager
+    from cachesvc.serving.app import create_app
+    from cachesvc.settings.config import ServeConfig
 
     manager = CacheManager.open(
         cache_dir, catalog_url=url, node="bench", max_size_bytes=MAX_SIZE_BYTES, builders={}
@@ -319,7 +319,7 @@ def _verdict(value: float, target: float | None, *, higher_is_better: bool) -> s
 
 def plan_eviction(url: str, cache_dir: Path, rows: int, repeats: int = 5) -> tuple[float, int]:
     """Median ms of an LRU plan down to half the cache over ``rows`` bundle rows; bundles planned."""
-    from cachesvc.manager import CacheManager
+    from cachesvc.cache.manager import CacheManager
 
     populate(url, cache_dir, rows, 1)
     manager = CacheManager.open(

@@ -22,10 +22,10 @@ from sqlalchemy import insert
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cachesvc.catalog import utcnow
-from cachesvc.catalog.models import BundleRow
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
+from cachesvc.cache.catalog import utcnow
+from cachesvc.cache.catalog.models import BundleRow
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 from tests.support.cache import FileBuilder, make_checkpoint
 
 

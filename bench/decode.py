@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         checkpoint = args.checkpoint
         if checkpoint is None and args.model == "smollm2":
-            from cachesvc.default_model import installed_default_gguf
+            from cachesvc.serving.default_model import installed_default_gguf
 
             checkpoint = installed_default_gguf()
             if checkpoint is None:

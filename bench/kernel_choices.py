@@ -44,7 +44,7 @@ from inference.cpu_class import cpu_class  # noqa: E402
 from inference.demo import write_demo_checkpoint  # noqa: E402
 from inference.runtime.generate import generate  # noqa: E402
 from inference.runtime.onnxruntime_loader import load_ort_engine  # noqa: E402
-from inference.tokenizer import load_tokenizer  # noqa: E402
+from inference.serving.tokenizer import load_tokenizer  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 #: (the class whose plan's lm_head is taken, label)

@@ -49,8 +49,8 @@ def _checkpoint(args: argparse.Namespace, work: Path) -> Path | None:
     if args.checkpoint is not None:
         path = Path(args.checkpoint).expanduser()
         if path.is_file():  # a GGUF: converted into a cache under work, as the service does
-            from cachesvc.checkpoints import resolve_checkpoint
-            from cachesvc.store import CacheLayout
+            from cachesvc.cache.checkpoints import resolve_checkpoint
+            from cachesvc.cache.store import CacheLayout
 
             layout = CacheLayout(work / "cache")
             layout.ensure()

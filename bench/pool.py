@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from cachesvc.manager import CacheManager  # noqa: E402
+from cachesvc.cache.manager import CacheManager  # noqa: E402
 from inference.demo import SIZES, write_demo_checkpoint  # noqa: E402
 from tests.support.net import free_port, wait_http_ok  # noqa: E402
 

@@ -28,10 +28,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smollm2_checkpoint
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
-from cachesvc.registry import RegistrySettings, parse_ref
-from cachesvc.store.space import human_size
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
+from cachesvc.cache.registry import RegistrySettings, parse_ref
+from cachesvc.cache.store.space import human_size
 from inference.demo import write_demo_checkpoint
 from tests.support.net import free_port
 

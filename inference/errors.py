@@ -10,4 +10,4 @@ class BuildInputError(ValueError):
 class UnsupportedFeatureError(BuildInputError):
     """A checkpoint of a known family uses a variant no engine builds (an encoder's bidirectional
     attention, a rope type or activation of no family, ...): bad input that the service refuses
-    up front, before anything is recorded (``cachesvc.checkpoints.check_family``)."""
+    up front, before anything is recorded (``cachesvc.cache.checkpoints.check_family``)."""

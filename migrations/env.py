@@ -7,8 +7,8 @@ import os
 from alembic import context
 from sqlalchemy import Connection
 
-from cachesvc.catalog.models import Base
-from cachesvc.catalog.session import create_catalog_engine
+from cachesvc.cache.catalog.models import Base
+from cachesvc.cache.catalog.session import create_catalog_engine
 
 config = context.config
 target_metadata = Base.metadata

@@ -63,6 +63,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "cache/test_reconcile_safety.py": ("integration",),
     "cache/test_store.py": ("unit",),
     "cache/test_store_locks.py": ("integration",),
+    "docs/test_code_layout.py": ("unit",),
     "docs/test_configuration_table.py": ("unit",),
     "docs/test_docs_links.py": ("unit",),
     "docs/test_layout.py": ("unit",),

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cachesvc.catalog import utcnow
+from cachesvc.cache.catalog import utcnow
+from cachesvc.cache.manager import CacheManager
 from cachesvc.errors import CatalogUnavailableError
 from cachesvc.fleet.converge import Converger
-from cachesvc.manager import CacheManager
 
 log = logging.getLogger("cachesvc.fleet")
 

@@ -17,11 +17,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cachesvc.checkpoints import check_model_name
+from cachesvc.cache.checkpoints import check_model_name
+from cachesvc.cache.fleet_records import DONE_ITEM_STATES, DesiredBundle, DesiredState, ItemStatus
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 from cachesvc.errors import CacheError, NotFoundError, RegistryError
-from cachesvc.fleet_records import DONE_ITEM_STATES, DesiredBundle, DesiredState, ItemStatus
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
 
 log = logging.getLogger("cachesvc.fleet")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cachesvc.fleet_records import DONE_ITEM_STATES, NodeInfo
+from cachesvc.cache.fleet_records import DONE_ITEM_STATES, NodeInfo
 
 
 def status_lines(nodes: Sequence[NodeInfo]) -> list[str]:

@@ -36,10 +36,16 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
+from cachesvc.cache.records import (
+    BUILD_SECONDS_BUCKETS,
+    BUNDLE_STATES,
+    EVICT_REASONS,
+    CacheStats,
+    CatalogState,
+)
 from cachesvc.errors import CatalogUnavailableError
 from cachesvc.http.auth import admin_guard
 from cachesvc.http.errors import admin_exception_handlers, problem_responses
-from cachesvc.records import BUILD_SECONDS_BUCKETS, BUNDLE_STATES, EVICT_REASONS, CacheStats, CatalogState
 
 TTFT_SECONDS_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 REQUEST_SECONDS_BUCKETS: tuple[float, ...] = (

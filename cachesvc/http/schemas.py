@@ -1,7 +1,7 @@
 """msgspec Structs for every admin request and response body.
 
 These types are the HTTP contract: the OpenAPI schema is generated from them, so every field
-carries its real type and constraints. Records from ``cachesvc.records`` are turned into these
+carries its real type and constraints. Records from ``cachesvc.cache.records`` are turned into these
 with :func:`to_body`, which keeps internal-only fields (such as the raw build durations behind
 the stats) out of the responses.
 """
@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar, get_args
 import msgspec
 from msgspec import Meta, Struct
 
-from cachesvc.records import (
+from cachesvc.cache.records import (
     BUILD_STATES,
     BUNDLE_STATES,
     EVENT_KINDS,
@@ -511,7 +511,7 @@ def _encode_extra(value: Any) -> Any:
 
 
 def to_body(record: Any, body_type: type[S], **extra: Any) -> S:
-    """Convert a ``cachesvc.records`` value (or a dict of them) into a response Struct.
+    """Convert a ``cachesvc.cache.records`` value (or a dict of them) into a response Struct.
 
     ``extra`` adds or overrides top-level fields (e.g. the page ``limit`` a record lacks).
     """

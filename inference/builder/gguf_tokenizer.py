@@ -24,7 +24,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from inference.builder.errors import BuildInputError
-from inference.tokenizer import _byte_decoder
+from inference.serving.tokenizer import _byte_decoder
 
 CONTROL = 3
 USER_DEFINED = 4

@@ -36,7 +36,7 @@ from onnx import TensorProto, helper
 from inference.builder.emit import Emitter
 
 if TYPE_CHECKING:
-    from inference.builder.graph import _DecoderBuilder
+    from inference.builder.decoder_layers import _DecoderBuilder
 
 
 def past_names(layer: int) -> tuple[str, str]:

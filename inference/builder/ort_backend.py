@@ -30,15 +30,10 @@ from inference.builder.bundle_files import (
     onnx_weight_bytes,
 )
 from inference.builder.checkpoint_reader import CheckpointReader, open_checkpoint
+from inference.builder.decoder_layers import quantized_experts
 from inference.builder.errors import BuildInputError
 from inference.builder.external_data import share_external_data
-from inference.builder.graph import (
-    GraphIO,
-    Progress,
-    build_decoder_graph,
-    check_gqa_rotary,
-    quantized_experts,
-)
+from inference.builder.graph import GraphIO, Progress, build_decoder_graph, check_gqa_rotary
 from inference.builder.kernel_plan import KernelPlan, candidate_plans, float_plan
 from inference.builder.model_config import ModelConfig, load_model_config, load_raw_config
 from inference.builder.quality import MIN_AGREEMENT, Quality, run_gate
@@ -56,7 +51,7 @@ from inference.builder.vision_config import (
 )
 from inference.builder.vision_graph import VISION_INPUTS, VISION_MODEL, VISION_OUTPUTS, build_vision_graph
 from inference.cpu_class import cpu_class
-from inference.image_preprocess import ClipPreprocess
+from inference.images.preprocess import ClipPreprocess
 from inference.runtime.embedding_batches import working_bytes
 from inference.runtime.ort_session import available_cores
 
@@ -268,33 +263,13 @@ def _vision_record(vcfg: VisionConfig, preprocess: ClipPreprocess, spec: EngineB
     }
 
 
-def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
-                 progress: Progress | None = None, *, kernels_override: KernelPlan | None = None,
-                 min_agreement: float = MIN_AGREEMENT, reference_file: Path | None = None) -> dict[str, Any]:
-    """Build an onnxruntime bundle of ``checkpoint_dir`` into the existing, empty ``out_dir``.
-
-    Writes the portable graph (``model.onnx`` + ``model.onnx.data``), the onnxruntime-optimised
-    CPU graph (``model.ort.onnx``: GroupQueryAttention with in-place KV, reading its weights from
-    the same ``model.onnx.data``), the tokenizer files and, last, ``engine.json`` (also
-    returned). int4 and int8 bundles hold the CPU graph only, with the quantized kernels of
-    ``spec.cpu_class`` (default: this machine's): the quality gate (:mod:`.quality`;
-    ``min_agreement``) measures the class's kernel plans on this machine as ``spec.kernels`` says
-    and keeps the fastest that passes (``kernels_override`` forces one plan instead, for tests
-    and benches). ``reference_file`` keeps fp32's answers for the next build of these weights.
-    Raises ``BuildInputError`` (``QualityGateError`` for the gate) for checkpoints or specs it
-    cannot build; the caller discards ``out_dir`` on any error.
-    """
-    started = time.monotonic()
-    report = progress or (lambda stage, fraction: None)
-    checkpoint_dir, out_dir = check_build_dirs(checkpoint_dir, out_dir)
-    if not isinstance(spec, EngineBuildSpec):
-        raise BuildInputError(f"spec must be an EngineBuildSpec, got {type(spec).__name__}")
-
-    report("read", 0.0)
-    cfg = load_model_config(checkpoint_dir)
-    ckpt: CheckpointReader = open_checkpoint(checkpoint_dir)
-    fused = fused_ops_supported()
-    raw = load_raw_config(checkpoint_dir)
+def _vision_parts(raw: dict[str, Any], checkpoint_dir: Path, cfg: ModelConfig, ckpt: CheckpointReader,
+                  spec: EngineBuildSpec,
+                  ) -> tuple[VisionConfig | None, VisionSide | None, ClipPreprocess | None, CheckpointReader,
+                             CheckpointReader | None]:
+    """The checkpoint's vision side, checked against ``spec``: (the CLIP-style vision config, the
+    family's own vision builder, the CLIP preprocessing, the text view of ``ckpt``, the vision
+    view of it); the vision parts are None for a text checkpoint."""
     vcfg = vision_config_from(raw, cfg.hidden_size)
     side = vision_side_from(raw, cfg.hidden_size)  # a family with a vision builder of its own
     vision_ckpt: CheckpointReader | None = None
@@ -312,12 +287,18 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
         ckpt = side.text_view(ckpt)
     elif vcfg is None:
         _check_image_limits(None, spec, f"{checkpoint_dir.name} ({cfg.architecture})")
-    images = vcfg is not None or side is not None
-    # How the image rows attend in the language model (Gemma 3: both ways within an image).
-    attention = side.image_attention if side is not None else "causal"
-    if spec.task == "embed":
-        return _build_embedding(cfg, ckpt, checkpoint_dir, out_dir, spec, report, started, fused)
-    check_gqa_rotary(cfg)  # the CPU graph's head and rotary sizes, before any graph is written
+    return vcfg, side, preprocess, ckpt, vision_ckpt
+
+
+def _write_decoder_graphs(cfg: ModelConfig, ckpt: CheckpointReader, checkpoint_dir: Path, out_dir: Path,
+                          spec: EngineBuildSpec, report: Progress, *, fused: bool, images: bool,
+                          attention: str, kernels_override: KernelPlan | None, min_agreement: float,
+                          reference_file: Path | None,
+                          ) -> tuple[GraphIO, GraphIO, KernelPlan | None, Quality | None]:
+    """:func:`build_bundle`'s decoder graphs: the portable and CPU graphs (fp32) or the quantized CPU
+    graph, optimised, through the quality gate when it applies. Returns the portable graph's I/O
+    (the CPU graph's when there is no portable one), the CPU graph's, the kernels kept and the
+    gate's figures."""
     model_path = out_dir / PORTABLE_MODEL
     optimized_path = out_dir / OPTIMIZED_MODEL
     kernels: KernelPlan | None = None
@@ -398,6 +379,48 @@ def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
                 reference_file=reference_file, strict=kernels is None,
                 relayout=None if kernels_override is not None or kernels is None else relayout)
             kernels = chosen if kernels is not None else None
+    return io, cpu_io, kernels, quality
+
+
+def build_bundle(checkpoint_dir: Path, out_dir: Path, spec: EngineBuildSpec,
+                 progress: Progress | None = None, *, kernels_override: KernelPlan | None = None,
+                 min_agreement: float = MIN_AGREEMENT, reference_file: Path | None = None) -> dict[str, Any]:
+    """Build an onnxruntime bundle of ``checkpoint_dir`` into the existing, empty ``out_dir``.
+
+    Writes the portable graph (``model.onnx`` + ``model.onnx.data``), the onnxruntime-optimised
+    CPU graph (``model.ort.onnx``: GroupQueryAttention with in-place KV, reading its weights from
+    the same ``model.onnx.data``), the tokenizer files and, last, ``engine.json`` (also
+    returned). int4 and int8 bundles hold the CPU graph only, with the quantized kernels of
+    ``spec.cpu_class`` (default: this machine's): the quality gate (:mod:`.quality`;
+    ``min_agreement``) measures the class's kernel plans on this machine as ``spec.kernels`` says
+    and keeps the fastest that passes (``kernels_override`` forces one plan instead, for tests
+    and benches). ``reference_file`` keeps fp32's answers for the next build of these weights.
+    Raises ``BuildInputError`` (``QualityGateError`` for the gate) for checkpoints or specs it
+    cannot build; the caller discards ``out_dir`` on any error.
+    """
+    started = time.monotonic()
+    report = progress or (lambda stage, fraction: None)
+    checkpoint_dir, out_dir = check_build_dirs(checkpoint_dir, out_dir)
+    if not isinstance(spec, EngineBuildSpec):
+        raise BuildInputError(f"spec must be an EngineBuildSpec, got {type(spec).__name__}")
+
+    report("read", 0.0)
+    cfg = load_model_config(checkpoint_dir)
+    ckpt: CheckpointReader = open_checkpoint(checkpoint_dir)
+    fused = fused_ops_supported()
+    raw = load_raw_config(checkpoint_dir)
+    vcfg, side, preprocess, ckpt, vision_ckpt = _vision_parts(raw, checkpoint_dir, cfg, ckpt, spec)
+    images = vcfg is not None or side is not None
+    # How the image rows attend in the language model (Gemma 3: both ways within an image).
+    attention = side.image_attention if side is not None else "causal"
+    if spec.task == "embed":
+        return _build_embedding(cfg, ckpt, checkpoint_dir, out_dir, spec, report, started, fused)
+    check_gqa_rotary(cfg)  # the CPU graph's head and rotary sizes, before any graph is written
+    model_path = out_dir / PORTABLE_MODEL
+    optimized_path = out_dir / OPTIMIZED_MODEL
+    io, cpu_io, kernels, quality = _write_decoder_graphs(
+        cfg, ckpt, checkpoint_dir, out_dir, spec, report, fused=fused, images=images, attention=attention,
+        kernels_override=kernels_override, min_agreement=min_agreement, reference_file=reference_file)
     if model_path.exists():
         report("share", 0.0)
         share_external_data(model_path, optimized_path)

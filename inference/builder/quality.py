@@ -58,7 +58,7 @@ import onnx
 from inference.builder.errors import BuildInputError
 from inference.builder.kernel_plan import KernelPlan, retarget
 from inference.runtime.onnxruntime_engine import GqaEngine
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -328,6 +328,25 @@ def _try_plan(model: Path, plan: KernelPlan, meta: dict[str, Any], reference: Re
                      decode_tok_s_rows=rows, passed=False, seconds=time.monotonic() - started), free
 
 
+def _gate_failure(precision: str, kv_dtype: str, last: Candidate, quality: Quality, tokens: int,
+                  ) -> QualityGateError:
+    """The error of a gate no plan passed: the figure that failed and the build to ask instead."""
+    instead = "--precision " + ("int8 or fp32" if precision == "int4" else "fp32")
+    what = f"the {precision} build"
+    if kv_dtype != "float32":
+        what += " with float16 KV (--kv-cache-dtype fp16)"
+        instead = ("--kv-cache-dtype fp32" if precision not in ("int8", "int4")
+                   else instead + " or --kv-cache-dtype fp32")
+    figure = (f"greedy agreement with fp32 {last.greedy_agreement:.3f} < {quality.threshold}"
+              if last.greedy_agreement < quality.threshold else
+              f"{last.identical} of {quality.prompts} prompts' first {IDENTITY_TOKENS} tokens "
+              "equal fp32's")
+    return QualityGateError(
+        f"{what} failed the quality gate on this CPU ({quality.cpu_class}): {figure} over {quality.prompts} "
+        f"prompts x {tokens} tokens; build {instead} instead"
+    )
+
+
 def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]], candidate_model: Path,
              meta: dict[str, Any], tokenizer_dir: Path, *, cpu_class: str, threads: int,
              plans: Sequence[KernelPlan], mode: str = "auto", threshold: float = MIN_AGREEMENT,
@@ -414,21 +433,7 @@ def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]]
                       identical=last.identical, reference_cached=cached, kv_cache_dtype=kv_dtype,
                       reference_seconds=round(reference_seconds, 2), candidates=tried)
     if chosen is None:
-        precision = str(meta["precision"])
-        instead = "--precision " + ("int8 or fp32" if precision == "int4" else "fp32")
-        what = f"the {precision} build"
-        if kv_dtype != "float32":
-            what += " with float16 KV (--kv-cache-dtype fp16)"
-            instead = ("--kv-cache-dtype fp32" if precision not in ("int8", "int4")
-                       else instead + " or --kv-cache-dtype fp32")
-        figure = (f"greedy agreement with fp32 {last.greedy_agreement:.3f} < {threshold}"
-                  if last.greedy_agreement < threshold else
-                  f"{last.identical} of {quality.prompts} prompts' first {IDENTITY_TOKENS} tokens "
-                  "equal fp32's")
-        raise QualityGateError(
-            f"{what} failed the quality gate on this CPU ({cpu_class}): {figure} over {quality.prompts} "
-            f"prompts x {tokens} tokens; build {instead} instead"
-        )
+        raise _gate_failure(str(meta["precision"]), kv_dtype, last, quality, tokens)
     if mode == "fast" and chosen.name != "exact":
         log.info("--kernels fast: the %s build runs plan %r (agreement %.3f, %d of %d prompts identical to "
                  "fp32 for %d tokens), chosen for speed over fp32's answers", meta["precision"], chosen.name,

@@ -19,7 +19,7 @@ from inference.builder.checkpoint_reader import CheckpointReader, prefixed_view
 from inference.builder.errors import BuildInputError
 from inference.errors import UnsupportedFeatureError
 from inference.families import VisionFamily, vision_family_of
-from inference.image_preprocess import ClipPreprocess, PreprocessConfigError
+from inference.images.preprocess import ClipPreprocess, PreprocessConfigError
 
 if TYPE_CHECKING:
     from inference.builder.model_config import ModelConfig

@@ -48,8 +48,8 @@ from inference.builder.vision_config import (
 from inference.builder.vision_graph import VISION_INPUTS, VISION_MODEL, VISION_OPSET, VISION_OUTPUTS
 from inference.errors import UnsupportedFeatureError
 from inference.families import VisionFamily, vision_family_of
-from inference.image_gemma3 import gemma3_preprocess
-from inference.image_preprocess import ClipPreprocess, PreprocessConfigError
+from inference.images.gemma3 import gemma3_preprocess
+from inference.images.preprocess import ClipPreprocess, PreprocessConfigError
 
 FAMILY = "gemma3"
 #: What Gemma3Processor writes on either side of an image's tokens (``full_image_sequence``).

@@ -1,7 +1,7 @@
 """Emit the vision graph of a vision-language bundle: CLIP vision tower + projector, float32.
 
 I/O: ``pixel_values [images, 3, image_size, image_size]`` float32 (what
-:class:`inference.image_preprocess.ClipPreprocess` makes) -> ``image_features [images,
+:class:`inference.images.preprocess.ClipPreprocess` makes) -> ``image_features [images,
 tokens_per_image, text_hidden]`` float32, the rows that replace the image tokens' embeddings in
 the language model (its graph's ``image_features`` input).
 

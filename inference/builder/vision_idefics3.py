@@ -2,7 +2,7 @@
 writes as the bundle's vision graph, the image preprocessing and the image's prompt tokens.
 
 The vision graph: ``pixel_values [tiles, 3, tile, tile]`` float32 (every frame of an image, one
-tile square: :class:`inference.image_idefics3.TilePreprocess`) -> ``image_features [tiles,
+tile square: :class:`inference.images.idefics3.TilePreprocess`) -> ``image_features [tiles,
 tokens_per_tile, text_hidden]``: the patch embedding (a convolution with bias), the learned
 position embeddings, pre-norm encoder layers (LayerNorm, gelu_pytorch_tanh MLP), the post-layernorm,
 then the connector: pixel shuffle by ``scale_factor`` and one Linear without bias.
@@ -41,8 +41,8 @@ from inference.builder.vision_config import VISION_ACTIVATIONS, text_view
 from inference.builder.vision_graph import VISION_INPUTS, VISION_MODEL, VISION_OPSET, VISION_OUTPUTS
 from inference.errors import UnsupportedFeatureError
 from inference.families import VisionFamily, vision_family_of
-from inference.image_idefics3 import TilePreprocess, TilePrompt
-from inference.image_preprocess import PreprocessConfigError
+from inference.images.idefics3 import TilePreprocess, TilePrompt
+from inference.images.preprocess import PreprocessConfigError
 
 if TYPE_CHECKING:
     from inference.builder.model_config import ModelConfig
@@ -306,7 +306,7 @@ def tile_prompt(checkpoint_dir: Path, family: str, image_token_id: int, tokens_p
     """The ids of an image's prompt pieces, each tokenized by the checkpoint's tokenizer between the
     tokens around it in the processor's expansion (so a tokenizer whose pieces depend on their
     neighbours gives what it gives in the expanded prompt)."""
-    from inference.tokenizer import TokenizerError, load_tokenizer
+    from inference.serving.tokenizer import TokenizerError, load_tokenizer
 
     try:
         tok = load_tokenizer(checkpoint_dir)

@@ -2,7 +2,7 @@
 graph (``model.vision.onnx``) written: transformers' ``Qwen2_5_VisionTransformerPretrainedModel``
 for one image.
 
-Graph I/O (one image of ``n`` patches; :func:`inference.image_qwen2_5_vl.graph_inputs` makes the
+Graph I/O (one image of ``n`` patches; :func:`inference.images.qwen2_5_vl.graph_inputs` makes the
 inputs from the image's patches and grid in numpy, so the graph has no index arithmetic):
   pixel_patches [n, C*T*P*P] float32 (in window order), rope_cos / rope_sin [n, head_dim] float32,
   window_rows [windows * L] int64, window_mask [windows, L] int32, window_back [n] int64,
@@ -44,7 +44,7 @@ from inference.builder.spec import EngineBuildSpec
 from inference.builder.vision_config import VISION_ACTIVATIONS, preprocessor_config, text_view
 from inference.errors import UnsupportedFeatureError
 from inference.families import VisionFamily, vision_family_of
-from inference.image_qwen2_5_vl import GRAPH_INPUTS, QwenPreprocess, QwenPreprocessError, VisionGeometry
+from inference.images.qwen2_5_vl import GRAPH_INPUTS, QwenPreprocess, QwenPreprocessError, VisionGeometry
 
 VISION_MODEL = "model.vision.onnx"
 VISION_OPSET = 18

@@ -3,7 +3,7 @@
 
 Split as in vLLM: wire types (``protocol``, ``anthropic_protocol``, ``responses_protocol``;
 requests check their own fields and convert themselves once into the generation spec the engine
-runs), one model's handle (``handle``: its engine client from ``inference.engine_client``,
+runs), one model's handle (``handle``: its engine client from ``inference.serving.engine_client``,
 options, parsers), one endpoint object per API surface (``models``, ``completions`` and
 ``chat`` hold the model pool; ``messages``, ``responses`` and ``tokenize`` hold the chat
 endpoint), ``constraints`` (the output grammar a request asks for), ``routes`` (a table of thin
@@ -13,7 +13,7 @@ Litestar routes), ``errors`` (one mapping to the OpenAI and Anthropic error bodi
 Use from the app::
 
     handle = ModelHandle(engine, load_tokenizer(bundle_dir), ServingOptions(...), observer=metrics)
-    pool = ModelPool(source, factory, PoolLimits())  # inference.model_pool
+    pool = ModelPool(source, factory, PoolLimits())  # inference.serving.model_pool
     pool.adopt(ref, handle, lease)
     app = Litestar([openai_router(pool, api_key=key), ...], on_startup=[pool.start])
     # shutdown: await pool.drain(grace); await pool.stop(); await pool.close()
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
         resolve_parsers,
     )
     from inference.openai.routes import check_api_key, openai_router
-    from inference.tokenizer import Tokenizer, load_tokenizer
+    from inference.serving.tokenizer import Tokenizer, load_tokenizer
 
 # Imported on first use (PEP 562), so that importing a light submodule such as
 # ``inference.openai.reasoning`` (the launch flags read its parser names) does not pull in
@@ -48,8 +48,8 @@ _LAZY = {
     "ServingObserver": "inference.openai.handle",
     "ServingOptions": "inference.openai.handle",
     "resolve_parsers": "inference.openai.handle",
-    "Tokenizer": "inference.tokenizer",
-    "load_tokenizer": "inference.tokenizer",
+    "Tokenizer": "inference.serving.tokenizer",
+    "load_tokenizer": "inference.serving.tokenizer",
 }
 
 

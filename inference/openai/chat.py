@@ -15,11 +15,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from inference.engine_client import ChoiceRun, closing, collect_all, first_outputs, interleave
-from inference.generation import StepOutput, TokenLogprob
-from inference.generation_spec import GenerationSpec
-from inference.image_features import PromptImage
-from inference.model_pool import ModelPool
+from inference.images.features import PromptImage
 from inference.openai.constraints import guided_grammar, response_format_grammar
 from inference.openai.errors import (
     ContextLengthExceededError,
@@ -65,6 +61,10 @@ from inference.openai.tool_parsers import (
     ToolStream,
     forced_call_stream,
 )
+from inference.serving.engine_client import ChoiceRun, closing, collect_all, first_outputs, interleave
+from inference.serving.generation import StepOutput, TokenLogprob
+from inference.serving.generation_spec import GenerationSpec
+from inference.serving.model_pool import ModelPool
 
 __all__ = ["ChatDelta", "ChatEndpoint", "ChatResult", "ChatTurn", "check_text_length", "encode"]
 

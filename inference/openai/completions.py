@@ -8,10 +8,6 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from inference.engine_client import ChoiceRun, closing, collect_all, first_outputs, interleave
-from inference.generation import StepOutput, TokenLogprob
-from inference.generation_spec import GenerationSpec
-from inference.model_pool import ModelHold, ModelPool
 from inference.openai.chat import check_text_length
 from inference.openai.constraints import guided_grammar, response_format_grammar
 from inference.openai.errors import (
@@ -37,6 +33,10 @@ from inference.openai.protocol import (
     CompletionStreamChoice,
     CompletionStreamResponse,
 )
+from inference.serving.engine_client import ChoiceRun, closing, collect_all, first_outputs, interleave
+from inference.serving.generation import StepOutput, TokenLogprob
+from inference.serving.generation_spec import GenerationSpec
+from inference.serving.model_pool import ModelHold, ModelPool
 
 __all__ = ["CompletionEndpoint"]
 

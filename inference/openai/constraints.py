@@ -2,7 +2,7 @@
 (vLLM's ``guided_*`` and ``structured_outputs``, llama-server's ``grammar`` and ``json_schema``).
 
 The grammar text goes into the request's generation spec; the engine client compiles one matcher
-of it per choice (:meth:`~inference.engine_client.EngineClient.generate`). Every step runs off
+of it per choice (:meth:`~inference.serving.engine_client.EngineClient.generate`). Every step runs off
 the event loop under ``--grammar-compile-timeout`` (:meth:`EngineClient.compile_grammar`); a bad
 schema is a 400 naming its field. A forced tool call's grammar is the chat turn's
 (``chat._output_grammar``).
@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import msgspec
 
-from inference.engine_client import EngineClient
 from inference.openai.errors import InvalidRequestError
 from inference.openai.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
-from inference.structured import StructuredOutputError
+from inference.serving.engine_client import EngineClient
+from inference.serving.structured import StructuredOutputError
 
 __all__ = ["guided_grammar", "response_format_grammar"]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from inference.model_pool import ModelPool
 from inference.openai.embeddings_protocol import (
     MAX_TOTAL_TOKENS,
     EmbeddingRequest,
@@ -18,6 +17,7 @@ from inference.openai.embeddings_protocol import (
 from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
 from inference.openai.handle import ModelHandle
 from inference.runtime.embedding_vectors import truncate
+from inference.serving.model_pool import ModelPool
 
 
 class EmbeddingsEndpoint:

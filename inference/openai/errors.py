@@ -1,6 +1,6 @@
 """The ``/v1`` error bodies and the one function that maps any exception to them.
 
-The exception tree is :mod:`inference.serving_errors` (re-exported here; ``OpenAIError`` is its
+The exception tree is :mod:`inference.serving.errors` (re-exported here; ``OpenAIError`` is its
 base class): the pool and the engine client raise it too. Body: ``{"error": {"message",
 "type", "param", "code"}}`` (OpenAI's) or ``{"type": "error", "error": {...}}`` (Anthropic's).
 Bad input is always a 4xx that names the field in ``param``; only our own bugs become a 500.
@@ -18,7 +18,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from inference.serving_errors import (
+from inference.serving.errors import (
     AuthenticationError,
     ClientDisconnectedError,
     ContextLengthExceededError,
@@ -31,7 +31,7 @@ from inference.serving_errors import (
     UnsupportedMediaTypeError,
     serving_error,
 )
-from inference.tokenizer import ChatTemplateError
+from inference.serving.tokenizer import ChatTemplateError
 
 __all__ = [
     "AuthenticationError",

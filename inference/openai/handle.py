@@ -1,10 +1,10 @@
 """The per-model handle: one loaded model as the serving surfaces see it.
 
 :class:`ModelHandle` holds what every endpoint of one model shares: its engine client
-(:class:`~inference.engine_client.EngineClient`: engine, tokenizer, scheduler, lifecycle and
+(:class:`~inference.serving.engine_client.EngineClient`: engine, tokenizer, scheduler, lifecycle and
 ``generate``), what this server promises for it (:class:`ServingOptions`), its reasoning and
 tool-call parsers, the served names of its LoRA adapters and its vision and embedding sides. The
-model pool (:mod:`inference.model_pool`) holds one handle per loaded model; the endpoints
+model pool (:mod:`inference.serving.model_pool`) holds one handle per loaded model; the endpoints
 (``completions``, ``chat`` and the surfaces built on chat) take a hold on a handle for each
 request, convert the request into a generation spec and run it with ``handle.client.generate``.
 """
@@ -17,21 +17,21 @@ from typing import Any
 
 import msgspec
 
-from inference.context_cache import PrefixStore
-from inference.engine_client import EngineClient
 from inference.families import auto_parsers
-from inference.generation import StepOutput
-from inference.image_features import DEFAULT_IMAGE_CACHE_BYTES
-from inference.media import MediaPolicy
+from inference.images.features import DEFAULT_IMAGE_CACHE_BYTES
+from inference.images.media import MediaPolicy
 from inference.openai.errors import InvalidRequestError
 from inference.openai.protocol import PromptTokensDetails, Usage
 from inference.openai.reasoning import ReasoningParser, get_reasoning_parser
 from inference.openai.tool_parsers import ToolParser, get_tool_parser
 from inference.runtime.protocol import Embedder, Engine, ImageEngine, VisionModel
-from inference.scheduler import SchedulerObserver
-from inference.speculative import ProposerFactory
-from inference.structured import GrammarLimits
-from inference.tokenizer import Tokenizer
+from inference.serving.context_cache import PrefixStore
+from inference.serving.engine_client import EngineClient
+from inference.serving.generation import StepOutput
+from inference.serving.scheduler import SchedulerObserver
+from inference.serving.speculative import ProposerFactory
+from inference.serving.structured import GrammarLimits
+from inference.serving.tokenizer import Tokenizer
 
 __all__ = ["AUTO_PARSERS", "ModelHandle", "ServingObserver", "ServingOptions", "resolve_parsers"]
 

@@ -7,7 +7,7 @@ token), which is replaced here by the image's tokens (:attr:`PreparedImage.token
 ``tokens_per_image`` image tokens; a tiling family's tile markers around its rows, as many as the
 image's size asks); the prefill replaces the image tokens' embeddings with the image's feature
 rows. Each image is known by the
-digest of its bytes (:mod:`inference.image_features`): an image the model's feature cache holds
+digest of its bytes (:mod:`inference.images.features`): an image the model's feature cache holds
 is neither decoded nor encoded again, and context reuse keys its rows by that digest. The
 encoding itself waits for the scheduler, which knows which rows the reused prefix covers.
 """
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from inference.build_profile import MAX_IMAGES_PER_REQUEST
-from inference.image_decode import ImageInputError, decode_image
-from inference.image_features import ImageFeatureCache, PromptImage, PromptImages, image_digest
-from inference.media import MediaPolicy, check_url, read_url
+from inference.images.decode import ImageInputError, decode_image
+from inference.images.features import ImageFeatureCache, PromptImage, PromptImages, image_digest
+from inference.images.media import MediaPolicy, check_url, read_url
 from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
 from inference.openai.protocol import ChatMessage
 from inference.runtime.mrope import mrope_positions
@@ -74,7 +74,7 @@ def refuse_text_only(messages: Sequence[ChatMessage], model: str) -> None:
 
 def check_parts(parts: Sequence[ImagePart], policy: MediaPolicy) -> None:
     """Refuse, before any decoding (cheap: on the event loop), too many images, URLs this server
-    does not read (:func:`inference.media.check_url`), and ``data:`` URLs whose header or size is
+    does not read (:func:`inference.images.media.check_url`), and ``data:`` URLs whose header or size is
     wrong."""
     if len(parts) > MAX_IMAGES_PER_REQUEST:
         raise InvalidRequestError(f"the request has {len(parts)} images; at most {MAX_IMAGES_PER_REQUEST} "

@@ -23,7 +23,6 @@ from typing import Any
 import msgspec
 from litestar.response import ServerSentEventMessage
 
-from inference.engine_client import closing
 from inference.openai.anthropic_protocol import (
     AnthropicBlock,
     AnthropicCountTokensRequest,
@@ -50,6 +49,7 @@ from inference.openai.protocol import (
     Tool,
     ToolCall,
 )
+from inference.serving.engine_client import closing
 
 __all__ = ["MessagesEndpoint", "anthropic_stop_reason"]
 

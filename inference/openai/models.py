@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from inference.model_pool import ModelPool, ModelRef
 from inference.openai.handle import ModelHandle
 from inference.openai.protocol import ModelCard, ModelList
+from inference.serving.model_pool import ModelPool, ModelRef
 
 __all__ = ["ModelsEndpoint"]
 

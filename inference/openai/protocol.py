@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from inference.generation_spec import GenerationSpec, ModelLimits
 from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
-from inference.sampling import SamplingParams
+from inference.serving.generation_spec import GenerationSpec, ModelLimits
+from inference.serving.sampling import SamplingParams
 
 __all__ = [
     "NO_EFFECT_FIELDS",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inference.generation import held_suffix_length
+from inference.serving.generation import held_suffix_length
 
 __all__ = [
     "REASONING_PARSERS",

@@ -19,7 +19,6 @@ from typing import Any
 import msgspec
 from litestar.response import ServerSentEventMessage
 
-from inference.engine_client import closing
 from inference.openai.chat import ChatEndpoint, ChatTurn
 from inference.openai.errors import InvalidRequestError, OpenAIError, renamed_params
 from inference.openai.protocol import (
@@ -44,6 +43,7 @@ from inference.openai.responses_protocol import (
     ResponsesRequest,
     ResponseUsage,
 )
+from inference.serving.engine_client import closing
 
 __all__ = ["ResponsesEndpoint"]
 
@@ -220,6 +220,137 @@ def _usage(usage: Usage | None) -> ResponseUsage | None:
     )
 
 
+class _StreamItems:
+    """The output items of a streamed response and the events that open, fill and close them
+    (one item open at a time: reasoning, a message or a function call)."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.output: list[ResponseReasoningItem | ResponseMessageItem | ResponseFunctionCallItem] = []
+        self.thinking: ResponseReasoningItem | None = None
+        self.message: ResponseMessageItem | None = None
+        self.call: ResponseFunctionCallItem | None = None
+
+    def event(self, kind: str, **data: Any) -> ServerSentEventMessage:
+        body = {"type": kind, "sequence_number": self.seq, **data}
+        self.seq += 1
+        return ServerSentEventMessage(event=kind, data=msgspec.json.encode(body).decode())
+
+    def close_open(self) -> list[ServerSentEventMessage]:
+        event = self.event
+        events: list[ServerSentEventMessage] = []
+        index = len(self.output) - 1
+        if self.thinking is not None:
+            thinking = self.thinking
+            ids = {"item_id": thinking.id, "output_index": index, "content_index": 0}
+            events.append(event("response.reasoning_text.done", **ids, text=thinking.content[0]["text"]))
+            thinking.status = "completed"
+            events.append(event("response.output_item.done", output_index=index, item=thinking))
+            self.thinking = None
+        if self.message is not None:
+            message = self.message
+            part = message.content[0]
+            ids = {"item_id": message.id, "output_index": index, "content_index": 0}
+            events.append(event("response.output_text.done", **ids, text=part.text, logprobs=[]))
+            events.append(event("response.content_part.done", **ids, part=part))
+            message.status = "completed"
+            events.append(event("response.output_item.done", output_index=index, item=message))
+            self.message = None
+        if self.call is not None:
+            call = self.call
+            events.append(
+                event(
+                    "response.function_call_arguments.done",
+                    item_id=call.id,
+                    output_index=index,
+                    name=call.name,
+                    arguments=call.arguments,
+                )
+            )
+            call.status = "completed"
+            events.append(event("response.output_item.done", output_index=index, item=call))
+            self.call = None
+        return events
+
+    def reasoning(self, delta: str) -> list[ServerSentEventMessage]:
+        events: list[ServerSentEventMessage] = []
+        if self.thinking is None:
+            events += self.close_open()
+            self.thinking = _reasoning_item("", status="in_progress")
+            self.output.append(self.thinking)
+            shown = ResponseReasoningItem(id=self.thinking.id, content=[], status="in_progress")
+            events.append(self.event("response.output_item.added", output_index=len(self.output) - 1,
+                                     item=shown))
+        self.thinking.content[0]["text"] += delta
+        events.append(self.event(
+            "response.reasoning_text.delta",
+            item_id=self.thinking.id,
+            output_index=len(self.output) - 1,
+            content_index=0,
+            delta=delta,
+        ))
+        return events
+
+    def text(self, delta: str) -> list[ServerSentEventMessage]:
+        events: list[ServerSentEventMessage] = []
+        if self.message is None:
+            events += self.close_open()
+            self.message = ResponseMessageItem(
+                id=f"msg_{uuid.uuid4().hex}",
+                content=[ResponseOutputText(text="")],
+                status="in_progress",
+            )
+            self.output.append(self.message)
+            index = len(self.output) - 1
+            events.append(self.event(
+                "response.output_item.added",
+                output_index=index,
+                item=ResponseMessageItem(id=self.message.id, content=[], status="in_progress"),
+            ))
+            events.append(self.event(
+                "response.content_part.added",
+                item_id=self.message.id,
+                output_index=index,
+                content_index=0,
+                part=ResponseOutputText(text=""),
+            ))
+        self.message.content[0].text += delta
+        events.append(self.event(
+            "response.output_text.delta",
+            item_id=self.message.id,
+            output_index=len(self.output) - 1,
+            content_index=0,
+            delta=delta,
+            logprobs=[],
+        ))
+        return events
+
+    def tool_call(self, name: str | None, call_id: str | None, arguments: str | None,
+                  ) -> list[ServerSentEventMessage]:
+        events: list[ServerSentEventMessage] = []
+        if name is not None:
+            events += self.close_open()
+            self.call = ResponseFunctionCallItem(
+                id=f"fc_{uuid.uuid4().hex}",
+                call_id=call_id or f"call_{uuid.uuid4().hex}",
+                name=name,
+                arguments="",
+                status="in_progress",
+            )
+            self.output.append(self.call)
+            events.append(self.event("response.output_item.added", output_index=len(self.output) - 1,
+                                     item=self.call))
+        elif arguments and self.call is not None:
+            self.call.arguments += arguments
+            events.append(self.event(
+                "response.function_call_arguments.delta",
+                item_id=self.call.id,
+                output_index=len(self.output) - 1,
+                delta=arguments,
+            ))
+        return events
+
+
 class ResponsesEndpoint:
     """``POST /v1/responses``: a chat turn of the chat endpoint, answered as a Responses object
     or event stream."""
@@ -323,52 +454,8 @@ class ResponsesEndpoint:
     async def _response_stream(
         self, turn: ChatTurn, req: ResponsesRequest, rid: str, created: int
     ) -> AsyncIterator[ServerSentEventMessage]:
-        seq = 0
-
-        def event(kind: str, **data: Any) -> ServerSentEventMessage:
-            nonlocal seq
-            body = {"type": kind, "sequence_number": seq, **data}
-            seq += 1
-            return ServerSentEventMessage(event=kind, data=msgspec.json.encode(body).decode())
-
-        output: list[ResponseReasoningItem | ResponseMessageItem | ResponseFunctionCallItem] = []
-        thinking: ResponseReasoningItem | None = None
-        message: ResponseMessageItem | None = None
-        call: ResponseFunctionCallItem | None = None
-
-        def close_open() -> list[ServerSentEventMessage]:
-            nonlocal thinking, message, call
-            events: list[ServerSentEventMessage] = []
-            index = len(output) - 1
-            if thinking is not None:
-                ids = {"item_id": thinking.id, "output_index": index, "content_index": 0}
-                events.append(event("response.reasoning_text.done", **ids, text=thinking.content[0]["text"]))
-                thinking.status = "completed"
-                events.append(event("response.output_item.done", output_index=index, item=thinking))
-                thinking = None
-            if message is not None:
-                part = message.content[0]
-                ids = {"item_id": message.id, "output_index": index, "content_index": 0}
-                events.append(event("response.output_text.done", **ids, text=part.text, logprobs=[]))
-                events.append(event("response.content_part.done", **ids, part=part))
-                message.status = "completed"
-                events.append(event("response.output_item.done", output_index=index, item=message))
-                message = None
-            if call is not None:
-                events.append(
-                    event(
-                        "response.function_call_arguments.done",
-                        item_id=call.id,
-                        output_index=index,
-                        name=call.name,
-                        arguments=call.arguments,
-                    )
-                )
-                call.status = "completed"
-                events.append(event("response.output_item.done", output_index=index, item=call))
-                call = None
-            return events
-
+        items = _StreamItems()
+        event = items.event
         finish = "stop"
         try:
             started = self._response(req, rid, created, status="in_progress", output=[])
@@ -376,77 +463,17 @@ class ResponsesEndpoint:
             yield event("response.in_progress", response=started)
             async for d in self.chat.deltas(turn):
                 if d.reasoning:
-                    if thinking is None:
-                        for e in close_open():
-                            yield e
-                        thinking = _reasoning_item("", status="in_progress")
-                        output.append(thinking)
-                        shown = ResponseReasoningItem(id=thinking.id, content=[], status="in_progress")
-                        yield event("response.output_item.added", output_index=len(output) - 1, item=shown)
-                    thinking.content[0]["text"] += d.reasoning
-                    yield event(
-                        "response.reasoning_text.delta",
-                        item_id=thinking.id,
-                        output_index=len(output) - 1,
-                        content_index=0,
-                        delta=d.reasoning,
-                    )
+                    for e in items.reasoning(d.reasoning):
+                        yield e
                 if d.content:
-                    if message is None:
-                        for e in close_open():
-                            yield e
-                        message = ResponseMessageItem(
-                            id=f"msg_{uuid.uuid4().hex}",
-                            content=[ResponseOutputText(text="")],
-                            status="in_progress",
-                        )
-                        output.append(message)
-                        index = len(output) - 1
-                        yield event(
-                            "response.output_item.added",
-                            output_index=index,
-                            item=ResponseMessageItem(id=message.id, content=[], status="in_progress"),
-                        )
-                        yield event(
-                            "response.content_part.added",
-                            item_id=message.id,
-                            output_index=index,
-                            content_index=0,
-                            part=ResponseOutputText(text=""),
-                        )
-                    message.content[0].text += d.content
-                    yield event(
-                        "response.output_text.delta",
-                        item_id=message.id,
-                        output_index=len(output) - 1,
-                        content_index=0,
-                        delta=d.content,
-                        logprobs=[],
-                    )
+                    for e in items.text(d.content):
+                        yield e
                 for ev in d.tool_calls:
-                    if ev.name is not None:
-                        for e in close_open():
-                            yield e
-                        call = ResponseFunctionCallItem(
-                            id=f"fc_{uuid.uuid4().hex}",
-                            call_id=ev.id or f"call_{uuid.uuid4().hex}",
-                            name=ev.name,
-                            arguments="",
-                            status="in_progress",
-                        )
-                        output.append(call)
-                        yield event("response.output_item.added", output_index=len(output) - 1, item=call)
-                    elif ev.arguments and call is not None:
-                        call.arguments += ev.arguments
-                        yield event(
-                            "response.function_call_arguments.delta",
-                            item_id=call.id,
-                            output_index=len(output) - 1,
-                            delta=ev.arguments,
-                        )
+                    for e in items.tool_call(ev.name, ev.id, ev.arguments):
+                        yield e
                 if d.finish_reason is not None:
                     finish = d.finish_reason
-            for e in close_open():
+            for e in items.close_open():
                 yield e
             incomplete = finish == "length"
             done = self._response(
@@ -454,7 +481,7 @@ class ResponsesEndpoint:
                 rid,
                 created,
                 status="incomplete" if incomplete else "completed",
-                output=output,
+                output=items.output,
                 usage=_usage(turn.usage),
                 incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
             )

@@ -30,7 +30,6 @@ from litestar.params import FromPath, JSONBody
 from litestar.response import ServerSentEvent
 from litestar.types import ExceptionHandler
 
-from inference.model_pool import ModelPool
 from inference.openai.anthropic_protocol import (
     AnthropicCountTokensRequest,
     AnthropicErrorResponse,
@@ -73,6 +72,7 @@ from inference.openai.protocol import (
 from inference.openai.responses import ResponsesEndpoint
 from inference.openai.responses_protocol import ResponsesRequest
 from inference.openai.tokenize import TokenizeEndpoint
+from inference.serving.model_pool import ModelPool
 
 __all__ = [
     "ANTHROPIC",

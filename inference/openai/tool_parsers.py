@@ -5,7 +5,7 @@ tool-call events out), and the non-streamed result is the stream run over the wh
 A call is reported once it is complete: first an event with its id and name, then one with its
 arguments (a JSON string). Text that looks like a call but does not parse stays content.
 Output that a grammar forced into a parser's format (``tool_choice`` named or ``required``, see
-``inference.structured``) is split by :func:`forced_call_stream` instead, which reports the
+``inference.serving.structured``) is split by :func:`forced_call_stream` instead, which reports the
 header as soon as the name is known and then the arguments piece by piece.
 
 - ``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, any number of them.
@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inference.generation import held_suffix_length
+from inference.serving.generation import held_suffix_length
 
 __all__ = [
     "TOOL_PARSERS",

@@ -2,7 +2,7 @@
 
 Serving (stop strings, streaming, scheduling) lives elsewhere; this runs a fixed set of
 prompts to completion, one slot each, decoding all unfinished slots together. Tokens are drawn
-by the server's own :class:`~inference.sampling.Sampler` (one per prompt, seeded with
+by the server's own :class:`~inference.serving.sampling.Sampler` (one per prompt, seeded with
 ``seed``), so ``generate(seed=s)`` gives what a server request with ``seed=s`` gives.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from inference.runtime.protocol import Engine
-from inference.sampling import Sampler, SamplingParams
+from inference.serving.sampling import Sampler, SamplingParams
 
 
 def generate(

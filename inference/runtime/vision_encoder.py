@@ -1,5 +1,5 @@
 """A vision-language bundle's vision graph (``engine.json`` ``vision``) as a :class:`VisionModel`:
-Pillow image -> :class:`PreparedImage` (:mod:`inference.image_preprocess`) -> feature rows.
+Pillow image -> :class:`PreparedImage` (:mod:`inference.images.preprocess`) -> feature rows.
 
 One encoder class per kind of vision side, chosen by the record's ``family``
 (:func:`load_vision`); each reads the fields its builder wrote and refuses an incomplete record
@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 
 from inference.build_profile import MAX_IMAGES_PER_REQUEST
-from inference.image_preprocess import ClipPreprocess
+from inference.images.preprocess import ClipPreprocess
 from inference.runtime.errors import EngineLoadError
 from inference.runtime.ort_session import cpu_session
 from inference.runtime.protocol import PreparedImage, VisionModel

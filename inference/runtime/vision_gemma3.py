@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.image_preprocess import ClipPreprocess
+from inference.images.preprocess import ClipPreprocess
 from inference.runtime.protocol import PreparedImage
 from inference.runtime.vision_encoder import VisionSession
 

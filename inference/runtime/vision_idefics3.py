@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.image_idefics3 import TilePreprocess, TilePrompt
+from inference.images.idefics3 import TilePreprocess, TilePrompt
 from inference.runtime.protocol import PreparedImage
 from inference.runtime.vision_encoder import VisionSession
 

@@ -1,5 +1,5 @@
 """Qwen2.5-VL's vision side (``engine.json`` ``vision.family`` ``qwen2_5_vl``): an image becomes
-its patches and the window/rotary arrays of its grid (:mod:`inference.image_qwen2_5_vl`), one
+its patches and the window/rotary arrays of its grid (:mod:`inference.images.qwen2_5_vl`), one
 vision-graph run gives its merged rows; its prompt tokens are that many image tokens, and its
 grid sets the language model's multimodal positions (:attr:`PreparedImage.grid`)."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.image_qwen2_5_vl import QwenPreprocess, VisionGeometry, graph_inputs
+from inference.images.qwen2_5_vl import QwenPreprocess, VisionGeometry, graph_inputs
 from inference.runtime.protocol import PreparedImage
 from inference.runtime.vision_encoder import VisionSession
 

@@ -1,6 +1,6 @@
 """Fixtures for the admin API tests: a real CacheManager on tmp_path behind the real app.
 
-The app is ``cachesvc.app.create_app`` itself (see :mod:`tests.support.apps`), so the tests
+The app is ``cachesvc.serving.app.create_app`` itself (see :mod:`tests.support.apps`), so the tests
 exercise the wiring ``cachesvc serve`` uses; only the peer address is set by the test.
 """
 
@@ -15,9 +15,9 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import BuildOptions, BundleKey
 from cachesvc.http.metrics import MetricsState
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import BuildOptions, BundleKey
 from tests.support.apps import LOOPBACK, LOOPBACK_URL, service_app
 from tests.support.cache import FileBuilder, make_checkpoint
 from tests.support.databases import catalog_url_for

@@ -12,8 +12,8 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
+from cachesvc.cache.manager import CacheManager
 from cachesvc.cli import main
-from cachesvc.manager import CacheManager
 from tests.admin.conftest import ADMIN_KEY, problem
 from tests.support.adapters import write_adapter, write_base
 

@@ -12,8 +12,8 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
+from cachesvc.cache.manager import CacheManager
 from cachesvc.http.auth import is_loopback, presented_keys
-from cachesvc.manager import CacheManager
 from tests.admin.conftest import ADMIN_KEY, COMPLETION_KEY, LOOPBACK, REMOTE, build_app, problem
 from tests.support.cache import REPO_ROOT, child_env
 from tests.support.net import free_port, wait_http_ok
@@ -139,8 +139,8 @@ def test_real_server_admits_loopback_without_a_key(cache_dir: Path, manager: Cac
     script = (
         "import sys, uvicorn\n"
         "from pathlib import Path\n"
-        "from cachesvc.app import create_app\n"
-        "from cachesvc.config import ServeConfig\n"
+        "from cachesvc.serving.app import create_app\n"
+        "from cachesvc.settings.config import ServeConfig\n"
         "from tests.admin.conftest import open_manager\n"
         "m = open_manager(Path(sys.argv[1]))\n"
         "config = ServeConfig(cache_dir=Path(sys.argv[1]), host='127.0.0.1', port=int(sys.argv[2]))\n"

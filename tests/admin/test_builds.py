@@ -11,7 +11,7 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
-from cachesvc.manager import CacheManager
+from cachesvc.cache.manager import CacheManager
 from tests.support.cache import FileBuilder
 
 Client = TestClient[Litestar]

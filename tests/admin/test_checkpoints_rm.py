@@ -20,9 +20,9 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 from cachesvc.cli import main
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
 from tests.admin.conftest import problem
 from tests.admin.test_leases import leased  # noqa: F401  (fixture)
 from tests.support.cache import REPO_ROOT, FileBuilder, child_env, make_checkpoint

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc.cli import human_size, main, table
+from cachesvc.cache.store.space import human_size
+from cachesvc.cli import main
+from cachesvc.cli.output import table
 from inference.demo import write_demo_checkpoint
 
 

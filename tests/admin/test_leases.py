@@ -14,7 +14,7 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
-from cachesvc.manager import CacheManager
+from cachesvc.cache.manager import CacheManager
 from tests.admin.conftest import problem
 from tests.support.cache import REPO_ROOT, child_env
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from litestar import Litestar
 from litestar.testing import TestClient
 
-from cachesvc.catalog import utcnow
-from cachesvc.manager import CacheManager
+from cachesvc.cache.catalog import utcnow
+from cachesvc.cache.manager import CacheManager
 from tests.admin.conftest import open_manager, seed_rows
 
 

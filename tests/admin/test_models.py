@@ -8,9 +8,9 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
-from cachesvc.http.serving import AliasRequest
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import PROFILE_FIELDS, ProfileRequest
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import PROFILE_FIELDS, ProfileRequest
+from cachesvc.http.admin.models import AliasRequest
 
 
 def test_alias_to_a_checkpoint_with_a_profile_picks_that_bundle(

@@ -11,9 +11,9 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 from cachesvc.errors import CorruptBundleError
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
 from tests.admin.conftest import problem, seed_rows
 from tests.support.cache import make_checkpoint
 

@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, settings
 from schemathesis.core import NotSet
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from cachesvc.app import create_app
-from cachesvc.config import ServeConfig
-from cachesvc.model_loading import Runtime
-from cachesvc.profiles import ProfileRequest
+from cachesvc.cache.profiles import ProfileRequest
+from cachesvc.serving.app import create_app
+from cachesvc.serving.model_loading import Runtime
+from cachesvc.settings.config import ServeConfig
 from inference.demo import write_demo_checkpoint
 from inference.openai import ModelHandle, ServingOptions, load_tokenizer
 from tests.admin.conftest import open_manager

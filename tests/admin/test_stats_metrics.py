@@ -14,11 +14,11 @@ from litestar.testing import TestClient
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cachesvc.builders import BuildJob
+from cachesvc.cache.builders import BuildJob
+from cachesvc.cache.manager import CacheManager
 from cachesvc.errors import BuildError
 from cachesvc.http.metrics import ServingMetrics, build_duration_buckets
-from cachesvc.manager import CacheManager
-from inference.context_cache import ContextCacheStats
+from inference.serving.context_cache import ContextCacheStats
 from tests.admin.conftest import build_app, open_manager
 from tests.support.apps import LOOPBACK_URL
 from tests.support.cache import REPO_ROOT, FileBuilder, child_env, make_checkpoint
@@ -93,7 +93,7 @@ def _stats_in_child(cache_dir: Path) -> dict[str, Any]:
     code = (
         "import sys, msgspec\n"
         "from pathlib import Path\n"
-        "from cachesvc.manager import CacheManager\n"
+        "from cachesvc.cache.manager import CacheManager\n"
         "from cachesvc.http.schemas import StatsOut, to_body\n"
         "from tests.support.databases import catalog_url_for\n"
         "root = Path(sys.argv[1])\n"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cachesvc.manager import CacheManager
-from cachesvc.store import verify_bundle
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.store import verify_bundle
 from tests.service.conftest import demo_dir  # noqa: F401 - fixture (the tiny demo checkpoint)
 
 #: ``python -m tests.support.prepare_child CACHE CHECKPOINT MODE``

@@ -12,12 +12,12 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 
-from cachesvc.adapters import resolve_adapter
-from cachesvc.catalog import utcnow
+from cachesvc.cache.adapters import resolve_adapter
+from cachesvc.cache.catalog import utcnow
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
+from cachesvc.cache.store import CacheLayout, adapter_lock_key
 from cachesvc.errors import CheckpointError, HubUnreachableError, LeasedError, NotFoundError, PinnedError
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
-from cachesvc.store import CacheLayout, adapter_lock_key
 from tests.support.adapters import write_adapter, write_base
 from tests.support.cache import FileBuilder, make_checkpoint
 from tests.support.databases import catalog_url_for
@@ -231,7 +231,7 @@ def test_prepare_hits_after_a_reopen_and_recovers_a_vanished_file(
 
 
 def test_the_weights_file_name_is_peft_s() -> None:
-    from cachesvc import adapters
+    from cachesvc.cache import adapters
     from inference.builder import lora
 
     assert adapters.ADAPTER_WEIGHTS == lora.ADAPTER_WEIGHTS

@@ -12,11 +12,11 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
-from cachesvc.catalog import Catalog, utcnow
-from cachesvc.catalog.migrate import downgrade, head_revision
-from cachesvc.catalog.models import Base
+from cachesvc.cache.catalog import Catalog, utcnow
+from cachesvc.cache.catalog.migrate import downgrade, head_revision
+from cachesvc.cache.catalog.models import Base
+from cachesvc.cache.profiles import BundleKey
 from cachesvc.errors import ConfigError, NotFoundError
-from cachesvc.profiles import BundleKey
 from tests.support.databases import catalog_url_for
 
 pytestmark = pytest.mark.usefixtures("catalog_db")

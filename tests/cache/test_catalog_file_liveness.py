@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc.catalog import Catalog
-from cachesvc.catalog.session import DELETED, REPLACED, default_catalog_url
+from cachesvc.cache.catalog import Catalog
+from cachesvc.cache.catalog.session import DELETED, REPLACED, default_catalog_url
 from cachesvc.errors import CatalogUnavailableError
 
 

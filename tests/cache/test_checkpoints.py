@@ -25,7 +25,7 @@ import pytest
 from huggingface_hub import constants as hf_constants
 from safetensors.numpy import save_file
 
-from cachesvc.checkpoints import (
+from cachesvc.cache.checkpoints import (
     HUB_ALLOW_PATTERNS,
     MAX_METADATA_BYTES,
     SAMPLE_BYTES,
@@ -351,7 +351,7 @@ def _converted_gguf_dir(root: Path) -> Path:
 
 
 def test_a_converted_ggufs_model_gguf_is_its_weights(tmp_path: Path) -> None:
-    from cachesvc.gguf_checkpoints import CONVERTED_GGUF_FILE, gguf_digest
+    from cachesvc.cache.gguf_checkpoints import CONVERTED_GGUF_FILE, gguf_digest
     from inference.builder.gguf_reader import GGUF_FILE
 
     assert CONVERTED_GGUF_FILE == GGUF_FILE  # one name on both sides

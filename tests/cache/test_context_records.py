@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
-from inference.context_cache import PrefixStore
-from inference.context_disk import DiskRecords
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
+from inference.serving.context_cache import PrefixStore
+from inference.serving.context_disk import DiskRecords
 from tests.support.cache import FileBuilder, make_checkpoint
 from tests.support.databases import catalog_url_for
 

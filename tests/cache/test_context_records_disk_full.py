@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inference.context_cache import PrefixStore
+from inference.serving.context_cache import PrefixStore
 from tests.service.conftest import MODEL, ServerProcess, running_server, serve_args
 from tests.support.disks import fill, small_tmpfs
 

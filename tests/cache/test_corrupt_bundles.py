@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
+from cachesvc.cache.store.manifest import SAMPLE_BYTES
 from cachesvc.errors import CorruptBundleError
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
-from cachesvc.store.manifest import SAMPLE_BYTES
 from inference.demo import write_demo_checkpoint
 from inference.openai import load_tokenizer
 from tests.admin.conftest import open_manager

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
-from cachesvc.store import verify_bundle
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
+from cachesvc.cache.store import verify_bundle
 from inference.demo import write_demo_checkpoint
 from tests.admin.conftest import open_manager
 from tests.cache.conftest import assert_consistent

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 import inference.cpu_class as cpu
-from cachesvc.builders import OnnxRuntimeBuilder
+from cachesvc.cache.builders import OnnxRuntimeBuilder
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 from cachesvc.cli import main as cli_main
 from cachesvc.errors import QualityGateError
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
 from inference.demo import write_demo_checkpoint
 from inference.runtime import load_engine
 from inference.runtime.errors import EngineLoadError

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from cachesvc.cache.manager import CacheManager
 from cachesvc.errors import InsufficientStorageError
-from cachesvc.manager import CacheManager
 from tests.admin.conftest import open_manager
 from tests.cache.conftest import assert_consistent
 from tests.support.cache import FileBuilder, make_checkpoint
@@ -157,7 +157,7 @@ def test_a_build_larger_than_the_free_space_is_refused_before_it_starts(
     """The bundle stage: the fp32 build of the reference checkpoint needs its weights three
     times over while it builds (inference.builder.disk_estimate); refused in one line naming
     both figures, before a row, a staging directory or an event."""
-    from cachesvc.store.space import human_size
+    from cachesvc.cache.store.space import human_size
     from inference.builder.disk_estimate import estimate_disk
 
     ckpt = tiny_gguf.parent / "reference"

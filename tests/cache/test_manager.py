@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc.catalog import utcnow
+from cachesvc.cache.catalog import utcnow
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
+from cachesvc.cache.store import verify_bundle
 from cachesvc.errors import BuildError, CheckpointError, LeasedError, NotFoundError, PinnedError
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
-from cachesvc.store import verify_bundle
 from tests.support.cache import FileBuilder, child_env, make_checkpoint
 from tests.support.databases import catalog_url_for
 

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cachesvc.catalog.models import BundleRow
-from cachesvc.records import BundleInfo
+from cachesvc.cache.catalog.models import BundleRow
+from cachesvc.cache.records import BundleInfo
 from tests.admin.conftest import open_manager, seed_rows
 from tests.support.cache import child_env, make_checkpoint
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from cachesvc.cache.profiles import BuildOptions, ProfileRequest
 from cachesvc.errors import ConfigError
-from cachesvc.profiles import BuildOptions, ProfileRequest
 
 #: The profile digest of a default build before task, pooling and lora existed (bundle ids
 #: derive from it: a change here would rebuild every cached bundle).

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc.manager import CacheManager
-from cachesvc.store import verify_bundle
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.store import verify_bundle
 from inference.demo import write_demo_checkpoint
 from inference.runtime import load_engine
 from tests.support.cache import child_env

@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from cachesvc.errors import CorruptBundleError, LockTimeoutError
-from cachesvc.profiles import LAYOUT_VERSION, BundleKey
-from cachesvc.store import (
+from cachesvc.cache.profiles import LAYOUT_VERSION, BundleKey
+from cachesvc.cache.store import (
     CACHEDIR_TAG_SIGNATURE,
     MANIFEST_NAME,
     BundleLocks,
@@ -32,6 +31,7 @@ from cachesvc.store import (
     read_manifest,
     verify_bundle,
 )
+from cachesvc.errors import CorruptBundleError, LockTimeoutError
 
 BUNDLE_ID = "0123456789abcdef-0123456789ab"
 RELPATH = Path("engines/0123456789abcdef/i4096-b1-kv8192-none-onnxruntime-fp32-0123456789ab")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from cachesvc.cache.store import BundleLocks, BundleStore, CacheLayout, read_manifest, verify_bundle
 from cachesvc.errors import LockTimeoutError
-from cachesvc.store import BundleLocks, BundleStore, CacheLayout, read_manifest, verify_bundle
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUNDLE_ID = "0123456789abcdef-0123456789ab"
@@ -32,7 +32,7 @@ HOLDER = r"""
 import sys
 from pathlib import Path
 from cachesvc.errors import LockTimeoutError
-from cachesvc.store import BundleLocks
+from cachesvc.cache.store import BundleLocks
 
 locks_dir, mode, bundle_id, timeout = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 locks = BundleLocks(Path(locks_dir))
@@ -232,7 +232,7 @@ def test_child_build_blocks_leases(tmp_path: Path, spawn: list[Child]) -> None:
 ENSURE = r"""
 import sys, time
 from pathlib import Path
-from cachesvc.store import CacheLayout
+from cachesvc.cache.store import CacheLayout
 
 start = Path(sys.argv[2])
 while not start.exists():  # start together to make the race real
@@ -261,8 +261,8 @@ def test_ensure_is_safe_when_processes_race(tmp_path: Path, spawn: list[Child]) 
 PUBLISHER = r"""
 import os, sys
 from pathlib import Path
-from cachesvc.profiles import BundleKey
-from cachesvc.store import BundleStore, CacheLayout
+from cachesvc.cache.profiles import BundleKey
+from cachesvc.cache.store import BundleStore, CacheLayout
 
 store = BundleStore(CacheLayout(Path(sys.argv[1])))
 bundle_id, relpath, tag = sys.argv[2], Path(sys.argv[3]), sys.argv[4]

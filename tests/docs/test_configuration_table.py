@@ -1,11 +1,12 @@
-"""docs/configuration.md's table of settings is the declarations of cachesvc/config.py."""
+"""docs/configuration.md's table of settings is the declarations of cachesvc/settings/groups.py."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from cachesvc.config import DECLARED, ENVIRONMENT, settings_table
+from cachesvc.settings.config import settings_table
+from cachesvc.settings.groups import DECLARED, ENVIRONMENT
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -15,7 +16,7 @@ def test_the_docs_table_is_the_declarations() -> None:
     table = re.search(r"<!-- settings:start -->\n(.*)<!-- settings:end -->", text, re.S)
     assert table is not None, "docs/configuration.md lost its generated table markers"
     assert table.group(1) == settings_table(), (
-        "regenerate the table: python -c 'from cachesvc.config import settings_table; "
+        "regenerate the table: python -c 'from cachesvc.settings.config import settings_table; "
         "print(settings_table(), end=\"\")'"
     )
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc.cli import build_parser
+from cachesvc.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted([ROOT / "README.md", ROOT / "tests" / "README.md", *(ROOT / "docs").glob("*.md")])
@@ -163,4 +163,4 @@ def test_the_path_check_sees_missing_files(tmp_path: Path) -> None:
     tokens = list(_path_tokens("PYTHONPATH=. python bench/no_such_bench.py --quick; see tests/cache/"))
     assert tokens == ["bench/no_such_bench.py", "tests/cache/"]
     assert not _exists(tokens[0])
-    assert _exists("inference/sampling.Sampler") and not _exists("inference/sampling.Nope/x")
+    assert _exists("inference/serving/sampling.Sampler") and not _exists("inference/serving/sampling.Nope/x")

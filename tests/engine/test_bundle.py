@@ -195,7 +195,7 @@ def test_generate_draws_like_the_server(
 ) -> None:
     """``generate(seed=…)`` and a server request with the same seed draw the same tokens: the
     server's scheduler feeds each step's logits to one ``Sampler`` per request."""
-    from inference.sampling import Sampler, SamplingParams
+    from inference.serving.sampling import Sampler, SamplingParams
 
     engine = load_engine(built_bundle(hf_checkpoint("qwen2", "fp32", True)), threads=1)
     params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=11)

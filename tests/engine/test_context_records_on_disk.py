@@ -1,4 +1,4 @@
-"""Context-cache records on disk (``inference.context_disk``) behind the prefix store: written by
+"""Context-cache records on disk (``inference.serving.context_disk``) behind the prefix store: written by
 a writer thread, found again by a new store on the same directory (a restart), damaged files
 dropped, the byte cap held LRU across restarts, salts and adapters keep their records apart."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference.context_cache import PrefixStore
-from inference.context_disk import DiskRecords, decode, encode
+from inference.serving.context_cache import PrefixStore
+from inference.serving.context_disk import DiskRecords, decode, encode
 
 BLOCK = 64
 SHAPE = (4, 2, BLOCK, 8)  # [2*layers, kv_heads, block, head_dim]

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from inference.context_cache import PrefixStore
-from inference.context_disk import DiskRecords
-from inference.generation import GenerationState
 from inference.runtime import load_engine
-from inference.sampling import Sampler, SamplingParams
-from inference.scheduler import GenerationRequest, Scheduler
+from inference.serving.context_cache import PrefixStore
+from inference.serving.context_disk import DiskRecords
+from inference.serving.generation import GenerationState
+from inference.serving.sampling import Sampler, SamplingParams
+from inference.serving.scheduler import GenerationRequest, Scheduler
 from tests.support.scheduling import CollectingSink, IdTokens
 
 

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inference.context_cache import PrefixStore
-from inference.generation import GenerationState
 from inference.runtime import load_engine
-from inference.sampling import Sampler, SamplingParams
-from inference.scheduler import GenerationRequest, Scheduler
+from inference.serving.context_cache import PrefixStore
+from inference.serving.generation import GenerationState
+from inference.serving.sampling import Sampler, SamplingParams
+from inference.serving.scheduler import GenerationRequest, Scheduler
 from tests.support.scheduling import CollectingSink, IdTokens
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]

@@ -86,7 +86,7 @@ def test_greedy_scheduler_output_is_unchanged_by_either_proposer(
 ) -> None:
     """Ten prompts on a tiny random checkpoint through the scheduler: the tokens are the
     ordinary greedy ones with ngram and with the model as its own draft (all guesses kept)."""
-    from inference.speculative import proposer_factory
+    from inference.serving.speculative import proposer_factory
     from tests.support.scheduling import SchedulerRunner
 
     bundle = built_bundle(hf_checkpoint("llama", "fp32", False), max_input_len=64, max_batch_size=2,

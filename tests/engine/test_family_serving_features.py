@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference.context_cache import PrefixStore
 from inference.families import family_names
 from inference.runtime import load_engine
-from inference.speculative import proposer_factory
+from inference.serving.context_cache import PrefixStore
+from inference.serving.speculative import proposer_factory
 from tests.support.scheduling import SchedulerRunner
 
 STEPS = 10

@@ -194,10 +194,10 @@ def test_scheduler_runs_each_request_with_its_adapter_and_never_shares_their_kv(
         tmp_path: Path) -> None:
     """Through the scheduler with context reuse: a request names its adapter; the same prompt under
     another adapter (or none) reuses nothing of it, while the same adapter again reuses its KV."""
-    from inference.context_cache import PrefixStore
-    from inference.generation import GenerationState
-    from inference.sampling import Sampler, SamplingParams
-    from inference.scheduler import GenerationRequest, Scheduler
+    from inference.serving.context_cache import PrefixStore
+    from inference.serving.generation import GenerationState
+    from inference.serving.sampling import Sampler, SamplingParams
+    from inference.serving.scheduler import GenerationRequest, Scheduler
     from tests.support.scheduling import CollectingSink, IdTokens
 
     checkpoint = hf_checkpoint("qwen2")
@@ -248,10 +248,10 @@ def test_a_request_whose_adapter_is_unloaded_while_it_waits_fails_alone(
     """Unloading is allowed while no running request uses the adapter; a queued one that names it
     then gets a clear error of its own (404 model_not_found over HTTP), and the scheduler goes on
     serving the others (it used to die on the engine's ValueError, failing every request)."""
-    from inference.generation import GenerationState
     from inference.openai.errors import to_openai_error
-    from inference.sampling import Sampler, SamplingParams
-    from inference.scheduler import AdapterUnloadedError, GenerationRequest, Scheduler
+    from inference.serving.generation import GenerationState
+    from inference.serving.sampling import Sampler, SamplingParams
+    from inference.serving.scheduler import AdapterUnloadedError, GenerationRequest, Scheduler
     from tests.support.scheduling import CollectingSink, IdTokens
 
     checkpoint = hf_checkpoint("qwen2")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc.manager import CacheManager
+from cachesvc.cache.manager import CacheManager
 from tests.support.cache import FileBuilder
 from tests.support.databases import shared_catalog_url
 

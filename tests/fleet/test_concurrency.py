@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc.catalog import Catalog, utcnow
-from cachesvc.catalog.migrate import head_revision
-from cachesvc.profiles import BundleKey
+from cachesvc.cache.catalog import Catalog, utcnow
+from cachesvc.cache.catalog.migrate import head_revision
+from cachesvc.cache.profiles import BundleKey
 from tests.support.cache import REPO_ROOT, child_env
 
 pytestmark = pytest.mark.usefixtures("catalog_db")
@@ -65,7 +65,7 @@ def test_concurrent_hits_lose_no_update(fleet_url: str) -> None:
 def test_concurrent_first_starts_migrate_once(fleet_url: str) -> None:
     code = (
         "import sys\n"
-        "from cachesvc.catalog import Catalog\n"
+        "from cachesvc.cache.catalog import Catalog\n"
         "c = Catalog(sys.argv[1], node=sys.argv[2]); c.upgrade(); print(c.current_revision()); c.close()\n"
     )
     procs = [

@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 from cachesvc.errors import BuildError
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
 from tests.support.cache import REPO_ROOT, FileBuilder, child_env, make_checkpoint
 from tests.support.net import free_port, wait_http_ok
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from litestar.testing import TestClient
 
-from cachesvc.catalog import utcnow
+from cachesvc.cache.catalog import utcnow
+from cachesvc.cache.fleet_records import FLEET_DEFAULT, DesiredBundle, DesiredSpec
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 from cachesvc.fleet import Converger, NodeAgent
-from cachesvc.fleet_records import FLEET_DEFAULT, DesiredBundle, DesiredSpec
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
 from inference.demo import write_demo_checkpoint
 from tests.support.apps import LOOPBACK_URL, service_app
 from tests.support.cache import make_checkpoint

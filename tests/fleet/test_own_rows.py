@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cachesvc.catalog import utcnow
-from cachesvc.manager import CacheManager
+from cachesvc.cache.catalog import utcnow
+from cachesvc.cache.manager import CacheManager
 from tests.support.cache import FileBuilder, make_checkpoint
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from cachesvc.checkpoints import resolve_checkpoint
-from cachesvc.default_model import installed_default_gguf
-from cachesvc.store import CacheLayout
+from cachesvc.cache.checkpoints import resolve_checkpoint
+from cachesvc.cache.store import CacheLayout
+from cachesvc.serving.default_model import installed_default_gguf
 from tests.gguf.ggufs import write_pair
 from tests.support.tiny_models import bundle_factory
 

@@ -14,8 +14,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from cachesvc.crashpoints import ENV_VAR
-from cachesvc.store.locks import BundleLocks
+from cachesvc.cache.crashpoints import ENV_VAR
+from cachesvc.cache.store.locks import BundleLocks
 from tests.gguf.ggufs import write_pair
 from tests.service.conftest import REPO_ROOT, cachesvc_command, child_env
 
@@ -79,7 +79,7 @@ def test_a_conversion_killed_half_way_is_counted_then_removed_by_reconcile(tmp_p
 def test_a_killed_conversion_leaves_a_build_failed_event_as_a_killed_build_does(tmp_path: Path) -> None:
     """Both stages of a GGUF build killed (the conversion, then the bundle build of the converted
     checkpoint): the reconcile after each records one ``build_failed`` event for the model."""
-    from cachesvc.manager import CacheManager
+    from cachesvc.cache.manager import CacheManager
 
     gguf_file, _ = write_pair("qwen2", "F32", tmp_path / "gguf")
     cache = tmp_path / "cache"

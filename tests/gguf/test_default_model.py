@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc import cli, default_model
-from cachesvc.default_model import DEFAULT_MODEL_FILE, DEFAULT_SERVED_NAME
+from cachesvc.cli.parser import build_parser
+from cachesvc.cli.serve import _serve_config
+from cachesvc.errors import CheckpointError
+from cachesvc.serving import default_model
+from cachesvc.serving.default_model import DEFAULT_MODEL_FILE, DEFAULT_SERVED_NAME
 
 
 def test_the_installed_gguf_is_found_without_importing_the_package(smollm2_gguf: Path) -> None:
@@ -36,27 +39,27 @@ def test_without_the_package_the_demo_is_served_and_the_log_says_so(
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    args = cli.build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     del args.engine_cache_max_size_gb  # as main() does: the config's default applies
     return args
 
 
 def test_gguf_file_flag_names_a_hub_file() -> None:
     args = _parse(["serve", "org/m-GGUF", "--gguf-file", "m.Q4_0.gguf"])
-    assert cli._serve_config(args).build.model == "org/m-GGUF/m.Q4_0.gguf"
-    with pytest.raises(cli.CheckpointError, match="give the repo id"):
-        cli._serve_config(_parse(["prepare", "--gguf-file", "m.gguf"]))
+    assert _serve_config(args).build.model == "org/m-GGUF/m.Q4_0.gguf"
+    with pytest.raises(CheckpointError, match="give the repo id"):
+        _serve_config(_parse(["prepare", "--gguf-file", "m.gguf"]))
 
 
 def test_the_default_model_runs_at_its_files_precision_only_where_the_gate_passes(
     smollm2_gguf: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from cachesvc import server
-    from cachesvc.builders import OnnxRuntimeBuilder
-    from cachesvc.config import ServeConfig
+    from cachesvc.cache.builders import OnnxRuntimeBuilder
+    from cachesvc.cache.manager import CacheManager
     from cachesvc.errors import QualityGateError
     from cachesvc.http.metrics import MetricsState
-    from cachesvc.manager import CacheManager
+    from cachesvc.serving import server
+    from cachesvc.settings.config import ServeConfig
 
     config = ServeConfig(model=str(smollm2_gguf), served_model_name=DEFAULT_SERVED_NAME,
                          max_input_len=256, max_kv_cache_capacity=512)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc.builders import resolve_precision
-from cachesvc.config import ServeConfig
+from cachesvc.cache.builders import resolve_precision
+from cachesvc.cache.profiles import BuildOptions
 from cachesvc.errors import ConfigError
-from cachesvc.profiles import BuildOptions
+from cachesvc.settings.config import ServeConfig
 from inference.builder import EngineBuildSpec
 
 

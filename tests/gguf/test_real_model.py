@@ -15,7 +15,7 @@ import torch
 from inference.cpu_class import cpu_class
 from inference.runtime.generate import generate
 from inference.runtime.onnxruntime_loader import load_engine
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.support.gate_rule import check_gate_choice
 
 TEXTS = [

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from cachesvc.default_model import DEFAULT_SERVED_NAME
+from cachesvc.serving.default_model import DEFAULT_SERVED_NAME
 from tests.service.conftest import READY_TIMEOUT, ServerProcess, cachesvc_command, child_env, free_port
 
 

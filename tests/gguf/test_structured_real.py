@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from inference.openai import ModelHandle, ServingOptions
 from inference.runtime.onnxruntime_loader import load_engine
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.serving.conftest import LiveServer, make_app
 
 MODEL = "smollm2"

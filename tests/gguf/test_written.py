@@ -14,10 +14,10 @@ import gguf
 import numpy as np
 import pytest
 
-from cachesvc.checkpoints import remove_checkpoint_files, resolve_checkpoint
+from cachesvc.cache.checkpoints import remove_checkpoint_files, resolve_checkpoint
+from cachesvc.cache.gguf_checkpoints import gguf_digest
 from cachesvc.cli import main as cli_main
 from cachesvc.errors import CheckpointError
-from cachesvc.gguf_checkpoints import gguf_digest
 from inference.builder import gguf_convert
 from inference.builder.checkpoint_reader import open_checkpoint
 from inference.builder.gguf_convert import convert_gguf
@@ -35,7 +35,7 @@ from inference.builder.quantized import BLOCK, GgufBlocks
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.cpu_class import cpu_class
 from inference.runtime.onnxruntime_loader import load_engine
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.gguf.ggufs import FAMILIES, TYPES, write_pair, write_raw_gguf
 from tests.support.gate_rule import check_gate_choice
 

@@ -28,7 +28,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="publish-file-by-file",
         why="publish moves files one by one instead of one os.replace of the directory",
-        path="cachesvc/store/bundles.py",
+        path="cachesvc/cache/store/bundles.py",
         function="BundleStore._install",
         find=r"os\.replace\(staging, final\)",
         replace=(
@@ -40,7 +40,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="failed-build-keeps-staging",
         why="a failed build leaves its staging directory behind",
-        path="cachesvc/manager.py",
+        path="cachesvc/cache/manager.py",
         function="CacheManager._build_locked",
         find=r"self\.store\.remove_staging\(staging\)",
         replace="pass",
@@ -49,7 +49,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="reconcile-takes-running-staging",
         why="reconcile removes the staging dir of a build another process is running",
-        path="cachesvc/reconcile.py",
+        path="cachesvc/cache/reconcile.py",
         function="Reconciler.reconcile",
         find=r"if got:  # no build holds it",
         replace="if True:  # no build holds it",
@@ -58,7 +58,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="build-ignores-free-space",
         why="a build or GGUF conversion larger than the free disk starts anyway (and fails part way)",
-        path="cachesvc/store/space.py",
+        path="cachesvc/cache/store/space.py",
         function="require_free",
         find=r"if needed > free:",
         replace="if False:",
@@ -70,7 +70,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="killed-conversion-leaves-no-failure",
         why="reconcile removes a killed GGUF conversion's staging without a build_failed event",
-        path="cachesvc/reconcile.py",
+        path="cachesvc/cache/reconcile.py",
         function="Reconciler.reconcile",
         find=r'"build_failed", model=orphan\.source',
         replace='"reconcile", model=orphan.source',
@@ -83,7 +83,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="plan-ignores-leases",
         why="eviction planning does not look at lease locks",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor.plan",
         find=r"elif self\.store\.locks\.is_locked\(lock\):",
         replace="elif False:",
@@ -92,7 +92,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="pinned-adapter-evicted",
         why="eviction planning drops the pin of LoRA adapters (a pinned adapter is planned out)",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor._lru_rows",
         find=r"\(row, False, \"adapter\"\) for row in",
         replace='((*row[:3], False, row[4]), False, "adapter") for row in',
@@ -101,7 +101,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="adapter-plan-ignores-leases",
         why="eviction planning checks a LoRA adapter's lease under the bundle lock name, not the adapter's",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor.plan",
         find=r"lock = adapter_lock_key\(bid\) if kind == \"adapter\" else bid",
         replace="lock = bid",
@@ -110,7 +110,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="execute-ignores-leases",
         why="executing a plan does not re-check the lock at delete time",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor.execute",
         find=r"if not got:",
         replace="if False:",
@@ -119,7 +119,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="execute-ignores-pins",
         why="executing a plan does not re-check pins",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor.execute",
         find=r"if info\.pinned:",
         replace="if False:",
@@ -128,7 +128,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="remove-ignores-leases",
         why="evicting one bundle by hand ignores the lease of a serving process",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor.remove",
         find=r"if not got:",
         replace="if False:",
@@ -137,7 +137,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="stale-not-first",
         why="eviction plans stale bundles (built for another GPU) after the LRU ready ones, not first",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor.plan",
         find=r"chain\(self\._stale_rows\(\), self\._lru_rows\(\)\)",
         replace="chain(self._lru_rows(), self._stale_rows())",
@@ -146,7 +146,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="stale-never-flagged",
         why="reconcile leaves a TensorRT bundle for another GPU ready (served, then refused at load)",
-        path="cachesvc/reconcile.py",
+        path="cachesvc/cache/reconcile.py",
         function="Reconciler._recheck_environment",
         find=r'if why is not None and info\.state == "ready":',
         replace="if False:",
@@ -174,7 +174,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="all-bundles-every-node",
         why="the catalog's bundles.all drops its node filter: reconcile and the stale-first "
         "eviction see other nodes' rows (on a shared catalog)",
-        path="cachesvc/catalog/bundles.py",
+        path="cachesvc/cache/catalog/bundles.py",
         function="BundleTable.all",
         find=r"\.where\(BundleRow\.node == self\.node\)",
         replace="",
@@ -184,7 +184,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="lease-corrupt-bundle",
         why="a bundle marked corrupt can still be leased (and so served)",
-        path="cachesvc/manager.py",
+        path="cachesvc/cache/manager.py",
         function="CacheManager.lease",
         find=r'if info\.state != "ready":',
         replace="if False:",
@@ -197,7 +197,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="verify-ignores-content",
         why="verify compares sizes only, so a flipped byte passes",
-        path="cachesvc/store/manifest.py",
+        path="cachesvc/cache/store/manifest.py",
         function="_full_digest",
         find=r'None if digest == entry\.sha256 else "sha256"',
         replace="None",
@@ -207,7 +207,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="hit-skips-quick-check",
         why="a cache hit or an engine load takes a bundle whose sampled bytes no longer match its "
         "manifest (the quick check always passes)",
-        path="cachesvc/verification.py",
+        path="cachesvc/cache/verification.py",
         function="BundleVerifier.load_check",
         find=r"return detail",
         replace="return None",
@@ -220,7 +220,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="foreign-root-adopted",
         why="a non-empty directory that never was a cache is taken over as one",
-        path="cachesvc/store/layout.py",
+        path="cachesvc/cache/store/layout.py",
         function="CacheLayout.ensure",
         find=r"if foreign:",
         replace="if False:",
@@ -229,7 +229,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="reconcile-deletes-unknown-dirs",
         why="reconcile deletes a directory without a manifest instead of moving it to quarantine",
-        path="cachesvc/reconcile.py",
+        path="cachesvc/cache/reconcile.py",
         function="Reconciler.reconcile",
         find=r"moved = self\.store\.quarantine\(scanned\.relpath\)",
         replace="moved = self.store.remove(scanned.relpath)",
@@ -238,7 +238,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="digest-skips-weight-samples",
         why="the checkpoint digest stops sampling weight bytes, so changed weights hit the old bundle",
-        path="cachesvc/checkpoints.py",
+        path="cachesvc/cache/checkpoints.py",
         function="_samples",
         find=r"for off in sample_offsets\(length, SAMPLE_BYTES\)",
         replace="for off in (0, 0, 0)",
@@ -248,7 +248,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="app-drops-admin-key",
         why="create_app mounts the admin routes without --admin-api-key",
-        path="cachesvc/app.py",
+        path="cachesvc/serving/app.py",
         function="create_app",
         find=r"admin_router\(admin_api_key=config\.http\.admin_api_key",
         replace="admin_router(admin_api_key=None",
@@ -257,7 +257,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="app-drops-metrics-key",
         why="create_app mounts /metrics without --admin-api-key",
-        path="cachesvc/app.py",
+        path="cachesvc/serving/app.py",
         function="create_app",
         find=r"metrics_route\(metrics, admin_api_key=config\.http\.admin_api_key\)",
         replace="metrics_route(metrics, admin_api_key=None)",
@@ -275,7 +275,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="serve-drops-completion-key",
         why="cachesvc serve builds the OpenAI server without --api-key",
-        path="cachesvc/app.py",
+        path="cachesvc/serving/app.py",
         function="create_app",
         find=r"openai_router\(pool, api_key=config\.http\.api_key\)",
         replace="openai_router(pool, api_key=None)",
@@ -284,7 +284,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="serving-metrics-unwired",
         why="serve does not hand the metrics observer to the scheduler (no TTFT, tokens, queue depth)",
-        path="cachesvc/server.py",
+        path="cachesvc/serving/server.py",
         function="load_startup_runtime",
         find=r"observer = metrics\.serving\.for_model\(config\.served_name\)",
         replace="observer = None",
@@ -293,7 +293,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="drain-skipped",
         why="SIGTERM goes straight to uvicorn's shutdown: no drain, new requests are refused",
-        path="cachesvc/server.py",
+        path="cachesvc/serving/server.py",
         function="_Server.handle_exit",
         find=r"sig in \(signal\.SIGTERM, signal\.SIGINT\)",
         replace="False",
@@ -312,7 +312,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="no-queue-cap",
         why="the scheduler admits every request (no 429 when the queue is full)",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="Scheduler.submit",
         find=r">= self\.max_batch_size \+ self\.max_queued_requests",
         replace=">= 10**9",
@@ -321,7 +321,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="no-retry-after",
         why="a 429 goes out without Retry-After",
-        path="inference/serving_errors.py",
+        path="inference/serving/errors.py",
         function="ServerOverloadedError.__init__",
         find=r'headers=\{"Retry-After": str\(retry_after\)\}',
         replace="headers={}",
@@ -330,7 +330,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="queue-timeout-ignored",
         why="a request waits in the queue forever instead of 429 after --queue-timeout",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="Scheduler._admit_locked",
         find=r"now - req\.arrival > self\.queue_timeout",
         replace="False",
@@ -349,7 +349,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="context-records-unsalted",
         why="prefix records are keyed by tokens alone, so one model's KV can serve another",
-        path="inference/context_cache.py",
+        path="inference/serving/context_cache.py",
         function="PrefixStore._seed",
         find=r"prev = self\._salt",
         replace='prev = b""',
@@ -359,7 +359,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="unloaded-adapter-kills-the-scheduler",
         why="a queued request whose LoRA adapter was unloaded crashes the scheduler thread (every "
         "request then fails) instead of failing alone",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="Scheduler._admit_locked",
         find=r"except ValueError as exc:  # unloaded after the request was queued",
         replace="except KeyError as exc:",
@@ -368,7 +368,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="slot-choice-ignores-cache-prompt",
         why="a cache_prompt=false request may take the slot holding a cached prefix (and wipe it)",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="Scheduler._pick_slot",
         find=r"if self\._store is None or not req\.cache_prompt:",
         replace="if self._store is None:",
@@ -380,7 +380,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="slot-reuse-ignores-cache-salt",
         why="a request resumes from a slot another tenant's salt left: the TTFT side channel is open",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="Scheduler._prepare",
         find=r"if self\._slot_owner\[slot\] != run\.req\.kv_owner:",
         replace="if False:",
@@ -389,7 +389,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="cache-salt-not-in-the-chain",
         why="salted requests' records are keyed as unsalted ones, so any tenant finds them",
-        path="inference/context_cache.py",
+        path="inference/serving/context_cache.py",
         function="PrefixStore._seed",
         find=r"if cache_salt is not None:",
         replace="if False:",
@@ -398,7 +398,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="context-disk-checksum-unchecked",
         why="a damaged context record on disk is handed to the engine (wrong KV, wrong answers)",
-        path="inference/context_disk.py",
+        path="inference/serving/context_disk.py",
         function="decode",
         find=r"if digest\.digest\(\) != bytes\(view\[head_end:tok_start\]\):",
         replace="if False:",
@@ -407,7 +407,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="context-disk-cap-ignored",
         why="context records on disk grow past --context-cache-disk-bytes",
-        path="inference/context_disk.py",
+        path="inference/serving/context_disk.py",
         function="DiskRecords._evict_locked",
         find=r"while self\._index and self\._bytes \+ incoming > self\.max_bytes:",
         replace="while False:",
@@ -416,7 +416,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="context-records-outlive-their-bundle",
         why="an evicted bundle's context records stay on disk (counted in the size, never freed)",
-        path="cachesvc/eviction.py",
+        path="cachesvc/cache/eviction.py",
         function="Evictor.execute",
         find=r"self\.store\.layout\.remove_context\(item\.bundle_id\)",
         replace="pass",
@@ -428,7 +428,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="lora-kv-shared-across-adapters",
         why="context records made with one LoRA adapter are reused by a sequence of another (wrong KV)",
-        path="inference/context_cache.py",
+        path="inference/serving/context_cache.py",
         function="PrefixStore._seed",
         find=r"if adapter is not None:",
         replace="if False:",
@@ -447,7 +447,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="embeddings-pooled-over-padding",
         why="mean pooling counts the left padding of a batch: vectors depend on the other inputs",
-        path="inference/builder/graph.py",
+        path="inference/builder/decoder_layers.py",
         function="_DecoderBuilder.pool",
         find=r"em\.op1\(\"Mul\", \[h, mask\]\)",
         replace="h",
@@ -475,7 +475,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="greedy-ignores-logit-bias",
         why="greedy decoding takes the argmax of the raw logits, ignoring logit_bias and penalties",
-        path="inference/sampling.py",
+        path="inference/serving/sampling.py",
         function="Sampler.sample",
         find=r"token = int\(np\.argmax\(x\)\)",
         replace="token = int(np.argmax(raw))",
@@ -484,7 +484,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="request-path-outside-the-roots",
         why="a request loads a LoRA adapter (or builds a checkpoint) from outside --allowed-model-roots",
-        path="cachesvc/checkpoints.py",
+        path="cachesvc/cache/checkpoints.py",
         function="check_local_path",
         find=r"if not _inside_any\(path, roots\):",
         replace="if False:",
@@ -502,7 +502,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="context-folder-guard-skipped",
         why="records are written and deleted through a context folder that was swapped for a link",
-        path="inference/context_disk.py",
+        path="inference/serving/context_disk.py",
         function="DiskRecords._write",
         find=r"self\._guard\(\)  # nothing is written",
         replace="pass  # nothing is written",
@@ -512,7 +512,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="context-write-failure-uncounted",
         why="context records that cannot be written (a full disk) are counted nowhere",
-        path="inference/context_disk.py",
+        path="inference/serving/context_disk.py",
         function="DiskRecords._write_failed",
         find=r"self\._set_locked\(disk_write_failures=self\._stats\.disk_write_failures \+ 1\)",
         replace="pass",
@@ -522,7 +522,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="pull-ignores-cpu-class",
         why="a bundle built for another CPU class is pulled and published",
-        path="cachesvc/registry/transfer.py",
+        path="cachesvc/cache/registry/transfer.py",
         function="BundleRegistry.check_fits",
         find=r"options\.cpu_class is not None and options\.cpu_class != cpu_class\(\)",
         replace="False",
@@ -531,7 +531,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="pull-takes-any-layer-path",
         why="a layer path with '..' or an absolute path is written where it says",
-        path="cachesvc/registry/artifact.py",
+        path="cachesvc/cache/registry/artifact.py",
         function="safe_relpath",
         find=r"return bool\(path\) and not \(",
         replace="return bool(path) or not (",
@@ -540,7 +540,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="pull-skips-the-lock",
         why="concurrent misses for one key each pull (and publish over each other)",
-        path="cachesvc/manager.py",
+        path="cachesvc/cache/manager.py",
         function="CacheManager._prepare_bundle",
         find=r"with self\.store\.locks\.exclusive\(bid, timeout=self\.lock_timeout\):",
         replace="if True:",
@@ -551,7 +551,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="image-rows-keyed-by-token-ids",
         why="context reuse keys a prompt with images by its token ids alone: another image behind the "
             "same text resumes from the first one's KV and gets its answer",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="GenerationRequest.cache_ids",
         find=r"if self\.images is None else self\.images\.cache_ids\(self\.prompt_ids\)",
         replace="if True else None",
@@ -560,7 +560,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="image-row-ids-ignore-the-digest",
         why="every image's rows get the same ids in the prefix chain: any image reuses another's KV",
-        path="inference/image_features.py",
+        path="inference/images/features.py",
         function="row_ids",
         find=r'" \+ digest\)',
         replace='")',
@@ -570,7 +570,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="image-encoded-despite-reuse",
         why="an image whose rows the reused KV covers is encoded again (seconds of CPU for nothing)",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="Scheduler._images_ready",
         find=r"todo = images\.missing\(run\.prefilled\)",
         replace="todo = images.missing(0)",
@@ -579,7 +579,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="image-feature-cache-unbounded",
         why="the image-feature cache grows past --image-feature-cache-bytes",
-        path="inference/image_features.py",
+        path="inference/images/features.py",
         function="ImageFeatureCache.put",
         find=r"while self\._entries and self\._bytes \+ size > self\._stats\.max_bytes:",
         replace="while False:",
@@ -597,7 +597,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="image-limits-change-text-bundle-ids",
         why="the new profile fields enter every profile's digest: every existing bundle gets a new id",
-        path="cachesvc/profiles.py",
+        path="cachesvc/cache/profiles.py",
         function="BuildOptions.to_dict",
         find=r"if out\[name\] == default:",
         replace='if out[name] == default and not name.startswith("max_image"):',
@@ -606,7 +606,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="sixteen-bit-clipped-to-white",
         why="a 16-bit greyscale image is converted by clipping (every value over 255 white)",
-        path="inference/image_preprocess.py",
+        path="inference/images/preprocess.py",
         function="to_rgb",
         find=r"if image\.mode in SIXTEEN_BIT_MODES:",
         replace="if False:",
@@ -615,7 +615,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="image-pixel-limit-skipped",
         why="a decompression bomb (a small file of a huge image) is expanded in memory",
-        path="inference/image_decode.py",
+        path="inference/images/decode.py",
         function="decode_image",
         find=r"if width \* height > max_pixels:",
         replace="if False:",
@@ -633,7 +633,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="prefill-chunk-cuts-an-image",
         why="a scheduler prefill chunk ends inside an image whose rows attend both ways (Gemma 3)",
-        path="inference/image_features.py",
+        path="inference/images/features.py",
         function="PromptImages.chunk_end",
         find=r"whole_runs_end\(self\.positions, start, end\) if self\._vision\.whole_images else end",
         replace="end",
@@ -672,7 +672,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="mrope-image-request-reuses-kv",
         why="a Qwen2.5-VL prompt with images reuses and leaves context-reuse KV whose M-RoPE positions "
             "are not kept with it",
-        path="inference/engine_client.py",
+        path="inference/serving/engine_client.py",
         function="EngineClient._requests",
         find=r"cache_prompt=spec\.cache_prompt and \(spec\.images is None or spec\.images\.rope is None\),",
         replace="cache_prompt=spec.cache_prompt,",
@@ -682,7 +682,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="mrope-chunks-without-positions",
         why="the scheduler prefills a Qwen2.5-VL prompt's text chunks without its M-RoPE positions",
-        path="inference/scheduler.py",
+        path="inference/serving/scheduler.py",
         function="Scheduler._prefill",
         find=r"rope = images\.rope_window\(run\.prefilled, len\(chunk\)\)",
         replace="rope = None",

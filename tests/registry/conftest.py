@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cachesvc.manager import CacheManager
-from cachesvc.registry import RegistrySettings, parse_ref
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.registry import RegistrySettings, parse_ref
 from tests.admin.conftest import MAX_SIZE
 from tests.support.cache import FileBuilder, make_checkpoint
 from tests.support.databases import catalog_url_for, shared_catalog_url

@@ -12,8 +12,8 @@ from typing import Any
 from litestar import Litestar
 from litestar.testing import TestClient
 
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 from tests.admin.conftest import build_app
 from tests.registry.conftest import Registry, open_node
 from tests.support.apps import LOOPBACK_URL

@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from cachesvc.errors import UntrustedArtifactError
-from cachesvc.profiles import LAYOUT_VERSION, BuildOptions, BundleKey
-from cachesvc.registry.artifact import (
+from cachesvc.cache.profiles import LAYOUT_VERSION, BuildOptions, BundleKey
+from cachesvc.cache.registry.artifact import (
     ANN_CLASS,
     ARTIFACT_TYPE,
     TITLE,
     bundle_artifact,
     read_remote,
 )
-from cachesvc.store import FileEntry, Manifest
+from cachesvc.cache.store import FileEntry, Manifest
+from cachesvc.errors import UntrustedArtifactError
 
 OPTIONS = BuildOptions(precision="fp32", builder_version="test-1")
 KEY = BundleKey.of("cd" * 32, OPTIONS)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cachesvc.cache.profiles import ProfileRequest
 from cachesvc.errors import RegistryAuthError
-from cachesvc.profiles import ProfileRequest
 from tests.registry.conftest import PASSWORD, USER, Registry, open_node
 
 INT4 = ProfileRequest(precision="int4")

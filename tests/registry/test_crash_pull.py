@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc.crashpoints import ENV_VAR
-from cachesvc.profiles import ProfileRequest
+from cachesvc.cache.crashpoints import ENV_VAR
+from cachesvc.cache.profiles import ProfileRequest
 from tests.cache.conftest import assert_consistent
 from tests.registry.conftest import Registry, open_node
 

@@ -12,12 +12,12 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
-from cachesvc.catalog import utcnow
+from cachesvc.cache.catalog import utcnow
+from cachesvc.cache.fleet_records import DesiredBundle, DesiredSpec
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 from cachesvc.fleet.converge import Converger
 from cachesvc.fleet.status import status_lines
-from cachesvc.fleet_records import DesiredBundle, DesiredSpec
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
 from tests.admin.conftest import build_app
 from tests.registry.conftest import Registry, fleet_catalog_url, open_node
 from tests.support.apps import LOOPBACK_URL

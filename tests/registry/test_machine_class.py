@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from cachesvc.builders import Builder
+from cachesvc.cache.builders import Builder
+from cachesvc.cache.profiles import LAYOUT_VERSION, BuildOptions, BundleKey
+from cachesvc.cache.registry import BundleRegistry, RegistrySettings
+from cachesvc.cache.registry.artifact import RemoteBundle
+from cachesvc.cache.store import Manifest
 from cachesvc.errors import UntrustedArtifactError
-from cachesvc.profiles import LAYOUT_VERSION, BuildOptions, BundleKey
-from cachesvc.registry import BundleRegistry, RegistrySettings
-from cachesvc.registry.artifact import RemoteBundle
-from cachesvc.store import Manifest
 from inference.cpu_class import CPU_CLASSES, cpu_class
 from tests.registry.conftest import open_node
 

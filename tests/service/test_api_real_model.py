@@ -13,7 +13,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from cachesvc.default_model import installed_default_gguf
+from cachesvc.serving.default_model import installed_default_gguf
 from tests.service.conftest import MODEL, ServerProcess, running_server, serve_args
 
 ARGS = serve_args(max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512)

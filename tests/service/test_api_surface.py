@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from inference.tokenizer import Tokenizer
+from inference.serving.tokenizer import Tokenizer
 from tests.service.conftest import API_KEY, MODEL, ServerProcess, running_server, serve_args
 from tests.service.test_parsers import (
     AFTER_TOOL_REPLY,

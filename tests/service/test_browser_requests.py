@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cachesvc.config import ServeConfig
+from cachesvc.settings.config import ServeConfig
 from tests.support.whole_app import MODEL, App, running_app
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc.checkpoints import resolve_checkpoint
+from cachesvc.cache.checkpoints import resolve_checkpoint
 from tests.support.cache import make_checkpoint
 from tests.support.whole_app import App
 

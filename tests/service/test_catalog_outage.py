@@ -21,10 +21,10 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from cachesvc.catalog import Catalog
-from cachesvc.catalog import session as catalog_session
+from cachesvc.cache.catalog import Catalog
+from cachesvc.cache.catalog import session as catalog_session
+from cachesvc.cache.manager import CacheManager
 from cachesvc.errors import CatalogUnavailableError
-from cachesvc.manager import CacheManager
 from tests.admin.conftest import open_manager
 from tests.support.cache import FileBuilder, make_checkpoint
 from tests.support.pg_cluster import PgCluster, own_cluster

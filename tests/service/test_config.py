@@ -14,19 +14,10 @@ import sqlalchemy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachesvc.config import (
-    CACHE_DIR_ENV,
-    DECLARED,
-    ENVIRONMENT,
-    GROUP_OF,
-    SETTINGS_GROUPS,
-    ServeConfig,
-    SpeculativeConfig,
-    add_build_arguments,
-    add_serve_arguments,
-    flag_for,
-)
 from cachesvc.errors import ConfigError
+from cachesvc.settings.config import ServeConfig, add_build_arguments, add_serve_arguments
+from cachesvc.settings.groups import CACHE_DIR_ENV, DECLARED, ENVIRONMENT, GROUP_OF, SETTINGS_GROUPS, flag_for
+from cachesvc.settings.speculative import SpeculativeConfig
 
 # Written out from the brief on purpose (not read back from the module), so a changed default fails.
 EXPECTED_DEFAULTS: dict[str, Any] = {

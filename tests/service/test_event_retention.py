@@ -12,8 +12,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from cachesvc.catalog import Catalog, utcnow
-from cachesvc.manager import CacheManager
+from cachesvc.cache.catalog import Catalog, utcnow
+from cachesvc.cache.manager import CacheManager
 from inference.demo import write_demo_checkpoint
 from inference.openai import load_tokenizer
 from tests.admin.conftest import open_manager

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inference.families import family_names
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.service.conftest import ServerProcess, prepare_demo_checkpoints, running_server
 
 FAMILIES = family_names()

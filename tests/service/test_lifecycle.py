@@ -18,8 +18,8 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
-from cachesvc.manager import CacheManager
-from inference.tokenizer import load_tokenizer
+from cachesvc.cache.manager import CacheManager
+from inference.serving.tokenizer import load_tokenizer
 from tests.service.conftest import (
     MODEL,
     ServerProcess,

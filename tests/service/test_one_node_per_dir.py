@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc.manager import CacheManager
-from cachesvc.store.layout import NODE_FILE_NAME, UNCLAIMED_NODE_FILE_NAME
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.store.layout import NODE_FILE_NAME, UNCLAIMED_NODE_FILE_NAME
 from tests.service.conftest import REPO_ROOT, cachesvc_command, child_env, run_cli, running_server
 from tests.support.cache import FileBuilder, make_checkpoint
 from tests.support.pg_cluster import own_cluster

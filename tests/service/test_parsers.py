@@ -17,7 +17,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.service.conftest import MODEL, ServerProcess, running_server, serve_args
 from tests.support.engines import EngineScript, Reply
 

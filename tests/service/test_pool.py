@@ -20,9 +20,9 @@ import httpx
 import openai
 import pytest
 
-from cachesvc.manager import CacheManager
+from cachesvc.cache.manager import CacheManager
 from inference.runtime.registry import memory_estimate
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.service.conftest import ServerProcess, prepare_demo_checkpoints, run_cli, running_server
 from tests.support.engines import EngineScript, Reply
 

@@ -12,10 +12,11 @@ from typing import get_args, get_type_hints
 
 import pytest
 
-from cachesvc import cli, config
+from cachesvc.cache.profiles import BuildOptions, ProfileRequest
+from cachesvc.cache.records import SORT_KEYS, SORT_ORDERS
+from cachesvc.cli.parser import build_parser
 from cachesvc.http import schemas
-from cachesvc.profiles import BuildOptions, ProfileRequest
-from cachesvc.records import SORT_KEYS, SORT_ORDERS
+from cachesvc.settings import config
 from inference import build_profile as reg
 from inference.builder.spec import EngineBuildSpec
 from inference.openai.reasoning import REASONING_PARSERS
@@ -86,7 +87,7 @@ def test_cli_choices_equal_the_registries() -> None:
     assert _choices(parser, "precision") == reg.PRECISION_CHOICES
     assert _choices(parser, "reasoning_parser") == ("auto", "none", *REASONING_PARSERS)
     assert _choices(parser, "tool_call_parser") == ("auto", "none", *TOOL_PARSERS)
-    full = cli.build_parser()
+    full = build_parser()
     assert _choices(full, "sort") == SORT_KEYS
     assert _choices(full, "order") == SORT_ORDERS
 
@@ -114,7 +115,7 @@ def test_one_rule_gives_one_answer(kwargs: dict[str, object], field: str) -> Non
 
 
 def test_domain_errors_name_fields_and_the_cli_names_flags() -> None:
-    from cachesvc.builders import resolve_precision
+    from cachesvc.cache.builders import resolve_precision
     from cachesvc.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
@@ -137,8 +138,8 @@ def test_bundle_state_check_and_the_head_migration_list_every_bundle_state() -> 
 
     from sqlalchemy import CheckConstraint
 
-    from cachesvc.catalog.models import Base
-    from cachesvc.records import BUNDLE_STATES
+    from cachesvc.cache.catalog.models import Base
+    from cachesvc.cache.records import BUNDLE_STATES
 
     check = next(
         c

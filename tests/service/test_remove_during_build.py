@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cachesvc.default_model import installed_default_gguf
+from cachesvc.serving.default_model import installed_default_gguf
 from tests.service.conftest import ServerProcess, running_server
 
 

@@ -39,7 +39,7 @@ from openai.resources.chat.completions import Completions as ChatCompletions
 from openai.resources.completions import Completions
 from openai.resources.responses import Responses
 
-from inference.tokenizer import Tokenizer
+from inference.serving.tokenizer import Tokenizer
 from tests.service.conftest import API_KEY, MODEL, ServerProcess, running_server, serve_args
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Say something."}]

@@ -1,11 +1,11 @@
-"""Every ``CACHESVC_*`` variable is read in the config module, and nowhere else.
+"""Every ``CACHESVC_*`` variable is read in the settings' declarations module, and nowhere else.
 
 The source of ``cachesvc`` and ``inference`` is scanned: an environment read (``os.environ``,
-``os.getenv``) outside :mod:`cachesvc.config` may only name a variable that is not ours (such as
+``os.getenv``) outside :mod:`cachesvc.settings.groups` may only name a variable that is not ours (such as
 ``HF_HUB_OFFLINE``) by a literal; a ``CACHESVC_*`` name as a whole string literal appears only in
-the config module; every ``CACHESVC_*`` name the source mentions is declared in
-:data:`cachesvc.config.ENVIRONMENT`. The one exception is the crash-test hook of
-:mod:`cachesvc.crashpoints`, which sits below every module and reads ``CACHESVC_CRASH_AT`` itself.
+that module; every ``CACHESVC_*`` name the source mentions is declared in
+:data:`cachesvc.settings.groups.ENVIRONMENT`. The one exception is the crash-test hook of
+:mod:`cachesvc.cache.crashpoints`, which sits below every module and reads ``CACHESVC_CRASH_AT`` itself.
 """
 
 from __future__ import annotations
@@ -16,16 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc import crashpoints
-from cachesvc.config import ENVIRONMENT, ServeConfig
-from cachesvc.entry import open_cache
+from cachesvc.cache import crashpoints
+from cachesvc.cache.profiles import ProfileRequest
 from cachesvc.errors import ConfigError
-from cachesvc.profiles import ProfileRequest
+from cachesvc.serving.entry import open_cache
+from cachesvc.settings.config import ServeConfig
+from cachesvc.settings.groups import ENVIRONMENT
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = "cachesvc/config.py"
+CONFIG = "cachesvc/settings/groups.py"
 #: Modules allowed to read one CACHESVC_ variable themselves, and which (with the reason above).
-EXCEPTIONS = {"cachesvc/crashpoints.py": crashpoints.ENV_VAR}
+EXCEPTIONS = {"cachesvc/cache/crashpoints.py": crashpoints.ENV_VAR}
 _NAME = re.compile(r"CACHESVC_[A-Z0-9_]+")
 
 

@@ -17,9 +17,9 @@ import uvicorn
 from litestar import Litestar
 
 from inference.demo import write_demo_checkpoint
-from inference.model_pool import ModelPool
 from inference.openai import ModelHandle, ServingOptions, openai_router
-from inference.tokenizer import Tokenizer, load_tokenizer
+from inference.serving.model_pool import ModelPool
+from inference.serving.tokenizer import Tokenizer, load_tokenizer
 from tests.support.apps import one_model_pool
 from tests.support.engines import TableEngine, TokenScriptEngine
 from tests.support.net import free_port

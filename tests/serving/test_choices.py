@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from litestar.testing import AsyncTestClient
 
-from inference.context_cache import PrefixStore
 from inference.openai import ModelHandle
-from inference.tokenizer import Tokenizer
+from inference.serving.context_cache import PrefixStore
+from inference.serving.tokenizer import Tokenizer
 from tests.serving.conftest import MODEL, TableEngine, make_app, make_options
 from tests.support.engines import KVTableEngine
 

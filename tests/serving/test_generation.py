@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from inference.generation import GenerationState, IncrementalDetokenizer, StopStringMatcher
-from inference.sampling import SampleResult
-from inference.tokenizer import Tokenizer
+from inference.serving.generation import GenerationState, IncrementalDetokenizer, StopStringMatcher
+from inference.serving.sampling import SampleResult
+from inference.serving.tokenizer import Tokenizer
 
 TEXT = "héllo 世界 naïve café 🙂 done"
 

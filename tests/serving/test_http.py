@@ -15,7 +15,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from inference.openai import ModelHandle
-from inference.tokenizer import Tokenizer
+from inference.serving.tokenizer import Tokenizer
 from tests.serving.conftest import MODEL, TableEngine, TokenScriptEngine, make_app, make_options, pool_app
 from tests.support.apps import one_model_pool
 
@@ -390,7 +390,7 @@ async def test_model_without_chat_template_gives_400(
     import json as _json
     import shutil
 
-    from inference.tokenizer import load_tokenizer
+    from inference.serving.tokenizer import load_tokenizer
 
     d = tmp_path / "tok"
     d.mkdir()

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from inference.openai import ModelHandle
-from inference.tokenizer import Tokenizer
+from inference.serving.tokenizer import Tokenizer
 from tests.serving.conftest import MODEL, LiveServer, TableEngine, TokenScriptEngine, make_app, make_options
 
 pytestmark = pytest.mark.anyio

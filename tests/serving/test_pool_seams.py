@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from cachesvc.records import UNLOAD_REASONS
-from inference import model_pool
+from cachesvc.cache.records import UNLOAD_REASONS
 from inference.runtime import registry
 from inference.runtime.errors import EngineLoadError
+from inference.serving import model_pool
 
 
 def test_importing_the_service_and_admin_api_does_not_import_onnxruntime() -> None:
     code = (
         "import sys\n"
-        "import cachesvc.app, cachesvc.cli, cachesvc.server, cachesvc.http.admin, cachesvc.http.serving\n"
+        "import cachesvc.serving.app, cachesvc.cli, cachesvc.serving.server, cachesvc.http.admin.router\n"
         "print('onnxruntime' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -68,8 +68,8 @@ def test_memory_estimate_is_weights_plus_kv_slots(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("value", [-2, -0.5, float("inf")])
 def test_keep_alive_is_minus_one_zero_or_seconds(value: float) -> None:
-    from cachesvc.config import ServeConfig
     from cachesvc.errors import ConfigError
+    from cachesvc.settings.config import ServeConfig
 
     with pytest.raises(ConfigError, match="--keep-alive"):
         ServeConfig(keep_alive=value)

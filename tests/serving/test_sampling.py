@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.sampling import (
+from inference.serving.sampling import (
     Sampler,
     SamplingParams,
     apply_logit_bias,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.generation import GenerationState
-from inference.sampling import Sampler, SampleResult, SamplingParams
-from inference.scheduler import EngineFailure, GenerationRequest
+from inference.serving.generation import GenerationState
+from inference.serving.sampling import Sampler, SampleResult, SamplingParams
+from inference.serving.scheduler import EngineFailure, GenerationRequest
 from tests.support.engines import TableEngine
 from tests.support.scheduling import CollectingSink, IdTokens, SchedulerRunner
 

@@ -14,18 +14,18 @@ import numpy as np
 import pytest
 from litestar.testing import AsyncTestClient
 
-from inference.generation import GenerationState
 from inference.openai import ModelHandle
 from inference.openai.tool_parsers import TOOL_PARSERS, forced_call_stream
-from inference.sampling import MIN_TEMPERATURE, Sampler, SamplingParams
-from inference.structured import (
+from inference.serving.generation import GenerationState
+from inference.serving.sampling import MIN_TEMPERATURE, Sampler, SamplingParams
+from inference.serving.structured import (
     GrammarCompiler,
     GrammarLimits,
     StructuredOutputError,
     TokenConstraint,
     clean_error,
 )
-from inference.tokenizer import Tokenizer
+from inference.serving.tokenizer import Tokenizer
 from tests.serving.conftest import MODEL, TableEngine, make_app, make_options
 
 WEATHER = {

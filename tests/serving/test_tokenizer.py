@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.tokenizer import ChatTemplateError, Tokenizer, TokenizerError, load_tokenizer
+from inference.serving.tokenizer import ChatTemplateError, Tokenizer, TokenizerError, load_tokenizer
 
 
 def _copy(demo_dir: Path, dst: Path, **config_changes: object) -> Path:

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 from cachesvc.errors import ConfigError
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
 from inference.demo import write_demo_checkpoint
 from inference.runtime import load_engine
-from inference.speculative import DraftModelProposer, NgramProposer, proposer_factory
+from inference.serving.speculative import DraftModelProposer, NgramProposer, proposer_factory
 from tests.support.scheduling import SchedulerRunner
 
 SHAPES: dict[str, Any] = {"max_input_len": 64, "max_kv_cache_capacity": 256, "max_batch_size": 2}

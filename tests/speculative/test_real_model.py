@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from inference.runtime import Engine, load_engine
-from inference.speculative import SpeculativeStatsSnapshot, proposer_factory
-from inference.tokenizer import load_tokenizer
+from inference.serving.speculative import SpeculativeStatsSnapshot, proposer_factory
+from inference.serving.tokenizer import load_tokenizer
 from tests.support.scheduling import SchedulerRunner
 
 STEPS = 24

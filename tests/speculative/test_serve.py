@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from cachesvc.manager import CacheManager
+from cachesvc.cache.manager import CacheManager
 from tests.service.conftest import run_cli, running_server
 
 PROFILE = ("--max-input-len", "64", "--max-kv-cache-capacity", "128")

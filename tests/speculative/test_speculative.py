@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-import inference.speculative as spec
-from inference.sampling import Sampler, SamplingParams
-from inference.speculative import (
+import inference.serving.speculative as spec
+from inference.serving.sampling import Sampler, SamplingParams
+from inference.serving.speculative import (
     DraftModelProposer,
     NgramProposer,
     Proposer,

@@ -1,4 +1,4 @@
-"""The service's real app (``cachesvc.app.create_app``) for in-process tests, and the model
+"""The service's real app (``cachesvc.serving.app.create_app``) for in-process tests, and the model
 pool of a serving-only app.
 
 Tests build the app the way ``cachesvc serve`` does, so a wiring mistake in ``create_app``
@@ -7,7 +7,7 @@ reports every client as ``testclient``; :func:`set_peer` puts the address a real
 take from the socket into the scope, so the loopback rule of the admin guard can be tested.
 
 The serving tests need no catalog: :func:`one_model_pool` puts one handle (over a scripted
-engine from :mod:`tests.support.engines`) in a real :class:`~inference.model_pool.ModelPool`,
+engine from :mod:`tests.support.engines`) in a real :class:`~inference.serving.model_pool.ModelPool`,
 the only model source the routes take.
 """
 
@@ -20,12 +20,12 @@ from typing import Any
 from litestar import Litestar
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from cachesvc.app import create_app
-from cachesvc.config import ServeConfig
+from cachesvc.cache.manager import CacheManager
 from cachesvc.http.metrics import MetricsState
-from cachesvc.manager import CacheManager
-from inference.model_pool import ModelPool, ModelRef, PoolLimits, not_found
+from cachesvc.serving.app import create_app
+from cachesvc.settings.config import ServeConfig
 from inference.openai.handle import ModelHandle
+from inference.serving.model_pool import ModelPool, ModelRef, PoolLimits, not_found
 
 LOOPBACK = "127.0.0.1"
 #: Base URL for TestClient: a Host the app allows by default (loopback names and the bind address).
@@ -56,7 +56,7 @@ def service_app(
 
 
 class OneModel:
-    """A :class:`~inference.model_pool.ModelSource` of one model, already loaded: its served name
+    """A :class:`~inference.serving.model_pool.ModelSource` of one model, already loaded: its served name
     resolves (every other name is 404 ``model_not_found``), nothing is leased or recorded."""
 
     def __init__(self, handle: ModelHandle) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from cachesvc.builders import BuildJob
+from cachesvc.cache.builders import BuildJob
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

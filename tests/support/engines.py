@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from inference.runtime.protocol import EngineInfo
-from inference.tokenizer import Tokenizer, load_tokenizer
+from inference.serving.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
     "ENV_VAR",

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import uvicorn
 
-from cachesvc.app import create_app
-from cachesvc.config import ServeConfig
-from cachesvc.manager import CacheManager
+from cachesvc.cache.manager import CacheManager
+from cachesvc.serving.app import create_app
+from cachesvc.settings.config import ServeConfig
 from tests.support.cache import FileBuilder
 
 HEARTBEAT_SECONDS = 0.3

@@ -4,7 +4,7 @@ usage: python -m tests.support.prepare_child CACHE_DIR CHECKPOINT {prepare|lease
 
 Prints one JSON line with the result; ``lease`` prints it, takes the lease, prints a second
 line and then sleeps until killed. Crash tests kill the child at a named point with
-``CACHESVC_CRASH_AT`` (see :mod:`cachesvc.crashpoints`) or, with the test builder, after its
+``CACHESVC_CRASH_AT`` (see :mod:`cachesvc.cache.crashpoints`) or, with the test builder, after its
 n-th file (``CACHESVC_TEST_KILL_AT``). ``CACHESVC_TEST_REAL_BUILDER=1`` builds with the real
 ONNX Runtime builder instead of the test builder. ``first-move`` kills the child right after the first
 rename whose target lies under the cache's ``engines/``: with an atomic publish that rename is
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cachesvc.manager import CacheManager
+from cachesvc.cache.manager import CacheManager
 from tests.support.cache import FileBuilder
 from tests.support.databases import catalog_url_for
 
@@ -42,7 +42,7 @@ def _kill_after_first_move_into(engines: Path) -> None:
     os.rename = wrap("rename")
 
 
-#: Older mode names for two named crash points (see :mod:`cachesvc.crashpoints`).
+#: Older mode names for two named crash points (see :mod:`cachesvc.cache.crashpoints`).
 CRASH_MODES = {"crash-publish": "publish:staged", "crash-ready": "build:published"}
 
 

@@ -1,4 +1,4 @@
-"""Drive a real :class:`~inference.scheduler.Scheduler` from a test: submit token prompts,
+"""Drive a real :class:`~inference.serving.scheduler.Scheduler` from a test: submit token prompts,
 collect the emitted tokens (no tokenizer needed: ids are rendered as ``<id>``)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from inference.generation import GenerationState, StepOutput
-from inference.sampling import Sampler, SamplingParams
-from inference.scheduler import GenerationRequest, Scheduler
-from inference.speculative import ProposerFactory
+from inference.serving.generation import GenerationState, StepOutput
+from inference.serving.sampling import Sampler, SamplingParams
+from inference.serving.scheduler import GenerationRequest, Scheduler
+from inference.serving.speculative import ProposerFactory
 
 
 class IdTokens:

@@ -17,11 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
-from cachesvc.app import create_app
-from cachesvc.config import ServeConfig
-from cachesvc.manager import CacheManager
-from cachesvc.model_loading import EngineFactory, Runtime
-from cachesvc.profiles import ProfileRequest
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
+from cachesvc.serving.app import create_app
+from cachesvc.serving.model_loading import EngineFactory, Runtime
+from cachesvc.settings.config import ServeConfig
 from inference.demo import write_demo_checkpoint
 from inference.openai import ModelHandle, ServingOptions, load_tokenizer
 from tests.admin.conftest import open_manager

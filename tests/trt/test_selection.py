@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from cachesvc.builders import default_builders, resolve_backend
-from cachesvc.config import ServeConfig
+from cachesvc.cache.builders import default_builders, resolve_backend
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 from cachesvc.errors import ConfigError
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
+from cachesvc.settings.config import ServeConfig
 from inference.runtime import load_engine
 from tests.trt.conftest import FAKE_DIR
 
@@ -30,9 +30,9 @@ SHAPES: dict[str, Any] = {"max_input_len": 8, "max_kv_cache_capacity": 64, "max_
 _NOT_IMPORTED = """
 import sys
 from pathlib import Path
-import cachesvc.app, cachesvc.cli, cachesvc.server
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
+import cachesvc.serving.app, cachesvc.cli, cachesvc.serving.server
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 m = CacheManager.open(Path(sys.argv[1]), max_size_bytes=10**9)
 assert sorted(m.builders) == ["onnxruntime", "tensorrt"], sorted(m.builders)
 assert m.build_options(ProfileRequest(backend="onnxruntime")).backend == "onnxruntime"

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
+from cachesvc.cache.manager import CacheManager
+from cachesvc.cache.profiles import ProfileRequest
 from cachesvc.cli import main
 from cachesvc.errors import CorruptBundleError
-from cachesvc.manager import CacheManager
-from cachesvc.profiles import ProfileRequest
-from cachesvc.served_models import CatalogModels
+from cachesvc.serving.served_models import CatalogModels
 from inference.openai.errors import ModelNotFoundError
 from tests.admin.conftest import build_app
 from tests.support.apps import LOOPBACK_URL
@@ -267,7 +267,7 @@ def test_prepare_rebuilds_a_stale_bundle_that_still_cannot_run(
 _NO_GPU_IMPORTS = """
 import sys
 from pathlib import Path
-from cachesvc.manager import CacheManager
+from cachesvc.cache.manager import CacheManager
 from tests.support.cache import FileBuilder, make_checkpoint
 root = Path(sys.argv[1])
 m = CacheManager.open(root / "cache", max_size_bytes=10**9, builders={"onnxruntime": FileBuilder()})

@@ -23,7 +23,7 @@ from inference.builder import EngineBuildSpec, build_bundle
 from inference.builder.errors import BuildInputError
 from inference.builder.model_config import model_config_from
 from inference.builder.vision_gemma3 import config_from
-from inference.image_features import PromptImage, PromptImages
+from inference.images.features import PromptImage, PromptImages
 from inference.runtime.onnxruntime_loader import load_ort_engine
 from inference.runtime.protocol import ImageEngine, whole_runs_end
 from inference.runtime.vision_gemma3 import Gemma3VisionEncoder
@@ -414,7 +414,7 @@ def _odd_images() -> list[Image.Image]:
 @pytest.mark.parametrize("name", sorted(PIXEL_CONFIGS))
 def test_pixel_values_equal_transformers(name: str) -> None:
     """Gemma3ImageProcessorPil (what AutoProcessor picks without torchvision) on odd images."""
-    from inference.image_gemma3 import gemma3_preprocess
+    from inference.images.gemma3 import gemma3_preprocess
 
     tf = pytest.importorskip("transformers")
     processor = tf.Gemma3ImageProcessorPil(**PIXEL_CONFIGS[name])
@@ -437,7 +437,7 @@ def test_input_ids_equal_the_processors(bundle: Path, hf: tuple[Any, Any], n_ima
     placeholders expanded give the processor's input ids; the newlines as fixed token ids would
     not (they merge with the text around them: "user\\n" + "\\n\\n")."""
     from inference.openai.images import expand_placeholders
-    from inference.tokenizer import load_tokenizer
+    from inference.serving.tokenizer import load_tokenizer
 
     _, processor = hf
     images = [random_image(i, (40 + i, 30)) for i in range(n_images)]

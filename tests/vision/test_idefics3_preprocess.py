@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inference.image_idefics3 import TilePreprocess, TilePrompt, longest_edge_size
-from inference.image_preprocess import PreprocessConfigError
+from inference.images.idefics3 import TilePreprocess, TilePrompt, longest_edge_size
+from inference.images.preprocess import PreprocessConfigError
 from inference.openai.images import expand_placeholders
 from inference.runtime.onnxruntime_loader import load_ort_engine
 from inference.runtime.protocol import ImageEngine
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.vision.conftest import random_image, smolvlm_inputs
 
 tf = pytest.importorskip("transformers")

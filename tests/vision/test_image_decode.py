@@ -8,7 +8,7 @@ import io
 import pytest
 from PIL import Image
 
-from inference.image_decode import ImageInputError, data_url_bytes, decode_image
+from inference.images.decode import ImageInputError, data_url_bytes, decode_image
 from tests.vision.conftest import random_image
 
 
@@ -101,7 +101,7 @@ def test_sixteen_bit_greyscale_is_scaled_to_eight_bits_not_clipped() -> None:
     keeps the high byte, as Pillow reads 16-bit RGB PNGs."""
     import numpy as np
 
-    from inference.image_preprocess import to_rgb
+    from inference.images.preprocess import to_rgb
 
     values = np.random.default_rng(3).integers(0, 65536, (12, 20)).astype(np.uint16)
     decoded = decode_image(encoded(Image.fromarray(values)))
@@ -114,7 +114,7 @@ def test_sixteen_bit_greyscale_is_scaled_to_eight_bits_not_clipped() -> None:
 def test_transparency_is_composited_onto_white() -> None:
     import numpy as np
 
-    from inference.image_preprocess import to_rgb
+    from inference.images.preprocess import to_rgb
 
     palette = Image.new("P", (4, 2))
     palette.putpalette([255, 0, 0, 0, 0, 255])
@@ -129,7 +129,7 @@ def test_transparency_is_composited_onto_white() -> None:
 
 
 def test_preprocessing_refuses_what_would_blow_up_or_it_cannot_take() -> None:
-    from inference.image_preprocess import ClipPreprocess
+    from inference.images.preprocess import ClipPreprocess
 
     llava = ClipPreprocess.from_config({"size": {"shortest_edge": 336}, "crop_size": 336})
     refused = "1x8192 pixels; resized for this model it would be 336x2752512"

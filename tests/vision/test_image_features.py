@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inference.image_features import (
+from inference.images.features import (
     ImageCacheStats,
     ImageFeatureCache,
     PromptImage,

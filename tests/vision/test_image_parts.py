@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inference.media import MediaPolicy
+from inference.images.media import MediaPolicy
 from inference.openai.errors import ContextLengthExceededError, InvalidRequestError
 from inference.openai.images import (
     MAX_IMAGES_PER_REQUEST,

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inference.context_cache import PrefixStore
-from inference.image_features import ImageFeatureCache, PromptImage, PromptImages, image_digest
+from inference.images.features import ImageFeatureCache, PromptImage, PromptImages, image_digest
 from inference.runtime.onnxruntime_loader import load_ort_engine
 from inference.runtime.protocol import ImageEngine, PreparedImage, VisionModel
+from inference.serving.context_cache import PrefixStore
 from tests.support.scheduling import SchedulerRunner
 from tests.vision.conftest import random_image
 
@@ -226,8 +226,8 @@ def test_the_feature_cache_spares_the_encode_of_a_repeated_image(
 def test_image_blocks_survive_a_restart_in_the_unchanged_record_format(tmp_path: Path) -> None:
     """A block holding image rows is written to disk with its (negative) row ids as tokens, in
     the format text records use, and found again after a restart only with the same image."""
-    from inference.context_disk import DiskRecords
-    from inference.image_features import row_ids
+    from inference.images.features import row_ids
+    from inference.serving.context_disk import DiskRecords
 
     digest = image_digest(b"a picture")
     tokens = [5] * 20 + row_ids(digest, 30).tolist() + [6] * 14

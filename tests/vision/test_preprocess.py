@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inference.image_preprocess import ClipPreprocess, PreprocessConfigError
+from inference.images.preprocess import ClipPreprocess, PreprocessConfigError
 from inference.openai.images import expand_placeholders
 from inference.runtime.onnxruntime_loader import load_ort_engine
 from inference.runtime.protocol import ImageEngine
 from inference.runtime.vision_encoder import ClipVisionEncoder
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.vision.conftest import random_image
 
 CONFIGS: dict[str, dict[str, Any]] = {

@@ -19,16 +19,16 @@ import transformers as tf
 from PIL import Image
 from safetensors.numpy import load_file, save_file
 
-from cachesvc.checkpoints import check_family
+from cachesvc.cache.checkpoints import check_family
 from cachesvc.errors import UnsupportedModelError
 from inference.builder import EngineBuildSpec, build_bundle
 from inference.builder.errors import BuildInputError
-from inference.image_qwen2_5_vl import QwenPreprocess, QwenPreprocessError, smart_resize
+from inference.images.qwen2_5_vl import QwenPreprocess, QwenPreprocessError, smart_resize
 from inference.openai.images import expand_placeholders
 from inference.runtime.mrope import mrope_positions
 from inference.runtime.onnxruntime_loader import load_ort_engine
 from inference.runtime.protocol import ImageEngine, KVEngine, PreparedImage
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.vision.conftest import random_image
 from tests.vision.qwen_checkpoints import IMAGE_PROCESSOR, qwen_processor, write_tiny_qwen2_5_vl
 
@@ -509,10 +509,10 @@ def test_prepared_images_say_their_grid(engine: ImageEngine) -> None:
 def test_the_scheduler_runs_image_prompts_in_chunks(bundle: Path, hf: tuple[Any, Any]) -> None:
     """Through the scheduler (prefill chunks of 16 tokens, beside a text request, and a second
     choice starting from a copy of the first one's prompt KV): transformers' tokens."""
-    from inference.generation import GenerationState
-    from inference.image_features import PromptImage, PromptImages
-    from inference.sampling import Sampler, SamplingParams
-    from inference.scheduler import GenerationRequest
+    from inference.images.features import PromptImage, PromptImages
+    from inference.serving.generation import GenerationState
+    from inference.serving.sampling import Sampler, SamplingParams
+    from inference.serving.scheduler import GenerationRequest
     from tests.support.scheduling import CollectingSink, IdTokens, SchedulerRunner
 
     engine = load_ort_engine(bundle, max_slots=3)

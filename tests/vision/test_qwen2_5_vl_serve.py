@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.service.conftest import MODEL, ServerProcess, running_server
 from tests.vision.conftest import random_image
 from tests.vision.qwen_checkpoints import qwen_processor, write_tiny_qwen2_5_vl

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import transformers as tf
 
-from cachesvc.checkpoints import check_family
+from cachesvc.cache.checkpoints import check_family
 from cachesvc.errors import UnsupportedModelError
 from inference.builder.model_config import model_config_from
 from inference.errors import BuildInputError

@@ -16,7 +16,7 @@ import openai
 import pytest
 from PIL import Image
 
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.service.conftest import MODEL, ServerProcess, running_server
 from tests.vision.checkpoints import write_tiny_llava
 from tests.vision.conftest import random_image

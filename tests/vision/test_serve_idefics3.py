@@ -14,7 +14,7 @@ import openai
 import pytest
 from PIL import Image
 
-from inference.tokenizer import load_tokenizer
+from inference.serving.tokenizer import load_tokenizer
 from tests.service.conftest import MODEL, ServerProcess, running_server
 from tests.vision.checkpoints import write_tiny_idefics3
 from tests.vision.conftest import random_image, smolvlm_inputs

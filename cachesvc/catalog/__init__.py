@@ -1,8 +1,0 @@
-"""The catalog: SQL index of bundles, checkpoints, leases and events."""
-
-from __future__ import annotations
-
-from cachesvc.catalog.repository import Catalog, utcnow
-from cachesvc.catalog.session import default_catalog_url
-
-__all__ = ["Catalog", "default_catalog_url", "utcnow"]

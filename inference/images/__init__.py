@@ -1,0 +1,1 @@
+"""Images: the request's media, decoding, each family's preprocessing, the prompt's features."""
