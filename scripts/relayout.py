@@ -81,8 +81,7 @@ MOVES: dict[str, str] = {
     # inference/: serving a model (the scheduler, the engine client, the model pool and what a
     # request runs through), between the OpenAI surfaces (openai/) and the engines (runtime/)
     "inference.scheduler": "inference.serving.scheduler",
-    "inference.prefix_saves": "inference.serving.prefix_saves",
-    "inference.speculative_steps": "inference.serving.speculative_steps",
+    "inference.requests": "inference.serving.requests",
     "inference.engine_client": "inference.serving.engine_client",
     "inference.generation_spec": "inference.serving.generation_spec",
     "inference.generation": "inference.serving.generation",

@@ -10,42 +10,29 @@ Admission: at most ``max_batch_size`` sequences run and ``max_queued_requests`` 
 beyond that :class:`QueueFullError`. A request that waits longer than ``queue_timeout`` gets
 :class:`QueueTimeoutError`. The serving layer maps both to HTTP 429.
 
-Context reuse (when a :class:`~inference.serving.context_cache.PrefixStore` is given and the engine is a
-:class:`~inference.runtime.protocol.KVEngine`): a finished sequence leaves its KV in its slot,
-and its complete 64-token blocks as records in the store. A new request takes the free slot
-whose content shares the longest prefix with its prompt (token granular: the slot is truncated
-to it), then extends that prefix with records copied back block by block, and prefills only
-the rest. At least the last prompt token is always prefilled (its logits pick the first token).
-Requests with ``cache_prompt=False`` neither reuse nor leave anything behind; a request's
-``cache_salt`` seeds the records' hash chain and tags its slot, so only requests with the same
-salt reuse what it left. Outputs are the
-same with and without reuse (the KV is the same numbers; see the tests).
+Context reuse (a :class:`~inference.serving.context_cache.PrefixStore` and a
+:class:`~inference.runtime.protocol.KVEngine`): a finished sequence leaves its KV in its slot and
+its complete 64-token blocks as records; a new request takes the free slot sharing the longest
+prefix with its prompt, extends it with records copied back block by block and prefills the rest
+(at least its last token). ``cache_prompt=False`` neither reuses nor leaves anything; a
+``cache_salt`` seeds the records' hash chain. Outputs are the same with and without reuse.
 
-Images (a vision-language prompt's :class:`~inference.images.features.PromptImages`): the cache
-sees a request's ``cache_ids``, where each image row's id is drawn from its image's digest, so a
-prefix is reused only with the same images. The features of the rows left to prefill are encoded
-once the reuse is known (:meth:`PromptImages.missing`), in a worker thread of the scheduler's own:
-a prefix that covers an image needs no encode of it, and the sequence waits (without holding up
-the others' decode steps) until its features are there.
+Images (:class:`~inference.images.features.PromptImages`): the cache keys image rows by their
+image's digest (``cache_ids``), and the features of the rows left after the reuse are encoded in a
+worker thread of the scheduler's own while the other sequences keep decoding.
 
-Speculative decoding (when a :data:`~inference.serving.speculative.ProposerFactory` is given and the
-engine is a :class:`~inference.runtime.protocol.VerifyingEngine`): a decoding sequence whose
-proposer guesses tokens is not in the batched decode step; instead its pending token and the
-guesses run in one ``extend`` of its slot, :func:`~inference.serving.speculative.verify` keeps a prefix
-of the guesses plus one token of the target's, and the slot is truncated to what was kept.
-Output is what ordinary decoding gives (greedy: the same tokens; sampling: the same
-distribution). Sequences without a guess, and requests with ``speculative=False`` (per-request
-constraints that must see every token's logits in order), decode as usual.
+Speculative decoding (a :data:`~inference.serving.speculative.ProposerFactory` and a
+:class:`~inference.runtime.protocol.VerifyingEngine`): a sequence whose proposer guesses tokens runs
+its pending token and the guesses in one ``extend``; :func:`~inference.serving.speculative.verify`
+keeps what ordinary decoding would have given, and the slot is truncated to it.
 
-Prefill and decode: the in-place CPU engine cannot run a multi-token chunk of one sequence in
-the same batch as other sequences, so each step runs one prefill chunk (``prefill_chunk``
-tokens, tunable) and then one decode step of every sequence past its prefill. A new request
-therefore delays running streams by one chunk per step, never by a whole prompt.
+Prefill and decode: each step runs one prefill chunk (``prefill_chunk`` tokens) and then one
+decode step of every sequence past its prefill, so a new request delays running streams by one
+chunk per step, never by a whole prompt (the in-place CPU engine cannot batch them together).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -53,21 +40,29 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Protocol
 
 import numpy as np
 
-from inference.images.features import PromptImages
 from inference.runtime.protocol import Engine, ImageEngine, KVEngine, VerifyingEngine
 from inference.serving.context_cache import ContextCacheStats, PrefixStore, common_prefix
-from inference.serving.generation import GenerationState, StepOutput
-from inference.serving.prefix_saves import PrefixSaves
-from inference.serving.sampling import Sampler, SampleResult
-from inference.serving.speculative import Proposer, ProposerFactory, SpeculativeStats
-from inference.serving.speculative_steps import SpeculativeSteps
+from inference.serving.generation import StepOutput
+from inference.serving.requests import (
+    AdapterUnloadedError,
+    AsyncOutputStream,
+    EngineFailure,
+    GenerationRequest,
+    OutputSink,
+    QueueFullError,
+    QueueTimeoutError,
+    SchedulerError,
+    SchedulerObserver,
+    SchedulerStoppedError,
+)
+from inference.serving.sampling import SampleResult
+from inference.serving.speculative import Proposal, Proposer, ProposerFactory, SpeculativeStats, verify
 
 __all__ = [
+    "AdapterUnloadedError",
     "AsyncOutputStream",
     "EngineFailure",
     "GenerationRequest",
@@ -75,6 +70,7 @@ __all__ = [
     "QueueFullError",
     "QueueTimeoutError",
     "Scheduler",
+    "SchedulerError",
     "SchedulerObserver",
     "SchedulerStoppedError",
 ]
@@ -85,117 +81,6 @@ log = logging.getLogger("inference.scheduler")
 #: follow-up request that extends the same prompt (a chat's next turn, an agent's next call)
 #: usually comes sooner, and starts without waiting for the copy.
 SAVE_DELAY = 0.5
-
-
-class SchedulerError(Exception):
-    """Base of the scheduler's errors."""
-
-
-class QueueFullError(SchedulerError):
-    """No slot free and the waiting queue is full."""
-
-
-class QueueTimeoutError(SchedulerError):
-    """The request waited longer than the queue timeout without getting a slot."""
-
-
-class SchedulerStoppedError(SchedulerError):
-    """The scheduler is not running (not started yet, or stopped)."""
-
-
-class EngineFailure(SchedulerError):
-    """The engine raised while running this request."""
-
-
-class AdapterUnloadedError(SchedulerError):
-    """The LoRA adapter the request names was unloaded while the request waited for a slot."""
-
-
-class SchedulerObserver(Protocol):
-    """Metrics hooks; called from the scheduler thread, so implementations must be thread-safe."""
-
-    def first_token(self, seconds: float) -> None:
-        """Time from submission to the first generated token of one request."""
-
-    def tokens_generated(self, n: int) -> None:
-        """``n`` more tokens were generated (summed over the batch)."""
-
-    def queue_changed(self, queued: int, active: int) -> None:
-        """Waiting and running request counts after a change."""
-
-
-class OutputSink(Protocol):
-    """Where the scheduler thread delivers a request's outputs."""
-
-    def put(self, item: StepOutput | BaseException) -> bool:
-        """Deliver one item; return False when nobody listens any more (the request is dropped)."""
-        ...
-
-
-class AsyncOutputStream:
-    """An :class:`OutputSink` that hands items to an asyncio consumer on ``loop``."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Bind to the consumer's event loop."""
-        self._loop = loop
-        self._queue: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
-        self._closed = False
-
-    def put(self, item: StepOutput | BaseException) -> bool:
-        """Thread-safe; False once the consumer closed the stream or its loop is gone."""
-        if self._closed:
-            return False
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # loop closed
-            self._closed = True
-            return False
-        return True
-
-    def close(self) -> None:
-        """The consumer stops listening; the scheduler drops the request at its next step."""
-        self._closed = True
-
-    async def get(self) -> StepOutput | BaseException:
-        """Next item (an output, or the exception that ended the request)."""
-        return await self._queue.get()
-
-
-@dataclass(eq=False)
-class GenerationRequest:
-    """One sequence to generate. After submit, only the scheduler thread touches its state."""
-
-    prompt_ids: Sequence[int]
-    sampler: Sampler
-    state: GenerationState
-    sink: OutputSink
-    arrival: float = field(default_factory=time.monotonic)
-    # Set from any thread; a plain bool write is atomic, and the scheduler only reads it.
-    cancelled: bool = False
-    # False: no cached prefix is used for this request and its KV is not kept for others.
-    cache_prompt: bool = True
-    # One of n choices of the same prompt: start from a copy of this request's prompt KV.
-    prefix_from: GenerationRequest | None = None
-    # False: never decoded speculatively (constraints that must process every token's logits).
-    speculative: bool = True
-    # vLLM's cache_salt: cached prefixes are shared only between requests with the same salt.
-    cache_salt: str | None = None
-    # The LoRA adapter this sequence runs with (None: the base weights); KV made with one
-    # adapter is never reused by a sequence of another.
-    adapter: str | None = None
-    # A vision-language prompt's images (their rows replace those image tokens' embeddings).
-    images: PromptImages | None = None
-
-    @cached_property
-    def cache_ids(self) -> list[int]:
-        """The prompt as context reuse keys it: ``prompt_ids``, each image row's id replaced by
-        one drawn from its image's digest (:meth:`PromptImages.cache_ids`)."""
-        return list(self.prompt_ids) if self.images is None else self.images.cache_ids(self.prompt_ids)
-
-    @property
-    def kv_owner(self) -> tuple[str | None, str | None]:
-        """Who may reuse the KV this request leaves: requests with the same salt and adapter."""
-        return (self.cache_salt, self.adapter)
 
 
 @dataclass(eq=False)
@@ -216,7 +101,7 @@ class _Running:
     encoding: Future[None] | None = None
 
 
-class Scheduler(PrefixSaves, SpeculativeSteps):
+class Scheduler:
     """Drives one engine from one thread; see the module docstring."""
 
     def __init__(
@@ -726,3 +611,190 @@ class Scheduler(PrefixSaves, SpeculativeSteps):
             log.exception("sampling failed")
             self._fail(run, EngineFailure(f"sampling failed: {exc}"))
             return None
+
+    # -- prefix records: finished requests' blocks saved once idle; sibling choices share a prefill --
+    @property
+    def pending_record_saves(self) -> int:
+        """Slots whose blocks are still to be saved as records (they are, once idle for
+        ``save_delay``); for tests and diagnostics."""
+        return len(self._pending_saves)
+
+    def _defer_save(self, run: _Running) -> None:
+        """Save ``run``'s blocks later (:attr:`_pending_saves`); an earlier pending save of its
+        slot is absorbed (:meth:`_absorb_pending`)."""
+        kv = self._kv
+        if kv is None or self._store is None or not run.req.cache_prompt:
+            return
+        tokens = list(self._slot_tokens[run.slot][: kv.slot_length(run.slot)])
+        self._absorb_pending(run.slot, replace_with=(run, tokens))
+
+    def _flush_saves(self, slots: Sequence[int] | None = None) -> None:
+        """Make the pending saves of ``slots`` (all when None)."""
+        for slot in list(self._pending_saves) if slots is None else slots:
+            pending = self._pending_saves.get(slot)
+            if pending is not None:
+                self._save_blocks(*pending)
+                del self._pending_saves[slot]  # after the save: pending_record_saves never reads 0 early
+
+    def _save_from(self, slot: int, position: int) -> None:
+        """The slot's positions from ``position`` on are about to change: the pending save's
+        records there (the block holding ``position`` on, and the tail) are made now; its
+        complete blocks below stay pending."""
+        pending = self._pending_saves.get(slot)
+        if pending is None or self._store is None:
+            return
+        run, tokens = pending
+        if position >= len(tokens):
+            return
+        keep = position // self._store.block_tokens
+        self._save_blocks(run, tokens, from_block=keep)
+        if keep:
+            self._pending_saves[slot] = (run, tokens[: keep * self._store.block_tokens])
+        else:
+            del self._pending_saves[slot]
+
+    def _absorb_pending(self, slot: int, replace_with: tuple[_Running, list[int]]) -> None:
+        """``replace_with`` becomes the slot's pending save. Its run extends what an earlier
+        pending save of the slot holds (one survives a new run only when that run reused all of
+        it, :meth:`_prepare`), so the new save covers the same blocks: only the earlier tail (a
+        partial block, with its prompt's logits) is made now. One assignment: the count never
+        reads 0 in between."""
+        pending = self._pending_saves.get(slot)
+        if pending is not None and self._store is not None:
+            run, tokens = pending
+            self._save_blocks(run, tokens, from_block=len(tokens) // self._store.block_tokens)
+        self._pending_saves[slot] = replace_with
+
+    def _save_blocks(self, run: _Running, tokens: list[int], from_block: int = 0) -> None:
+        """Keep the complete blocks of ``tokens`` (the first positions ``run``'s slot still holds)
+        as records (new ones copied), from block ``from_block`` on, and the partial last block."""
+        kv, store = self._kv, self._store
+        if kv is None or store is None or not run.req.cache_prompt:
+            return
+        slot, salt, adapter = run.slot, run.req.cache_salt, run.req.adapter
+        block = store.block_tokens
+        try:
+            keys = store.block_keys(tokens, salt, adapter)
+            for i, key in enumerate(keys):
+                if i >= from_block and not store.touch(key):
+                    records = kv.export_kv(slot, i * block, block)
+                    store.insert(key, tokens[i * block:(i + 1) * block], records)
+            first = len(keys) * block
+            if first < len(tokens):  # the partial last block: the prompt's (or turn's) tail
+                # Right after the prompt (the slot holds it, nothing more): with its logits.
+                at_end = len(tokens) == len(run.req.prompt_ids)
+                store.save_tail(store.tail_key(keys, salt, adapter), tokens[first:],
+                                lambda: kv.export_kv(slot, first, len(tokens) - first),
+                                logits=run.prompt_logits if at_end else None)
+        except Exception:  # the cache is an optimisation: never fail a request for it
+            log.exception("saving context records failed")
+        self._notify_cache()
+
+    def _notify_cache(self) -> None:
+        hook = getattr(self._observer, "context_cache_changed", None)
+        if hook is not None and self._store is not None:
+            hook(self._store.stats())
+
+    def _share_prefix(self, leader: _Running) -> None:
+        """Give the prompt's KV to the sibling choices that wait in slots (``prefix_from``).
+
+        Runs right after the leader's last prefill chunk, before its first token can finish it
+        and free its slot. A sibling then prefills only the last prompt token (its own logits,
+        its own first sample); one without a slot yet, or on an engine without KV operations,
+        prefills the whole prompt itself.
+        """
+        kv = self._fork_kv
+        prompt = leader.req.cache_ids
+        n = len(prompt) - 1
+        if kv is None or n < 1:
+            return
+        for run in self._running:
+            if run.req.prefix_from is not leader.req or run.prepared or run.req.cancelled:
+                continue
+            try:
+                self._flush_saves([run.slot])
+                kv.copy_prefix(leader.slot, run.slot, n)
+            except Exception:  # an optimisation: the sibling prefills on its own instead
+                log.exception("copy_prefix(%d -> %d) failed", leader.slot, run.slot)
+                self._slot_tokens[run.slot] = []  # its content is unknown now: nothing to reuse
+                continue
+            run.prepared = True
+            run.prefilled = n
+            if self._store is not None:
+                self._slot_tokens[run.slot] = list(prompt[:n])
+                self._slot_owner[run.slot] = run.req.kv_owner
+
+    # -- speculative decoding: a draft's guesses verified in one extend of the target --
+    def _release_proposal(self, slot: int) -> None:
+        assert self._proposer is not None
+        try:
+            self._proposer.release(slot)
+        except Exception:  # the draft is an optimisation: never fail a request for it
+            log.exception("releasing the proposer's slot %d failed", slot)
+
+    def _speculate(self, runs: list[_Running]) -> list[_Running]:
+        """Verify guesses for the runs that get some; return the runs left to decode normally."""
+        rest: list[_Running] = []
+        for run in runs:
+            proposal = self._propose(run)
+            if proposal is None:
+                rest.append(run)
+            else:
+                self._verify(run, proposal)
+        return rest
+
+    def _propose(self, run: _Running) -> Proposal | None:
+        """Guesses for ``run``'s next tokens, or None to decode it normally."""
+        assert self._proposer is not None
+        req = run.req
+        state = req.state
+        if not req.speculative or run.last_token is None:
+            return None
+        held = len(req.prompt_ids) + state.completion_tokens  # positions after the pending token
+        # Room in the KV for the guesses, and no more of them than tokens still wanted.
+        k = min(self._proposer.num_speculative_tokens, self._capacity - held,
+                state.max_new_tokens - state.completion_tokens - 1)
+        if k < 1:
+            return None
+        try:
+            proposal = self._proposer.propose(run.slot, [*req.prompt_ids, *run.output_ids], req.sampler, k)
+        except Exception:  # a failing draft must not fail the request: decode it normally
+            log.exception("speculative proposal failed")
+            return None
+        if not proposal.tokens:
+            return None
+        return Proposal(proposal.tokens[:k], None if proposal.probs is None else proposal.probs[:k])
+
+    def _verify(self, run: _Running, proposal: Proposal) -> None:
+        """One ``extend`` of the pending token and the guesses; keep what verification keeps."""
+        engine = self._engine
+        assert isinstance(engine, VerifyingEngine) and run.last_token is not None
+        req = run.req
+        try:
+            before = engine.slot_length(run.slot)
+            logits = engine.extend(run.slot, [run.last_token, *proposal.tokens])
+            results = verify(req.sampler, np.asarray(logits), proposal)
+            kept = len(results) - 1
+            engine.truncate(run.slot, before + 1 + kept)
+        except Exception as exc:
+            from inference.serving.scheduler import EngineFailure
+
+            log.exception("speculative verification failed")
+            self._fail(run, EngineFailure(f"decode failed: {exc}"))
+            return
+        if self._store is not None:
+            self._slot_tokens[run.slot].extend([run.last_token, *proposal.tokens[:kept]])
+        if self.speculative_stats is not None:
+            self.speculative_stats.add(len(proposal.tokens), kept, len(results))
+        hook = getattr(self._observer, "speculative_step", None)
+        if hook is not None:
+            hook(len(proposal.tokens), kept, len(results))
+        emitted = 0
+        for sample in results:
+            out = req.state.push(sample)
+            emitted += 1
+            if not self._emit(run, out):
+                break
+            run.last_token = sample.token_id
+        if self._observer is not None:
+            self._observer.tokens_generated(emitted)

@@ -551,7 +551,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="image-rows-keyed-by-token-ids",
         why="context reuse keys a prompt with images by its token ids alone: another image behind the "
             "same text resumes from the first one's KV and gets its answer",
-        path="inference/serving/scheduler.py",
+        path="inference/serving/requests.py",
         function="GenerationRequest.cache_ids",
         find=r"if self\.images is None else self\.images\.cache_ids\(self\.prompt_ids\)",
         replace="if True else None",
