@@ -32,7 +32,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from inference.builder.checkpoint_reader import CheckpointReader, prefixed_view
-from inference.builder.emit import Emitter, ExternalWeights, activation
+from inference.builder.emit import Emitter, ExternalWeights
 from inference.builder.errors import BuildInputError
 from inference.builder.model_config import ModelConfig
 from inference.builder.spec import EngineBuildSpec
@@ -45,7 +45,13 @@ from inference.builder.vision_config import (
     _read_object,
     text_view,
 )
-from inference.builder.vision_graph import VISION_INPUTS, VISION_MODEL, VISION_OPSET, VISION_OUTPUTS
+from inference.builder.vision_graph import (
+    VISION_INPUTS,
+    VISION_MODEL,
+    VISION_OPSET,
+    VISION_OUTPUTS,
+    VitLayers,
+)
 from inference.errors import UnsupportedFeatureError
 from inference.families import VisionFamily, vision_family_of
 from inference.images.gemma3 import gemma3_preprocess
@@ -198,21 +204,10 @@ def token_text(checkpoint_dir: Path, token_id: int, what: str) -> str:
                           f"config.json's {what}")
 
 
-class _SiglipBuilder:
-    def __init__(self, vcfg: Gemma3VisionConfig, ckpt: CheckpointReader, em: Emitter) -> None:
-        self.v, self.ckpt, self.em = vcfg, ckpt, em
+class _SiglipBuilder(VitLayers):
+    """SigLIP (no class row, a convolution with bias) and Gemma 3's projector."""
 
-    def linear(self, x: str, module: str, out_dim: int, in_dim: int) -> str:
-        w = self.ckpt.get_f32(f"{module}.weight", (out_dim, in_dim))
-        y = self.em.op1("MatMul", [x, self.em.weight(f"{module}.weight", np.ascontiguousarray(w.T))])
-        b = self.ckpt.get_f32(f"{module}.bias", (out_dim,))
-        return self.em.op1("Add", [y, self.em.weight(f"{module}.bias", b)])
-
-    def layer_norm(self, x: str, module: str) -> str:
-        d = self.v.hidden_size
-        w = self.em.weight(f"{module}.weight", self.ckpt.get_f32(f"{module}.weight", (d,)))
-        b = self.em.weight(f"{module}.bias", self.ckpt.get_f32(f"{module}.bias", (d,)))
-        return self.em.op1("LayerNormalization", [x, w, b], axis=-1, epsilon=self.v.layer_norm_eps)
+    v: Gemma3VisionConfig
 
     def embeddings(self) -> str:
         """Patch embeddings (the convolution's bias included) plus positions: [N, P, D]."""
@@ -227,33 +222,6 @@ class _SiglipBuilder:
         positions = em.weight("vision.embeddings.position_embedding.weight", self.ckpt.get_f32(
             "vision.embeddings.position_embedding.weight", (v.patches_per_side ** 2, d)))
         return em.op1("Add", [patches, positions])
-
-    def attention(self, x: str, prefix: str) -> str:
-        v, em = self.v, self.em
-        d, heads, hd = v.hidden_size, v.num_heads, v.head_dim
-        split = em.const(np.array([0, 0, heads, hd], np.int64))
-
-        def heads_of(name: str) -> str:
-            y = em.op1("Reshape", [self.linear(x, f"{prefix}.{name}", d, d), split])
-            return em.op1("Transpose", [y], perm=[0, 2, 1, 3])  # [N,H,T,hd]
-
-        q, k, val = heads_of("q_proj"), heads_of("k_proj"), heads_of("v_proj")
-        q = em.op1("Mul", [q, em.const(np.float32(hd ** -0.5))])
-        scores = em.op1("MatMul", [q, em.op1("Transpose", [k], perm=[0, 1, 3, 2])])
-        out = em.op1("MatMul", [em.op1("Softmax", [scores], axis=-1), val])
-        out = em.op1("Reshape", [em.op1("Transpose", [out], perm=[0, 2, 1, 3]),
-                                 em.const(np.array([0, 0, d], np.int64))])
-        return self.linear(out, f"{prefix}.out_proj", d, d)
-
-    def layer(self, x: str, i: int) -> str:
-        v, em = self.v, self.em
-        prefix = f"vision.encoder.layers.{i}"
-        attn = self.attention(self.layer_norm(x, f"{prefix}.layer_norm1"), f"{prefix}.self_attn")
-        x = em.op1("Add", [x, attn])
-        h = self.linear(self.layer_norm(x, f"{prefix}.layer_norm2"), f"{prefix}.mlp.fc1", v.intermediate_size,
-                        v.hidden_size)
-        h = self.linear(activation(em, h, v.act), f"{prefix}.mlp.fc2", v.hidden_size, v.intermediate_size)
-        return em.op1("Add", [x, h])
 
     def projector(self, x: str) -> str:
         """Gemma3MultiModalProjector: [N, P, D] -> the grid [N, D, g, g] average-pooled to

@@ -15,6 +15,7 @@ only (opset 18), the same emitter as the decoder graph.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -30,9 +31,18 @@ VISION_INPUTS = ("pixel_values",)
 VISION_OUTPUTS = ("image_features",)
 
 
-class _VisionBuilder:
-    def __init__(self, vcfg: VisionConfig, ckpt: CheckpointReader, em: Emitter) -> None:
-        self.v, self.ckpt, self.em = vcfg, ckpt, em
+class VitLayers:
+    """The pre-norm ViT encoder layer every vision tower here shares (CLIP, SigLIP): LayerNorm,
+    multi-head self-attention over all rows, LayerNorm, a two-layer MLP, each with its residual.
+    ``v`` names ``hidden_size``, ``num_heads``, ``head_dim``, ``intermediate_size``, ``act`` and
+    ``layer_norm_eps``; ``scale_scores``: the attention scale is applied to the scores (Idefics3's
+    order of operations) rather than to the queries (CLIP's and Gemma 3's), as transformers does
+    for each, so the float rounding is theirs."""
+
+    scale_scores = False
+
+    def __init__(self, v: Any, ckpt: CheckpointReader, em: Emitter) -> None:
+        self.v, self.ckpt, self.em = v, ckpt, em
 
     def linear(self, x: str, module: str, out_dim: int, in_dim: int, bias: bool = True) -> str:
         w = self.ckpt.get_f32(f"{module}.weight", (out_dim, in_dim))
@@ -47,6 +57,43 @@ class _VisionBuilder:
         w = self.em.weight(f"{module}.weight", self.ckpt.get_f32(f"{module}.weight", (d,)))
         b = self.em.weight(f"{module}.bias", self.ckpt.get_f32(f"{module}.bias", (d,)))
         return self.em.op1("LayerNormalization", [x, w, b], axis=-1, epsilon=self.v.layer_norm_eps)
+
+    def attention(self, x: str, prefix: str) -> str:
+        v, em = self.v, self.em
+        d, heads, hd = v.hidden_size, v.num_heads, v.head_dim
+        split = em.const(np.array([0, 0, heads, hd], np.int64))
+
+        def heads_of(name: str) -> str:
+            y = em.op1("Reshape", [self.linear(x, f"{prefix}.{name}", d, d), split])
+            return em.op1("Transpose", [y], perm=[0, 2, 1, 3])  # [N,H,T,hd]
+
+        q, k, val = heads_of("q_proj"), heads_of("k_proj"), heads_of("v_proj")
+        scale = em.const(np.float32(hd ** -0.5))
+        if not self.scale_scores:
+            q = em.op1("Mul", [q, scale])
+        scores = em.op1("MatMul", [q, em.op1("Transpose", [k], perm=[0, 1, 3, 2])])
+        if self.scale_scores:
+            scores = em.op1("Mul", [scores, scale])
+        out = em.op1("MatMul", [em.op1("Softmax", [scores], axis=-1), val])
+        out = em.op1("Reshape", [em.op1("Transpose", [out], perm=[0, 2, 1, 3]),
+                                 em.const(np.array([0, 0, d], np.int64))])
+        return self.linear(out, f"{prefix}.out_proj", d, d)
+
+    def layer(self, x: str, i: int) -> str:
+        v, em = self.v, self.em
+        prefix = f"vision.encoder.layers.{i}"
+        attn = self.attention(self.layer_norm(x, f"{prefix}.layer_norm1"), f"{prefix}.self_attn")
+        x = em.op1("Add", [x, attn])
+        h = self.linear(self.layer_norm(x, f"{prefix}.layer_norm2"), f"{prefix}.mlp.fc1", v.intermediate_size,
+                        v.hidden_size)
+        h = self.linear(activation(em, h, v.act), f"{prefix}.mlp.fc2", v.hidden_size, v.intermediate_size)
+        return em.op1("Add", [x, h])
+
+
+class _VisionBuilder(VitLayers):
+    """LLaVA's CLIP tower: the class row in front, its hidden states selected, the MLP projector."""
+
+    v: VisionConfig
 
     def embeddings(self) -> str:
         """Patch embeddings with the class row in front, plus positions: [N, P+1, D]."""
@@ -65,33 +112,6 @@ class _VisionBuilder:
         positions = em.weight("vision.embeddings.position_embedding.weight", self.ckpt.get_f32(
             "vision.embeddings.position_embedding.weight", (v.num_patches + 1, d)))
         return em.op1("Add", [x, positions])
-
-    def attention(self, x: str, prefix: str) -> str:
-        v, em = self.v, self.em
-        d, heads, hd = v.hidden_size, v.num_heads, v.head_dim
-        split = em.const(np.array([0, 0, heads, hd], np.int64))
-
-        def heads_of(name: str) -> str:
-            y = em.op1("Reshape", [self.linear(x, f"{prefix}.{name}", d, d), split])
-            return em.op1("Transpose", [y], perm=[0, 2, 1, 3])  # [N,H,T,hd]
-
-        q, k, val = heads_of("q_proj"), heads_of("k_proj"), heads_of("v_proj")
-        q = em.op1("Mul", [q, em.const(np.float32(hd ** -0.5))])
-        scores = em.op1("MatMul", [q, em.op1("Transpose", [k], perm=[0, 1, 3, 2])])
-        out = em.op1("MatMul", [em.op1("Softmax", [scores], axis=-1), val])
-        out = em.op1("Reshape", [em.op1("Transpose", [out], perm=[0, 2, 1, 3]),
-                                 em.const(np.array([0, 0, d], np.int64))])
-        return self.linear(out, f"{prefix}.out_proj", d, d)
-
-    def layer(self, x: str, i: int) -> str:
-        v, em = self.v, self.em
-        prefix = f"vision.encoder.layers.{i}"
-        attn = self.attention(self.layer_norm(x, f"{prefix}.layer_norm1"), f"{prefix}.self_attn")
-        x = em.op1("Add", [x, attn])
-        h = self.linear(self.layer_norm(x, f"{prefix}.layer_norm2"), f"{prefix}.mlp.fc1", v.intermediate_size,
-                        v.hidden_size)
-        h = self.linear(activation(em, h, v.act), f"{prefix}.mlp.fc2", v.hidden_size, v.intermediate_size)
-        return em.op1("Add", [x, h])
 
     def build(self) -> None:
         v, em = self.v, self.em

@@ -35,10 +35,16 @@ import onnx
 from onnx import TensorProto, helper
 
 from inference.builder.checkpoint_reader import CheckpointReader, prefixed_view
-from inference.builder.emit import Emitter, ExternalWeights, activation
+from inference.builder.emit import Emitter, ExternalWeights
 from inference.builder.errors import BuildInputError
 from inference.builder.vision_config import VISION_ACTIVATIONS, text_view
-from inference.builder.vision_graph import VISION_INPUTS, VISION_MODEL, VISION_OPSET, VISION_OUTPUTS
+from inference.builder.vision_graph import (
+    VISION_INPUTS,
+    VISION_MODEL,
+    VISION_OPSET,
+    VISION_OUTPUTS,
+    VitLayers,
+)
 from inference.errors import UnsupportedFeatureError
 from inference.families import VisionFamily, vision_family_of
 from inference.images.idefics3 import TilePreprocess, TilePrompt
@@ -165,23 +171,16 @@ def position_ids(side: int, grid: int) -> np.ndarray:
     return (buckets[:, None] * side + buckets[None, :]).reshape(-1)
 
 
-class _TowerBuilder:
+class _TowerBuilder(VitLayers):
+    """SigLIP with bucketed positions and the pixel-shuffle connector (scores scaled after the
+    product, as transformers' Idefics3 attention does)."""
+
+    v: TiledVisionConfig
+    scale_scores = True
+
     def __init__(self, v: TiledVisionConfig, tile: int, ckpt: CheckpointReader, em: Emitter) -> None:
-        self.v, self.tile, self.ckpt, self.em = v, tile, ckpt, em
-
-    def linear(self, x: str, module: str, out_dim: int, in_dim: int, bias: bool = True) -> str:
-        w = self.ckpt.get_f32(f"{module}.weight", (out_dim, in_dim))
-        y = self.em.op1("MatMul", [x, self.em.weight(f"{module}.weight", np.ascontiguousarray(w.T))])
-        if bias:
-            b = self.ckpt.get_f32(f"{module}.bias", (out_dim,))
-            y = self.em.op1("Add", [y, self.em.weight(f"{module}.bias", b)])
-        return y
-
-    def layer_norm(self, x: str, module: str) -> str:
-        d = self.v.hidden_size
-        w = self.em.weight(f"{module}.weight", self.ckpt.get_f32(f"{module}.weight", (d,)))
-        b = self.em.weight(f"{module}.bias", self.ckpt.get_f32(f"{module}.bias", (d,)))
-        return self.em.op1("LayerNormalization", [x, w, b], axis=-1, epsilon=self.v.layer_norm_eps)
+        super().__init__(v, ckpt, em)
+        self.tile = tile
 
     def embeddings(self) -> str:
         """Patch embeddings plus the bucketed positions: [N, grid^2, D]."""
@@ -196,33 +195,6 @@ class _TowerBuilder:
         table = self.ckpt.get_f32("vision.embeddings.position_embedding.weight", (v.side ** 2, d))
         rows = np.ascontiguousarray(table[position_ids(v.side, self.tile // p)])
         return em.op1("Add", [x, em.weight("vision.embeddings.position_rows", rows)])
-
-    def attention(self, x: str, prefix: str) -> str:
-        v, em = self.v, self.em
-        d, heads, hd = v.hidden_size, v.num_heads, v.head_dim
-        split = em.const(np.array([0, 0, heads, hd], np.int64))
-
-        def heads_of(name: str) -> str:
-            y = em.op1("Reshape", [self.linear(x, f"{prefix}.{name}", d, d), split])
-            return em.op1("Transpose", [y], perm=[0, 2, 1, 3])  # [N,H,T,hd]
-
-        q, k, val = heads_of("q_proj"), heads_of("k_proj"), heads_of("v_proj")
-        scores = em.op1("MatMul", [q, em.op1("Transpose", [k], perm=[0, 1, 3, 2])])
-        scores = em.op1("Mul", [scores, em.const(np.float32(hd ** -0.5))])
-        out = em.op1("MatMul", [em.op1("Softmax", [scores], axis=-1), val])
-        out = em.op1("Reshape", [em.op1("Transpose", [out], perm=[0, 2, 1, 3]),
-                                 em.const(np.array([0, 0, d], np.int64))])
-        return self.linear(out, f"{prefix}.out_proj", d, d)
-
-    def layer(self, x: str, i: int) -> str:
-        v, em = self.v, self.em
-        prefix = f"vision.encoder.layers.{i}"
-        attn = self.attention(self.layer_norm(x, f"{prefix}.layer_norm1"), f"{prefix}.self_attn")
-        x = em.op1("Add", [x, attn])
-        h = self.linear(self.layer_norm(x, f"{prefix}.layer_norm2"), f"{prefix}.mlp.fc1", v.intermediate_size,
-                        v.hidden_size)
-        h = self.linear(activation(em, h, v.act), f"{prefix}.mlp.fc2", v.hidden_size, v.intermediate_size)
-        return em.op1("Add", [x, h])
 
     def connector(self, x: str) -> str:
         """Pixel shuffle (``Idefics3Connector.pixel_shuffle``) then the projection: [N, T, text]."""
