@@ -134,29 +134,43 @@ def check_vision_config(raw: Mapping[str, Any]) -> None:
         vision_config_from(raw, 0)
 
 
+def vision_section(raw: Mapping[str, Any], family: VisionFamily, default_kind: str, *,
+                   required: bool = True) -> Mapping[str, Any]:
+    """config.json's ``vision_config`` of a ``family`` checkpoint, checked to be an object of one of
+    the family's vision model types (``default_kind`` where it names none; an absent section is
+    refused, or read as empty where not ``required``)."""
+    vision = raw.get("vision_config") if required else raw.get("vision_config", {})
+    if not isinstance(vision, Mapping):
+        raise BuildInputError("config.json vision_config must be an object")
+    kind = vision.get("model_type", default_kind)
+    if kind not in family.vision_model_types:
+        raise UnsupportedFeatureError(
+            f"config.json vision_config.model_type {kind!r} is not supported for {family.name}; supported: "
+            f"{', '.join(family.vision_model_types)}")
+    return vision
+
+
+def check_heads(hidden: int, heads: int) -> None:
+    """The tower's width splits into its attention heads."""
+    if hidden % heads:
+        raise BuildInputError(f"config.json vision_config.hidden_size {hidden} is not a multiple of "
+                              f"num_attention_heads {heads}")
+
+
 def vision_config_from(raw: Mapping[str, Any], text_hidden: int) -> VisionConfig | None:
     """The CLIP vision side of a config.json (None for a text model, and for a family with a
     builder of its own: :func:`vision_side_from`)."""
     family = vision_family_of(raw)
     if family is None or family.builder is not None:
         return None
-    vision = raw.get("vision_config")
-    if not isinstance(vision, Mapping):
-        raise BuildInputError("config.json vision_config must be an object")
-    kind = vision.get("model_type", "clip_vision_model")
-    if kind not in family.vision_model_types:
-        raise UnsupportedFeatureError(
-            f"config.json vision_config.model_type {kind!r} is not supported for {family.name}; supported: "
-            f"{', '.join(family.vision_model_types)}")
+    vision = vision_section(raw, family, "clip_vision_model")
     where = "vision_config."
     hidden = _positive(vision, "hidden_size", where, 768)
     heads = _positive(vision, "num_attention_heads", where, 12)
     layers = _positive(vision, "num_hidden_layers", where, 12)
     image_size = _positive(vision, "image_size", where, 224)
     patch = _positive(vision, "patch_size", where, 32)
-    if hidden % heads:
-        raise BuildInputError(f"config.json vision_config.hidden_size {hidden} is not a multiple of "
-                              f"num_attention_heads {heads}")
+    check_heads(hidden, heads)
     if image_size % patch:
         raise BuildInputError(f"config.json vision_config.image_size {image_size} is not a multiple of "
                               f"patch_size {patch}")

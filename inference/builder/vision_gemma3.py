@@ -43,7 +43,9 @@ from inference.builder.vision_config import (
     _first_present,
     _positive,
     _read_object,
+    check_heads,
     text_view,
+    vision_section,
 )
 from inference.builder.vision_graph import (
     VISION_INPUTS,
@@ -119,23 +121,14 @@ def config_from(raw: Mapping[str, Any], text_hidden: int) -> Gemma3VisionConfig:
     """Gemma 3's vision side of a config.json (refusals name the field)."""
     family = vision_family_of(raw)
     assert family is not None and family.name == FAMILY
-    vision = raw.get("vision_config")
-    if not isinstance(vision, Mapping):
-        raise BuildInputError("config.json vision_config must be an object")
-    kind = vision.get("model_type", "siglip_vision_model")
-    if kind not in family.vision_model_types:
-        raise UnsupportedFeatureError(
-            f"config.json vision_config.model_type {kind!r} is not supported for {FAMILY}; supported: "
-            f"{', '.join(family.vision_model_types)}")
+    vision = vision_section(raw, family, "siglip_vision_model")
     where = "vision_config."
     # SiglipVisionConfig's defaults
     hidden = _positive(vision, "hidden_size", where, 768)
     heads = _positive(vision, "num_attention_heads", where, 12)
     image_size = _positive(vision, "image_size", where, 224)
     patch = _positive(vision, "patch_size", where, 16)
-    if hidden % heads:
-        raise BuildInputError(f"config.json vision_config.hidden_size {hidden} is not a multiple of "
-                              f"num_attention_heads {heads}")
+    check_heads(hidden, heads)
     if image_size % patch:
         raise BuildInputError(f"config.json vision_config.image_size {image_size} is not a multiple of "
                               f"patch_size {patch}")

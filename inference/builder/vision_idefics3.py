@@ -37,7 +37,7 @@ from onnx import TensorProto, helper
 from inference.builder.checkpoint_reader import CheckpointReader, prefixed_view
 from inference.builder.emit import Emitter, ExternalWeights
 from inference.builder.errors import BuildInputError
-from inference.builder.vision_config import VISION_ACTIVATIONS, text_view
+from inference.builder.vision_config import VISION_ACTIVATIONS, check_heads, text_view, vision_section
 from inference.builder.vision_graph import (
     VISION_INPUTS,
     VISION_MODEL,
@@ -106,22 +106,13 @@ def tiled_config_from(raw: Mapping[str, Any], text_hidden: int) -> TiledVisionCo
     where it leaves a field out); one line naming the field it cannot build."""
     family = vision_family_of(raw)
     assert family is not None and family.builder == __name__
-    vision = raw.get("vision_config", {})
-    if not isinstance(vision, Mapping):
-        raise BuildInputError("config.json vision_config must be an object")
-    kind = vision.get("model_type", family.vision_model_types[0])
-    if kind not in family.vision_model_types:
-        raise UnsupportedFeatureError(
-            f"config.json vision_config.model_type {kind!r} is not supported for {family.name}; supported: "
-            f"{', '.join(family.vision_model_types)}")
+    vision = vision_section(raw, family, family.vision_model_types[0], required=False)
     where = "vision_config."
     hidden = _positive(vision, "hidden_size", where, 1152)
     heads = _positive(vision, "num_attention_heads", where, 16)
     image_size = _positive(vision, "image_size", where, 224)
     patch = _positive(vision, "patch_size", where, 32)
-    if hidden % heads:
-        raise BuildInputError(f"config.json vision_config.hidden_size {hidden} is not a multiple of "
-                              f"num_attention_heads {heads}")
+    check_heads(hidden, heads)
     if image_size < patch:
         raise BuildInputError(f"config.json vision_config.image_size {image_size} is smaller than its "
                               f"patch_size {patch}")

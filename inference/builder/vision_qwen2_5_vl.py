@@ -41,7 +41,7 @@ from inference.builder.emit import Emitter, ExternalWeights, activation
 from inference.builder.errors import BuildInputError
 from inference.builder.model_config import ModelConfig
 from inference.builder.spec import EngineBuildSpec
-from inference.builder.vision_config import VISION_ACTIVATIONS, preprocessor_config, text_view
+from inference.builder.vision_config import VISION_ACTIVATIONS, preprocessor_config, text_view, vision_section
 from inference.errors import UnsupportedFeatureError
 from inference.families import VisionFamily, vision_family_of
 from inference.images.qwen2_5_vl import GRAPH_INPUTS, QwenPreprocess, QwenPreprocessError, VisionGeometry
@@ -121,14 +121,7 @@ def vision_config_of(raw: Mapping[str, Any]) -> QwenVisionConfig:
     """The vision side of a Qwen2.5-VL config.json, checked (one line naming the field)."""
     family = vision_family_of(raw)
     assert family is not None
-    vision = raw.get("vision_config", {})
-    if not isinstance(vision, Mapping):
-        raise BuildInputError("config.json vision_config must be an object")
-    kind = vision.get("model_type", family.vision_model_types[0])
-    if kind not in family.vision_model_types:
-        raise UnsupportedFeatureError(
-            f"config.json vision_config.model_type {kind!r} is not supported for {family.name}; supported: "
-            f"{', '.join(family.vision_model_types)}")
+    vision = vision_section(raw, family, family.vision_model_types[0], required=False)
     fields = {key: _int(vision, key) for key in ("depth", "hidden_size", "intermediate_size", "num_heads",
                                                  "in_channels", "patch_size", "temporal_patch_size",
                                                  "spatial_merge_size", "window_size", "out_hidden_size")}
