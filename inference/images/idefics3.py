@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from inference.images.preprocess import RESAMPLE_FILTERS, PreprocessConfigError, to_rgb
+from inference.images.preprocess import RESAMPLE_FILTERS, PreprocessConfigError, RecordedPreprocess, to_rgb
 
 #: Image processors whose steps this module implements (``image_processor_type``).
 SUPPORTED_PROCESSORS = tuple(f"{name}{suffix}" for name in ("Idefics3ImageProcessor", "SmolVLMImageProcessor")
@@ -109,7 +109,7 @@ def tiled_size(height: int, width: int, tile: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class TilePreprocess:
+class TilePreprocess(RecordedPreprocess):
     """Idefics3's image preprocessing, every field explicit (what ``engine.json`` records)."""
 
     do_convert_rgb: bool
@@ -157,20 +157,6 @@ class TilePreprocess:
             do_normalize=bool(raw.get("do_normalize", True)),
             image_mean=_triple(raw.get("image_mean"), "image_mean"), image_std=std,
         )
-
-    def record(self) -> dict[str, Any]:
-        """The JSON form ``engine.json`` keeps (:meth:`from_record` reads it back)."""
-        out = asdict(self)
-        out["image_mean"], out["image_std"] = list(self.image_mean), list(self.image_std)
-        return out
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> TilePreprocess:
-        """The record :meth:`record` wrote."""
-        fields = dict(record)
-        fields["image_mean"] = tuple(fields["image_mean"])
-        fields["image_std"] = tuple(fields["image_std"])
-        return cls(**fields)
 
     @property
     def max_grid(self) -> int:

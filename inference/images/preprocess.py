@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Self, cast
 
 import numpy as np
 from PIL import Image
@@ -65,8 +65,30 @@ def _triple(value: object, key: str, default: tuple[float, ...]) -> tuple[float,
     return float(value[0]), float(value[1]), float(value[2])
 
 
+class RecordedPreprocess:
+    """What every image preprocessing of a bundle shares: its settings (a frozen dataclass with
+    ``image_mean`` and ``image_std`` triples) as the JSON ``engine.json`` keeps, and back."""
+
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+
+    def record(self) -> dict[str, Any]:
+        """The JSON form ``engine.json`` keeps (:meth:`from_record` reads it back)."""
+        out = asdict(cast(Any, self))
+        out["image_mean"], out["image_std"] = list(self.image_mean), list(self.image_std)
+        return out
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Self:
+        """The record :meth:`record` wrote."""
+        fields = dict(record)
+        fields["image_mean"] = tuple(fields["image_mean"])
+        fields["image_std"] = tuple(fields["image_std"])
+        return cls(**fields)
+
+
 @dataclass(frozen=True)
-class ClipPreprocess:
+class ClipPreprocess(RecordedPreprocess):
     """CLIP's image preprocessing, every field explicit (what ``engine.json`` records)."""
 
     do_convert_rgb: bool
@@ -129,20 +151,6 @@ class ClipPreprocess:
             image_mean=_triple(raw.get("image_mean"), "image_mean", OPENAI_CLIP_MEAN),
             image_std=std,
         )
-
-    def record(self) -> dict[str, Any]:
-        """The JSON form ``engine.json`` keeps (:meth:`from_record` reads it back)."""
-        out = asdict(self)
-        out["image_mean"], out["image_std"] = list(self.image_mean), list(self.image_std)
-        return out
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> ClipPreprocess:
-        """The record :meth:`record` wrote."""
-        fields = dict(record)
-        fields["image_mean"] = tuple(fields["image_mean"])
-        fields["image_std"] = tuple(fields["image_std"])
-        return cls(**fields)
 
     def output_size(self) -> tuple[int, int]:
         """(height, width) of every pixel array this makes."""

@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from inference.images.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, RESAMPLE_FILTERS, to_rgb
+from inference.images.preprocess import (
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    RESAMPLE_FILTERS,
+    RecordedPreprocess,
+    to_rgb,
+)
 
 #: Image processors whose steps this module implements (the torchvision "fast" one resizes with
 #: torchvision, not Pillow: its pixels differ slightly; its settings are the same).
@@ -117,7 +123,7 @@ def _pixel_bounds(raw: Mapping[str, Any]) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class QwenPreprocess:
+class QwenPreprocess(RecordedPreprocess):
     """Qwen2-VL's image preprocessing, every field explicit (what ``engine.json`` records)."""
 
     do_convert_rgb: bool
@@ -166,20 +172,6 @@ class QwenPreprocess:
             do_normalize=bool(raw.get("do_normalize", True)),
             image_mean=_triple(raw, "image_mean", OPENAI_CLIP_MEAN), image_std=std,
         )
-
-    def record(self) -> dict[str, Any]:
-        """The JSON form ``engine.json`` keeps (:meth:`from_record` reads it back)."""
-        out = asdict(self)
-        out["image_mean"], out["image_std"] = list(self.image_mean), list(self.image_std)
-        return out
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> QwenPreprocess:
-        """The record :meth:`record` wrote."""
-        fields = dict(record)
-        fields["image_mean"] = tuple(fields["image_mean"])
-        fields["image_std"] = tuple(fields["image_std"])
-        return cls(**fields)
 
     @property
     def factor(self) -> int:
