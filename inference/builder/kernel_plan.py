@@ -56,6 +56,7 @@ from typing import Any
 import onnx
 
 from inference.build_profile import KERNEL_MODES, QUANTIZED_PRECISIONS
+from inference.builder.two_term import set_two_term, strip_two_term
 from inference.cpu_class import CPU_CLASSES
 
 #: CPU classes whose lm_head runs with int8 activations (VNNI/AMX kernels) on its 8-bit codes,
@@ -76,8 +77,11 @@ PROJECTION_GROUPS: dict[str, str] = {
 INT8_ACTIVATION_CLASSES: tuple[str, ...] = ("avx2", "avx2-vnni", "avx512", "avx512-vnni", "amx", "arm64")
 #: The candidate plans from fastest to exact: name -> the projection groups at level 4.
 PLAN_GROUPS: dict[str, tuple[str, ...]] = {
-    "fast": tuple(PROJECTION_GROUPS), "down": ("down",), "exact": (),
+    "fast": tuple(PROJECTION_GROUPS), "down": ("down",), "twoterm": tuple(PROJECTION_GROUPS), "exact": (),
 }
+#: Plans whose level-4 products take the activations in two int8 terms (:mod:`.two_term`):
+#: float32's answers at int8 kernels' speed where the weights, not dispatch, bound a step.
+TWO_TERM_PLANS: tuple[str, ...] = ("twoterm",)
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,8 @@ class KernelPlan:
     #: ``MatMulNBits``: the same products, 1.3x faster at one row and 1.9x at eight in 1B shapes;
     #: written after the gate chose a plan, and checked again).
     int8_layout: str = "planes"
+    #: Whether the level-4 products take the activations in two int8 terms (:mod:`.two_term`).
+    two_term: bool = False
 
     def record(self) -> dict[str, Any]:
         """What ``engine.json`` records under ``kernels``."""
@@ -154,7 +160,8 @@ def candidate_plans(precision: str, cpu_class: str, mode: str = "auto") -> list[
     exact = kernel_plan(precision, cpu_class)
     if mode == "exact" or cpu_class not in INT8_ACTIVATION_CLASSES:
         return [exact]
-    return [replace(exact, name=name, int8_groups=groups) for name, groups in PLAN_GROUPS.items()]
+    return [replace(exact, name=name, int8_groups=groups, two_term=name in TWO_TERM_PLANS)
+            for name, groups in PLAN_GROUPS.items()]
 
 
 def _layer_weight(node: onnx.NodeProto) -> str | None:
@@ -165,10 +172,14 @@ def _layer_weight(node: onnx.NodeProto) -> str | None:
 
 def retarget(model: onnx.ModelProto, plan: KernelPlan) -> int:
     """Set the accuracy level of every layer ``MatMulNBits`` of ``model`` to ``plan``'s (the head
-    keeps its own), and of every ``QMoE`` (int4 experts: level 4 only in a plan that puts both of
-    the MLP's groups there); returns how many nodes the plan puts at level 4."""
+    keeps its own), and of every ``QMoE`` (int4 experts: level 4 only in a one-term plan that puts
+    both of the MLP's groups there), and write or remove the two-term form of the plan's level-4
+    products; returns how many nodes the plan puts at level 4. Whatever plan ``model`` held
+    before, it then holds ``plan``'s."""
+    strip_two_term(model.graph)
     fast = 0
-    experts_level = 4 if {"gate_up", "down"} <= set(plan.int8_groups) else plan.accuracy_level
+    one_term_mlp = {"gate_up", "down"} <= set(plan.int8_groups) and not plan.two_term
+    experts_level = 4 if one_term_mlp else plan.accuracy_level
     for node in model.graph.node:
         if node.op_type == "QMoE":  # int4 experts: int8 activations with the whole MLP only
             fast += experts_level == 4
@@ -180,6 +191,9 @@ def retarget(model: onnx.ModelProto, plan: KernelPlan) -> int:
         level = plan.level_of(weight)
         fast += level == 4
         _set_level(node, level)
+    if plan.two_term:
+        set_two_term(model.graph, lambda node: _layer_weight(node) is not None
+                     and plan.level_of(node.input[1]) == 4)
     return fast
 
 

@@ -62,8 +62,9 @@ from inference.runtime.ort_session import available_cores
 # int4 are MatMulNBits written per CPU class (``kernels``), 8-bit embedding and lm_head with
 # exact top-k rescoring, and a quality gate (``quality``); no portable graph for them. ort-5:
 # the gate chooses the layers' kernel plan (``kernels.name``, ``quality.candidates``); int8
-# layers are always two 4-bit planes.
-BUILDER_VERSION = "ort-5"
+# layers are always two 4-bit planes. ort-6: a two-term plan among the candidates
+# (``kernels.two_term``, ``quality.candidates[].slower_than_exact``).
+BUILDER_VERSION = "ort-6"
 PORTABLE_MODEL = "model.onnx"
 OPTIMIZED_MODEL = "model.ort.onnx"
 KV_LAYOUT = "gqa-inplace"

@@ -28,8 +28,12 @@ agreement floor **and** free-running identity, the first :data:`IDENTITY_TOKENS`
 every gate prompt equal to fp32's (decoded freely, so an early flip shows). The exact plan
 computes in float32: what differs from fp32 is the weights' own rounding, judged by the agreement
 floor as before (its identity is recorded too). ``fast`` takes the fastest plan above the floor
-alone; ``exact`` tries only the exact plan. Each candidate's figures (agreement, min cosine,
-identity, decode tok/s at 1 row and at one row per prompt, seconds) are recorded.
+alone; ``exact`` tries only the exact plan. A two-term plan (:mod:`.two_term`: float32's answers
+at int8 kernels' speed, but twice the rows through the products) is published only when it also
+decodes at least :data:`TWO_TERM_SPEEDUP` times the exact plan's tok/s at one row (on small
+models dispatch, not the weights, bounds a step, and its extra ops make it slower than exact).
+Each candidate's figures (agreement, min cosine, identity, decode tok/s at 1 row and at one row
+per prompt, seconds) are recorded.
 
 fp32's answers (greedy tokens and the logits that chose them, float16) are kept per checkpoint
 when the caller gives a file (:func:`reference_answers`): the next quantized build of the same
@@ -70,6 +74,8 @@ TOKENS = 32
 IDENTITY_TOKENS = 16
 #: Decode steps timed per candidate (at one row, best of two rounds).
 TIMED_STEPS = 8
+#: How much faster than the exact plan a two-term plan must decode at one row to be published.
+TWO_TERM_SPEEDUP = 1.1
 #: Bump when the reference file's content changes (a stale file is recomputed, never trusted).
 REFERENCE_VERSION = 1
 #: Short everyday requests: facts, code, lists, arithmetic, advice, writing.
@@ -104,6 +110,9 @@ class Candidate:
     decode_tok_s_rows: float
     passed: bool
     seconds: float
+    #: A two-term plan that answered like fp32 but decoded under :data:`TWO_TERM_SPEEDUP` times
+    #: the exact plan's tok/s (so the gate went on to the next plan).
+    slower_than_exact: bool = False
 
 
 @dataclass(frozen=True)
@@ -404,6 +413,16 @@ def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]]
 
     run_meta = {**meta, **needed}
     tried: list[Candidate] = []
+    exact_tok_s: list[float] = []
+
+    def slower_than_exact(figures: Candidate) -> bool:
+        if not exact_tok_s:
+            engine = _open_plan(candidate_model, plans[-1], run_meta, 1, threads)
+            try:
+                exact_tok_s.append(_time_decode(engine, reference.prompts[0], reference.tokens[0][0]))
+            finally:
+                engine.close()
+        return figures.decode_tok_s < TWO_TERM_SPEEDUP * exact_tok_s[0]
 
     def measured(plan: KernelPlan) -> bool:
         figures, free = _try_plan(candidate_model, plan, run_meta, reference, threads)
@@ -412,8 +431,9 @@ def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]]
         passed = figures.greedy_agreement >= threshold and (
             free == wanted if strict else
             mode in ("fast", "forced") or plan.name == "exact" or answers_like_exact(free))
-        tried.append(replace(figures, passed=passed))
-        return passed
+        slower = passed and plan.two_term and mode != "forced" and slower_than_exact(figures)
+        tried.append(replace(figures, passed=passed and not slower, slower_than_exact=slower))
+        return passed and not slower
 
     chosen = next((plan for plan in plans if measured(plan)), None)
     faster = relayout(chosen) if relayout is not None and chosen is not None else None

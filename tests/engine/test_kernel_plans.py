@@ -56,8 +56,11 @@ def test_candidate_plans_go_from_fastest_to_exact(cls: str) -> None:
     assert plans[-1] == kernel_plan("int4", cls) and plans[-1].name == "exact"
     if cls in INT8_ACTIVATION_CLASSES:
         assert [p.name for p in plans] == list(PLAN_GROUPS)
-        sizes = [len(p.int8_groups) for p in plans]
+        sizes = [len(p.int8_groups) for p in plans if not p.two_term]
         assert sizes == sorted(sizes, reverse=True) and sizes[-1] == 0
+        # the two-term plan: every group at level 4, the activations' rounding taken back
+        (two,) = [p for p in plans if p.two_term]
+        assert two.name == "twoterm" and two.int8_groups == tuple(PROJECTION_GROUPS)
     else:  # no int8 kernels that cannot saturate: float32 only
         assert [p.name for p in plans] == ["exact"]
     assert [p.name for p in candidate_plans("int8", cls, "exact")] == ["exact"]

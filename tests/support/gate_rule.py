@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inference.builder.kernel_plan import PLAN_GROUPS
+from inference.builder.kernel_plan import PLAN_GROUPS, TWO_TERM_PLANS
 
 
 def check_gate_choice(meta: dict[str, Any]) -> dict[str, Any]:
@@ -12,7 +12,8 @@ def check_gate_choice(meta: dict[str, Any]) -> dict[str, Any]:
 
     The candidates are tried fastest first in :data:`PLAN_GROUPS` order and the first that passes
     is published: every one before it failed, a plan faster than exact passed under ``auto`` only
-    with every prompt's free-running tokens equal to fp32's (or to the exact plan's), and
+    with every prompt's free-running tokens equal to fp32's (or to the exact plan's), a two-term
+    plan only when it also decoded faster than the exact plan (else it says so), and
     ``kernels`` in ``engine.json`` is the chosen plan. An int8 plan with level-4 layers is then
     written again with 8-bit codes and measured once more: kept when it passes too.
     """
@@ -36,10 +37,13 @@ def check_gate_choice(meta: dict[str, Any]) -> dict[str, Any]:
     assert kernels["int8_layout"] == chosen["int8_layout"]
     assert quality["plan"] == kernels["name"] == chosen["plan"]
     assert kernels["int8_groups"] == chosen["int8_groups"] == list(PLAN_GROUPS[chosen["plan"]])
+    assert kernels["two_term"] == (chosen["plan"] in TWO_TERM_PLANS)
     assert chosen["greedy_agreement"] >= quality["threshold"]
     for c in rejected:
-        assert c["greedy_agreement"] < quality["threshold"] or (
+        assert c["greedy_agreement"] < quality["threshold"] or c["slower_than_exact"] or (
             quality["kernels_mode"] == "auto" and c["identical"] < quality["prompts"]), c
+    for c in candidates:  # only a two-term plan is weighed against the exact plan's speed
+        assert not c["slower_than_exact"] or (c["plan"] in TWO_TERM_PLANS and not c["passed"]), c
     for c in candidates:
         assert c["decode_tok_s"] > 0 and c["decode_tok_s_rows"] > 0 and c["seconds"] > 0
     return dict(chosen)
