@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A temporary work folder removed when the script exits (builds and caches of a bench run
+    take 1-2 GB, and CI runs every bench on reused machines); pass ``--work`` to keep one."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def smollm2_checkpoint(work: Path) -> Path | None:

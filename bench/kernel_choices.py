@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import smollm2_checkpoint  # noqa: E402
+from bench import scratch_dir, smollm2_checkpoint  # noqa: E402
 from inference.builder import EngineBuildSpec, build_bundle  # noqa: E402
 from inference.builder.kernel_plan import KernelPlan, kernel_plan  # noqa: E402
 from inference.cpu_class import cpu_class  # noqa: E402
@@ -96,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.tokens, args.context = 1, 8, 64
-    work = Path(tempfile.mkdtemp(prefix="bench-kernels-"))
+    work = scratch_dir("bench-kernels-")
     checkpoint = args.checkpoint
     capacity = 256 if args.quick else 2048
     if checkpoint is None and args.quick:

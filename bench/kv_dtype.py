@@ -23,9 +23,7 @@ Not a test: the numbers depend on the machine and on what else runs on it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import smollm2_checkpoint  # noqa: E402
+from bench import scratch_dir, smollm2_checkpoint  # noqa: E402
 from inference.builder import EngineBuildSpec, build_bundle  # noqa: E402
 from inference.builder.quality import QualityGateError  # noqa: E402
 from inference.cpu_class import cpu_class  # noqa: E402
@@ -107,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.contexts, args.prefix, args.capacity, args.steps, args.rounds = "32,96", 96, 256, 4, 1
     contexts = [int(c) for c in args.contexts.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="bench-kv-dtype-"))
+    work = scratch_dir("bench-kv-dtype-")
     checkpoint = _checkpoint(args, work)
     if checkpoint is None:
         return 2
@@ -171,8 +169,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, value, fmt in rows_out:
         a, b = value("fp32"), value("fp16")
         print(f"| {label:<34} | {fmt.format(a):>7} | {fmt.format(b):>7} | {b / a if a else 0:11.2f} |")
-    (work / "figures.json").write_text(json.dumps({"steps": {f"{k}": v for k, v in steps.items()},
-                                                   "copies": copies}, indent=1))
     return 0
 
 

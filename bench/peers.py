@@ -62,7 +62,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -444,7 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.contexts = [int(x) for x in args.contexts.split(",")]
     if args.threads is None:
         args.threads = len(_cpu_list(args.cpus)) if args.cpus else len(os.sched_getaffinity(0))
-    work = args.work or Path(tempfile.mkdtemp(prefix="peers-"))
+    from bench import scratch_dir
+
+    work = args.work or scratch_dir("peers-")
     work.mkdir(parents=True, exist_ok=True)
     if args.quick and args.checkpoint is None:
         from inference.demo import write_demo_checkpoint

@@ -25,7 +25,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import scratch_dir  # noqa: E402
 from cachesvc.cache.manager import CacheManager  # noqa: E402
 from inference.demo import SIZES, write_demo_checkpoint  # noqa: E402
 from tests.support.net import free_port, wait_http_ok  # noqa: E402
@@ -116,7 +116,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.size, args.repeats, args.requests = "tiny", 1, 4
-        args.work = args.work or Path(tempfile.mkdtemp(prefix="bench-pool-"))
+        args.work = args.work or scratch_dir("bench-pool-")
     args.work = args.work or Path("/tmp/cachesvc-bench-pool")
     args.work.mkdir(parents=True, exist_ok=True)
     cache, names = prepare(args.work, args.size)

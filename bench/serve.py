@@ -58,7 +58,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -71,6 +70,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import scratch_dir  # noqa: E402
 from cachesvc.cache.manager import CacheManager  # noqa: E402
 from cachesvc.settings.config import ServeConfig  # noqa: E402
 from inference.runtime import load_engine  # noqa: E402
@@ -662,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--quick runs the first mode only (--compare-defaults and --context-restart "
                          "serve SmolLM2)")
         args.clients, args.repeats, args.prompt_len, args.n1, args.n2 = 2, 1, 16, 16, 48
-        args.work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+        args.work = scratch_dir("bench-serve-")
     if args.context_restart:
         if args.repeats < 1 or args.prefix_len < 64:
             parser.error("--repeats must be positive and --prefix-len at least 64")

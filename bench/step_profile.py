@@ -29,14 +29,13 @@ import argparse
 import collections
 import json
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import smollm2_checkpoint
+from bench import scratch_dir, smollm2_checkpoint
 from inference.builder import EngineBuildSpec, build_bundle
 from inference.builder.quality import MIN_AGREEMENT
 from inference.cpu_class import cpu_class
@@ -115,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="CI: tiny demo, fp32 and int8, short contexts")
     args = p.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="bench-profile-"))
+    work = scratch_dir("bench-profile-")
     checkpoint = args.checkpoint
     if args.quick:
         args.precision, args.contexts, args.tokens, args.rounds = "fp32,int8", "32,96", 4, 1

@@ -25,12 +25,16 @@ What still depends on the class is the lm_head (vocab x hidden, the largest matr
 level 4 (fast) with its top 32 logits recomputed exactly wherever the int8 kernels cannot
 saturate on what it holds:
 
-* VNNI/AMX (``vpdpbusd``, 32-bit sums; measured on AMX, AVX-512 VNNI runs the same kernels): the
-  8-bit codes as one table;
-* AVX2, AVX2-VNNI and AVX-512 without VNNI: ``vpmaddubsw`` adds two u8 x s8 products into a
-  saturating 16-bit sum, which 8-bit codes can overflow (255 x 127 x 2) but 4-bit values cannot
-  (at most 255 x 15 x 2), so the head is the two 4-bit planes of the float path, at level 4
-  (measured on a 2-core AMD EPYC, AVX2: the head 1.7 ms a token instead of 5.3 ms exact);
+* every x86 class with AVX2 and up (AVX2's ``vpmaddubsw`` adds two u8 x s8 products into a
+  saturating 16-bit sum, which 8-bit codes can overflow, 255 x 127 x 2, but 4-bit values cannot,
+  255 x 15 x 2; VNNI/AMX sum in 32 bits): the fast product multiplies the **high 4-bit plane**
+  of the 8-bit table only (``16s (hi - 8)``: a 4-bit head, 5 bits a weight with its scales
+  against 9 for the 8-bit codes; in Llama 3.2 1B's 128,256 x 2,048 head 2.4-2.7 ms a token
+  against 4.2 ms, the largest single product of a step) and its top 32 are recomputed from both
+  planes in float32, so the greedy token and the head of the distribution are the 8-bit
+  weights' own; only the tail keeps the fast path's error, now a 4-bit one. (Before ort-6: the
+  8-bit codes on VNNI/AMX, both planes at level 4 on AVX2: 1.7 ms a token instead of 5.3 ms
+  exact for SmolLM2 there.)
 * arm64 and older x86 (unmeasured here): computed exactly as two 4-bit planes at level 0.
 
 So the graph differs by class: the CPU class is part of a quantized bundle's profile, the
@@ -43,9 +47,12 @@ arm64: the layers' weights are 4-bit codes, or for int8 two 4-bit planes), level
 is several times faster at ~1B parameters (one ``MatMulNBits`` in 1B-Llama shapes: 0.16-0.29 ms
 against 0.94-1.20 ms at one row, 1.0 against 7.9 ms at eight), so :func:`candidate_plans` lists
 plans from fastest to exact — every projection at level 4 (``fast``), ``down_proj`` only
-(``down``), none (``exact``) — and the quality gate (:mod:`.quality`) publishes the fastest one
-whose answers are fp32's on this CPU. The plans differ only in the ``accuracy_level`` attribute
-of the layers' ``MatMulNBits`` nodes (:func:`retarget`), so one written graph serves them all.
+(``down``), every projection at level 4 with the activations' int8 rounding taken back by a
+second term (``twoterm``, :mod:`.two_term`: float32's answers at int8 kernels' speed where the
+weights bound a step), none (``exact``) — and the quality gate (:mod:`.quality`) publishes the
+fastest one whose answers are fp32's on this CPU. The plans differ in the ``accuracy_level``
+attribute of the layers' ``MatMulNBits`` nodes and, for ``twoterm``, in a few small ops around
+them (:func:`retarget` writes and removes both), so one written graph serves them all.
 """
 
 from __future__ import annotations
@@ -59,12 +66,10 @@ from inference.build_profile import KERNEL_MODES, QUANTIZED_PRECISIONS
 from inference.builder.two_term import set_two_term, strip_two_term
 from inference.cpu_class import CPU_CLASSES
 
-#: CPU classes whose lm_head runs with int8 activations (VNNI/AMX kernels) on its 8-bit codes,
-#: top-k rescored.
-FAST_HEAD_CLASSES: tuple[str, ...] = ("amx", "avx512-vnni")
-#: CPU classes whose lm_head runs with int8 activations on two 4-bit planes (their 16-bit pair
-#: sums cannot saturate on 4-bit values), top-k rescored.
-PLANE_HEAD_CLASSES: tuple[str, ...] = ("avx2", "avx2-vnni", "avx512")
+#: CPU classes whose lm_head runs with int8 activations on the high 4-bit plane of its table
+#: (4-bit values cannot saturate AVX2's 16-bit pair sums, and VNNI/AMX sum in 32 bits), top-k
+#: rescored from both planes.
+FAST_HEAD_CLASSES: tuple[str, ...] = ("amx", "avx512-vnni", "avx2", "avx2-vnni", "avx512")
 #: How many of the fast lm_head's top logits are recomputed exactly.
 RESCORE_TOP_K = 32
 #: The projection groups of a layer, by the name part of their weights (q/k/v and gate/up run
@@ -98,6 +103,10 @@ class KernelPlan:
     #: How the 8-bit head table is held: ``codes`` (one uint8 a weight) or ``planes`` (two
     #: 4-bit ones, see :mod:`.quantized`).
     head_layout: str = "planes"
+    #: What the fast head (level 4, top-k rescored) multiplies: ``table`` (the whole 8-bit
+    #: table) or ``high`` (its high 4-bit plane: half the bytes a token; the top-k it picks are
+    #: then recomputed from both planes in float32).
+    head_select: str = "table"
     #: The plan's name (:data:`PLAN_GROUPS`; ``forced`` for a test's override).
     name: str = "exact"
     #: Projection groups (:data:`PROJECTION_GROUPS`) whose ``MatMulNBits`` run at level 4;
@@ -136,12 +145,12 @@ def kernel_plan(precision: str, cpu_class: str, *, accuracy_level: int | None = 
     if cpu_class not in CPU_CLASSES:
         raise ValueError(f"unknown CPU class {cpu_class!r}; known: {', '.join(CPU_CLASSES)}")
     bits = 4 if precision == "int4" else 8
-    fast_head = cpu_class in FAST_HEAD_CLASSES or cpu_class in PLANE_HEAD_CLASSES
+    fast_head = cpu_class in FAST_HEAD_CLASSES
     return KernelPlan(precision=precision, cpu_class=cpu_class, weight_bits=bits,
                       accuracy_level=0 if accuracy_level is None else accuracy_level, head_bits=8,
                       head_accuracy_level=4 if fast_head else 0,
                       rescore_top_k=RESCORE_TOP_K if fast_head else 0,
-                      head_layout="codes" if cpu_class in FAST_HEAD_CLASSES else "planes",
+                      head_layout="planes", head_select="high" if fast_head else "table",
                       name="exact" if accuracy_level is None else "forced")
 
 

@@ -22,7 +22,7 @@ way round: the quantized graph decoding and fp32 reading took 2.8 s + 1.4 s (int
 the number of runs: reading all 8 sequences as one padded batch took as long as 16 runs.
 
 **Choosing the kernels.** The gate measures the kernel plans of :func:`.kernel_plan.candidate_plans`
-from fastest to exact on the same written graph (they differ only in accuracy levels) and
+from fastest to exact on the same written graph (:func:`.kernel_plan.retarget`) and
 publishes the first that passes. A plan faster than exact must answer like fp32 (``auto``): the
 agreement floor **and** free-running identity, the first :data:`IDENTITY_TOKENS` greedy tokens of
 every gate prompt equal to fp32's (decoded freely, so an early flip shows). The exact plan
