@@ -25,16 +25,12 @@ What still depends on the class is the lm_head (vocab x hidden, the largest matr
 level 4 (fast) with its top 32 logits recomputed exactly wherever the int8 kernels cannot
 saturate on what it holds:
 
-* every x86 class with AVX2 and up (AVX2's ``vpmaddubsw`` adds two u8 x s8 products into a
-  saturating 16-bit sum, which 8-bit codes can overflow, 255 x 127 x 2, but 4-bit values cannot,
-  255 x 15 x 2; VNNI/AMX sum in 32 bits): the fast product multiplies the **high 4-bit plane**
-  of the 8-bit table only (``16s (hi - 8)``: a 4-bit head, 5 bits a weight with its scales
-  against 9 for the 8-bit codes; in Llama 3.2 1B's 128,256 x 2,048 head 2.4-2.7 ms a token
-  against 4.2 ms, the largest single product of a step) and its top 32 are recomputed from both
-  planes in float32, so the greedy token and the head of the distribution are the 8-bit
-  weights' own; only the tail keeps the fast path's error, now a 4-bit one. (Before ort-6: the
-  8-bit codes on VNNI/AMX, both planes at level 4 on AVX2: 1.7 ms a token instead of 5.3 ms
-  exact for SmolLM2 there.)
+* VNNI/AMX (``vpdpbusd``, 32-bit sums; measured on AMX, AVX-512 VNNI runs the same kernels): the
+  8-bit codes as one table;
+* AVX2, AVX2-VNNI and AVX-512 without VNNI: ``vpmaddubsw`` adds two u8 x s8 products into a
+  saturating 16-bit sum, which 8-bit codes can overflow (255 x 127 x 2) but 4-bit values cannot
+  (at most 255 x 15 x 2), so the head is the two 4-bit planes of the float path, at level 4
+  (measured on a 2-core AMD EPYC, AVX2: the head 1.7 ms a token instead of 5.3 ms exact);
 * arm64 and older x86 (unmeasured here): computed exactly as two 4-bit planes at level 0.
 
 So the graph differs by class: the CPU class is part of a quantized bundle's profile, the
@@ -66,10 +62,12 @@ from inference.build_profile import KERNEL_MODES, QUANTIZED_PRECISIONS
 from inference.builder.two_term import set_two_term, strip_two_term
 from inference.cpu_class import CPU_CLASSES
 
-#: CPU classes whose lm_head runs with int8 activations on the high 4-bit plane of its table
-#: (4-bit values cannot saturate AVX2's 16-bit pair sums, and VNNI/AMX sum in 32 bits), top-k
-#: rescored from both planes.
-FAST_HEAD_CLASSES: tuple[str, ...] = ("amx", "avx512-vnni", "avx2", "avx2-vnni", "avx512")
+#: CPU classes whose lm_head runs with int8 activations (VNNI/AMX kernels) on its 8-bit codes,
+#: top-k rescored.
+FAST_HEAD_CLASSES: tuple[str, ...] = ("amx", "avx512-vnni")
+#: CPU classes whose lm_head runs with int8 activations on two 4-bit planes (their 16-bit pair
+#: sums cannot saturate on 4-bit values), top-k rescored.
+PLANE_HEAD_CLASSES: tuple[str, ...] = ("avx2", "avx2-vnni", "avx512")
 #: How many of the fast lm_head's top logits are recomputed exactly.
 RESCORE_TOP_K = 32
 #: The projection groups of a layer, by the name part of their weights (q/k/v and gate/up run
@@ -103,10 +101,6 @@ class KernelPlan:
     #: How the 8-bit head table is held: ``codes`` (one uint8 a weight) or ``planes`` (two
     #: 4-bit ones, see :mod:`.quantized`).
     head_layout: str = "planes"
-    #: What the fast head (level 4, top-k rescored) multiplies: ``table`` (the whole 8-bit
-    #: table) or ``high`` (its high 4-bit plane: half the bytes a token; the top-k it picks are
-    #: then recomputed from both planes in float32).
-    head_select: str = "table"
     #: The plan's name (:data:`PLAN_GROUPS`; ``forced`` for a test's override).
     name: str = "exact"
     #: Projection groups (:data:`PROJECTION_GROUPS`) whose ``MatMulNBits`` run at level 4;
@@ -145,12 +139,12 @@ def kernel_plan(precision: str, cpu_class: str, *, accuracy_level: int | None = 
     if cpu_class not in CPU_CLASSES:
         raise ValueError(f"unknown CPU class {cpu_class!r}; known: {', '.join(CPU_CLASSES)}")
     bits = 4 if precision == "int4" else 8
-    fast_head = cpu_class in FAST_HEAD_CLASSES
+    fast_head = cpu_class in FAST_HEAD_CLASSES or cpu_class in PLANE_HEAD_CLASSES
     return KernelPlan(precision=precision, cpu_class=cpu_class, weight_bits=bits,
                       accuracy_level=0 if accuracy_level is None else accuracy_level, head_bits=8,
                       head_accuracy_level=4 if fast_head else 0,
                       rescore_top_k=RESCORE_TOP_K if fast_head else 0,
-                      head_layout="planes", head_select="high" if fast_head else "table",
+                      head_layout="codes" if cpu_class in FAST_HEAD_CLASSES else "planes",
                       name="exact" if accuracy_level is None else "forced")
 
 

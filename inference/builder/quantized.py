@@ -25,11 +25,9 @@ float scale per block: ``w = (q - zero_point) * scale``.
   table on every call (30x slower than float32). So the graph takes the fast logits' top ``k``
   tokens, recomputes their logits exactly (their dequantized rows, gathered, times the hidden
   state in float32) and scatters them back: the greedy token and the head of the distribution
-  are those of the float32 weights; only the tail keeps the fast path's error. The fast logits
-  come from the table's high 4-bit plane alone (``16s (hi - 8)``, half the bytes; see
-  :meth:`QuantizedEmitter._fast_head`).
-* What depends on the CPU class (the lm_head's path) is chosen in :mod:`.kernel_plan`, and the
-  gate chooses the layers' kernel plan there too.
+  are those of the float32 weights; only the tail keeps the fast path's small error.
+* What depends on the CPU class (the lm_head's path) is chosen in :mod:`.kernel_plan`; the
+  linear layers compute in float32 on every class.
 """
 
 from __future__ import annotations
@@ -241,10 +239,6 @@ class QuantizedEmitter:
         self.int8_codes = plan.int8_layout == "codes"
         self.head_level = head_level
         self.head_layout = head_layout
-        if plan.head_select not in ("table", "high") or (
-                plan.head_select == "high" and head_layout != "planes"):
-            raise ValueError(f"head select {plan.head_select!r} needs the planes layout, not {head_layout!r}")
-        self.head_select = plan.head_select
         self.top_k = plan.rescore_top_k
         self.q4 = q4
         self.counts = {"gguf_blocks": 0, "quantized": 0}
@@ -449,17 +443,6 @@ class QuantizedEmitter:
         at 8 bits like the embedding: float32 ``[*ids.shape, W]``."""
         return self._table_rows(self._table(base, self._weight_8bit(name, table), self.head_layout), ids)
 
-    def _fast_head(self, hidden: str, t: Table8) -> str:
-        """The level-4 logits whose top k are recomputed: the whole table's, or (``high``) those
-        of its high 4-bit plane alone, ``16s (hi - 8)``: the table less its low plane ``s lo``
-        (0..15 steps), half the bytes a token; the rescoring adds the low plane back."""
-        if self.head_select == "table" or t.layout != "planes":
-            return self._table_matmul(hidden, t, self.head_level)
-        if hidden not in self._times16:
-            self._times16[hidden] = self.em.op1("Mul", [hidden, self.em.const(np.float32(16.0))])
-        return self._matmul_nbits(self._times16[hidden], [f"{t.base}.hi.q4", f"{t.base}.q8_scales"],
-                                  t.n, t.k, 4, self.head_level)
-
     def lm_head(self, hidden: str, table: Table8 | np.ndarray, bias: str | None = None) -> str:
         """Logits ``[B, S, vocab]`` of ``hidden`` [B, S, H] through the 8-bit lm_head: the tied
         embedding's :class:`Table8`, or an untied weight [V, H] (plus ``bias``, an initializer
@@ -472,7 +455,7 @@ class QuantizedEmitter:
             if bias is None:
                 return self._table_matmul(hidden, t, self.head_level, out="logits")
             return em.op("Add", [self._table_matmul(hidden, t, self.head_level), bias], outputs=["logits"])[0]
-        fast = self._fast_head(hidden, t)
+        fast = self._table_matmul(hidden, t, self.head_level)
         if bias is not None:
             fast = em.op1("Add", [fast, bias])
         _, top = em.op("TopK", [fast, em.const(np.array([self.top_k], np.int64))], n_out=2, axis=-1)

@@ -14,7 +14,7 @@ import pytest
 from inference.builder import EngineBuildSpec, build_bundle
 from inference.builder.checkpoint_reader import open_checkpoint
 from inference.builder.graph import build_decoder_graph
-from inference.builder.kernel_plan import FAST_HEAD_CLASSES, kernel_plan
+from inference.builder.kernel_plan import FAST_HEAD_CLASSES, PLANE_HEAD_CLASSES, kernel_plan
 from inference.builder.model_config import load_model_config
 from inference.builder.ort_backend import fused_ops_supported
 from inference.builder.quality import MIN_AGREEMENT, QualityGateError
@@ -77,10 +77,13 @@ def test_the_graph_written_for_each_cpu_class(
     head = [n for n in nbits if _attr(n, "N") == 384]  # the vocabulary
     ops = {n.op_type for n in graph.node}
     planes = {"model.embed_tokens.hi.q4", "model.embed_tokens.lo.q4"}
-    assert planes <= inits  # the table: two 4-bit planes, gathered by the embedding and the rescoring
-    if cls in FAST_HEAD_CLASSES:  # int8 activations on the high 4-bit plane, top-k recomputed
-        assert [(_attr(n, "bits"), _attr(n, "accuracy_level")) for n in head] == [(4, 4)]
-        assert head[0].input[1] == "model.embed_tokens.hi.q4"
+    if cls in FAST_HEAD_CLASSES:  # int8 activations on 8-bit codes (VNNI/AMX), top-k recomputed
+        assert [(_attr(n, "bits"), _attr(n, "accuracy_level")) for n in head] == [(8, 4)]
+        assert head[0].input[1] == "model.embed_tokens.q8"
+        assert {"TopK", "ScatterElements"} <= ops
+    elif cls in PLANE_HEAD_CLASSES:  # int8 activations on 4-bit planes (AVX2), top-k recomputed
+        assert sorted((_attr(n, "bits"), _attr(n, "accuracy_level")) for n in head) == [(4, 4), (4, 4)]
+        assert {n.input[1] for n in head} == planes
         assert {"TopK", "ScatterElements"} <= ops
     else:  # exact: two 4-bit planes in float32
         assert sorted((_attr(n, "bits"), _attr(n, "accuracy_level")) for n in head) == [(4, 0), (4, 0)]
