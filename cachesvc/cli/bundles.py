@@ -128,7 +128,10 @@ def _quality_line(q: dict[str, Any]) -> str:
 
 def _candidate_line(c: dict[str, Any], q: dict[str, Any]) -> str:
     """One kernel plan the gate measured."""
-    return (f"{'chosen' if c.get('passed') else 'rejected'}: agreement {c.get('greedy_agreement')}, "
+    verdict = "chosen" if c.get("passed") else "rejected"
+    if c.get("slower_than_exact"):
+        verdict = "rejected (answers like fp32 but no faster than the exact plan)"
+    return (f"{verdict}: agreement {c.get('greedy_agreement')}, "
             f"{c.get('identical')} of {q.get('prompts')} prompts identical for {q.get('identity_tokens')} "
             f"tokens, {c.get('decode_tok_s')} tok/s at 1 row, {c.get('decode_tok_s_rows')} at "
             f"{q.get('prompts')}, {c.get('seconds')} s")

@@ -8,7 +8,7 @@ graph computes that residual itself, ``r = x - deq(q(x))``, and feeds ``x`` and 
 of the same op, ``y = W x + W r`` (the second product quantizes ``r`` to int8 in turn, so what is
 left is ``r``'s own rounding: 127 times smaller, about 4e-5 of a product's size against 1e-2 for
 one term, measured in 1B-Llama shapes against float64). It costs a second row through the op
-(0.67 against 0.47 ms for one 2048x8192 product at one row, against 1.4-2.5 ms at level 0), twelve
+(four 2048x8192 products at one row: 0.67 against 0.47 ms, and 1.4-2.5 ms at level 0), twelve
 small ops per distinct input and, for a prefill, twice the rows (128 tokens: 62 against 38 ms at
 level 0), so the gate keeps it only where it decodes faster than the exact plan
 (:mod:`.quality`).

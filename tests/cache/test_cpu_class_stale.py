@@ -73,6 +73,9 @@ def test_a_bundle_built_for_another_cpu_class_is_stale_refused_and_evicted_first
         shown = capsys.readouterr().out
         assert f"greedy agreement {quality['greedy_agreement']} with fp32" in shown
         assert f"CPU class {here}" in shown
+        for c in quality["candidates"]:  # each plan the gate tried, with its verdict
+            assert f"plan {c['plan']}" in shown
+            assert ("no faster than the exact plan" in shown) >= c["slower_than_exact"]
 
         moved_to = another_machine()  # type: ignore[operator]
         print(f"built on CPU class {here}, moved to {moved_to}")

@@ -9,6 +9,7 @@ two-plane layout; and the rewiring is undone exactly by the next plan the gate t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,12 +19,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from inference.builder import EngineBuildSpec, build_bundle
+from inference.builder import EngineBuildSpec, build_bundle, quality
 from inference.builder.kernel_plan import PROJECTION_GROUPS, candidate_plans, retarget
 from inference.builder.two_term import PREFIX, set_two_term, strip_two_term
 from inference.cpu_class import cpu_class
 from inference.runtime.onnxruntime_engine import GqaEngine
 from inference.runtime.onnxruntime_loader import read_engine_meta
+from tests.support.gate_rule import check_gate_choice
 
 MS = "com.microsoft"
 K, N, BLOCK = 512, 96, 32
@@ -144,3 +146,38 @@ def test_the_twoterm_plan_answers_like_the_exact_plan_and_retargets_back(
           f"one {one:.2e}")
     assert two < one / 10 and two < 1e-3
     assert set(PROJECTION_GROUPS) == set(meta["kernels"]["int8_groups"])
+
+
+@pytest.mark.parametrize("two_term_tok_s", [10.0, 1000.0], ids=["slower", "faster"])
+def test_the_gate_publishes_twoterm_only_where_it_decodes_faster_than_exact(
+    hf_checkpoint: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    two_term_tok_s: float,
+) -> None:
+    # The speeds are set, not measured (a timing is not a test): a graph holding the two-term
+    # form decodes at ``two_term_tok_s``, every other plan at 100 tok/s.
+    if "twoterm" not in {p.name for p in candidate_plans("int8", cpu_class())}:
+        pytest.skip(f"CPU class {cpu_class()} has no int8 kernels to run the plan on")
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    graph = bundle / "model.ort.onnx"
+
+    def speed(engine: object, prompt: object, first: object) -> float:
+        model = onnx.load(str(graph), load_external_data=False)
+        return two_term_tok_s if any(n.name.startswith(PREFIX) for n in model.graph.node) else 100.0
+
+    monkeypatch.setattr(quality, "_time_decode", speed)
+    meta = build_bundle(hf_checkpoint("qwen2", "fp32", True), bundle, EngineBuildSpec(precision="int8"))
+    chosen = check_gate_choice(meta)
+    # int8: on two planes, then (slower there, or chosen) on 8-bit codes
+    planes, codes = [c for c in meta["quality"]["candidates"] if c["plan"] == "twoterm"]
+    assert (planes["int8_layout"], codes["int8_layout"]) == ("planes", "codes")
+    print(f"CPU class {cpu_class()}: {json.dumps(meta['quality']['candidates'])}")
+    if two_term_tok_s < 100:  # answered like fp32 (its rounding is float32's) but is slower
+        assert all(c["slower_than_exact"] and not c["passed"] for c in (planes, codes))
+        assert chosen["plan"] == "exact"
+        assert _levels_and_pairs(onnx.load(str(graph), load_external_data=False))[1] == 0
+    else:
+        assert planes["passed"] and codes["passed"] and not planes["slower_than_exact"]
+        assert chosen["plan"] == "twoterm" and chosen["int8_layout"] == "codes"
+        assert meta["kernels"]["two_term"] is True
+        assert _levels_and_pairs(onnx.load(str(graph), load_external_data=False))[1] > 0

@@ -171,6 +171,36 @@ MUTATIONS: tuple[Mutation, ...] = (
         tests=(f"{CPU_CLASS.split('::')[0]}::test_a_quantized_build_that_fails_the_gate_publishes_nothing",),
     ),
     Mutation(
+        name="two-term-floor-residual",
+        why="the two-term residual rounds the activations down instead of to nearest, so it no longer "
+            "takes back what onnxruntime's int8 rounding lost",
+        path="inference/builder/two_term.py",
+        function="_residual_pair",
+        find=r'q = op\("Round", ',
+        replace='q = op("Floor", ',
+        tests=("tests/engine/test_two_term.py::test_two_terms_take_back_the_int8_rounding_of_the_activations",),
+    ),
+    Mutation(
+        name="two-term-left-in-exact-plan",
+        why="retarget leaves a two-term plan's pairs in the graph when the gate moves on to the next plan",
+        path="inference/builder/kernel_plan.py",
+        function="retarget",
+        find=r"    strip_two_term\(model\.graph\)\n",
+        replace="",
+        tests=("tests/engine/test_two_term.py::"
+               "test_the_twoterm_plan_answers_like_the_exact_plan_and_retargets_back",),
+    ),
+    Mutation(
+        name="two-term-published-when-slower",
+        why="the gate publishes a two-term plan that decodes slower than the exact plan",
+        path="inference/builder/quality.py",
+        function="run_gate",
+        find=r"slower = passed and plan\.two_term and mode != \"forced\" and slower_than_exact\(figures\)",
+        replace="slower = False",
+        tests=("tests/engine/test_two_term.py::"
+               "test_the_gate_publishes_twoterm_only_where_it_decodes_faster_than_exact",),
+    ),
+    Mutation(
         name="all-bundles-every-node",
         why="the catalog's bundles.all drops its node filter: reconcile and the stale-first "
         "eviction see other nodes' rows (on a shared catalog)",
