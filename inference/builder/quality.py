@@ -358,6 +358,96 @@ def _gate_failure(precision: str, kv_dtype: str, last: Candidate, quality: Quali
     )
 
 
+@dataclass
+class _Trials:
+    """The candidate plans of one gate run, measured one after another on the written graph
+    ``model`` against fp32's answers ``reference`` (see :func:`run_gate`)."""
+
+    model: Path
+    plans: Sequence[KernelPlan]
+    meta: dict[str, Any]
+    reference: Reference
+    threads: int
+    mode: str
+    threshold: float
+    strict: bool
+    tried: list[Candidate] = field(default_factory=list)
+    #: The exact plan's free-running tokens and its (one row, one row per prompt) tok/s, once needed.
+    exact_free: list[list[int]] | None = None
+    exact_speed: tuple[float, float] | None = None
+
+    @property
+    def wanted(self) -> list[list[int]]:
+        """fp32's free-running answers."""
+        return [ref[:IDENTITY_TOKENS] for ref in self.reference.tokens]
+
+    def _run_exact(self, timed: bool) -> None:
+        prompts = self.reference.prompts
+        engine = _open_plan(self.model, self.plans[-1], self.meta, len(prompts), self.threads)
+        try:
+            one = _time_decode(engine, prompts[0], self.reference.tokens[0][0]) if timed else 0.0
+            self.exact_free, rows = _free_run(engine, prompts)
+        finally:
+            engine.close()
+        if timed:
+            self.exact_speed = (one, rows)
+
+    def answers_like_exact(self, free: list[list[int]]) -> bool:
+        """Whether each prompt's free-running tokens are fp32's or, where the exact plan's own
+        differ from fp32's (the weights' rounding), the exact plan's."""
+        wanted = self.wanted
+        if free == wanted:
+            return True
+        if self.exact_free is None:
+            self._run_exact(timed=False)
+        assert self.exact_free is not None
+        return all(got in (ref, ex) for got, ref, ex in zip(free, wanted, self.exact_free, strict=True))
+
+    def slower_than_exact(self, figures: Candidate) -> bool:
+        """Whether a two-term plan fails to pay for itself: under 0.95x the exact plan's tok/s at
+        one row, or under :data:`TWO_TERM_SPEEDUP` x at both one row and one row per prompt."""
+        if self.exact_speed is None:
+            self._run_exact(timed=True)
+        assert self.exact_speed is not None
+        one, rows = self.exact_speed
+        speedup = max(figures.decode_tok_s / one, figures.decode_tok_s_rows / rows)
+        return figures.decode_tok_s < 0.95 * one or speedup < TWO_TERM_SPEEDUP
+
+    def measured(self, plan: KernelPlan) -> bool:
+        """Measure ``plan``, record its figures and verdict; whether it passed."""
+        figures, free = _try_plan(self.model, plan, self.meta, self.reference, self.threads)
+        # A plan that trades float32 compute for speed must give fp32's answers (``auto``); the
+        # exact plan, ``fast`` and a plan the caller forces (``forced``) face the floor alone.
+        passed = figures.greedy_agreement >= self.threshold and (
+            free == self.wanted if self.strict else
+            self.mode in ("fast", "forced") or plan.name == "exact" or self.answers_like_exact(free))
+        slower = passed and plan.two_term and self.mode != "forced" and self.slower_than_exact(figures)
+        self.tried.append(replace(figures, passed=passed and not slower, slower_than_exact=slower))
+        return passed and not slower
+
+    def choose(self, relayout: Callable[[KernelPlan | None], KernelPlan | None] | None) -> KernelPlan | None:
+        """The first plan that passes (then, where ``relayout`` offers one, its faster layout if
+        that passes too), or None."""
+        chosen: KernelPlan | None = None
+        for plan in self.plans:
+            if self.measured(plan):
+                chosen = plan
+                break
+            # A two-term int8 plan that answered like fp32 but was no faster on two planes gets
+            # its faster layout (8-bit codes: one product per projection, not two) first.
+            again = relayout(plan) if relayout is not None and self.tried[-1].slower_than_exact else None
+            if again is not None and relayout is not None:
+                if self.measured(again):
+                    return again
+                relayout(None)
+        faster = relayout(chosen) if relayout is not None and chosen is not None else None
+        if faster is not None and relayout is not None:
+            if self.measured(faster):
+                return faster
+            relayout(None)
+        return chosen
+
+
 def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]], candidate_model: Path,
              meta: dict[str, Any], tokenizer_dir: Path, *, cpu_class: str, threads: int,
              plans: Sequence[KernelPlan], mode: str = "auto", threshold: float = MIN_AGREEMENT,
@@ -398,73 +488,9 @@ def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]]
     reference, cached = reference_answers(open_reference, prompts, tokens, reference_file)
     reference_seconds = time.monotonic() - started
 
-    exact_free: list[list[int]] | None = None
-    wanted = [ref[:IDENTITY_TOKENS] for ref in reference.tokens]  # fp32's free-running answers
-
-    def answers_like_exact(free: list[list[int]]) -> bool:
-        """Whether each prompt's free-running tokens are fp32's or, where the exact plan's own
-        differ from fp32's (the weights' rounding), the exact plan's."""
-        nonlocal exact_free
-        if free == wanted:
-            return True
-        if exact_free is None:
-            engine = _open_plan(candidate_model, plans[-1], run_meta, len(prompts), threads)
-            try:
-                exact_free = _free_run(engine, prompts)[0]
-            finally:
-                engine.close()
-        return all(got in (ref, ex) for got, ref, ex in zip(free, wanted, exact_free, strict=True))
-
-    run_meta = {**meta, **needed}
-    tried: list[Candidate] = []
-    exact_speed: list[tuple[float, float]] = []  # the exact plan's tok/s at one row, at one per prompt
-
-    def slower_than_exact(figures: Candidate) -> bool:
-        """Whether a two-term plan fails to pay for itself: under 0.95x the exact plan's tok/s at
-        one row, or under :data:`TWO_TERM_SPEEDUP` x at both one row and one row per prompt."""
-        nonlocal exact_free
-        if not exact_speed:
-            engine = _open_plan(candidate_model, plans[-1], run_meta, len(prompts), threads)
-            try:
-                one = _time_decode(engine, reference.prompts[0], reference.tokens[0][0])
-                exact_free, rows = _free_run(engine, prompts)
-            finally:
-                engine.close()
-            exact_speed.append((one, rows))
-        one, rows = exact_speed[0]
-        speedup = max(figures.decode_tok_s / one, figures.decode_tok_s_rows / rows)
-        return figures.decode_tok_s < 0.95 * one or speedup < TWO_TERM_SPEEDUP
-
-    def measured(plan: KernelPlan) -> bool:
-        figures, free = _try_plan(candidate_model, plan, run_meta, reference, threads)
-        # A plan that trades float32 compute for speed must give fp32's answers (``auto``); the
-        # exact plan, ``fast`` and a plan the caller forces (``forced``) face the floor alone.
-        passed = figures.greedy_agreement >= threshold and (
-            free == wanted if strict else
-            mode in ("fast", "forced") or plan.name == "exact" or answers_like_exact(free))
-        slower = passed and plan.two_term and mode != "forced" and slower_than_exact(figures)
-        tried.append(replace(figures, passed=passed and not slower, slower_than_exact=slower))
-        return passed and not slower
-
-    chosen: KernelPlan | None = None
-    for plan in plans:
-        if measured(plan):
-            chosen = plan
-            break
-        # A two-term int8 plan that answered like fp32 but was no faster on two planes gets its
-        # faster layout (8-bit codes: one product per projection, not two) before the gate moves on.
-        again = relayout(plan) if relayout is not None and tried[-1].slower_than_exact else None
-        if again is not None and relayout is not None:
-            if measured(again):
-                chosen = again
-                break
-            relayout(None)
-    faster = relayout(chosen) if relayout is not None and chosen is not None else None
-    if faster is not None and relayout is not None:
-        if measured(faster):
-            chosen = faster
-        else:
-            relayout(None)
+    trials = _Trials(candidate_model, plans, {**meta, **needed}, reference, threads, mode, threshold, strict)
+    chosen = trials.choose(relayout)
+    tried = trials.tried
     last = next((c for c in reversed(tried) if c.passed), tried[-1])
     if chosen is not None:  # the exact plan's free run may have retargeted the file since
         _set_plan(candidate_model, chosen)

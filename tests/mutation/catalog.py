@@ -165,8 +165,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="quality-gate-never-fails",
         why="a quantized build that answers unlike fp32 is published anyway",
         path="inference/builder/quality.py",
-        function="run_gate",
-        find=r"passed = figures\.greedy_agreement >= threshold and \(",
+        function="_Trials.measured",
+        find=r"passed = figures\.greedy_agreement >= self\.threshold and \(",
         replace="passed = True or (",
         tests=(f"{CPU_CLASS.split('::')[0]}::test_a_quantized_build_that_fails_the_gate_publishes_nothing",),
     ),
@@ -194,8 +194,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="two-term-published-when-slower",
         why="the gate publishes a two-term plan that decodes slower than the exact plan",
         path="inference/builder/quality.py",
-        function="run_gate",
-        find=r"slower = passed and plan\.two_term and mode != \"forced\" and slower_than_exact\(figures\)",
+        function="_Trials.measured",
+        find=r"slower = passed and plan\.two_term and self\.mode != \"forced\" and "
+             r"self\.slower_than_exact\(figures\)",
         replace="slower = False",
         tests=("tests/engine/test_two_term.py::"
                "test_the_gate_publishes_twoterm_only_where_it_decodes_faster_than_exact",),
