@@ -6,8 +6,9 @@ one batch-1 token through graphs of single ops with random weights, 2 threads by
 
 * the linear layers of all ``--layers`` layers (q|k|v, o, gate|up, down): float32 ``MatMul``,
   4-bit ``MatMulNBits`` at accuracy level 0 (float32 compute) and 4 (int8 activations), 8-bit at
-  level 0 and 4, int8's two 4-bit planes at level 0; for each ``--rows`` count of tokens at once
-  (1: a decode step; 8: eight clients' step);
+  level 0 and 4, int8's two 4-bit planes at level 0, and 4-bit / 8-bit at level 4 in two int8
+  terms (``T2``: the ``twoterm`` kernel plan, ``inference/builder/two_term.py``); for each
+  ``--rows`` count of tokens at once (1: a decode step; 8: eight clients' step);
 * the lm_head (vocab x hidden): float32, 4-bit, two 4-bit planes at level 0 and at level 4, 8-bit
   at level 4, and 4-bit with float zero points (what Q4_1's ``d*q + m`` would need as one op);
 * GroupQueryAttention of all layers after 400 and 1,500 tokens, KV in float32 and in float16.
@@ -39,6 +40,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from inference.builder.two_term import set_two_term
 from inference.cpu_class import cpu_class
 
 
@@ -69,10 +71,13 @@ rng = np.random.default_rng(0)
 
 
 def _session(nodes: list[helper.NodeProto], inputs: list[helper.ValueInfoProto], outputs: list[str],
-             inits: list[TensorProto], threads: int, elem: int = TensorProto.FLOAT) -> ort.InferenceSession:
+             inits: list[TensorProto], threads: int, elem: int = TensorProto.FLOAT,
+             two_term: bool = False) -> ort.InferenceSession:
     outs = [helper.make_tensor_value_info(o, elem, None) for o in outputs]
     graph = helper.make_graph(nodes, "g", inputs, outs, initializer=inits)
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
+    if two_term:  # every product in two int8 terms, as the twoterm kernel plan writes them
+        set_two_term(graph, lambda node: True)
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)]
     model = helper.make_model(graph, opset_imports=opsets)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
@@ -108,7 +113,7 @@ def _linear(name: str, x: str, k: int, n: int, kind: str) -> tuple[list[helper.N
     if kind == "4bit fzp":
         node, inits = nbits("w", x, 4, 0, (rng.random(n * blocks) * 8).astype(np.float32), out=name)
         return [node], inits
-    bits, level = int(kind[0]), int(kind[-1])
+    bits, level = int(kind[0]), 4 if kind.endswith("T2") else int(kind[-1])
     node, inits = nbits("w", x, bits, level, out=name)
     return [node], inits
 
@@ -140,7 +145,7 @@ def linear_layers(shape: Shape, kinds: Sequence[str], layers: int, threads: int,
                 nodes += more_nodes
                 inits += more_inits
                 outs.append(f"{part}.{layer}")
-        session = _session(nodes, inputs, outs, inits, threads)
+        session = _session(nodes, inputs, outs, inits, threads, two_term=kind.endswith("T2"))
         cells = []
         for m in rows:
             feeds = {f"x{k}": rng.standard_normal((m, k)).astype(np.float32) for k in widths}
@@ -216,8 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=None, help="default: the model's")
     p.add_argument("--vocab", type=int, default=49152)
     p.add_argument("--rows", default="1,2,8", help="tokens at once through the linear layers")
-    p.add_argument("--kinds", default="fp32,4bit L0,4bit L4,8bit L0,8bit L4,planes L0",
-                   help="linear kinds: fp32, {4,8}bit L{0,4}, planes L{0,4}")
+    p.add_argument("--kinds", default="fp32,4bit L0,4bit L4,4bit T2,8bit L0,8bit L4,8bit T2,planes L0",
+                   help="linear kinds: fp32, {4,8}bit L{0,4}, {4,8}bit T2 (level 4, two int8 terms), "
+                        "planes L{0,4}")
     p.add_argument("--quick", action="store_true", help="CI: 2 layers, 3 repeats, a small vocabulary")
     args = p.parse_args(argv)
     shape = MODELS[args.model]

@@ -7,11 +7,10 @@ block, and it is what flips near-ties (docs/quantization.md). The two-term form 
 graph computes that residual itself, ``r = x - deq(q(x))``, and feeds ``x`` and ``r`` as two rows
 of the same op, ``y = W x + W r`` (the second product quantizes ``r`` to int8 in turn, so what is
 left is ``r``'s own rounding: 127 times smaller, about 4e-5 of a product's size against 1e-2 for
-one term, measured in 1B-Llama shapes against float64). It costs a second row through the op
-(four 2048x8192 products at one row: 0.67 against 0.47 ms, and 1.4-2.5 ms at level 0), twelve
-small ops per distinct input and, for a prefill, twice the rows (128 tokens: 62 against 38 ms at
-level 0), so the gate keeps it only where it decodes faster than the exact plan
-(:mod:`.quality`).
+one term, measured against float64). It costs a second row through the op (4 of a 1B Llama's
+layers at one row: 4.2 ms against 3.7 for one term and 6.0 at level 0; ``bench/ort_ops.py``), twelve
+small ops per distinct input and, for a prefill, twice the rows (128 tokens: 246 against 146 ms
+at level 0), so the gate keeps it only where it pays against the exact plan (:mod:`.quality`).
 
 The rows ride in one ``MatMulNBits`` (``Concat`` on the first axis, ``Split`` and ``Add`` after)
 rather than two nodes, because every node prepacks its own copy of the weights.
