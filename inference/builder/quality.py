@@ -113,7 +113,7 @@ class Candidate:
     passed: bool
     seconds: float
     #: A two-term plan that answered like fp32 but decoded no faster than the exact plan (the
-    #: rule of ``run_gate``'s ``slower_than_exact``), so the gate went on to the next plan.
+    #: rule of ``_Trials.slower_than_exact``), so the gate went on to the next plan.
     slower_than_exact: bool = False
 
 
@@ -358,6 +358,10 @@ def _gate_failure(precision: str, kv_dtype: str, last: Candidate, quality: Quali
     )
 
 
+#: Rewrites the candidate graph in a faster layout of a plan (None: puts back what was measured).
+Relayout = Callable[[KernelPlan | None], KernelPlan | None]
+
+
 @dataclass
 class _Trials:
     """The candidate plans of one gate run, measured one after another on the written graph
@@ -372,25 +376,27 @@ class _Trials:
     threshold: float
     strict: bool
     tried: list[Candidate] = field(default_factory=list)
-    #: The exact plan's free-running tokens and its (one row, one row per prompt) tok/s, once needed.
-    exact_free: list[list[int]] | None = None
-    exact_speed: tuple[float, float] | None = None
+    #: The exact plan's free-running tokens and its tok/s at one row and at one row per prompt,
+    #: measured once, when a candidate first needs them.
+    _exact: tuple[list[list[int]], float, float] | None = None
 
     @property
     def wanted(self) -> list[list[int]]:
         """fp32's free-running answers."""
         return [ref[:IDENTITY_TOKENS] for ref in self.reference.tokens]
 
-    def _run_exact(self, timed: bool) -> None:
-        prompts = self.reference.prompts
-        engine = _open_plan(self.model, self.plans[-1], self.meta, len(prompts), self.threads)
-        try:
-            one = _time_decode(engine, prompts[0], self.reference.tokens[0][0]) if timed else 0.0
-            self.exact_free, rows = _free_run(engine, prompts)
-        finally:
-            engine.close()
-        if timed:
-            self.exact_speed = (one, rows)
+    def exact(self) -> tuple[list[list[int]], float, float]:
+        """The exact plan's free-running tokens, tok/s at one row and at one row per prompt."""
+        if self._exact is None:
+            prompts = self.reference.prompts
+            engine = _open_plan(self.model, self.plans[-1], self.meta, len(prompts), self.threads)
+            try:
+                one = _time_decode(engine, prompts[0], self.reference.tokens[0][0])
+                free, rows = _free_run(engine, prompts)
+            finally:
+                engine.close()
+            self._exact = (free, one, rows)
+        return self._exact
 
     def answers_like_exact(self, free: list[list[int]]) -> bool:
         """Whether each prompt's free-running tokens are fp32's or, where the exact plan's own
@@ -398,18 +404,13 @@ class _Trials:
         wanted = self.wanted
         if free == wanted:
             return True
-        if self.exact_free is None:
-            self._run_exact(timed=False)
-        assert self.exact_free is not None
-        return all(got in (ref, ex) for got, ref, ex in zip(free, wanted, self.exact_free, strict=True))
+        exact_free = self.exact()[0]
+        return all(got in (ref, ex) for got, ref, ex in zip(free, wanted, exact_free, strict=True))
 
     def slower_than_exact(self, figures: Candidate) -> bool:
         """Whether a two-term plan fails to pay for itself: under 0.95x the exact plan's tok/s at
         one row, or under :data:`TWO_TERM_SPEEDUP` x at both one row and one row per prompt."""
-        if self.exact_speed is None:
-            self._run_exact(timed=True)
-        assert self.exact_speed is not None
-        one, rows = self.exact_speed
+        _, one, rows = self.exact()
         speedup = max(figures.decode_tok_s / one, figures.decode_tok_s_rows / rows)
         return figures.decode_tok_s < 0.95 * one or speedup < TWO_TERM_SPEEDUP
 
@@ -425,34 +426,34 @@ class _Trials:
         self.tried.append(replace(figures, passed=passed and not slower, slower_than_exact=slower))
         return passed and not slower
 
-    def choose(self, relayout: Callable[[KernelPlan | None], KernelPlan | None] | None) -> KernelPlan | None:
-        """The first plan that passes (then, where ``relayout`` offers one, its faster layout if
-        that passes too), or None."""
-        chosen: KernelPlan | None = None
+    def _relaid(self, plan: KernelPlan, relayout: Relayout | None) -> KernelPlan | None:
+        """``plan`` in the faster layout ``relayout`` writes, when there is one and it passes;
+        else None, with the graph the gate measured put back."""
+        again = relayout(plan) if relayout is not None else None
+        if again is None or relayout is None:
+            return None
+        if self.measured(again):
+            return again
+        relayout(None)
+        return None
+
+    def choose(self, relayout: Relayout | None) -> KernelPlan | None:
+        """The first plan that passes (in its faster layout where that passes too), or None."""
         for plan in self.plans:
             if self.measured(plan):
-                chosen = plan
-                break
+                return self._relaid(plan, relayout) or plan
             # A two-term int8 plan that answered like fp32 but was no faster on two planes gets
             # its faster layout (8-bit codes: one product per projection, not two) first.
-            again = relayout(plan) if relayout is not None and self.tried[-1].slower_than_exact else None
-            if again is not None and relayout is not None:
-                if self.measured(again):
-                    return again
-                relayout(None)
-        faster = relayout(chosen) if relayout is not None and chosen is not None else None
-        if faster is not None and relayout is not None:
-            if self.measured(faster):
-                return faster
-            relayout(None)
-        return chosen
+            if self.tried[-1].slower_than_exact and (again := self._relaid(plan, relayout)):
+                return again
+        return None
 
 
 def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]], candidate_model: Path,
              meta: dict[str, Any], tokenizer_dir: Path, *, cpu_class: str, threads: int,
              plans: Sequence[KernelPlan], mode: str = "auto", threshold: float = MIN_AGREEMENT,
              reference_file: Path | None = None,
-             relayout: Callable[[KernelPlan | None], KernelPlan | None] | None = None,
+             relayout: Relayout | None = None,
              strict: bool = False) -> tuple[KernelPlan, Quality]:
     """Choose among ``plans`` (fastest first, the written graph ``candidate_model`` holding their
     weights) by measuring each against fp32 of the same weights (``fp32_reference()`` writes its
