@@ -31,6 +31,7 @@ from inference.builder.gguf_reader import (
     read_gguf_header,
     tensor_plan,
 )
+from inference.builder.kernel_plan import PROJECTION_GROUPS
 from inference.builder.quantized import BLOCK, GgufBlocks
 from inference.builder.safetensors_reader import SafetensorsCheckpoint
 from inference.cpu_class import cpu_class
@@ -250,7 +251,7 @@ def test_on_the_4bit_grid_auto_publishes_the_fastest_plan_that_answers_like_fp32
     graph = onnx.load(str(bundle / "model.ort.onnx"), load_external_data=False).graph
     levels = {next(a.i for a in n.attribute if a.name == "accuracy_level") for n in graph.node
               if n.op_type == "MatMulNBits" and ".layers." in n.input[1]}
-    assert levels == ({4} if chosen["plan"] == "fast" else {0, 4} if chosen["int8_groups"] else {0})
+    assert levels == {4 if group in chosen["int8_groups"] else 0 for group in PROJECTION_GROUPS}
 
 
 def test_int4_of_a_float_checkpoint_quantizes_it_and_the_gate_judges(
