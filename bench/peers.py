@@ -2,7 +2,10 @@
 
 All servers run at once on loopback ports (idle ones sleep), each with 8 slots and the same
 threads; the measurement rounds alternate between them (best of ``--repeats`` rounds), so a busy
-spell of a shared machine hits all of them rather than one. Each is driven
+spell of a shared machine hits all of them rather than one; before each server's round the
+script waits until every server is quiet (none used over 5% of a CPU in half a second), so one
+server's work after its round (ours makes its last requests' context records once idle) does not
+slow the next one's figures. Each is driven
 through the OpenAI protocol (``/v1/completions``, streamed, prompts as token ids so that both
 see exactly the same tokens; EOS suppressed with ``logit_bias`` and ``ignore_eos`` so every
 request yields ``max_tokens``). Figures:
@@ -171,6 +174,29 @@ def start_ours(checkpoint: Path, item: str, args: argparse.Namespace, work: Path
     server = Server(f"ours {item}", proc, port, log)
     _wait_ready(server, ["/health/ready"], args.start_timeout)
     return server
+
+
+def _cpu_seconds(server: Server) -> float:
+    """CPU time the server process used so far (all its threads), seconds."""
+    try:
+        fields = Path(f"/proc/{server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def wait_quiet(servers: Sequence[Server], window: float = 0.5, limit: float = 60.0) -> None:
+    """Until no server used more than 5% of a CPU over ``window`` (up to ``limit`` s): a server
+    still busy after its round (ours writes the context records of its last requests once idle)
+    would take the CPUs from the next one's measurement (SmolLM2 int4 read 79 instead of 128
+    tok/s at 400 tokens right after the int8 server's round)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        before = [_cpu_seconds(s) for s in servers]
+        time.sleep(window)
+        if all(_cpu_seconds(s) - b <= 0.05 * window for s, b in zip(servers, before, strict=True)):
+            return
+    print(f"warning: a server still busy after {limit:.0f} s; measuring anyway", file=sys.stderr, flush=True)
 
 
 def rss_mb(server: Server) -> float:
@@ -472,6 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bests: list[dict[str, float]] = [{} for _ in servers]
         for r in range(args.repeats):
             for server, best in zip(servers, bests, strict=True):
+                wait_quiet(servers)
                 print(f"round {r + 1}: {server.label} ...", file=sys.stderr, flush=True)
                 asyncio.run(one_round(server, best, Prompts(args.seed + 1000 * r, args.token_high), args))
                 print(json.dumps({server.label: best}), file=sys.stderr, flush=True)

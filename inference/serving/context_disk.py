@@ -51,6 +51,7 @@ import queue
 import re
 import secrets
 import struct
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -210,6 +211,17 @@ def _other_format(path: str) -> bool:
     except DamagedRecord:
         return True
     return False
+
+
+def _yield_cpu() -> None:
+    """Run the calling thread at the lowest CPU priority where the OS has per-thread priorities
+    (Linux: a thread's nice value is its own), so the writer's hashing and copying take what the
+    engine's threads leave instead of slowing the next request's steps (on 2 cores, a decode
+    right after a 1,500-token prompt ran at 83 tok/s against 125 while the prompt's records were
+    written)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 class DiskRecords:
@@ -452,6 +464,7 @@ class DiskRecords:
     # -- writer thread -----------------------------------------------------------------------
 
     def _write_loop(self) -> None:
+        _yield_cpu()
         while True:
             item = self._queue.get()
             try:

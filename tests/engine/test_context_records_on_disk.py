@@ -216,6 +216,27 @@ def test_writes_never_block_the_caller(tmp_path: Path, monkeypatch: pytest.Monke
     assert len(_files(tmp_path)) == sum(queued)
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="per-thread priorities: Linux")
+def test_the_writer_thread_runs_at_the_lowest_cpu_priority(tmp_path: Path) -> None:
+    # The writer hashes and copies whole blocks; at nice 19 it takes what the engine's threads
+    # leave (the scheduler and this thread keep their own priority: only the writer yields).
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    disk = DiskRecords(tmp_path, max_bytes=1 << 30)
+    seen: dict[str, int] = {}
+    real = disk._write
+
+    def noting(*args: object) -> None:
+        stat = Path(f"/proc/self/task/{threading.get_native_id()}/stat").read_text()
+        seen["writer"] = int(stat.rsplit(")", 1)[1].split()[16])  # field 19: nice
+        real(*args)  # type: ignore[arg-type]
+
+    disk._write = noting  # type: ignore[method-assign,assignment]
+    assert disk.put(b"\x01" * 20, _tokens(BLOCK, 3), _kv(3))
+    disk.close()
+    assert seen == {"writer": 19}
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
+
+
 def test_temp_files_of_a_crash_are_removed_at_open(tmp_path: Path) -> None:
     (tmp_path / ".abc.kv.123.tmp").write_bytes(b"half")
     (tmp_path / "notes.txt").write_text("kept")

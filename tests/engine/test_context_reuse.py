@@ -16,7 +16,7 @@ from inference.runtime import load_engine
 from inference.serving.context_cache import PrefixStore
 from inference.serving.generation import GenerationState
 from inference.serving.sampling import Sampler, SamplingParams
-from inference.serving.scheduler import GenerationRequest, Scheduler
+from inference.serving.scheduler import GenerationRequest, Scheduler, _Running
 from tests.support.scheduling import CollectingSink, IdTokens
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
@@ -288,6 +288,64 @@ def test_cache_prompt_false_never_takes_a_slot_holding_a_cached_prefix(bundle: C
     assert after.tokens_reused - before.tokens_reused == 150
     assert after.record_hits - before.record_hits == 1
     runner.stop()
+
+
+def test_a_new_prompt_takes_a_saved_slot_and_leaves_the_pending_save_for_idle(
+        bundle: Callable[[str], Path]) -> None:
+    # A prompt that shares nothing with any slot goes to the lowest slot whose blocks are saved:
+    # slot 0 still owes its blocks (the idle delay has not passed), so the next request runs in
+    # slot 1 and slot 0's save waits for idle instead of running on the scheduler thread before
+    # the new prefill (it cost 70 ms of TTFT and a third of the decode speed after a 1,500-token
+    # SmolLM2 prompt on 2 cores).
+    store = PrefixStore("test", max_records=32)
+    runner = _Runner(load_engine(bundle("llama"), threads=1), store, batch=2, save_delay=60)
+    a, c = _rand(150, 41), _rand(150, 42)
+    fresh = list(reversed(c))
+    want_c = runner.submit(c, 6).tokens()  # slot 0
+    runner.sched._flush_saves()
+    assert runner.submit(a, 6).tokens()  # slot 0 again (lowest, saved); its blocks now pending
+    assert runner.sched.pending_record_saves == 1
+    blocks_of_a = store.block_keys(a)
+    assert runner.submit(fresh, 6).tokens()  # nothing shared with a or c
+    held = runner.sched._slot_tokens
+    assert held[0][:150] == a, "the slot with the pending save was taken"
+    assert held[1][:150] == fresh
+    assert runner.sched.pending_record_saves == 2
+    assert not any(k in store for k in blocks_of_a), "slot 0's blocks were saved before idle"
+    # Both slots owe blocks now: the next new prompt takes the lowest and saves it first.
+    assert runner.submit(c, 6).tokens() == want_c
+    assert all(k in store for k in blocks_of_a)
+    runner.stop()
+
+
+def test_a_new_prompt_takes_no_slot_that_would_ride_as_a_passenger(bundle: Callable[[str], Path]) -> None:
+    # The slot choice itself, on set states (the scheduler not started): slots 0-2 running with
+    # a gap at 1 would make slot 1 a passenger of every decode (over its whole held context)
+    # unless the new request takes it; with no gap, a slot next to the running range beats a
+    # lower one that would open a gap; among slots that owe a save, the cheaper save wins.
+    store = PrefixStore("test", max_records=8)
+    sched = Scheduler(load_engine(bundle("llama"), threads=1), max_batch_size=6, max_queued_requests=8,
+                      queue_timeout=60, context_cache=store, save_delay=60)
+    state = GenerationState(IdTokens(), prompt_ids=[1, 2, 3], max_new_tokens=1)  # type: ignore[arg-type]
+    sampler = Sampler(SamplingParams(temperature=0.0), 384)
+    req = GenerationRequest([1, 2, 3], sampler, state, CollectingSink())
+    running = GenerationRequest([4, 5, 6], sampler, state, CollectingSink())
+
+    def pick(busy: list[int], pending: dict[int, int]) -> int:
+        sched._running = [_Running(running, s) for s in busy]
+        sched._free_slots = [s for s in range(6) if s not in busy]
+        sched._pending_saves = {s: (_Running(running, s), [7] * n) for s, n in pending.items()}
+        return sched._pick_slot(req)
+
+    assert pick([], {}) == 0
+    assert pick([], {0: 1500}) == 1  # nothing running: a saved slot, no passenger either way
+    assert pick([], {0: 1500, 1: 96}) == 2
+    assert pick([0, 2], {1: 1500}) == 1  # the gap: its save now beats a passenger for good
+    assert pick([3, 4], {}) == 2  # next to the range, not 0 or 1 (passengers 1-2 or 2)
+    assert pick([3, 4], {2: 96}) == 5  # next to the range and nothing to save
+    assert pick([3, 4], {2: 96, 5: 1500}) == 2  # both adjacent: the cheaper save
+    assert pick([3, 4], {2: 1500, 5: 96}) == 5
+    assert pick([1, 2, 3, 4], {0: 1500, 5: 1500}) == 0  # equal: the lowest
 
 
 def test_cache_salt_separates_slots_and_records(bundle: Callable[[str], Path]) -> None:

@@ -409,6 +409,32 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        name="slot-choice-takes-a-pending-slot",
+        why="a new prompt takes the slot whose blocks are still to be saved: the save runs before "
+            "its prefill, on the scheduler thread (TTFT and decode of the next request pay for it)",
+        path="inference/serving/scheduler.py",
+        function="Scheduler._pick_slot",
+        find=r"len\(pending\[1\]\) if pending else 0",
+        replace="0",
+        tests=(
+            "tests/engine/test_context_reuse.py::"
+            "test_a_new_prompt_takes_a_saved_slot_and_leaves_the_pending_save_for_idle",
+        ),
+    ),
+    Mutation(
+        name="slot-choice-opens-passenger-gaps",
+        why="a new prompt takes a slot away from the running range: every decode then runs the "
+            "idle slots in between as passengers, each over its whole held context",
+        path="inference/serving/scheduler.py",
+        function="Scheduler._pick_slot",
+        find=r"return span - len\(running\) - 1,",
+        replace="return 0,",
+        tests=(
+            "tests/engine/test_context_reuse.py::"
+            "test_a_new_prompt_takes_no_slot_that_would_ride_as_a_passenger",
+        ),
+    ),
+    Mutation(
         name="slot-reuse-ignores-cache-salt",
         why="a request resumes from a slot another tenant's salt left: the TTFT side channel is open",
         path="inference/serving/scheduler.py",
