@@ -3,9 +3,10 @@
 All servers run at once on loopback ports (idle ones sleep), each with 8 slots and the same
 threads; the measurement rounds alternate between them (best of ``--repeats`` rounds), so a busy
 spell of a shared machine hits all of them rather than one; before each server's round the
-script waits until every server is quiet (none used over 5% of a CPU in half a second), so one
-server's work after its round (ours makes its last requests' context records once idle) does not
-slow the next one's figures. Each is driven
+script waits until every server is quiet (none used over 5% of a CPU in half a second), and
+each figure starts after a second of idle and a quiet server, so what a server does after its
+requests (ours makes the last requests' context records once idle for 0.5 s) is counted in no
+figure: each measures one thing from a settled server. Each is driven
 through the OpenAI protocol (``/v1/completions``, streamed, prompts as token ids so that both
 see exactly the same tokens; EOS suppressed with ``logit_bias`` and ``ignore_eos`` so every
 request yields ``max_tokens``). Figures:
@@ -176,6 +177,10 @@ def start_ours(checkpoint: Path, item: str, args: argparse.Namespace, work: Path
     return server
 
 
+#: Seconds of idle before each figure (longer than the scheduler's ``SAVE_DELAY``).
+SETTLE_PAUSE = 1.0
+
+
 def _cpu_seconds(server: Server) -> float:
     """CPU time the server process used so far (all its threads), seconds."""
     try:
@@ -307,6 +312,16 @@ def _keep(best: dict[str, float], name: str, value: float, higher: bool) -> None
         best[name] = value
 
 
+async def settle(server: Server) -> None:
+    """Start a figure from a quiet server: a pause longer than ours waits before it makes the
+    last requests' context records (0.5 s idle), then until the server's CPU is quiet. Without it
+    a figure pays for what the figure before it left (on this 2-core VM, copying four long
+    contexts that had sat in their slots: SmolLM2 int4's 8 clients read 130 instead of 185 tok/s);
+    docs/serving.md measures that case on its own."""
+    await asyncio.sleep(SETTLE_PAUSE)
+    await asyncio.to_thread(wait_quiet, [server])
+
+
 async def one_round(
     server: Server, best: dict[str, float], prompts: Prompts, args: argparse.Namespace
 ) -> None:
@@ -315,16 +330,19 @@ async def one_round(
     async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_keepalive_connections=0)) as client:
         await stream(client, server.url, prompts.make(16), 4)  # warm-up
         for n in args.contexts:
+            await settle(server)
             ttft, end, tokens, _ = await stream(client, server.url, prompts.make(n), args.decode_tokens)
             _keep(best, f"ttft@{n}", ttft, False)
             _keep(best, f"decode@{n}", (tokens - 1) / (end - ttft), True)
         n = max(args.contexts)
         base = prompts.make(n - 8)
-        await stream(client, server.url, base, 1)
+        await settle(server)
+        await stream(client, server.url, base, 1)  # the seen request follows it at once
         ttft, *_ = await stream(client, server.url, prompts.make(n, base), 1)
         _keep(best, "ttft_seen", ttft, False)
         for clients in (1, 8):
             batch = [prompts.make(args.concurrent_prompt) for _ in range(clients)]
+            await settle(server)
             t0 = time.perf_counter()
             results = await asyncio.gather(
                 *(stream(client, server.url, p, args.concurrent_tokens) for p in batch)
