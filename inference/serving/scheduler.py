@@ -12,8 +12,9 @@ beyond that :class:`QueueFullError`. A request that waits longer than ``queue_ti
 
 Context reuse (a :class:`~inference.serving.context_cache.PrefixStore` and a
 :class:`~inference.runtime.protocol.KVEngine`): a finished sequence leaves its KV in its slot and
-its complete 64-token blocks as records; a new request takes the free slot sharing the longest
-prefix with its prompt, extends it with records copied back block by block and prefills the rest
+its complete 64-token blocks as records (once idle); a new request takes the free slot sharing the
+longest prefix with its prompt (else :mod:`.slot_choice`'s), extends it with records copied back
+block by block and prefills the rest
 (at least its last token). ``cache_prompt=False`` neither reuses nor leaves anything; a
 ``cache_salt`` seeds the records' hash chain. Outputs are the same with and without reuse.
 
@@ -59,19 +60,12 @@ from inference.serving.requests import (
     SchedulerStoppedError,
 )
 from inference.serving.sampling import SampleResult
+from inference.serving.slot_choice import fallback_slot
 from inference.serving.speculative import Proposal, Proposer, ProposerFactory, SpeculativeStats, verify
 
 __all__ = [
-    "AdapterUnloadedError",
-    "AsyncOutputStream",
-    "EngineFailure",
-    "GenerationRequest",
-    "OutputSink",
-    "QueueFullError",
-    "QueueTimeoutError",
-    "Scheduler",
-    "SchedulerError",
-    "SchedulerObserver",
+    "AdapterUnloadedError", "AsyncOutputStream", "EngineFailure", "GenerationRequest", "OutputSink",
+    "QueueFullError", "QueueTimeoutError", "Scheduler", "SchedulerError", "SchedulerObserver",
     "SchedulerStoppedError",
 ]
 
@@ -289,22 +283,9 @@ class Scheduler:
 
     def _pick_slot(self, req: GenerationRequest) -> int:
         """The free slot to run ``req`` in: the one holding the longest prefix of its prompt (at
-        least a block's worth); else the one that adds the fewest idle slots inside the running
-        range (a decode runs every slot between the lowest and the highest running one, an idle
-        one as a passenger over its whole held context), then the one with the fewest tokens
-        still to save (a slot with a pending save saves it first, on this thread, before the
-        prefill: 30 ms of copying and the disk writer's hashing for 1,500 SmolLM2 tokens; left
-        pending, it is saved once idle, and the context stays in its slot for a follow-up to
-        resume without a copy), then the lowest."""
+        least a block's worth), else :func:`.slot_choice.fallback_slot`'s."""
         if self._store is None or not req.cache_prompt:
             return min(self._free_slots)
-        running = [r.slot for r in self._running]
-
-        def cost(slot: int) -> tuple[int, int, int]:
-            span = max([*running, slot]) - min([*running, slot]) + 1
-            pending = self._pending_saves.get(slot)
-            return span - len(running) - 1, len(pending[1]) if pending else 0, slot
-
         best: int | None = None
         best_len = self._store.block_tokens - 1
         for slot in self._free_slots:
@@ -313,7 +294,10 @@ class Scheduler:
             n = common_prefix(self._slot_tokens[slot], req.cache_ids, len(req.prompt_ids) - 1)
             if n > best_len or (n == best_len and best is not None and slot < best):
                 best, best_len = slot, n
-        return min(self._free_slots, key=cost) if best is None else best
+        if best is not None:
+            return best
+        owed = {slot: len(tokens) for slot, (_, tokens) in self._pending_saves.items()}
+        return fallback_slot(self._free_slots, [r.slot for r in self._running], owed)
 
     def _prepare(self, run: _Running) -> None:
         """Before the first prefill chunk: resume from the longest cached prefix, or start empty."""
@@ -408,8 +392,7 @@ class Scheduler:
                             continue
                     running = list(self._running)
                 if not running:
-                    # One slot's records at a time: a request that arrives meanwhile waits for
-                    # one slot's save, not for all of them.
+                    # One slot at a time: a request that arrives meanwhile waits for one slot's save.
                     self._flush_saves(list(self._pending_saves)[:1])
                     continue
                 if not self._step(running):

@@ -412,9 +412,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="slot-choice-takes-a-pending-slot",
         why="a new prompt takes the slot whose blocks are still to be saved: the save runs before "
             "its prefill, on the scheduler thread (TTFT and decode of the next request pay for it)",
-        path="inference/serving/scheduler.py",
-        function="Scheduler._pick_slot",
-        find=r"len\(pending\[1\]\) if pending else 0",
+        path="inference/serving/slot_choice.py",
+        function="fallback_slot",
+        find=r"pending\.get\(slot, 0\)",
         replace="0",
         tests=(
             "tests/engine/test_context_reuse.py::"
@@ -425,8 +425,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="slot-choice-opens-passenger-gaps",
         why="a new prompt takes a slot away from the running range: every decode then runs the "
             "idle slots in between as passengers, each over its whole held context",
-        path="inference/serving/scheduler.py",
-        function="Scheduler._pick_slot",
+        path="inference/serving/slot_choice.py",
+        function="fallback_slot",
         find=r"return span - len\(running\) - 1,",
         replace="return 0,",
         tests=(
