@@ -19,8 +19,9 @@ BLAKE2b: it runs at about twice BLAKE2b's speed where the CPU has SHA instructio
 3.2 ms for a 2.9 MB SmolLM2 block here), and a restart's first request checks every block it reads.
 
 Writing: :meth:`DiskRecords.put` only queues (bounded; a full queue skips the write, the record
-stays in memory); a writer thread writes a temp name, fsyncs it and ``os.replace`` s it into
-place, so a reader sees the whole record or none. Reading (:meth:`DiskRecords.read`, on the
+stays in memory); a writer thread, at the lowest CPU priority where threads have their own
+(Linux), writes a temp name, fsyncs it and ``os.replace`` s it into place, so a reader sees the
+whole record or none. Reading (:meth:`DiskRecords.read`, on the
 scheduler thread on a memory miss) checks magic, version, length, key, digest, dtype and tokens;
 a damaged record is unlinked and never used. The byte cap (``max_bytes``) holds over the files:
 least recently used first, by an index rebuilt at open from the files' mtimes (a hit touches its
