@@ -429,8 +429,7 @@ class _Trials:
     def _relaid(self, plan: KernelPlan, relayout: Relayout | None) -> KernelPlan | None:
         """``plan`` in the faster layout ``relayout`` writes, when there is one and it passes;
         else None, with the graph the gate measured put back."""
-        again = relayout(plan) if relayout is not None else None
-        if again is None or relayout is None:
+        if relayout is None or (again := relayout(plan)) is None:
             return None
         if self.measured(again):
             return again
