@@ -34,6 +34,34 @@ def test_an_empty_or_new_directory_becomes_a_cache(tmp_path: Path) -> None:
         open_manager(root).close()  # and opens again
 
 
+def test_a_process_that_tags_the_folder_while_another_looks_is_no_foreign_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight processes opening one new folder: one reads "no tag", then another writes the tag
+    and makes its subfolders before the first lists the folder. The first must see a cache."""
+    from cachesvc.cache.store import layout as layout_mod
+    from cachesvc.cache.store.layout import CacheLayout
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    real = layout_mod._has_tag
+    calls = 0
+
+    def racing(path: Path) -> bool:
+        nonlocal calls
+        calls += 1
+        seen = real(path)
+        if calls == 1:  # the other process runs its whole ensure() right after this read
+            monkeypatch.setattr(layout_mod, "_has_tag", real)
+            CacheLayout(root).ensure()
+            monkeypatch.setattr(layout_mod, "_has_tag", racing)
+        return seen
+
+    monkeypatch.setattr(layout_mod, "_has_tag", racing)
+    CacheLayout(root).ensure()
+    assert calls >= 2 and (root / "engines").is_dir()
+
+
 def test_a_symlinked_trash_is_refused_and_its_target_kept(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     open_manager(root).close()

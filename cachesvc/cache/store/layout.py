@@ -294,7 +294,10 @@ class CacheLayout:
         if not _has_tag(self.cachedir_tag):
             ours = (CACHEDIR_TAG_NAME, f".{CACHEDIR_TAG_NAME}.")  # a tag (maybe stale) or its temp file
             foreign = sorted(p.name for p in self.root.iterdir() if not p.name.startswith(ours))
-            if foreign:
+            # Read the tag again after the listing: a racing process may have written it and
+            # made its subfolders between our first read and the listing; the tag comes first,
+            # so a listing that saw those subfolders is followed by a visible tag.
+            if foreign and not _has_tag(self.cachedir_tag):
                 raise CacheError(
                     f"{self.root} is not empty ({', '.join(foreign[:5])}) and has no {CACHEDIR_TAG_NAME}, "
                     "so it is not a cachesvc cache; pass an empty or new --cache-dir "
