@@ -32,7 +32,8 @@ alone; ``exact`` tries only the exact plan. A two-term plan (:mod:`.two_term`: f
 at int8 kernels' speed, but twice the rows through the products) is published only when it also
 pays for itself against the exact plan: at least 0.95x its decode tok/s at one row and
 :data:`TWO_TERM_SPEEDUP` x at one row or at one row per prompt (on small models dispatch, not the
-weights, bounds a step, and its extra ops can make it slower than exact).
+weights, bounds a step, and its extra ops can make it slower than exact), the two plans timed side
+by side in alternating rounds (:func:`_paired_speeds`).
 Each candidate's figures (agreement, min cosine, identity, decode tok/s at 1 row and at one row
 per prompt, seconds) are recorded.
 
@@ -78,6 +79,10 @@ TIMED_STEPS = 8
 #: How much faster than the exact plan a two-term plan must decode (at one row, or at one row per
 #: gate prompt while no slower than 0.95x at one row) to be published.
 TWO_TERM_SPEEDUP = 1.1
+#: Rounds of the side-by-side timing of a two-term plan against the exact plan (both open, timed
+#: in turn, best of each): timed minutes apart, a shared machine's drift decided the choice (a
+#: SmolLM2 int4 build published a two-term plan that decoded 0.90x the exact plan's tok/s).
+PAIRED_ROUNDS = 3
 #: Bump when the reference file's content changes (a stale file is recomputed, never trusted).
 REFERENCE_VERSION = 1
 #: Short everyday requests: facts, code, lists, arithmetic, advice, writing.
@@ -115,6 +120,11 @@ class Candidate:
     #: A two-term plan that answered like fp32 but decoded no faster than the exact plan (the
     #: rule of ``_Trials.slower_than_exact``), so the gate went on to the next plan.
     slower_than_exact: bool = False
+    #: For a two-term plan weighed against the exact plan: the exact plan's tok/s at one row and
+    #: at one row per prompt, timed side by side with this plan's (then ``decode_tok_s`` and
+    #: ``decode_tok_s_rows`` are this plan's figures of the same rounds, :func:`_paired_speeds`).
+    exact_decode_tok_s: float | None = None
+    exact_decode_tok_s_rows: float | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +158,11 @@ class Quality:
                      min_logit_cosine=round(c["min_logit_cosine"], 5),
                      decode_tok_s=round(c["decode_tok_s"], 1),
                      decode_tok_s_rows=round(c["decode_tok_s_rows"], 1), seconds=round(c["seconds"], 2))
+            for key in ("exact_decode_tok_s", "exact_decode_tok_s_rows"):
+                if c[key] is None:
+                    del c[key]  # only a two-term plan is timed beside the exact plan
+                else:
+                    c[key] = round(c[key], 1)
         return out
 
 
@@ -301,6 +316,41 @@ def _time_decode(engine: GqaEngine, prompt: Sequence[int], first: int) -> float:
     return TIMED_STEPS / best
 
 
+def _steps(engine: GqaEngine, slots: list[int], tokens: list[int], steps: int) -> tuple[float, list[int]]:
+    """Seconds of ``steps`` greedy decode steps of ``slots`` (one row each) fed ``tokens``, and
+    the tokens they end on."""
+    started = time.perf_counter()
+    for _ in range(steps):
+        rows = engine.decode(slots, tokens)
+        tokens = [int(row.argmax()) for row in rows]
+    return time.perf_counter() - started, tokens
+
+
+def _paired_speeds(engines: Sequence[GqaEngine], reference: Reference, steps: int,
+                   rounds: int) -> list[tuple[float, float]]:
+    """Each engine's decode tok/s at one row (after the first prompt) and at one row per prompt
+    (every prompt's slot at once), best of ``rounds``, timed in turn: round r times every engine
+    before round r + 1, so a shared machine's drift weighs on all of them alike. Every slot
+    grows by ``steps`` positions a round (the first one is filled again for its one-row run)."""
+    prompts = reference.prompts
+    slots = list(range(len(prompts)))
+    last: list[list[int]] = []
+    for engine in engines:
+        for slot, prompt in zip(slots, prompts, strict=True):
+            engine.reset(slot)
+            engine.prefill(slot, prompt)
+        last.append([path[0] for path in reference.tokens])
+    best = [(0.0, 0.0) for _ in engines]
+    for _ in range(rounds):
+        for i, engine in enumerate(engines):
+            engine.reset(0)
+            engine.prefill(0, prompts[0])
+            one, ended = _steps(engine, [0], [reference.tokens[0][0]], steps)
+            rows, last[i] = _steps(engine, slots, [ended[0], *last[i][1:]], steps)
+            best[i] = (max(best[i][0], steps / one), max(best[i][1], steps * len(slots) / rows))
+    return best
+
+
 def _free_run(engine: GqaEngine, prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], float]:
     """The first :data:`IDENTITY_TOKENS` greedy tokens after each prompt, decoded freely as one
     batch, and the batch's decode tok/s (one row per prompt; median step)."""
@@ -376,27 +426,34 @@ class _Trials:
     threshold: float
     strict: bool
     tried: list[Candidate] = field(default_factory=list)
-    #: The exact plan's free-running tokens and its tok/s at one row and at one row per prompt,
-    #: measured once, when a candidate first needs them.
-    _exact: tuple[list[list[int]], float, float] | None = None
+    #: The exact plan's engine and free-running tokens, opened and run once, when a candidate
+    #: first needs them (on the graph as the gate measured it; a later relayout moves the file,
+    #: not what the open engine reads), closed by :meth:`close`.
+    _exact: tuple[GqaEngine, list[list[int]]] | None = None
 
     @property
     def wanted(self) -> list[list[int]]:
         """fp32's free-running answers."""
         return [ref[:IDENTITY_TOKENS] for ref in self.reference.tokens]
 
-    def exact(self) -> tuple[list[list[int]], float, float]:
-        """The exact plan's free-running tokens, tok/s at one row and at one row per prompt."""
+    def exact(self) -> tuple[GqaEngine, list[list[int]]]:
+        """The exact plan's open engine and free-running tokens (leaves the graph file at the
+        exact plan when it opens the engine: the caller sets the plan it measures next)."""
         if self._exact is None:
             prompts = self.reference.prompts
             engine = _open_plan(self.model, self.plans[-1], self.meta, len(prompts), self.threads)
             try:
-                one = _time_decode(engine, prompts[0], self.reference.tokens[0][0])
-                free, rows = _free_run(engine, prompts)
-            finally:
+                free, _ = _free_run(engine, prompts)
+            except BaseException:
                 engine.close()
-            self._exact = (free, one, rows)
+                raise
+            self._exact = (engine, free)
         return self._exact
+
+    def close(self) -> None:
+        if self._exact is not None:
+            self._exact[0].close()
+            self._exact = None
 
     def answers_like_exact(self, free: list[list[int]]) -> bool:
         """Whether each prompt's free-running tokens are fp32's or, where the exact plan's own
@@ -404,14 +461,33 @@ class _Trials:
         wanted = self.wanted
         if free == wanted:
             return True
-        exact_free = self.exact()[0]
+        exact_free = self.exact()[1]
         return all(got in (ref, ex) for got, ref, ex in zip(free, wanted, exact_free, strict=True))
 
-    def slower_than_exact(self, figures: Candidate) -> bool:
-        """Whether a two-term plan fails to pay for itself: under 0.95x the exact plan's tok/s at
-        one row, or under :data:`TWO_TERM_SPEEDUP` x at both one row and one row per prompt."""
-        _, one, rows = self.exact()
-        speedup = max(figures.decode_tok_s / one, figures.decode_tok_s_rows / rows)
+    def beside_exact(self, plan: KernelPlan, figures: Candidate) -> Candidate:
+        """``figures`` with ``plan``'s decode speeds and the exact plan's, timed side by side
+        (:func:`_paired_speeds`); leaves the graph file at ``plan``."""
+        started = time.monotonic()
+        exact = self.exact()[0]
+        engine = _open_plan(self.model, plan, self.meta, len(self.reference.prompts), self.threads)
+        try:
+            budget = min(len(path) for path in self.reference.tokens)  # positions past each prompt
+            steps = max(1, min(TIMED_STEPS, budget // PAIRED_ROUNDS))
+            (e1, er), (p1, pr) = _paired_speeds([exact, engine], self.reference, steps,
+                                                max(1, min(PAIRED_ROUNDS, budget // steps)))
+        finally:
+            engine.close()
+        return replace(figures, decode_tok_s=p1, decode_tok_s_rows=pr, exact_decode_tok_s=e1,
+                       exact_decode_tok_s_rows=er, seconds=figures.seconds + time.monotonic() - started)
+
+    @staticmethod
+    def slower_than_exact(figures: Candidate) -> bool:
+        """Whether a two-term plan fails to pay for itself (its figures :meth:`beside_exact`):
+        under 0.95x the exact plan's tok/s at one row, or under :data:`TWO_TERM_SPEEDUP` x at
+        both one row and one row per prompt."""
+        one, rows = figures.exact_decode_tok_s, figures.decode_tok_s_rows
+        assert one is not None and figures.exact_decode_tok_s_rows is not None
+        speedup = max(figures.decode_tok_s / one, rows / figures.exact_decode_tok_s_rows)
         return figures.decode_tok_s < 0.95 * one or speedup < TWO_TERM_SPEEDUP
 
     def measured(self, plan: KernelPlan) -> bool:
@@ -422,6 +498,8 @@ class _Trials:
         passed = figures.greedy_agreement >= self.threshold and (
             free == self.wanted if self.strict else
             self.mode in ("fast", "forced") or plan.name == "exact" or self.answers_like_exact(free))
+        if passed and plan.two_term and self.mode != "forced":
+            figures = self.beside_exact(plan, figures)
         slower = passed and plan.two_term and self.mode != "forced" and self.slower_than_exact(figures)
         self.tried.append(replace(figures, passed=passed and not slower, slower_than_exact=slower))
         return passed and not slower
@@ -489,7 +567,10 @@ def run_gate(fp32_reference: Callable[[], tuple[Path, Mapping[str, np.ndarray]]]
     reference_seconds = time.monotonic() - started
 
     trials = _Trials(candidate_model, plans, {**meta, **needed}, reference, threads, mode, threshold, strict)
-    chosen = trials.choose(relayout)
+    try:
+        chosen = trials.choose(relayout)
+    finally:
+        trials.close()
     tried = trials.tried
     last = next((c for c in reversed(tried) if c.passed), tried[-1])
     if chosen is not None:  # the exact plan's free run may have retargeted the file since

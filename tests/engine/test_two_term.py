@@ -153,25 +153,35 @@ def test_the_gate_publishes_twoterm_only_where_it_decodes_faster_than_exact(
     hf_checkpoint: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     two_term_tok_s: float,
 ) -> None:
-    # The speeds are set, not measured (a timing is not a test): a graph holding the two-term
-    # form decodes at ``two_term_tok_s``, every other plan at 100 tok/s.
+    # The speeds are set, not measured (a timing is not a test): timed side by side with the
+    # exact plan (first of the pair), the two-term plan decodes at ``two_term_tok_s``, the exact
+    # plan at 100 tok/s; the pair is what the rule reads.
     if "twoterm" not in {p.name for p in candidate_plans("int8", cpu_class())}:
         pytest.skip(f"CPU class {cpu_class()} has no int8 kernels to run the plan on")
     bundle = tmp_path / "b"
     bundle.mkdir()
     graph = bundle / "model.ort.onnx"
+    paired: list[bool] = []
 
-    def speed(engine: object, prompt: object, first: object) -> float:
+    def speeds(engines: list[GqaEngine], reference: object, steps: int,
+               rounds: int) -> list[tuple[float, float]]:
+        assert len(engines) == 2 and steps >= 1 and rounds >= 1
+        # the file holds the measured plan while both engines are open
         model = onnx.load(str(graph), load_external_data=False)
-        return two_term_tok_s if any(n.name.startswith(PREFIX) for n in model.graph.node) else 100.0
+        paired.append(any(n.name.startswith(PREFIX) for n in model.graph.node))
+        return [(100.0, 100.0), (two_term_tok_s, two_term_tok_s)]
 
-    monkeypatch.setattr(quality, "_time_decode", speed)
+    monkeypatch.setattr(quality, "_paired_speeds", speeds)
     meta = build_bundle(hf_checkpoint("qwen2", "fp32", True), bundle, EngineBuildSpec(precision="int8"))
     chosen = check_gate_choice(meta)
     # int8: on two planes, then (slower there, or chosen) on 8-bit codes
     planes, codes = [c for c in meta["quality"]["candidates"] if c["plan"] == "twoterm"]
     assert (planes["int8_layout"], codes["int8_layout"]) == ("planes", "codes")
     print(f"CPU class {cpu_class()}: {json.dumps(meta['quality']['candidates'])}")
+    assert paired and all(paired)
+    for c in (planes, codes):  # the pair's figures are the ones recorded
+        assert (c["decode_tok_s"], c["exact_decode_tok_s"], c["exact_decode_tok_s_rows"]) == (
+            two_term_tok_s, 100.0, 100.0)
     if two_term_tok_s < 100:  # answered like fp32 (its rounding is float32's) but is slower
         assert all(c["slower_than_exact"] and not c["passed"] for c in (planes, codes))
         assert chosen["plan"] == "exact"
@@ -181,3 +191,59 @@ def test_the_gate_publishes_twoterm_only_where_it_decodes_faster_than_exact(
         assert chosen["plan"] == "twoterm" and chosen["int8_layout"] == "codes"
         assert meta["kernels"]["two_term"] is True
         assert _levels_and_pairs(onnx.load(str(graph), load_external_data=False))[1] > 0
+
+
+class _Clock:
+    """A machine whose speed drifts: each decode step costs ``base`` seconds times the load of
+    the moment (the load schedule advances with every step)."""
+
+    def __init__(self, loads: list[float]) -> None:
+        self.now, self.loads, self.steps = 0.0, loads, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self, base: float) -> None:
+        self.now += base * self.loads[min(self.steps // 16, len(self.loads) - 1)]
+        self.steps += 1
+
+
+class _FakeEngine:
+    """A decode that costs ``base`` seconds a step on ``clock`` (rows cost the same: one row and
+    eight rows differ only by what the step returns); records what was asked of it."""
+
+    def __init__(self, name: str, base: float, clock: _Clock, calls: list[str]) -> None:
+        self.name, self.base, self.clock, self.calls = name, base, clock, calls
+
+    def reset(self, slot: int) -> None:
+        pass
+
+    def prefill(self, slot: int, prompt: list[int]) -> np.ndarray:
+        return np.zeros(4, np.float32)
+
+    def decode(self, slots: list[int], tokens: list[int]) -> np.ndarray:
+        self.calls.append(f"{self.name}{len(slots)}")
+        self.clock.step(self.base)
+        return np.zeros((len(slots), 4), np.float32)
+
+
+def test_the_gate_times_a_pair_of_plans_in_turn_and_keeps_each_ones_best(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Equal engines on a machine that is slow for the first 16 steps (the first engine's first
+    # round) and then fast: timed one after the other, the first would read 4x slower; timed in
+    # turn, best of each, both read the fast machine's speed.
+    clock = _Clock([4.0, 1.0])
+    monkeypatch.setattr(quality.time, "perf_counter", clock)
+    calls: list[str] = []
+    engines = [_FakeEngine("exact", 0.01, clock, calls), _FakeEngine("plan", 0.01, clock, calls)]
+    reference = quality.Reference([[1, 2], [3], [4, 5, 6]], [[7] * 32] * 3, [])
+    speeds = quality._paired_speeds(engines, reference, steps=8, rounds=3)  # type: ignore[arg-type]
+    one_round = ["exact1"] * 8 + ["exact3"] * 8 + ["plan1"] * 8 + ["plan3"] * 8
+    assert calls == one_round * 3  # in turn: every engine each round, one row then every prompt
+    assert speeds == [pytest.approx((100.0, 300.0))] * 2
+    # and a plan that is slower shows it, on the same drifting machine
+    clock.steps, calls[:] = 0, []
+    engines[1].base = 0.02
+    speeds = quality._paired_speeds(engines, reference, steps=8, rounds=3)  # type: ignore[arg-type]
+    assert speeds == [pytest.approx((100.0, 300.0)), pytest.approx((50.0, 150.0))]

@@ -202,6 +202,17 @@ MUTATIONS: tuple[Mutation, ...] = (
                "test_the_gate_publishes_twoterm_only_where_it_decodes_faster_than_exact",),
     ),
     Mutation(
+        name="gate-times-a-pair-once",
+        why="the gate times a two-term plan and the exact plan once each, so the machine's drift "
+            "between the two timings decides the choice",
+        path="inference/builder/quality.py",
+        function="_paired_speeds",
+        find=r"for _ in range\(rounds\):",
+        replace="for _ in range(1):",
+        tests=("tests/engine/test_two_term.py::"
+               "test_the_gate_times_a_pair_of_plans_in_turn_and_keeps_each_ones_best",),
+    ),
+    Mutation(
         name="all-bundles-every-node",
         why="the catalog's bundles.all drops its node filter: reconcile and the stale-first "
         "eviction see other nodes' rows (on a shared catalog)",
