@@ -131,8 +131,10 @@ def _candidate_line(c: dict[str, Any], q: dict[str, Any]) -> str:
     verdict = "chosen" if c.get("passed") else "rejected"
     if c.get("slower_than_exact"):
         verdict = "rejected (answers like fp32 but no faster than the exact plan)"
-    beside = (f" (exact plan side by side: {c['exact_decode_tok_s']} / {c.get('exact_decode_tok_s_rows')})"
-              if c.get("exact_decode_tok_s") is not None else "")
+    beside = ""
+    if c.get("exact_decode_tok_s") is not None:
+        how = "side by side" if c.get("side_by_side") else "timed apart"
+        beside = f" (exact plan {how}: {c['exact_decode_tok_s']} / {c.get('exact_decode_tok_s_rows')})"
     return (f"{verdict}: agreement {c.get('greedy_agreement')}, "
             f"{c.get('identical')} of {q.get('prompts')} prompts identical for {q.get('identity_tokens')} "
             f"tokens, {c.get('decode_tok_s')} tok/s at 1 row, {c.get('decode_tok_s_rows')} at "

@@ -33,7 +33,8 @@ at int8 kernels' speed, but twice the rows through the products) is published on
 pays for itself against the exact plan: at least 0.95x its decode tok/s at one row and
 :data:`TWO_TERM_SPEEDUP` x at one row or at one row per prompt (on small models dispatch, not the
 weights, bounds a step, and its extra ops can make it slower than exact), the two plans timed side
-by side in alternating rounds (:func:`_paired_speeds`).
+by side in alternating rounds (:func:`_paired_speeds`) unless the figures timed apart are
+decisive (:func:`_decisive`).
 Each candidate's figures (agreement, min cosine, identity, decode tok/s at 1 row and at one row
 per prompt, seconds) are recorded.
 
@@ -83,6 +84,10 @@ TWO_TERM_SPEEDUP = 1.1
 #: in turn, best of each): timed minutes apart, a shared machine's drift decided the choice (a
 #: SmolLM2 int4 build published a two-term plan that decoded 0.90x the exact plan's tok/s).
 PAIRED_ROUNDS = 3
+#: How far from the rule's thresholds the figures timed apart must be for their verdict to stand
+#: without the side-by-side timing (1.5: a drift of 50% between them cannot turn it). At 1B the
+#: two-term plans decode ~1.9x the exact plan, and timing the pair there costs 30-45 s a plan.
+DECISIVE_MARGIN = 1.5
 #: Bump when the reference file's content changes (a stale file is recomputed, never trusted).
 REFERENCE_VERSION = 1
 #: Short everyday requests: facts, code, lists, arithmetic, advice, writing.
@@ -125,6 +130,9 @@ class Candidate:
     #: ``decode_tok_s_rows`` are this plan's figures of the same rounds, :func:`_paired_speeds`).
     exact_decode_tok_s: float | None = None
     exact_decode_tok_s_rows: float | None = None
+    #: Whether those figures were timed side by side (else each plan's own, timed apart, were
+    #: decisive: :data:`DECISIVE_MARGIN`).
+    side_by_side: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,10 +166,11 @@ class Quality:
                      min_logit_cosine=round(c["min_logit_cosine"], 5),
                      decode_tok_s=round(c["decode_tok_s"], 1),
                      decode_tok_s_rows=round(c["decode_tok_s_rows"], 1), seconds=round(c["seconds"], 2))
-            for key in ("exact_decode_tok_s", "exact_decode_tok_s_rows"):
-                if c[key] is None:
-                    del c[key]  # only a two-term plan is timed beside the exact plan
-                else:
+            if c["exact_decode_tok_s"] is None:  # only a two-term plan is weighed against exact
+                for key in ("exact_decode_tok_s", "exact_decode_tok_s_rows", "side_by_side"):
+                    del c[key]
+            else:
+                for key in ("exact_decode_tok_s", "exact_decode_tok_s_rows"):
                     c[key] = round(c[key], 1)
         return out
 
@@ -408,6 +417,23 @@ def _gate_failure(precision: str, kv_dtype: str, last: Candidate, quality: Quali
     )
 
 
+def _margins(figures: Candidate) -> tuple[float, float]:
+    """How far a two-term plan's figures (with the exact plan's) clear the rule's two
+    thresholds: its one-row tok/s over 0.95x the exact plan's, and its best speedup (one row
+    or one row per prompt) over :data:`TWO_TERM_SPEEDUP`; it pays when both are >= 1."""
+    one, rows = figures.exact_decode_tok_s, figures.exact_decode_tok_s_rows
+    assert one is not None and rows is not None
+    speedup = max(figures.decode_tok_s / one, figures.decode_tok_s_rows / rows)
+    return figures.decode_tok_s / (0.95 * one), speedup / TWO_TERM_SPEEDUP
+
+
+def _decisive(figures: Candidate) -> bool:
+    """Whether figures timed apart decide the rule whatever the machine did between them: both
+    margins at least :data:`DECISIVE_MARGIN`, or one of them under its inverse."""
+    low = min(_margins(figures))
+    return low >= DECISIVE_MARGIN or low < 1 / DECISIVE_MARGIN
+
+
 #: Rewrites the candidate graph in a faster layout of a plan (None: puts back what was measured).
 Relayout = Callable[[KernelPlan | None], KernelPlan | None]
 
@@ -426,28 +452,31 @@ class _Trials:
     threshold: float
     strict: bool
     tried: list[Candidate] = field(default_factory=list)
-    #: The exact plan's engine and free-running tokens, opened and run once, when a candidate
-    #: first needs them (on the graph as the gate measured it; a later relayout moves the file,
-    #: not what the open engine reads), closed by :meth:`close`.
-    _exact: tuple[GqaEngine, list[list[int]]] | None = None
+    #: The exact plan's engine, free-running tokens and tok/s at one row and at one row per
+    #: prompt, opened and measured once, when a candidate first needs them (on the graph as the
+    #: gate measured it; a later relayout moves the file, not what the open engine reads),
+    #: closed by :meth:`close`.
+    _exact: tuple[GqaEngine, list[list[int]], float, float] | None = None
 
     @property
     def wanted(self) -> list[list[int]]:
         """fp32's free-running answers."""
         return [ref[:IDENTITY_TOKENS] for ref in self.reference.tokens]
 
-    def exact(self) -> tuple[GqaEngine, list[list[int]]]:
-        """The exact plan's open engine and free-running tokens (leaves the graph file at the
-        exact plan when it opens the engine: the caller sets the plan it measures next)."""
+    def exact(self) -> tuple[GqaEngine, list[list[int]], float, float]:
+        """The exact plan's open engine, free-running tokens and tok/s at one row and at one row
+        per prompt (leaves the graph file at the exact plan when it opens the engine: the caller
+        sets the plan it measures next)."""
         if self._exact is None:
             prompts = self.reference.prompts
             engine = _open_plan(self.model, self.plans[-1], self.meta, len(prompts), self.threads)
             try:
-                free, _ = _free_run(engine, prompts)
+                one = _time_decode(engine, prompts[0], self.reference.tokens[0][0])
+                free, rows = _free_run(engine, prompts)
             except BaseException:
                 engine.close()
                 raise
-            self._exact = (engine, free)
+            self._exact = (engine, free, one, rows)
         return self._exact
 
     def close(self) -> None:
@@ -465,10 +494,15 @@ class _Trials:
         return all(got in (ref, ex) for got, ref, ex in zip(free, wanted, exact_free, strict=True))
 
     def beside_exact(self, plan: KernelPlan, figures: Candidate) -> Candidate:
-        """``figures`` with ``plan``'s decode speeds and the exact plan's, timed side by side
+        """``figures`` with the exact plan's decode speeds: those it was timed at apart when they
+        are decisive (:func:`_decisive`), else ``plan``'s and the exact plan's timed side by side
         (:func:`_paired_speeds`); leaves the graph file at ``plan``."""
         started = time.monotonic()
-        exact = self.exact()[0]
+        exact, _, one, rows = self.exact()
+        apart = replace(figures, exact_decode_tok_s=one, exact_decode_tok_s_rows=rows)
+        if _decisive(apart):
+            _set_plan(self.model, plan)
+            return apart
         engine = _open_plan(self.model, plan, self.meta, len(self.reference.prompts), self.threads)
         try:
             budget = min(len(path) for path in self.reference.tokens)  # positions past each prompt
@@ -478,17 +512,15 @@ class _Trials:
         finally:
             engine.close()
         return replace(figures, decode_tok_s=p1, decode_tok_s_rows=pr, exact_decode_tok_s=e1,
-                       exact_decode_tok_s_rows=er, seconds=figures.seconds + time.monotonic() - started)
+                       exact_decode_tok_s_rows=er, side_by_side=True,
+                       seconds=figures.seconds + time.monotonic() - started)
 
     @staticmethod
     def slower_than_exact(figures: Candidate) -> bool:
         """Whether a two-term plan fails to pay for itself (its figures :meth:`beside_exact`):
         under 0.95x the exact plan's tok/s at one row, or under :data:`TWO_TERM_SPEEDUP` x at
         both one row and one row per prompt."""
-        one, rows = figures.exact_decode_tok_s, figures.decode_tok_s_rows
-        assert one is not None and figures.exact_decode_tok_s_rows is not None
-        speedup = max(figures.decode_tok_s / one, rows / figures.exact_decode_tok_s_rows)
-        return figures.decode_tok_s < 0.95 * one or speedup < TWO_TERM_SPEEDUP
+        return min(_margins(figures)) < 1.0
 
     def measured(self, plan: KernelPlan) -> bool:
         """Measure ``plan``, record its figures and verdict; whether it passed."""

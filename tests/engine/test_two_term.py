@@ -148,14 +148,17 @@ def test_the_twoterm_plan_answers_like_the_exact_plan_and_retargets_back(
     assert set(PROJECTION_GROUPS) == set(meta["kernels"]["int8_groups"])
 
 
-@pytest.mark.parametrize("two_term_tok_s", [10.0, 1000.0], ids=["slower", "faster"])
+@pytest.mark.parametrize(("apart", "beside"), [(100.0, 10.0), (100.0, 1000.0), (1000.0, None)],
+                         ids=["slower-side-by-side", "faster-side-by-side", "decisive-apart"])
 def test_the_gate_publishes_twoterm_only_where_it_decodes_faster_than_exact(
     hf_checkpoint: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    two_term_tok_s: float,
+    apart: float, beside: float | None,
 ) -> None:
-    # The speeds are set, not measured (a timing is not a test): timed side by side with the
-    # exact plan (first of the pair), the two-term plan decodes at ``two_term_tok_s``, the exact
-    # plan at 100 tok/s; the pair is what the rule reads.
+    # The speeds are set, not measured (a timing is not a test). Timed apart (each plan on its
+    # own), a graph holding the two-term form decodes at ``apart`` tok/s, every other at 100, at
+    # one row and at one row per prompt: 100 against 100 decides nothing, so the two-term plan
+    # and the exact plan (first of the pair) are timed side by side, where the two-term plan
+    # decodes at ``beside``; 1000 against 100 is decisive, and no pair is timed (None).
     if "twoterm" not in {p.name for p in candidate_plans("int8", cpu_class())}:
         pytest.skip(f"CPU class {cpu_class()} has no int8 kernels to run the plan on")
     bundle = tmp_path / "b"
@@ -163,14 +166,27 @@ def test_the_gate_publishes_twoterm_only_where_it_decodes_faster_than_exact(
     graph = bundle / "model.ort.onnx"
     paired: list[bool] = []
 
+    def two_term_now() -> bool:
+        nodes = onnx.load(str(graph), load_external_data=False).graph.node
+        return any(n.name.startswith(PREFIX) for n in nodes)
+
+    def speed(engine: object, prompt: object, first: object) -> float:
+        return apart if two_term_now() else 100.0
+
+    free_run = quality._free_run
+
+    def free_run_at(engine: GqaEngine, prompts: list[list[int]]) -> tuple[list[list[int]], float]:
+        return free_run(engine, prompts)[0], apart if two_term_now() else 100.0
+
     def speeds(engines: list[GqaEngine], reference: object, steps: int,
                rounds: int) -> list[tuple[float, float]]:
+        assert beside is not None, "figures 10x apart are decisive: no side-by-side timing"
         assert len(engines) == 2 and steps >= 1 and rounds >= 1
-        # the file holds the measured plan while both engines are open
-        model = onnx.load(str(graph), load_external_data=False)
-        paired.append(any(n.name.startswith(PREFIX) for n in model.graph.node))
-        return [(100.0, 100.0), (two_term_tok_s, two_term_tok_s)]
+        paired.append(two_term_now())  # the file holds the measured plan while both are open
+        return [(100.0, 100.0), (beside, beside)]
 
+    monkeypatch.setattr(quality, "_time_decode", speed)
+    monkeypatch.setattr(quality, "_free_run", free_run_at)
     monkeypatch.setattr(quality, "_paired_speeds", speeds)
     meta = build_bundle(hf_checkpoint("qwen2", "fp32", True), bundle, EngineBuildSpec(precision="int8"))
     chosen = check_gate_choice(meta)
@@ -178,11 +194,12 @@ def test_the_gate_publishes_twoterm_only_where_it_decodes_faster_than_exact(
     planes, codes = [c for c in meta["quality"]["candidates"] if c["plan"] == "twoterm"]
     assert (planes["int8_layout"], codes["int8_layout"]) == ("planes", "codes")
     print(f"CPU class {cpu_class()}: {json.dumps(meta['quality']['candidates'])}")
-    assert paired and all(paired)
-    for c in (planes, codes):  # the pair's figures are the ones recorded
+    assert len(paired) == (0 if beside is None else 2) and all(paired)
+    for c in (planes, codes):  # the figures the rule read are the ones recorded
         assert (c["decode_tok_s"], c["exact_decode_tok_s"], c["exact_decode_tok_s_rows"]) == (
-            two_term_tok_s, 100.0, 100.0)
-    if two_term_tok_s < 100:  # answered like fp32 (its rounding is float32's) but is slower
+            beside or apart, 100.0, 100.0)
+        assert c["side_by_side"] is (beside is not None)
+    if (beside or apart) < 100:  # answered like fp32 (its rounding is float32's) but is slower
         assert all(c["slower_than_exact"] and not c["passed"] for c in (planes, codes))
         assert chosen["plan"] == "exact"
         assert _levels_and_pairs(onnx.load(str(graph), load_external_data=False))[1] == 0

@@ -213,6 +213,17 @@ MUTATIONS: tuple[Mutation, ...] = (
                "test_the_gate_times_a_pair_of_plans_in_turn_and_keeps_each_ones_best",),
     ),
     Mutation(
+        name="gate-trusts-figures-timed-apart",
+        why="the gate weighs a two-term plan on figures timed minutes apart even where they are "
+            "close to the rule's thresholds (a machine's drift decides)",
+        path="inference/builder/quality.py",
+        function="_decisive",
+        find=r"return low >= DECISIVE_MARGIN or low < 1 / DECISIVE_MARGIN",
+        replace="return True",
+        tests=("tests/engine/test_two_term.py::"
+               "test_the_gate_publishes_twoterm_only_where_it_decodes_faster_than_exact",),
+    ),
+    Mutation(
         name="all-bundles-every-node",
         why="the catalog's bundles.all drops its node filter: reconcile and the stale-first "
         "eviction see other nodes' rows (on a shared catalog)",
