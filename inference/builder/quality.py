@@ -337,24 +337,24 @@ def _steps(engine: GqaEngine, slots: list[int], tokens: list[int], steps: int) -
 
 def _paired_speeds(engines: Sequence[GqaEngine], reference: Reference, steps: int,
                    rounds: int) -> list[tuple[float, float]]:
-    """Each engine's decode tok/s at one row (after the first prompt) and at one row per prompt
-    (every prompt's slot at once), best of ``rounds``, timed in turn: round r times every engine
-    before round r + 1, so a shared machine's drift weighs on all of them alike. Every slot
-    grows by ``steps`` positions a round (the first one is filled again for its one-row run)."""
-    prompts = reference.prompts
-    slots = list(range(len(prompts)))
+    """Each engine's decode tok/s at one row and at one row per prompt (every prompt's slot at
+    once), best of ``rounds``, timed in turn: round r times every engine before round r + 1, so
+    a shared machine's drift weighs on all of them alike. Each slot starts from its prompt's
+    first token alone (a one-token prefill runs at one row: whole prompts would cost a float
+    plan's dequantizing path, and a few dozen positions of attention change no figure); the first
+    slot grows by ``2 * steps`` positions a round, the others by ``steps``."""
+    slots = list(range(len(reference.prompts)))
     last: list[list[int]] = []
     for engine in engines:
-        for slot, prompt in zip(slots, prompts, strict=True):
+        firsts = []
+        for slot, prompt in zip(slots, reference.prompts, strict=True):
             engine.reset(slot)
-            engine.prefill(slot, prompt)
-        last.append([path[0] for path in reference.tokens])
+            firsts.append(int(engine.prefill(slot, prompt[:1]).argmax()))
+        last.append(firsts)
     best = [(0.0, 0.0) for _ in engines]
     for _ in range(rounds):
         for i, engine in enumerate(engines):
-            engine.reset(0)
-            engine.prefill(0, prompts[0])
-            one, ended = _steps(engine, [0], [reference.tokens[0][0]], steps)
+            one, ended = _steps(engine, [0], last[i][:1], steps)
             rows, last[i] = _steps(engine, slots, [ended[0], *last[i][1:]], steps)
             best[i] = (max(best[i][0], steps / one), max(best[i][1], steps * len(slots) / rows))
     return best
@@ -452,37 +452,39 @@ class _Trials:
     threshold: float
     strict: bool
     tried: list[Candidate] = field(default_factory=list)
-    #: The exact plan's engine, free-running tokens and tok/s at one row and at one row per
-    #: prompt, opened and measured once, when a candidate first needs them (on the graph as the
-    #: gate measured it; a later relayout moves the file, not what the open engine reads),
-    #: closed by :meth:`close`.
-    _exact: tuple[GqaEngine, list[list[int]], float, float] | None = None
+    #: The exact plan's free-running tokens and tok/s at one row and at one row per prompt,
+    #: measured once, when a candidate first needs them.
+    _exact: tuple[list[list[int]], float, float] | None = None
+    #: The exact plan's engine for side-by-side timing: opened at the first two-term plan whose
+    #: figures timed apart do not decide (on two 4-bit planes, the layout every plan shares; a
+    #: later relayout moves the files, not what the open engine reads), closed by :meth:`close`.
+    #: Kept only then: at 1B and up, where the figures decide, the gate holds one engine at once.
+    _pair_engine: GqaEngine | None = None
 
     @property
     def wanted(self) -> list[list[int]]:
         """fp32's free-running answers."""
         return [ref[:IDENTITY_TOKENS] for ref in self.reference.tokens]
 
-    def exact(self) -> tuple[GqaEngine, list[list[int]], float, float]:
-        """The exact plan's open engine, free-running tokens and tok/s at one row and at one row
-        per prompt (leaves the graph file at the exact plan when it opens the engine: the caller
-        sets the plan it measures next)."""
+    def exact(self) -> tuple[list[list[int]], float, float]:
+        """The exact plan's free-running tokens and tok/s at one row and at one row per prompt
+        (leaves the graph file at the exact plan when it measures: the caller sets the plan it
+        measures next)."""
         if self._exact is None:
             prompts = self.reference.prompts
             engine = _open_plan(self.model, self.plans[-1], self.meta, len(prompts), self.threads)
             try:
                 one = _time_decode(engine, prompts[0], self.reference.tokens[0][0])
                 free, rows = _free_run(engine, prompts)
-            except BaseException:
+            finally:
                 engine.close()
-                raise
-            self._exact = (engine, free, one, rows)
+            self._exact = (free, one, rows)
         return self._exact
 
     def close(self) -> None:
-        if self._exact is not None:
-            self._exact[0].close()
-            self._exact = None
+        if self._pair_engine is not None:
+            self._pair_engine.close()
+            self._pair_engine = None
 
     def answers_like_exact(self, free: list[list[int]]) -> bool:
         """Whether each prompt's free-running tokens are fp32's or, where the exact plan's own
@@ -490,7 +492,7 @@ class _Trials:
         wanted = self.wanted
         if free == wanted:
             return True
-        exact_free = self.exact()[1]
+        exact_free = self.exact()[0]
         return all(got in (ref, ex) for got, ref, ex in zip(free, wanted, exact_free, strict=True))
 
     def beside_exact(self, plan: KernelPlan, figures: Candidate) -> Candidate:
@@ -498,17 +500,22 @@ class _Trials:
         are decisive (:func:`_decisive`), else ``plan``'s and the exact plan's timed side by side
         (:func:`_paired_speeds`); leaves the graph file at ``plan``."""
         started = time.monotonic()
-        exact, _, one, rows = self.exact()
+        _, one, rows = self.exact()
         apart = replace(figures, exact_decode_tok_s=one, exact_decode_tok_s_rows=rows)
-        if _decisive(apart):
+        slots = len(self.reference.prompts)
+        if self._pair_engine is None and not _decisive(apart) and plan.int8_layout != "codes":
+            self._pair_engine = _open_plan(self.model, self.plans[-1], self.meta, slots, self.threads)
+        if self._pair_engine is None or _decisive(apart):
+            # Decisive; or (rare) first close on 8-bit codes, whose exact plan would time the
+            # codes' dequantize-everything path: the figures timed apart are the best there are.
             _set_plan(self.model, plan)
             return apart
-        engine = _open_plan(self.model, plan, self.meta, len(self.reference.prompts), self.threads)
+        engine = _open_plan(self.model, plan, self.meta, slots, self.threads)
         try:
-            budget = min(len(path) for path in self.reference.tokens)  # positions past each prompt
-            steps = max(1, min(TIMED_STEPS, budget // PAIRED_ROUNDS))
-            (e1, er), (p1, pr) = _paired_speeds([exact, engine], self.reference, steps,
-                                                max(1, min(PAIRED_ROUNDS, budget // steps)))
+            budget = int(self.meta["max_kv_cache_capacity"]) - 1  # positions past the first token
+            steps = max(1, min(TIMED_STEPS, budget // (2 * PAIRED_ROUNDS)))
+            (e1, er), (p1, pr) = _paired_speeds([self._pair_engine, engine], self.reference, steps,
+                                                max(1, min(PAIRED_ROUNDS, budget // (2 * steps))))
         finally:
             engine.close()
         return replace(figures, decode_tok_s=p1, decode_tok_s_rows=pr, exact_decode_tok_s=e1,
