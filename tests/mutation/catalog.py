@@ -224,6 +224,17 @@ MUTATIONS: tuple[Mutation, ...] = (
                "test_the_gate_publishes_twoterm_only_where_it_decodes_faster_than_exact",),
     ),
     Mutation(
+        name="gate-pairs-exact-on-codes",
+        why="the gate opens the exact plan on an 8-bit-codes graph to time a pair (it then times "
+            "the codes' dequantize-everything path, and any two-term plan looks faster)",
+        path="inference/builder/quality.py",
+        function="_Trials.beside_exact",
+        find=r" and plan\.int8_layout != \"codes\":",
+        replace=":",
+        tests=("tests/engine/test_two_term.py::"
+               "test_the_gate_publishes_twoterm_only_where_it_decodes_faster_than_exact",),
+    ),
+    Mutation(
         name="all-bundles-every-node",
         why="the catalog's bundles.all drops its node filter: reconcile and the stale-first "
         "eviction see other nodes' rows (on a shared catalog)",
