@@ -126,12 +126,12 @@ class Candidate:
     #: rule of ``_Trials.slower_than_exact``), so the gate went on to the next plan.
     slower_than_exact: bool = False
     #: For a two-term plan weighed against the exact plan: the exact plan's tok/s at one row and
-    #: at one row per prompt, timed side by side with this plan's (then ``decode_tok_s`` and
-    #: ``decode_tok_s_rows`` are this plan's figures of the same rounds, :func:`_paired_speeds`).
+    #: at one row per prompt, the figures the rule read (:meth:`_Trials.beside_exact`).
     exact_decode_tok_s: float | None = None
     exact_decode_tok_s_rows: float | None = None
-    #: Whether those figures were timed side by side (else each plan's own, timed apart, were
-    #: decisive: :data:`DECISIVE_MARGIN`).
+    #: Whether the two were timed side by side (then ``decode_tok_s`` and ``decode_tok_s_rows``
+    #: are this plan's figures of the same rounds, :func:`_paired_speeds`), else each on its own,
+    #: minutes apart, figures that were decisive (:data:`DECISIVE_MARGIN`).
     side_by_side: bool = False
 
 
