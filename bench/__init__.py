@@ -30,3 +30,24 @@ def smollm2_checkpoint(work: Path) -> Path | None:
     layout = CacheLayout(work / "cache")
     layout.ensure()
     return resolve_checkpoint(str(gguf), layout.checkpoints).path
+
+
+def bench_checkpoint(given: Path | str | None, work: Path, quick: bool) -> Path | None:
+    """The checkpoint a bench runs: ``given`` (a directory; a GGUF file is converted into a cache
+    under ``work``, as the service does), else with ``quick`` the tiny random demo, else SmolLM2
+    (None, with one line saying what to install, when it is missing)."""
+    if given is not None:
+        path = Path(given).expanduser()
+        if not path.is_file():
+            return path
+        from cachesvc.cache.checkpoints import resolve_checkpoint
+        from cachesvc.cache.store import CacheLayout
+
+        layout = CacheLayout(work / "cache")
+        layout.ensure()
+        return resolve_checkpoint(str(path), layout.checkpoints).path
+    if quick:
+        from inference.demo import write_demo_checkpoint
+
+        return write_demo_checkpoint(work / "demo", arch="llama", size="tiny")
+    return smollm2_checkpoint(work)

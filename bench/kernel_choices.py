@@ -36,11 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import scratch_dir, smollm2_checkpoint  # noqa: E402
+from bench import bench_checkpoint, scratch_dir  # noqa: E402
 from inference.builder import EngineBuildSpec, build_bundle  # noqa: E402
 from inference.builder.kernel_plan import KernelPlan, kernel_plan  # noqa: E402
 from inference.cpu_class import cpu_class  # noqa: E402
-from inference.demo import write_demo_checkpoint  # noqa: E402
 from inference.runtime.generate import generate  # noqa: E402
 from inference.runtime.onnxruntime_loader import load_ort_engine  # noqa: E402
 from inference.serving.tokenizer import load_tokenizer  # noqa: E402
@@ -96,14 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.rounds, args.tokens, args.context = 1, 8, 64
     work = scratch_dir("bench-kernels-")
-    checkpoint = args.checkpoint
     capacity = 256 if args.quick else 2048
-    if checkpoint is None and args.quick:
-        checkpoint = write_demo_checkpoint(work / "demo", arch="llama", size="tiny")
+    checkpoint = bench_checkpoint(args.checkpoint, work, args.quick)
     if checkpoint is None:
-        checkpoint = smollm2_checkpoint(work)
-        if checkpoint is None:
-            return 2
+        return 2
     picked = {prec: kernel_plan(prec, cpu_class()) for prec in ("int4", "int8")}
     rows: list[Row] = []
     for label, precision, plan in variants(args.quick):

@@ -32,31 +32,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import scratch_dir, smollm2_checkpoint  # noqa: E402
+from bench import bench_checkpoint, scratch_dir  # noqa: E402
 from inference.builder import EngineBuildSpec, build_bundle  # noqa: E402
 from inference.builder.quality import QualityGateError  # noqa: E402
 from inference.cpu_class import cpu_class  # noqa: E402
-from inference.demo import write_demo_checkpoint  # noqa: E402
 from inference.runtime.onnxruntime_engine import GqaEngine  # noqa: E402
 from inference.runtime.onnxruntime_loader import load_ort_engine  # noqa: E402
 
 DTYPES = ("fp32", "fp16")
-
-
-def _checkpoint(args: argparse.Namespace, work: Path) -> Path | None:
-    if args.checkpoint is not None:
-        path = Path(args.checkpoint).expanduser()
-        if path.is_file():  # a GGUF: converted into a cache under work, as the service does
-            from cachesvc.cache.checkpoints import resolve_checkpoint
-            from cachesvc.cache.store import CacheLayout
-
-            layout = CacheLayout(work / "cache")
-            layout.ensure()
-            return resolve_checkpoint(str(path), layout.checkpoints).path
-        return path
-    if args.quick:
-        return write_demo_checkpoint(work / "demo", arch="llama", size="tiny")
-    return smollm2_checkpoint(work)
 
 
 def _step_ms(engine: GqaEngine, context: int, rows: int, steps: int) -> float:
@@ -106,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.contexts, args.prefix, args.capacity, args.steps, args.rounds = "32,96", 96, 256, 4, 1
     contexts = [int(c) for c in args.contexts.split(",")]
     work = scratch_dir("bench-kv-dtype-")
-    checkpoint = _checkpoint(args, work)
+    checkpoint = bench_checkpoint(args.checkpoint, work, args.quick)
     if checkpoint is None:
         return 2
     kernels = args.kernels if args.precision != "fp32" else "auto"

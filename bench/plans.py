@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import scratch_dir, smollm2_checkpoint
+from bench import bench_checkpoint, scratch_dir
 from inference.builder import EngineBuildSpec, build_bundle
 from inference.builder.kernel_plan import KernelPlan, candidate_plans
 from inference.builder.quality import (
@@ -44,7 +44,6 @@ from inference.builder.quality import (
     reference_answers,
 )
 from inference.cpu_class import cpu_class
-from inference.demo import write_demo_checkpoint
 from inference.runtime.onnxruntime_engine import GqaEngine
 from inference.runtime.onnxruntime_loader import read_engine_meta
 
@@ -178,22 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="CI: tiny demo, int8, short, one round")
     args = p.parse_args(argv)
     work = scratch_dir("bench-plans-")
-    checkpoint = args.checkpoint
     if args.quick:
         args.precision, args.context, args.rows, args.tokens, args.rounds = "int8", 32, 4, 4, 1
-        if checkpoint is None:
-            checkpoint = write_demo_checkpoint(work / "demo", arch="llama", size="tiny")
+    checkpoint = bench_checkpoint(args.checkpoint, work, args.quick)
     if checkpoint is None:
-        checkpoint = smollm2_checkpoint(work)
-        if checkpoint is None:
-            return 2
-    elif checkpoint.suffix == ".gguf":
-        from cachesvc.cache.checkpoints import resolve_checkpoint
-        from cachesvc.cache.store import CacheLayout
-
-        layout = CacheLayout(work / "cache")
-        layout.ensure()
-        checkpoint = resolve_checkpoint(str(checkpoint), layout.checkpoints).path
+        return 2
     capacity = max(256, args.context + args.tokens + 32)
     print(f"CPU class {cpu_class()}, 2 threads; decode after {args.context} tokens and at {args.rows} rows, "
           f"{args.tokens} steps, best of {args.rounds} rounds in turn")

@@ -35,11 +35,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import scratch_dir, smollm2_checkpoint
+from bench import bench_checkpoint, scratch_dir
 from inference.builder import EngineBuildSpec, build_bundle
 from inference.builder.quality import MIN_AGREEMENT
 from inference.cpu_class import cpu_class
-from inference.demo import write_demo_checkpoint
 from inference.runtime.onnxruntime_engine import GqaEngine
 from inference.runtime.onnxruntime_loader import read_engine_meta
 
@@ -115,15 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="CI: tiny demo, fp32 and int8, short contexts")
     args = p.parse_args(argv)
     work = scratch_dir("bench-profile-")
-    checkpoint = args.checkpoint
     if args.quick:
         args.precision, args.contexts, args.tokens, args.rounds = "fp32,int8", "32,96", 4, 1
-        if checkpoint is None:
-            checkpoint = write_demo_checkpoint(work / "demo", arch="llama", size="tiny")
+    checkpoint = bench_checkpoint(args.checkpoint, work, args.quick)
     if checkpoint is None:
-        checkpoint = smollm2_checkpoint(work)
-        if checkpoint is None:
-            return 2
+        return 2
     contexts = [int(c) for c in args.contexts.split(",")]
     capacity = max(256, max(contexts) + args.tokens + 16)
     print(f"CPU class {cpu_class()}, 2 threads, batch-1 decode of {args.tokens} tokens")
