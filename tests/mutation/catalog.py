@@ -286,9 +286,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         why="a non-empty directory that never was a cache is taken over as one",
         path="cachesvc/cache/store/layout.py",
         function="CacheLayout.ensure",
-        find=r"if foreign:",
+        find=r"if foreign and not _has_tag\(self\.cachedir_tag\):",
         replace="if False:",
         tests=("tests/cache/test_reconcile_safety.py::test_a_non_empty_directory_without_cachedir_tag_is_refused",),
+    ),
+    Mutation(
+        name="tag-race-refuses-own-cache",
+        why="a process that read 'no tag' just before another tagged a new cache folder and made its "
+            "subfolders refuses the folder as foreign (CI's eight-process prepare, stop 42)",
+        path="cachesvc/cache/store/layout.py",
+        function="CacheLayout.ensure",
+        find=r"if foreign and not _has_tag\(self\.cachedir_tag\):",
+        replace="if foreign:",
+        tests=("tests/cache/test_reconcile_safety.py::"
+               "test_a_process_that_tags_the_folder_while_another_looks_is_no_foreign_cache",),
     ),
     Mutation(
         name="reconcile-deletes-unknown-dirs",
