@@ -87,6 +87,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "engine/test_kernel_plans.py": ("integration",),
     "engine/test_kv_cache.py": ("integration",),
     "engine/test_kv_fp16.py": ("integration",),
+    "engine/test_fusions.py": ("unit",),
     "engine/test_two_term.py": ("integration",),
     "engine/test_family_serving_features.py": ("integration",),
     "engine/test_lora.py": ("integration",),

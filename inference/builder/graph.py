@@ -44,6 +44,7 @@ from inference.builder.decoder_layers import (
 )
 from inference.builder.emit import Emitter, ExternalWeights
 from inference.builder.errors import BuildInputError
+from inference.builder.fusions import fuse_skip_norms
 from inference.builder.kernel_plan import KernelPlan
 from inference.builder.layout import names_for
 from inference.builder.model_config import ModelConfig
@@ -280,6 +281,8 @@ def build_decoder_graph(cfg: ModelConfig, ckpt: CheckpointReader, model_path: Pa
     inputs, outputs = _graph_values(cfg, em, b, gqa=gqa, pooling=pooling, kv_dtype=kv_dtype,
                                     image_inputs=image_inputs)
     opset = FUSED_OPSET if fused_ops else DECOMPOSED_OPSET
+    if gqa and fused_ops:  # the CPU graph: onnxruntime's one-op residual add + RMS norm
+        em.nodes = fuse_skip_norms(em.nodes, {t.name for t in em.initializers})
     graph = helper.make_graph(em.nodes, f"{cfg.model_type}_decoder", inputs, outputs, em.initializers)
     opsets = [helper.make_opsetid("", opset)]
     if gqa:

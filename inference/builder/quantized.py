@@ -48,6 +48,9 @@ if TYPE_CHECKING:
     from inference.builder.kernel_plan import KernelPlan
 
 BLOCK = 32
+#: The largest ``K`` whose Q4_1 block sums are a product with a ``[K, K/32]`` 0/1 matrix
+#: (K²/8 bytes: 288 KiB at SmolLM2's 1,536, the largest measured) rather than a reshape and a sum.
+BLOCK_SUM_MATRIX_MAX_K = 1536
 MS_DOMAIN = "com.microsoft"
 
 
@@ -243,6 +246,7 @@ class QuantizedEmitter:
         self.q4 = q4
         self.counts = {"gguf_blocks": 0, "quantized": 0}
         self._block_sums: dict[str, str] = {}
+        self._block_sum_matrices: dict[int, str] = {}
         self._times16: dict[str, str] = {}
 
     @staticmethod
@@ -284,12 +288,24 @@ class QuantizedEmitter:
         return names
 
     def _min_term(self, x: str, base: str, q: BlockWeight, k: int) -> str:
-        """Q4_1's ``sum(x over each block) @ m^T``; block sums computed once per input."""
+        """Q4_1's ``sum(x over each block) @ m^T``; block sums computed once per input.
+
+        Where ``K`` is small (:data:`BLOCK_SUM_MATRIX_MAX_K`) the block sums are one product
+        with a shared ``[K, K/32]`` 0/1 matrix (one op where a reshape and a sum are two:
+        SmolLM2's 120 chains a step, dispatch-bound); larger ``K`` keeps the reshape and sum,
+        whose matrix would be read cold every layer.
+        """
         em = self.em
         if x not in self._block_sums:
-            blocked = em.op1("Reshape", [x, em.const(np.array([0, 0, k // BLOCK, BLOCK], np.int64))])
-            self._block_sums[x] = em.op1("ReduceSum", [blocked, em.const(np.array([-1], np.int64))],
-                                         keepdims=0)
+            if k <= BLOCK_SUM_MATRIX_MAX_K:
+                if k not in self._block_sum_matrices:
+                    ones = np.kron(np.eye(k // BLOCK, dtype=np.float32), np.ones((BLOCK, 1), np.float32))
+                    self._block_sum_matrices[k] = em.weight(f"q4_block_sum_matrix.{k}", ones)
+                self._block_sums[x] = em.op1("MatMul", [x, self._block_sum_matrices[k]])
+            else:
+                blocked = em.op1("Reshape", [x, em.const(np.array([0, 0, k // BLOCK, BLOCK], np.int64))])
+                self._block_sums[x] = em.op1("ReduceSum", [blocked, em.const(np.array([-1], np.int64))],
+                                             keepdims=0)
         assert q.block_min is not None
         mins = em.weight(f"{base}.q4_block_min", np.ascontiguousarray(q.block_min.T))
         return em.op1("MatMul", [self._block_sums[x], mins])

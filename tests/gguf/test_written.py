@@ -235,6 +235,30 @@ def test_int4_from_gguf_blocks_matches_the_dequantized_weights(
     assert agreement == 1.0 if exact else agreement >= 0.9
 
 
+def test_q4_1_block_sums_by_a_product_or_by_a_sum_give_the_same_logits(
+    small_gguf: SmallGguf, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import onnx
+
+    from inference.builder import EngineBuildSpec, build_bundle, quantized
+
+    converted = _converted_qwen2(small_gguf, "Q4_1", tmp_path_factory)
+    spec = EngineBuildSpec(precision="int4", kernels="exact", max_kv_cache_capacity=256, max_input_len=64)
+    logits: list[np.ndarray] = []
+    kinds: list[tuple[int, list[str]]] = []
+    for limit in (quantized.BLOCK_SUM_MATRIX_MAX_K, 0):  # small K: one product; 0: reshape + sum
+        monkeypatch.setattr(quantized, "BLOCK_SUM_MATRIX_MAX_K", limit)
+        out = tmp_path_factory.mktemp("q4_1-sums")
+        build_bundle(converted, out, spec)
+        graph = onnx.load(str(out / "model.ort.onnx"), load_external_data=False).graph
+        matrices = [t.name for t in graph.initializer if t.name.startswith("q4_block_sum_matrix")]
+        kinds.append((sum(n.op_type == "ReduceSum" for n in graph.node), matrices))
+        logits.append(_prefill(out))
+    (sums, matrices), (sums_then, matrices_then) = kinds
+    assert matrices and not matrices_then and sums < sums_then, kinds
+    np.testing.assert_allclose(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
 def test_on_the_4bit_grid_auto_publishes_the_fastest_plan_that_answers_like_fp32(
     small_gguf: SmallGguf, bundle_of: Callable[..., Path], qtype: str,
