@@ -789,4 +789,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         replace="rope = None",
         tests=("tests/vision/test_qwen2_5_vl_serve.py::test_one_image_gets_transformers_answer",),
     ),
+    Mutation(
+        name="skip-norm-fuses-a-bias",
+        why="the CPU graph's add + RMS norm fusion takes an add of a constant (a bias) for a residual",
+        path="inference/builder/fusions.py",
+        function="fuse_skip_norms",
+        find=r" or set\(add\.input\) & constants:",
+        replace=":",
+        tests=("tests/engine/test_fusions.py::"
+               "test_a_residual_add_and_its_norm_become_one_op_with_the_same_outputs",),
+    ),
+    Mutation(
+        name="block-sums-matrix-off-by-a-block",
+        why="Q4_1's block-sum matrix sums the wrong columns (a block of 16, not 32)",
+        path="inference/builder/quantized.py",
+        function="QuantizedEmitter._min_term",
+        find=r"np\.ones\(\(BLOCK, 1\), np\.float32\)",
+        replace="np.ones((BLOCK, 1), np.float32) * (np.arange(BLOCK)[:, None] < 16)",
+        tests=("tests/gguf/test_written.py::"
+               "test_q4_1_block_sums_by_a_product_or_by_a_sum_give_the_same_logits",),
+    ),
 )
