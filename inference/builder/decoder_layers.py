@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from inference.builder.checkpoint_reader import CheckpointReader
-from inference.builder.emit import Emitter, activation
+from inference.builder.emit import MS_DOMAIN, Emitter, activation
 from inference.builder.errors import BuildInputError
 from inference.builder.image_attention import GqaImageAttention, portable_allowed
 from inference.builder.layout import names_for
@@ -30,7 +30,6 @@ from inference.builder.quantized import (
     quantize_4bit,
 )
 
-MS_DOMAIN = "com.microsoft"
 # Additive mask value: large enough to zero a probability, small enough that a fully masked
 # row (a left-padding query) stays finite instead of turning into NaN.
 MASK_NEG = -1.0e9

@@ -12,6 +12,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+#: onnxruntime's own op domain (GroupQueryAttention, MatMulNBits, SkipSimplifiedLayerNormalization, ...).
+MS_DOMAIN = "com.microsoft"
+
 _ALIGN = 4096  # page-aligned external data lets ONNX Runtime memory-map the weights
 _INLINE_MAX_BYTES = 1024
 

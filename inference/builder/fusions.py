@@ -19,7 +19,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from inference.builder.decoder_layers import MS_DOMAIN
+from inference.builder.emit import MS_DOMAIN
 
 
 def fuse_skip_norms(nodes: list[onnx.NodeProto], constants: set[str]) -> list[onnx.NodeProto]:

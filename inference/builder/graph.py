@@ -37,12 +37,11 @@ from onnx import TensorProto, helper, numpy_helper
 from inference.build_profile import KV_CACHE_NUMPY_DTYPES, POOLING_METHODS
 from inference.builder.checkpoint_reader import CheckpointReader
 from inference.builder.decoder_layers import (
-    MS_DOMAIN,
     _DecoderBuilder,
     past_names,
     present_names,
 )
-from inference.builder.emit import Emitter, ExternalWeights
+from inference.builder.emit import MS_DOMAIN, Emitter, ExternalWeights
 from inference.builder.errors import BuildInputError
 from inference.builder.fusions import fuse_skip_norms
 from inference.builder.kernel_plan import KernelPlan

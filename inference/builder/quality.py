@@ -503,9 +503,10 @@ class _Trials:
         _, one, rows = self.exact()
         apart = replace(figures, exact_decode_tok_s=one, exact_decode_tok_s_rows=rows)
         slots = len(self.reference.prompts)
-        if self._pair_engine is None and not _decisive(apart) and plan.int8_layout != "codes":
+        decisive = _decisive(apart)
+        if self._pair_engine is None and not decisive and plan.int8_layout != "codes":
             self._pair_engine = _open_plan(self.model, self.plans[-1], self.meta, slots, self.threads)
-        if self._pair_engine is None or _decisive(apart):
+        if self._pair_engine is None or decisive:
             # Decisive; or (rare) first close on 8-bit codes, whose exact plan would time the
             # codes' dequantize-everything path: the figures timed apart are the best there are.
             _set_plan(self.model, plan)

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from onnx import TensorProto
 
+from inference.builder.emit import MS_DOMAIN
 from inference.builder.gguf_reader import Q4_TYPES, RawBlocks
 
 if TYPE_CHECKING:
@@ -54,7 +55,6 @@ BLOCK = 32
 #: too (down_proj), decode 1.04x but prefill 0.92-0.93x (the product is K/32 wide: 48 columns
 #: through SGEMM for every prompt row cost more than the reshape saves).
 BLOCK_SUM_MATRIX_MAX_K = 1024
-MS_DOMAIN = "com.microsoft"
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from inference.builder.checkpoint_reader import CheckpointReader, prefixed_view
-from inference.builder.emit import Emitter, ExternalWeights, activation
+from inference.builder.emit import MS_DOMAIN, Emitter, ExternalWeights, activation
 from inference.builder.errors import BuildInputError
 from inference.builder.model_config import ModelConfig
 from inference.builder.spec import EngineBuildSpec
@@ -48,7 +48,6 @@ from inference.images.qwen2_5_vl import GRAPH_INPUTS, QwenPreprocess, QwenPrepro
 
 VISION_MODEL = "model.vision.onnx"
 VISION_OPSET = 18
-MS_DOMAIN = "com.microsoft"
 VISION_OUTPUTS = ("image_features",)
 #: the vision tower's activations by config name (transformers' ACT2FN), as the decoder names them
 ACTIVATIONS = {"silu": "silu", **VISION_ACTIVATIONS}

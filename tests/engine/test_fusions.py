@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from inference.builder.decoder_layers import MS_DOMAIN
+from inference.builder.emit import MS_DOMAIN
 from inference.builder.fusions import fuse_skip_norms
 
 H = 64
