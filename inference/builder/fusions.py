@@ -35,7 +35,6 @@ def fuse_skip_norms(nodes: list[onnx.NodeProto], constants: set[str]) -> list[on
     producer = {out: i for i, node in enumerate(nodes) for out in node.output}
     fused: dict[int, onnx.NodeProto] = {}
     dropped: set[int] = set()
-    taken: set[int] = set()
     for i, norm in enumerate(nodes):
         if (norm.op_type != "RMSNormalization" or norm.domain not in ("", "ai.onnx")
                 or len(norm.input) != 2 or norm.input[1] not in constants):
@@ -44,12 +43,11 @@ def fuse_skip_norms(nodes: list[onnx.NodeProto], constants: set[str]) -> list[on
         if attrs.get("axis", -1) != -1 or attrs.get("stash_type", 1) != 1:
             continue
         j = producer.get(norm.input[0])
-        if j is None or j in taken:
+        if j is None or j in fused:  # an add another norm took already
             continue
         add = nodes[j]
         if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or set(add.input) & constants:
             continue
-        taken.add(j)
         eps = float(attrs.get("epsilon", 1e-5))
         fused[j] = helper.make_node(
             "SkipSimplifiedLayerNormalization", [add.input[1], add.input[0], norm.input[1]],
